@@ -1,0 +1,1 @@
+"""pyinfra facts: each parses real command output (see shared/fixtures and tests/facts)."""

@@ -1,0 +1,122 @@
+"""GPU facts: NVIDIA (nvidia-smi) and AMD (amd-smi)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from pyinfra.api import FactBase
+
+NVIDIA_QUERY = "index,name,uuid,pci.bus_id,memory.total,driver_version,compute_cap"
+
+
+def _mib(text: str) -> int:
+    return int(text.replace("MiB", "").strip())
+
+
+class NvidiaGpus(FactBase):
+    """One dict per GPU from `nvidia-smi --query-gpu` (CSV, no header)."""
+
+    requires_command = "nvidia-smi"
+
+    def command(self) -> str:
+        return f"nvidia-smi --query-gpu={NVIDIA_QUERY} --format=csv,noheader"
+
+    def process(self, output):
+        gpus = []
+        for line in output:
+            cells = [c.strip() for c in line.split(",")]
+            if len(cells) != 7 or not cells[0].isdigit():
+                continue
+            gpus.append({"index": int(cells[0]), "name": cells[1], "uuid": cells[2], "pci_bus_id": cells[3],
+                         "memory_total_mib": _mib(cells[4]), "driver_version": cells[5],
+                         "compute_cap": cells[6]})
+        return gpus
+
+
+class NvidiaVersions(FactBase):
+    """Driver and CUDA versions from `nvidia-smi --version` (R610 says KMD / CUDA UMD)."""
+
+    requires_command = "nvidia-smi"
+
+    def command(self) -> str:
+        return "nvidia-smi --version"
+
+    def process(self, output):
+        keys = {"NVIDIA-SMI version": "nvidia_smi", "NVML version": "nvml", "DRIVER version": "driver",
+                "KMD version": "driver", "CUDA Version": "cuda", "CUDA UMD Version": "cuda"}
+        out = {}
+        for line in output:
+            key, _, value = line.partition(":")
+            name = keys.get(key.strip())
+            if name:
+                out[name] = value.strip()
+        return out
+
+
+class NvidiaKernelModule(FactBase):
+    """The loaded kernel module from /proc/driver/nvidia/version: version and open/proprietary flavour."""
+
+    def command(self) -> str:
+        return "cat /proc/driver/nvidia/version"
+
+    def process(self, output):
+        for line in output:
+            m = re.match(r"NVRM version: NVIDIA UNIX (Open )?Kernel Module for (\S+)\s+(\S+)", line)
+            if m:
+                return {"version": m.group(3), "open": bool(m.group(1)), "arch": m.group(2)}
+        return None
+
+
+class NvidiaTopology(FactBase):
+    """`nvidia-smi topo -m`: GPU and NIC names, the link matrix, and the NVLink bond width between GPUs."""
+
+    requires_command = "nvidia-smi"
+
+    def command(self) -> str:
+        return "nvidia-smi topo -m"
+
+    def process(self, output):
+        lines = [re.sub(r"\x1b?\[[0-9;]*m", "", line) for line in output]
+        header = next((line for line in lines if re.match(r"^\s+GPU0", line)), None)
+        if header is None:
+            return None
+        columns = [c.strip() for c in header.strip().split("\t") if c.strip()]
+        devices = [c for c in columns if re.fullmatch(r"(GPU|NIC)\d+", c)]
+        matrix = {}
+        for line in lines:
+            row = line.split("\t")
+            name = row[0].strip()
+            if name not in devices:
+                continue
+            cells = [c.strip() for c in row[1:1 + len(devices)]]
+            matrix[name] = dict(zip(devices, cells))
+        gpus = [d for d in devices if d.startswith("GPU")]
+        bonds = [int(m.group(1)) for a in gpus for b in gpus if a != b
+                 for m in [re.fullmatch(r"NV(\d+)", matrix.get(a, {}).get(b, ""))] if m]
+        all_nvlink = len(gpus) > 1 and len(bonds) == len(gpus) * (len(gpus) - 1)
+        return {"gpus": gpus, "nics": [d for d in devices if d.startswith("NIC")], "matrix": matrix,
+                "nvlink_min_bond": min(bonds) if all_nvlink else None, "all_nvlink": all_nvlink}
+
+
+class AmdGpus(FactBase):
+    """`amd-smi static --asic --vram --json`. No recorded output yet: parsed from amd-smi's documented JSON."""
+
+    requires_command = "amd-smi"
+
+    def command(self) -> str:
+        return "amd-smi static --asic --vram --json"
+
+    def process(self, output):
+        data = json.loads("\n".join(output))
+        if isinstance(data, dict):  # newer amd-smi wraps the list: {"gpu_data": [...]}
+            data = data.get("gpu_data", [])
+        gpus = []
+        for item in data:
+            size = item.get("vram", {}).get("size", {})
+            value = size.get("value", 0) if isinstance(size, dict) else size
+            unit = size.get("unit", "MB") if isinstance(size, dict) else "MB"
+            mib = int(value) * (1024 if unit.upper() in ("GB", "GIB") else 1)
+            gpus.append({"index": int(item.get("gpu", len(gpus))),
+                         "name": item.get("asic", {}).get("market_name", ""), "memory_total_mib": mib})
+        return gpus

@@ -1,0 +1,89 @@
+"""Host facts: block devices, free disk, OS, listening ports, container runtime."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from pyinfra.api import FactBase
+
+
+class BlockDevices(FactBase):
+    """`lsblk -J -b`: every block device with size in bytes, mountpoint, filesystem, model, serial."""
+
+    def command(self) -> str:
+        return "lsblk -J -b -o NAME,PATH,SIZE,TYPE,MOUNTPOINT,FSTYPE,MODEL,TRAN,ROTA,SERIAL"
+
+    def process(self, output):
+        return json.loads("\n".join(output)).get("blockdevices", [])
+
+
+class DiskFree(FactBase):
+    """Free bytes on the filesystem that holds `path` (or its nearest existing parent)."""
+
+    def command(self, path: str) -> str:
+        p = shlex.quote(path)
+        return f'p={p}; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; df -B1 -P "$p"'
+
+    def process(self, output):
+        for line in output[1:]:
+            cells = line.split()
+            if len(cells) >= 6 and cells[1].isdigit():
+                return {"filesystem": cells[0], "size": int(cells[1]), "used": int(cells[2]),
+                        "avail": int(cells[3]), "mount": cells[5]}
+        return None
+
+
+class OsRelease(FactBase):
+    def command(self) -> str:
+        return "cat /etc/os-release"
+
+    def process(self, output):
+        out = {}
+        for line in output:
+            key, sep, value = line.partition("=")
+            if sep:
+                out[key.strip()] = value.strip().strip('"')
+        return {"id": out.get("ID"), "version_id": out.get("VERSION_ID"),
+                "codename": out.get("VERSION_CODENAME"), "pretty_name": out.get("PRETTY_NAME")}
+
+
+class ListeningPorts(FactBase):
+    """TCP listeners from `ss -Htlnp`: address, port and owning process (when ss may tell)."""
+
+    requires_command = "ss"
+
+    def command(self) -> str:
+        return "ss -Htlnp"
+
+    def process(self, output):
+        ports = []
+        for line in output:
+            cells = line.split()
+            if len(cells) < 4:
+                continue
+            address, _, port = cells[3].rpartition(":")
+            process = ""
+            if len(cells) > 5 and '(("' in cells[5]:
+                process = cells[5].split('"')[1]
+            if port.isdigit():
+                ports.append({"address": address.strip("[]"), "port": int(port), "process": process})
+        return ports
+
+
+class ContainerRuntime(FactBase):
+    """Docker server version and whether the NVIDIA runtime / toolkit is present."""
+
+    def command(self) -> str:
+        return ("echo docker=$(command -v docker || echo none); "
+                "echo server=$(docker version --format '{{.Server.Version}}' 2>/dev/null || echo none); "
+                "echo runtimes=$(docker info --format '{{json .Runtimes}}' 2>/dev/null | tr -d ' ' || echo none); "
+                "echo nvidia_ctk=$(command -v nvidia-ctk || echo none)")
+
+    def process(self, output):
+        raw = dict(line.split("=", 1) for line in output if "=" in line)
+        none = {"none", ""}
+        runtimes = raw.get("runtimes", "none")
+        return {"docker": raw.get("docker") not in none, "server_version": None
+                if raw.get("server") in none else raw.get("server"),
+                "nvidia_runtime": '"nvidia"' in runtimes, "nvidia_ctk": raw.get("nvidia_ctk") not in none}

@@ -1,0 +1,45 @@
+"""One round trip for every read-only probe preflight needs: the parts' own commands, separated by markers."""
+
+from __future__ import annotations
+
+from pyinfra.api import FactBase
+
+from modelfleet.facts.gpu import AmdGpus, NvidiaGpus, NvidiaKernelModule, NvidiaTopology, NvidiaVersions
+from modelfleet.facts.host import BlockDevices, ContainerRuntime, DiskFree, ListeningPorts, OsRelease
+
+MARK = "@@modelfleet-probe"
+PARTS = {
+    "nvidia_gpus": NvidiaGpus, "nvidia_versions": NvidiaVersions, "nvidia_module": NvidiaKernelModule,
+    "topology": NvidiaTopology, "amd_gpus": AmdGpus, "block_devices": BlockDevices, "os": OsRelease,
+    "ports": ListeningPorts, "runtime": ContainerRuntime, "disk": DiskFree,
+}
+
+
+class HostProbe(FactBase):
+    """Runs every part's command once, each isolated so one missing tool spoils only its own part."""
+
+    def command(self, model_root: str = "/srv/models") -> str:
+        sections = []
+        for name, cls in PARTS.items():
+            cmd = cls().command(model_root) if cls is DiskFree else cls().command()
+            sections.append(f"echo '{MARK} {name}'; ( {cmd} ) 2>/dev/null; echo \"{MARK} rc=$?\"")
+        return "; ".join(sections)
+
+    def process(self, output):
+        result = {name: None for name in PARTS}
+        name, lines = None, []
+        for line in output:
+            if line.startswith(MARK):
+                word = line[len(MARK):].strip()
+                if word.startswith("rc="):
+                    if name and word == "rc=0":
+                        try:
+                            result[name] = PARTS[name]().process(lines)
+                        except ValueError:
+                            result[name] = None
+                    name, lines = None, []
+                else:
+                    name, lines = word, []
+            elif name:
+                lines.append(line)
+        return result

@@ -1,0 +1,352 @@
+"""Inventory schema and resolver: raw host data -> typed HostPlan / PoolPlan.
+
+This is the one place that reads raw `host.data`. Precedence: catalog defaults < group_data < host data
+(pyinfra merges the last two; the catalog fills what neither sets). Every problem is collected, each naming
+the host or pool and the field, so `modelfleet validate` reports them all at once.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from modelfleet.catalog import Catalog, Engine, Hardware, Model, Recipe, load_catalog
+from modelfleet.planner import plan_capacity
+
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+SERVICE_KEYS = ("pool", "model", "engine", "recipe", "gpus", "served_name", "port", "bind_address",
+                "api_key_env", "revision", "trust_remote_code", "image", "extra_args", "env")
+
+
+class ServiceData(BaseModel):
+    """What an inventory may say about one served model on a host (all optional until resolved)."""
+
+    model_config = ConfigDict(extra="forbid")
+    pool: str | None = None
+    model: str | None = None
+    engine: str | None = None
+    recipe: str | None = None
+    gpus: int | None = None
+    served_name: str | None = None
+    port: int | None = None
+    bind_address: str = "127.0.0.1"
+    api_key_env: str | None = None
+    revision: str | None = None
+    trust_remote_code: bool | None = None
+    image: str | None = None
+    extra_args: list[str] = []
+    env: dict[str, str] = {}
+
+
+class HostData(BaseModel):
+    """Host-level settings; `services` (or the top-level service keys) say what the host serves."""
+
+    model_config = ConfigDict(extra="ignore")  # pyinfra's own keys (ssh_*, _sudo, ...) live here too
+    hardware: str | None = None
+    gpu_count: int | None = None
+    ssh_hostname: str | None = None
+    ssh_port: int = 22
+    model_root: str = "/srv/models"
+    hf_token_env: str = "HF_TOKEN"
+    image_registry: str | None = None  # site mirror / lab registry prefix for every image
+    gpu_passthrough: bool = True  # the lab's hosts have no GPUs to hand to containers
+    services: list[dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class ServicePlan:
+    host: str
+    pool: str
+    model: Model
+    engine_name: str
+    engine: Engine
+    recipe: Recipe
+    hardware: Hardware
+    gpus: int
+    served_name: str
+    port: int
+    bind_address: str
+    api_key_env: str | None
+    revision: str | None
+    trust_remote_code: bool
+    image: str
+    extra_args: tuple[str, ...]
+    env: dict[str, str]
+    model_dir: str
+    gpu_passthrough: bool
+    node_rank: int = 0
+    nnodes: int = 1
+    head_address: str = ""
+
+    @property
+    def unit_name(self) -> str:
+        return f"modelfleet-{self.pool}.service"
+
+    @property
+    def container_name(self) -> str:
+        # The host name keeps containers of several hosts apart when they share one dockerd (the lab).
+        return _slug(f"modelfleet-{self.pool}-{self.host}")
+
+    @property
+    def env_file(self) -> str:
+        return f"/etc/modelfleet/{self.pool}.env"
+
+    @property
+    def secrets_config_file(self) -> str:
+        return f"/etc/modelfleet/{self.pool}.secrets.yaml"
+
+    @property
+    def loopback(self) -> bool:
+        return _is_loopback(self.bind_address)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.bind_address}:{self.port}"
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    name: str
+    address: str
+    hardware: Hardware
+    gpu_count: int
+    model_root: str
+    hf_token_env: str
+    services: tuple[ServicePlan, ...]
+
+
+@dataclass
+class PoolPlan:
+    name: str
+    hosts: list[str] = field(default_factory=list)
+    services: list[ServicePlan] = field(default_factory=list)
+
+
+@dataclass
+class Resolved:
+    hosts: dict[str, HostPlan]
+    pools: dict[str, PoolPlan]
+    errors: list[tuple[str, str, str]]  # (where, field, message)
+
+    def error_lines(self) -> list[str]:
+        return [f"{where}: {fld}: {msg}" for where, fld, msg in self.errors]
+
+
+class InventoryError(Exception):
+    def __init__(self, errors: list[tuple[str, str, str]]):
+        self.errors = errors
+        super().__init__("\n".join(f"{w}: {f}: {m}" for w, f, m in errors))
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text)
+
+
+def _is_loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def _service_entries(data: dict[str, Any], host: HostData) -> list[dict[str, Any]]:
+    if host.services is not None:
+        return host.services
+    return [{k: data[k] for k in SERVICE_KEYS if k in data}]
+
+
+def _pick_recipe(cat: Catalog, svc: ServiceData, hardware: str, where: str, errors: list) -> Recipe | None:
+    if svc.recipe:
+        recipe = cat.recipes.get(svc.recipe)
+        if recipe is None:
+            errors.append((where, "recipe", f"unknown recipe {svc.recipe!r}"))
+        elif (recipe.model, recipe.engine) != (svc.model, svc.engine) or hardware not in recipe.hardware:
+            errors.append((where, "recipe", f"recipe {recipe.id} is for {recipe.model}/{recipe.engine} on "
+                           f"{', '.join(recipe.hardware)}, not {svc.model}/{svc.engine} on {hardware}"))
+            return None
+        return recipe
+    found = cat.recipes_for(svc.model, svc.engine, hardware)
+    if not found:
+        errors.append((where, "recipe", f"no recipe for model {svc.model} with engine {svc.engine} on "
+                       f"{hardware}"))
+        return None
+    if len(found) > 1:
+        errors.append((where, "recipe", f"several recipes match ({', '.join(r.id for r in found)}): "
+                       "name one with `recipe`"))
+        return None
+    return found[0]
+
+
+def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[str, Any], cat: Catalog,
+                     errors: list) -> ServicePlan | None:
+    where = f"host {name}"
+    try:
+        svc = ServiceData(**raw)
+    except ValidationError as exc:
+        for err in exc.errors():
+            errors.append((where, ".".join(str(p) for p in err["loc"]), err["msg"]))
+        return None
+    ok = True
+    for fld, table in (("model", cat.models), ("engine", cat.engines)):
+        value = getattr(svc, fld)
+        if value is None:
+            errors.append((where, fld, "missing"))
+            ok = False
+        elif value not in table:
+            errors.append((where, fld, f"unknown {fld} {value!r} (known: {', '.join(sorted(table))})"))
+            ok = False
+    if not ok or hw is None:
+        return None
+    model, engine = cat.models[svc.model], cat.engines[svc.engine]
+    recipe = _pick_recipe(cat, svc, hw.id, where, errors)
+    if recipe is None:
+        return None
+    port = svc.port if svc.port is not None else engine.default_port
+    if not 1 <= port <= 65535:
+        errors.append((where, "port", f"{port} is outside 1-65535"))
+    if recipe.rocm and hw.vendor != "amd":
+        errors.append((where, "recipe", f"{recipe.id} runs a ROCm image but {hw.id} is a {hw.vendor} host"))
+    if recipe.cuda and hw.vendor != "nvidia":
+        errors.append((where, "recipe", f"{recipe.id} runs a CUDA image but {hw.id} is a {hw.vendor} host"))
+    trust = model.trust_remote_code if svc.trust_remote_code is None else svc.trust_remote_code
+    if trust and not (svc.revision and COMMIT_RE.match(svc.revision)):
+        errors.append((where, "revision", f"{model.id} needs trust_remote_code: pin `revision` to a 40-hex "
+                       f"commit (got {svc.revision!r}) so the code that runs is the code you reviewed"))
+    if not _is_loopback(svc.bind_address) and not svc.api_key_env:
+        errors.append((where, "bind_address", f"{svc.bind_address} is not loopback: set `api_key_env` "
+                       "(name of the control-node variable holding the API key) or bind to 127.0.0.1"))
+    if svc.api_key_env and svc.api_key_env not in os.environ:
+        errors.append((where, "api_key_env", f"{svc.api_key_env} is not set in the control node's environment"))
+    gpus = svc.gpus if svc.gpus is not None else recipe.layout.gpus_per_node
+    image = svc.image or recipe.image
+    if host.image_registry:
+        image = f"{host.image_registry.rstrip('/')}/{image}"
+    revision_dir = svc.revision or "main"
+    return ServicePlan(
+        host=name, pool=svc.pool or _slug(name), model=model, engine_name=svc.engine, engine=engine,
+        recipe=recipe, hardware=hw, gpus=gpus, served_name=svc.served_name or model.id, port=port,
+        bind_address=svc.bind_address, api_key_env=svc.api_key_env, revision=svc.revision,
+        trust_remote_code=trust, image=image, extra_args=tuple(svc.extra_args),
+        env={**recipe.env, **svc.env},
+        model_dir=f"{host.model_root.rstrip('/')}/{model.id}/{revision_dir}",
+        gpu_passthrough=host.gpu_passthrough,
+    )
+
+
+def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None = None) -> Resolved:
+    """Resolve every (host name, merged data) pair; never raises for bad input, returns errors."""
+    cat = catalog or load_catalog()
+    errors: list[tuple[str, str, str]] = []
+    hosts: dict[str, HostPlan] = {}
+    addresses: dict[tuple[str, int], str] = {}
+    for name, data in entries:
+        where = f"host {name}"
+        try:
+            host = HostData(**data)
+        except ValidationError as exc:
+            for err in exc.errors():
+                errors.append((where, ".".join(str(p) for p in err["loc"]), err["msg"]))
+            continue
+        address = host.ssh_hostname or name
+        if (address, host.ssh_port) in addresses:
+            errors.append((where, "ssh_hostname", f"duplicate host: {address}:{host.ssh_port} is also "
+                           f"{addresses[(address, host.ssh_port)]}"))
+        addresses[(address, host.ssh_port)] = name
+        hw = None
+        if host.hardware is None:
+            errors.append((where, "hardware", "missing"))
+        elif host.hardware not in cat.hardware:
+            errors.append((where, "hardware", f"unknown hardware {host.hardware!r} "
+                           f"(known: {', '.join(sorted(cat.hardware))})"))
+        else:
+            hw = cat.hardware[host.hardware]
+        gpu_count = host.gpu_count if host.gpu_count is not None else (hw.gpus_per_node if hw else 0)
+        services = []
+        ports: dict[int, str] = {}
+        for raw in _service_entries(data, host):
+            svc = _resolve_service(name, host, hw, raw, cat, errors)
+            if svc is None:
+                continue
+            if svc.port in ports:
+                errors.append((where, "port", f"{svc.port} is used by pools {ports[svc.port]} and {svc.pool}"))
+            ports[svc.port] = svc.pool
+            if svc.gpus > gpu_count and hw and hw.vendor != "none":
+                errors.append((where, "gpus", f"service {svc.pool} wants {svc.gpus} GPUs, host has {gpu_count}"))
+            services.append(svc)
+        if hw is not None:
+            hosts[name] = HostPlan(name=name, address=address, hardware=hw, gpu_count=gpu_count,
+                                   model_root=host.model_root, hf_token_env=host.hf_token_env,
+                                   services=tuple(services))
+    pools = _resolve_pools(hosts, errors)
+    return Resolved(hosts=_with_ranks(hosts, pools), pools=pools, errors=errors)
+
+
+def _resolve_pools(hosts: dict[str, HostPlan], errors: list) -> dict[str, PoolPlan]:
+    pools: dict[str, PoolPlan] = defaultdict(lambda: PoolPlan(name=""))
+    for plan in hosts.values():
+        for svc in plan.services:
+            pool = pools[svc.pool]
+            pool.name = svc.pool
+            pool.hosts.append(plan.name)
+            pool.services.append(svc)
+    for pool in pools.values():
+        where = f"pool {pool.name}"
+        head = pool.services[0]
+        for fld in ("model", "engine_name", "recipe", "hardware", "served_name", "port", "revision"):
+            values = sorted({str(getattr(getattr(s, fld), "id", getattr(s, fld))) for s in pool.services})
+            if len(values) > 1:
+                label = "mixed hardware" if fld == "hardware" else "members disagree"
+                errors.append((where, fld.removesuffix("_name"), f"{label}: {', '.join(values)}"))
+        layout = head.recipe.layout
+        pool_gpus = sum(s.gpus for s in pool.services)
+        if len(pool.hosts) != layout.nodes:
+            errors.append((where, "hosts", f"recipe {head.recipe.id} needs {layout.nodes} node(s), pool has "
+                           f"{len(pool.hosts)}"))
+        if layout.world_size != pool_gpus:
+            errors.append((where, "gpus", f"tp {layout.tp} x pp {layout.pp} x dp {layout.dp} = "
+                           f"{layout.world_size} GPUs, but the pool has {pool_gpus} "
+                           f"({len(pool.hosts)} host(s) x {head.gpus})"))
+        if head.hardware.vendor != "none":
+            report = plan_capacity(head.model, head.hardware, gpus=head.gpus, nodes=len(pool.hosts),
+                                   recipe=head.recipe)
+            if not report.fits:
+                errors.append((where, "model", report.reason))
+    return dict(pools)
+
+
+def _with_ranks(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan]) -> dict[str, HostPlan]:
+    """Give each service its node rank from the pool's host order (the first host is the head)."""
+    out = {}
+    for name, plan in hosts.items():
+        services = []
+        for svc in plan.services:
+            pool = pools[svc.pool]
+            head = hosts[pool.hosts[0]]
+            services.append(replace(svc, node_rank=pool.hosts.index(name), nnodes=len(pool.hosts),
+                                     head_address=head.address))
+        out[name] = replace(plan, services=tuple(services))
+    return out
+
+
+def load_inventory(path: str) -> list[tuple[str, dict[str, Any]]]:
+    """Load a pyinfra inventory file (and its group_data/) without connecting to anything."""
+    from pyinfra.api import State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    with ctx_state.use(State()):  # pyinfra executes inventory files inside a state context
+        inventory = make_inventory(path, cwd=str(Path(path).resolve().parent.parent))
+        return [(host.name, host.data.dict()) for host in inventory]
+
+
+def resolve_inventory(path: str) -> Resolved:
+    return resolve(load_inventory(path))

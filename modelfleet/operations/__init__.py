@@ -1,0 +1,1 @@
+"""Custom idempotent operations where pyinfra has none."""

@@ -1,0 +1,17 @@
+"""Stop a host with its reasons: the operation fails at execution, so later stages never run there."""
+
+from __future__ import annotations
+
+from pyinfra import logger
+from pyinfra.api import FunctionCommand, operation
+
+
+def _refuse(state, host, reasons: list[str]) -> bool:
+    for reason in reasons:
+        host.log_styled(f"refused: {reason}", fg="red", log_func=logger.error)
+    return False
+
+
+@operation(is_idempotent=False)
+def fail_host(reasons: list[str]):
+    yield FunctionCommand(_refuse, (reasons,), {})

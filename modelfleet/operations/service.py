@@ -1,0 +1,34 @@
+"""Engine readiness: /health answers and /v1/models lists the served name, or show the unit's journal."""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra.api import StringCommand, operation
+
+JOURNAL_LINES = 40
+
+
+def readiness_script(unit: str, base_url: str, served_name: str, timeout_s: int, auth_file: str | None) -> str:
+    auth = f"-H @{shlex.quote(auth_file)}" if auth_file else ""
+    journal = f"journalctl -u {shlex.quote(unit)} -n {JOURNAL_LINES} --no-pager"
+    name = shlex.quote(f'"{served_name}"')
+    return (
+        f"deadline=$(( $(date +%s) + {int(timeout_s)} )); "
+        f"while :; do "
+        f"if systemctl is-failed --quiet {shlex.quote(unit)}; then "
+        f"echo 'modelfleet: {unit} failed (start limit reached or engine exited)' >&2; {journal} >&2; exit 1; fi; "
+        f"if curl -fsS -m 5 {base_url}/health >/dev/null 2>&1 && "
+        f"curl -fsS -m 5 {auth} {base_url}/v1/models 2>/dev/null | grep -qF {name}; then "
+        f"echo 'modelfleet: {unit} ready at {base_url}'; exit 0; fi; "
+        f"if [ $(date +%s) -ge $deadline ]; then "
+        f"echo 'modelfleet: {unit} not ready after {int(timeout_s)} s' >&2; {journal} >&2; exit 1; fi; "
+        f"sleep 2; done"
+    )
+
+
+@operation(is_idempotent=False)
+def wait_ready(unit: str, base_url: str, served_name: str, timeout_s: int, auth_file: str | None = None):
+    """Poll the engine on the host itself (the endpoint is loopback-bound by default)."""
+    yield StringCommand("sh", "-c", shlex.quote(readiness_script(unit, base_url, served_name, timeout_s,
+                                                                 auth_file)))

@@ -1,0 +1,110 @@
+"""Rendering (pure): engine argv, docker run argv, systemd unit and env file for a ServicePlan."""
+
+from __future__ import annotations
+
+import os
+
+import jinja2
+import yaml
+
+from modelfleet import REPO_ROOT
+from modelfleet.inventory import ServicePlan
+
+DOCKER = "/usr/bin/docker"
+CONTAINER_MODEL_DIR = "/model"
+CONTAINER_SECRETS = "/run/modelfleet/secrets.yaml"
+START_LIMIT_INTERVAL_S = 600
+START_LIMIT_BURST = 3
+MASK = "********"
+
+_env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO_ROOT / "templates"), keep_trailing_newline=True,
+                          trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+
+
+def engine_argv(svc: ServicePlan) -> list[str]:
+    """The engine's own command line (what follows the image name), with the recipe's real flags."""
+    engine = svc.engine
+    model_path = CONTAINER_MODEL_DIR
+    if svc.recipe.model_file:
+        model_path = f"{CONTAINER_MODEL_DIR}/{svc.recipe.model_file}"
+    argv = [a.format(model_path=model_path) for a in engine.argv]
+    argv += [engine.served_name_flag, svc.served_name, engine.host_flag, svc.bind_address,
+             engine.port_flag, str(svc.port)]
+    argv += list(svc.recipe.args) + list(svc.extra_args)
+    if svc.api_key_env and engine.api_key_config_file:
+        argv += ["--config", CONTAINER_SECRETS]
+    return argv
+
+
+def gpu_flags(svc: ServicePlan) -> list[str]:
+    if not svc.gpu_passthrough or svc.hardware.vendor == "none":
+        return []
+    if svc.hardware.vendor == "amd":
+        return ["--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video"]
+    return ["--gpus", "all"]
+
+
+def docker_run_argv(svc: ServicePlan) -> list[str]:
+    docker = svc.recipe.docker
+    argv = [DOCKER, "run", "--rm", "--name", svc.container_name, "--init", "--network", "host",
+            f"--ipc={docker.get('ipc', 'host')}"]
+    if "shm_size" in docker:
+        argv += ["--shm-size", docker["shm_size"]]
+    argv += gpu_flags(svc)
+    # Secrets and recipe env come from a 0600 file, never from this command line.
+    argv += ["--env-file", svc.env_file, "-v", f"{svc.model_dir}:{CONTAINER_MODEL_DIR}:ro"]
+    if svc.api_key_env and svc.engine.api_key_config_file:
+        argv += ["-v", f"{svc.secrets_config_file}:{CONTAINER_SECRETS}:ro"]
+    argv += ["--entrypoint", svc.engine.entrypoint, svc.image]
+    return argv + engine_argv(svc)
+
+
+def systemd_quote(arg: str) -> str:
+    """Quote one argument for a systemd Exec line (systemd.service(5): quoting and specifiers)."""
+    escaped = arg.replace("%", "%%").replace("$", "$$")
+    if escaped and not any(c in escaped for c in " \t\"'\\;"):
+        return escaped
+    return "'" + escaped.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _paired(argv: list[str]) -> list[str]:
+    """One line per flag and its value, for a readable unit file."""
+    lines: list[str] = []
+    for arg in argv:
+        if lines and lines[-1].startswith("-") and " " not in lines[-1] and not arg.startswith("-"):
+            lines[-1] += " " + arg
+        else:
+            lines.append(arg)
+    return lines
+
+
+def render_unit(svc: ServicePlan) -> str:
+    argv = [systemd_quote(a) for a in docker_run_argv(svc)]
+    exec_start = " \\\n    ".join(_paired(argv))
+    return _env.get_template("engine.service.j2").render(
+        svc=svc, exec_start=exec_start, docker=DOCKER, start_limit_interval=START_LIMIT_INTERVAL_S,
+        start_limit_burst=START_LIMIT_BURST)
+
+
+def api_key(svc: ServicePlan) -> str | None:
+    return os.environ.get(svc.api_key_env) if svc.api_key_env else None
+
+
+def env_values(svc: ServicePlan, mask: bool = False) -> dict[str, str]:
+    env = dict(svc.env)
+    key = api_key(svc)
+    if key and svc.engine.api_key_env:
+        env[svc.engine.api_key_env] = MASK if mask else key
+    return env
+
+
+def render_env(svc: ServicePlan, mask: bool = False) -> str:
+    return _env.get_template("engine.env.j2").render(svc=svc, env=env_values(svc, mask))
+
+
+def render_secrets_config(svc: ServicePlan, mask: bool = False) -> str | None:
+    """SGLang reads its key from a --config YAML file (it has no environment variable for it)."""
+    key = api_key(svc)
+    if not (key and svc.engine.api_key_config_file):
+        return None
+    return yaml.safe_dump({"api-key": MASK if mask else key})

@@ -1,0 +1,89 @@
+"""Stage preflight (read-only): does this host match the inventory and can it serve its recipes?"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import deploy
+
+from modelfleet.facts.probe import HostProbe
+from modelfleet.inventory import HostPlan
+from modelfleet.operations.report import fail_host
+from modelfleet.planner import plan_capacity
+from modelfleet.stages import host_plan
+
+REPORT_DIR = Path("reports/preflight")
+_verdicts: dict[str, bool] = {}
+
+
+def _version_tuple(text: str | None) -> tuple[int, ...]:
+    return tuple(int(p) for p in (text or "0").split(".") if p.isdigit())
+
+
+def evaluate(plan: HostPlan, probe: dict) -> dict:
+    """Compare what the host reports with what the inventory and recipes need. Pure."""
+    problems: list[str] = []
+    hw = plan.hardware
+    gpus = (probe.get("nvidia_gpus") if hw.vendor == "nvidia" else probe.get("amd_gpus")) or []
+    versions = probe.get("nvidia_versions") or {}
+    if hw.vendor != "none":
+        if len(gpus) != plan.gpu_count:
+            problems.append(f"GPU count: inventory says {plan.gpu_count}x {hw.id}, host has {len(gpus)}")
+        wrong = sorted({g["name"] for g in gpus if hw.gpu_name and g["name"] != hw.gpu_name})
+        if wrong:
+            problems.append(f"GPU model: inventory says {hw.gpu_name}, host has {', '.join(wrong)}")
+        small = [g for g in gpus if g["memory_total_mib"] < hw.hbm_mib]
+        if small:
+            problems.append(f"HBM: GPU {small[0]['index']} has {small[0]['memory_total_mib']} MiB, "
+                            f"catalog expects {hw.hbm_mib} MiB")
+    services = []
+    ports = {(p["port"]) : p for p in probe.get("ports") or []}
+    disk = probe.get("disk") or {}
+    disk_needed = 0.0
+    for svc in plan.services:
+        reasons = []
+        cap = plan_capacity(svc.model, hw, gpus=svc.gpus, nodes=svc.nnodes, recipe=svc.recipe)
+        if hw.vendor != "none" and not cap.fits:
+            reasons.append(f"planner: {cap.reason}")
+        disk_needed += cap.disk_needed_bytes
+        recipe = svc.recipe
+        if recipe.min_driver and hw.vendor == "nvidia":
+            driver = versions.get("driver")
+            if _version_tuple(driver) < _version_tuple(recipe.min_driver):
+                reasons.append(f"driver {driver or 'absent'} < {recipe.min_driver} required by {recipe.id}")
+            if recipe.cuda and _version_tuple(versions.get("cuda")) < _version_tuple(recipe.cuda):
+                reasons.append(f"CUDA {versions.get('cuda') or 'absent'} < {recipe.cuda} required by {recipe.id}")
+        listener = ports.get(svc.port)
+        if listener and listener["process"] not in ("", "docker-proxy") and svc.engine_name not in listener["process"]:
+            reasons.append(f"port {svc.port} is in use by {listener['process']}")
+        services.append({"pool": svc.pool, "model": svc.model.id, "recipe": recipe.id, "fits": cap.fits,
+                         "capacity": cap.reason, "ok": not reasons, "problems": reasons})
+        problems += [f"{svc.pool}: {r}" for r in reasons]
+    if disk and disk_needed and hw.vendor != "none" and disk["avail"] < disk_needed:
+        problems.append(f"disk: {disk['avail'] / 1e9:.1f} GB free on {disk['mount']} for {plan.model_root}, "
+                        f"plan needs {disk_needed / 1e9:.1f} GB (checkpoint + temporary files + rollback copy)")
+    return {
+        "host": plan.name, "ok": not problems, "problems": problems,
+        "gpus": [{"name": g["name"], "memory_total_mib": g["memory_total_mib"]} for g in gpus],
+        "gpu_count": len(gpus), "driver": versions.get("driver"), "cuda": versions.get("cuda"),
+        "kernel_module": probe.get("nvidia_module"), "os": probe.get("os"),
+        "container_runtime": probe.get("runtime"), "disk": disk, "services": services,
+    }
+
+
+def passed(name: str) -> bool:
+    return _verdicts.get(name, False)
+
+
+@deploy("modelfleet preflight")
+def run(report_dir: Path = REPORT_DIR) -> bool:
+    plan = host_plan()
+    report = evaluate(plan, host.get_fact(HostProbe, model_root=plan.model_root))
+    report_dir.mkdir(parents=True, exist_ok=True)
+    (report_dir / f"{plan.name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    _verdicts[plan.name] = report["ok"]
+    if not report["ok"]:
+        fail_host(name="Preflight refused this host", reasons=report["problems"])
+    return report["ok"]
