@@ -58,6 +58,7 @@ class HostData(BaseModel):
     image_registry: str | None = None  # site mirror / lab registry prefix for every image
     gpu_passthrough: bool = True  # the lab's hosts have no GPUs to hand to containers
     services: list[dict[str, Any]] | None = None
+    assess_models: list[str] = []  # preflight also reports whether these would fit the measured GPUs
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,7 @@ class HostPlan:
     model_root: str
     hf_token_env: str
     services: tuple[ServicePlan, ...]
+    assess_models: tuple[str, ...] = ()
 
 
 @dataclass
@@ -269,6 +271,9 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
                            f"(known: {', '.join(sorted(cat.hardware))})"))
         else:
             hw = cat.hardware[host.hardware]
+        for model_id in host.assess_models:
+            if model_id not in cat.models:
+                errors.append((where, "assess_models", f"unknown model {model_id!r}"))
         gpu_count = host.gpu_count if host.gpu_count is not None else (hw.gpus_per_node if hw else 0)
         services = []
         ports: dict[int, str] = {}
@@ -285,7 +290,7 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
         if hw is not None:
             hosts[name] = HostPlan(name=name, address=address, hardware=hw, gpu_count=gpu_count,
                                    model_root=host.model_root, hf_token_env=host.hf_token_env,
-                                   services=tuple(services))
+                                   services=tuple(services), assess_models=tuple(host.assess_models))
     pools = _resolve_pools(hosts, errors)
     return Resolved(hosts=_with_ranks(hosts, pools), pools=pools, errors=errors)
 

@@ -90,7 +90,7 @@ class NvidiaTopology(FactBase):
             if name not in devices:
                 continue
             cells = [c.strip() for c in row[1:1 + len(devices)]]
-            matrix[name] = dict(zip(devices, cells))
+            matrix[name] = dict(zip(devices, cells, strict=False))
         gpus = [d for d in devices if d.startswith("GPU")]
         bonds = [int(m.group(1)) for a in gpus for b in gpus if a != b
                  for m in [re.fullmatch(r"NV(\d+)", matrix.get(a, {}).get(b, ""))] if m]

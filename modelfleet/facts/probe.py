@@ -18,6 +18,10 @@ PARTS = {
 class HostProbe(FactBase):
     """Runs every part's command once, each isolated so one missing tool spoils only its own part."""
 
+    @staticmethod
+    def default():
+        return {name: None for name in PARTS}
+
     def command(self, model_root: str = "/srv/models") -> str:
         sections = []
         for name, cls in PARTS.items():
@@ -26,7 +30,7 @@ class HostProbe(FactBase):
         return "; ".join(sections)
 
     def process(self, output):
-        result = {name: None for name in PARTS}
+        result = self.default()
         name, lines = None, []
         for line in output:
             if line.startswith(MARK):

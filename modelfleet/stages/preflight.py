@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
 
+from modelfleet.catalog import load_catalog
 from modelfleet.facts.probe import HostProbe
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.report import fail_host
 from modelfleet.planner import plan_capacity
 from modelfleet.stages import host_plan
 
-REPORT_DIR = Path("reports/preflight")
+# Reports land on the control node; MODELFLEET_REPORTS moves them (tests, CI artefacts).
+REPORT_DIR = Path(os.environ.get("MODELFLEET_REPORTS", "reports")) / "preflight"
 _verdicts: dict[str, bool] = {}
 
 
@@ -65,7 +69,7 @@ def evaluate(plan: HostPlan, probe: dict) -> dict:
         problems.append(f"disk: {disk['avail'] / 1e9:.1f} GB free on {disk['mount']} for {plan.model_root}, "
                         f"plan needs {disk_needed / 1e9:.1f} GB (checkpoint + temporary files + rollback copy)")
     return {
-        "host": plan.name, "ok": not problems, "problems": problems,
+        "host": plan.name, "ok": not problems, "assessed": assess(plan, gpus), "problems": problems,
         "gpus": [{"name": g["name"], "memory_total_mib": g["memory_total_mib"]} for g in gpus],
         "gpu_count": len(gpus), "driver": versions.get("driver"), "cuda": versions.get("cuda"),
         "kernel_module": probe.get("nvidia_module"), "os": probe.get("os"),
@@ -73,16 +77,30 @@ def evaluate(plan: HostPlan, probe: dict) -> dict:
     }
 
 
+def assess(plan: HostPlan, gpus: list[dict]) -> list[dict]:
+    """Would each `assess_models` entry fit the GPUs this host actually reported?"""
+    if not gpus:
+        return []
+    measured = plan.hardware.model_copy(update={"hbm_mib": min(g["memory_total_mib"] for g in gpus)})
+    cat = load_catalog()
+    out = []
+    for model_id in plan.assess_models:
+        report = plan_capacity(cat.models[model_id], measured, gpus=len(gpus))
+        out.append({"model": model_id, "fits": report.fits, "reason": report.reason})
+    return out
+
+
 def passed(name: str) -> bool:
     return _verdicts.get(name, False)
 
 
 @deploy("modelfleet preflight")
-def run(report_dir: Path = REPORT_DIR) -> bool:
+def run(report_dir: Path | None = None) -> bool:
     plan = host_plan()
     report = evaluate(plan, host.get_fact(HostProbe, model_root=plan.model_root))
+    report_dir = report_dir or REPORT_DIR
     report_dir.mkdir(parents=True, exist_ok=True)
-    (report_dir / f"{plan.name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (report_dir / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', plan.name)}.json").write_text(json.dumps(report, indent=2) + "\n")
     _verdicts[plan.name] = report["ok"]
     if not report["ok"]:
         fail_host(name="Preflight refused this host", reasons=report["problems"])

@@ -1,0 +1,13 @@
+"""The machine pyinfra runs on, as a 1x H200 host (`make hw-preflight`): serves the small model and asks
+preflight whether Kimi K3.1 Pro would fit the GPUs it measures."""
+
+hosts = [
+    ("@local", {
+        "hardware": "h200",
+        "gpu_count": 1,
+        "model": "qwen3-8b",
+        "engine": "vllm",
+        "pool": "qwen3-8b",
+        "assess_models": ["kimi-k3.1-pro", "qwen3-8b"],
+    }),
+]

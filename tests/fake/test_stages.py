@@ -1,0 +1,144 @@
+"""Stage tests through pyinfra's @fake connector: the commands a real run would send, and none when converged."""
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.operations import run_ops
+
+sys.path.insert(0, str(Path(__file__).parent))
+from harness import H200, Uploads, executed, probe_reply, recorded, run_fake  # noqa: E402
+
+from modelfleet import render  # noqa: E402
+from modelfleet.facts.probe import HostProbe  # noqa: E402
+from modelfleet.inventory import resolve  # noqa: E402
+from modelfleet.pipeline import serve  # noqa: E402
+from modelfleet.stages import preflight  # noqa: E402
+
+PIN = "e" * 40
+IMAGE = "vllm/vllm-openai:v0.34.0@sha256:" + "f" * 64
+# Synthetic 8x B300 GPU rows in the format of the recorded H200 query (values from public B300 samples).
+B300_GPUS = [f"{i}, NVIDIA B300 SXM6 AC, GPU-0000000{i}-synthetic, 00000000:{i:02X}:00.0, 275040 MiB, 580.95.05, 10.3"
+             for i in range(8)]
+B300_VERSIONS = ["NVIDIA-SMI version  : 580.95.05", "DRIVER version      : 580.95.05", "CUDA Version        : 13.0"]
+DF = ["Filesystem 1-blocks Used Available Capacity Mounted on",
+      "/dev/md0 30000000000000 1000000000 29000000000000 1% /srv"]
+
+
+def b300_host():
+    return {"hardware": "b300", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": PIN, "pool": "k31",
+            "served_name": "kimi-local", "image": IMAGE}
+
+
+def b300_probe(gpus=B300_GPUS, versions=B300_VERSIONS):
+    return probe_reply({"nvidia_gpus": gpus, "nvidia_versions": versions, "disk": DF, "ports": []})
+
+
+@pytest.fixture(autouse=True)
+def reports(tmp_path, monkeypatch):
+    monkeypatch.setattr(preflight, "REPORT_DIR", tmp_path)
+    return tmp_path
+
+
+def changed_ops(state, name):
+    host = state.inventory.get_host(f"@fake/{name}")
+    return [state.get_op_meta(h).names for h in state.get_op_order()
+            if state.get_op_data_for_host(host, h).operation_meta.did_change()]
+
+
+def test_b300_kimi_serve_sends_the_guides_command(monkeypatch):
+    uploads = Uploads(monkeypatch)
+    host = {**b300_host(), "fake_responses": {"@@modelfleet-probe": b300_probe()}}
+    state = run_fake([("b300-01", host)], serve)
+    commands = executed(state, "b300-01")
+    assert f"docker pull --quiet {IMAGE}" in commands
+    assert "systemctl daemon-reload" in commands
+    assert "systemctl start modelfleet-k31.service" in commands
+    assert "systemctl enable modelfleet-k31.service" in commands
+    unit = uploads.files["/etc/systemd/system/modelfleet-k31.service"]
+    for flag in ("--tensor-parallel-size 8", "--trust-remote-code", "--load-format fastsafetensors",
+                 "--enable-auto-tool-choice", "--tool-call-parser kimi_k3", "--reasoning-parser kimi_k3",
+                 "--max-model-len 32768", "--host 127.0.0.1", "--port 8000", "--served-model-name kimi-local"):
+        assert flag in unit
+    assert IMAGE in unit
+    assert uploads.files["/etc/modelfleet/k31.env"].endswith("VLLM_ENGINE_READY_TIMEOUT_S=3600\n")
+    assert any("curl -fsS -m 5 http://127.0.0.1:8000/health" in c for c in commands)
+
+
+def converged_replies(svc):
+    unit = render.render_unit(svc)
+    env = render.render_env(svc)
+    sha1 = hashlib.sha1(unit.encode()).hexdigest()
+    sha = {svc.unit_name: hashlib.sha256(unit.encode()).hexdigest(),
+           "k31.env": hashlib.sha256(env.encode()).hexdigest()}
+    stat = "user=root group=root mode={mode} atime=0 mtime=0 ctime=0 size=1 '{path}'"
+    return {
+        "@@modelfleet-probe": b300_probe(),
+        f"sha1sum /etc/systemd/system/{svc.unit_name}": f"{sha1}  /etc/systemd/system/{svc.unit_name}",
+        f"sha256sum /etc/systemd/system/{svc.unit_name}": f"{sha[svc.unit_name]}  /etc/systemd/system/{svc.unit_name}",
+        "sha256sum /etc/modelfleet/k31.env": f"{sha['k31.env']}  /etc/modelfleet/k31.env",
+        "stat -c 'user=%U group=%G mode=%A atime=%X mtime=%Y ctime=%Z size=%s %N' /etc/modelfleet/k31.env":
+            stat.format(mode="-rw-------", path="/etc/modelfleet/k31.env"),
+        f"stat -c 'user=%U group=%G mode=%A atime=%X mtime=%Y ctime=%Z size=%s %N' /etc/systemd/system/{svc.unit_name}":
+            stat.format(mode="-rw-r--r--", path=svc.unit_name),
+        "stat -c 'user=%U group=%G mode=%A atime=%X mtime=%Y ctime=%Z size=%s %N' /etc/modelfleet ":
+            stat.format(mode="drwx------", path="/etc/modelfleet"),
+        "stat -c": stat.format(mode="drwxr-xr-x", path="dir"),
+        "--property SubState": [f"Id={svc.unit_name}", "SubState=running"],
+        "--property UnitFileState": [f"Id={svc.unit_name}", "UnitFileState=enabled"],
+        "docker image inspect": "sha256:" + "1" * 64 + ' ["vllm/vllm-openai@sha256:' + "f" * 64 + '"]',
+    }
+
+
+def test_converged_b300_host_gets_no_commands():
+    svc = resolve([("@fake/b300-01", b300_host())]).hosts["@fake/b300-01"].services[0]
+    host = {**b300_host(), "fake_responses": converged_replies(svc)}
+    state = run_fake([("b300-01", host)], serve)
+    assert changed_ops(state, "b300-01") == []
+
+
+def test_preflight_refuses_a_host_with_too_few_gpus_and_old_driver(reports):
+    old = [line.replace("580.95.05", "570.158.01") for line in B300_VERSIONS]
+    host = {**b300_host(), "fake_responses": {"@@modelfleet-probe": b300_probe(B300_GPUS[:7], old)}}
+    state = run_fake([("b300-01", host)], serve, dry=True)
+    with pytest.raises(PyinfraError, match="No hosts remaining"):
+        run_ops(state)
+    commands = executed(state, "b300-01")
+    assert not any(c.startswith("docker pull") for c in commands)  # later stages never added
+    report = json.loads((reports / "_fake_b300-01.json").read_text())
+    assert not report["ok"]
+    joined = "\n".join(report["problems"])
+    assert "GPU count: inventory says 8x b300, host has 7" in joined
+    assert "driver 570.158.01 < 580" in joined
+
+
+def h200_probe():
+    return HostProbe().process(probe_reply({
+        "nvidia_gpus": recorded(H200 / "nvidia-smi-query-gpu-header.txt"),
+        "nvidia_versions": recorded(H200 / "nvidia-smi-version.txt"),
+        "nvidia_module": recorded(H200 / "proc-driver-version.txt"),
+        "topology": recorded(H200 / "nvidia-smi-topo.txt"),
+        "amd_gpus": None,
+        "block_devices": recorded(H200 / "lsblk-json.txt"),
+        "os": recorded(H200 / "os-release.txt"),
+        "ports": [], "runtime": ["docker=none", "server=none", "runtimes=", "nvidia_ctk=none"],
+        "disk": ["Filesystem 1-blocks Used Available Capacity Mounted on",
+                 "/dev/vda 270553174016 17286574080 68702363648 21% /"],
+    }))
+
+
+@pytest.mark.skipif(not H200.exists(), reason="shared/fixtures not beside the checkout")
+def test_preflight_on_recorded_h200_accepts_small_model_and_refuses_kimi():
+    plan = resolve([("h200", {"hardware": "h200", "gpu_count": 1, "model": "qwen3-8b", "engine": "vllm",
+                              "assess_models": ["kimi-k3.1-pro", "qwen3-8b"]})]).hosts["h200"]
+    report = preflight.evaluate(plan, h200_probe())
+    assert report["ok"], report["problems"]
+    assert report["gpus"] == [{"name": "NVIDIA H200", "memory_total_mib": 143771}]
+    assert (report["driver"], report["cuda"]) == ("580.159.04", "13.0")
+    assert report["kernel_module"] == {"version": "580.159.04", "open": True, "arch": "x86_64"}
+    verdicts = {a["model"]: a for a in report["assessed"]}
+    assert not verdicts["kimi-k3.1-pro"]["fits"] and "1x h200" in verdicts["kimi-k3.1-pro"]["reason"]
+    assert verdicts["qwen3-8b"]["fits"]

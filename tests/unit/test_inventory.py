@@ -1,0 +1,108 @@
+import json
+import subprocess
+import sys
+
+from modelfleet.inventory import resolve
+
+PIN = "a" * 40
+
+
+def b300(**extra):
+    return {"hardware": "b300", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": PIN,
+            "pool": "k31", **extra}
+
+
+def test_prod_example_validates():
+    out = subprocess.run([sys.executable, "-m", "modelfleet.cli", "validate", "--json", "inventories/prod.py"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    data = json.loads(out.stdout)
+    assert set(data["pools"]) == {"kimi-k31-b300", "kimi-k31-gb300", "kimi-k3-mi355x"}
+    assert data["pools"]["kimi-k31-gb300"]["hosts"] == ["gb300-tray-a", "gb300-tray-b"]
+
+
+def test_resolves_one_single_node_pool():
+    result = resolve([("b300-01", b300())])
+    assert result.errors == []
+    svc = result.hosts["b300-01"].services[0]
+    assert svc.recipe.id == "kimi-k3.1-pro-vllm-b300" and svc.port == 8000 and svc.bind_address == "127.0.0.1"
+    assert svc.model_dir == f"/srv/models/kimi-k3.1-pro/{PIN}"
+
+
+def test_every_problem_is_reported_at_once_naming_host_and_field(monkeypatch):
+    monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
+    entries = [
+        ("a", {"hardware": "b300", "model": "kimi-k9", "engine": "vllm", "pool": "p1"}),
+        ("b", {"hardware": "warp-drive", "model": "kimi-k3", "engine": "vllm"}),
+        ("c", b300(engine="tokenspeed")),
+        ("d", {"hardware": "h200", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": "main"}),
+        ("e", {"hardware": "mi355x", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": PIN,
+               "recipe": "kimi-k3.1-pro-vllm-b300"}),
+        ("f", b300(pool="f", port=70000)),
+        ("g", b300(pool="g", bind_address="0.0.0.0")),
+        ("h", {"hardware": "b300", "ssh_hostname": "a"}),
+        ("i", {"hardware": "h200", "services": [
+            {"model": "qwen3-8b", "engine": "vllm", "pool": "q1", "port": 8000},
+            {"model": "qwen3-8b", "engine": "vllm", "pool": "q2", "port": 8000}]}),
+        ("j", b300(pool="mixed")),
+        ("k", {"hardware": "h200", "model": "qwen3-8b", "engine": "vllm", "pool": "mixed"}),
+        ("l", b300(pool="l", bind_address="10.0.0.5", api_key_env="NO_SUCH_KEY_VAR")),
+    ]
+    errors = {(w, f) for w, f, _ in resolve(entries).errors}
+    expected = {
+        ("host a", "model"),            # unknown model
+        ("host b", "hardware"),         # unknown hardware
+        ("host c", "engine"),           # engine not in the catalog
+        ("host d", "recipe"),           # no recipe for K3.1 Pro on H200
+        ("host e", "recipe"),           # the named recipe is for another hardware (vendor mismatch)
+        ("host f", "port"),             # outside 1-65535
+        ("host g", "bind_address"),     # non-loopback bind without an API key
+        ("host h", "ssh_hostname"),     # duplicate of host a
+        ("host i", "port"),             # one port for two services on one host
+        ("pool mixed", "hardware"),     # mixed hardware in one pool
+        ("host l", "api_key_env"),      # key variable not set on the control node
+    }
+    assert expected <= errors, expected - errors
+
+
+def test_trust_remote_code_needs_a_pinned_commit():
+    errors = resolve([("x", b300(revision="main"))]).errors
+    assert [(w, f) for w, f, _ in errors] == [("host x", "revision")]
+
+
+def test_layout_must_match_pool_gpus():
+    # The GB300 recipe is TP8 over two 4-GPU trays: one tray alone is not the layout.
+    errors = resolve([("t1", {"hardware": "gb300", "model": "kimi-k3.1-pro", "engine": "vllm",
+                              "revision": PIN, "pool": "g"})]).errors
+    assert ("pool g", "hosts") in {(w, f) for w, f, _ in errors}
+    assert ("pool g", "gpus") in {(w, f) for w, f, _ in errors}
+    ok = resolve([(n, {"hardware": "gb300", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": PIN,
+                       "pool": "g"}) for n in ("t1", "t2")])
+    assert ok.errors == []
+    ranks = [ok.hosts[n].services[0].node_rank for n in ("t1", "t2")]
+    assert ranks == [0, 1] and ok.hosts["t2"].services[0].head_address == "t1"
+
+
+def test_rocm_recipe_on_nvidia_host_is_a_vendor_mismatch():
+    errors = resolve([("n", {"hardware": "b300", "model": "kimi-k3", "engine": "vllm", "revision": PIN,
+                             "recipe": "kimi-k3-vllm-mi355x"})]).errors
+    assert any(f == "recipe" for _, f, _ in errors)
+
+
+def test_plan_that_cannot_fit_is_refused_at_validate():
+    errors = resolve([("r", {"hardware": "rtx4090", "gpu_count": 1, "model": "qwen3-8b", "engine": "vllm",
+                             "gpus": 1, "pool": "r"})]).errors
+    assert errors == []  # 8B BF16 fits a 24 GB card (16.4 GB)
+
+
+def test_validate_cli_exit_2_without_traceback(tmp_path):
+    inv = tmp_path / "inventories" / "bad.py"
+    inv.parent.mkdir()
+    inv.write_text('hosts = [("x", {"hardware": "b300", "model": "nope", "engine": "vllm"}),\n'
+                   '         ("y", {"hardware": "nope", "model": "kimi-k3", "engine": "vllm"})]\n')
+    out = subprocess.run([sys.executable, "-m", "modelfleet.cli", "validate", str(inv)], capture_output=True,
+                         text=True)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stdout + out.stderr
+    assert "host x: model: unknown model 'nope'" in out.stdout
+    assert "host y: hardware: unknown hardware 'nope'" in out.stdout

@@ -1,0 +1,78 @@
+import subprocess
+import sys
+
+from modelfleet import render
+from modelfleet.inventory import resolve
+
+PIN = "b" * 40
+
+
+def service(**extra):
+    data = {"hardware": "b300", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": PIN, "pool": "k31",
+            "served_name": "kimi-local", **extra}
+    result = resolve([("b300-01", data)])
+    assert result.errors == []
+    return result.hosts["b300-01"].services[0]
+
+
+def test_vllm_command_is_the_guides():
+    argv = " ".join(render.docker_run_argv(service()))
+    assert ("--entrypoint vllm vllm/vllm-openai:v0.34.0 serve /model --served-model-name kimi-local "
+            "--host 127.0.0.1 --port 8000 --trust-remote-code --tensor-parallel-size 8 --load-format "
+            "fastsafetensors --enable-auto-tool-choice --tool-call-parser kimi_k3 --reasoning-parser kimi_k3 "
+            "--max-model-len 32768") in argv
+    assert "--rm --name modelfleet-k31-b300-01 --init" in argv
+    assert "--gpus all" in argv and "--ipc=host" in argv
+    assert f"-v /srv/models/kimi-k3.1-pro/{PIN}:/model:ro" in argv
+
+
+def test_unit_has_limits_timeouts_and_stop():
+    unit = render.render_unit(service())
+    assert "StartLimitBurst=3" in unit and "StartLimitIntervalSec=600" in unit
+    assert "Restart=on-failure" in unit
+    assert "TimeoutStartSec=3900" in unit  # > VLLM_ENGINE_READY_TIMEOUT_S=3600
+    assert "ExecStop=/usr/bin/docker stop --time 30 modelfleet-k31-b300-01" in unit
+
+
+def test_secret_goes_to_the_env_file_only(monkeypatch):
+    monkeypatch.setenv("K31_KEY", "sk-test-not-a-real-key-0123")
+    svc = service(bind_address="10.1.2.3", api_key_env="K31_KEY")
+    assert "sk-test" not in render.render_unit(svc)
+    assert "sk-test" not in " ".join(render.docker_run_argv(svc))
+    assert "VLLM_API_KEY=sk-test-not-a-real-key-0123" in render.render_env(svc)
+    masked = render.render_env(svc, mask=True)
+    assert "sk-test" not in masked and "VLLM_API_KEY=********" in masked
+
+
+def test_sglang_key_goes_to_a_config_file(monkeypatch):
+    monkeypatch.setenv("SGL_KEY", "sk-sglang-test")
+    data = {"hardware": "b300", "model": "kimi-k3.1-pro", "engine": "sglang", "revision": PIN, "pool": "s",
+            "api_key_env": "SGL_KEY"}
+    svc = resolve([("h", data)]).hosts["h"].services[0]
+    argv = render.docker_run_argv(svc)
+    assert "sk-sglang" not in " ".join(argv)
+    assert "--config" in argv and "--shm-size" in argv
+    assert "sk-sglang-test" in render.render_secrets_config(svc)
+
+
+def test_systemd_quoting_keeps_json_in_one_argument():
+    assert render.systemd_quote('{"a":true}') == "'{\"a\":true}'"
+    assert render.systemd_quote("50%") == "50%%"
+    assert render.systemd_quote("--port") == "--port"
+
+
+def test_render_cli_masks_and_names_files(monkeypatch):
+    out = subprocess.run([sys.executable, "-m", "modelfleet.cli", "render", "inventories/prod.py", "b300-01"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "# ==> /etc/systemd/system/modelfleet-kimi-k31-b300.service" in out.stdout
+    assert "VLLM_ENGINE_READY_TIMEOUT_S=3600" in out.stdout
+
+
+def test_plan_cli_refuses_and_accepts():
+    refuse = subprocess.run([sys.executable, "-m", "modelfleet.cli", "plan", "--model", "kimi-k3.1-pro",
+                             "--hardware", "rtx4090", "--gpus", "1"], capture_output=True, text=True)
+    assert refuse.returncode == 1 and "needs 1.49 TB" in refuse.stdout
+    accept = subprocess.run([sys.executable, "-m", "modelfleet.cli", "plan", "--model", "kimi-k3.1-pro",
+                             "--hardware", "b300", "--gpus", "8", "--json"], capture_output=True, text=True)
+    assert accept.returncode == 0 and '"fits": true' in accept.stdout
