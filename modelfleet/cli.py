@@ -88,5 +88,38 @@ def render_cmd(inventory: str, host: str) -> None:
             click.echo(f"# ==> {svc.secrets_config_file} (0600)\n{secrets}")
 
 
+@main.group()
+def lab() -> None:
+    """The local rehearsal fleet (systemd + sshd containers on 127.0.1.N, a registry, engine doubles)."""
+
+
+@lab.command("up")
+@click.option("--hosts", type=int, default=3, show_default=True)
+@click.option("--persona", "personas", multiple=True, type=click.Choice(["h200x1", "b300x8-synthetic"]),
+              help="GPU persona per host, repeated round-robin (default h200x1).")
+def lab_up(hosts: int, personas: tuple[str, ...]) -> None:
+    """Start HOSTS lab hosts (idempotent: running ones are kept)."""
+    from modelfleet import lab as labmod
+
+    specs = labmod.up(hosts, list(personas) or None)
+    click.echo(json.dumps([{k: s[k] for k in ("name", "address", "persona", "engine")} for s in specs], indent=2))
+
+
+@lab.command("down")
+def lab_down() -> None:
+    """Remove every lab host, its engine containers and the registry process."""
+    from modelfleet import lab as labmod
+
+    click.echo(json.dumps(labmod.down()))
+
+
+@lab.command("status")
+def lab_status() -> None:
+    """Lab hosts, their containers and SSH reachability, as JSON."""
+    from modelfleet import lab as labmod
+
+    click.echo(json.dumps(labmod.status(), indent=2))
+
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,36 @@
+"""The local lab fleet made by `modelfleet lab up` (reads .lab/hosts.json).
+
+Each lab host serves the tiny lab model with one engine (vllm, sglang, llama.cpp in turn) from the lab
+registry's engine double, bound to the host's own loopback address so ports never collide.
+"""
+
+import json
+import os
+from pathlib import Path
+
+_state = Path(os.environ.get("MODELFLEET_LAB_STATE", Path(__file__).resolve().parent.parent / ".lab"))
+if not (_state / "hosts.json").exists():
+    raise SystemExit(f"no lab found ({_state / 'hosts.json'} missing): run `modelfleet lab up` first")
+_lab = json.loads((_state / "hosts.json").read_text())
+_engine_env = json.loads(os.environ.get("MODELFLEET_LAB_ENGINE_ENV", "{}"))  # fault switches for tests
+
+lab_hosts = [
+    (spec["name"], {
+        "ssh_hostname": spec["address"],
+        "ssh_user": "root",
+        "ssh_key": _lab["key"],
+        "ssh_known_hosts_file": _lab["known_hosts"],
+        "hardware": spec["hardware"],
+        "gpu_count": spec["gpu_count"],
+        "model_root": spec["model_root"],
+        "image_registry": _lab["registry"],
+        "gpu_passthrough": False,
+        "pool": f"tiny-{spec['name']}",
+        "model": "tiny-lab",
+        "engine": spec["engine"],
+        "bind_address": spec["address"],
+        "api_key_env": os.environ.get("MODELFLEET_LAB_API_KEY_ENV") or None,
+        "env": _engine_env,
+    })
+    for spec in _lab["hosts"]
+]

@@ -1,0 +1,300 @@
+#!/usr/bin/env python3
+"""Engine double for the lab: an OpenAI-compatible server started with the real engines' command lines.
+
+Invoked as `vllm serve MODEL ...`, `sglang serve --model-path MODEL ...` or `llama-server --model FILE ...`
+(argv[0] says which engine it plays). Flags the played engine does not document are refused, as the real
+engine would refuse them. Stdlib only: the image needs nothing but python3.
+
+Fault switches (environment, for tests): MODELFLEET_DOUBLE_LOAD_DELAY_S (503 on /health meanwhile),
+MODELFLEET_DOUBLE_NEVER_READY=1, MODELFLEET_DOUBLE_CRASH_AFTER=N (exit after N chat requests),
+MODELFLEET_DOUBLE_SLOW_FIRST_TOKEN_S, MODELFLEET_DOUBLE_MALFORMED_TOOL_CALLS=1 (raw markup in content).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+FLAGS = json.loads((Path(__file__).resolve().parent / "flags.json").read_text())
+STARTED = time.time()
+LOCK = threading.Lock()
+COUNTERS = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "running": 0, "ttft_sum": 0.0,
+            "ttft_count": 0}
+
+
+def engine_name() -> str:
+    prog = Path(sys.argv[0]).name
+    return {"vllm": "vllm", "sglang": "sglang", "llama-server": "llama.cpp"}.get(prog, prog)
+
+
+def parse_args(engine: str, argv: list[str]) -> dict:
+    spec = FLAGS[engine]["flags"]
+    aliases = FLAGS[engine].get("aliases", {})
+    args: dict = {"positional": []}
+    if engine in ("vllm", "sglang"):
+        if not argv or argv[0] != "serve":
+            sys.exit(f"{engine}: expected the `serve` subcommand, got {argv[:1]}")
+        argv = argv[1:]
+    i = 0
+    while i < len(argv):
+        raw = argv[i]
+        if not raw.startswith("-"):
+            args["positional"].append(raw)
+            i += 1
+            continue
+        name, eq, inline = raw.partition("=")
+        name = aliases.get(name, name)
+        if name not in spec:
+            sys.exit(f"{engine}: error: unrecognized arguments: {raw}")
+        if spec[name] == "bool":
+            args[name] = True
+            i += 1
+        else:
+            if eq:
+                args[name] = inline
+                i += 1
+            elif i + 1 < len(argv):
+                args[name] = argv[i + 1]
+                i += 2
+            else:
+                sys.exit(f"{engine}: error: argument {name}: expected one argument")
+    return args
+
+
+class Engine:
+    def __init__(self, engine: str, args: dict):
+        self.engine = engine
+        model = args.get("--model-path") or args.get("--model") or (args["positional"] or ["model"])[0]
+        self.served = args.get("--served-model-name") or args.get("--alias") or model
+        self.host = args.get("--host", "127.0.0.1")
+        self.port = int(args.get("--port", FLAGS[engine]["default_port"]))
+        self.api_key = self._api_key(args)
+        self.load_delay = float(os.environ.get("MODELFLEET_DOUBLE_LOAD_DELAY_S", "1"))
+        self.never_ready = os.environ.get("MODELFLEET_DOUBLE_NEVER_READY") == "1"
+        self.crash_after = int(os.environ.get("MODELFLEET_DOUBLE_CRASH_AFTER", "0"))
+        self.slow_first_token = float(os.environ.get("MODELFLEET_DOUBLE_SLOW_FIRST_TOKEN_S", "0"))
+        self.malformed_tools = os.environ.get("MODELFLEET_DOUBLE_MALFORMED_TOOL_CALLS") == "1"
+
+    def _api_key(self, args: dict) -> str | None:
+        if args.get("--api-key"):
+            return args["--api-key"]
+        if self.engine == "sglang" and args.get("--config"):
+            for line in Path(args["--config"]).read_text().splitlines():
+                key, _, value = line.partition(":")
+                if key.strip() == "api-key":
+                    return value.strip().strip("'\"")
+        env = {"vllm": "VLLM_API_KEY", "llama.cpp": "LLAMA_API_KEY"}.get(self.engine)
+        return os.environ.get(env) if env else None
+
+    def ready(self) -> bool:
+        return not self.never_ready and time.time() - STARTED >= self.load_delay
+
+
+def words(text) -> int:
+    if isinstance(text, list):
+        text = " ".join(part.get("text", "") for part in text if isinstance(part, dict))
+    return max(1, len(str(text or "").split()))
+
+
+def answer(eng: Engine, body: dict) -> dict:
+    """The whole assistant turn: reasoning, then content or a tool call."""
+    messages = body.get("messages", [])
+    last = messages[-1] if messages else {}
+    tools = body.get("tools") or []
+    reasoning = "The user asked something; the lab double answers deterministically."
+    if tools and last.get("role") == "user":
+        fn = tools[0]["function"]
+        props = fn.get("parameters", {}).get("properties", {})
+        arguments = {name: "Paris" if "city" in name or "location" in name else "lab" for name in props}
+        if eng.malformed_tools:
+            raw = f"<|tool_call_begin|>{fn['name']}<|tool_call_argument_begin|>{json.dumps(arguments)}"
+            return {"reasoning": reasoning, "content": raw, "tool_calls": None, "finish": "stop"}
+        call = {"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+                "function": {"name": fn["name"], "arguments": json.dumps(arguments)}}
+        return {"reasoning": reasoning, "content": None, "tool_calls": [call], "finish": "tool_calls"}
+    if last.get("role") == "tool":
+        content = f"The tool returned: {last.get('content')}"
+    else:
+        content = f"Hello from the modelfleet lab engine double ({eng.engine}, serving {eng.served})."
+    budget = body.get("max_completion_tokens") or body.get("max_tokens")
+    if budget is not None and int(budget) <= words(reasoning):
+        # The budget ran out inside the reasoning: no content, finish_reason "length".
+        return {"reasoning": " ".join(reasoning.split()[: int(budget)]), "content": None, "tool_calls": None,
+                "finish": "length"}
+    if budget is not None and int(budget) < words(reasoning) + words(content):
+        content = " ".join(content.split()[: int(budget) - words(reasoning)])
+        return {"reasoning": reasoning, "content": content, "tool_calls": None, "finish": "length"}
+    return {"reasoning": reasoning, "content": content, "tool_calls": None, "finish": "stop"}
+
+
+def metrics_text(eng: Engine) -> str:
+    c = COUNTERS
+    label = f'model_name="{eng.served}"'
+    names = {
+        "vllm": [("vllm:num_requests_running", "gauge", c["running"]), ("vllm:num_requests_waiting", "gauge", 0),
+                 ("vllm:kv_cache_usage_perc", "gauge", 0.01 * c["running"]),
+                 ("vllm:prompt_tokens_total", "counter", c["prompt_tokens"]),
+                 ("vllm:generation_tokens_total", "counter", c["generation_tokens"]),
+                 ("vllm:prefix_cache_queries_total", "counter", c["prompt_tokens"]),
+                 ("vllm:prefix_cache_hits_total", "counter", 0),
+                 ("vllm:time_to_first_token_seconds_sum", "counter", c["ttft_sum"]),
+                 ("vllm:time_to_first_token_seconds_count", "counter", c["ttft_count"])],
+        "sglang": [("sglang:num_running_reqs", "gauge", c["running"]), ("sglang:num_queue_reqs", "gauge", 0),
+                   ("sglang:token_usage", "gauge", 0.01 * c["running"]), ("sglang:cache_hit_rate", "gauge", 0.0),
+                   ("sglang:prompt_tokens_total", "counter", c["prompt_tokens"]),
+                   ("sglang:generation_tokens_total", "counter", c["generation_tokens"]),
+                   ("sglang:time_to_first_token_seconds_sum", "counter", c["ttft_sum"]),
+                   ("sglang:time_to_first_token_seconds_count", "counter", c["ttft_count"])],
+        "llama.cpp": [("llamacpp:prompt_tokens_total", "counter", c["prompt_tokens"]),
+                      ("llamacpp:tokens_predicted_total", "counter", c["generation_tokens"]),
+                      ("llamacpp:requests_processing", "gauge", c["running"]),
+                      ("llamacpp:requests_deferred", "gauge", 0)],
+    }[eng.engine]
+    lines = []
+    for name, kind, value in names:
+        lines += [f"# TYPE {name} {kind}", f"{name}{{{label}}} {value}"]
+    return "\n".join(lines) + "\n"
+
+
+class Handler(BaseHTTPRequestHandler):
+    eng: Engine
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt, *args):
+        sys.stdout.write(f"INFO: {self.address_string()} - {fmt % args}\n")
+        sys.stdout.flush()
+
+    def _send(self, code: int, body, content_type="application/json"):
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _authorized(self) -> bool:
+        # Like vLLM: only the /v1 routes need the key; /health and /metrics stay open.
+        if not self.eng.api_key or not self.path.startswith("/v1"):
+            return True
+        if self.headers.get("Authorization") == f"Bearer {self.eng.api_key}":
+            return True
+        self._send(401, {"error": "Unauthorized"})
+        return False
+
+    def do_GET(self):
+        if self.path == "/health":
+            if self.eng.ready():
+                return self._send(200, {"status": "ok"} if self.eng.engine == "llama.cpp" else "")
+            return self._send(503, {"error": {"code": 503, "message": "Loading model"}})
+        if self.path == "/metrics":
+            return self._send(200, metrics_text(self.eng), "text/plain; version=0.0.4")
+        if not self._authorized():
+            return None
+        if self.path == "/v1/models":
+            if not self.eng.ready():
+                return self._send(503, {"error": "model is loading"})
+            return self._send(200, {"object": "list", "data": [
+                {"id": self.eng.served, "object": "model", "created": int(STARTED), "owned_by": self.eng.engine}]})
+        return self._send(404, {"error": "not found"})
+
+    def do_POST(self):
+        if not self._authorized():
+            return None
+        if self.path != "/v1/chat/completions":
+            return self._send(404, {"error": "not found"})
+        if not self.eng.ready():
+            return self._send(503, {"error": "model is loading"})
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
+        if body.get("model") not in (self.eng.served, None):
+            return self._send(404, {"error": {"message": f"The model `{body.get('model')}` does not exist.",
+                                              "type": "NotFoundError", "code": 404}})
+        with LOCK:
+            COUNTERS["requests"] += 1
+            COUNTERS["running"] += 1
+            count = COUNTERS["requests"]
+        try:
+            self._complete(body)
+        finally:
+            with LOCK:
+                COUNTERS["running"] -= 1
+        if self.eng.crash_after and count >= self.eng.crash_after:
+            sys.stdout.write(f"ERROR: engine double crashing after {count} requests (fault switch)\n")
+            sys.stdout.flush()
+            os._exit(1)
+        return None
+
+    def _complete(self, body: dict):
+        start = time.time()
+        turn = answer(self.eng, body)
+        prompt = sum(words(m.get("content")) for m in body.get("messages", []))
+        out_words = (turn["reasoning"] or "").split() + (turn["content"] or "").split()
+        usage = {"prompt_tokens": prompt, "completion_tokens": len(out_words),
+                 "total_tokens": prompt + len(out_words)}
+        with LOCK:
+            COUNTERS["prompt_tokens"] += prompt
+            COUNTERS["generation_tokens"] += len(out_words)
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(start)
+        if self.eng.slow_first_token:
+            time.sleep(self.eng.slow_first_token)
+        if not body.get("stream"):
+            self._ttft(start)
+            message = {"role": "assistant", "content": turn["content"], "reasoning_content": turn["reasoning"]}
+            if turn["tool_calls"]:
+                message["tool_calls"] = turn["tool_calls"]
+            return self._send(200, {"id": rid, "object": "chat.completion", "created": created,
+                                    "model": self.eng.served, "usage": usage, "choices": [
+                                        {"index": 0, "message": message, "finish_reason": turn["finish"]}]})
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+
+        def chunk(delta, finish=None, usage_=None):
+            data = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.eng.served,
+                    "choices": [] if usage_ else [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            if usage_:
+                data["usage"] = usage_
+            self.wfile.write(f"data: {json.dumps(data)}\n\n".encode())
+            self.wfile.flush()
+
+        chunk({"role": "assistant", "content": ""})
+        self._ttft(start)
+        for word in (turn["reasoning"] or "").split():
+            chunk({"reasoning_content": word + " "})
+        for word in (turn["content"] or "").split():
+            chunk({"content": word + " "})
+        for i, call in enumerate(turn["tool_calls"] or []):
+            chunk({"tool_calls": [{"index": i, **call}]})
+        chunk({}, finish=turn["finish"])
+        if (body.get("stream_options") or {}).get("include_usage"):
+            chunk({}, usage_=usage)
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+        self.close_connection = True
+
+    def _ttft(self, start: float):
+        with LOCK:
+            COUNTERS["ttft_sum"] += time.time() - start
+            COUNTERS["ttft_count"] += 1
+
+
+def main() -> None:
+    engine = engine_name()
+    if engine not in FLAGS:
+        sys.exit(f"engine double: unknown engine {engine!r} (invoke as vllm, sglang or llama-server)")
+    eng = Engine(engine, parse_args(engine, sys.argv[1:]))
+    Handler.eng = eng
+    server = ThreadingHTTPServer((eng.host, eng.port), Handler)
+    print(f"INFO: {engine} double serving {eng.served} on http://{eng.host}:{eng.port} "
+          f"(ready after {eng.load_delay:.0f} s)", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

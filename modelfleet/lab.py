@@ -1,0 +1,196 @@
+"""The lab: a rehearsal fleet of GPU-host doubles on one machine (systemd + sshd containers on 127.0.1.N).
+
+State lives in .lab/ (git-ignored): the SSH key pair and host keys made at `lab up`, per-host sshd config,
+the registry's config and data, and hosts.json, which inventories/lab.py reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from modelfleet import REPO_ROOT
+
+LAB_DIR = REPO_ROOT / "lab"
+STATE = Path(os.environ.get("MODELFLEET_LAB_STATE", REPO_ROOT / ".lab"))
+BASE_IMAGE = "modelfleet-lab/base:bookworm"
+REGISTRY = "127.0.0.1:5000"
+PREFIX = "mflab-"
+PERSONAS = {"h200x1": ("h200", 1), "b300x8-synthetic": ("b300", 8)}
+# The real images the lab's recipes name; the registry serves the engine double under each tag.
+ENGINE_IMAGES = ("vllm/vllm-openai:v0.34.0", "lmsysorg/sglang:v0.5.18", "ghcr.io/ggml-org/llama.cpp:server-cuda")
+ENGINES = ("vllm", "sglang", "llama.cpp")
+
+
+def sh(*argv: str, check: bool = True, capture: bool = False) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, check=check, text=True, capture_output=capture)
+
+
+def address(index: int) -> str:
+    return f"127.0.1.{10 + index}"
+
+
+def _port_open(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def ensure_registry() -> None:
+    """Debian's docker-registry on 127.0.0.1:5000, data under .lab/registry."""
+    if _port_open("127.0.0.1", 5000):
+        return
+    data = STATE / "registry"
+    data.mkdir(parents=True, exist_ok=True)
+    config = STATE / "registry.yml"
+    config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {data}\n"
+                      f"  delete:\n    enabled: true\nhttp:\n  addr: {REGISTRY}\nlog:\n  level: warn\n")
+    log = open(STATE / "registry.log", "a")
+    proc = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=log, stderr=log,
+                            start_new_session=True)
+    (STATE / "registry.pid").write_text(str(proc.pid))
+    for _ in range(50):
+        if _port_open("127.0.0.1", 5000):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"registry did not start; see {STATE / 'registry.log'}")
+
+
+def ensure_images() -> None:
+    sh(str(LAB_DIR / "build-base.sh"), BASE_IMAGE)
+    local = "modelfleet-lab/engine-double:latest"
+    sh("docker", "build", "-q", "-t", local, str(LAB_DIR / "engine_double"), capture=True)
+    for image in ENGINE_IMAGES:
+        target = f"{REGISTRY}/{image}"
+        sh("docker", "tag", local, target)
+        sh("docker", "push", "-q", target, capture=True)
+
+
+def _keys() -> None:
+    STATE.mkdir(parents=True, exist_ok=True)
+    key = STATE / "id_ed25519"
+    if not key.exists():
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "modelfleet-lab", "-f", str(key))
+
+
+def _host_files(index: int, persona: str) -> dict:
+    name = f"{PREFIX}{index}"
+    home = STATE / "hosts" / name
+    home.mkdir(parents=True, exist_ok=True)
+    hostkey = home / "ssh_host_ed25519_key"
+    if not hostkey.exists():
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(hostkey))
+    hostkey.chmod(0o600)
+    (home / "sshd.conf").write_text(
+        f"ListenAddress {address(index)}\nHostKey /etc/ssh/ssh_host_ed25519_key\n"
+        "PermitRootLogin prohibit-password\nPasswordAuthentication no\n")
+    models = home / "models"
+    models.mkdir(exist_ok=True)
+    hardware, gpus = PERSONAS[persona]
+    return {"name": name, "address": address(index), "persona": persona, "hardware": hardware,
+            "gpu_count": gpus, "model_root": str(models), "home": str(home),
+            "host_key_pub": (home / "ssh_host_ed25519_key.pub").read_text().split()[:2]}
+
+
+def start_host(spec: dict) -> None:
+    home = Path(spec["home"])
+    docker_cli = shutil.which("docker") or "/usr/bin/docker"
+    mounts = [
+        f"{home / 'sshd.conf'}:/etc/ssh/sshd_config.d/modelfleet-lab.conf:ro",
+        f"{home / 'ssh_host_ed25519_key'}:/etc/ssh/ssh_host_ed25519_key:ro",
+        f"{home / 'ssh_host_ed25519_key.pub'}:/etc/ssh/ssh_host_ed25519_key.pub:ro",
+        f"{STATE / 'id_ed25519.pub'}:/root/.ssh/authorized_keys:ro",
+        "/var/run/docker.sock:/var/run/docker.sock",
+        f"{docker_cli}:/usr/bin/docker:ro",
+        f"{LAB_DIR / 'personas' / spec['persona']}:/opt/modelfleet-lab/persona:ro",
+        f"{LAB_DIR / 'personas' / 'nvidia-smi'}:/usr/local/bin/nvidia-smi:ro",
+        # Same path inside and out: the machine's dockerd resolves the unit's -v mounts on the machine.
+        f"{spec['model_root']}:{spec['model_root']}",
+        "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+    ]
+    argv = ["docker", "run", "-d", "--name", spec["name"], "--hostname", spec["name"], "--network", "host",
+            "--restart", "always", "--cap-add", "SYS_ADMIN", "--tmpfs", "/run", "--tmpfs", "/run/lock",
+            "-e", "container=docker", "--label", "modelfleet-lab=host"]
+    for mount in mounts:
+        argv += ["-v", mount]
+    sh(*argv, BASE_IMAGE, "/sbin/init", capture=True)
+
+
+def wait_ssh(spec: dict, timeout_s: float = 60) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if _port_open(spec["address"], 22):
+            return
+        time.sleep(0.3)
+    logs = sh("docker", "logs", "--tail", "30", spec["name"], check=False, capture=True)
+    raise RuntimeError(f"{spec['name']}: sshd did not answer on {spec['address']}:22\n{logs.stdout}{logs.stderr}")
+
+
+def up(hosts: int = 3, personas: list[str] | None = None) -> list[dict]:
+    _keys()
+    ensure_registry()
+    ensure_images()
+    personas = personas or ["h200x1"]
+    specs = []
+    for i in range(1, hosts + 1):
+        spec = _host_files(i, personas[(i - 1) % len(personas)])
+        spec["engine"] = ENGINES[(i - 1) % len(ENGINES)]
+        exists = sh("docker", "container", "inspect", spec["name"], check=False, capture=True).returncode == 0
+        if not exists:
+            start_host(spec)
+        specs.append(spec)
+    known = [f"{s['address']} {' '.join(s['host_key_pub'])}" for s in specs]
+    (STATE / "known_hosts").write_text("\n".join(known) + "\n")
+    (STATE / "hosts.json").write_text(json.dumps({"key": str(STATE / "id_ed25519"),
+                                                  "known_hosts": str(STATE / "known_hosts"),
+                                                  "registry": REGISTRY, "hosts": specs}, indent=2))
+    for spec in specs:
+        wait_ssh(spec)
+    return specs
+
+
+def _containers(label: str) -> list[str]:
+    out = sh("docker", "ps", "-aq", "--filter", f"label={label}", check=False, capture=True).stdout
+    return out.split()
+
+
+def engine_containers() -> list[str]:
+    out = sh("docker", "ps", "-a", "--format", "{{.Names}}", check=False, capture=True).stdout
+    return [n for n in out.split() if n.startswith("modelfleet-") and PREFIX in n]
+
+
+def down() -> dict:
+    """Remove lab hosts, their engine containers and the registry process; keep images and keys."""
+    engines = engine_containers()
+    hosts = _containers("modelfleet-lab=host")
+    if engines or hosts:
+        sh("docker", "rm", "-f", *engines, *hosts, capture=True)
+    pidfile = STATE / "registry.pid"
+    if pidfile.exists():
+        try:
+            os.killpg(int(pidfile.read_text()), signal.SIGTERM)
+        except (ProcessLookupError, ValueError):
+            pass
+        pidfile.unlink()
+    shutil.rmtree(STATE / "hosts", ignore_errors=True)
+    (STATE / "hosts.json").unlink(missing_ok=True)
+    return {"removed_hosts": len(hosts), "removed_engines": len(engines)}
+
+
+def status() -> dict:
+    if not (STATE / "hosts.json").exists():
+        return {"up": False, "hosts": []}
+    data = json.loads((STATE / "hosts.json").read_text())
+    rows = []
+    for spec in data["hosts"]:
+        state = sh("docker", "inspect", "-f", "{{.State.Status}}", spec["name"], check=False, capture=True)
+        rows.append({"name": spec["name"], "address": spec["address"], "persona": spec["persona"],
+                     "engine": spec["engine"], "container": state.stdout.strip() or "absent",
+                     "ssh": _port_open(spec["address"], 22)})
+    return {"up": True, "registry": _port_open("127.0.0.1", 5000), "hosts": rows}
