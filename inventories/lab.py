@@ -12,7 +12,9 @@ _state = Path(os.environ.get("MODELFLEET_LAB_STATE", Path(__file__).resolve().pa
 if not (_state / "hosts.json").exists():
     raise SystemExit(f"no lab found ({_state / 'hosts.json'} missing): run `modelfleet lab up` first")
 _lab = json.loads((_state / "hosts.json").read_text())
-_engine_env = json.loads(os.environ.get("MODELFLEET_LAB_ENGINE_ENV", "{}"))  # fault switches for tests
+# Fault switches for tests: engine double environment and extra engine flags.
+_engine_env = json.loads(os.environ.get("MODELFLEET_LAB_ENGINE_ENV", "{}"))
+_extra_args = json.loads(os.environ.get("MODELFLEET_LAB_EXTRA_ARGS", "[]"))
 
 lab_hosts = [
     (spec["name"], {
@@ -23,6 +25,8 @@ lab_hosts = [
         "hardware": spec["hardware"],
         "gpu_count": spec["gpu_count"],
         "model_root": spec["model_root"],
+        # Same path on the lab host and the machine: the machine's dockerd resolves the unit's mounts.
+        "config_dir": spec["config_dir"],
         "image_registry": _lab["registry"],
         "gpu_passthrough": False,
         "pool": f"tiny-{spec['name']}",
@@ -31,6 +35,7 @@ lab_hosts = [
         "bind_address": spec["address"],
         "api_key_env": os.environ.get("MODELFLEET_LAB_API_KEY_ENV") or None,
         "env": _engine_env,
+        "extra_args": _extra_args,
     })
     for spec in _lab["hosts"]
 ]

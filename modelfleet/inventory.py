@@ -54,6 +54,7 @@ class HostData(BaseModel):
     ssh_hostname: str | None = None
     ssh_port: int = 22
     model_root: str = "/srv/models"
+    config_dir: str = "/etc/modelfleet"  # env and secret files (0700 directory, 0600 files)
     hf_token_env: str = "HF_TOKEN"
     image_registry: str | None = None  # site mirror / lab registry prefix for every image
     gpu_passthrough: bool = True  # the lab's hosts have no GPUs to hand to containers
@@ -82,6 +83,7 @@ class ServicePlan:
     env: dict[str, str]
     model_dir: str
     gpu_passthrough: bool
+    config_dir: str = "/etc/modelfleet"
     node_rank: int = 0
     nnodes: int = 1
     head_address: str = ""
@@ -97,11 +99,16 @@ class ServicePlan:
 
     @property
     def env_file(self) -> str:
-        return f"/etc/modelfleet/{self.pool}.env"
+        return f"{self.config_dir}/{self.pool}.env"
 
     @property
     def secrets_config_file(self) -> str:
-        return f"/etc/modelfleet/{self.pool}.secrets.yaml"
+        return f"{self.config_dir}/{self.pool}.secrets.yaml"
+
+    @property
+    def auth_file(self) -> str:
+        """`Authorization:` header for clients on the host (readiness checks), when a key is set."""
+        return f"{self.config_dir}/{self.pool}.auth"
 
     @property
     def loopback(self) -> bool:
@@ -119,6 +126,7 @@ class HostPlan:
     hardware: Hardware
     gpu_count: int
     model_root: str
+    config_dir: str
     hf_token_env: str
     services: tuple[ServicePlan, ...]
     assess_models: tuple[str, ...] = ()
@@ -240,7 +248,7 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
         trust_remote_code=trust, image=image, extra_args=tuple(svc.extra_args),
         env={**recipe.env, **svc.env},
         model_dir=f"{host.model_root.rstrip('/')}/{model.id}/{revision_dir}",
-        gpu_passthrough=host.gpu_passthrough,
+        gpu_passthrough=host.gpu_passthrough, config_dir=host.config_dir.rstrip("/"),
     )
 
 
@@ -289,7 +297,7 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
             services.append(svc)
         if hw is not None:
             hosts[name] = HostPlan(name=name, address=address, hardware=hw, gpu_count=gpu_count,
-                                   model_root=host.model_root, hf_token_env=host.hf_token_env,
+                                   model_root=host.model_root, config_dir=host.config_dir.rstrip("/"), hf_token_env=host.hf_token_env,
                                    services=tuple(services), assess_models=tuple(host.assess_models))
     pools = _resolve_pools(hosts, errors)
     return Resolved(hosts=_with_ranks(hosts, pools), pools=pools, errors=errors)

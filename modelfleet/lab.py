@@ -92,9 +92,11 @@ def _host_files(index: int, persona: str) -> dict:
         "PermitRootLogin prohibit-password\nPasswordAuthentication no\n")
     models = home / "models"
     models.mkdir(exist_ok=True)
+    config = home / "etc-modelfleet"
+    config.mkdir(mode=0o700, exist_ok=True)
     hardware, gpus = PERSONAS[persona]
     return {"name": name, "address": address(index), "persona": persona, "hardware": hardware,
-            "gpu_count": gpus, "model_root": str(models), "home": str(home),
+            "gpu_count": gpus, "model_root": str(models), "config_dir": str(config), "home": str(home),
             "host_key_pub": (home / "ssh_host_ed25519_key.pub").read_text().split()[:2]}
 
 
@@ -112,6 +114,7 @@ def start_host(spec: dict) -> None:
         f"{LAB_DIR / 'personas' / 'nvidia-smi'}:/usr/local/bin/nvidia-smi:ro",
         # Same path inside and out: the machine's dockerd resolves the unit's -v mounts on the machine.
         f"{spec['model_root']}:{spec['model_root']}",
+        f"{spec['config_dir']}:{spec['config_dir']}",
         "/sys/fs/cgroup:/sys/fs/cgroup:rw",
     ]
     argv = ["docker", "run", "-d", "--name", spec["name"], "--hostname", spec["name"], "--network", "host",

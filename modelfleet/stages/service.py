@@ -16,17 +16,12 @@ from modelfleet.stages import host_plan
 from modelfleet.stages.images import pinned_image
 
 UNIT_DIR = "/etc/systemd/system"
-CONFIG_DIR = "/etc/modelfleet"
-
-
-def auth_file(svc) -> str:
-    return f"{CONFIG_DIR}/{svc.pool}.auth"
 
 
 @deploy("modelfleet service")
 def run():
     plan = host_plan()
-    files.directory(name=f"Config directory {CONFIG_DIR} (0700)", path=CONFIG_DIR, mode="0700",
+    files.directory(name=f"Config directory {plan.config_dir} (0700)", path=plan.config_dir, mode="0700",
                     user="root", group="root")
     for svc in plan.services:
         svc = replace(svc, image=pinned_image(svc))
@@ -42,7 +37,7 @@ def run():
                                        dest=svc.secrets_config_file, content=secrets_yaml))
         key = render.api_key(svc)
         if key:
-            secret_file(name=f"Client auth header {auth_file(svc)} (0600)", dest=auth_file(svc),
+            secret_file(name=f"Client auth header {svc.auth_file} (0600)", dest=svc.auth_file,
                         content=f"Authorization: Bearer {key}\n")
         edited = any_changed(*changed)
         systemd.daemon_reload(name="systemctl daemon-reload", _if=edited)
@@ -53,4 +48,4 @@ def run():
                         started.did_change())
         wait_ready(name=f"Wait until {svc.served_name} answers at {svc.base_url}", unit=svc.unit_name,
                    base_url=svc.base_url, served_name=svc.served_name, timeout_s=svc.recipe.ready_timeout_s,
-                   auth_file=auth_file(svc) if key else None, _if=any_changed(*changed, started))
+                   auth_file=svc.auth_file if key else None, _if=any_changed(*changed, started))

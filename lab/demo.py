@@ -1,0 +1,33 @@
+"""`make demo`: lab up (3 hosts), serve.py over real SSH, then one chat completion per endpoint (openai SDK)."""
+
+import json
+import subprocess
+import sys
+
+from openai import OpenAI
+
+from modelfleet import lab
+from modelfleet.inventory import resolve_inventory
+
+
+def main() -> int:
+    lab.up(3)
+    run = subprocess.run(["pyinfra", "-y", "inventories/lab.py", "deploys/serve.py"])
+    if run.returncode:
+        return run.returncode
+    result = resolve_inventory("inventories/lab.py")
+    answers = []
+    for plan in result.hosts.values():
+        for svc in plan.services:
+            client = OpenAI(base_url=f"{svc.base_url}/v1", api_key="unused-on-loopback")
+            reply = client.chat.completions.create(model=svc.served_name,
+                                                   messages=[{"role": "user", "content": "Who are you?"}])
+            answers.append({"host": plan.name, "engine": svc.engine_name, "endpoint": f"{svc.base_url}/v1",
+                            "answer": reply.choices[0].message.content,
+                            "finish_reason": reply.choices[0].finish_reason})
+    print(json.dumps(answers, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
