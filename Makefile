@@ -2,10 +2,21 @@
 PYTHON ?= python3
 PYINFRA ?= pyinfra
 
-.PHONY: install test lint hw-preflight
+.PHONY: install lab-setup demo lab-down test lint hw-preflight
 
 install:
 	$(PYTHON) -m pip install -q -e '.[test]'
+
+# Debian packages (docker.io, mmdebstrap, docker-registry) and a running dockerd, for the lab.
+lab-setup:
+	bash lab/setup-machine.sh
+
+# Lab up (3 hosts), serve.py over SSH, one chat completion per endpoint through the openai SDK.
+demo: install lab-setup
+	$(PYTHON) lab/demo.py
+
+lab-down:
+	modelfleet lab down
 
 test:
 	$(PYTHON) -m pytest -q tests

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import pyinfra_cli  # noqa: F401  (gevent patches ssl on import: it must come before openai's httpx)
 from openai import OpenAI
 
 from modelfleet import lab

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Make this machine able to run the lab (Debian 12, root): Debian packages, then dockerd if none answers.
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+need=()
+for cmd in dockerd:docker.io mmdebstrap:mmdebstrap docker-registry:docker-registry ssh-keygen:openssh-client \
+           make:make curl:curl; do
+  command -v "${cmd%%:*}" >/dev/null 2>&1 || need+=("${cmd##*:}")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  apt-get update -qq
+  apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+if ! docker info >/dev/null 2>&1; then
+  nohup dockerd --storage-driver=overlay2 >/var/log/modelfleet-dockerd.log 2>&1 &
+  for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  docker info >/dev/null 2>&1 || { echo "dockerd did not start; see /var/log/modelfleet-dockerd.log" >&2; exit 1; }
+fi
+echo "lab prerequisites ready: $(docker version --format 'dockerd {{.Server.Version}}')"
