@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PYINFRA ?= pyinfra
 
-.PHONY: install lab-setup demo lab-down test lint hw-preflight
+.PHONY: install lab-setup demo bench-converge lab-down test lint hw-preflight
 
 install:
 	$(PYTHON) -m pip install -q -e '.[test]'
@@ -14,6 +14,10 @@ lab-setup:
 # Lab up (3 hosts), serve.py over SSH, one chat completion per endpoint through the openai SDK.
 demo: install lab-setup
 	$(PYTHON) lab/demo.py
+
+# No-op converge time of serve.py on 1 and 16 lab hosts (same run), ratio, remote commands per host (JSON).
+bench-converge: install lab-setup
+	$(PYTHON) lab/bench_converge.py 16
 
 lab-down:
 	modelfleet lab down
