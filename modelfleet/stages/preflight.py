@@ -19,7 +19,6 @@ from modelfleet.stages import host_plan
 
 # Reports land on the control node; MODELFLEET_REPORTS moves them (tests, CI artefacts).
 REPORT_DIR = Path(os.environ.get("MODELFLEET_REPORTS", "reports")) / "preflight"
-_verdicts: dict[str, bool] = {}
 
 
 def _version_tuple(text: str | None) -> tuple[int, ...]:
@@ -43,7 +42,7 @@ def evaluate(plan: HostPlan, probe: dict) -> dict:
             problems.append(f"HBM: GPU {small[0]['index']} has {small[0]['memory_total_mib']} MiB, "
                             f"catalog expects {hw.hbm_mib} MiB")
     services = []
-    ports = {(p["port"]) : p for p in probe.get("ports") or []}
+    ports = {p["port"]: p for p in probe.get("ports") or []}
     disk = probe.get("disk") or {}
     disk_needed = 0.0
     for svc in plan.services:
@@ -93,10 +92,6 @@ def assess(plan: HostPlan, gpus: list[dict]) -> list[dict]:
     return out
 
 
-def passed(name: str) -> bool:
-    return _verdicts.get(name, False)
-
-
 @deploy("modelfleet preflight")
 def run(report_dir: Path | None = None) -> bool:
     plan = host_plan()
@@ -104,7 +99,6 @@ def run(report_dir: Path | None = None) -> bool:
     report_dir = report_dir or REPORT_DIR
     report_dir.mkdir(parents=True, exist_ok=True)
     (report_dir / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', plan.name)}.json").write_text(json.dumps(report, indent=2) + "\n")
-    _verdicts[plan.name] = report["ok"]
     if not report["ok"]:
         fail_host(name="Preflight refused this host", reasons=report["problems"])
     return report["ok"]
