@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 
+from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
 JOURNAL_LINES = 40
@@ -32,3 +33,24 @@ def wait_ready(unit: str, base_url: str, served_name: str, timeout_s: int, auth_
     """Poll the engine on the host itself (the endpoint is loopback-bound by default)."""
     yield StringCommand("sh", "-c", shlex.quote(readiness_script(unit, base_url, served_name, timeout_s,
                                                                  auth_file)))
+
+
+@operation()
+def unit_running(unit: str, current: dict, reload: bool, restart: bool):
+    """
+    Enabled and active, from the unit's state read before the stage. `reload`: its unit file changed;
+    `restart`: something it reads changed. A unit that is started here already runs the new config.
+    """
+    if reload:
+        yield StringCommand("systemctl", "daemon-reload")
+    if current.get("UnitFileState") != "enabled":
+        yield StringCommand("systemctl", "enable", unit)
+    if current.get("ActiveState") == "failed":
+        # A re-run is a retry: without this, a unit that hit its start limit refuses to start.
+        yield StringCommand("systemctl", "reset-failed", unit)
+    if current.get("ActiveState") != "active":
+        yield StringCommand("systemctl", "start", unit)
+    elif restart:
+        yield StringCommand("systemctl", "restart", unit)
+    else:
+        host.noop(f"{unit} is enabled and active")

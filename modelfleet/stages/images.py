@@ -5,10 +5,9 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
 
-from modelfleet.facts.engine import DockerImage
-from modelfleet.inventory import ServicePlan
+from modelfleet.inventory import HostPlan, ServicePlan
 from modelfleet.registry import pinned
-from modelfleet.stages import host_plan
+from modelfleet.stages import host_plan, read_deployed
 
 
 def pinned_image(svc: ServicePlan) -> str:
@@ -17,15 +16,24 @@ def pinned_image(svc: ServicePlan) -> str:
 
 
 @operation()
-def image_present(image: str):
-    """`docker pull` the pinned reference unless an image with that digest is already local."""
-    if host.get_fact(DockerImage, image=image):
+def image_present(image: str, current: dict | None):
+    """`docker pull` the pinned reference unless an image with that digest is already local (`current`)."""
+    if current:
         host.noop(f"image {image} is present")
         return
     yield StringCommand("docker", "pull", "--quiet", image)
 
 
+def wants(plan: HostPlan) -> dict:
+    """What this stage reads from the host's DeployedState."""
+    return {"images": [pinned_image(svc) for svc in plan.services]}
+
+
 @deploy("modelfleet images")
-def run():
-    for svc in host_plan().services:
-        image_present(name=f"Pull {svc.image} (pinned digest)", image=pinned_image(svc))
+def run(deployed: dict | None = None):
+    plan = host_plan()
+    # Read in the deploy body, not the operation: an operation's body runs twice (prepare and execute).
+    present = (deployed or read_deployed([wants(plan)]))["images"]
+    for svc in plan.services:
+        image = pinned_image(svc)
+        image_present(name=f"Pull {svc.image} (pinned digest)", image=image, current=present.get(image))

@@ -3,49 +3,66 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from io import StringIO
 
 from pyinfra.api import deploy
-from pyinfra.operations import files, systemd
-from pyinfra.operations.util import any_changed
 
 from modelfleet import render
-from modelfleet.operations.secrets import secret_file
-from modelfleet.operations.service import wait_ready
-from modelfleet.stages import host_plan
+from modelfleet.inventory import HostPlan, ServicePlan
+from modelfleet.operations.files import content_changes, content_file, directory
+from modelfleet.operations.service import unit_running, wait_ready
+from modelfleet.stages import host_plan, read_deployed
 from modelfleet.stages.images import pinned_image
 
 UNIT_DIR = "/etc/systemd/system"
 
 
+def _files(svc: ServicePlan) -> list[tuple[str, str, str, bool]]:
+    """(path, content, mode, secret) for everything the service's unit depends on."""
+    out = [(f"{UNIT_DIR}/{svc.unit_name}", render.render_unit(svc), "0644", False),
+           (svc.env_file, render.render_env(svc), "0600", True)]
+    secrets_yaml = render.render_secrets_config(svc)
+    if secrets_yaml:
+        out.append((svc.secrets_config_file, secrets_yaml, "0600", True))
+    return out
+
+
+def _services(plan: HostPlan) -> list[ServicePlan]:
+    return [replace(svc, image=pinned_image(svc)) for svc in plan.services]
+
+
+def wants(plan: HostPlan) -> dict:
+    """What this stage reads from the host's DeployedState."""
+    services = _services(plan)
+    paths = [plan.config_dir] + [svc.model_dir for svc in services]
+    paths += [path for svc in services for path, *_ in _files(svc)]
+    paths += [svc.auth_file for svc in services if render.api_key(svc)]
+    return {"paths": paths, "units": [svc.unit_name for svc in services]}
+
+
 @deploy("modelfleet service")
-def run():
+def run(deployed: dict | None = None):
     plan = host_plan()
-    files.directory(name=f"Config directory {plan.config_dir} (0700)", path=plan.config_dir, mode="0700",
-                    user="root", group="root")
-    for svc in plan.services:
-        svc = replace(svc, image=pinned_image(svc))
-        files.directory(name=f"Model directory {svc.model_dir}", path=svc.model_dir)
-        changed = [
-            files.put(name=f"Unit {svc.unit_name}", src=StringIO(render.render_unit(svc)),
-                      dest=f"{UNIT_DIR}/{svc.unit_name}", mode="0644"),
-            secret_file(name=f"Env file {svc.env_file} (0600)", dest=svc.env_file, content=render.render_env(svc)),
-        ]
-        secrets_yaml = render.render_secrets_config(svc)
-        if secrets_yaml:
-            changed.append(secret_file(name=f"Engine secrets {svc.secrets_config_file} (0600)",
-                                       dest=svc.secrets_config_file, content=secrets_yaml))
-        key = render.api_key(svc)
+    services = _services(plan)
+    state = deployed or read_deployed([wants(plan)])
+    at = state["paths"].get
+
+    directory(name=f"Config directory {plan.config_dir} (0700)", path=plan.config_dir,
+              current=at(plan.config_dir), mode="0700")
+    for svc in services:
+        files_, key = _files(svc), render.api_key(svc)
+        directory(name=f"Model directory {svc.model_dir}", path=svc.model_dir, current=at(svc.model_dir))
+        edited = {path: content_changes(at(path), content, mode) for path, content, mode, _ in files_}
+        for path, content, mode, secret in files_:
+            content_file(name=f"File {path} ({mode})", dest=path, content=content, current=at(path), mode=mode,
+                         secret=secret)
         if key:
-            secret_file(name=f"Client auth header {svc.auth_file} (0600)", dest=svc.auth_file,
-                        content=f"Authorization: Bearer {key}\n")
-        edited = any_changed(*changed)
-        systemd.daemon_reload(name="systemctl daemon-reload", _if=edited)
-        started = systemd.service(name=f"Run {svc.unit_name}", service=svc.unit_name, running=True, enabled=True)
-        # A unit that was just started already runs the new config: restart only one that kept running.
-        systemd.service(name=f"Restart {svc.unit_name} (unit or env changed)", service=svc.unit_name,
-                        restarted=True, _if=lambda edited=edited, started=started: edited() and not
-                        started.did_change())
-        wait_ready(name=f"Wait until {svc.served_name} answers at {svc.base_url}", unit=svc.unit_name,
-                   base_url=svc.base_url, served_name=svc.served_name, timeout_s=svc.recipe.ready_timeout_s,
-                   auth_file=svc.auth_file if key else None, _if=any_changed(*changed, started))
+            content_file(name=f"Client auth header {svc.auth_file} (0600)", dest=svc.auth_file,
+                         content=f"Authorization: Bearer {key}\n", current=at(svc.auth_file), mode="0600",
+                         secret=True)
+        unit = state["units"].get(svc.unit_name) or {}
+        unit_running(name=f"Run {svc.unit_name}", unit=svc.unit_name, current=unit,
+                     reload=edited[f"{UNIT_DIR}/{svc.unit_name}"], restart=any(edited.values()))
+        if any(edited.values()) or unit.get("ActiveState") != "active":
+            wait_ready(name=f"Wait until {svc.served_name} answers at {svc.base_url}", unit=svc.unit_name,
+                       base_url=svc.base_url, served_name=svc.served_name, timeout_s=svc.recipe.ready_timeout_s,
+                       auth_file=svc.auth_file if key else None)

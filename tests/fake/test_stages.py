@@ -69,27 +69,18 @@ def test_b300_kimi_serve_sends_the_guides_command(monkeypatch):
 
 
 def converged_replies(svc):
-    unit = render.render_unit(svc)
-    env = render.render_env(svc)
-    sha1 = hashlib.sha1(unit.encode()).hexdigest()
-    sha = {svc.unit_name: hashlib.sha256(unit.encode()).hexdigest(),
-           "k31.env": hashlib.sha256(env.encode()).hexdigest()}
-    stat = "user=root group=root mode={mode} atime=0 mtime=0 ctime=0 size=1 '{path}'"
+    def file_line(content, mode):
+        return f"file {mode} root root {hashlib.sha256(content.encode()).hexdigest()}"
+
+    state = ["@@modelfleet-state path /etc/modelfleet", "dir 700 root root -",
+             f"@@modelfleet-state path {svc.model_dir}", "dir 755 root root -",
+             f"@@modelfleet-state path /etc/systemd/system/{svc.unit_name}", file_line(render.render_unit(svc), 644),
+             "@@modelfleet-state path /etc/modelfleet/k31.env", file_line(render.render_env(svc), 600),
+             f"@@modelfleet-state unit {svc.unit_name}", "ActiveState=active", "UnitFileState=enabled",
+             f"@@modelfleet-state image {IMAGE}", "id=sha256:" + "1" * 64]
     return {
         "@@modelfleet-probe": b300_probe(),
-        f"sha1sum /etc/systemd/system/{svc.unit_name}": f"{sha1}  /etc/systemd/system/{svc.unit_name}",
-        f"sha256sum /etc/systemd/system/{svc.unit_name}": f"{sha[svc.unit_name]}  /etc/systemd/system/{svc.unit_name}",
-        "sha256sum /etc/modelfleet/k31.env": f"{sha['k31.env']}  /etc/modelfleet/k31.env",
-        "stat -c 'user=%U group=%G mode=%A atime=%X mtime=%Y ctime=%Z size=%s %N' /etc/modelfleet/k31.env":
-            stat.format(mode="-rw-------", path="/etc/modelfleet/k31.env"),
-        f"stat -c 'user=%U group=%G mode=%A atime=%X mtime=%Y ctime=%Z size=%s %N' /etc/systemd/system/{svc.unit_name}":
-            stat.format(mode="-rw-r--r--", path=svc.unit_name),
-        "stat -c 'user=%U group=%G mode=%A atime=%X mtime=%Y ctime=%Z size=%s %N' /etc/modelfleet ":
-            stat.format(mode="drwx------", path="/etc/modelfleet"),
-        "stat -c": stat.format(mode="drwxr-xr-x", path="dir"),
-        "--property SubState": [f"Id={svc.unit_name}", "SubState=running"],
-        "--property UnitFileState": [f"Id={svc.unit_name}", "UnitFileState=enabled"],
-        "docker image inspect": "sha256:" + "1" * 64 + ' ["vllm/vllm-openai@sha256:' + "f" * 64 + '"]',
+        "@@modelfleet-state": state,
     }
 
 
@@ -98,6 +89,8 @@ def test_converged_b300_host_gets_no_commands():
     host = {**b300_host(), "fake_responses": converged_replies(svc)}
     state = run_fake([("b300-01", host)], serve)
     assert changed_ops(state, "b300-01") == []
+    # Two round trips: the preflight probe, and what the stages find deployed (files, units, images).
+    assert len(executed(state, "b300-01")) == 2, executed(state, "b300-01")
 
 
 def test_preflight_refuses_a_host_with_too_few_gpus_and_old_driver(reports):
