@@ -15,6 +15,7 @@ _lab = json.loads((_state / "hosts.json").read_text())
 # Fault switches for tests: engine double environment and extra engine flags.
 _engine_env = json.loads(os.environ.get("MODELFLEET_LAB_ENGINE_ENV", "{}"))
 _extra_args = json.loads(os.environ.get("MODELFLEET_LAB_EXTRA_ARGS", "[]"))
+_bind_address = os.environ.get("MODELFLEET_LAB_BIND_ADDRESS")  # e.g. 0.0.0.0, to see validate refuse it
 
 lab_hosts = [
     (spec["name"], {
@@ -29,10 +30,11 @@ lab_hosts = [
         "config_dir": spec["config_dir"],
         "image_registry": _lab["registry"],
         "gpu_passthrough": False,
+        "hf_token_env": "MODELFLEET_LAB_HF_TOKEN",
         "pool": f"tiny-{spec['name']}",
         "model": "tiny-lab",
         "engine": spec["engine"],
-        "bind_address": spec["address"],
+        "bind_address": _bind_address or spec["address"],
         "api_key_env": os.environ.get("MODELFLEET_LAB_API_KEY_ENV") or None,
         "env": _engine_env,
         "extra_args": _extra_args,

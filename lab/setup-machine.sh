@@ -4,7 +4,8 @@ set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 need=()
 for cmd in dockerd:docker.io mmdebstrap:mmdebstrap docker-registry:docker-registry ssh-keygen:openssh-client \
-           make:make curl:curl; do
+           make:make curl:curl \
+           apt-ftparchive:apt-utils gpg:gnupg; do
   command -v "${cmd%%:*}" >/dev/null 2>&1 || need+=("${cmd##*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -4,19 +4,14 @@ import json
 import os
 import re
 import secrets
-import shutil
 import subprocess
 
 import pytest
+from openai import AuthenticationError, OpenAI
+
+from modelfleet.lab import ssh
 
 pytestmark = pytest.mark.lab
-
-if not shutil.which("dockerd") or subprocess.run(["docker", "info"], capture_output=True).returncode:
-    pytest.skip("the lab needs a running dockerd (see .ci/run)", allow_module_level=True)
-
-from openai import AuthenticationError, OpenAI  # noqa: E402
-
-from modelfleet import lab  # noqa: E402
 
 KEY = "lab-" + secrets.token_hex(16)
 ENV = {**os.environ, "MODELFLEET_LAB_API_KEY_ENV": "LAB_API_KEY", "LAB_API_KEY": KEY}
@@ -27,20 +22,11 @@ def pyinfra(*extra, env=ENV):
                           capture_output=True, text=True, timeout=600)
 
 
-def ssh(spec, command):
-    return subprocess.run(["ssh", "-i", str(lab.STATE / "id_ed25519"), "-o",
-                           f"UserKnownHostsFile={lab.STATE / 'known_hosts'}", f"root@{spec['address']}", command],
-                          capture_output=True, text=True, timeout=60)
-
-
 @pytest.fixture(scope="module")
-def fleet():
-    lab.down()
-    specs = lab.up(3)
+def fleet(lab_hosts):
     first = pyinfra()
     second = pyinfra()
-    yield specs, first, second
-    lab.down()
+    return lab_hosts, first, second
 
 
 def test_serve_converges_then_changes_nothing(fleet):

@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 from modelfleet import REPO_ROOT
+from modelfleet.lab import apt, daemons, hub
 
 LAB_DIR = REPO_ROOT / "lab"
 STATE = Path(os.environ.get("MODELFLEET_LAB_STATE", REPO_ROOT / ".lab"))
@@ -36,30 +35,14 @@ def address(index: int) -> str:
     return f"127.0.1.{10 + index}"
 
 
-def _port_open(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex((host, port)) == 0
-
-
 def ensure_registry() -> None:
     """Debian's docker-registry on 127.0.0.1:5000, data under .lab/registry."""
-    if _port_open("127.0.0.1", 5000):
-        return
     data = STATE / "registry"
     data.mkdir(parents=True, exist_ok=True)
     config = STATE / "registry.yml"
     config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {data}\n"
                       f"  delete:\n    enabled: true\nhttp:\n  addr: {REGISTRY}\nlog:\n  level: warn\n")
-    log = open(STATE / "registry.log", "a")
-    proc = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=log, stderr=log,
-                            start_new_session=True)
-    (STATE / "registry.pid").write_text(str(proc.pid))
-    for _ in range(50):
-        if _port_open("127.0.0.1", 5000):
-            return
-        time.sleep(0.2)
-    raise RuntimeError(f"registry did not start; see {STATE / 'registry.log'}")
+    daemons.start(STATE, "registry", ["docker-registry", "serve", str(config)], REGISTRY)
 
 
 def ensure_images() -> None:
@@ -128,7 +111,7 @@ def start_host(spec: dict) -> None:
 def wait_ssh(spec: dict, timeout_s: float = 60) -> None:
     deadline = time.time() + timeout_s
     while time.time() < deadline:
-        if _port_open(spec["address"], 22):
+        if daemons.port_open(f"{spec['address']}:22"):
             return
         time.sleep(0.3)
     logs = sh("docker", "logs", "--tail", "30", spec["name"], check=False, capture=True)
@@ -139,6 +122,8 @@ def up(hosts: int = 3, personas: list[str] | None = None) -> list[dict]:
     _keys()
     ensure_registry()
     ensure_images()
+    apt_repo = apt.ensure(STATE, LAB_DIR)
+    hub_double = hub.ensure(STATE, LAB_DIR)
     personas = personas or ["h200x1"]
     specs = []
     for i in range(1, hosts + 1):
@@ -152,10 +137,17 @@ def up(hosts: int = 3, personas: list[str] | None = None) -> list[dict]:
     (STATE / "known_hosts").write_text("\n".join(known) + "\n")
     (STATE / "hosts.json").write_text(json.dumps({"key": str(STATE / "id_ed25519"),
                                                   "known_hosts": str(STATE / "known_hosts"),
-                                                  "registry": REGISTRY, "hosts": specs}, indent=2))
+                                                  "registry": REGISTRY, "apt": apt_repo, "hub": hub_double,
+                                                  "hosts": specs}, indent=2))
     for spec in specs:
         wait_ssh(spec)
     return specs
+
+
+def ssh(spec: dict, command: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    """Run `command` on a lab host over its real sshd, with the lab's key and known_hosts."""
+    return subprocess.run(["ssh", "-i", str(STATE / "id_ed25519"), "-o", f"UserKnownHostsFile={STATE / 'known_hosts'}",
+                           f"root@{spec['address']}", command], capture_output=True, text=True, timeout=timeout_s)
 
 
 def _containers(label: str) -> list[str]:
@@ -174,16 +166,10 @@ def down() -> dict:
     hosts = _containers("modelfleet-lab=host")
     if engines or hosts:
         sh("docker", "rm", "-f", *engines, *hosts, capture=True)
-    pidfile = STATE / "registry.pid"
-    if pidfile.exists():
-        try:
-            os.killpg(int(pidfile.read_text()), signal.SIGTERM)
-        except (ProcessLookupError, ValueError):
-            pass
-        pidfile.unlink()
+    services = daemons.stop_all(STATE)
     shutil.rmtree(STATE / "hosts", ignore_errors=True)
     (STATE / "hosts.json").unlink(missing_ok=True)
-    return {"removed_hosts": len(hosts), "removed_engines": len(engines)}
+    return {"removed_hosts": len(hosts), "removed_engines": len(engines), "stopped_services": services}
 
 
 def status() -> dict:
@@ -195,5 +181,7 @@ def status() -> dict:
         state = sh("docker", "inspect", "-f", "{{.State.Status}}", spec["name"], check=False, capture=True)
         rows.append({"name": spec["name"], "address": spec["address"], "persona": spec["persona"],
                      "engine": spec["engine"], "container": state.stdout.strip() or "absent",
-                     "ssh": _port_open(spec["address"], 22)})
-    return {"up": True, "registry": _port_open("127.0.0.1", 5000), "hosts": rows}
+                     "ssh": daemons.port_open(f"{spec['address']}:22")})
+    return {"up": True, "registry": daemons.port_open(REGISTRY),
+            "apt": daemons.port_open(apt.LISTEN), "hub": daemons.port_open(hub.LISTEN),
+            "hosts": rows}

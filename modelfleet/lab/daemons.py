@@ -1,0 +1,66 @@
+"""Background services of the lab (registry, apt repository, hub double): started once, found by pidfile."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+
+def port_open(listen: str) -> bool:
+    """Does something accept connections on `listen` (host:port)?"""
+    host, port = listen.rsplit(":", 1)
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, int(port))) == 0
+
+
+def start(state: Path, name: str, argv: list[str], listen: str, env: dict | None = None) -> None:
+    """Start `argv` in its own session unless something already answers on `listen` (host:port)."""
+    if port_open(listen):
+        return
+    log = open(state / f"{name}.log", "a")
+    proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, **(env or {})})
+    (state / f"{name}.pid").write_text(str(proc.pid))
+    for _ in range(150):
+        if port_open(listen):
+            return
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    raise RuntimeError(f"lab {name} did not start on {listen}; see {state / f'{name}.log'}")
+
+
+def stop_all(state: Path) -> list[str]:
+    """Stop every service this lab started (its whole process group); returns their names."""
+    stopped = []
+    for pidfile in sorted(state.glob("*.pid")):
+        try:
+            pid = int(pidfile.read_text())
+            os.killpg(pid, signal.SIGTERM)
+            stopped.append(pidfile.stem)
+            _wait_gone(pid)
+        except (ProcessLookupError, ValueError):
+            pass
+        pidfile.unlink()
+    return stopped
+
+
+def _wait_gone(pid: int, timeout_s: float = 5) -> None:
+    """Reap it if it is our child; SIGKILL its group if it outlives the timeout."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        except ChildProcessError:  # not ours (started by an earlier `lab up`): watch the group instead
+            try:
+                os.killpg(pid, 0)
+            except ProcessLookupError:
+                return
+        time.sleep(0.1)
+    os.killpg(pid, signal.SIGKILL)

@@ -1,0 +1,49 @@
+"""The lab's Hugging Face hub double (lab/hub_double), on loopback: what HF_ENDPOINT points at in the lab.
+
+It serves generated checkpoints, gated: every request needs the token made at `lab up` (.lab/hf-token, 0600),
+so the model stage's token handling is exercised for real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+import urllib.request
+from pathlib import Path
+
+from modelfleet.lab import daemons
+
+LISTEN = "127.0.0.1:5070"
+ENDPOINT = f"http://{LISTEN}"
+# repo=revisions:shards:MiB per shard. Two revisions, so upgrades and pinning have something to tell apart.
+REPOS = ("modelfleet/tiny-lab=main,v1.0:4:{mib}",)
+
+
+def token_file(state: Path) -> Path:
+    path = state / "hf-token"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("hf_lab" + secrets.token_hex(16) + "\n")
+    return path
+
+
+def ensure(state: Path, lab_dir: Path) -> dict:
+    mib = os.environ.get("MODELFLEET_LAB_HUB_SHARD_MIB", "2")
+    argv = [sys.executable, str(lab_dir / "hub_double" / "hub_double.py"), "--data", str(state / "hub"),
+            "--listen", LISTEN, "--token-file", str(token_file(state))]
+    for repo in REPOS:
+        argv += ["--repo", repo.format(mib=mib)]
+    daemons.start(state, "hub", argv, LISTEN)
+    return {"endpoint": ENDPOINT, "token_file": str(token_file(state))}
+
+
+def stats() -> dict:
+    with urllib.request.urlopen(f"{ENDPOINT}/_lab/stats", timeout=5) as response:
+        return json.load(response)
+
+
+def reset_stats() -> None:
+    urllib.request.urlopen(urllib.request.Request(f"{ENDPOINT}/_lab/reset", method="POST"), timeout=5).read()

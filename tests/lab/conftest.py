@@ -1,0 +1,33 @@
+"""One lab for the whole lab test session: three hosts (vllm, sglang, llama.cpp doubles), registry, signed apt
+repository and hub double. Its teardown checks that `lab down` leaves nothing behind."""
+
+import shutil
+import subprocess
+
+import pytest
+
+from modelfleet import lab
+
+
+def dockerd_answers() -> bool:
+    return bool(shutil.which("docker")) and subprocess.run(["docker", "info"], capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="session")
+def lab_hosts():
+    if not dockerd_answers():
+        pytest.skip("the lab needs a running dockerd (see .ci/run)")
+    lab.down()
+    specs = lab.up(3)
+    yield specs
+    pids = [p.read_text() for p in lab.STATE.glob("*.pid")]
+    lab.down()
+    left = subprocess.run(["docker", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True).stdout
+    assert not [n for n in left.split() if n.startswith(lab.PREFIX) or lab.PREFIX in n], left
+    table = subprocess.run(["ps", "-eo", "pgid=,stat=,args="], capture_output=True, text=True).stdout.splitlines()
+    alive = [row for row in table if row.split()[0] in pids and not row.split()[1].startswith("Z")]
+    assert not alive, f"lab down left processes behind: {alive}"
+    agents = subprocess.run(["pgrep", "-f", f"gpg-agent.*{lab.STATE}"], capture_output=True, text=True).stdout
+    assert not agents.strip(), agents
+    mounts = open("/proc/mounts").read()
+    assert str(lab.STATE / "hosts") not in mounts
