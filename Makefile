@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PYINFRA ?= pyinfra
 
-.PHONY: install lab-setup demo bench-converge lab-down test lint hw-preflight
+.PHONY: install lab-setup demo bench-converge lab-verify lab-down test lint hw-preflight
 
 install:
 	$(PYTHON) -m pip install -q -e '.[test]'
@@ -18,6 +18,10 @@ demo: install lab-setup
 # No-op converge time of serve.py on 1 and 16 lab hosts (same run), ratio, remote commands per host (JSON).
 bench-converge: install lab-setup
 	$(PYTHON) lab/bench_converge.py 16
+
+# Verify gate + a short bench + cost per successful task (self-hosted vs API prices) on the lab (JSON).
+lab-verify: install lab-setup
+	$(PYTHON) lab/lab_verify.py
 
 lab-down:
 	modelfleet lab down

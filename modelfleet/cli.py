@@ -1,4 +1,4 @@
-"""modelfleet command line: validate, plan, render (and the lab)."""
+"""modelfleet command line: validate, plan, render, verify, bench, cost (and the lab)."""
 
 from __future__ import annotations
 
@@ -86,6 +86,114 @@ def render_cmd(inventory: str, host: str) -> None:
         secrets = render.render_secrets_config(svc, mask=True)
         if secrets:
             click.echo(f"# ==> {svc.secrets_config_file} (0600)\n{secrets}")
+
+
+def _resolved_or_exit(inventory: str):
+    result = resolve_inventory(inventory)
+    if result.errors:
+        click.echo("\n".join(result.error_lines()), err=True)
+        sys.exit(2)
+    return result
+
+
+def _inventory_endpoints(inventory: str, hosts: tuple[str, ...]):
+    from modelfleet.checks import inventory_endpoints
+
+    result = _resolved_or_exit(inventory)
+    unknown = sorted(set(hosts) - set(result.hosts))
+    if unknown:
+        raise click.UsageError(f"no host {', '.join(unknown)} in {inventory}")
+    return inventory_endpoints(result, hosts)
+
+
+@main.command()
+@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
+@click.option("--host", "hosts", multiple=True, help="Only these hosts (repeatable).")
+@click.option("--ready-timeout", type=float, default=60, show_default=True, help="Seconds to wait for /health.")
+def verify(inventory: str, hosts: tuple[str, ...], ready_timeout: float) -> None:
+    """Readiness, smoke and tool-call/multi-turn probe of every endpoint (JSON; exit 1 if any fails)."""
+    endpoints = _inventory_endpoints(inventory, hosts)  # first: pyinfra's gevent patches precede openai's imports
+    from modelfleet.checks.probe import verify as verify_endpoint
+
+    reports = [verify_endpoint(ep, ready_timeout) for ep in endpoints]
+    click.echo(json.dumps(reports, indent=2))
+    sys.exit(0 if all(r["ok"] for r in reports) else 1)
+
+
+@main.command()
+@click.argument("inventory", required=False, type=click.Path(exists=True, dir_okay=False))
+@click.option("--host", "hosts", multiple=True, help="Bench only these hosts' endpoints.")
+@click.option("--base-url", help="Bench this OpenAI-compatible API instead (e.g. a hosted one), without /v1.")
+@click.option("--model", help="Model name for --base-url.")
+@click.option("--api-key-env", help="Environment variable holding the key for --base-url.")
+@click.option("--concurrency", default="1,4,16", show_default=True, help="Comma-separated levels.")
+@click.option("--num-prompts", type=int, default=32, show_default=True, help="Tasks per level.")
+@click.option("--input-len", type=int, default=128, show_default=True)
+@click.option("--output-len", type=int, default=128, show_default=True)
+@click.option("--retries", type=int, default=0, show_default=True, help="Re-sends of a failed task.")
+@click.option("--no-metrics", is_flag=True, help="Do not scrape the engine's /metrics during the run.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="reports/bench", show_default=True)
+def bench(inventory, hosts, base_url, model, api_key_env, concurrency, num_prompts, input_len, output_len,
+          retries, no_metrics, out_dir) -> None:
+    """Acceptance bench (vLLM bench serve definitions): JSON + PNG per endpoint; exit 1 on regressions."""
+    import os
+    from pathlib import Path
+
+    from modelfleet.checks import Endpoint
+
+    if bool(inventory) == bool(base_url):
+        raise click.UsageError("give an INVENTORY or --base-url (with --model), not both")
+    if base_url:
+        if not model:
+            raise click.UsageError("--base-url needs --model")
+        key = os.environ.get(api_key_env) if api_key_env else None
+        if api_key_env and not key:
+            raise click.UsageError(f"--api-key-env {api_key_env} is not set")
+        endpoints = [Endpoint(name=base_url.split("//")[-1], base_url=base_url.rstrip("/").removesuffix("/v1"),
+                              model=model, engine="remote", api_key=key)]
+    else:
+        endpoints = _inventory_endpoints(inventory, hosts)  # before openai's imports (pyinfra's gevent patches)
+    from modelfleet.checks.bench import bench as run_bench
+
+    try:
+        levels = [int(c) for c in concurrency.split(",")]
+    except ValueError:
+        raise click.UsageError(f"--concurrency must be integers separated by commas, got {concurrency!r}") from None
+    results = []
+    for ep in endpoints:
+        def progress(level, ep=ep):
+            click.echo(f"{ep.name}: concurrency {level['concurrency']}: {level['completed']}/{level['num_prompts']} ok, "
+                       f"TTFT p99 {level['ttft']['p99_ms']} ms, {level['output_throughput']} tok/s", err=True)
+        results.append(run_bench(ep, levels, num_prompts, input_len, output_len, Path(out_dir), retries,
+                                 not no_metrics, progress))
+    click.echo(json.dumps(results, indent=2))
+    sys.exit(1 if any(r["regressions"] for r in results) else 0)
+
+
+@main.command()
+@click.option("--run", "runs", multiple=True, required=True, metavar="LABEL=BENCH.json:PRICES.yaml",
+              help="One row of the table: a bench result and its prices (repeat for a side-by-side).")
+@click.option("--json", "as_json", is_flag=True)
+def cost(runs: tuple[str, ...], as_json: bool) -> None:
+    """Cost per successful task: (compute or API + storage/network + operations + human correction) / tasks."""
+    from pathlib import Path
+
+    from modelfleet.checks.cost import PriceError, cost_per_task, load_prices
+
+    rows = []
+    for run in runs:
+        label, _, rest = run.partition("=")
+        bench_path, _, prices_path = rest.rpartition(":")
+        if not (label and bench_path and prices_path):
+            raise click.UsageError(f"--run {run!r}: expected LABEL=BENCH.json:PRICES.yaml")
+        try:
+            prices = load_prices(Path(prices_path))
+        except (OSError, PriceError) as error:
+            raise click.UsageError(str(error)) from error
+        rows.append({"label": label, **cost_per_task(json.loads(Path(bench_path).read_text()), prices)})
+    text = "\n".join(f"{r['label']:<16} ${r['cost_per_successful_task_usd']} per task "
+                     f"({r['successful_tasks']} tasks, total ${r['total_usd']}: {r['basis']})" for r in rows)
+    _emit(rows, as_json, text)
 
 
 @main.group()

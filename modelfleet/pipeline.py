@@ -1,11 +1,11 @@
 """The stage pipeline, in DESIGN.md order. Later stages (os_base, gpu_driver, container_runtime, storage,
-model, netcheck, verify) slot into PIPELINE without touching the others."""
+model, netcheck) slot into PIPELINE without touching the others."""
 
 from __future__ import annotations
 
-from modelfleet.stages import host_plan, images, preflight, read_deployed, service
+from modelfleet.stages import host_plan, images, preflight, read_deployed, service, verify
 
-PIPELINE = (images, service)
+PIPELINE = (images, service, verify)
 
 
 def serve(stages=PIPELINE) -> None:

@@ -8,6 +8,9 @@ engine would refuse them. Stdlib only: the image needs nothing but python3.
 Fault switches (environment, for tests): MODELFLEET_DOUBLE_LOAD_DELAY_S (503 on /health meanwhile),
 MODELFLEET_DOUBLE_NEVER_READY=1, MODELFLEET_DOUBLE_CRASH_AFTER=N (exit after N chat requests),
 MODELFLEET_DOUBLE_SLOW_FIRST_TOKEN_S, MODELFLEET_DOUBLE_MALFORMED_TOOL_CALLS=1 (raw markup in content).
+MODELFLEET_DOUBLE_TOKEN_INTERVAL_S paces streamed tokens (default 0.002 s), so a bench has something to measure.
+Like the Kimi chat templates, a tool result is refused (400) unless the assistant turn before it came back
+whole: its tool_calls and its reasoning_content.
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ class Engine:
         self.crash_after = int(os.environ.get("MODELFLEET_DOUBLE_CRASH_AFTER", "0"))
         self.slow_first_token = float(os.environ.get("MODELFLEET_DOUBLE_SLOW_FIRST_TOKEN_S", "0"))
         self.malformed_tools = os.environ.get("MODELFLEET_DOUBLE_MALFORMED_TOOL_CALLS") == "1"
+        self.token_interval = float(os.environ.get("MODELFLEET_DOUBLE_TOKEN_INTERVAL_S", "0.002"))
 
     def _api_key(self, args: dict) -> str | None:
         if args.get("--api-key"):
@@ -120,6 +124,11 @@ def answer(eng: Engine, body: dict) -> dict:
         return {"reasoning": reasoning, "content": None, "tool_calls": [call], "finish": "tool_calls"}
     if last.get("role") == "tool":
         content = f"The tool returned: {last.get('content')}"
+    elif body.get("ignore_eos") and body.get("max_tokens"):
+        # vLLM's benchmark switch: generate exactly max_tokens tokens.
+        n = int(body["max_tokens"])
+        return {"reasoning": None, "content": " ".join(f"tok{i}" for i in range(n)), "tool_calls": None,
+                "finish": "length"}
     else:
         content = f"Hello from the modelfleet lab engine double ({eng.engine}, serving {eng.served})."
     budget = body.get("max_completion_tokens") or body.get("max_tokens")
@@ -131,6 +140,21 @@ def answer(eng: Engine, body: dict) -> dict:
         content = " ".join(content.split()[: int(budget) - words(reasoning)])
         return {"reasoning": reasoning, "content": content, "tool_calls": None, "finish": "length"}
     return {"reasoning": reasoning, "content": content, "tool_calls": None, "finish": "stop"}
+
+
+def incomplete_history(messages: list[dict]) -> str | None:
+    """Why a tool result cannot be answered: the assistant turn before it lost its tool_calls or reasoning."""
+    if not messages or messages[-1].get("role") != "tool":
+        return None
+    before = messages[-2] if len(messages) > 1 else {}
+    calls = before.get("tool_calls") or []
+    if before.get("role") != "assistant" or not calls:
+        return "the assistant message with tool_calls must precede a tool message"
+    if messages[-1].get("tool_call_id") not in {c.get("id") for c in calls}:
+        return "tool_call_id does not match any tool call of the previous assistant message"
+    if not before.get("reasoning_content"):
+        return "reasoning_content of the assistant tool-call turn was dropped (keep the whole message)"
+    return None
 
 
 def metrics_text(eng: Engine) -> str:
@@ -211,6 +235,9 @@ class Handler(BaseHTTPRequestHandler):
         if not self.eng.ready():
             return self._send(503, {"error": "model is loading"})
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
+        broken = incomplete_history(body.get("messages", []))
+        if broken:
+            return self._send(400, {"error": {"message": broken, "type": "BadRequestError", "code": 400}})
         if body.get("model") not in (self.eng.served, None):
             return self._send(404, {"error": {"message": f"The model `{body.get('model')}` does not exist.",
                                               "type": "NotFoundError", "code": 404}})
@@ -266,8 +293,10 @@ class Handler(BaseHTTPRequestHandler):
         chunk({"role": "assistant", "content": ""})
         self._ttft(start)
         for word in (turn["reasoning"] or "").split():
+            time.sleep(self.eng.token_interval)
             chunk({"reasoning_content": word + " "})
         for word in (turn["content"] or "").split():
+            time.sleep(self.eng.token_interval)
             chunk({"content": word + " "})
         for i, call in enumerate(turn["tool_calls"] or []):
             chunk({"tool_calls": [{"index": i, **call}]})

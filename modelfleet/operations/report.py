@@ -6,7 +6,8 @@ from pyinfra import logger
 from pyinfra.api import FunctionCommand, operation
 
 
-def _refuse(state, host, reasons: list[str]) -> bool:
+def refuse(state, host, reasons: list[str]) -> bool:
+    """FunctionCommand body: log each reason against the host and fail."""
     for reason in reasons:
         host.log_styled(f"refused: {reason}", fg="red", log_func=logger.error)
     return False
@@ -14,4 +15,4 @@ def _refuse(state, host, reasons: list[str]) -> bool:
 
 @operation(is_idempotent=False)
 def fail_host(reasons: list[str]):
-    yield FunctionCommand(_refuse, (reasons,), {})
+    yield FunctionCommand(refuse, (reasons,), {})

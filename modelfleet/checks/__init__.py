@@ -1,0 +1,46 @@
+"""Client-side checks run from the control node through the openai SDK: readiness, smoke, tool-call probe
+(probe.py), the acceptance bench (bench.py) and cost per successful task (cost.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from modelfleet import render
+from modelfleet.inventory import HostPlan, Resolved, ServicePlan
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    name: str          # host/pool, for reports
+    base_url: str      # without /v1
+    model: str         # the served name
+    engine: str
+    api_key: str | None = None
+    pool: str | None = None
+
+    @property
+    def openai_base_url(self) -> str:
+        return f"{self.base_url}/v1"
+
+
+def reachable_from_control_node(plan: HostPlan, svc: ServicePlan) -> bool:
+    """
+    A loopback-bound endpoint is reachable from here only when the host shares this machine's loopback (the
+    lab: each host's sshd listens on the very address its engine binds); otherwise it takes an SSH tunnel.
+    """
+    return not svc.loopback or plan.address in (svc.bind_address, "@local")
+
+
+def endpoint(plan: HostPlan, svc: ServicePlan) -> Endpoint:
+    return Endpoint(name=f"{plan.name}/{svc.pool}", base_url=svc.base_url, model=svc.served_name,
+                    engine=svc.engine_name, api_key=render.api_key(svc), pool=svc.pool)
+
+
+def inventory_endpoints(resolved: Resolved, hosts: tuple[str, ...] = ()) -> list[Endpoint]:
+    """Every service of the inventory's hosts (or of `hosts`), the head node only for multi-node pools."""
+    out = []
+    for name, plan in resolved.hosts.items():
+        if hosts and name not in hosts:
+            continue
+        out += [endpoint(plan, svc) for svc in plan.services if svc.node_rank == 0]
+    return out

@@ -1,0 +1,121 @@
+"""Readiness, smoke and tool-call/multi-turn probe of one endpoint, through the openai SDK."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.error
+import urllib.request
+
+from openai import APIError, OpenAI
+
+from modelfleet.checks import Endpoint
+
+# Tool-call markup that a working parser removes from content (Kimi, Hermes/Qwen, Mistral, Llama styles).
+RAW_TOOL_MARKUP = re.compile(r"<\|tool_call|<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>|<\|tool_calls_section")
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def client(ep: Endpoint, timeout_s: float = 120) -> OpenAI:
+    # Engines without --api-key accept any bearer; the SDK insists on one.
+    return OpenAI(base_url=ep.openai_base_url, api_key=ep.api_key or "no-key", timeout=timeout_s, max_retries=0)
+
+
+def readiness(ep: Endpoint, timeout_s: float = 60) -> dict:
+    """/health answers 200 (vLLM/SGLang: engine up; llama-server: model loaded) and /v1/models lists the alias."""
+    start, last = time.monotonic(), "no answer yet"
+    while time.monotonic() - start < timeout_s:
+        try:
+            with urllib.request.urlopen(f"{ep.base_url}/health", timeout=5) as response:
+                health = response.status
+            models = [m.id for m in client(ep, 10).models.list().data]
+            if ep.model in models:
+                return {"ok": True, "health": health, "models": models, "seconds": round(time.monotonic() - start, 2)}
+            last = f"/v1/models lists {models}, not {ep.model!r}"
+        except urllib.error.HTTPError as error:
+            last = f"/health answered {error.code}"
+        except (urllib.error.URLError, OSError, APIError) as error:
+            last = f"{type(error).__name__}: {error}"
+        time.sleep(1)
+    return {"ok": False, "error": f"not ready after {timeout_s:.0f} s: {last}",
+            "seconds": round(time.monotonic() - start, 2)}
+
+
+def smoke(ep: Endpoint, max_tokens: int = 512) -> dict:
+    """One short chat completion: content and finish_reason; a budget spent inside reasoning is said as such."""
+    try:
+        reply = client(ep).chat.completions.create(
+            model=ep.model, max_tokens=max_tokens,
+            messages=[{"role": "user", "content": "Answer in one short sentence: what is 2 + 2?"}])
+    except APIError as error:
+        return {"ok": False, "error": f"{type(error).__name__}: {error}"}
+    choice = reply.choices[0]
+    message = choice.message.model_dump()
+    result = {"ok": bool(message.get("content")), "finish_reason": choice.finish_reason,
+              "content": message.get("content"), "reasoning_chars": len(message.get("reasoning_content") or ""),
+              "usage": reply.usage.model_dump() if reply.usage else None}
+    if not message.get("content") and choice.finish_reason == "length" and message.get("reasoning_content"):
+        # The guides warn that reasoning can eat the budget: that is a budget to raise, not a broken server.
+        result.update(ok=True, warning=f"max_tokens={max_tokens} ran out inside the reasoning; raise it")
+    elif not message.get("content"):
+        result["error"] = f"no content (finish_reason={choice.finish_reason})"
+    return result
+
+
+def tool_probe(ep: Endpoint) -> dict:
+    """
+    Offer a tool, expect a parsed call with no raw markup left; send the result back after the whole assistant
+    message (model_dump: reasoning_content and tool_calls kept) and expect a final answer.
+    """
+    api = client(ep)
+    messages = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
+    failures: list[str] = []
+    try:
+        first = api.chat.completions.create(model=ep.model, messages=messages, tools=[WEATHER_TOOL],
+                                            tool_choice="auto", max_tokens=1024)
+    except APIError as error:
+        return {"ok": False, "parser_failures": 1, "failures": [f"tool request: {error}"]}
+    choice = first.choices[0]
+    assistant = choice.message.model_dump(exclude_none=True)
+    for field in ("content", "reasoning_content"):
+        if RAW_TOOL_MARKUP.search(assistant.get(field) or ""):
+            failures.append(f"raw tool-call markup left in {field}")
+    calls = assistant.get("tool_calls") or []
+    if choice.finish_reason != "tool_calls" or not calls:
+        failures.append(f"finish_reason={choice.finish_reason} with {len(calls)} tool call(s), expected tool_calls")
+    arguments = None
+    for call in calls:
+        try:
+            arguments = json.loads(call["function"]["arguments"])
+        except (KeyError, ValueError):
+            failures.append(f"tool call {call.get('id')}: arguments are not JSON")
+    result = {"ok": False, "finish_reason": choice.finish_reason, "tool_calls": len(calls), "arguments": arguments,
+              "kept_reasoning_content": "reasoning_content" in assistant}
+    if failures:
+        return {**result, "parser_failures": len(failures), "failures": failures}
+    messages += [assistant] + [{"role": "tool", "tool_call_id": call["id"],
+                                "content": json.dumps({"city": "Paris", "temperature_c": 18, "sky": "clear"})}
+                               for call in calls]
+    try:
+        final = api.chat.completions.create(model=ep.model, messages=messages, tools=[WEATHER_TOOL],
+                                            max_tokens=1024)
+    except APIError as error:
+        return {**result, "parser_failures": 0, "failures": [f"multi-turn after the tool result: {error}"]}
+    answer = final.choices[0].message.content
+    ok = bool(answer) and final.choices[0].finish_reason == "stop"
+    return {**result, "ok": ok, "parser_failures": 0, "final_finish_reason": final.choices[0].finish_reason,
+            "final_answer": answer, "failures": [] if ok else ["no final answer after the tool result"]}
+
+
+def verify(ep: Endpoint, ready_timeout_s: float = 60) -> dict:
+    """Readiness, then smoke and the tool probe; `ok` only when all three pass."""
+    report = {"endpoint": ep.name, "base_url": ep.openai_base_url, "model": ep.model, "engine": ep.engine,
+              "readiness": readiness(ep, ready_timeout_s)}
+    if report["readiness"]["ok"]:
+        report["smoke"] = smoke(ep)
+        report["tool_probe"] = tool_probe(ep)
+    report["ok"] = all(report.get(k, {}).get("ok") for k in ("readiness", "smoke", "tool_probe"))
+    return report

@@ -1,0 +1,74 @@
+"""Stage verify: the acceptance gate after `service`. From the control node, through the openai SDK: readiness,
+smoke, tool-call + multi-turn probe of every endpoint this host heads; a failure stops the host (exit != 0).
+Loopback-bound endpoints are reached through the host's own pyinfra SSH connection (direct-tcpip)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from contextlib import nullcontext
+from dataclasses import replace
+from pathlib import Path
+
+from pyinfra import host, state
+from pyinfra.api import FunctionCommand, deploy, operation
+
+from modelfleet.checks import Endpoint, endpoint, reachable_from_control_node
+from modelfleet.operations.report import refuse
+from modelfleet.stages import host_plan
+
+REPORT_DIR = Path(os.environ.get("MODELFLEET_REPORTS", "reports")) / "verify"
+
+
+def wants(plan) -> dict:
+    return {}
+
+
+def _tunnel(remote_host: str, remote_port: int):
+    from modelfleet.checks.tunnel import forward
+
+    transport = host.connector.client.get_transport()
+    return forward(transport, remote_host, remote_port)
+
+
+def _failures(report: dict) -> list[str]:
+    out = []
+    for part in ("readiness", "smoke", "tool_probe"):
+        result = report.get(part) or {}
+        if not result.get("ok"):
+            out.append(f"{part}: " + "; ".join(result.get("failures") or [result.get("error") or "not run"]))
+    return out
+
+
+@operation(is_idempotent=False)
+def endpoint_verified(ep: Endpoint, tunnel: tuple[str, int] | None, ready_timeout_s: float, report_dir: Path):
+    """Runs the checks only while executing (after the service stage): a pass changes nothing."""
+    if not state.is_executing:
+        host.noop(f"{ep.name} is verified after the service stage")
+        return
+    from modelfleet.checks.probe import verify
+
+    with _tunnel(*tunnel) if tunnel else nullcontext() as port:
+        target = replace(ep, base_url=f"http://127.0.0.1:{port}") if tunnel else ep
+        report = {**verify(target, ready_timeout_s), "endpoint": ep.name, "base_url": ep.openai_base_url,
+                  "via_ssh_tunnel": bool(tunnel)}
+    report_dir.mkdir(parents=True, exist_ok=True)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", ep.name)
+    (report_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    if report["ok"]:
+        host.noop(f"{ep.name}: ready, smoke and tool-call probe pass")
+        return
+    yield FunctionCommand(refuse, ([f"verify {ep.name}: {f}" for f in _failures(report)],), {})
+
+
+@deploy("modelfleet verify")
+def run(deployed: dict | None = None, report_dir: Path | None = None):
+    plan = host_plan()
+    for svc in plan.services:
+        if svc.node_rank:
+            continue  # a pool is verified at its head
+        tunnel = None if reachable_from_control_node(plan, svc) else (svc.bind_address, svc.port)
+        endpoint_verified(name=f"Verify {svc.served_name} at {svc.base_url}", ep=endpoint(plan, svc),
+                          tunnel=tunnel, ready_timeout_s=min(svc.recipe.ready_timeout_s, 120),
+                          report_dir=report_dir or REPORT_DIR)

@@ -1,0 +1,96 @@
+"""The acceptance gate on the lab: verify inside serve.py, its failures, the bench (JSON + PNG) and regressions."""
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from modelfleet import lab
+from modelfleet.checks import Endpoint
+from modelfleet.checks.probe import verify
+
+pytestmark = pytest.mark.lab
+
+
+def serve(limit: str, engine_env: dict | None = None, reports=None):
+    env = {**os.environ, "MODELFLEET_LAB_ENGINE_ENV": json.dumps(engine_env or {})}
+    if reports:
+        env["MODELFLEET_REPORTS"] = str(reports)
+    return subprocess.run(["pyinfra", "-y", "--limit", limit, "inventories/lab.py", "deploys/serve.py"], env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_serve_runs_the_gate_and_catches_malformed_tool_calls(lab_hosts, tmp_path):
+    host = lab_hosts[1]["name"]
+    good = serve(host, reports=tmp_path)
+    assert good.returncode == 0, good.stdout[-3000:]
+    report = json.loads((tmp_path / "verify" / f"{host}_tiny-{host}.json").read_text())
+    assert report["ok"] and report["tool_probe"]["kept_reasoning_content"] and report["tool_probe"]["final_answer"]
+
+    bad = serve(host, {"MODELFLEET_DOUBLE_MALFORMED_TOOL_CALLS": "1"}, reports=tmp_path)
+    out = bad.stdout + bad.stderr
+    assert bad.returncode != 0
+    assert "raw tool-call markup left in content" in out
+    report = json.loads((tmp_path / "verify" / f"{host}_tiny-{host}.json").read_text())
+    assert not report["ok"] and report["tool_probe"]["parser_failures"] >= 1
+    assert serve(host, reports=tmp_path).returncode == 0  # back to the good engine
+
+
+def _double(name: str, address: str, env: dict):
+    image = f"{lab.REGISTRY}/{lab.ENGINE_IMAGES[0]}"
+    argv = ["docker", "run", "-d", "--rm", "--network", "host", "--name", name]
+    for key, value in env.items():
+        argv += ["-e", f"{key}={value}"]
+    subprocess.run([*argv, image, "serve", "tiny-lab", "--host", address, "--port", "8000"], check=True,
+                   capture_output=True)
+
+
+def test_never_ready_engine_fails_verify_within_its_timeout(lab_hosts):
+    name = f"modelfleet-neverready-{lab.PREFIX}test"  # lab down removes it if this test dies midway
+    _double(name, "127.0.1.99", {"MODELFLEET_DOUBLE_NEVER_READY": "1"})
+    try:
+        start = time.monotonic()
+        report = verify(Endpoint(name="never-ready", base_url="http://127.0.1.99:8000", model="tiny-lab",
+                                 engine="vllm"), ready_timeout_s=4)
+        elapsed = time.monotonic() - start
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+    assert not report["ok"] and "smoke" not in report
+    assert "not ready after 4 s: /health answered 503" in report["readiness"]["error"]
+    assert elapsed < 4 + 6
+
+
+def test_reasoning_budget_is_reported_as_budget_not_failure(lab_hosts):
+    from modelfleet.checks.probe import smoke
+
+    spec = lab_hosts[0]
+    ports = {"vllm": 8000, "sglang": 30000, "llama.cpp": 8080}
+    ep = Endpoint(name="budget", base_url=f"http://{spec['address']}:{ports[spec['engine']]}", model="tiny-lab",
+                  engine=spec["engine"], api_key=None)
+    serve(spec["name"])
+    result = smoke(ep, max_tokens=3)
+    assert result["ok"] and result["finish_reason"] == "length" and "inside the reasoning" in result["warning"]
+
+
+def test_bench_writes_json_and_png_and_compares_with_the_previous_run(lab_hosts, tmp_path):
+    host = lab_hosts[2]["name"]
+    serve(host)
+    argv = ["modelfleet", "bench", "inventories/lab.py", "--host", host, "--concurrency", "1,4",
+            "--num-prompts", "8", "--input-len", "32", "--output-len", "16", "--out", str(tmp_path)]
+    first = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    [result] = json.loads(first.stdout)
+    for level in result["levels"]:
+        assert level["completed"] == 8 and level["failed_attempts"] == 0
+        assert level["total_output_tokens"] == 8 * 16  # ignore_eos: exactly output-len tokens each
+        assert 0 < level["ttft"]["median_ms"] <= level["ttft"]["p99_ms"]
+        assert level["tpot"]["mean_ms"] > 0 and level["itl"]["median_ms"] > 0 and level["output_throughput"] > 0
+    assert result["levels"][0]["metrics"]["samples"] >= 1
+    with open(result["plot"], "rb") as png:
+        assert png.read(8) == b"\x89PNG\r\n\x1a\n"
+    second = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    [again] = json.loads(second.stdout)
+    assert second.returncode in (0, 1) and again["compared_with"] == result["started"]
+    assert isinstance(again["regressions"], list)
