@@ -16,6 +16,11 @@ _lab = json.loads((_state / "hosts.json").read_text())
 _engine_env = json.loads(os.environ.get("MODELFLEET_LAB_ENGINE_ENV", "{}"))
 _extra_args = json.loads(os.environ.get("MODELFLEET_LAB_EXTRA_ARGS", "[]"))
 _bind_address = os.environ.get("MODELFLEET_LAB_BIND_ADDRESS")  # e.g. 0.0.0.0, to see validate refuse it
+# The hub double is gated by the token `lab up` made; pyinfra's process reads it like a user's HF_TOKEN.
+if _lab.get("hub"):
+    os.environ.setdefault("MODELFLEET_LAB_HF_TOKEN", Path(_lab["hub"]["token_file"]).read_text().strip())
+# All lab hosts serve the same checkpoint: one hub download, the others copy from the first host.
+_checkpoint_group = os.environ.get("MODELFLEET_LAB_CHECKPOINT_GROUP", "lab")
 
 lab_hosts = [
     (spec["name"], {
@@ -25,12 +30,14 @@ lab_hosts = [
         "ssh_known_hosts_file": _lab["known_hosts"],
         "hardware": spec["hardware"],
         "gpu_count": spec["gpu_count"],
-        "model_root": spec["model_root"],
         # Same path on the lab host and the machine: the machine's dockerd resolves the unit's mounts.
         "config_dir": spec["config_dir"],
         "image_registry": _lab["registry"],
         "gpu_passthrough": False,
         "hf_token_env": "MODELFLEET_LAB_HF_TOKEN",
+        "hf_endpoint": _lab["hub"]["endpoint"] if _lab.get("hub") else None,
+        "model_root": os.environ.get("MODELFLEET_LAB_MODEL_ROOT") or spec["model_root"],
+        "checkpoint_group": _checkpoint_group,
         "pool": f"tiny-{spec['name']}",
         "model": "tiny-lab",
         "engine": spec["engine"],

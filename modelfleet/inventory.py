@@ -15,14 +15,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from modelfleet.catalog import Catalog, Engine, Hardware, Model, Recipe, load_catalog
 from modelfleet.planner import plan_capacity
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 SERVICE_KEYS = ("pool", "model", "engine", "recipe", "gpus", "served_name", "port", "bind_address",
-                "api_key_env", "revision", "trust_remote_code", "image", "extra_args", "env")
+                "api_key_env", "revision", "trust_remote_code", "image", "extra_args", "env", "checkpoint_group")
 
 
 class ServiceData(BaseModel):
@@ -43,6 +43,8 @@ class ServiceData(BaseModel):
     image: str | None = None
     extra_args: list[str] = []
     env: dict[str, str] = {}
+    # Hosts that copy the checkpoint from each other (one hub download per group); default: the pool.
+    checkpoint_group: str | None = None
 
 
 class HostData(BaseModel):
@@ -60,6 +62,11 @@ class HostData(BaseModel):
     gpu_passthrough: bool = True  # the lab's hosts have no GPUs to hand to containers
     services: list[dict[str, Any]] | None = None
     assess_models: list[str] = []  # preflight also reports whether these would fit the measured GPUs
+    hf_endpoint: str | None = None  # default: the control node's HF_ENDPOINT, else https://huggingface.co
+    # Air-gapped sites: a mirror URL or file:// directory holding <repo>/<commit>/ instead of the hub.
+    model_source: str | None = None
+    model_keep_revisions: int = Field(1, ge=0)  # older revisions kept for rollback beside the served one
+    model_reverify: bool = False  # hash every file again instead of trusting the manifest's size + mtime
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,12 @@ class ServicePlan:
     node_rank: int = 0
     nnodes: int = 1
     head_address: str = ""
+    checkpoint_group: str = ""
+
+    def at_commit(self, commit: str) -> "ServicePlan":
+        """The same service pinned to a resolved 40-hex commit: its own model directory, so a new revision
+        changes the unit (and restarts the engine) while the old one stays on disk for rollback."""
+        return replace(self, revision=commit, model_dir=f"{self.model_dir.rsplit('/', 1)[0]}/{commit}")
 
     @property
     def unit_name(self) -> str:
@@ -130,6 +143,10 @@ class HostPlan:
     hf_token_env: str
     services: tuple[ServicePlan, ...]
     assess_models: tuple[str, ...] = ()
+    hf_endpoint: str = "https://huggingface.co"
+    model_source: str | None = None
+    model_keep_revisions: int = 1
+    model_reverify: bool = False
 
 
 @dataclass
@@ -249,6 +266,7 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
         env={**recipe.env, **svc.env},
         model_dir=f"{host.model_root.rstrip('/')}/{model.id}/{revision_dir}",
         gpu_passthrough=host.gpu_passthrough, config_dir=host.config_dir.rstrip("/"),
+        checkpoint_group=svc.checkpoint_group or svc.pool or _slug(name),
     )
 
 
@@ -298,7 +316,11 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
         if hw is not None:
             hosts[name] = HostPlan(name=name, address=address, hardware=hw, gpu_count=gpu_count,
                                    model_root=host.model_root, config_dir=host.config_dir.rstrip("/"), hf_token_env=host.hf_token_env,
-                                   services=tuple(services), assess_models=tuple(host.assess_models))
+                                   services=tuple(services), assess_models=tuple(host.assess_models),
+                                   hf_endpoint=(host.hf_endpoint or os.environ.get("HF_ENDPOINT")
+                                                or "https://huggingface.co").rstrip("/"),
+                                   model_source=host.model_source, model_keep_revisions=host.model_keep_revisions,
+                                   model_reverify=host.model_reverify)
     pools = _resolve_pools(hosts, errors)
     return Resolved(hosts=_with_ranks(hosts, pools), pools=pools, errors=errors)
 

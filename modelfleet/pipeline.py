@@ -1,11 +1,11 @@
 """The stage pipeline, in DESIGN.md order. Later stages (os_base, gpu_driver, container_runtime, storage,
-model, netcheck) slot into PIPELINE without touching the others."""
+netcheck) slot into PIPELINE without touching the others."""
 
 from __future__ import annotations
 
-from modelfleet.stages import host_plan, images, preflight, read_deployed, service, verify
+from modelfleet.stages import deployed_of, images, model, preflight, service, use_stages, verify
 
-PIPELINE = (images, service, verify)
+PIPELINE = (model, images, service, verify)
 
 
 def serve(stages=PIPELINE) -> None:
@@ -15,7 +15,7 @@ def serve(stages=PIPELINE) -> None:
     """
     if not preflight.run():
         return
-    plan = host_plan()
-    deployed = read_deployed([stage.wants(plan) for stage in stages])
+    use_stages(stages)
+    deployed = deployed_of()
     for stage in stages:
         stage.run(deployed=deployed)

@@ -1,8 +1,9 @@
 """What a stage has already put on a host, read in one round trip: paths (kind, mode, owner, sha256), units
-and local images."""
+local images, and checkpoint trees (files with size and mtime, the manifest, free space)."""
 
 from __future__ import annotations
 
+import json
 import shlex
 
 from pyinfra.api import FactBase
@@ -13,19 +14,23 @@ MARK = "@@modelfleet-state"
 class DeployedState(FactBase):
     """
     {"paths": {path: None | {"kind": "dir"|"file", "mode": "600", "user", "group", "sha256"}},
-     "units": {unit: {"ActiveState": ..., "UnitFileState": ...}}, "images": {ref: None | {"id": "sha256:..."}}}.
+     "units": {unit: {"ActiveState": ..., "UnitFileState": ...}}, "images": {ref: None | {"id": "sha256:..."}},
+     "trees": {dir: {"files": {relpath: [size, mtime]}, "manifest": dict | None, "free_bytes": int | None,
+                     "current": target of the sibling `current` link, "revisions": sibling commit dirs, newest first}}}.
     A stage fetches it once and decides every file, directory, unit and image from it, instead of one
     stat/sha/systemctl/docker round trip per operation.
     """
 
     @staticmethod
     def default():
-        return {"paths": {}, "units": {}, "images": {}}
+        return {"paths": {}, "units": {}, "images": {}, "trees": {}}
 
-    def command(self, paths: tuple[str, ...] = (), units: tuple[str, ...] = (), images: tuple[str, ...] = ()) -> str:
+    def command(self, paths: tuple[str, ...] = (), units: tuple[str, ...] = (), images: tuple[str, ...] = (),
+                trees: tuple[str, ...] = ()) -> str:
         quoted_paths = " ".join(shlex.quote(p) for p in paths)
         quoted_units = " ".join(shlex.quote(u) for u in units)
         quoted_images = " ".join(shlex.quote(i) for i in images)
+        quoted_trees = " ".join(shlex.quote(t) for t in trees)
         return (
             f"for p in {quoted_paths}; do echo \"{MARK} path $p\"; "
             'if [ -d "$p" ]; then stat -c "dir %a %U %G -" -- "$p"; '
@@ -34,7 +39,15 @@ class DeployedState(FactBase):
             f"for u in {quoted_units}; do echo \"{MARK} unit $u\"; "
             'systemctl show -p ActiveState -p UnitFileState -- "$u" 2>/dev/null; done; '
             f"for i in {quoted_images}; do echo \"{MARK} image $i\"; "
-            'docker image inspect --format "id={{.Id}}" -- "$i" 2>/dev/null; done; true'
+            'docker image inspect --format "id={{.Id}}" -- "$i" 2>/dev/null; done; '
+            f"for t in {quoted_trees}; do echo \"{MARK} tree $t\"; "
+            'p="$t"; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; '
+            'echo "free $(df -B1 -P "$p" | awk \'NR==2 {print $4}\')"; '
+            '[ -f "$t/.modelfleet-manifest.json" ] && echo "manifest $(tr -d \'\\n\' < "$t/.modelfleet-manifest.json")"; '
+            '[ -d "$t" ] && find "$t" -type f ! -path "*/.cache/*" ! -name ".modelfleet-*" -printf "file %s %T@ %P\\n"; '
+            'echo "current $(readlink "$(dirname "$t")/current")"; '
+            'echo "revisions $(ls -t "$(dirname "$t")" 2>/dev/null | grep -Ex "[0-9a-f]{40}" | tr "\\n" " ")"; '
+            "done; true"
         )
 
     def process(self, output):
@@ -43,11 +56,30 @@ class DeployedState(FactBase):
         for line in output:
             if line.startswith(MARK):
                 kind, _, name = line[len(MARK):].strip().partition(" ")
-                result[f"{kind}s"][name] = {} if kind == "unit" else None
+                result[f"{kind}s"][name] = {"unit": {}, "tree": {"files": {}, "manifest": None, "free_bytes": None,
+                                                                       "current": None, "revisions": []}
+                                            }.get(kind)
             elif kind == "path" and line.split()[:1] in (["dir"], ["file"]):
                 what, mode, user, group, digest = line.split()
                 result["paths"][name] = {"kind": what, "mode": mode.zfill(3), "user": user, "group": group,
                                          "sha256": None if digest == "-" else digest}
+            elif kind == "tree":
+                tree = result["trees"][name]
+                word, _, rest = line.partition(" ")
+                if word == "free" and rest.isdigit():
+                    tree["free_bytes"] = int(rest)
+                elif word == "manifest":
+                    try:
+                        tree["manifest"] = json.loads(rest)
+                    except ValueError:
+                        tree["manifest"] = None
+                elif word == "current":
+                    tree["current"] = rest or None
+                elif word == "revisions":
+                    tree["revisions"] = rest.split()
+                elif word == "file":
+                    size, mtime, rel = rest.split(" ", 2)
+                    tree["files"][rel] = [int(size), float(mtime)]
             elif kind == "image" and line.startswith("id=sha256:"):
                 result["images"][name] = {"id": line[3:]}
             elif kind == "unit" and "=" in line:

@@ -6,6 +6,7 @@ the registry's config and data, and hosts.json, which inventories/lab.py reads.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -18,9 +19,11 @@ from modelfleet.lab import apt, daemons, hub
 
 LAB_DIR = REPO_ROOT / "lab"
 STATE = Path(os.environ.get("MODELFLEET_LAB_STATE", REPO_ROOT / ".lab"))
-BASE_IMAGE = "modelfleet-lab/base:bookworm"
+# Tagged with the build script's hash: a changed package list builds a new base (and engine double) image.
+BASE_IMAGE = "modelfleet-lab/base:bookworm-" + hashlib.sha256((LAB_DIR / "build-base.sh").read_bytes()).hexdigest()[:10]
 REGISTRY = "127.0.0.1:5000"
 PREFIX = "mflab-"
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 PERSONAS = {"h200x1": ("h200", 1), "b300x8-synthetic": ("b300", 8)}
 # The real images the lab's recipes name; the registry serves the engine double under each tag.
 ENGINE_IMAGES = ("vllm/vllm-openai:v0.34.0", "lmsysorg/sglang:v0.5.18", "ghcr.io/ggml-org/llama.cpp:server-cuda")
@@ -48,7 +51,8 @@ def ensure_registry() -> None:
 def ensure_images() -> None:
     sh(str(LAB_DIR / "build-base.sh"), BASE_IMAGE)
     local = "modelfleet-lab/engine-double:latest"
-    sh("docker", "build", "-q", "-t", local, str(LAB_DIR / "engine_double"), capture=True)
+    sh("docker", "build", "-q", "--build-arg", f"BASE={BASE_IMAGE}", "-t", local, str(LAB_DIR / "engine_double"),
+       capture=True)
     for image in ENGINE_IMAGES:
         target = f"{REGISTRY}/{image}"
         sh("docker", "tag", local, target)
@@ -100,6 +104,11 @@ def start_host(spec: dict) -> None:
         f"{spec['config_dir']}:{spec['config_dir']}",
         "/sys/fs/cgroup:/sys/fs/cgroup:rw",
     ]
+    # The machine's trust store (it may hold a site's proxy CA) and a pip.conf that uses it, as a site image
+    # would: the model stage's venv pip reaches PyPI through whatever the machine goes through.
+    if Path(CA_BUNDLE).exists():
+        (STATE / "pip.conf").write_text(f"[global]\ncert = {CA_BUNDLE}\n")
+        mounts += [f"{CA_BUNDLE}:{CA_BUNDLE}:ro", f"{STATE / 'pip.conf'}:/etc/pip.conf:ro"]
     argv = ["docker", "run", "-d", "--name", spec["name"], "--hostname", spec["name"], "--network", "host",
             "--restart", "always", "--cap-add", "SYS_ADMIN", "--tmpfs", "/run", "--tmpfs", "/run/lock",
             "-e", "container=docker", "--label", "modelfleet-lab=host"]

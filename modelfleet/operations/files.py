@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
+import shlex
 from io import BytesIO
 
 from pyinfra import host
@@ -27,7 +28,8 @@ def directory(path: str, current: dict | None, mode: str = "0755", user: str = "
     if _owned(current, "dir", mode, user, group):
         host.noop(f"directory {path} is in place")
         return
-    yield StringCommand("mkdir", "-p", path, "&&", "chown", f"{user}:{group}", path, "&&", "chmod", mode, path)
+    p = shlex.quote(path)
+    yield StringCommand("mkdir", "-p", p, "&&", "chown", f"{user}:{group}", p, "&&", "chmod", mode, p)
 
 
 @operation()
@@ -43,4 +45,4 @@ def content_file(dest: str, content: str, current: dict | None, mode: str = "064
     directory_, name = posixpath.split(dest)
     temp = posixpath.join(directory_, f".{name}.modelfleet-tmp") if secret else None
     yield FileUploadCommand(BytesIO(content.encode()), dest, remote_temp_filename=temp)
-    yield StringCommand("chown", f"{user}:{group}", dest, "&&", "chmod", mode, dest)
+    yield StringCommand("chown", f"{user}:{group}", shlex.quote(dest), "&&", "chmod", mode, shlex.quote(dest))

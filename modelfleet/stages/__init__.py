@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import sys
 import weakref
 
+from gevent.lock import Semaphore
 from pyinfra import host, state
-from pyinfra.context import ctx_state
+from pyinfra.context import ctx_host, ctx_state
 
 from modelfleet.facts.state import DeployedState
 from modelfleet.inventory import HostPlan, InventoryError, Resolved, resolve
 
-# Per pyinfra State, so a new run (or a new test) never sees an older inventory.
+# Per pyinfra State, so a new run (or a new test) never sees an older inventory or host state.
 _resolved: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_stages: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_deployed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def resolved() -> Resolved:
@@ -29,13 +33,32 @@ def host_plan() -> HostPlan:
     return resolved().hosts[host.name]
 
 
-def read_deployed(wants: list[dict]) -> dict:
+def use_stages(stages) -> None:
+    """Declare the stages of this run: what `deployed_of` reads is the union of their `wants(plan)`."""
+    _stages[ctx_state.get()] = tuple(stages)
+
+
+def deployed_of(target=None) -> dict:
     """
-    One DeployedState round trip for what several stages need to know (each stage's `wants(plan)`:
-    paths, units, images). Read before anything runs, like every pyinfra fact: the stages decide from it.
+    What the run's stages find on `target` (default: this host): one DeployedState round trip per host per
+    run, read before anything runs, like every pyinfra fact. Stages that coordinate hosts (the model stage's
+    fan-out) read their peers' state through here too, so no host is asked twice.
     """
-    merged: dict[str, list[str]] = {"paths": [], "units": [], "images": []}
-    for want in wants:
-        for kind, items in want.items():
-            merged[kind] += [item for item in items if item not in merged[kind]]
-    return host.get_fact(DeployedState, **{kind: tuple(items) for kind, items in merged.items()})
+    run, target = ctx_state.get(), target or ctx_host.get()
+    cache, locks = _deployed.setdefault(run, ({}, {}))
+    with locks.setdefault(target.name, Semaphore()):
+        if target.name not in cache:
+            plan = resolved().hosts[target.name]
+            merged: dict[str, list[str]] = {"paths": [], "units": [], "images": [], "trees": []}
+            for stage in _stages.get(run, ()):
+                for kind, items in stage.wants(plan).items():
+                    merged[kind] += [item for item in items if item not in merged[kind]]
+            with ctx_host.use(target):
+                cache[target.name] = target.get_fact(DeployedState, **{k: tuple(v) for k, v in merged.items()})
+    return cache[target.name]
+
+
+def deployed_for_stage(module_name: str) -> dict:
+    """A stage run on its own (not from the pipeline) reads just what it needs."""
+    use_stages([sys.modules[module_name]])
+    return deployed_of()

@@ -7,7 +7,7 @@ from pyinfra.api import StringCommand, deploy, operation
 
 from modelfleet.inventory import HostPlan, ServicePlan
 from modelfleet.registry import pinned
-from modelfleet.stages import host_plan, read_deployed
+from modelfleet.stages import deployed_for_stage, host_plan
 
 
 def pinned_image(svc: ServicePlan) -> str:
@@ -33,7 +33,7 @@ def wants(plan: HostPlan) -> dict:
 def run(deployed: dict | None = None):
     plan = host_plan()
     # Read in the deploy body, not the operation: an operation's body runs twice (prepare and execute).
-    present = (deployed or read_deployed([wants(plan)]))["images"]
+    present = (deployed or deployed_for_stage(__name__))["images"]
     for svc in plan.services:
         image = pinned_image(svc)
         image_present(name=f"Pull {svc.image} (pinned digest)", image=image, current=present.get(image))

@@ -10,8 +10,9 @@ from modelfleet import render
 from modelfleet.inventory import HostPlan, ServicePlan
 from modelfleet.operations.files import content_changes, content_file, directory
 from modelfleet.operations.service import unit_running, wait_ready
-from modelfleet.stages import host_plan, read_deployed
+from modelfleet.stages import deployed_for_stage, host_plan
 from modelfleet.stages.images import pinned_image
+from modelfleet.stages.model import pinned_revision
 
 UNIT_DIR = "/etc/systemd/system"
 
@@ -27,7 +28,7 @@ def _files(svc: ServicePlan) -> list[tuple[str, str, str, bool]]:
 
 
 def _services(plan: HostPlan) -> list[ServicePlan]:
-    return [replace(svc, image=pinned_image(svc)) for svc in plan.services]
+    return [replace(pinned_revision(plan, svc), image=pinned_image(svc)) for svc in plan.services]
 
 
 def wants(plan: HostPlan) -> dict:
@@ -43,7 +44,7 @@ def wants(plan: HostPlan) -> dict:
 def run(deployed: dict | None = None):
     plan = host_plan()
     services = _services(plan)
-    state = deployed or read_deployed([wants(plan)])
+    state = deployed or deployed_for_stage(__name__)
     at = state["paths"].get
 
     directory(name=f"Config directory {plan.config_dir} (0700)", path=plan.config_dir,

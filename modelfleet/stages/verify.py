@@ -28,8 +28,11 @@ def wants(plan) -> dict:
 def _tunnel(remote_host: str, remote_port: int):
     from modelfleet.checks.tunnel import forward
 
-    transport = host.connector.client.get_transport()
-    return forward(transport, remote_host, remote_port)
+    client = getattr(host.connector, "client", None)
+    if client is None:
+        raise RuntimeError(f"{host.name}: {remote_host}:{remote_port} listens on the host's loopback and this "
+                           f"connector ({type(host.connector).__name__}) has no SSH transport to tunnel through")
+    return forward(client.get_transport(), remote_host, remote_port)
 
 
 def _failures(report: dict) -> list[str]:

@@ -1,0 +1,92 @@
+"""Checkpoints on the control node: a revision resolved once to a commit with every file's size and sha256
+(from the hub's metadata, or from a mirror's manifest), and whether a host's copy is already complete."""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+from dataclasses import dataclass
+
+from gevent.lock import Semaphore
+
+from modelfleet.inventory import COMMIT_RE
+
+MANIFEST = ".modelfleet-manifest.json"
+_snapshots: dict[tuple, Snapshot] = {}
+_lock = Semaphore()
+
+
+class ModelSourceError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    repo: str
+    revision: str  # as the inventory gave it (branch, tag or commit)
+    commit: str
+    files: dict  # path -> {"size": int, "sha256": str | None}
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f["size"] for f in self.files.values())
+
+
+def _from_hub(repo: str, revision: str, endpoint: str, token: str | None) -> Snapshot:
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        info = HfApi(endpoint=endpoint, token=token or False).model_info(repo, revision=revision,
+                                                                          files_metadata=True)
+    except HfHubHTTPError as error:
+        raise ModelSourceError(f"{repo}@{revision} on {endpoint}: {type(error).__name__}: "
+                               f"{str(error).splitlines()[0]}") from error
+    files = {s.rfilename: {"size": s.size, "sha256": s.lfs.sha256 if s.lfs else None} for s in info.siblings}
+    return Snapshot(repo=repo, revision=revision, commit=info.sha, files=files)
+
+
+def _from_mirror(repo: str, revision: str, source: str) -> Snapshot:
+    """An air-gapped mirror holds <repo>/<commit>/ as a modelfleet host does, manifest included."""
+    if not COMMIT_RE.match(revision or ""):
+        raise ModelSourceError(f"{repo}: model_source {source} needs `revision` pinned to a 40-hex commit "
+                               f"(a mirror has no branches to resolve), got {revision!r}")
+    url = f"{source.rstrip('/')}/{repo}/{revision}/{MANIFEST}"
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            manifest = json.load(response)
+    except (OSError, ValueError) as error:
+        raise ModelSourceError(f"{repo}@{revision}: no readable manifest at {url}: {error}") from error
+    files = {path: {"size": e["size"], "sha256": e.get("sha256")} for path, e in manifest["files"].items()}
+    return Snapshot(repo=repo, revision=revision, commit=revision, files=files)
+
+
+def snapshot(repo: str, revision: str | None, endpoint: str, token_env: str, source: str | None = None) -> Snapshot:
+    """Resolve once per run (all hosts of a pool share the answer)."""
+    key = (repo, revision or "main", source or endpoint)
+    with _lock:
+        if key not in _snapshots:
+            if source:
+                _snapshots[key] = _from_mirror(repo, revision or "", source)
+            else:
+                _snapshots[key] = _from_hub(repo, revision or "main", endpoint, os.environ.get(token_env))
+        return _snapshots[key]
+
+
+def missing_files(tree: dict, snap: Snapshot, reverify: bool = False) -> list[str]:
+    """
+    Files of `snap` this host's copy lacks, judged by what a full check recorded in its manifest (size and
+    mtime unchanged since). Everything, when asked to reverify.
+    """
+    manifest = tree.get("manifest") or {}
+    if reverify or manifest.get("commit") != snap.commit:
+        return sorted(snap.files)
+    recorded, present = manifest.get("files", {}), tree.get("files", {})
+    out = []
+    for path, meta in snap.files.items():
+        entry, seen = recorded.get(path), present.get(path)
+        if not entry or not seen or seen[0] != meta["size"] or entry["size"] != meta["size"] \
+                or abs(seen[1] - entry["mtime"]) > 1e-3:
+            out.append(path)
+    return sorted(out)

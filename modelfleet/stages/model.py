@@ -1,0 +1,227 @@
+"""Stage model: each service's checkpoint at a pinned commit, complete and verified, in its own directory under
+model_root/<model>/<commit>, with a `current` pointer and older revisions pruned to model_keep_revisions.
+
+One host per checkpoint group (the pool by default) downloads from the hub (or the air-gapped source); the
+others copy from it over HTTP on the pool's network while it serves its verified copy from a transient unit,
+so hub egress for a group is one checkpoint. Every host verifies what it got (files/modelfleet_fetch.py).
+Which hosts lack what is known before anything runs: the group's hosts' state is read once each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+
+from pyinfra import host, state
+from pyinfra.api import StringCommand, deploy, operation
+
+from modelfleet import REPO_ROOT
+from modelfleet.checkpoint import Snapshot, missing_files, snapshot
+from modelfleet.inventory import COMMIT_RE, HostPlan, ServicePlan
+from modelfleet.operations.files import content_file, directory
+from modelfleet.operations.report import fail_host
+from modelfleet.stages import deployed_for_stage, deployed_of, host_plan, resolved
+
+TOOLS = "/opt/modelfleet"
+FETCH = f"{TOOLS}/bin/modelfleet_fetch.py"
+VENV = f"{TOOLS}/hf-venv"
+HF_CLIENT = "huggingface_hub[hf_xet]>=0.34,<3"
+FANOUT_PORT = 18431
+TEMP_FACTOR = 1.05  # partial files beside the ones being replaced
+
+
+def pinned_revision(plan: HostPlan, svc: ServicePlan) -> ServicePlan:
+    """The service at the commit its revision resolves to (what this stage fetches and the unit mounts)."""
+    if svc.revision and COMMIT_RE.match(svc.revision):
+        return svc.at_commit(svc.revision)  # already immutable: no need to ask the hub
+    return svc.at_commit(_snapshot(plan, svc).commit)
+
+
+def _snapshot(plan: HostPlan, svc: ServicePlan) -> Snapshot:
+    return snapshot(svc.model.hf_repo, svc.revision, plan.hf_endpoint, plan.hf_token_env, plan.model_source)
+
+
+def _checkpoints(plan: HostPlan) -> dict[str, tuple[ServicePlan, Snapshot]]:
+    """model_dir -> (pinned service, snapshot); two services of one model and commit share a directory."""
+    out = {}
+    for svc in plan.services:
+        pinned = pinned_revision(plan, svc)
+        out.setdefault(pinned.model_dir, (pinned, _snapshot(plan, svc)))
+    return out
+
+
+def _group(svc: ServicePlan) -> list[str]:
+    """The hosts sharing this checkpoint, in inventory order: the first one fetches from the source."""
+    members = []
+    for name, plan in resolved().hosts.items():
+        if any(s.checkpoint_group == svc.checkpoint_group and s.model.id == svc.model.id for s in plan.services):
+            members.append(name)
+    return members
+
+
+def wants(plan: HostPlan) -> dict:
+    dirs = list(_checkpoints(plan))
+    return {"trees": dirs, "paths": [f"{TOOLS}/bin", FETCH, f"{VENV}/bin/python", plan.config_dir,
+                                     f"{plan.config_dir}/hf-token", *dirs, *(_job_path(plan, d) for d in dirs)]}
+
+
+def _job_path(plan: HostPlan, model_dir: str) -> str:
+    model, commit = model_dir.rstrip("/").split("/")[-2:]
+    return f"{plan.config_dir}/checkpoint-{model}-{commit[:12]}.json"
+
+
+def _job(plan: HostPlan, svc: ServicePlan, snap: Snapshot) -> str:
+    return json.dumps({"repo": snap.repo, "commit": snap.commit, "endpoint": plan.hf_endpoint,
+                       "dest": svc.model_dir, "token_file": f"{plan.config_dir}/hf-token",
+                       "files": snap.files}, indent=1, sort_keys=True) + "\n"
+
+
+def _fetch_command(job: str, mode: str, source: str | None, reverify: bool) -> StringCommand:
+    python = f"{VENV}/bin/python" if mode == "hub" else "python3"
+    argv = [python, FETCH, job, mode] + ([source] if source else []) + (["--reverify"] if reverify else [])
+    return StringCommand(*map(shlex.quote, argv))
+
+
+@operation(is_idempotent=False)
+def checkpoint_fetched(job: str, mode: str, source: str | None, missing: list[str], reverify: bool):
+    """Run the fetch script: it re-checks what is present, fetches `missing` and what fails its hash."""
+    if not missing:
+        host.noop("checkpoint complete (manifest, sizes and mtimes match)")
+        return
+    yield _fetch_command(job, mode, source, reverify)
+
+
+def _fanout_unit(group: str) -> str:
+    return f"modelfleet-fanout-{re.sub(r'[^A-Za-z0-9_.-]+', '-', group)}"
+
+
+@operation(is_idempotent=False)
+def fanout_serving(group: str, directory_: str, address: str, port: int, serve: bool, needed: bool):
+    """A transient unit serving the verified copy to the group's peers (read-only HTTP), or stop it."""
+    unit = _fanout_unit(group)
+    if not needed:
+        host.noop("no peer needs a copy from this host")
+        return
+    if serve:
+        argv = ["systemd-run", f"--unit={unit}", "--property=RuntimeMaxSec=86400", "--collect", "python3", "-m",
+                "http.server", "--bind", address, "--directory", directory_, str(port)]
+        yield StringCommand(*map(shlex.quote, argv))
+        url = shlex.quote(f"http://{address}:{port}/")
+        wait = (f"for i in $(seq 50); do curl -fsS -o /dev/null {url} && exit 0; sleep 0.2; done; "
+                f"echo 'fan-out server did not start' >&2; exit 1")
+        yield StringCommand("sh", "-c", shlex.quote(wait))
+    else:
+        yield StringCommand("systemctl", "stop", shlex.quote(unit))
+
+
+@operation()
+def current_pointer(parent: str, commit: str, current: str | None):
+    if current == commit:
+        host.noop(f"{parent}/current -> {commit[:12]}")
+        return
+    yield StringCommand("ln", "-sfn", commit, shlex.quote(f"{parent}/current"))
+
+
+@operation()
+def revisions_pruned(parent: str, remove: list[str]):
+    if not remove:
+        host.noop("no revision to prune")
+        return
+    yield StringCommand("rm", "-rf", *[shlex.quote(f"{parent}/{commit}") for commit in remove])
+
+
+@operation()
+def hf_client_installed(present: bool, needed: bool):
+    """A venv the stage owns, with huggingface_hub (and hf_xet where the platform has wheels)."""
+    if present or not needed:
+        host.noop(f"{VENV} has huggingface_hub" if present else "this host does not download from the hub")
+        return
+    yield StringCommand("python3", "-m", "venv", VENV, "&&", f"{VENV}/bin/pip", "install", "-q",
+                        "--disable-pip-version-check", shlex.quote(HF_CLIENT))
+
+
+@operation()
+def hub_token_file(dest: str, token: str | None, current: dict | None):
+    """The hub token for the fetch script, 0600, only on the host that downloads from the hub."""
+    if not token:
+        host.noop("no hub token needed here")
+        return
+    yield from content_file._inner(dest=dest, content=token + "\n", current=current, mode="0600", secret=True)
+
+
+def _to_prune(tree: dict, commit: str, keep: int) -> list[str]:
+    """Older revisions beyond `keep`; never the new one nor the one `current` names (a unit may still run it)."""
+    others = [r for r in tree.get("revisions", []) if r not in (commit, tree.get("current"))]
+    kept = 1 if tree.get("current") not in (None, commit) else 0
+    return others[max(0, keep - kept):]
+
+
+@deploy("modelfleet model")
+def run(deployed: dict | None = None):
+    plan = host_plan()
+    mine = deployed or deployed_for_stage(__name__)
+    directory(name=f"Config directory {plan.config_dir} (0700)", path=plan.config_dir,
+              current=mine["paths"].get(plan.config_dir), mode="0700")
+    directory(name=f"Tools directory {TOOLS}/bin", path=f"{TOOLS}/bin",
+              current=mine["paths"].get(f"{TOOLS}/bin"))
+    content_file(name=f"Fetch script {FETCH}", dest=FETCH, content=(REPO_ROOT / "files" / "modelfleet_fetch.py")
+                 .read_text(), current=mine["paths"].get(FETCH), mode="0755")
+    for model_dir, (svc, snap) in _checkpoints(plan).items():
+        tree = mine["trees"][model_dir]
+        members = _group(svc)
+        seed = members[0]
+        missing = missing_files(tree, snap, plan.model_reverify)
+        needed = sum(snap.files[p]["size"] for p in missing) * TEMP_FACTOR
+        if tree.get("free_bytes") is not None and needed > tree["free_bytes"]:
+            fail_host(name=f"Disk check for {snap.repo}@{snap.commit[:12]}", reasons=[
+                f"disk: {model_dir} needs {needed / 1e9:.3f} GB for {len(missing)} file(s) of {snap.repo}@"
+                f"{snap.commit[:12]}, {tree['free_bytes'] / 1e9:.3f} GB free"])
+            continue
+        parent = model_dir.rsplit("/", 1)[0]
+        directory(name=f"Revision directory {model_dir}", path=model_dir, current=mine["paths"].get(model_dir))
+        job = _job_path(plan, model_dir)
+        content_file(name=f"Fetch job {job}", dest=job, content=_job(plan, svc, snap),
+                     current=mine["paths"].get(job), mode="0600")
+        # Every host calls every operation (a noop where it has no part): pyinfra orders operations by each
+        # host's sequence, so the seed's fetch and serve precede the peers' copies only if all hosts list them.
+        is_seed = host.name == seed
+        source_url = f"{plan.model_source.rstrip('/')}/{snap.repo}/{snap.commit}/" if plan.model_source else None
+        from_hub = is_seed and not source_url
+        hf_client_installed(name=f"huggingface_hub in {VENV}", needed=from_hub and bool(missing),
+                            present=bool(mine["paths"].get(f"{VENV}/bin/python")))
+        hub_token_file(name=f"Hub token {plan.config_dir}/hf-token (0600)", dest=f"{plan.config_dir}/hf-token",
+                       token=_token() if from_hub else None, current=mine["paths"].get(f"{plan.config_dir}/hf-token"))
+        checkpoint_fetched(name=f"Fetch {snap.repo}@{snap.commit[:12]} from {source_url or 'the hub'}", job=job,
+                           mode="peer" if source_url else "hub", source=source_url,
+                           missing=missing if is_seed else [], reverify=plan.model_reverify)
+        peers_missing = [name for name in members[1:] if _peer_missing(name, snap)] if is_seed else []
+        seed_address = resolved().hosts[seed].address
+        fanout_serving(name=f"Serve {snap.commit[:12]} to the group's peers", group=svc.checkpoint_group,
+                       directory_=model_dir, address=plan.address, port=FANOUT_PORT, serve=True,
+                       needed=bool(peers_missing))
+        checkpoint_fetched(name=f"Copy {snap.repo}@{snap.commit[:12]} from {seed}", job=job, mode="peer",
+                           source=f"http://{seed_address}:{FANOUT_PORT}/", missing=[] if is_seed else missing,
+                           reverify=plan.model_reverify)
+        fanout_serving(name="Stop serving to peers", group=svc.checkpoint_group, directory_=model_dir,
+                       address=plan.address, port=FANOUT_PORT, serve=False, needed=bool(peers_missing))
+        current_pointer(name=f"{parent}/current -> {snap.commit[:12]}", parent=parent, commit=snap.commit,
+                        current=tree.get("current"))
+        revisions_pruned(name=f"Prune revisions of {svc.model.id} beyond {plan.model_keep_revisions}",
+                         parent=parent, remove=_to_prune(tree, snap.commit, plan.model_keep_revisions))
+
+
+def _peer_missing(name: str, snap: Snapshot) -> bool:
+    """Does group member `name` lack files of this checkpoint? (Its own model_root may differ from ours.)"""
+    peer_plan = resolved().hosts[name]
+    peer = state.inventory.get_host(name)
+    peer_state = deployed_of(peer)
+    for model_dir, (_, peer_snap) in _checkpoints(peer_plan).items():
+        if peer_snap.commit == snap.commit and peer_snap.repo == snap.repo:
+            return bool(missing_files(peer_state["trees"].get(model_dir, {}), snap, peer_plan.model_reverify))
+    return False
+
+
+def _token() -> str | None:
+    return os.environ.get(host_plan().hf_token_env) or None
