@@ -38,6 +38,8 @@ lab_hosts = [
         "hf_endpoint": _lab["hub"]["endpoint"] if _lab.get("hub") else None,
         "model_root": os.environ.get("MODELFLEET_LAB_MODEL_ROOT") or spec["model_root"],
         "checkpoint_group": _checkpoint_group,
+        "revision": os.environ.get("MODELFLEET_LAB_REVISION") or None,
+        "model_keep_revisions": int(os.environ.get("MODELFLEET_LAB_KEEP_REVISIONS", "1")),
         "pool": f"tiny-{spec['name']}",
         "model": "tiny-lab",
         "engine": spec["engine"],

@@ -53,10 +53,14 @@ def _checkpoints(plan: HostPlan) -> dict[str, tuple[ServicePlan, Snapshot]]:
 
 
 def _group(svc: ServicePlan) -> list[str]:
-    """The hosts sharing this checkpoint, in inventory order: the first one fetches from the source."""
+    """
+    The hosts of this run sharing this checkpoint, in inventory order: the first one fetches from the source.
+    (With --limit, a host whose group's first member is left out fetches from the source itself.)
+    """
     members = []
+    active = {h.name for h in state.inventory.get_active_hosts()}
     for name, plan in resolved().hosts.items():
-        if any(s.checkpoint_group == svc.checkpoint_group and s.model.id == svc.model.id for s in plan.services):
+        if name in active and any(s.checkpoint_group == svc.checkpoint_group and s.model.id == svc.model.id for s in plan.services):
             members.append(name)
     return members
 
