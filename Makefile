@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PYINFRA ?= pyinfra
 
-.PHONY: install lab-setup demo bench-converge lab-verify lab-down test lint hw-preflight
+.PHONY: install lab-setup demo bench-converge bench-fanout lab-verify lab-down test lint hw-preflight
 
 install:
 	$(PYTHON) -m pip install -q -e '.[test]'
@@ -18,6 +18,10 @@ demo: install lab-setup
 # No-op converge time of serve.py on 1 and 16 lab hosts (same run), ratio, remote commands per host (JSON).
 bench-converge: install lab-setup
 	$(PYTHON) lab/bench_converge.py 16
+
+# Checkpoint distribution on 1, 3 and 6 lab hosts: hub egress ratio and fan-out vs raw copy rate (JSON).
+bench-fanout: install lab-setup
+	$(PYTHON) lab/bench_fanout.py
 
 # Verify gate + a short bench + cost per successful task (self-hosted vs API prices) on the lab (JSON).
 lab-verify: install lab-setup

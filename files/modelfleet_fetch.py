@@ -5,6 +5,7 @@
     modelfleet_fetch.py JOB.json peer URL       copy from a pool peer that already holds verified files (HTTP)
     modelfleet_fetch.py JOB.json verify         verify only
     ... [--reverify]                            hash every file, even those the manifest vouches for
+    modelfleet_fetch.py serve DIR ADDRESS PORT  serve a verified copy to peers (read-only, sendfile)
 
 JOB.json (written by the control node): repo, commit, endpoint, dest, token_file, and the hub's metadata for
 every file: {path: {size, sha256 (LFS files) | null}}. A file counts as verified when its size matches and its
@@ -37,8 +38,12 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def check(dest: Path, files: dict, manifest: dict, reverify: bool) -> tuple[dict, list[str]]:
-    """(verified entries for the manifest, paths that must be fetched). Hashes run in parallel across files."""
+def check(dest: Path, files: dict, manifest: dict, reverify: bool,
+          streamed: dict | None = None) -> tuple[dict, list[str]]:
+    """
+    (verified entries for the manifest, paths that must be fetched). Hashes run in parallel across files;
+    `streamed` holds digests already computed while the bytes arrived.
+    """
 
     def one(item):
         rel, meta = item
@@ -49,7 +54,7 @@ def check(dest: Path, files: dict, manifest: dict, reverify: bool) -> tuple[dict
         known = manifest.get(rel)
         if not reverify and known and known["size"] == st.st_size and known["mtime"] == st.st_mtime:
             return rel, known
-        digest = sha256_of(path) if meta.get("sha256") or reverify else None
+        digest = (streamed or {}).get(rel) or (sha256_of(path) if meta.get("sha256") or reverify else None)
         if meta.get("sha256") and digest != meta["sha256"]:
             return rel, None
         return rel, {"size": st.st_size, "mtime": st.st_mtime, "sha256": digest or known and known.get("sha256")}
@@ -70,23 +75,45 @@ def fetch_from_hub(job: dict, paths: list[str]) -> None:
                       token=token, allow_patterns=paths, max_workers=WORKERS)
 
 
-def fetch_from_peer(job: dict, paths: list[str], base_url: str) -> None:
+def fetch_from_peer(job: dict, paths: list[str], base_url: str) -> dict:
+    """Copy each file, hashing while it streams; returns {path: sha256} so no second read is needed."""
     dest = Path(job["dest"])
 
     def one(rel):
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.modelfleet-partial")
+        digest = hashlib.sha256()
         with urllib.request.urlopen(f"{base_url.rstrip('/')}/{rel}", timeout=60) as response, partial.open("wb") as f:
             for block in iter(lambda: response.read(CHUNK), b""):
                 f.write(block)
+                digest.update(block)
         partial.replace(target)
+        return rel, digest.hexdigest()
 
     with ThreadPoolExecutor(WORKERS) as pool:
-        list(pool.map(one, paths))
+        return dict(pool.map(one, paths))
+
+
+def serve(directory: str, address: str, port: int) -> None:
+    """Read-only HTTP for the group's peers: files go out with sendfile(2), no copy through Python."""
+    import functools
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(SimpleHTTPRequestHandler):
+        def copyfile(self, source, outputfile):
+            self.connection.sendfile(source)
+
+        def log_message(self, fmt, *args):
+            pass
+
+    ThreadingHTTPServer((address, port), functools.partial(Handler, directory=directory)).serve_forever()
 
 
 def main(argv: list[str]) -> int:
+    if argv[0] == "serve":
+        serve(argv[1], argv[2], int(argv[3]))
+        return 0
     job = json.loads(Path(argv[0]).read_text())
     mode, reverify = argv[1], "--reverify" in argv
     dest = Path(job["dest"])
@@ -98,13 +125,10 @@ def main(argv: list[str]) -> int:
     verified, missing = check(dest, files, manifest, reverify)
     report = {"commit": job["commit"], "dest": str(dest), "files": len(files), "fetched": [], "bytes_fetched": 0}
     if missing and mode != "verify":
-        if mode == "hub":
-            fetch_from_hub(job, missing)
-        else:
-            fetch_from_peer(job, missing, argv[2])
+        streamed = fetch_from_hub(job, missing) if mode == "hub" else fetch_from_peer(job, missing, argv[2])
         report["fetched"] = missing
         report["bytes_fetched"] = sum(files[rel]["size"] for rel in missing)
-        again, still = check(dest, {rel: files[rel] for rel in missing}, {}, True)
+        again, still = check(dest, {rel: files[rel] for rel in missing}, {}, True, streamed or {})
         verified.update(again)
         missing = still
     report.update(ok=not missing, missing_or_corrupt=missing, seconds=round(time.monotonic() - start, 3))

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -49,7 +50,8 @@ def ensure_registry() -> None:
 
 
 def ensure_images() -> None:
-    sh(str(LAB_DIR / "build-base.sh"), BASE_IMAGE)
+    # Progress to stderr: commands that print JSON on stdout (bench-*, demo) call this too.
+    subprocess.run([str(LAB_DIR / "build-base.sh"), BASE_IMAGE], check=True, stdout=sys.stderr)
     local = "modelfleet-lab/engine-double:latest"
     sh("docker", "build", "-q", "--build-arg", f"BASE={BASE_IMAGE}", "-t", local, str(LAB_DIR / "engine_double"),
        capture=True)

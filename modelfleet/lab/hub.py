@@ -17,8 +17,9 @@ from modelfleet.lab import daemons
 
 LISTEN = "127.0.0.1:5070"
 ENDPOINT = f"http://{LISTEN}"
-# repo=revisions:shards:MiB per shard. Two revisions, so upgrades and pinning have something to tell apart.
-REPOS = ("modelfleet/tiny-lab=main,v1.0:4:{mib}",)
+# repo=revisions:shards:MiB per shard. Two revisions, so upgrades and pinning have something to tell apart;
+# `bench-64m` (8 x 8 MiB) gives `make bench-fanout` enough bytes to time.
+REPOS = ("modelfleet/tiny-lab=main,v1.0:4:{mib}", "modelfleet/tiny-lab=bench-64m:8:8")
 
 
 def token_file(state: Path) -> Path:

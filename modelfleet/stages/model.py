@@ -109,8 +109,8 @@ def fanout_serving(group: str, directory_: str, address: str, port: int, serve: 
         host.noop("no peer needs a copy from this host")
         return
     if serve:
-        argv = ["systemd-run", f"--unit={unit}", "--property=RuntimeMaxSec=86400", "--collect", "python3", "-m",
-                "http.server", "--bind", address, "--directory", directory_, str(port)]
+        argv = ["systemd-run", f"--unit={unit}", "--property=RuntimeMaxSec=86400", "--collect", "python3", FETCH,
+                "serve", directory_, address, str(port)]
         yield StringCommand(*map(shlex.quote, argv))
         url = shlex.quote(f"http://{address}:{port}/")
         wait = (f"for i in $(seq 50); do curl -fsS -o /dev/null {url} && exit 0; sleep 0.2; done; "
