@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PYINFRA ?= pyinfra
 
-.PHONY: install lab-setup demo bench-converge bench-fanout lab-verify lab-down test lint hw-preflight
+.PHONY: install lab-setup demo bench-converge bench-fanout lab-gate lab-verify lab-down test lint hw-preflight hw-nccl
 
 install:
 	$(PYTHON) -m pip install -q -e '.[test]'
@@ -23,6 +23,12 @@ bench-converge: install lab-setup
 bench-fanout: install lab-setup
 	$(PYTHON) lab/bench_fanout.py
 
+# The NCCL/Gloo gate on a 2-host lab pool (Gloo inside the serving image); prints the pool report (JSON).
+lab-gate: install lab-setup
+	$(PYTHON) -c "from modelfleet import lab; lab.up(2)" >/dev/null
+	MODELFLEET_LAB_GATE_HOSTS=2 $(PYINFRA) -y inventories/lab.py deploys/netcheck.py >&2
+	@cat reports/netcheck/gate.json
+
 # Verify gate + a short bench + cost per successful task (self-hosted vs API prices) on the lab (JSON).
 lab-verify: install lab-setup
 	$(PYTHON) lab/lab_verify.py
@@ -40,3 +46,8 @@ lint:
 hw-preflight:
 	$(PYINFRA) -y inventories/h200-local.py deploys/preflight.py
 	@cat reports/preflight/*local*.json
+
+# On a GPU host with PyTorch: the NCCL check over every local GPU, nccl-tests' sweep (-b 1M -e 16G -f 2), JSON.
+hw-nccl:
+	$(PYTHON) files/nccl_check.py --nnodes 1 --node-rank 0 --master-addr 127.0.0.1 --backend nccl \
+	  --ops all_reduce,all_gather,all_to_all --min-bytes 1M --max-bytes 16G --factor 2

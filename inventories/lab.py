@@ -19,8 +19,23 @@ _bind_address = os.environ.get("MODELFLEET_LAB_BIND_ADDRESS")  # e.g. 0.0.0.0, t
 # The hub double is gated by the token `lab up` made; pyinfra's process reads it like a user's HF_TOKEN.
 if _lab.get("hub"):
     os.environ.setdefault("MODELFLEET_LAB_HF_TOKEN", Path(_lab["hub"]["token_file"]).read_text().strip())
+# MODELFLEET_LAB_GATE_HOSTS=2: the first two hosts form one two-node pool (recipe tiny-lab-vllm-dp2) for the
+# netcheck gate, whose Gloo traffic stays on loopback; MODELFLEET_LAB_GATE_MIN_BUSBW sets its threshold.
+_gate_hosts = int(os.environ.get("MODELFLEET_LAB_GATE_HOSTS", "0"))
+_gate_min = float(os.environ.get("MODELFLEET_LAB_GATE_MIN_BUSBW", "0.01"))
+# Fault switch: MODELFLEET_LAB_GATE_BAD_IFNAME=1 gives the second gate host an interface that does not exist.
+_gate_faults = {1: {"gloo_socket_ifname": "mflab-no-such-if0"}} if os.environ.get("MODELFLEET_LAB_GATE_BAD_IFNAME") else {}
 # All lab hosts serve the same checkpoint: one hub download, the others copy from the first host.
 _checkpoint_group = os.environ.get("MODELFLEET_LAB_CHECKPOINT_GROUP", "lab")
+
+
+
+def _pool(index: int, spec: dict) -> dict:
+    if index < _gate_hosts:
+        return {"pool": "gate", "recipe": "tiny-lab-vllm-dp2", "engine": "vllm", "netcheck_min_busbw_gbps": _gate_min,
+                "netcheck_timeout_s": 15, **_gate_faults.get(index, {})}
+    return {"pool": f"tiny-{spec['name']}", "engine": spec["engine"]}
+
 
 lab_hosts = [
     (spec["name"], {
@@ -40,13 +55,13 @@ lab_hosts = [
         "checkpoint_group": _checkpoint_group,
         "revision": os.environ.get("MODELFLEET_LAB_REVISION") or None,
         "model_keep_revisions": int(os.environ.get("MODELFLEET_LAB_KEEP_REVISIONS", "1")),
-        "pool": f"tiny-{spec['name']}",
         "model": "tiny-lab",
-        "engine": spec["engine"],
+        "gloo_socket_ifname": "lo",
+        **_pool(index, spec),
         "bind_address": _bind_address or spec["address"],
         "api_key_env": os.environ.get("MODELFLEET_LAB_API_KEY_ENV") or None,
         "env": _engine_env,
         "extra_args": _extra_args,
     })
-    for spec in _lab["hosts"]
+    for index, spec in enumerate(_lab["hosts"])
 ]

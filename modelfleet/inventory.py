@@ -22,7 +22,8 @@ from modelfleet.planner import plan_capacity
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 SERVICE_KEYS = ("pool", "model", "engine", "recipe", "gpus", "served_name", "port", "bind_address",
-                "api_key_env", "revision", "trust_remote_code", "image", "extra_args", "env", "checkpoint_group")
+                "api_key_env", "revision", "trust_remote_code", "image", "extra_args", "env", "checkpoint_group",
+                "netcheck_min_busbw_gbps", "netcheck_timeout_s")
 
 
 class ServiceData(BaseModel):
@@ -45,6 +46,9 @@ class ServiceData(BaseModel):
     env: dict[str, str] = {}
     # Hosts that copy the checkpoint from each other (one hub download per group); default: the pool.
     checkpoint_group: str | None = None
+    # Gate threshold on all_reduce busbw at the largest size; default: the hardware catalog's.
+    netcheck_min_busbw_gbps: float | None = None
+    netcheck_timeout_s: int = Field(120, ge=5)  # how long a rank waits for the others to join
 
 
 class HostData(BaseModel):
@@ -67,6 +71,11 @@ class HostData(BaseModel):
     model_source: str | None = None
     model_keep_revisions: int = Field(1, ge=0)  # older revisions kept for rollback beside the served one
     model_reverify: bool = False  # hash every file again instead of trusting the manifest's size + mtime
+    # The pool network: the gate and the engine units get the same settings.
+    fabric_address: str | None = None  # this host's address on the pool network (default: ssh_hostname)
+    nccl_socket_ifname: str | None = None
+    gloo_socket_ifname: str | None = None
+    nccl_ib_hca: str | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,8 @@ class ServicePlan:
     nnodes: int = 1
     head_address: str = ""
     checkpoint_group: str = ""
+    netcheck_min_busbw_gbps: float | None = None
+    netcheck_timeout_s: int = 120
 
     def at_commit(self, commit: str) -> "ServicePlan":
         """The same service pinned to a resolved 40-hex commit: its own model directory, so a new revision
@@ -147,6 +158,8 @@ class HostPlan:
     model_source: str | None = None
     model_keep_revisions: int = 1
     model_reverify: bool = False
+    fabric_address: str = ""
+    network_env: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -263,11 +276,19 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
         recipe=recipe, hardware=hw, gpus=gpus, served_name=svc.served_name or model.id, port=port,
         bind_address=svc.bind_address, api_key_env=svc.api_key_env, revision=svc.revision,
         trust_remote_code=trust, image=image, extra_args=tuple(svc.extra_args),
-        env={**recipe.env, **svc.env},
+        env={**recipe.env, **_network_env(host), **svc.env},
         model_dir=f"{host.model_root.rstrip('/')}/{model.id}/{revision_dir}",
         gpu_passthrough=host.gpu_passthrough, config_dir=host.config_dir.rstrip("/"),
         checkpoint_group=svc.checkpoint_group or svc.pool or _slug(name),
+        netcheck_min_busbw_gbps=svc.netcheck_min_busbw_gbps, netcheck_timeout_s=svc.netcheck_timeout_s,
     )
+
+
+def _network_env(host: HostData) -> dict[str, str]:
+    """NCCL/Gloo interface settings, for the gate's container and the engine's alike."""
+    names = {"NCCL_SOCKET_IFNAME": host.nccl_socket_ifname, "GLOO_SOCKET_IFNAME": host.gloo_socket_ifname,
+             "NCCL_IB_HCA": host.nccl_ib_hca}
+    return {key: value for key, value in names.items() if value}
 
 
 def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None = None) -> Resolved:
@@ -320,7 +341,8 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
                                    hf_endpoint=(host.hf_endpoint or os.environ.get("HF_ENDPOINT")
                                                 or "https://huggingface.co").rstrip("/"),
                                    model_source=host.model_source, model_keep_revisions=host.model_keep_revisions,
-                                   model_reverify=host.model_reverify)
+                                   model_reverify=host.model_reverify,
+                                   fabric_address=host.fabric_address or address, network_env=_network_env(host))
     pools = _resolve_pools(hosts, errors)
     return Resolved(hosts=_with_ranks(hosts, pools), pools=pools, errors=errors)
 
@@ -367,7 +389,7 @@ def _with_ranks(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan]) -> dict[
             pool = pools[svc.pool]
             head = hosts[pool.hosts[0]]
             services.append(replace(svc, node_rank=pool.hosts.index(name), nnodes=len(pool.hosts),
-                                     head_address=head.address))
+                                     head_address=head.fabric_address or head.address))
         out[name] = replace(plan, services=tuple(services))
     return out
 

@@ -1,11 +1,11 @@
-"""The stage pipeline, in DESIGN.md order. Later stages (os_base, gpu_driver, container_runtime, storage,
-netcheck) slot into PIPELINE without touching the others."""
+"""The stage pipeline, in DESIGN.md order. Later stages (os_base, gpu_driver, container_runtime, storage)
+slot into PIPELINE without touching the others."""
 
 from __future__ import annotations
 
-from modelfleet.stages import deployed_of, images, model, preflight, service, use_stages, verify
+from modelfleet.stages import deployed_of, images, model, netcheck, preflight, service, use_stages, verify
 
-PIPELINE = (model, images, service, verify)
+PIPELINE = (model, images, netcheck, service, verify)
 
 
 def serve(stages=PIPELINE) -> None:

@@ -25,6 +25,7 @@ BASE_IMAGE = "modelfleet-lab/base:bookworm-" + hashlib.sha256((LAB_DIR / "build-
 REGISTRY = "127.0.0.1:5000"
 PREFIX = "mflab-"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+TORCH = "torch==2.13.0"  # the CPU build pip installs on these machines (DESIGN.md 5)
 PERSONAS = {"h200x1": ("h200", 1), "b300x8-synthetic": ("b300", 8)}
 # The real images the lab's recipes name; the registry serves the engine double under each tag.
 ENGINE_IMAGES = ("vllm/vllm-openai:v0.34.0", "lmsysorg/sglang:v0.5.18", "ghcr.io/ggml-org/llama.cpp:server-cuda")
@@ -53,8 +54,15 @@ def ensure_images() -> None:
     # Progress to stderr: commands that print JSON on stdout (bench-*, demo) call this too.
     subprocess.run([str(LAB_DIR / "build-base.sh"), BASE_IMAGE], check=True, stdout=sys.stderr)
     local = "modelfleet-lab/engine-double:latest"
-    sh("docker", "build", "-q", "--build-arg", f"BASE={BASE_IMAGE}", "-t", local, str(LAB_DIR / "engine_double"),
-       capture=True)
+    # Build context: the double, and the PyTorch CPU wheels (for the netcheck gate) fetched once into .lab/.
+    wheels = STATE / "wheels"
+    if not list(wheels.glob("torch-*.whl")):
+        sh(sys.executable, "-m", "pip", "download", "-q", "-d", str(wheels), TORCH, capture=True)
+    context = STATE / "engine-build"
+    shutil.rmtree(context, ignore_errors=True)
+    shutil.copytree(LAB_DIR / "engine_double", context)
+    shutil.copytree(wheels, context / "wheels", copy_function=os.link)
+    sh("docker", "build", "-q", "--build-arg", f"BASE={BASE_IMAGE}", "-t", local, str(context), capture=True)
     for image in ENGINE_IMAGES:
         target = f"{REGISTRY}/{image}"
         sh("docker", "tag", local, target)

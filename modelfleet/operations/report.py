@@ -7,7 +7,8 @@ from pyinfra.api import FunctionCommand, operation
 
 
 def refuse(state, host, reasons: list[str]) -> bool:
-    """FunctionCommand body: log each reason against the host and fail."""
+    """FunctionCommand body: log each reason against the host and fail. (pyinfra passes `state` and `host`,
+    and uses the return value as the status, only when the function names both.)"""
     for reason in reasons:
         host.log_styled(f"refused: {reason}", fg="red", log_func=logger.error)
     return False

@@ -40,6 +40,20 @@ def wants(plan: HostPlan) -> dict:
     return {"paths": paths, "units": [svc.unit_name for svc in services]}
 
 
+def _edited(svc: ServicePlan, state: dict) -> dict[str, bool]:
+    at = state["paths"].get
+    return {path: content_changes(at(path), content, mode) for path, content, mode, _ in _files(svc)}
+
+
+def starts(plan: HostPlan, state: dict, pool: str) -> bool:
+    """Will this run (re)start the host's unit of `pool`? (What the netcheck gate must clear first.)"""
+    for svc in _services(plan):
+        if svc.pool == pool:
+            unit = state["units"].get(svc.unit_name) or {}
+            return any(_edited(svc, state).values()) or unit.get("ActiveState") != "active"
+    return False
+
+
 @deploy("modelfleet service")
 def run(deployed: dict | None = None):
     plan = host_plan()
@@ -52,7 +66,7 @@ def run(deployed: dict | None = None):
     for svc in services:
         files_, key = _files(svc), render.api_key(svc)
         directory(name=f"Model directory {svc.model_dir}", path=svc.model_dir, current=at(svc.model_dir))
-        edited = {path: content_changes(at(path), content, mode) for path, content, mode, _ in files_}
+        edited = _edited(svc, state)
         for path, content, mode, secret in files_:
             content_file(name=f"File {path} ({mode})", dest=path, content=content, current=at(path), mode=mode,
                          secret=secret)

@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""Collective bandwidth check for a serving pool, run inside the pool's serving image on every host at once.
+
+    python3 nccl_check.py --nnodes N --node-rank R --master-addr HEAD --master-port P [--local-procs G]
+                          [--backend nccl|gloo] [--ops all_reduce,all_gather,all_to_all]
+                          [--min-bytes 1M] [--max-bytes 16G] [--factor 2] [--warmup 5] [--iters 20]
+                          [--timeout 120]
+
+One process per local GPU (--local-procs, default: every visible GPU; gloo: 1); global rank =
+node_rank * local_procs + local_rank, rendezvous at the first host. For each op and message size: warm-up, then
+timed iterations (CUDA events on GPUs, wall clock on CPU), time = the slowest rank's mean, and nccl-tests'
+definitions: algbw = bytes / time; busbw = algbw x 2(n-1)/n for all_reduce, x (n-1)/n for all_gather and
+all_to_all. Results are checked (all_reduce of rank+1 must sum to n(n+1)/2; all_gather must hold every rank's
+value). Local rank 0 of each host prints one JSON document; the exit status is 0 only when every check passed.
+RCCL is reached through the `nccl` backend name on ROCm builds of PyTorch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import sys
+import time
+
+UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+              "all_to_all": lambda n: (n - 1) / n}
+
+
+def parse_bytes(text: str) -> int:
+    text = text.strip().upper().removesuffix("B")
+    return int(float(text[:-1]) * UNITS[text[-1]]) if text[-1:] in UNITS else int(text)
+
+
+def sizes(args) -> list[int]:
+    out, size = [], args.min_bytes
+    while size <= args.max_bytes:
+        out.append(size)
+        size = int(size * args.factor)
+    return out
+
+
+def fail(report: dict, message: str, code: int = 1):
+    report.update(ok=False, error=message)
+    print(json.dumps(report), flush=True)
+    sys.exit(code)
+
+
+def worker(local_rank: int, args) -> None:
+    import torch
+    import torch.distributed as dist
+
+    world = args.nnodes * args.local_procs
+    rank = args.node_rank * args.local_procs + local_rank
+    gpu = args.backend == "nccl"
+    report = {"ok": False, "host": socket.gethostname(), "node_rank": args.node_rank, "rank": rank,
+              "world_size": world, "backend": args.backend, "torch": torch.__version__,
+              "master": f"{args.master_addr}:{args.master_port}",
+              "interface": {k: os.environ[k] for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA")
+                            if k in os.environ}}
+    if gpu:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        report["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
+        report["device"] = torch.cuda.get_device_name(local_rank)
+    else:
+        device = torch.device("cpu")
+    try:
+        dist.init_process_group(args.backend, init_method=f"tcp://{args.master_addr}:{args.master_port}",
+                                rank=rank, world_size=world, timeout=datetime.timedelta(seconds=args.timeout),
+                                **({"device_id": device} if gpu else {}))
+    except Exception as error:  # a rank that never joins, or a rendezvous address nobody answers on
+        fail(report, f"rank {rank}: rendezvous at {args.master_addr}:{args.master_port} failed within "
+                     f"{args.timeout} s ({type(error).__name__}: {str(error).splitlines()[0][:300]}); a rank never "
+                     f"joined or the address/interface is wrong")
+    results = []
+    try:
+        for op in args.ops:
+            for nbytes in sizes(args):
+                results.append(measure(op, nbytes, world, rank, device, args, torch, dist))
+    except Exception as error:
+        fail(report, f"rank {rank}: {type(error).__name__}: {str(error).splitlines()[0][:300]}")
+    # Every rank's times reach every rank (a plain tensor all_gather: object collectives need numpy, which
+    # serving images need not carry); time is the slowest rank's, as the slowest rank gates the collective.
+    mine = torch.tensor([[r["time_us"], float(r["correct"])] for r in results], dtype=torch.float64, device=device)
+    gathered = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(gathered, mine)
+    dist.destroy_process_group()
+    if local_rank:
+        return
+    for i, r in enumerate(results):
+        r["time_us"] = round(max(float(g[i][0]) for g in gathered), 2)
+        r["correct"] = all(float(g[i][1]) == 1.0 for g in gathered)
+        r["algbw_gbs"] = round(r["bytes"] / (r["time_us"] / 1e6) / 1e9, 3)
+        r["busbw_gbs"] = round(r["algbw_gbs"] * BUS_FACTOR[r["op"]](world), 3)
+    wrong = [f"{r['op']} {r['bytes']} B" for r in results if not r["correct"]]
+    report.update(ok=not wrong, results=results,
+                  error=f"wrong results: {', '.join(wrong)}" if wrong else None)
+    print(json.dumps(report), flush=True)
+    if wrong:
+        sys.exit(1)
+
+
+def measure(op: str, nbytes: int, world: int, rank: int, device, args, torch, dist) -> dict:
+    """
+    One op at one message size, as nccl-tests counts `size`: the all_reduce / all_to_all buffer, and the
+    gathered (output) buffer of all_gather, each rank sending size / n of it.
+    """
+    count = max(world, nbytes // 4 // world * world)  # float32, divisible by the world size
+    send = count // world if op == "all_gather" else count
+    data = torch.full((send,), float(rank + 1), dtype=torch.float32, device=device)
+    if op == "all_reduce":
+        def run():
+            buf = data.clone() if check else data
+            dist.all_reduce(buf)
+            return buf
+    elif op == "all_gather":
+        out = torch.empty(count, dtype=torch.float32, device=device)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
+
+        def run():
+            gather(out, data)
+            return out
+    else:
+        out = torch.empty_like(data)
+
+        def run():
+            dist.all_to_all_single(out, data)
+            return out
+    check = True
+    result = run()
+    if op == "all_reduce":
+        correct = bool(torch.all(result == world * (world + 1) / 2))
+    elif op == "all_gather":
+        expected = torch.arange(1, world + 1, device=device, dtype=torch.float32).repeat_interleave(send)
+        correct = bool(torch.equal(result, expected))
+    else:
+        expected = torch.arange(1, world + 1, device=device, dtype=torch.float32).repeat_interleave(count // world)
+        correct = bool(torch.equal(result, expected))
+    check = False
+    for _ in range(args.warmup):
+        run()
+    gpu = device.type == "cuda"
+    if gpu:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(args.iters):
+            run()
+        end.record()
+        torch.cuda.synchronize()
+        elapsed_us = start.elapsed_time(end) * 1000 / args.iters
+    else:
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(args.iters):
+            run()
+        elapsed_us = (time.perf_counter() - t0) * 1e6 / args.iters
+    return {"op": op, "bytes": count * 4, "count": count, "time_us": round(elapsed_us, 2), "correct": correct}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nnodes", type=int, required=True)
+    parser.add_argument("--node-rank", type=int, required=True)
+    parser.add_argument("--master-addr", required=True)
+    parser.add_argument("--master-port", type=int, default=29511)
+    parser.add_argument("--local-procs", type=int, default=0)
+    parser.add_argument("--backend", choices=["nccl", "gloo"], default="nccl")
+    parser.add_argument("--ops", default="all_reduce,all_gather", type=lambda s: s.split(","))
+    parser.add_argument("--min-bytes", type=parse_bytes, default=parse_bytes("1M"))
+    parser.add_argument("--max-bytes", type=parse_bytes, default=parse_bytes("1G"))
+    parser.add_argument("--factor", type=float, default=2.0)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--timeout", type=int, default=120)
+    args = parser.parse_args()
+    unknown = sorted(set(args.ops) - set(BUS_FACTOR))
+    if unknown:
+        parser.error(f"unknown op(s) {unknown}; known: {sorted(BUS_FACTOR)}")
+    import torch
+
+    if args.backend == "nccl" and not torch.cuda.is_available():
+        fail({"host": socket.gethostname(), "backend": "nccl"}, "backend nccl needs GPUs: none is visible")
+    if not args.local_procs:
+        args.local_procs = torch.cuda.device_count() if args.backend == "nccl" else 1
+    if args.local_procs == 1:
+        worker(0, args)
+    else:
+        import torch.multiprocessing as mp
+
+        context = mp.start_processes(worker, args=(args,), nprocs=args.local_procs, join=False,
+                                     start_method="spawn")
+        try:
+            while not context.join():
+                pass
+        except mp.ProcessExitedException as error:
+            sys.exit(error.exit_code or 1)
+
+
+if __name__ == "__main__":
+    main()

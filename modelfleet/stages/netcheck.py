@@ -1,0 +1,171 @@
+"""Stage netcheck: the NCCL/RCCL/Gloo gate before a pool's engines start.
+
+files/nccl_check.py runs inside the pool's exact serving image on every host of the pool at once (one pyinfra
+operation: pyinfra runs it on all hosts concurrently), one process per local GPU, ranks from the pool's host
+order, rendezvous at the first host. The next operation compares every host's JSON with the threshold (the
+pool's `netcheck_min_busbw_gbps`, else the hardware catalog's) and fails every host of the pool if any host
+failed, so `service` starts nothing there. Pool report: reports/netcheck/<pool>.json.
+
+It runs when a unit of the pool is about to (re)start, or always when run on its own (deploys/netcheck.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import weakref
+import zlib
+from pathlib import Path
+
+from pyinfra import host, logger, state
+from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
+from pyinfra.context import ctx_state
+
+from modelfleet import REPO_ROOT
+from modelfleet.inventory import HostPlan, ServicePlan
+from modelfleet.operations.files import content_file, directory
+from modelfleet.stages import deployed_for_stage, deployed_of, host_plan, resolved, service
+from modelfleet.stages.images import pinned_image
+
+TOOLS = "/opt/modelfleet/bin"
+SCRIPT = f"{TOOLS}/nccl_check.py"
+REPORT_DIR = Path(os.environ.get("MODELFLEET_REPORTS", "reports")) / "netcheck"
+# Largest message of the sweep: nccl-tests' health checks read busbw at the top of -b 1M -e 16G on GPUs;
+# the lab's Gloo over loopback stops at 64M to stay quick on two cores.
+MAX_BYTES = {"nccl": "16G", "gloo": "64M"}
+_results: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # run -> pool -> host -> report
+
+
+def wants(plan: HostPlan) -> dict:
+    return {"paths": [TOOLS, SCRIPT]}
+
+
+def backend(svc: ServicePlan) -> str:
+    """NCCL on GPUs (RCCL answers to the same name on ROCm), Gloo where the containers get no GPU."""
+    return "nccl" if svc.gpu_passthrough and svc.hardware.vendor != "none" else "gloo"
+
+
+def _port(pool: str) -> int:
+    return 29400 + zlib.crc32(pool.encode()) % 500
+
+
+def check_command(svc: ServicePlan, image: str) -> str:
+    """The docker run that executes the check script (fed on stdin) inside the serving image."""
+    from modelfleet.render import gpu_flags
+
+    b = backend(svc)
+    argv = ["docker", "run", "--rm", "-i", "--network", "host", "--ipc=host", *gpu_flags(svc)]
+    for key, value in sorted(svc.env.items()):
+        if key.startswith(("NCCL_", "GLOO_")):
+            argv += ["-e", f"{key}={value}"]
+    argv += ["--entrypoint", "sh", image, "-c", 'cat > /tmp/nccl_check.py && exec python3 /tmp/nccl_check.py "$@"',
+             "nccl_check", "--nnodes", str(svc.nnodes), "--node-rank", str(svc.node_rank), "--master-addr",
+             svc.head_address, "--master-port", str(_port(svc.pool)), "--backend", b,
+             "--local-procs", str(svc.gpus if b == "nccl" else 1),
+             "--ops", "all_reduce,all_gather" + (",all_to_all" if svc.recipe.layout.ep else ""),
+             "--min-bytes", "1M", "--max-bytes", MAX_BYTES[b], "--timeout", str(svc.netcheck_timeout_s)]
+    return " ".join(shlex.quote(a) for a in argv) + f" < {shlex.quote(SCRIPT)}"
+
+
+def _run_check(state, host, pool: str, command: str) -> bool:
+    """FunctionCommand body: run the check on the host, keep its JSON for the gate operation."""
+    ok, output = host.run_shell_command(StringCommand(command), print_output=False, print_input=False)
+    report = None
+    for line in output.stdout_lines:
+        if line.startswith("{"):
+            try:
+                report = json.loads(line)
+            except ValueError:
+                pass
+    if report is None:
+        report = {"ok": False, "error": "no report: " + " | ".join(output.stderr_lines[-5:])[:600]}
+    report["exit_ok"] = ok
+    _results.setdefault(ctx_state.get(), {}).setdefault(pool, {})[host.name] = report
+    return True  # judged by the gate operation, over every host of the pool
+
+
+@operation(is_idempotent=False)
+def collective_check(pool: str, command: str, needed: bool):
+    if not needed:
+        host.noop(f"pool {pool}: no unit (re)starts, the gate is not needed")
+        return
+    yield FunctionCommand(_run_check, (pool, command), {})
+
+
+def threshold(svc: ServicePlan) -> float | None:
+    if svc.netcheck_min_busbw_gbps is not None:
+        return svc.netcheck_min_busbw_gbps
+    return svc.hardware.allreduce_busbw_gbps if svc.nnodes == 1 else None
+
+
+def judge(pool: str, members: list[str], reports: dict, minimum: float | None) -> dict:
+    """The pool's verdict from every host's report (pure)."""
+    problems, per_host = [], {}
+    for name in members:
+        report = reports.get(name)
+        if not report:
+            problems.append(f"{name}: no result (the check did not run there)")
+            continue
+        if not report.get("ok") or not report.get("exit_ok"):
+            problems.append(f"{name}: {report.get('error') or 'check failed'}")
+            continue
+        results = report["results"]
+        largest = max((r for r in results if r["op"] == "all_reduce"), key=lambda r: r["bytes"])
+        per_host[name] = {"busbw_gbps_at_largest": largest["busbw_gbs"], "bytes": largest["bytes"],
+                          "curve": [{k: r[k] for k in ("op", "bytes", "time_us", "algbw_gbs", "busbw_gbs")}
+                                    for r in results], "nccl_version": report.get("nccl_version"),
+                          "world_size": report.get("world_size")}
+        if minimum is not None and largest["busbw_gbs"] < minimum:
+            problems.append(f"{name}: all_reduce busbw {largest['busbw_gbs']} GB/s at {largest['bytes']} B "
+                            f"< {minimum} GB/s required")
+    return {"pool": pool, "hosts": members, "ok": not problems, "threshold_gbps": minimum,
+            "threshold_note": None if minimum is not None else "no threshold known: correctness only",
+            "problems": problems, "per_host": per_host}
+
+
+def _gate(state, host, pool: str, members: list[str], minimum: float | None, report_dir: str) -> bool:
+    verdict = judge(pool, members, _results.get(ctx_state.get(), {}).get(pool, {}), minimum)
+    if host.name == members[0]:
+        Path(report_dir).mkdir(parents=True, exist_ok=True)
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", pool)
+        (Path(report_dir) / f"{name}.json").write_text(json.dumps(verdict, indent=2) + "\n")
+    for problem in verdict["problems"]:
+        host.log_styled(f"netcheck {pool}: {problem}", fg="red", log_func=logger.error)
+    return verdict["ok"]
+
+
+@operation(is_idempotent=False)
+def gate_passed(pool: str, members: list[str], minimum: float | None, needed: bool, report_dir: str):
+    if not needed:
+        host.noop(f"pool {pool}: gate not needed")
+        return
+    yield FunctionCommand(_gate, (pool, members, minimum, report_dir), {})
+
+
+def _needed(svc: ServicePlan, alone: bool) -> bool:
+    if svc.nnodes * svc.gpus < 2:
+        return False  # one GPU: nothing to talk to
+    if alone or os.environ.get("MODELFLEET_NETCHECK") == "always":
+        return True
+    pool = resolved().pools[svc.pool]
+    return any(service.starts(resolved().hosts[name], deployed_of(state.inventory.get_host(name)), svc.pool)
+               for name in pool.hosts)
+
+
+@deploy("modelfleet netcheck")
+def run(deployed: dict | None = None, report_dir: Path | None = None):
+    plan = host_plan()
+    alone = deployed is None
+    mine = deployed or deployed_for_stage(__name__)
+    directory(name=f"Tools directory {TOOLS}", path=TOOLS, current=mine["paths"].get(TOOLS))
+    content_file(name=f"Check script {SCRIPT}", dest=SCRIPT, content=(REPO_ROOT / "files" / "nccl_check.py")
+                 .read_text(), current=mine["paths"].get(SCRIPT), mode="0755")
+    for svc in plan.services:
+        needed = _needed(svc, alone)
+        pool = resolved().pools[svc.pool]
+        collective_check(name=f"Collective check for pool {svc.pool} ({backend(svc)})", pool=svc.pool,
+                         command=check_command(svc, pinned_image(svc)), needed=needed)
+        gate_passed(name=f"Gate for pool {svc.pool}", pool=svc.pool, members=list(pool.hosts),
+                    minimum=threshold(svc), needed=needed, report_dir=str(report_dir or REPORT_DIR))

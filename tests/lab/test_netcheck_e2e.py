@@ -1,0 +1,50 @@
+"""The netcheck gate on a two-host lab pool: the check script runs inside the serving image (the engine double
+carries PyTorch CPU) with Gloo over the hosts' loopback addresses, on both hosts at once."""
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+
+def gate(tmp_path, **env):
+    full = {**os.environ, "MODELFLEET_LAB_GATE_HOSTS": "2", "MODELFLEET_REPORTS": str(tmp_path), **env}
+    run = subprocess.run(["pyinfra", "-y", "inventories/lab.py", "deploys/netcheck.py"], env=full,
+                         capture_output=True, text=True, timeout=600)
+    report = json.loads((tmp_path / "netcheck" / "gate.json").read_text())
+    return run, report
+
+
+def test_two_host_pool_passes_with_busbw_per_size_per_host(lab_hosts, tmp_path):
+    run, report = gate(tmp_path)
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert report["ok"] and report["hosts"] == [lab_hosts[0]["name"], lab_hosts[1]["name"]]
+    for name, result in report["per_host"].items():
+        sizes = [c["bytes"] for c in result["curve"] if c["op"] == "all_reduce"]
+        assert sizes[0] == 1 << 20 and sizes[-1] == 64 << 20 and len(sizes) == 7
+        assert result["world_size"] == 2 and result["busbw_gbps_at_largest"] > report["threshold_gbps"]
+        for c in result["curve"]:
+            factor = 1.0 if c["op"] == "all_reduce" else 0.5  # 2(n-1)/n and (n-1)/n at n = 2
+            assert c["busbw_gbs"] == pytest.approx(c["algbw_gbs"] * factor, abs=0.002)
+
+
+def test_threshold_above_what_the_lab_reaches_fails_with_the_figures(lab_hosts, tmp_path):
+    run, report = gate(tmp_path, MODELFLEET_LAB_GATE_MIN_BUSBW="1000")
+    assert run.returncode != 0 and not report["ok"]
+    assert len(report["problems"]) == 2
+    assert all("GB/s at 67108864 B < 1000.0 GB/s required" in p for p in report["problems"])
+    assert "< 1000.0 GB/s required" in run.stdout + run.stderr
+
+
+def test_a_host_on_a_wrong_interface_fails_the_whole_pool_within_the_timeout(lab_hosts, tmp_path):
+    start = time.monotonic()
+    run, report = gate(tmp_path, MODELFLEET_LAB_GATE_BAD_IFNAME="1")
+    assert run.returncode != 0 and not report["ok"]
+    assert time.monotonic() - start < 15 + 45
+    joined = " ".join(report["problems"])
+    assert lab_hosts[1]["name"] in joined and lab_hosts[0]["name"] in joined  # both hosts are refused
+    assert "mflab-no-such-if0" in joined or "rendezvous" in joined
