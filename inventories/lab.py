@@ -19,8 +19,8 @@ _bind_address = os.environ.get("MODELFLEET_LAB_BIND_ADDRESS")  # e.g. 0.0.0.0, t
 # The hub double is gated by the token `lab up` made; pyinfra's process reads it like a user's HF_TOKEN.
 if _lab.get("hub"):
     os.environ.setdefault("MODELFLEET_LAB_HF_TOKEN", Path(_lab["hub"]["token_file"]).read_text().strip())
-# MODELFLEET_LAB_GATE_HOSTS=2: the first two hosts form one two-node pool (recipe tiny-lab-vllm-dp2) for the
-# netcheck gate, whose Gloo traffic stays on loopback; MODELFLEET_LAB_GATE_MIN_BUSBW sets its threshold.
+# MODELFLEET_LAB_GATE_HOSTS=2 (or 3): the first hosts form one multi-node data-parallel pool (recipe
+# tiny-lab-vllm-dp2 / -dp3) for the netcheck gate and the multi-node units, whose Gloo traffic stays on loopback; MODELFLEET_LAB_GATE_MIN_BUSBW sets its threshold.
 _gate_hosts = int(os.environ.get("MODELFLEET_LAB_GATE_HOSTS", "0"))
 _gate_min = float(os.environ.get("MODELFLEET_LAB_GATE_MIN_BUSBW", "0.01"))
 # Fault switch: MODELFLEET_LAB_GATE_BAD_IFNAME=1 gives the second gate host an interface that does not exist.
@@ -32,9 +32,10 @@ _checkpoint_group = os.environ.get("MODELFLEET_LAB_CHECKPOINT_GROUP", "lab")
 
 def _pool(index: int, spec: dict) -> dict:
     if index < _gate_hosts:
-        return {"pool": "gate", "recipe": "tiny-lab-vllm-dp2", "engine": "vllm", "netcheck_min_busbw_gbps": _gate_min,
+        return {"pool": "gate", "recipe": f"tiny-lab-vllm-dp{_gate_hosts}", "engine": "vllm", "port": 8100, "netcheck_min_busbw_gbps": _gate_min,
                 "netcheck_timeout_s": 15, **_gate_faults.get(index, {})}
-    return {"pool": f"tiny-{spec['name']}", "engine": spec["engine"]}
+    return {"pool": f"tiny-{spec['name']}", "engine": spec["engine"],
+            "recipe": f"tiny-lab-{spec['engine'].replace('.', '')}"}
 
 
 lab_hosts = [

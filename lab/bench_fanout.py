@@ -13,8 +13,8 @@ import subprocess
 import sys
 import time
 
-from modelfleet.lab import hub, ssh
 from modelfleet import lab
+from modelfleet.lab import hub, ssh
 
 ROOT = "/srv/models-fanout"
 REVISION = "bench-64m"

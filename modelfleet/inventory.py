@@ -365,6 +365,11 @@ def _resolve_pools(hosts: dict[str, HostPlan], errors: list) -> dict[str, PoolPl
                 errors.append((where, fld.removesuffix("_name"), f"{label}: {', '.join(values)}"))
         layout = head.recipe.layout
         pool_gpus = sum(s.gpus for s in pool.services)
+        if layout.nodes > 1 and head.engine_name == "llama.cpp":
+            errors.append((where, "engine", "llama.cpp has no multi-node mode: use vllm or sglang for "
+                           f"{layout.nodes} nodes"))
+        if layout.nodes > 1 and layout.dp > 1 and layout.dp % layout.nodes:
+            errors.append((where, "recipe", f"dp {layout.dp} does not split evenly over {layout.nodes} nodes"))
         if len(pool.hosts) != layout.nodes:
             errors.append((where, "hosts", f"recipe {head.recipe.id} needs {layout.nodes} node(s), pool has "
                            f"{len(pool.hosts)}"))

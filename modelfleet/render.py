@@ -16,6 +16,9 @@ CONTAINER_SECRETS = "/run/modelfleet/secrets.yaml"
 START_LIMIT_INTERVAL_S = 600
 START_LIMIT_BURST = 3
 MASK = "********"
+# Multi-node rendezvous ports (on the head's fabric address): vLLM's DP coordinator, torch.distributed's master.
+DP_RPC_PORT = 13345
+MASTER_PORT = 29500
 
 _env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO_ROOT / "templates"), keep_trailing_newline=True,
                           trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
@@ -30,10 +33,34 @@ def engine_argv(svc: ServicePlan) -> list[str]:
     argv = [a.format(model_path=model_path) for a in engine.argv]
     argv += [engine.served_name_flag, svc.served_name, engine.host_flag, svc.bind_address,
              engine.port_flag, str(svc.port)]
-    argv += list(svc.recipe.args) + list(svc.extra_args)
+    argv += list(svc.recipe.args) + multinode_args(svc) + list(svc.extra_args)
     if svc.api_key_env and engine.api_key_config_file:
         argv += ["--config", CONTAINER_SECRETS]
     return argv
+
+
+def multinode_args(svc: ServicePlan) -> list[str]:
+    """
+    The engine's own multi-node flags, from the pool's ranks (the first host is the head, rank 0).
+    vLLM data parallel (+ expert parallel): each node runs its DP ranks, workers `--headless` from
+    `--data-parallel-start-rank`; vLLM TP/PP across nodes: `--nnodes/--node-rank/--master-addr`, workers
+    `--headless`; SGLang: `--nnodes/--node-rank/--dist-init-addr`.
+    """
+    if svc.nnodes == 1:
+        return []
+    layout = svc.recipe.layout
+    if svc.engine_name == "sglang":
+        return ["--nnodes", str(svc.nnodes), "--node-rank", str(svc.node_rank),
+                "--dist-init-addr", f"{svc.head_address}:{MASTER_PORT}"]
+    if layout.dp > 1:
+        local = layout.dp // svc.nnodes
+        args = ["--data-parallel-size", str(layout.dp), "--data-parallel-size-local", str(local),
+                "--data-parallel-address", svc.head_address, "--data-parallel-rpc-port", str(DP_RPC_PORT)]
+        return args + (["--headless", "--data-parallel-start-rank", str(svc.node_rank * local)]
+                       if svc.node_rank else [])
+    args = ["--nnodes", str(svc.nnodes), "--node-rank", str(svc.node_rank), "--master-addr", svc.head_address,
+            "--master-port", str(MASTER_PORT)]
+    return args + (["--headless"] if svc.node_rank else [])
 
 
 def gpu_flags(svc: ServicePlan) -> list[str]:

@@ -317,7 +317,15 @@ def main() -> None:
     engine = engine_name()
     if engine not in FLAGS:
         sys.exit(f"engine double: unknown engine {engine!r} (invoke as vllm, sglang or llama-server)")
-    eng = Engine(engine, parse_args(engine, sys.argv[1:]))
+    args = parse_args(engine, sys.argv[1:])
+    if args.get("--headless"):
+        # A vLLM headless worker serves no HTTP: it joins the head's data-parallel / torch.distributed group.
+        print(f"INFO: {engine} double: headless worker (node rank {args.get('--node-rank', '-')}, DP start rank "
+              f"{args.get('--data-parallel-start-rank', '-')}) joined {args.get('--data-parallel-address') or args.get('--master-addr')}",
+              flush=True)
+        while True:
+            time.sleep(3600)
+    eng = Engine(engine, args)
     Handler.eng = eng
     server = ThreadingHTTPServer((eng.host, eng.port), Handler)
     print(f"INFO: {engine} double serving {eng.served} on http://{eng.host}:{eng.port} "

@@ -28,6 +28,24 @@ def readiness_script(unit: str, base_url: str, served_name: str, timeout_s: int,
     )
 
 
+def worker_script(unit: str, settle_s: int = 10) -> str:
+    """A headless worker has no endpoint: it must come up and stay up while the head judges readiness."""
+    journal = f"journalctl -u {shlex.quote(unit)} -n {JOURNAL_LINES} --no-pager"
+    return (
+        f"for i in $(seq {settle_s}); do "
+        f"if systemctl is-failed --quiet {shlex.quote(unit)}; then "
+        f"echo 'modelfleet: worker {unit} failed' >&2; {journal} >&2; exit 1; fi; sleep 1; done; "
+        f"systemctl is-active --quiet {shlex.quote(unit)} || {{ echo 'modelfleet: worker {unit} is not active' >&2; "
+        f"{journal} >&2; exit 1; }}"
+    )
+
+
+@operation(is_idempotent=False)
+def worker_up(unit: str):
+    """A pool worker's unit started and stayed up (a unit failing on any node fails the pool)."""
+    yield StringCommand("sh", "-c", shlex.quote(worker_script(unit)))
+
+
 @operation(is_idempotent=False)
 def wait_ready(unit: str, base_url: str, served_name: str, timeout_s: int, auth_file: str | None = None):
     """Poll the engine on the host itself (the endpoint is loopback-bound by default)."""

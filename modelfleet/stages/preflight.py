@@ -47,9 +47,6 @@ def evaluate(plan: HostPlan, probe: dict) -> dict:
     disk_needed = 0.0
     for svc in plan.services:
         reasons = []
-        if svc.nnodes > 1:
-            # Until the multi-node launch exists, a unit per tray would start a wrong TP layout: refuse.
-            reasons.append(f"pool spans {svc.nnodes} nodes: multi-node launch is not built yet")
         cap = plan_capacity(svc.model, hw, gpus=svc.gpus, nodes=svc.nnodes, recipe=svc.recipe)
         if hw.vendor != "none" and not cap.fits:
             reasons.append(f"planner: {cap.reason}")

@@ -9,7 +9,7 @@ from pyinfra.api import deploy
 from modelfleet import render
 from modelfleet.inventory import HostPlan, ServicePlan
 from modelfleet.operations.files import content_changes, content_file, directory
-from modelfleet.operations.service import unit_running, wait_ready
+from modelfleet.operations.service import unit_running, wait_ready, worker_up
 from modelfleet.stages import deployed_for_stage, host_plan
 from modelfleet.stages.images import pinned_image
 from modelfleet.stages.model import pinned_revision
@@ -77,7 +77,10 @@ def run(deployed: dict | None = None):
         unit = state["units"].get(svc.unit_name) or {}
         unit_running(name=f"Run {svc.unit_name}", unit=svc.unit_name, current=unit,
                      reload=edited[f"{UNIT_DIR}/{svc.unit_name}"], restart=any(edited.values()))
-        if any(edited.values()) or unit.get("ActiveState") != "active":
+        if (any(edited.values()) or unit.get("ActiveState") != "active") and svc.node_rank:
+            worker_up(name=f"Worker {svc.unit_name} (rank {svc.node_rank} of pool {svc.pool}) stays up",
+                      unit=svc.unit_name)
+        elif any(edited.values()) or unit.get("ActiveState") != "active":
             wait_ready(name=f"Wait until {svc.served_name} answers at {svc.base_url}", unit=svc.unit_name,
                        base_url=svc.base_url, served_name=svc.served_name, timeout_s=svc.recipe.ready_timeout_s,
                        auth_file=svc.auth_file if key else None)

@@ -141,10 +141,3 @@ def test_preflight_on_recorded_h200_accepts_small_model_and_refuses_kimi():
     verdicts = {a["model"]: a for a in report["assessed"]}
     assert not verdicts["kimi-k3.1-pro"]["fits"] and "1x h200" in verdicts["kimi-k3.1-pro"]["reason"]
     assert verdicts["qwen3-8b"]["fits"]
-
-
-def test_preflight_refuses_multi_node_pools_until_their_launch_exists():
-    data = {"hardware": "gb300", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": PIN, "pool": "g"}
-    plan = resolve([("t1", data), ("t2", data)]).hosts["t1"]
-    report = preflight.evaluate(plan, HostProbe().process(b300_probe()))
-    assert any("multi-node launch is not built yet" in p for p in report["problems"])

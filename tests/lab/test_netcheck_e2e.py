@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from modelfleet.lab import ssh
+
 pytestmark = pytest.mark.lab
 
 
@@ -23,7 +25,7 @@ def test_two_host_pool_passes_with_busbw_per_size_per_host(lab_hosts, tmp_path):
     run, report = gate(tmp_path)
     assert run.returncode == 0, run.stdout[-3000:]
     assert report["ok"] and report["hosts"] == [lab_hosts[0]["name"], lab_hosts[1]["name"]]
-    for name, result in report["per_host"].items():
+    for result in report["per_host"].values():
         sizes = [c["bytes"] for c in result["curve"] if c["op"] == "all_reduce"]
         assert sizes[0] == 1 << 20 and sizes[-1] == 64 << 20 and len(sizes) == 7
         assert result["world_size"] == 2 and result["busbw_gbps_at_largest"] > report["threshold_gbps"]
@@ -48,3 +50,36 @@ def test_a_host_on_a_wrong_interface_fails_the_whole_pool_within_the_timeout(lab
     joined = " ".join(report["problems"])
     assert lab_hosts[1]["name"] in joined and lab_hosts[0]["name"] in joined  # both hosts are refused
     assert "mflab-no-such-if0" in joined or "rendezvous" in joined
+
+
+def serve(tmp_path, gate_hosts: str):
+    env = {**os.environ, "MODELFLEET_LAB_GATE_HOSTS": gate_hosts, "MODELFLEET_REPORTS": str(tmp_path)}
+    return subprocess.run(["pyinfra", "-y", "inventories/lab.py", "deploys/serve.py"], env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+def unit_of(spec):
+    return ssh(spec, "cat /etc/systemd/system/modelfleet-gate.service").stdout
+
+
+def test_pool_launches_multi_node_after_the_gate_then_grows_to_three_hosts(lab_hosts, tmp_path):
+    run = serve(tmp_path, "2")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert json.loads((tmp_path / "netcheck" / "gate.json").read_text())["ok"]
+    head, worker = unit_of(lab_hosts[0]), unit_of(lab_hosts[1])
+    assert "--data-parallel-size 2" in head and "--headless" not in head
+    assert "--data-parallel-start-rank 1" in worker and "--headless" in worker
+    assert f"--data-parallel-address {lab_hosts[0]['address']}" in worker
+    for spec in lab_hosts[:2]:
+        assert ssh(spec, "systemctl is-active modelfleet-gate.service").stdout.strip() == "active"
+    assert json.loads((tmp_path / "verify" / f"{lab_hosts[0]['name']}_gate.json").read_text())["ok"]
+
+    grown = serve(tmp_path, "3")  # the third host joins the pool in the inventory
+    assert grown.returncode == 0, grown.stdout[-3000:] + grown.stderr[-2000:]
+    report = json.loads((tmp_path / "netcheck" / "gate.json").read_text())
+    assert report["ok"] and report["hosts"] == [s["name"] for s in lab_hosts]
+    assert all(v["world_size"] == 3 for v in report["per_host"].values())
+    assert "--data-parallel-size 3" in unit_of(lab_hosts[0])
+    assert "--data-parallel-start-rank 2" in unit_of(lab_hosts[2])
+    for spec in lab_hosts:
+        assert ssh(spec, "systemctl is-active modelfleet-gate.service").stdout.strip() == "active"

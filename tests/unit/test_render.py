@@ -76,3 +76,33 @@ def test_plan_cli_refuses_and_accepts():
     accept = subprocess.run([sys.executable, "-m", "modelfleet.cli", "plan", "--model", "kimi-k3.1-pro",
                              "--hardware", "b300", "--gpus", "8", "--json"], capture_output=True, text=True)
     assert accept.returncode == 0 and '"fits": true' in accept.stdout
+
+
+def _pool(data, hosts=("t1", "t2")):
+    resolved = resolve([(h, {**data, "ssh_hostname": f"10.0.0.{i + 1}"}) for i, h in enumerate(hosts)])
+    assert not resolved.errors, resolved.errors
+    return [resolved.hosts[h].services[0] for h in hosts]
+
+
+def test_vllm_tp_across_two_trays_gets_nnodes_and_a_headless_worker():
+    head, worker = _pool({"hardware": "gb300", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": "e" * 40,
+                          "pool": "k31"})
+    h, w = " ".join(render.engine_argv(head)), " ".join(render.engine_argv(worker))
+    assert "--nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29500" in h and "--headless" not in h
+    assert "--nnodes 2 --node-rank 1 --master-addr 10.0.0.1 --master-port 29500 --headless" in w
+
+
+def test_vllm_data_parallel_pool_gets_start_ranks():
+    head, worker = _pool({"hardware": "lab-cpu", "model": "tiny-lab", "engine": "vllm",
+                          "recipe": "tiny-lab-vllm-dp2", "pool": "dp"})
+    h, w = " ".join(render.engine_argv(head)), " ".join(render.engine_argv(worker))
+    common = "--data-parallel-size 2 --data-parallel-size-local 1 --data-parallel-address 10.0.0.1"
+    assert common in h and "--headless" not in h
+    assert common in w and "--headless --data-parallel-start-rank 1" in w
+
+
+def test_llama_cpp_cannot_span_nodes():
+    data = {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "llama.cpp", "recipe": "tiny-lab-vllm-dp2",
+            "pool": "dp"}
+    resolved = resolve([("t1", data), ("t2", data)])
+    assert any(field == "engine" or field == "recipe" for _, field, _ in resolved.errors), resolved.errors
