@@ -54,6 +54,8 @@ lab_hosts = [
         "hf_endpoint": _lab["hub"]["endpoint"] if _lab.get("hub") else None,
         "model_root": os.environ.get("MODELFLEET_LAB_MODEL_ROOT") or spec["model_root"],
         "checkpoint_group": _checkpoint_group,
+        # MODELFLEET_LAB_NVME=1: the host's first loop device (lab up --disks) stands in for its NVMe drive.
+        "nvme_devices": spec.get("disks", [])[:1] if os.environ.get("MODELFLEET_LAB_NVME") else [],
         "revision": os.environ.get("MODELFLEET_LAB_REVISION") or None,
         "model_keep_revisions": int(os.environ.get("MODELFLEET_LAB_KEEP_REVISIONS", "1")),
         "model": "tiny-lab",

@@ -205,12 +205,15 @@ def lab() -> None:
 @click.option("--hosts", type=int, default=3, show_default=True)
 @click.option("--persona", "personas", multiple=True, type=click.Choice(["h200x1", "b300x8-synthetic"]),
               help="GPU persona per host, repeated round-robin (default h200x1).")
-def lab_up(hosts: int, personas: tuple[str, ...]) -> None:
+@click.option("--disks", type=int, default=0, show_default=True,
+              help="Loop devices per new host, standing in for NVMe drives (512 MiB sparse images).")
+def lab_up(hosts: int, personas: tuple[str, ...], disks: int) -> None:
     """Start HOSTS lab hosts (idempotent: running ones are kept)."""
     from modelfleet import lab as labmod
 
-    specs = labmod.up(hosts, list(personas) or None)
-    click.echo(json.dumps([{k: s[k] for k in ("name", "address", "persona", "engine")} for s in specs], indent=2))
+    specs = labmod.up(hosts, list(personas) or None, disks)
+    click.echo(json.dumps([{k: s[k] for k in ("name", "address", "persona", "engine", "disks")} for s in specs],
+                          indent=2))
 
 
 @lab.command("down")

@@ -13,7 +13,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -71,6 +71,12 @@ class HostData(BaseModel):
     model_source: str | None = None
     model_keep_revisions: int = Field(1, ge=0)  # older revisions kept for rollback beside the served one
     model_reverify: bool = False  # hash every file again instead of trusting the manifest's size + mtime
+    # NVMe for model_root: device paths, or ["auto"] for every blank NVMe disk; several become one RAID0.
+    nvme_devices: list[str] = []
+    model_filesystem: Literal["xfs", "ext4"] = "xfs"
+    # Devices that hold a partition table, filesystem or RAID metadata are never formatted, unless their
+    # serial number is listed here.
+    format_allow_serials: list[str] = []
     # The pool network: the gate and the engine units get the same settings.
     fabric_address: str | None = None  # this host's address on the pool network (default: ssh_hostname)
     nccl_socket_ifname: str | None = None
@@ -160,6 +166,9 @@ class HostPlan:
     model_reverify: bool = False
     fabric_address: str = ""
     network_env: dict = field(default_factory=dict)
+    nvme_devices: tuple[str, ...] = ()
+    model_filesystem: str = "xfs"
+    format_allow_serials: tuple[str, ...] = ()
 
 
 @dataclass
@@ -342,7 +351,9 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
                                                 or "https://huggingface.co").rstrip("/"),
                                    model_source=host.model_source, model_keep_revisions=host.model_keep_revisions,
                                    model_reverify=host.model_reverify,
-                                   fabric_address=host.fabric_address or address, network_env=_network_env(host))
+                                   fabric_address=host.fabric_address or address, network_env=_network_env(host),
+                                   nvme_devices=tuple(host.nvme_devices), model_filesystem=host.model_filesystem,
+                                   format_allow_serials=tuple(host.format_allow_serials))
     pools = _resolve_pools(hosts, errors)
     return Resolved(hosts=_with_ranks(hosts, pools), pools=pools, errors=errors)
 

@@ -1,11 +1,21 @@
-"""The stage pipeline, in DESIGN.md order. Later stages (os_base, gpu_driver, container_runtime, storage)
-slot into PIPELINE without touching the others."""
+"""The stage pipeline, in DESIGN.md order. The GPU-stack stages (os_base, gpu_driver, container_runtime) are not
+built yet; they slot in before storage without touching the others."""
 
 from __future__ import annotations
 
-from modelfleet.stages import deployed_of, images, model, netcheck, preflight, service, use_stages, verify
+from modelfleet.stages import (
+    deployed_of,
+    images,
+    model,
+    netcheck,
+    preflight,
+    service,
+    storage,
+    use_stages,
+    verify,
+)
 
-PIPELINE = (model, images, netcheck, service, verify)
+PIPELINE = (storage, model, images, netcheck, service, verify)
 
 
 def serve(stages=PIPELINE) -> None:

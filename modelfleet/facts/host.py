@@ -9,10 +9,11 @@ from pyinfra.api import FactBase
 
 
 class BlockDevices(FactBase):
-    """`lsblk -J -b`: every block device with size in bytes, mountpoint, filesystem, model, serial."""
+    """`lsblk -J -b`: every block device (partitions as children) with size in bytes, mountpoint, filesystem,
+    partition table, label, UUID, model, transport and serial."""
 
     def command(self) -> str:
-        return "lsblk -J -b -o NAME,PATH,SIZE,TYPE,MOUNTPOINT,FSTYPE,MODEL,TRAN,ROTA,SERIAL"
+        return "lsblk -J -b -o NAME,PATH,SIZE,TYPE,MOUNTPOINT,FSTYPE,PTTYPE,LABEL,UUID,MODEL,TRAN,ROTA,SERIAL"
 
     def process(self, output):
         return json.loads("\n".join(output)).get("blockdevices", [])

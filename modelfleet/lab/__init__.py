@@ -124,6 +124,8 @@ def start_host(spec: dict) -> None:
             "-e", "container=docker", "--label", "modelfleet-lab=host"]
     for mount in mounts:
         argv += ["-v", mount]
+    for disk in spec.get("disks", []):
+        argv += ["--device", disk]
     sh(*argv, BASE_IMAGE, "/sbin/init", capture=True)
 
 
@@ -137,7 +139,28 @@ def wait_ssh(spec: dict, timeout_s: float = 60) -> None:
     raise RuntimeError(f"{spec['name']}: sshd did not answer on {spec['address']}:22\n{logs.stdout}{logs.stderr}")
 
 
-def up(hosts: int = 3, personas: list[str] | None = None) -> list[dict]:
+DISK_SIZE = "512M"  # sparse; XFS wants at least 300 MB
+
+
+def _disks(spec: dict, count: int) -> list[str]:
+    """Loop devices standing in for NVMe drives: sparse image files under the host's lab folder."""
+    paths = []
+    for i in range(count):
+        image = Path(spec["home"]) / f"disk-{i}.img"
+        if not image.exists():
+            sh("truncate", "-s", DISK_SIZE, str(image))
+        attached = sh("losetup", "-j", str(image), capture=True).stdout.split(":")[0]
+        paths.append(attached or sh("losetup", "--find", "--show", str(image), capture=True).stdout.strip())
+    return paths
+
+
+def _detach_disks() -> None:
+    for image in (STATE / "hosts").glob("*/disk-*.img"):
+        for line in sh("losetup", "-j", str(image), capture=True, check=False).stdout.splitlines():
+            sh("losetup", "-d", line.split(":")[0], check=False, capture=True)
+
+
+def up(hosts: int = 3, personas: list[str] | None = None, disks: int = 0) -> list[dict]:
     _keys()
     ensure_registry()
     ensure_images()
@@ -148,6 +171,7 @@ def up(hosts: int = 3, personas: list[str] | None = None) -> list[dict]:
     for i in range(1, hosts + 1):
         spec = _host_files(i, personas[(i - 1) % len(personas)])
         spec["engine"] = ENGINES[(i - 1) % len(ENGINES)]
+        spec["disks"] = _disks(spec, disks)
         exists = sh("docker", "container", "inspect", spec["name"], check=False, capture=True).returncode == 0
         if not exists:
             start_host(spec)
@@ -186,6 +210,7 @@ def down() -> dict:
     if engines or hosts:
         sh("docker", "rm", "-f", *engines, *hosts, capture=True)
     services = daemons.stop_all(STATE)
+    _detach_disks()
     shutil.rmtree(STATE / "hosts", ignore_errors=True)
     (STATE / "hosts.json").unlink(missing_ok=True)
     return {"removed_hosts": len(hosts), "removed_engines": len(engines), "stopped_services": services}

@@ -18,7 +18,7 @@ def lab_hosts():
     if not dockerd_answers():
         pytest.skip("the lab needs a running dockerd (see .ci/run)")
     lab.down()
-    specs = lab.up(3)
+    specs = lab.up(3, disks=1)  # one loop device per host, standing in for an NVMe drive
     yield specs
     pids = [p.read_text() for p in lab.STATE.glob("*.pid")]
     lab.down()
@@ -31,3 +31,5 @@ def lab_hosts():
     assert not agents.strip(), agents
     mounts = open("/proc/mounts").read()
     assert str(lab.STATE / "hosts") not in mounts
+    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    assert str(lab.STATE) not in loops, loops

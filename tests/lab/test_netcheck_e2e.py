@@ -42,14 +42,20 @@ def test_threshold_above_what_the_lab_reaches_fails_with_the_figures(lab_hosts, 
     assert "< 1000.0 GB/s required" in run.stdout + run.stderr
 
 
-def test_a_host_on_a_wrong_interface_fails_the_whole_pool_within_the_timeout(lab_hosts, tmp_path):
+def test_a_host_on_a_wrong_interface_fails_the_pool_and_no_unit_starts(lab_hosts, tmp_path):
+    env = {**os.environ, "MODELFLEET_LAB_GATE_HOSTS": "2", "MODELFLEET_REPORTS": str(tmp_path),
+           "MODELFLEET_LAB_GATE_BAD_IFNAME": "1"}
     start = time.monotonic()
-    run, report = gate(tmp_path, MODELFLEET_LAB_GATE_BAD_IFNAME="1")
+    run = subprocess.run(["pyinfra", "-y", "inventories/lab.py", "deploys/serve.py"], env=env,
+                         capture_output=True, text=True, timeout=600)
+    report = json.loads((tmp_path / "netcheck" / "gate.json").read_text())
     assert run.returncode != 0 and not report["ok"]
-    assert time.monotonic() - start < 15 + 45
+    assert time.monotonic() - start < 15 + 60
     joined = " ".join(report["problems"])
     assert lab_hosts[1]["name"] in joined and lab_hosts[0]["name"] in joined  # both hosts are refused
     assert "mflab-no-such-if0" in joined or "rendezvous" in joined
+    for spec in lab_hosts[:2]:  # serve.py stopped before the service stage on every host of the pool
+        assert ssh(spec, "test -e /etc/systemd/system/modelfleet-gate.service || echo none").stdout.strip() == "none"
 
 
 def serve(tmp_path, gate_hosts: str):

@@ -1,0 +1,136 @@
+"""Stage storage: NVMe for model_root. The inventory's `nvme_devices` (paths, or ["auto"] for every blank NVMe
+disk) become one filesystem (several: an mdadm RAID0 first), XFS by default, mounted at model_root by UUID
+through fstab with noatime.
+
+Safety: a device holding a partition table, a filesystem, RAID metadata or a mount is never formatted unless
+its serial number is in `format_allow_serials`; the host is refused, naming the device, before anything is
+touched. A filesystem this stage made (its label) is kept and re-mounted, never re-made. Hosts without
+`nvme_devices` are left alone (model_root on the existing filesystem).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra import host
+from pyinfra.api import StringCommand, deploy, operation
+
+from modelfleet.facts.host import BlockDevices
+from modelfleet.inventory import HostPlan
+from modelfleet.operations.files import directory
+from modelfleet.operations.report import fail_host
+from modelfleet.stages import deployed_for_stage, host_plan
+
+LABEL = "mf-models"  # at most 12 characters for XFS
+RAID = "/dev/md/modelfleet"
+
+
+def wants(plan: HostPlan) -> dict:
+    return {"paths": [plan.model_root]} if plan.nvme_devices else {}
+
+
+def _flatten(devices: list[dict]) -> dict[str, dict]:
+    out = {}
+    for dev in devices:
+        out[dev["path"]] = dev
+        out.update(_flatten(dev.get("children") or []))
+    return out
+
+
+def holds_data(dev: dict) -> str | None:
+    """What is on the device that formatting would destroy, or None when it is blank."""
+    if dev.get("children"):
+        kinds = ", ".join(sorted({c.get("type") or "?" for c in dev["children"]}))
+        return f"{len(dev['children'])} child device(s) ({kinds})"
+    if dev.get("pttype"):
+        return f"a {dev['pttype']} partition table"
+    if dev.get("fstype") == "linux_raid_member":
+        return "RAID metadata (linux_raid_member)"
+    if dev.get("fstype"):
+        return f"a {dev['fstype']} filesystem" + (f" labelled {dev['label']}" if dev.get("label") else "")
+    if dev.get("mountpoint"):
+        return f"a mount at {dev['mountpoint']}"
+    return None
+
+
+def plan_devices(plan: HostPlan, devices: list[dict]) -> tuple[list[dict], list[str]]:
+    """(target devices, refusals). Pure: the rules above, on lsblk's view of the host."""
+    flat = _flatten(devices)
+    if list(plan.nvme_devices) == ["auto"]:
+        targets = [d for d in devices if d.get("type") == "disk" and (d.get("tran") == "nvme" or
+                   d["name"].startswith("nvme")) and (not holds_data(d) or _ours(d, plan))]
+    else:
+        missing = [p for p in plan.nvme_devices if p not in flat]
+        if missing:
+            return [], [f"storage: nvme_devices {', '.join(missing)} not found on the host"]
+        targets = [flat[p] for p in plan.nvme_devices]
+    refusals = []
+    for dev in targets:
+        what = holds_data(dev)
+        if what and not _ours(dev, plan) and dev.get("serial") not in plan.format_allow_serials:
+            refusals.append(f"storage: {dev['path']} (serial {dev.get('serial') or 'none'}) holds {what}; refusing to "
+                            f"format it. List its serial in format_allow_serials to allow that")
+    if not targets and not refusals:
+        refusals.append("storage: no blank NVMe disk found for nvme_devices: [auto]")
+    return targets, refusals
+
+
+def _ours(dev: dict, plan: HostPlan) -> bool:
+    return dev.get("fstype") == plan.model_filesystem and dev.get("label") == LABEL
+
+
+@operation()
+def raid0_assembled(members: list[str], present: bool):
+    if present or len(members) < 2:
+        host.noop("no RAID0 to assemble")
+        return
+    yield StringCommand("mdadm", "--create", RAID, "--run", "--level=0", f"--raid-devices={len(members)}",
+                        *map(shlex.quote, members))
+    yield StringCommand("sh", "-c", shlex.quote(f"mdadm --detail --scan | grep -F {RAID} >> /etc/mdadm/mdadm.conf"))
+
+
+@operation()
+def filesystem_made(device: str, filesystem: str, ours: bool, overwrite: bool):
+    if ours:
+        host.noop(f"{device} already carries the {filesystem} filesystem labelled {LABEL}")
+        return
+    force = ["-f"] if overwrite and filesystem == "xfs" else (["-F"] if overwrite else [])
+    yield StringCommand(f"mkfs.{filesystem}", "-q", *force, "-L", LABEL, shlex.quote(device))
+
+
+@operation()
+def mounted_by_uuid(device: str, mount: str, filesystem: str, mounted_at: str | None):
+    if mounted_at == mount:
+        host.noop(f"{device} is mounted at {mount}")
+        return
+    script = (f"uuid=$(blkid -s UUID -o value {shlex.quote(device)}) && [ -n \"$uuid\" ] && "
+              f"mkdir -p {shlex.quote(mount)} && "
+              f"(grep -q \"^UUID=$uuid \" /etc/fstab || "
+              f"echo \"UUID=$uuid {mount} {filesystem} noatime,nofail 0 2\" >> /etc/fstab) && "
+              f"(mountpoint -q {shlex.quote(mount)} || mount {shlex.quote(mount)})")
+    yield StringCommand("sh", "-c", shlex.quote(script))
+
+
+@deploy("modelfleet storage")
+def run(deployed: dict | None = None):
+    plan = host_plan()
+    if not plan.nvme_devices:
+        return
+    state = deployed or deployed_for_stage(__name__)
+    devices = host.get_fact(BlockDevices)  # only hosts with nvme_devices pay this round trip
+    targets, refusals = plan_devices(plan, devices)
+    if refusals:
+        fail_host(name="Storage: refuse to format devices that hold data", reasons=refusals)
+        return
+    flat = _flatten(devices)
+    raid = flat.get(RAID) or next((d for d in flat.values() if d.get("type") == "raid0"), None)
+    device = targets[0]["path"] if len(targets) == 1 else RAID
+    target = targets[0] if len(targets) == 1 else (raid or {})
+    raid0_assembled(name=f"RAID0 of {len(targets)} NVMe device(s)", members=[t["path"] for t in targets],
+                    present=bool(raid))
+    filesystem_made(name=f"{plan.model_filesystem} on {device}", device=device, filesystem=plan.model_filesystem,
+                    ours=_ours(target, plan), overwrite=any(holds_data(t) for t in targets))
+    mounted_by_uuid(name=f"Mount {device} at {plan.model_root} (fstab, UUID, noatime)", device=device,
+                    mount=plan.model_root, filesystem=plan.model_filesystem, mounted_at=target.get("mountpoint"))
+    directory(name=f"Model root {plan.model_root}", path=plan.model_root,
+              current=state["paths"].get(plan.model_root) if target.get("mountpoint") == plan.model_root else None)
