@@ -1,4 +1,5 @@
-"""modelfleet command line: validate, plan, render, verify, bench, cost (and the lab)."""
+"""modelfleet command line: validate, plan, render, verify, bench, cost, status, logs, tunnel, prometheus
+(and the lab)."""
 
 from __future__ import annotations
 
@@ -194,6 +195,100 @@ def cost(runs: tuple[str, ...], as_json: bool) -> None:
     text = "\n".join(f"{r['label']:<16} ${r['cost_per_successful_task_usd']} per task "
                      f"({r['successful_tasks']} tasks, total ${r['total_usd']}: {r['basis']})" for r in rows)
     _emit(rows, as_json, text)
+
+
+def _plans(inventory: str, hosts: tuple[str, ...]):
+    result = _resolved_or_exit(inventory)
+    unknown = sorted(set(hosts) - set(result.hosts))
+    if unknown:
+        raise click.UsageError(f"no host {', '.join(unknown)} in {inventory} (hosts: {', '.join(sorted(result.hosts))})")
+    return [plan for name, plan in result.hosts.items() if not hosts or name in hosts]
+
+
+@main.command()
+@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
+@click.option("--host", "hosts", multiple=True, help="Only these hosts.")
+@click.option("--json", "as_json", is_flag=True)
+def status(inventory: str, hosts: tuple[str, ...], as_json: bool) -> None:
+    """Per host: unit state, image, model revision, endpoint health, restarts, GPUs (concurrently, over SSH)."""
+    from modelfleet import fleet
+
+    rows = fleet.status(_plans(inventory, hosts))
+    _emit(rows, as_json, fleet.status_table(rows))
+    sys.exit(0 if all(r["reachable"] for r in rows) else 1)
+
+
+@main.command()
+@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
+@click.argument("hosts", nargs=-1)
+@click.option("-n", "--lines", type=int, default=50, show_default=True)
+@click.option("-f", "--follow", is_flag=True, help="Keep following (Ctrl-C to stop).")
+def logs(inventory: str, hosts: tuple[str, ...], lines: int, follow: bool) -> None:
+    """The engine units' journal from HOSTS (default: all), each line prefixed by its host."""
+    from modelfleet import fleet
+
+    try:
+        fleet.logs(_plans(inventory, hosts), lines, follow)
+    except KeyboardInterrupt:
+        pass
+
+
+@main.command()
+@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
+@click.argument("host")
+@click.option("--pool", help="Which of the host's services (default: its first).")
+@click.option("--local-port", type=int, help="Local port (default: the endpoint's own port).")
+def tunnel(inventory: str, host: str, pool: str | None, local_port: int | None) -> None:
+    """Forward a local port to HOST's loopback-bound endpoint (ssh -N -L) and print the base_url to use."""
+    import time
+
+    from modelfleet import fleet
+    from modelfleet.checks.tunnel import port_free
+
+    [plan] = _plans(inventory, (host,))
+    services = [s for s in plan.services if pool in (None, s.pool)]
+    if not services:
+        raise click.UsageError(f"{host} serves no pool {pool!r}")
+    svc = services[0]
+    port = local_port or svc.port
+    if not port_free(port):
+        raise click.UsageError(f"local port {port} is already in use: choose another with --local-port")
+    conn, forwarding = fleet.tunnel(plan, svc, port)
+    with forwarding as bound:
+        click.echo(json.dumps({"host": host, "pool": svc.pool, "model": svc.served_name,
+                               "base_url": f"http://127.0.0.1:{bound}/v1",
+                               "remote": f"{svc.bind_address}:{svc.port}"}), nl=True)
+        sys.stdout.flush()
+        try:
+            while conn.is_connected:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+    conn.close()
+
+
+@main.command()
+@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
+@click.option("--dcgm", is_flag=True, help="Scrape a DCGM exporter on every NVIDIA host (:9400).")
+@click.option("--node-exporter", is_flag=True, help="Scrape a node exporter on every host (:9100).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write here instead of stdout.")
+def prometheus(inventory: str, dcgm: bool, node_exporter: bool, output: str | None) -> None:
+    """A Prometheus scrape configuration for the fleet, labelled by pool, host and model."""
+    import yaml
+
+    from modelfleet.prometheus import loopback_targets, scrape_config
+
+    result = _resolved_or_exit(inventory)
+    text = yaml.safe_dump(scrape_config(result, dcgm, node_exporter), sort_keys=False)
+    if output:
+        with open(output, "w") as f:
+            f.write(text)
+    else:
+        click.echo(text, nl=False)
+    unreachable = loopback_targets(result)
+    if unreachable:
+        click.echo(f"note: {len(unreachable)} engine(s) listen on their host's loopback ({', '.join(unreachable)}):"
+                   " scrape them from an agent on that host, or bind them to the pool network", err=True)
 
 
 @main.group()

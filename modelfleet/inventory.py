@@ -59,6 +59,9 @@ class HostData(BaseModel):
     gpu_count: int | None = None
     ssh_hostname: str | None = None
     ssh_port: int = 22
+    ssh_user: str | None = None
+    ssh_key: str | None = None
+    ssh_known_hosts_file: str | None = None
     model_root: str = "/srv/models"
     config_dir: str = "/etc/modelfleet"  # env and secret files (0700 directory, 0600 files)
     hf_token_env: str = "HF_TOKEN"
@@ -169,6 +172,11 @@ class HostPlan:
     nvme_devices: tuple[str, ...] = ()
     model_filesystem: str = "xfs"
     format_allow_serials: tuple[str, ...] = ()
+    # pyinfra's SSH settings, for the client commands (status, logs, tunnel) that reach hosts without pyinfra
+    ssh_port: int = 22
+    ssh_user: str | None = None
+    ssh_key: str | None = None
+    ssh_known_hosts_file: str | None = None
 
 
 @dataclass
@@ -353,7 +361,9 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
                                    model_reverify=host.model_reverify,
                                    fabric_address=host.fabric_address or address, network_env=_network_env(host),
                                    nvme_devices=tuple(host.nvme_devices), model_filesystem=host.model_filesystem,
-                                   format_allow_serials=tuple(host.format_allow_serials))
+                                   format_allow_serials=tuple(host.format_allow_serials), ssh_port=host.ssh_port,
+                                   ssh_user=host.ssh_user, ssh_key=host.ssh_key,
+                                   ssh_known_hosts_file=host.ssh_known_hosts_file)
     pools = _resolve_pools(hosts, errors)
     return Resolved(hosts=_with_ranks(hosts, pools), pools=pools, errors=errors)
 

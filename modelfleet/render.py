@@ -32,7 +32,7 @@ def engine_argv(svc: ServicePlan) -> list[str]:
         model_path = f"{CONTAINER_MODEL_DIR}/{svc.recipe.model_file}"
     argv = [a.format(model_path=model_path) for a in engine.argv]
     argv += [engine.served_name_flag, svc.served_name, engine.host_flag, svc.bind_address,
-             engine.port_flag, str(svc.port)]
+             engine.port_flag, str(svc.port), *engine.metrics_args]
     argv += list(svc.recipe.args) + multinode_args(svc) + list(svc.extra_args)
     if svc.api_key_env and engine.api_key_config_file:
         argv += ["--config", CONTAINER_SECRETS]

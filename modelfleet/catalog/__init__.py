@@ -60,6 +60,7 @@ class Engine(_Strict):
     api_key_env: str | None = None
     api_key_config_file: bool = False
     default_port: int
+    metrics_args: list[str] = []  # what turns /metrics on (vLLM serves it by default)
 
 
 class Layout(_Strict):

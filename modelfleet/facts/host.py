@@ -10,13 +10,39 @@ from pyinfra.api import FactBase
 
 class BlockDevices(FactBase):
     """`lsblk -J -b`: every block device (partitions as children) with size in bytes, mountpoint, filesystem,
-    partition table, label, UUID, model, transport and serial."""
+    partition table, label, UUID, model, transport and serial. lsblk takes filesystem fields from udev, which
+    containers and minimal hosts lack; `blkid` (probing the devices) fills those in."""
+
+    MARK = "@@modelfleet-blkid"
 
     def command(self) -> str:
-        return "lsblk -J -b -o NAME,PATH,SIZE,TYPE,MOUNTPOINT,FSTYPE,PTTYPE,LABEL,UUID,MODEL,TRAN,ROTA,SERIAL"
+        return ("lsblk -J -b -o NAME,PATH,SIZE,TYPE,MOUNTPOINT,FSTYPE,PTTYPE,LABEL,UUID,MODEL,TRAN,ROTA,SERIAL; "
+                f"echo '{self.MARK}'; blkid -o export 2>/dev/null || true")
 
     def process(self, output):
-        return json.loads("\n".join(output)).get("blockdevices", [])
+        lines = list(output)
+        cut = lines.index(self.MARK) if self.MARK in lines else len(lines)
+        devices = json.loads("\n".join(lines[:cut])).get("blockdevices", [])
+        probed: dict[str, dict] = {}
+        current: dict = {}
+        for line in lines[cut + 1:]:
+            key, _, value = line.partition("=")
+            if key == "DEVNAME":
+                current = probed.setdefault(value, {})
+            elif key in ("TYPE", "LABEL", "UUID", "PTTYPE"):
+                current[key] = value
+        fields = {"fstype": "TYPE", "label": "LABEL", "uuid": "UUID", "pttype": "PTTYPE"}
+
+        def fill(devs):
+            for dev in devs:
+                found = probed.get(dev.get("path") or f"/dev/{dev['name']}", {})
+                for field, key in fields.items():
+                    if not dev.get(field) and found.get(key):
+                        dev[field] = found[key]
+                fill(dev.get("children") or [])
+
+        fill(devices)
+        return devices
 
 
 class DiskFree(FactBase):

@@ -1,0 +1,175 @@
+"""Day-two reads over SSH with fabric: fleet status, engine logs, and a tunnel to a loopback-bound endpoint.
+
+fabric rather than pyinfra: these are queries that return data (a table, a stream of lines, a forwarded port),
+not a converge, and pyinfra would print its converge UI around them; a fabric Connection per host, run from
+parallel threads, hands back each host's result (and an unreachable host as an error, not an abort).
+Connections use the inventory's own SSH settings (ssh_hostname, ssh_port, ssh_user, ssh_key,
+ssh_known_hosts_file); with a known_hosts file, an unknown host key is refused, not added.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import threading
+
+import paramiko
+from fabric import Connection
+
+from modelfleet.inventory import HostPlan, ServicePlan
+
+MARK = "@@modelfleet-status"
+
+
+def connect(plan: HostPlan) -> Connection:
+    kwargs = {"key_filename": plan.ssh_key} if plan.ssh_key else {}
+    conn = Connection(plan.address, user=plan.ssh_user, port=plan.ssh_port, connect_kwargs=kwargs,
+                      connect_timeout=15)
+    if plan.ssh_known_hosts_file:
+        conn.client.load_host_keys(plan.ssh_known_hosts_file)
+        conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    return conn
+
+
+def status_script(plan: HostPlan) -> str:
+    """One round trip per host: every unit's state, its container's image, model revision, health, GPUs."""
+    parts = []
+    for svc in plan.services:
+        unit, container = shlex.quote(svc.unit_name), shlex.quote(svc.container_name)
+        parent = shlex.quote(svc.model_dir.rsplit("/", 1)[0])
+        health = shlex.quote(f"{svc.base_url}/health") if svc.node_rank == 0 else ""
+        parts.append(
+            f"echo '{MARK} service {svc.pool}'; "
+            f"systemctl show -p ActiveState -p SubState -p NRestarts -p ExecMainStartTimestamp -- {unit}; "
+            f"echo \"image=$(docker inspect --format '{{{{.Config.Image}}}}' {container} 2>/dev/null)\"; "
+            f"echo \"image_id=$(docker inspect --format '{{{{.Image}}}}' {container} 2>/dev/null)\"; "
+            f"echo \"revision=$(readlink {parent}/current)\"; "
+            + (f"echo \"health=$(curl -s -o /dev/null -m 5 -w '%{{http_code}}' {health})\"; " if health else "")
+        )
+    parts.append(f"echo '{MARK} gpus'; nvidia-smi --query-gpu=index,memory.used,memory.total "
+                 "--format=csv,noheader,nounits 2>/dev/null || true")
+    return " ".join(parts)
+
+
+def parse_status(output: str) -> dict:
+    result: dict = {"services": {}, "gpus": []}
+    section = None
+    for line in output.splitlines():
+        if line.startswith(MARK):
+            words = line[len(MARK):].split()
+            section = words[1] if words[0] == "service" else "gpus"
+            if section != "gpus":
+                result["services"][section] = {}
+        elif section == "gpus":
+            cells = [c.strip() for c in line.split(",")]
+            if len(cells) == 3 and all(c.isdigit() for c in cells):
+                result["gpus"].append({"index": int(cells[0]), "memory_used_mib": int(cells[1]),
+                                       "memory_total_mib": int(cells[2])})
+        elif section and "=" in line:
+            key, _, value = line.partition("=")
+            result["services"][section][key] = value or None
+    return result
+
+
+def status(plans: list[HostPlan]) -> list[dict]:
+    """Every host at once; a host that cannot be reached is reported as such, not skipped."""
+    conns = {plan.name: connect(plan) for plan in plans}
+    scripts = {plan.name: status_script(plan) for plan in plans}
+    rows = []
+    results: dict[str, object] = {}
+
+    def one(name: str) -> None:
+        try:
+            results[name] = conns[name].run(scripts[name], hide=True, warn=True, in_stream=False)
+        except Exception as error:  # unreachable, auth refused, host key unknown
+            results[name] = error
+
+    threads = [threading.Thread(target=one, args=(name,)) for name in conns]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for plan in plans:
+        outcome = results[plan.name]
+        if isinstance(outcome, Exception):
+            rows.append({"host": plan.name, "reachable": False, "error": f"{type(outcome).__name__}: {outcome}"})
+            continue
+        parsed = parse_status(outcome.stdout)
+        services = []
+        for svc in plan.services:
+            got = parsed["services"].get(svc.pool, {})
+            services.append({"pool": svc.pool, "unit": svc.unit_name, "rank": svc.node_rank,
+                             "state": f"{got.get('ActiveState')}/{got.get('SubState')}",
+                             "restarts": int(got["NRestarts"]) if (got.get("NRestarts") or "").isdigit() else None,
+                             "started": got.get("ExecMainStartTimestamp"), "image": got.get("image"),
+                             "image_id": got.get("image_id"), "revision": got.get("revision"),
+                             "endpoint": svc.base_url if svc.node_rank == 0 else None,
+                             "health": got.get("health")})
+        rows.append({"host": plan.name, "reachable": True, "services": services, "gpus": parsed["gpus"]})
+    for conn in conns.values():
+        conn.close()
+    return rows
+
+
+def status_table(rows: list[dict]) -> str:
+    lines = [f"{'HOST':<14} {'POOL':<16} {'STATE':<18} {'HEALTH':<6} {'RESTARTS':<8} {'REVISION':<12} IMAGE"]
+    for row in rows:
+        if not row["reachable"]:
+            lines.append(f"{row['host']:<14} unreachable: {row['error']}")
+            continue
+        for s in row["services"]:
+            lines.append(f"{row['host']:<14} {s['pool']:<16} {s['state']:<18} {s['health'] or '-':<6} "
+                         f"{s['restarts'] if s['restarts'] is not None else '-':<8} "
+                         f"{(s['revision'] or '-')[:12]:<12} {s['image'] or '-'}")
+    return "\n".join(lines)
+
+
+class _Prefixed:
+    """A stream that writes each complete line with the host's name in front."""
+
+    def __init__(self, prefix: str, sink, lock: threading.Lock):
+        self.prefix, self.sink, self.lock, self.buffer = prefix, sink, lock, ""
+
+    def write(self, text: str) -> None:
+        self.buffer += text
+        while "\n" in self.buffer:
+            line, self.buffer = self.buffer.split("\n", 1)
+            with self.lock:
+                self.sink.write(f"{self.prefix} {line}\n")
+                self.sink.flush()
+
+    def flush(self) -> None:
+        pass
+
+
+def journal_command(svc: ServicePlan, lines: int, follow: bool) -> str:
+    return (f"journalctl -u {shlex.quote(svc.unit_name)} -n {int(lines)} --no-pager -o short-iso"
+            + (" -f" if follow else ""))
+
+
+def logs(plans: list[HostPlan], lines: int = 50, follow: bool = False, sink=sys.stdout) -> None:
+    """Each host's engine journal, lines prefixed `[host]`; with follow, until interrupted."""
+    lock = threading.Lock()
+    threads = []
+    for plan in plans:
+        conn = connect(plan)
+        for svc in plan.services:
+            command = journal_command(svc, lines, follow)
+            out = _Prefixed(f"[{plan.name}]", sink, lock)
+            threads.append(threading.Thread(target=conn.run, args=(command,), daemon=True,
+                                            kwargs={"out_stream": out, "err_stream": out, "warn": True,
+                                                    "in_stream": False, "hide": False}))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def tunnel(plan: HostPlan, svc: ServicePlan, local_port: int):
+    """Yield the local base URL of `ssh -N -L local_port:bind_address:port host`, until the context ends."""
+    from modelfleet.checks.tunnel import forward
+
+    conn = connect(plan)
+    conn.open()
+    return conn, forward(conn.transport, svc.bind_address, svc.port, local_port)
+

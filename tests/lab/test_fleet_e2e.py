@@ -1,0 +1,95 @@
+"""Day-two commands against the lab over real SSH (fabric): status, logs, tunnel; and the Prometheus config."""
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+import yaml
+from openai import OpenAI
+
+from modelfleet.lab import ssh
+
+pytestmark = pytest.mark.lab
+ENV = {**os.environ, "MODELFLEET_LAB_API_KEY_ENV": ""}
+
+
+@pytest.fixture(scope="module")
+def served(lab_hosts):
+    run = subprocess.run(["pyinfra", "-y", "inventories/lab.py", "deploys/serve.py"], env=ENV,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:]
+    return lab_hosts
+
+
+def test_status_reports_every_host_in_one_table_and_json(served):
+    run = subprocess.run(["modelfleet", "status", "inventories/lab.py", "--json"], env=ENV, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = json.loads(run.stdout)
+    assert [r["host"] for r in rows] == [s["name"] for s in served]
+    for row in rows:
+        [svc] = row["services"]
+        assert svc["state"] == "active/running" and svc["health"] == "200"
+        assert "@sha256:" in svc["image"] and len(svc["revision"]) == 40 and svc["restarts"] == 0
+    table = subprocess.run(["modelfleet", "status", "inventories/lab.py"], env=ENV, capture_output=True,
+                           text=True, timeout=120).stdout
+    assert table.splitlines()[0].split()[:3] == ["HOST", "POOL", "STATE"] and len(table.splitlines()) == 4
+
+
+def test_status_names_an_unreachable_host(served):
+    ssh(served[2], "systemctl stop ssh.socket ssh.service 2>/dev/null; systemctl stop ssh")
+    try:
+        run = subprocess.run(["modelfleet", "status", "inventories/lab.py", "--json"], env=ENV,
+                             capture_output=True, text=True, timeout=120)
+        rows = {r["host"]: r for r in json.loads(run.stdout)}
+        assert run.returncode == 1 and not rows[served[2]["name"]]["reachable"]
+        assert rows[served[0]["name"]]["reachable"]
+    finally:
+        subprocess.run(["docker", "exec", served[2]["name"], "systemctl", "start", "ssh"], capture_output=True)
+        time.sleep(1)
+
+
+def test_logs_prefix_every_line_with_its_host(served):
+    run = subprocess.run(["modelfleet", "logs", "inventories/lab.py", served[0]["name"], served[1]["name"], "-n",
+                          "5"], env=ENV, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    lines = [line for line in run.stdout.splitlines() if line]
+    prefixes = {line.split(" ", 1)[0] for line in lines}
+    assert prefixes == {f"[{served[0]['name']}]", f"[{served[1]['name']}]"}
+    assert any("double serving tiny-lab" in line or "INFO" in line for line in lines)
+
+
+def test_tunnel_forwards_a_local_port_to_the_endpoint_and_refuses_a_busy_one(served):
+    spec = served[0]
+    proc = subprocess.Popen(["modelfleet", "tunnel", "inventories/lab.py", spec["name"], "--local-port", "18777"],
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        info = json.loads(proc.stdout.readline())
+        assert info["base_url"] == "http://127.0.0.1:18777/v1"
+        models = OpenAI(base_url=info["base_url"], api_key="none").models.list()
+        assert [m.id for m in models.data] == ["tiny-lab"]
+        busy = subprocess.run(["modelfleet", "tunnel", "inventories/lab.py", spec["name"], "--local-port", "18777"],
+                              env=ENV, capture_output=True, text=True, timeout=60)
+        assert busy.returncode == 2 and "local port 18777 is already in use" in busy.stderr
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_prometheus_config_labels_every_engine(served, tmp_path):
+    out = tmp_path / "prometheus.yml"
+    run = subprocess.run(["modelfleet", "prometheus", "inventories/lab.py", "--node-exporter", "-o", str(out)],
+                         env=ENV, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    config = yaml.safe_load(out.read_text())
+    engines = config["scrape_configs"][0]["static_configs"]
+    assert {e["labels"]["host"] for e in engines} == {s["name"] for s in served}
+    for entry in engines:  # the targets answer with the engines' metric names
+        import urllib.request
+
+        text = urllib.request.urlopen(f"http://{entry['targets'][0]}/metrics", timeout=5).read().decode()
+        prefix = {"vllm": "vllm:", "sglang": "sglang:", "llama.cpp": "llamacpp:"}[entry["labels"]["engine"]]
+        assert prefix in text
+    assert config["scrape_configs"][1]["job_name"] == "modelfleet-node"
