@@ -3,6 +3,8 @@
 fabric rather than pyinfra: these are queries that return data (a table, a stream of lines, a forwarded port),
 not a converge, and pyinfra would print its converge UI around them; a fabric Connection per host, run from
 parallel threads, hands back each host's result (and an unreachable host as an error, not an abort).
+Commands go through the connection's paramiko channels (`exec`), not fabric's `run`: loading an inventory
+imports pyinfra's CLI, which monkey-patches with gevent, and invoke's runner behind `run` hangs under that.
 Connections use the inventory's own SSH settings (ssh_hostname, ssh_port, ssh_user, ssh_key,
 ssh_known_hosts_file); with a known_hosts file, an unknown host key is refused, not added.
 """
@@ -29,6 +31,14 @@ def connect(plan: HostPlan) -> Connection:
         conn.client.load_host_keys(plan.ssh_known_hosts_file)
         conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
     return conn
+
+
+def execute(conn: Connection, command: str) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of one command over the connection's SSH transport."""
+    conn.open()
+    _, stdout, stderr = conn.client.exec_command(command)
+    out, err = stdout.read().decode(errors="replace"), stderr.read().decode(errors="replace")
+    return stdout.channel.recv_exit_status(), out, err
 
 
 def status_script(plan: HostPlan) -> str:
@@ -80,7 +90,7 @@ def status(plans: list[HostPlan]) -> list[dict]:
 
     def one(name: str) -> None:
         try:
-            results[name] = conns[name].run(scripts[name], hide=True, warn=True, in_stream=False)
+            results[name] = execute(conns[name], scripts[name])
         except Exception as error:  # unreachable, auth refused, host key unknown
             results[name] = error
 
@@ -94,7 +104,7 @@ def status(plans: list[HostPlan]) -> list[dict]:
         if isinstance(outcome, Exception):
             rows.append({"host": plan.name, "reachable": False, "error": f"{type(outcome).__name__}: {outcome}"})
             continue
-        parsed = parse_status(outcome.stdout)
+        parsed = parse_status(outcome[1])
         services = []
         for svc in plan.services:
             got = parsed["services"].get(svc.pool, {})
@@ -124,24 +134,6 @@ def status_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-class _Prefixed:
-    """A stream that writes each complete line with the host's name in front."""
-
-    def __init__(self, prefix: str, sink, lock: threading.Lock):
-        self.prefix, self.sink, self.lock, self.buffer = prefix, sink, lock, ""
-
-    def write(self, text: str) -> None:
-        self.buffer += text
-        while "\n" in self.buffer:
-            line, self.buffer = self.buffer.split("\n", 1)
-            with self.lock:
-                self.sink.write(f"{self.prefix} {line}\n")
-                self.sink.flush()
-
-    def flush(self) -> None:
-        pass
-
-
 def journal_command(svc: ServicePlan, lines: int, follow: bool) -> str:
     return (f"journalctl -u {shlex.quote(svc.unit_name)} -n {int(lines)} --no-pager -o short-iso"
             + (" -f" if follow else ""))
@@ -150,15 +142,24 @@ def journal_command(svc: ServicePlan, lines: int, follow: bool) -> str:
 def logs(plans: list[HostPlan], lines: int = 50, follow: bool = False, sink=sys.stdout) -> None:
     """Each host's engine journal, lines prefixed `[host]`; with follow, until interrupted."""
     lock = threading.Lock()
-    threads = []
-    for plan in plans:
+
+    def stream(plan: HostPlan, command: str) -> None:
         conn = connect(plan)
-        for svc in plan.services:
-            command = journal_command(svc, lines, follow)
-            out = _Prefixed(f"[{plan.name}]", sink, lock)
-            threads.append(threading.Thread(target=conn.run, args=(command,), daemon=True,
-                                            kwargs={"out_stream": out, "err_stream": out, "warn": True,
-                                                    "in_stream": False, "hide": False}))
+        try:
+            conn.open()
+            _, stdout, _ = conn.client.exec_command(command + " 2>&1")
+            for line in stdout:
+                with lock:
+                    sink.write(f"[{plan.name}] {line.rstrip()}\n")
+                    sink.flush()
+        except Exception as error:  # one host's failure is reported, the others go on
+            with lock:
+                sink.write(f"[{plan.name}] modelfleet: {type(error).__name__}: {error}\n")
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=stream, args=(plan, journal_command(svc, lines, follow)), daemon=True)
+               for plan in plans for svc in plan.services]
     for t in threads:
         t.start()
     for t in threads:
