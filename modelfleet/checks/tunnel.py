@@ -28,7 +28,9 @@ def _pump(source, sink) -> None:
 
 
 def port_free(port: int, address: str = "127.0.0.1") -> bool:
+    """Nothing listens there (connections of a closed tunnel lingering in TIME_WAIT do not count)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((address, port))
             return True

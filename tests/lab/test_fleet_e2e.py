@@ -66,7 +66,11 @@ def test_tunnel_forwards_a_local_port_to_the_endpoint_and_refuses_a_busy_one(ser
     proc = subprocess.Popen(["modelfleet", "tunnel", "inventories/lab.py", spec["name"], "--local-port", "18777"],
                             env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        info = json.loads(proc.stdout.readline())
+        line = proc.stdout.readline()
+        if not line:
+            proc.wait(timeout=10)
+            pytest.fail(f"tunnel printed nothing (exit {proc.returncode}): {proc.stderr.read()[-2000:]}")
+        info = json.loads(line)
         assert info["base_url"] == "http://127.0.0.1:18777/v1"
         models = OpenAI(base_url=info["base_url"], api_key="none").models.list()
         assert [m.id for m in models.data] == ["tiny-lab"]
