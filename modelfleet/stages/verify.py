@@ -36,7 +36,7 @@ def _tunnel(remote_host: str, remote_port: int):
 
 
 def _failures(report: dict) -> list[str]:
-    out = []
+    out = [f"bench: {flag}" for flag in (report.get("bench") or {}).get("regressions", [])]
     for part in ("readiness", "smoke", "tool_probe"):
         result = report.get(part) or {}
         if not result.get("ok"):
@@ -44,9 +44,14 @@ def _failures(report: dict) -> list[str]:
     return out
 
 
+BENCH = {"concurrencies": [1, 4], "num_prompts": 16, "input_len": 128, "output_len": 64}
+
+
 @operation(is_idempotent=False)
-def endpoint_verified(ep: Endpoint, tunnel: tuple[str, int] | None, ready_timeout_s: float, report_dir: Path):
-    """Runs the checks only while executing (after the service stage): a pass changes nothing."""
+def endpoint_verified(ep: Endpoint, tunnel: tuple[str, int] | None, ready_timeout_s: float, report_dir: Path,
+                      with_bench: bool = False):
+    """Runs the checks only while executing (after the service stage): a pass changes nothing. With
+    `with_bench` (host data verify_bench), a short bench follows and a regression fails the gate."""
     if not state.is_executing:
         host.noop(f"{ep.name} is verified after the service stage")
         return
@@ -56,6 +61,12 @@ def endpoint_verified(ep: Endpoint, tunnel: tuple[str, int] | None, ready_timeou
         target = replace(ep, base_url=f"http://127.0.0.1:{port}") if tunnel else ep
         report = {**verify(target, ready_timeout_s), "endpoint": ep.name, "base_url": ep.openai_base_url,
                   "via_ssh_tunnel": bool(tunnel)}
+        if with_bench and report["ok"]:
+            from modelfleet.checks.bench import bench
+
+            result = bench(replace(target, name=ep.name), out_dir=report_dir.parent / "bench", **BENCH)
+            report["bench"] = {"json": result["json"], "plot": result["plot"], "regressions": result["regressions"]}
+            report["ok"] = not result["regressions"]
     report_dir.mkdir(parents=True, exist_ok=True)
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", ep.name)
     (report_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -74,4 +85,4 @@ def run(deployed: dict | None = None, report_dir: Path | None = None):
         tunnel = None if reachable_from_control_node(plan, svc) else (svc.bind_address, svc.port)
         endpoint_verified(name=f"Verify {svc.served_name} at {svc.base_url}", ep=endpoint(plan, svc),
                           tunnel=tunnel, ready_timeout_s=min(svc.recipe.ready_timeout_s, 120),
-                          report_dir=report_dir or REPORT_DIR)
+                          report_dir=report_dir or REPORT_DIR, with_bench=plan.verify_bench)

@@ -94,3 +94,25 @@ def test_bench_writes_json_and_png_and_compares_with_the_previous_run(lab_hosts,
     [again] = json.loads(second.stdout)
     assert second.returncode in (0, 1) and again["compared_with"] == result["started"]
     assert isinstance(again["regressions"], list)
+
+
+def test_verify_bench_when_asked_and_a_slower_engine_fails_the_gate(lab_hosts, tmp_path):
+    host = lab_hosts[2]["name"]
+
+    def run(engine_env=None):
+        env = {**os.environ, "MODELFLEET_REPORTS": str(tmp_path),
+               "MODELFLEET_LAB_ENGINE_ENV": json.dumps(engine_env or {})}
+        return subprocess.run(["pyinfra", "-y", "--limit", host, "--data", "verify_bench=true",
+                               "inventories/lab.py", "deploys/serve.py"], env=env, capture_output=True, text=True,
+                              timeout=600)
+
+    first = run()
+    assert first.returncode == 0, first.stdout[-3000:]
+    report = json.loads((tmp_path / "verify" / f"{host}_tiny-{host}.json").read_text())
+    assert report["bench"]["regressions"] == [] and os.path.exists(report["bench"]["plot"])
+    slow = run({"MODELFLEET_DOUBLE_TOKEN_INTERVAL_S": "0.02"})  # ten times slower tokens
+    assert slow.returncode != 0
+    report = json.loads((tmp_path / "verify" / f"{host}_tiny-{host}.json").read_text())
+    assert any("output" in flag and "tok/s" in flag for flag in report["bench"]["regressions"])
+    assert "bench: concurrency" in slow.stdout + slow.stderr
+    assert serve(host).returncode == 0  # the normal engine back for the tests after this one
