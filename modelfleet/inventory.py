@@ -75,6 +75,7 @@ class HostData(BaseModel):
     model_keep_revisions: int = Field(1, ge=0)  # older revisions kept for rollback beside the served one
     model_reverify: bool = False  # hash every file again instead of trusting the manifest's size + mtime
     verify_bench: bool = False  # the verify stage also runs a short bench and fails on regressions
+    verify_full: bool = False  # smoke + tool probe on every converge, not only when a unit (re)started
     # NVMe for model_root: device paths, or ["auto"] for every blank NVMe disk; several become one RAID0.
     nvme_devices: list[str] = []
     model_filesystem: Literal["xfs", "ext4"] = "xfs"
@@ -174,6 +175,7 @@ class HostPlan:
     model_filesystem: str = "xfs"
     format_allow_serials: tuple[str, ...] = ()
     verify_bench: bool = False
+    verify_full: bool = False
     # pyinfra's SSH settings, for the client commands (status, logs, tunnel) that reach hosts without pyinfra
     ssh_port: int = 22
     ssh_user: str | None = None
@@ -365,7 +367,8 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
                                    nvme_devices=tuple(host.nvme_devices), model_filesystem=host.model_filesystem,
                                    format_allow_serials=tuple(host.format_allow_serials), ssh_port=host.ssh_port,
                                    ssh_user=host.ssh_user, ssh_key=host.ssh_key,
-                                   ssh_known_hosts_file=host.ssh_known_hosts_file, verify_bench=host.verify_bench)
+                                   ssh_known_hosts_file=host.ssh_known_hosts_file, verify_bench=host.verify_bench,
+                                   verify_full=host.verify_full)
     pools = _resolve_pools(hosts, errors)
     return Resolved(hosts=_with_ranks(hosts, pools), pools=pools, errors=errors)
 

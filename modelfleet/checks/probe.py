@@ -110,12 +110,13 @@ def tool_probe(ep: Endpoint) -> dict:
             "final_answer": answer, "failures": [] if ok else ["no final answer after the tool result"]}
 
 
-def verify(ep: Endpoint, ready_timeout_s: float = 60) -> dict:
-    """Readiness, then smoke and the tool probe; `ok` only when all three pass."""
+def verify(ep: Endpoint, ready_timeout_s: float = 60, full: bool = True) -> dict:
+    """Readiness, then (full) smoke and the tool probe; `ok` only when every part run passes."""
     report = {"endpoint": ep.name, "base_url": ep.openai_base_url, "model": ep.model, "engine": ep.engine,
-              "readiness": readiness(ep, ready_timeout_s)}
-    if report["readiness"]["ok"]:
+              "scope": "full" if full else "readiness", "readiness": readiness(ep, ready_timeout_s)}
+    parts = ("readiness", "smoke", "tool_probe") if full else ("readiness",)
+    if report["readiness"]["ok"] and full:
         report["smoke"] = smoke(ep)
         report["tool_probe"] = tool_probe(ep)
-    report["ok"] = all(report.get(k, {}).get("ok") for k in ("readiness", "smoke", "tool_probe"))
+    report["ok"] = all(report.get(k, {}).get("ok") for k in parts)
     return report

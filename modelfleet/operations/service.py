@@ -69,6 +69,8 @@ def unit_running(unit: str, current: dict, reload: bool, restart: bool):
     if current.get("ActiveState") != "active":
         yield StringCommand("systemctl", "start", unit)
     elif restart:
+        # A deliberate restart (its config changed) must not count against the crash-loop start limit.
+        yield StringCommand("systemctl", "reset-failed", unit)
         yield StringCommand("systemctl", "restart", unit)
     else:
         host.noop(f"{unit} is enabled and active")

@@ -19,14 +19,14 @@ import weakref
 import zlib
 from pathlib import Path
 
-from pyinfra import host, logger, state
+from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from pyinfra.context import ctx_state
 
 from modelfleet import REPO_ROOT
 from modelfleet.inventory import HostPlan, ServicePlan
 from modelfleet.operations.files import content_file, directory
-from modelfleet.stages import deployed_for_stage, deployed_of, host_plan, resolved, service
+from modelfleet.stages import deployed_for_stage, host_plan, resolved, service
 from modelfleet.stages.images import pinned_image
 
 TOOLS = "/opt/modelfleet/bin"
@@ -149,9 +149,7 @@ def _needed(svc: ServicePlan, alone: bool) -> bool:
         return False  # one GPU: nothing to talk to
     if alone or os.environ.get("MODELFLEET_NETCHECK") == "always":
         return True
-    pool = resolved().pools[svc.pool]
-    return any(service.starts(resolved().hosts[name], deployed_of(state.inventory.get_host(name)), svc.pool)
-               for name in pool.hosts)
+    return service.pool_starts(svc.pool)
 
 
 @deploy("modelfleet netcheck")

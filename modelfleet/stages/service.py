@@ -54,6 +54,16 @@ def starts(plan: HostPlan, state: dict, pool: str) -> bool:
     return False
 
 
+def pool_starts(pool: str) -> bool:
+    """Will this run (re)start a unit of `pool` on any of its hosts? (Read from each host's state, once.)"""
+    from pyinfra import state as run_state
+
+    from modelfleet.stages import deployed_of, resolved
+
+    return any(starts(resolved().hosts[name], deployed_of(run_state.inventory.get_host(name)), pool)
+               for name in resolved().pools[pool].hosts)
+
+
 @deploy("modelfleet service")
 def run(deployed: dict | None = None):
     plan = host_plan()

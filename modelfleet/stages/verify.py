@@ -1,5 +1,7 @@
 """Stage verify: the acceptance gate after `service`. From the control node, through the openai SDK: readiness,
 smoke, tool-call + multi-turn probe of every endpoint this host heads; a failure stops the host (exit != 0).
+The smoke and probe run when the pool's units (re)started in this run, when the stage runs alone
+(deploys/verify.py) or with host data `verify_full`; a converge that changed nothing checks readiness only.
 Loopback-bound endpoints are reached through the host's own pyinfra SSH connection (direct-tcpip)."""
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pyinfra.api import FunctionCommand, deploy, operation
 
 from modelfleet.checks import Endpoint, endpoint, reachable_from_control_node
 from modelfleet.operations.report import refuse
-from modelfleet.stages import host_plan
+from modelfleet.stages import host_plan, service
 
 REPORT_DIR = Path(os.environ.get("MODELFLEET_REPORTS", "reports")) / "verify"
 
@@ -37,7 +39,7 @@ def _tunnel(remote_host: str, remote_port: int):
 
 def _failures(report: dict) -> list[str]:
     out = [f"bench: {flag}" for flag in (report.get("bench") or {}).get("regressions", [])]
-    for part in ("readiness", "smoke", "tool_probe"):
+    for part in ("readiness", "smoke", "tool_probe") if report.get("scope") != "readiness" else ("readiness",):
         result = report.get(part) or {}
         if not result.get("ok"):
             out.append(f"{part}: " + "; ".join(result.get("failures") or [result.get("error") or "not run"]))
@@ -49,7 +51,7 @@ BENCH = {"concurrencies": [1, 4], "num_prompts": 16, "input_len": 128, "output_l
 
 @operation(is_idempotent=False)
 def endpoint_verified(ep: Endpoint, tunnel: tuple[str, int] | None, ready_timeout_s: float, report_dir: Path,
-                      with_bench: bool = False):
+                      full: bool = True, with_bench: bool = False):
     """Runs the checks only while executing (after the service stage): a pass changes nothing. With
     `with_bench` (host data verify_bench), a short bench follows and a regression fails the gate."""
     if not state.is_executing:
@@ -59,7 +61,7 @@ def endpoint_verified(ep: Endpoint, tunnel: tuple[str, int] | None, ready_timeou
 
     with _tunnel(*tunnel) if tunnel else nullcontext() as port:
         target = replace(ep, base_url=f"http://127.0.0.1:{port}") if tunnel else ep
-        report = {**verify(target, ready_timeout_s), "endpoint": ep.name, "base_url": ep.openai_base_url,
+        report = {**verify(target, ready_timeout_s, full), "endpoint": ep.name, "base_url": ep.openai_base_url,
                   "via_ssh_tunnel": bool(tunnel)}
         if with_bench and report["ok"]:
             from modelfleet.checks.bench import bench
@@ -71,7 +73,7 @@ def endpoint_verified(ep: Endpoint, tunnel: tuple[str, int] | None, ready_timeou
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", ep.name)
     (report_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     if report["ok"]:
-        host.noop(f"{ep.name}: ready, smoke and tool-call probe pass")
+        host.noop(f"{ep.name}: " + ("ready, smoke and tool-call probe pass" if full else "ready (nothing changed)"))
         return
     yield FunctionCommand(refuse, ([f"verify {ep.name}: {f}" for f in _failures(report)],), {})
 
@@ -79,10 +81,12 @@ def endpoint_verified(ep: Endpoint, tunnel: tuple[str, int] | None, ready_timeou
 @deploy("modelfleet verify")
 def run(deployed: dict | None = None, report_dir: Path | None = None):
     plan = host_plan()
+    alone = deployed is None
     for svc in plan.services:
         if svc.node_rank:
             continue  # a pool is verified at its head
         tunnel = None if reachable_from_control_node(plan, svc) else (svc.bind_address, svc.port)
         endpoint_verified(name=f"Verify {svc.served_name} at {svc.base_url}", ep=endpoint(plan, svc),
                           tunnel=tunnel, ready_timeout_s=min(svc.recipe.ready_timeout_s, 120),
-                          report_dir=report_dir or REPORT_DIR, with_bench=plan.verify_bench)
+                          report_dir=report_dir or REPORT_DIR, with_bench=plan.verify_bench,
+                          full=alone or plan.verify_full or plan.verify_bench or service.pool_starts(svc.pool))

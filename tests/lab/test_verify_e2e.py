@@ -14,20 +14,24 @@ from modelfleet.checks.probe import verify
 pytestmark = pytest.mark.lab
 
 
-def serve(limit: str, engine_env: dict | None = None, reports=None):
+def serve(limit: str, engine_env: dict | None = None, reports=None, *data: str):
     env = {**os.environ, "MODELFLEET_LAB_ENGINE_ENV": json.dumps(engine_env or {})}
     if reports:
         env["MODELFLEET_REPORTS"] = str(reports)
-    return subprocess.run(["pyinfra", "-y", "--limit", limit, "inventories/lab.py", "deploys/serve.py"], env=env,
-                          capture_output=True, text=True, timeout=600)
+    extra = [arg for item in data for arg in ("--data", item)]
+    return subprocess.run(["pyinfra", "-y", "--limit", limit, *extra, "inventories/lab.py", "deploys/serve.py"],
+                          env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_serve_runs_the_gate_and_catches_malformed_tool_calls(lab_hosts, tmp_path):
     host = lab_hosts[1]["name"]
-    good = serve(host, reports=tmp_path)
+    good = serve(host, None, tmp_path, "verify_full=true")
     assert good.returncode == 0, good.stdout[-3000:]
     report = json.loads((tmp_path / "verify" / f"{host}_tiny-{host}.json").read_text())
     assert report["ok"] and report["tool_probe"]["kept_reasoning_content"] and report["tool_probe"]["final_answer"]
+    quiet = serve(host, reports=tmp_path)  # nothing changed: readiness only, and no change reported
+    assert quiet.returncode == 0
+    assert json.loads((tmp_path / "verify" / f"{host}_tiny-{host}.json").read_text())["scope"] == "readiness"
 
     bad = serve(host, {"MODELFLEET_DOUBLE_MALFORMED_TOOL_CALLS": "1"}, reports=tmp_path)
     out = bad.stdout + bad.stderr
