@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PYINFRA ?= pyinfra
 
-.PHONY: install lab-setup demo bench-converge bench-fanout lab-gate lab-verify lab-down test lint hw-preflight hw-nccl
+.PHONY: install lab-setup demo bench-converge bench-fanout lab-gate lab-verify lab-rollout lab-down test lint hw-preflight hw-nccl
 
 install:
 	$(PYTHON) -m pip install -q -e '.[test]'
@@ -32,6 +32,10 @@ lab-gate: install lab-setup
 # Verify gate + a short bench + cost per successful task (self-hosted vs API prices) on the lab (JSON).
 lab-verify: install lab-setup
 	$(PYTHON) lab/lab_verify.py
+
+# Rolling-upgrade rehearsal: v0.34.0 -> v0.35.0 one host at a time, then a broken image rolled back (JSON).
+lab-rollout: install lab-setup
+	$(PYTHON) lab/lab_rollout.py
 
 lab-down:
 	modelfleet lab down

@@ -34,8 +34,9 @@ def _pool(index: int, spec: dict) -> dict:
     if index < _gate_hosts:
         return {"pool": "gate", "recipe": f"tiny-lab-vllm-dp{_gate_hosts}", "engine": "vllm", "port": 8100, "netcheck_min_busbw_gbps": _gate_min,
                 "netcheck_timeout_s": 15, **_gate_faults.get(index, {})}
-    return {"pool": f"tiny-{spec['name']}", "engine": spec["engine"],
-            "recipe": f"tiny-lab-{spec['engine'].replace('.', '')}"}
+    engine = os.environ.get("MODELFLEET_LAB_ENGINE") or spec["engine"]  # e.g. vllm everywhere, for a rollout
+    return {"pool": f"tiny-{spec['name']}", "engine": engine, "recipe": f"tiny-lab-{engine.replace('.', '')}",
+            **({"image": os.environ["MODELFLEET_LAB_IMAGE"]} if os.environ.get("MODELFLEET_LAB_IMAGE") else {})}
 
 
 lab_hosts = [

@@ -269,6 +269,24 @@ def tunnel(inventory: str, host: str, pool: str | None, local_port: int | None) 
 
 @main.command()
 @click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
+@click.option("--parallel", type=int, default=1, show_default=True, help="Single-node hosts switched at once.")
+@click.option("--min-healthy", type=int, default=0, show_default=True,
+              help="Never leave fewer healthy endpoints than this while a batch switches.")
+def upgrade(inventory: str, parallel: int, min_healthy: int) -> None:
+    """Rolling upgrade to what INVENTORY now says (image, revision): prefetch, switch, gate, roll back (JSON)."""
+    import os
+
+    from modelfleet.rollout import rollout
+
+    result = _resolved_or_exit(inventory)
+    report = rollout(inventory, result, parallel, min_healthy, env=dict(os.environ),
+                     log=lambda line: click.echo(line, err=True))
+    click.echo(json.dumps(report, indent=2))
+    sys.exit(0 if not report["stopped"] else 1)
+
+
+@main.command()
+@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
 @click.option("--dcgm", is_flag=True, help="Scrape a DCGM exporter on every NVIDIA host (:9400).")
 @click.option("--node-exporter", is_flag=True, help="Scrape a node exporter on every host (:9100).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write here instead of stdout.")

@@ -289,7 +289,7 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
         errors.append((where, "api_key_env", f"{svc.api_key_env} is not set in the control node's environment"))
     gpus = svc.gpus if svc.gpus is not None else recipe.layout.gpus_per_node
     image = svc.image or recipe.image
-    if host.image_registry:
+    if host.image_registry and not image.startswith(f"{host.image_registry.rstrip('/')}/"):
         image = f"{host.image_registry.rstrip('/')}/{image}"
     revision_dir = svc.revision or "main"
     return ServicePlan(

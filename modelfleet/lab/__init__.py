@@ -30,6 +30,9 @@ PERSONAS = {"h200x1": ("h200", 1), "b300x8-synthetic": ("b300", 8)}
 # The real images the lab's recipes name; the registry serves the engine double under each tag.
 ENGINE_IMAGES = ("vllm/vllm-openai:v0.34.0", "lmsysorg/sglang:v0.5.18", "ghcr.io/ggml-org/llama.cpp:server-cuda")
 ENGINES = ("vllm", "sglang", "llama.cpp")
+# Rollout rehearsal images: a newer vLLM tag (its own digest) and one whose engine dies at start.
+UPGRADE_IMAGE = "vllm/vllm-openai:v0.35.0"
+BROKEN_IMAGE = "vllm/vllm-openai:v0.35.0-broken"
 
 
 def sh(*argv: str, check: bool = True, capture: bool = False) -> subprocess.CompletedProcess:
@@ -63,9 +66,15 @@ def ensure_images() -> None:
     shutil.copytree(LAB_DIR / "engine_double", context)
     shutil.copytree(wheels, context / "wheels", copy_function=os.link)
     sh("docker", "build", "-q", "--build-arg", f"BASE={BASE_IMAGE}", "-t", local, str(context), capture=True)
-    for image in ENGINE_IMAGES:
+    sh("docker", "build", "-q", "--build-arg", f"BASE={BASE_IMAGE}", "--label", "modelfleet.lab.version=0.35.0",
+       "-t", f"{local}-0.35", str(context), capture=True)
+    sh("docker", "build", "-q", "--build-arg", f"BASE={BASE_IMAGE}", "--build-arg", "DOUBLE_FAULT=1",
+       "-t", f"{local}-broken", str(context), capture=True)
+    sources = {image: local for image in ENGINE_IMAGES}
+    sources.update({UPGRADE_IMAGE: f"{local}-0.35", BROKEN_IMAGE: f"{local}-broken"})
+    for image, source in sources.items():
         target = f"{REGISTRY}/{image}"
-        sh("docker", "tag", local, target)
+        sh("docker", "tag", source, target)
         sh("docker", "push", "-q", target, capture=True)
 
 

@@ -1,0 +1,42 @@
+"""`make lab-rollout`: a rolling-upgrade rehearsal on 3 lab hosts serving with vLLM doubles. It upgrades
+v0.34.0 → v0.35.0 one host at a time, then tries an image whose engine dies at start: the first host fails
+the gate and is rolled back, and the rollout stops. Prints both reports as JSON."""
+
+import json
+import os
+import subprocess
+import sys
+
+from modelfleet import lab
+
+
+def run(*argv: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **env}, timeout=1800)
+
+
+def main() -> int:
+    lab.up(3)
+    base = {"MODELFLEET_LAB_ENGINE": "vllm", "MODELFLEET_LAB_CHECKPOINT_GROUP": "lab"}
+    first = run("pyinfra", "-y", "inventories/lab.py", "deploys/serve.py", **base)
+    if first.returncode:
+        sys.exit(first.stdout[-3000:] + first.stderr[-2000:])
+    good = run("modelfleet", "upgrade", "inventories/lab.py", "--min-healthy", "2",
+               **base, MODELFLEET_LAB_IMAGE=lab.UPGRADE_IMAGE)
+    bad = run("modelfleet", "upgrade", "inventories/lab.py", "--min-healthy", "2",
+              **base, MODELFLEET_LAB_IMAGE=lab.BROKEN_IMAGE)
+    summary = {}
+    for label, result in (("upgrade", good), ("broken_upgrade", bad)):
+        report = json.loads(result.stdout)
+        for batch in report["batches"]:
+            batch.pop("output", None)
+            batch.pop("rollback_output", None)
+        summary[label] = {"exit": result.returncode, "hosts_upgraded": report["upgraded"],
+                          "rolled_back": report["rolled_back"], "stopped": report["stopped"],
+                          "endpoint_failures_outside_switching_batch": report["failures_outside_batch"],
+                          "endpoint_failures": report["endpoint_failures"], "seconds": report["seconds"]}
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""`modelfleet upgrade` on the lab: all hosts on vLLM doubles; a good image rolls out host by host with no
+failed request outside the host being switched; a broken image fails the gate on the first host, which is put
+back on its previous digest and revision, and the rollout stops."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from modelfleet import lab
+from modelfleet.lab import ssh
+
+pytestmark = pytest.mark.lab
+BASE = {"MODELFLEET_LAB_ENGINE": "vllm"}
+
+
+def run(*argv, **env):
+    return subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **BASE, **env}, timeout=1200)
+
+
+def image_of(spec):
+    return ssh(spec, f"docker inspect --format '{{{{.Config.Image}}}}' modelfleet-tiny-{spec['name']}-{spec['name']}").stdout.strip()
+
+
+def test_upgrade_then_a_broken_image_is_rolled_back(lab_hosts):
+    first = run("pyinfra", "-y", "inventories/lab.py", "deploys/serve.py")
+    assert first.returncode == 0, first.stdout[-3000:]
+    before = {s["name"]: image_of(s) for s in lab_hosts}
+    good = run("modelfleet", "upgrade", "inventories/lab.py", "--min-healthy", "2",
+               MODELFLEET_LAB_IMAGE=lab.UPGRADE_IMAGE)
+    report = json.loads(good.stdout)
+    assert good.returncode == 0, report
+    assert report["upgraded"] == [s["name"] for s in lab_hosts] and report["failures_outside_batch"] == 0
+    upgraded = {s["name"]: image_of(s) for s in lab_hosts}
+    assert all(":v0.35.0@sha256:" in image for image in upgraded.values()) and upgraded != before
+
+    bad = run("modelfleet", "upgrade", "inventories/lab.py", "--min-healthy", "2",
+              MODELFLEET_LAB_IMAGE=lab.BROKEN_IMAGE)
+    report = json.loads(bad.stdout)
+    first_host = lab_hosts[0]["name"]
+    assert bad.returncode == 1 and report["upgraded"] == []
+    assert [r["host"] for r in report["rolled_back"]] == [first_host] and report["rolled_back"][0]["ok"]
+    assert "gate failed" in report["stopped"] and report["failures_outside_batch"] == 0
+    assert image_of(lab_hosts[0]) == upgraded[first_host]  # back on the digest it ran before
+    assert ssh(lab_hosts[0], f"systemctl is-active modelfleet-tiny-{first_host}.service").stdout.strip() == "active"
+    assert {image_of(s) for s in lab_hosts[1:]} == {upgraded[s["name"]] for s in lab_hosts[1:]}  # untouched
