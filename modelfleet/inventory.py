@@ -76,6 +76,9 @@ class HostData(BaseModel):
     model_reverify: bool = False  # hash every file again instead of trusting the manifest's size + mtime
     verify_bench: bool = False  # the verify stage also runs a short bench and fails on regressions
     verify_full: bool = False  # smoke + tool probe on every converge, not only when a unit (re)started
+    dcgm_exporter: bool = False  # a DCGM exporter unit on NVIDIA hosts (:9400 on the fabric address)
+    # NVIDIA's tag from github.com/NVIDIA/dcgm-exporter's README quickstart (DCGM 4.4.2, exporter 4.7.1)
+    dcgm_exporter_image: str = "nvcr.io/nvidia/k8s/dcgm-exporter:4.4.2-4.7.1-ubuntu22.04"
     # NVMe for model_root: device paths, or ["auto"] for every blank NVMe disk; several become one RAID0.
     nvme_devices: list[str] = []
     model_filesystem: Literal["xfs", "ext4"] = "xfs"
@@ -176,6 +179,8 @@ class HostPlan:
     format_allow_serials: tuple[str, ...] = ()
     verify_bench: bool = False
     verify_full: bool = False
+    dcgm_exporter: bool = False
+    dcgm_exporter_image: str = ""
     # pyinfra's SSH settings, for the client commands (status, logs, tunnel) that reach hosts without pyinfra
     ssh_port: int = 22
     ssh_user: str | None = None
@@ -368,7 +373,8 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
                                    format_allow_serials=tuple(host.format_allow_serials), ssh_port=host.ssh_port,
                                    ssh_user=host.ssh_user, ssh_key=host.ssh_key,
                                    ssh_known_hosts_file=host.ssh_known_hosts_file, verify_bench=host.verify_bench,
-                                   verify_full=host.verify_full)
+                                   verify_full=host.verify_full, dcgm_exporter=host.dcgm_exporter,
+                                   dcgm_exporter_image=host.dcgm_exporter_image)
     pools = _resolve_pools(hosts, errors)
     return Resolved(hosts=_with_ranks(hosts, pools), pools=pools, errors=errors)
 

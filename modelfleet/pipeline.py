@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from modelfleet.stages import (
     deployed_of,
+    exporters,
     images,
     model,
     netcheck,
@@ -15,7 +16,7 @@ from modelfleet.stages import (
     verify,
 )
 
-PIPELINE = (storage, model, images, netcheck, service, verify)
+PIPELINE = (storage, model, images, netcheck, service, verify, exporters)
 
 
 def serve(stages=PIPELINE) -> None:

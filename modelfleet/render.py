@@ -105,12 +105,19 @@ def _paired(argv: list[str]) -> list[str]:
     return lines
 
 
+def render_template(template: str, **values) -> str:
+    """Any unit template, with the start limits every modelfleet unit shares."""
+    return _env.get_template(template).render(docker=DOCKER, start_limit_interval=START_LIMIT_INTERVAL_S,
+                                          start_limit_burst=START_LIMIT_BURST, **values)
+
+
+def exec_start(argv: list[str]) -> str:
+    """A unit's ExecStart value: quoted for systemd, one flag and its value per continued line."""
+    return " \\\n    ".join(_paired([systemd_quote(a) for a in argv]))
+
+
 def render_unit(svc: ServicePlan) -> str:
-    argv = [systemd_quote(a) for a in docker_run_argv(svc)]
-    exec_start = " \\\n    ".join(_paired(argv))
-    return _env.get_template("engine.service.j2").render(
-        svc=svc, exec_start=exec_start, docker=DOCKER, start_limit_interval=START_LIMIT_INTERVAL_S,
-        start_limit_burst=START_LIMIT_BURST)
+    return render_template("engine.service.j2", svc=svc, exec_start=exec_start(docker_run_argv(svc)))
 
 
 def api_key(svc: ServicePlan) -> str | None:

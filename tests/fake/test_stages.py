@@ -141,3 +141,19 @@ def test_preflight_on_recorded_h200_accepts_small_model_and_refuses_kimi():
     verdicts = {a["model"]: a for a in report["assessed"]}
     assert not verdicts["kimi-k3.1-pro"]["fits"] and "1x h200" in verdicts["kimi-k3.1-pro"]["reason"]
     assert verdicts["qwen3-8b"]["fits"]
+
+
+def test_dcgm_exporter_unit_on_an_nvidia_host_when_asked(monkeypatch):
+    from modelfleet.stages import exporters
+
+    uploads = Uploads(monkeypatch)
+    dcgm = "nvcr.io/nvidia/k8s/dcgm-exporter:4.4.2-4.7.1-ubuntu22.04@sha256:" + "d" * 64
+    host = {**b300_host(), "dcgm_exporter": True, "dcgm_exporter_image": dcgm, "fabric_address": "10.0.0.7",
+            "fake_responses": {"@@modelfleet-probe": b300_probe()}}
+    state = run_fake([("b300-01", host)], lambda: full_serve(stages=(exporters,)))
+    unit = uploads.files["/etc/systemd/system/modelfleet-dcgm-exporter.service"]
+    assert "--gpus all" in unit and "--cap-add SYS_ADMIN" in unit and dcgm in unit
+    assert "--address 10.0.0.7:9400" in unit
+    commands = executed(state, "b300-01")
+    assert "systemctl enable modelfleet-dcgm-exporter.service" in commands
+    assert "systemctl start modelfleet-dcgm-exporter.service" in commands

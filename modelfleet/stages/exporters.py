@@ -1,0 +1,48 @@
+"""Stage exporters: the optional DCGM exporter per NVIDIA host (host data `dcgm_exporter: true`), a systemd unit
+running NVIDIA's container (`--gpus all --cap-add SYS_ADMIN`, as its README starts it) with the image pinned
+by digest and listening on the host's fabric address :9400, which `modelfleet prometheus --dcgm` scrapes."""
+
+from __future__ import annotations
+
+from pyinfra.api import deploy
+
+from modelfleet import render
+from modelfleet.inventory import HostPlan
+from modelfleet.operations.files import content_changes, content_file
+from modelfleet.operations.service import unit_running
+from modelfleet.prometheus import DCGM_PORT
+from modelfleet.registry import pinned
+from modelfleet.stages import deployed_for_stage, host_plan
+
+UNIT = "modelfleet-dcgm-exporter.service"
+CONTAINER = "modelfleet-dcgm-exporter"
+UNIT_PATH = f"/etc/systemd/system/{UNIT}"
+
+
+def enabled(plan: HostPlan) -> bool:
+    return plan.dcgm_exporter and plan.hardware.vendor == "nvidia"
+
+
+def wants(plan: HostPlan) -> dict:
+    return {"paths": [UNIT_PATH], "units": [UNIT]} if enabled(plan) else {}
+
+
+def dcgm_unit(plan: HostPlan) -> str:
+    listen = f"{plan.fabric_address}:{DCGM_PORT}"
+    argv = [render.DOCKER, "run", "--rm", "--name", CONTAINER, "--network", "host", "--gpus", "all",
+            "--cap-add", "SYS_ADMIN", pinned(plan.dcgm_exporter_image), "--address", listen]
+    return render.render_template("exporter.service.j2", name="DCGM exporter", listen=listen, container=CONTAINER,
+                                  exec_start=render.exec_start(argv))
+
+
+@deploy("modelfleet exporters")
+def run(deployed: dict | None = None):
+    plan = host_plan()
+    if not enabled(plan):
+        return
+    state = deployed or deployed_for_stage(__name__)
+    content = dcgm_unit(plan)
+    edited = content_changes(state["paths"].get(UNIT_PATH), content, "0644")
+    content_file(name=f"Unit {UNIT}", dest=UNIT_PATH, content=content, current=state["paths"].get(UNIT_PATH))
+    unit_running(name=f"Run {UNIT}", unit=UNIT, current=state["units"].get(UNIT) or {}, reload=edited,
+                 restart=edited)
