@@ -1,5 +1,5 @@
 """`make lab-rollout`: a rolling-upgrade rehearsal on 3 lab hosts serving with vLLM doubles. It upgrades
-v0.34.0 → v0.35.0 one host at a time, then tries an image whose engine dies at start: the first host fails
+v0.34.0 → v0.35.0 one host at a time, then tries an image whose engine never gets ready: the first host fails
 the gate and is rolled back, and the rollout stops. Prints both reports as JSON."""
 
 import json

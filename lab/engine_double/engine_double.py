@@ -8,7 +8,7 @@ engine would refuse them. Stdlib only: the image needs nothing but python3.
 Fault switches (environment, for tests): MODELFLEET_DOUBLE_LOAD_DELAY_S (503 on /health meanwhile),
 MODELFLEET_DOUBLE_NEVER_READY=1, MODELFLEET_DOUBLE_CRASH_AFTER=N (exit after N chat requests),
 MODELFLEET_DOUBLE_SLOW_FIRST_TOKEN_S, MODELFLEET_DOUBLE_MALFORMED_TOOL_CALLS=1 (raw markup in content).
-MODELFLEET_DOUBLE_CRASH_ON_START=1 (baked into the lab's "-broken" image tags) exits at once.
+The lab's "-broken" image tags have MODELFLEET_DOUBLE_NEVER_READY=1 baked in.
 MODELFLEET_DOUBLE_TOKEN_INTERVAL_S paces streamed tokens (default 0.002 s), so a bench has something to measure.
 Like the Kimi chat templates, a tool result is refused (400) unless the assistant turn before it came back
 whole: its tool_calls and its reasoning_content.
@@ -319,8 +319,6 @@ def main() -> None:
     if engine not in FLAGS:
         sys.exit(f"engine double: unknown engine {engine!r} (invoke as vllm, sglang or llama-server)")
     args = parse_args(engine, sys.argv[1:])
-    if os.environ.get("MODELFLEET_DOUBLE_CRASH_ON_START") == "1":
-        sys.exit(f"ERROR: {engine} double built broken (MODELFLEET_DOUBLE_CRASH_ON_START): exiting at start")
     if args.get("--headless"):
         # A vLLM headless worker serves no HTTP: it joins the head's data-parallel / torch.distributed group.
         print(f"INFO: {engine} double: headless worker (node rank {args.get('--node-rank', '-')}, DP start rank "

@@ -30,7 +30,7 @@ PERSONAS = {"h200x1": ("h200", 1), "b300x8-synthetic": ("b300", 8)}
 # The real images the lab's recipes name; the registry serves the engine double under each tag.
 ENGINE_IMAGES = ("vllm/vllm-openai:v0.34.0", "lmsysorg/sglang:v0.5.18", "ghcr.io/ggml-org/llama.cpp:server-cuda")
 ENGINES = ("vllm", "sglang", "llama.cpp")
-# Rollout rehearsal images: a newer vLLM tag (its own digest) and one whose engine dies at start.
+# Rollout rehearsal images: a newer vLLM tag (its own digest) and one whose engine never gets ready.
 UPGRADE_IMAGE = "vllm/vllm-openai:v0.35.0"
 BROKEN_IMAGE = "vllm/vllm-openai:v0.35.0-broken"
 

@@ -72,8 +72,10 @@ def test_tunnel_forwards_a_local_port_to_the_endpoint_and_refuses_a_busy_one(ser
             pytest.fail(f"tunnel printed nothing (exit {proc.returncode}): {proc.stderr.read()[-2000:]}")
         info = json.loads(line)
         assert info["base_url"] == "http://127.0.0.1:18777/v1"
-        models = OpenAI(base_url=info["base_url"], api_key="none").models.list()
-        assert [m.id for m in models.data] == ["tiny-lab"]
+        client = OpenAI(base_url=info["base_url"], api_key="none")
+        assert [m.id for m in client.models.list().data] == ["tiny-lab"]
+        reply = client.chat.completions.create(model="tiny-lab", messages=[{"role": "user", "content": "hi"}])
+        assert reply.choices[0].finish_reason == "stop" and "tiny-lab" in reply.choices[0].message.content
         busy = subprocess.run(["modelfleet", "tunnel", "inventories/lab.py", spec["name"], "--local-port", "18777"],
                               env=ENV, capture_output=True, text=True, timeout=60)
         assert busy.returncode == 2 and "local port 18777 is already in use" in busy.stderr

@@ -1,6 +1,6 @@
 """`modelfleet upgrade` on the lab: all hosts on vLLM doubles; a good image rolls out host by host with no
-failed request outside the host being switched; a broken image fails the gate on the first host, which is put
-back on its previous digest and revision, and the rollout stops."""
+failed request outside the host being switched; an image whose engine never gets ready fails the gate on the
+first host, which is put back on its previous digest and revision, and the rollout stops."""
 
 import json
 import os
@@ -34,6 +34,10 @@ def test_upgrade_then_a_broken_image_is_rolled_back(lab_hosts):
     assert report["upgraded"] == [s["name"] for s in lab_hosts] and report["failures_outside_batch"] == 0
     upgraded = {s["name"]: image_of(s) for s in lab_hosts}
     assert all(":v0.35.0@sha256:" in image for image in upgraded.values()) and upgraded != before
+    shown = json.loads(run("modelfleet", "status", "inventories/lab.py", "--json").stdout)
+    assert {row["host"]: row["services"][0]["image"] for row in shown} == upgraded  # status shows the new digest
+    # At least 2 of 3 endpoints answered throughout: failures only ever hit the host being switched.
+    assert set(report["endpoint_failures"]) <= set(report["upgraded"]) and report["failures_outside_batch"] == 0
 
     bad = run("modelfleet", "upgrade", "inventories/lab.py", "--min-healthy", "2",
               MODELFLEET_LAB_IMAGE=lab.BROKEN_IMAGE)
