@@ -328,6 +328,8 @@ def main() -> None:
             time.sleep(3600)
     eng = Engine(engine, args)
     Handler.eng = eng
+    # A listen backlog of 5 (the stdlib default) drops SYNs at bench concurrency: 1 s retransmits, not the engine.
+    ThreadingHTTPServer.request_queue_size = 128
     server = ThreadingHTTPServer((eng.host, eng.port), Handler)
     print(f"INFO: {engine} double serving {eng.served} on http://{eng.host}:{eng.port} "
           f"(ready after {eng.load_delay:.0f} s)", flush=True)
