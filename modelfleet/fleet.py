@@ -167,7 +167,8 @@ def logs(plans: list[HostPlan], lines: int = 50, follow: bool = False, sink=sys.
 
 
 def tunnel(plan: HostPlan, svc: ServicePlan, local_port: int):
-    """Yield the local base URL of `ssh -N -L local_port:bind_address:port host`, until the context ends."""
+    """(open connection, context manager forwarding local_port to the endpoint): `ssh -N -L` over the
+    inventory's SSH settings; the context yields the bound local port."""
     from modelfleet.checks.tunnel import forward
 
     conn = connect(plan)
