@@ -68,6 +68,25 @@ class NvidiaKernelModule(FactBase):
         return None
 
 
+class FabricManager(FactBase):
+    """NVSwitch devices the driver sees, and the installed Fabric Manager's version (`nv-fabricmanager
+    --version`: 'Fabric Manager version is : X'; the 610 branch adds a 'Build Info' line)."""
+
+    def command(self) -> str:
+        return ("echo nvswitches=$(ls /proc/driver/nvidia-nvswitch/devices 2>/dev/null | wc -l); "
+                "nv-fabricmanager --version 2>/dev/null || true")
+
+    def process(self, output):
+        result = {"nvswitches": 0, "version": None}
+        for line in output:
+            if line.startswith("nvswitches="):
+                result["nvswitches"] = int(line.split("=", 1)[1] or 0)
+            m = re.match(r"Fabric Manager version is\s*:\s*(\S+)", line.strip())
+            if m:
+                result["version"] = m.group(1)
+        return result
+
+
 class NvidiaTopology(FactBase):
     """`nvidia-smi topo -m`: GPU and NIC names, the link matrix, and the NVLink bond width between GPUs."""
 

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 from pyinfra.api import FactBase
 
-from modelfleet.facts.gpu import AmdGpus, NvidiaGpus, NvidiaKernelModule, NvidiaTopology, NvidiaVersions
+from modelfleet.facts.gpu import (
+    AmdGpus,
+    FabricManager,
+    NvidiaGpus,
+    NvidiaKernelModule,
+    NvidiaTopology,
+    NvidiaVersions,
+)
 from modelfleet.facts.host import BlockDevices, ContainerRuntime, DiskFree, ListeningPorts, OsRelease
 
 MARK = "@@modelfleet-probe"
 PARTS = {
     "nvidia_gpus": NvidiaGpus, "nvidia_versions": NvidiaVersions, "nvidia_module": NvidiaKernelModule,
     "topology": NvidiaTopology, "amd_gpus": AmdGpus, "block_devices": BlockDevices, "os": OsRelease,
-    "ports": ListeningPorts, "runtime": ContainerRuntime, "disk": DiskFree,
+    "ports": ListeningPorts, "runtime": ContainerRuntime, "disk": DiskFree, "fabric_manager": FabricManager,
 }
 
 

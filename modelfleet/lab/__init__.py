@@ -118,6 +118,7 @@ def start_host(spec: dict) -> None:
         f"{docker_cli}:/usr/bin/docker:ro",
         f"{LAB_DIR / 'personas' / spec['persona']}:/opt/modelfleet-lab/persona:ro",
         f"{LAB_DIR / 'personas' / 'nvidia-smi'}:/usr/local/bin/nvidia-smi:ro",
+        f"{LAB_DIR / 'personas' / 'nv-fabricmanager'}:/usr/local/bin/nv-fabricmanager:ro",
         # Same path inside and out: the machine's dockerd resolves the unit's -v mounts on the machine.
         f"{spec['model_root']}:{spec['model_root']}",
         f"{spec['config_dir']}:{spec['config_dir']}",

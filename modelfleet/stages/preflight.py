@@ -41,6 +41,7 @@ def evaluate(plan: HostPlan, probe: dict) -> dict:
         if small:
             problems.append(f"HBM: GPU {small[0]['index']} has {small[0]['memory_total_mib']} MiB, "
                             f"catalog expects {hw.hbm_mib} MiB")
+    problems += fabric_manager_problems(plan, probe)
     services = []
     ports = {p["port"]: p for p in probe.get("ports") or []}
     disk = probe.get("disk") or {}
@@ -71,9 +72,29 @@ def evaluate(plan: HostPlan, probe: dict) -> dict:
         "host": plan.name, "ok": not problems, "assessed": assess(plan, gpus), "problems": problems,
         "gpus": [{"name": g["name"], "memory_total_mib": g["memory_total_mib"]} for g in gpus],
         "gpu_count": len(gpus), "driver": versions.get("driver"), "cuda": versions.get("cuda"),
-        "kernel_module": probe.get("nvidia_module"), "os": probe.get("os"),
+        "kernel_module": probe.get("nvidia_module"), "fabric_manager": probe.get("fabric_manager"),
+        "os": probe.get("os"),
         "container_runtime": probe.get("runtime"), "disk": disk, "services": services,
     }
+
+
+def fabric_manager_problems(plan: HostPlan, probe: dict) -> list[str]:
+    """
+    NVSwitch systems need Fabric Manager at exactly the loaded driver's version (a mismatch is the usual cause
+    of CUDA error 802). Needed where the driver sees NVSwitch devices, or where the catalog says the board has
+    them and the host has the whole board (a VM given one GPU of it sees no switch).
+    """
+    hw, fm = plan.hardware, probe.get("fabric_manager") or {}
+    driver = (probe.get("nvidia_versions") or {}).get("driver")
+    needed = fm.get("nvswitches", 0) > 0 or (hw.fabric_manager and plan.gpu_count >= hw.gpus_per_node)
+    if hw.vendor != "nvidia" or not needed:
+        return []
+    if not fm.get("version"):
+        return [f"Fabric Manager: not installed; {hw.id} with NVSwitch needs nvidia-fabricmanager at driver {driver}"]
+    if driver and fm["version"] != driver:
+        return [f"Fabric Manager {fm['version']} does not match driver {driver} (the usual cause of CUDA error "
+                "802): install the Fabric Manager package of exactly the driver's version"]
+    return []
 
 
 def assess(plan: HostPlan, gpus: list[dict]) -> list[dict]:

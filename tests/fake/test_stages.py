@@ -39,8 +39,12 @@ def b300_host():
             "served_name": "kimi-local", "image": IMAGE}
 
 
-def b300_probe(gpus=B300_GPUS, versions=B300_VERSIONS):
-    return probe_reply({"nvidia_gpus": gpus, "nvidia_versions": versions, "disk": DF, "ports": []})
+FM = ["nvswitches=0", "Fabric Manager version is : 580.95.05"]
+
+
+def b300_probe(gpus=B300_GPUS, versions=B300_VERSIONS, fabric_manager=FM):
+    return probe_reply({"nvidia_gpus": gpus, "nvidia_versions": versions, "disk": DF, "ports": [],
+                        "fabric_manager": fabric_manager})
 
 
 @pytest.fixture(autouse=True)
@@ -157,3 +161,21 @@ def test_dcgm_exporter_unit_on_an_nvidia_host_when_asked(monkeypatch):
     commands = executed(state, "b300-01")
     assert "systemctl enable modelfleet-dcgm-exporter.service" in commands
     assert "systemctl start modelfleet-dcgm-exporter.service" in commands
+
+
+@pytest.mark.parametrize("fm, problem", [
+    (["nvswitches=4"], "Fabric Manager: not installed; b300 with NVSwitch needs nvidia-fabricmanager at driver 580.95.05"),
+    (["nvswitches=4", "Fabric Manager version is : 590.48.01"],
+     "Fabric Manager 590.48.01 does not match driver 580.95.05 (the usual cause of CUDA error 802)"),
+    (FM, None),
+])
+def test_preflight_checks_fabric_manager_against_the_driver(fm, problem):
+    plan = resolve([("b300-01", b300_host())]).hosts["b300-01"]
+    report = preflight.evaluate(plan, HostProbe().process(b300_probe(fabric_manager=fm)))
+    matching = [p for p in report["problems"] if p.startswith("Fabric Manager")]
+    assert (matching[0].startswith(problem) if problem else not matching), report["problems"]
+
+
+def test_a_single_gpu_of_an_nvswitch_board_needs_no_fabric_manager():
+    plan = resolve([("h200", {"hardware": "h200", "gpu_count": 1, "model": "qwen3-8b", "engine": "vllm"})]).hosts["h200"]
+    assert preflight.fabric_manager_problems(plan, {"fabric_manager": {"nvswitches": 0, "version": None}}) == []
