@@ -12,10 +12,14 @@ from pyinfra.context import ctx_host, ctx_state
 from modelfleet.facts.state import DeployedState
 from modelfleet.inventory import HostPlan, InventoryError, Resolved, resolve
 
+# Where stages put the scripts they run on hosts (the fetch script, the NCCL check).
+TOOLS_BIN = "/opt/modelfleet/bin"
+
 # Per pyinfra State, so a new run (or a new test) never sees an older inventory or host state.
 _resolved: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _stages: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _deployed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_probes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def resolved() -> Resolved:
@@ -31,6 +35,16 @@ def resolved() -> Resolved:
 
 def host_plan() -> HostPlan:
     return resolved().hosts[host.name]
+
+
+def remember_probe(probe: dict) -> None:
+    """Preflight's HostProbe for this host, so later stages read its parts instead of asking again."""
+    _probes.setdefault(ctx_state.get(), {})[host.name] = probe
+
+
+def probe_of() -> dict | None:
+    """This host's HostProbe from this run's preflight; None when preflight did not run (a stage alone)."""
+    return _probes.get(ctx_state.get(), {}).get(host.name)
 
 
 def use_stages(stages) -> None:

@@ -22,11 +22,10 @@ from modelfleet.checkpoint import Snapshot, missing_files, snapshot
 from modelfleet.inventory import COMMIT_RE, HostPlan, ServicePlan
 from modelfleet.operations.files import content_file, directory
 from modelfleet.operations.report import fail_host
-from modelfleet.stages import deployed_for_stage, deployed_of, host_plan, resolved
+from modelfleet.stages import TOOLS_BIN, deployed_for_stage, deployed_of, host_plan, resolved
 
-TOOLS = "/opt/modelfleet"
-FETCH = f"{TOOLS}/bin/modelfleet_fetch.py"
-VENV = f"{TOOLS}/hf-venv"
+FETCH = f"{TOOLS_BIN}/modelfleet_fetch.py"
+VENV = "/opt/modelfleet/hf-venv"
 HF_CLIENT = "huggingface_hub[hf_xet]>=0.34,<3"
 FANOUT_PORT = 18431
 TEMP_FACTOR = 1.05  # partial files beside the ones being replaced
@@ -67,7 +66,7 @@ def _group(svc: ServicePlan) -> list[str]:
 
 def wants(plan: HostPlan) -> dict:
     dirs = list(_checkpoints(plan))
-    return {"trees": dirs, "paths": [f"{TOOLS}/bin", FETCH, f"{VENV}/bin/python", plan.config_dir,
+    return {"trees": dirs, "paths": [TOOLS_BIN, FETCH, f"{VENV}/bin/python", plan.config_dir,
                                      f"{plan.config_dir}/hf-token", *dirs, *(_job_path(plan, d) for d in dirs)]}
 
 
@@ -168,8 +167,7 @@ def run(deployed: dict | None = None):
     mine = deployed or deployed_for_stage(__name__)
     directory(name=f"Config directory {plan.config_dir} (0700)", path=plan.config_dir,
               current=mine["paths"].get(plan.config_dir), mode="0700")
-    directory(name=f"Tools directory {TOOLS}/bin", path=f"{TOOLS}/bin",
-              current=mine["paths"].get(f"{TOOLS}/bin"))
+    directory(name=f"Tools directory {TOOLS_BIN}", path=TOOLS_BIN, current=mine["paths"].get(TOOLS_BIN))
     content_file(name=f"Fetch script {FETCH}", dest=FETCH, content=(REPO_ROOT / "files" / "modelfleet_fetch.py")
                  .read_text(), current=mine["paths"].get(FETCH), mode="0755")
     for model_dir, (svc, snap) in _checkpoints(plan).items():

@@ -26,11 +26,11 @@ from pyinfra.context import ctx_state
 from modelfleet import REPO_ROOT
 from modelfleet.inventory import HostPlan, ServicePlan
 from modelfleet.operations.files import content_file, directory
-from modelfleet.stages import deployed_for_stage, host_plan, resolved, service
+from modelfleet.render import gpu_flags
+from modelfleet.stages import TOOLS_BIN, deployed_for_stage, host_plan, resolved, service
 from modelfleet.stages.images import pinned_image
 
-TOOLS = "/opt/modelfleet/bin"
-SCRIPT = f"{TOOLS}/nccl_check.py"
+SCRIPT = f"{TOOLS_BIN}/nccl_check.py"
 REPORT_DIR = Path(os.environ.get("MODELFLEET_REPORTS", "reports")) / "netcheck"
 # Largest message of the sweep: nccl-tests' health checks read busbw at the top of -b 1M -e 16G on GPUs;
 # the lab's Gloo over loopback stops at 64M to stay quick on two cores.
@@ -39,7 +39,7 @@ _results: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # run -> pool
 
 
 def wants(plan: HostPlan) -> dict:
-    return {"paths": [TOOLS, SCRIPT]}
+    return {"paths": [TOOLS_BIN, SCRIPT]}
 
 
 def backend(svc: ServicePlan) -> str:
@@ -53,8 +53,6 @@ def _port(pool: str) -> int:
 
 def check_command(svc: ServicePlan, image: str) -> str:
     """The docker run that executes the check script (fed on stdin) inside the serving image."""
-    from modelfleet.render import gpu_flags
-
     b = backend(svc)
     argv = ["docker", "run", "--rm", "-i", "--network", "host", "--ipc=host", *gpu_flags(svc)]
     for key, value in sorted(svc.env.items()):
@@ -157,7 +155,7 @@ def run(deployed: dict | None = None, report_dir: Path | None = None):
     plan = host_plan()
     alone = deployed is None
     mine = deployed or deployed_for_stage(__name__)
-    directory(name=f"Tools directory {TOOLS}", path=TOOLS, current=mine["paths"].get(TOOLS))
+    directory(name=f"Tools directory {TOOLS_BIN}", path=TOOLS_BIN, current=mine["paths"].get(TOOLS_BIN))
     content_file(name=f"Check script {SCRIPT}", dest=SCRIPT, content=(REPO_ROOT / "files" / "nccl_check.py")
                  .read_text(), current=mine["paths"].get(SCRIPT), mode="0755")
     for svc in plan.services:

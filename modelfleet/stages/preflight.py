@@ -15,7 +15,7 @@ from modelfleet.facts.probe import HostProbe
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.report import fail_host
 from modelfleet.planner import plan_capacity
-from modelfleet.stages import host_plan
+from modelfleet.stages import host_plan, remember_probe
 
 # Reports land on the control node; MODELFLEET_REPORTS moves them (tests, CI artefacts).
 REPORT_DIR = Path(os.environ.get("MODELFLEET_REPORTS", "reports")) / "preflight"
@@ -113,7 +113,9 @@ def assess(plan: HostPlan, gpus: list[dict]) -> list[dict]:
 @deploy("modelfleet preflight")
 def run(report_dir: Path | None = None) -> bool:
     plan = host_plan()
-    report = evaluate(plan, host.get_fact(HostProbe, model_root=plan.model_root))
+    probe = host.get_fact(HostProbe, model_root=plan.model_root)
+    remember_probe(probe)
+    report = evaluate(plan, probe)
     report_dir = report_dir or REPORT_DIR
     report_dir.mkdir(parents=True, exist_ok=True)
     (report_dir / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', plan.name)}.json").write_text(json.dumps(report, indent=2) + "\n")

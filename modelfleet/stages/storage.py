@@ -19,7 +19,7 @@ from modelfleet.facts.host import BlockDevices
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.files import directory
 from modelfleet.operations.report import fail_host
-from modelfleet.stages import deployed_for_stage, host_plan
+from modelfleet.stages import deployed_for_stage, host_plan, probe_of
 
 LABEL = "mf-models"  # at most 12 characters for XFS
 RAID = "/dev/md/modelfleet"
@@ -117,7 +117,10 @@ def run(deployed: dict | None = None):
     if not plan.nvme_devices:
         return
     state = deployed or deployed_for_stage(__name__)
-    devices = host.get_fact(BlockDevices)  # only hosts with nvme_devices pay this round trip
+    # Preflight's probe already listed the block devices; only a stage run alone asks again.
+    devices = (probe_of() or {}).get("block_devices")
+    if devices is None:
+        devices = host.get_fact(BlockDevices)
     targets, refusals = plan_devices(plan, devices)
     if refusals:
         fail_host(name="Storage: refuse to format devices that hold data", reasons=refusals)
