@@ -51,6 +51,10 @@ lab_hosts = [
         "config_dir": spec["config_dir"],
         "image_registry": _lab["registry"],
         "gpu_passthrough": False,
+        # Hosts made bare (`lab up --persona h200x1-bare`) get their driver, Fabric Manager, Docker and toolkit
+        # from the lab's apt repositories (the real URLs' paths on 127.0.0.1:5080); the others come pre-built.
+        "gpu_stack": spec.get("bare", False),
+        **(_lab["apt"]["stack_urls"] if spec.get("bare") else {}),
         "hf_token_env": "MODELFLEET_LAB_HF_TOKEN",
         "hf_endpoint": _lab["hub"]["endpoint"] if _lab.get("hub") else None,
         "model_root": os.environ.get("MODELFLEET_LAB_MODEL_ROOT") or spec["model_root"],

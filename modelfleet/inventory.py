@@ -90,6 +90,55 @@ class HostData(BaseModel):
     nccl_socket_ifname: str | None = None
     gloo_socket_ifname: str | None = None
     nccl_ib_hca: str | None = None
+    # The GPU host stack (stages os_base, gpu_driver, container_runtime). Every outside URL is data: a site
+    # mirror replaces it; nothing is downloaded from anywhere not named here.
+    gpu_stack: bool = True  # False: the driver, Docker and toolkit are someone else's job (checked, not installed)
+    driver_branch: str = Field("580", pattern=r"^[0-9]{3}$")
+    driver_flavor: Literal["open", "proprietary"] = "open"  # open kernel modules are NVIDIA's default since R560
+    driver_allow_downgrade: bool = False  # a loaded driver newer than the branch is refused unless this is set
+    driver_pinning: bool = True  # NVIDIA's nvidia-driver-pinning-<branch> package; False: apt-mark hold
+    cuda_toolkit: str | None = None  # e.g. "13-0" installs cuda-toolkit-13-0 (the engine images bring their own)
+    reboot: bool = True  # False (`--data reboot=false`): record "reboot pending" instead of rebooting
+    # https://docs.nvidia.com/datacenter/tesla/driver-installation-guide/ (network repository, cuda-keyring)
+    nvidia_repo_url: str = "https://developer.download.nvidia.com/compute/cuda/repos"
+    # https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/install-guide.html
+    container_toolkit_repo_url: str = "https://nvidia.github.io/libnvidia-container/stable/deb"
+    container_toolkit_key_url: str = "https://nvidia.github.io/libnvidia-container/gpgkey"
+    docker_source: Literal["docker", "distro"] = "docker"  # Docker's repository (docker-ce) or the distro's docker.io
+    docker_repo_url: str = "https://download.docker.com/linux"  # https://docs.docker.com/engine/install/ubuntu/
+    # https://rocm.docs.amd.com/projects/install-on-linux/ (amdgpu-install, then amdgpu-dkms and rocm)
+    amd_repo_url: str = "https://repo.radeon.com"
+    rocm_version: str = Field("7.0", pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$")
+    amdgpu_install_build: str = "7.0.70000-1"  # amdgpu-install_<build>_all.deb for rocm_version
+    # Any image works: the toolkit injects the host's nvidia-smi. CUDA's base image, from NVIDIA's registry.
+    gpu_check_image: str = "nvcr.io/nvidia/cuda:13.0.2-base-ubuntu24.04"
+    service_user: str = "root"  # added to render/video on AMD hosts
+
+
+@dataclass(frozen=True)
+class StackPlan:
+    """The GPU host stack a host should have: from HostData, one field each (see there)."""
+
+    manage: bool = False
+    driver_branch: str = "580"
+    driver_flavor: str = "open"
+    driver_allow_downgrade: bool = False
+    driver_pinning: bool = True
+    cuda_toolkit: str | None = None
+    reboot: bool = True
+    nvidia_repo_url: str = ""
+    container_toolkit_repo_url: str = ""
+    container_toolkit_key_url: str = ""
+    docker_source: str = "docker"
+    docker_repo_url: str = ""
+    amd_repo_url: str = ""
+    rocm_version: str = ""
+    amdgpu_install_build: str = ""
+    gpu_check_image: str = ""
+    service_user: str = "root"
+
+
+STACK_KEYS = tuple(f for f in StackPlan.__dataclass_fields__ if f != "manage")
 
 
 @dataclass(frozen=True)
@@ -181,6 +230,7 @@ class HostPlan:
     verify_full: bool = False
     dcgm_exporter: bool = False
     dcgm_exporter_image: str = ""
+    stack: StackPlan = StackPlan()
     # pyinfra's SSH settings, for the client commands (status, logs, tunnel) that reach hosts without pyinfra
     ssh_port: int = 22
     ssh_user: str | None = None
@@ -293,9 +343,7 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
     if svc.api_key_env and svc.api_key_env not in os.environ:
         errors.append((where, "api_key_env", f"{svc.api_key_env} is not set in the control node's environment"))
     gpus = svc.gpus if svc.gpus is not None else recipe.layout.gpus_per_node
-    image = svc.image or recipe.image
-    if host.image_registry and not image.startswith(f"{host.image_registry.rstrip('/')}/"):
-        image = f"{host.image_registry.rstrip('/')}/{image}"
+    image = _from_registry(host, svc.image or recipe.image)
     revision_dir = svc.revision or "main"
     return ServicePlan(
         host=name, pool=svc.pool or _slug(name), model=model, engine_name=svc.engine, engine=engine,
@@ -308,6 +356,13 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
         checkpoint_group=svc.checkpoint_group or svc.pool or _slug(name),
         netcheck_min_busbw_gbps=svc.netcheck_min_busbw_gbps, netcheck_timeout_s=svc.netcheck_timeout_s,
     )
+
+
+def _from_registry(host: HostData, image: str) -> str:
+    """The image through the site mirror / lab registry, when the inventory names one."""
+    if host.image_registry and not image.startswith(f"{host.image_registry.rstrip('/')}/"):
+        return f"{host.image_registry.rstrip('/')}/{image}"
+    return image
 
 
 def _network_env(host: HostData) -> dict[str, str]:
@@ -374,7 +429,11 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
                                    ssh_user=host.ssh_user, ssh_key=host.ssh_key,
                                    ssh_known_hosts_file=host.ssh_known_hosts_file, verify_bench=host.verify_bench,
                                    verify_full=host.verify_full, dcgm_exporter=host.dcgm_exporter,
-                                   dcgm_exporter_image=host.dcgm_exporter_image)
+                                   dcgm_exporter_image=host.dcgm_exporter_image,
+                                   stack=StackPlan(manage=host.gpu_stack,
+                                                   **{k: getattr(host, k) for k in STACK_KEYS
+                                                      if k != "gpu_check_image"},
+                                                   gpu_check_image=_from_registry(host, host.gpu_check_image)))
     pools = _resolve_pools(hosts, errors)
     return Resolved(hosts=_with_ranks(hosts, pools), pools=pools, errors=errors)
 

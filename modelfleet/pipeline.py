@@ -1,32 +1,87 @@
-"""The stage pipeline, in DESIGN.md order. The GPU-stack stages (os_base, gpu_driver, container_runtime) are not
-built yet; they slot in before storage without touching the others."""
+"""The stage pipeline, in DESIGN.md order: preflight, the GPU host stack (os_base, gpu_driver,
+container_runtime), then the serving stages."""
 
 from __future__ import annotations
 
+import os
+import re
+from pathlib import Path
+
+from modelfleet.operations.apt import missing
+from modelfleet.operations.report import fail_host, write_report
 from modelfleet.stages import (
+    container_runtime,
     deployed_of,
     exporters,
+    gpu_driver,
+    host_plan,
     images,
     model,
     netcheck,
+    os_base,
     preflight,
+    probe_of,
     service,
     storage,
     use_stages,
     verify,
 )
 
+STACK = (os_base, gpu_driver, container_runtime)
 PIPELINE = (storage, model, images, netcheck, service, verify, exporters)
+STACK_REPORT_DIR = Path(os.environ.get("MODELFLEET_REPORTS", "reports")) / "gpu_stack"
 
 
-def serve(stages=PIPELINE) -> None:
+def gpu_stack(deployed: dict, serving: bool) -> bool:
+    """The host stack; True when the host can go on to serve (no refusal, no reboot pending). A pending
+    reboot stops the host when serving stages follow; on its own the stack just reports it."""
+    plan = host_plan()
+    os_base.run(deployed=deployed)
+    driver = gpu_driver.run(deployed=deployed)
+    if driver.problems:
+        return False
+    installs = missing(driver.packages, deployed["packages"])
+    runtime = container_runtime.run(deployed=deployed, driver_changes=bool(installs) or driver.reboot,
+                                    reboot_pending=driver.pending)
+    base = missing(os_base.base_packages(plan, (probe_of() or {}).get("os")), deployed["packages"])
+    report = {
+        "host": plan.name, "managed": plan.stack.manage, "vendor": driver.vendor,
+        "stages": ["preflight", "os_base", "gpu_driver", "container_runtime"],
+        "driver_loaded_before": driver.loaded, "driver_branch": plan.stack.driver_branch,
+        "packages_installed": sorted({*base, *installs, *missing(runtime.packages, deployed["packages"]),
+                                      *driver.exact, *((driver.repo_package,) if driver.repo_package and not
+                                                       deployed["packages"].get(driver.repo_package) else ())}
+                                     if plan.stack.manage else []),
+        "fabric_manager": {"packages": driver.exact, "at_version": driver.exact_version or
+                           ("the installed driver's" if driver.exact else None)},
+        "reboot": {"needed": driver.reboot, "taken": driver.reboot and driver.allowed_reboot,
+                   "pending": driver.pending, "reason": driver.reboot_reason},
+        "docker_restarted": runtime.restart_docker, "cdi_generated": runtime.cdi,
+    }
+    write_report(name="GPU stack report", path=str(STACK_REPORT_DIR / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', plan.name)}.json"),
+                 report=report)
+    if driver.pending and serving:
+        fail_host(name="Reboot pending", reasons=[f"reboot pending ({driver.reboot_reason}): the serving stages wait "
+                                                  "for the new driver; re-run without `reboot: false`"])
+        return False
+    return not driver.pending
+
+
+def serve(stages=PIPELINE, stack: bool = True) -> None:
     """
-    Preflight, then the stages: a refused host gets none of them (and --dry shows none). What the stages
-    find on the host is read once for all of them.
+    Preflight, the GPU stack, then the stages: a refused host gets none of them (and --dry shows none).
+    What the stages find on the host is read once for all of them.
     """
-    if not preflight.run():
+    if not preflight.run(defer_stack=stack):
         return
-    use_stages(stages)
+    use_stages((*STACK, *stages) if stack else stages)
     deployed = deployed_of()
+    if stack and not gpu_stack(deployed, serving=bool(stages)):
+        return
     for stage in stages:
         stage.run(deployed=deployed)
+
+
+def stack_only() -> None:
+    """deploys/gpu_stack.py: preflight and the host stack, nothing that serves."""
+    serve(stages=())

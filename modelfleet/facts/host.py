@@ -62,8 +62,10 @@ class DiskFree(FactBase):
 
 
 class OsRelease(FactBase):
+    """/etc/os-release, plus the running kernel (its headers package) and machine architecture."""
+
     def command(self) -> str:
-        return "cat /etc/os-release"
+        return 'cat /etc/os-release; echo "KERNEL_RELEASE=$(uname -r)"; echo "MACHINE_ARCH=$(uname -m)"'
 
     def process(self, output):
         out = {}
@@ -72,7 +74,8 @@ class OsRelease(FactBase):
             if sep:
                 out[key.strip()] = value.strip().strip('"')
         return {"id": out.get("ID"), "version_id": out.get("VERSION_ID"),
-                "codename": out.get("VERSION_CODENAME"), "pretty_name": out.get("PRETTY_NAME")}
+                "codename": out.get("VERSION_CODENAME"), "pretty_name": out.get("PRETTY_NAME"),
+                "kernel": out.get("KERNEL_RELEASE"), "arch": out.get("MACHINE_ARCH")}
 
 
 class ListeningPorts(FactBase):

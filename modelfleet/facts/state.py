@@ -1,5 +1,5 @@
 """What a stage has already put on a host, read in one round trip: paths (kind, mode, owner, sha256), units
-local images, and checkpoint trees (files with size and mtime, the manifest, free space)."""
+local images, checkpoint trees (files with size and mtime, the manifest, free space) and Debian packages."""
 
 from __future__ import annotations
 
@@ -16,21 +16,31 @@ class DeployedState(FactBase):
     {"paths": {path: None | {"kind": "dir"|"file", "mode": "600", "user", "group", "sha256"}},
      "units": {unit: {"ActiveState": ..., "UnitFileState": ...}}, "images": {ref: None | {"id": "sha256:..."}},
      "trees": {dir: {"files": {relpath: [size, mtime]}, "manifest": dict | None, "free_bytes": int | None,
-                     "current": target of the sibling `current` link, "revisions": sibling commit dirs, newest first}}}.
+                     "current": target of the sibling `current` link, "revisions": sibling commit dirs, newest first}},
+     "packages": {name: None | {"version": "580.159.04-1", "held": bool}},
+     "texts": {path: None | content} (small config files a stage must read, e.g. /etc/docker/daemon.json)}.
     A stage fetches it once and decides every file, directory, unit and image from it, instead of one
     stat/sha/systemctl/docker round trip per operation.
     """
 
     @staticmethod
     def default():
-        return {"paths": {}, "units": {}, "images": {}, "trees": {}}
+        return {"paths": {}, "units": {}, "images": {}, "trees": {}, "packages": {}, "texts": {}}
 
     def command(self, paths: tuple[str, ...] = (), units: tuple[str, ...] = (), images: tuple[str, ...] = (),
-                trees: tuple[str, ...] = ()) -> str:
+                trees: tuple[str, ...] = (), packages: tuple[str, ...] = (), texts: tuple[str, ...] = ()) -> str:
         quoted_paths = " ".join(shlex.quote(p) for p in paths)
         quoted_units = " ".join(shlex.quote(u) for u in units)
         quoted_images = " ".join(shlex.quote(i) for i in images)
         quoted_trees = " ".join(shlex.quote(t) for t in trees)
+        quoted_packages = " ".join(shlex.quote(k) for k in packages)
+        # Installed packages only ("ii"); a hold shows as "hi".
+        package_part = (
+            f"for k in {quoted_packages}; do echo \"{MARK} package $k\"; "
+            "dpkg-query -W -f='${db:Status-Abbrev} ${Version}\\n' -- \"$k\" 2>/dev/null | grep -E '^[hi]i '; "
+            "done; ") if packages else ""
+        text_part = "".join(f"echo \"{MARK} text {shlex.quote(t)}\"; [ -f {shlex.quote(t)} ] && sed 's/^/= /' "
+                            f"{shlex.quote(t)}; " for t in texts)
         return (
             f"for p in {quoted_paths}; do echo \"{MARK} path $p\"; "
             'if [ -d "$p" ]; then stat -c "dir %a %U %G -" -- "$p"; '
@@ -47,7 +57,7 @@ class DeployedState(FactBase):
             '[ -d "$t" ] && find "$t" -type f ! -path "*/.cache/*" ! -name ".modelfleet-*" -printf "file %s %T@ %P\\n"; '
             'echo "current $(readlink "$(dirname "$t")/current")"; '
             'echo "revisions $(ls -t "$(dirname "$t")" 2>/dev/null | grep -Ex "[0-9a-f]{40}" | tr "\\n" " ")"; '
-            "done; true"
+            "done; " + package_part + text_part + "true"
         )
 
     def process(self, output):
@@ -80,6 +90,10 @@ class DeployedState(FactBase):
                 elif word == "file":
                     size, mtime, rel = rest.split(" ", 2)
                     tree["files"][rel] = [int(size), float(mtime)]
+            elif kind == "text" and (line.startswith("= ") or line == "="):
+                result["texts"][name] = (result["texts"][name] or "") + line[2:] + "\n"
+            elif kind == "package" and line[:3] in ("ii ", "hi "):
+                result["packages"][name] = {"version": line.split()[1], "held": line.startswith("h")}
             elif kind == "image" and line.startswith("id=sha256:"):
                 result["images"][name] = {"id": line[3:]}
             elif kind == "unit" and "=" in line:

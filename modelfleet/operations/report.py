@@ -1,6 +1,10 @@
-"""Stop a host with its reasons: the operation fails at execution, so later stages never run there."""
+"""Stop a host with its reasons (the operation fails at execution, so later stages never run there), and write
+reports when the run reaches a point on a host."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 from pyinfra import logger
 from pyinfra.api import FunctionCommand, operation
@@ -17,3 +21,16 @@ def refuse(state, host, reasons: list[str]) -> bool:
 @operation(is_idempotent=False)
 def fail_host(reasons: list[str]):
     yield FunctionCommand(refuse, (reasons,), {})
+
+
+def _write(state, host, path: str, report: dict) -> bool:
+    """FunctionCommand body: runs only when every earlier operation on the host succeeded."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(report, indent=2) + "\n")
+    return True
+
+
+@operation(is_idempotent=False)
+def write_report(path: str, report: dict):
+    """A JSON report on the control node, written when the run reaches this point on the host."""
+    yield FunctionCommand(_write, (path, report), {})

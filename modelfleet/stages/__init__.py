@@ -42,9 +42,9 @@ def remember_probe(probe: dict) -> None:
     _probes.setdefault(ctx_state.get(), {})[host.name] = probe
 
 
-def probe_of() -> dict | None:
-    """This host's HostProbe from this run's preflight; None when preflight did not run (a stage alone)."""
-    return _probes.get(ctx_state.get(), {}).get(host.name)
+def probe_of(name: str | None = None) -> dict | None:
+    """A host's (default: this host's) HostProbe from this run's preflight; None when preflight did not run."""
+    return _probes.get(ctx_state.get(), {}).get(name or host.name)
 
 
 def use_stages(stages) -> None:
@@ -63,7 +63,8 @@ def deployed_of(target=None) -> dict:
     with locks.setdefault(target.name, Semaphore()):
         if target.name not in cache:
             plan = resolved().hosts[target.name]
-            merged: dict[str, list[str]] = {"paths": [], "units": [], "images": [], "trees": []}
+            merged: dict[str, list[str]] = {"paths": [], "units": [], "images": [], "trees": [], "packages": [],
+                                               "texts": []}
             for stage in _stages.get(run, ()):
                 for kind, items in stage.wants(plan).items():
                     merged[kind] += [item for item in items if item not in merged[kind]]

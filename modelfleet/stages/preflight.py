@@ -15,6 +15,7 @@ from modelfleet.facts.probe import HostProbe
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.report import fail_host
 from modelfleet.planner import plan_capacity
+from modelfleet.stages.gpu_driver import branch_of, fabric_manager_needed, loaded_driver
 from modelfleet.stages import host_plan, remember_probe
 
 # Reports land on the control node; MODELFLEET_REPORTS moves them (tests, CI artefacts).
@@ -25,13 +26,31 @@ def _version_tuple(text: str | None) -> tuple[int, ...]:
     return tuple(int(p) for p in (text or "0").split(".") if p.isdigit())
 
 
-def evaluate(plan: HostPlan, probe: dict) -> dict:
-    """Compare what the host reports with what the inventory and recipes need. Pure."""
+def driver_pending(plan: HostPlan, probe: dict) -> bool:
+    """Will the gpu_driver stage install or replace the driver? Then what the driver reports is not final."""
+    if not plan.stack.manage or plan.hardware.vendor == "none":
+        return False
+    if plan.hardware.vendor == "amd":
+        return not probe.get("amd_gpus")
+    return branch_of(loaded_driver(probe)) != int(plan.stack.driver_branch)
+
+
+def evaluate(plan: HostPlan, probe: dict, defer_stack: bool = False) -> dict:
+    """
+    Compare what the host reports with what the inventory and recipes need. Pure. `defer_stack`: the GPU
+    stack stages run next (serve.py, gpu_stack.py), so what they fix (driver, Fabric Manager) is left to
+    them and checked after they ran; GPU count and memory too while no wanted driver reports them.
+    """
     problems: list[str] = []
+    deferred: list[str] = []
     hw = plan.hardware
     gpus = (probe.get("nvidia_gpus") if hw.vendor == "nvidia" else probe.get("amd_gpus")) or []
     versions = probe.get("nvidia_versions") or {}
-    if hw.vendor != "none":
+    pending = defer_stack and driver_pending(plan, probe)
+    if pending:
+        deferred.append(f"GPU count, model, memory and driver version: checked after gpu_driver installs "
+                        f"{'ROCm ' + plan.stack.rocm_version if hw.vendor == 'amd' else 'branch ' + plan.stack.driver_branch}")
+    if hw.vendor != "none" and not pending:
         if len(gpus) != plan.gpu_count:
             problems.append(f"GPU count: inventory says {plan.gpu_count}x {hw.id}, host has {len(gpus)}")
         wrong = sorted({g["name"] for g in gpus if hw.gpu_name and g["name"] != hw.gpu_name})
@@ -41,7 +60,11 @@ def evaluate(plan: HostPlan, probe: dict) -> dict:
         if small:
             problems.append(f"HBM: GPU {small[0]['index']} has {small[0]['memory_total_mib']} MiB, "
                             f"catalog expects {hw.hbm_mib} MiB")
-    problems += fabric_manager_problems(plan, probe)
+    fabric = fabric_manager_problems(plan, probe)
+    if defer_stack and plan.stack.manage and fabric:
+        deferred += [f"{p} (gpu_driver installs it at the driver's version)" for p in fabric]
+    else:
+        problems += fabric
     services = []
     ports = {p["port"]: p for p in probe.get("ports") or []}
     disk = probe.get("disk") or {}
@@ -53,7 +76,7 @@ def evaluate(plan: HostPlan, probe: dict) -> dict:
             reasons.append(f"planner: {cap.reason}")
         disk_needed += cap.disk_needed_bytes
         recipe = svc.recipe
-        if recipe.min_driver and hw.vendor == "nvidia":
+        if recipe.min_driver and hw.vendor == "nvidia" and not pending:
             driver = versions.get("driver")
             if _version_tuple(driver) < _version_tuple(recipe.min_driver):
                 reasons.append(f"driver {driver or 'absent'} < {recipe.min_driver} required by {recipe.id}")
@@ -70,6 +93,7 @@ def evaluate(plan: HostPlan, probe: dict) -> dict:
                         f"plan needs {disk_needed / 1e9:.1f} GB (checkpoint + temporary files + rollback copy)")
     return {
         "host": plan.name, "ok": not problems, "assessed": assess(plan, gpus), "problems": problems,
+        "deferred": deferred,
         "gpus": [{"name": g["name"], "memory_total_mib": g["memory_total_mib"]} for g in gpus],
         "gpu_count": len(gpus), "driver": versions.get("driver"), "cuda": versions.get("cuda"),
         "kernel_module": probe.get("nvidia_module"), "fabric_manager": probe.get("fabric_manager"),
@@ -79,18 +103,14 @@ def evaluate(plan: HostPlan, probe: dict) -> dict:
 
 
 def fabric_manager_problems(plan: HostPlan, probe: dict) -> list[str]:
-    """
-    NVSwitch systems need Fabric Manager at exactly the loaded driver's version (a mismatch is the usual cause
-    of CUDA error 802). Needed where the driver sees NVSwitch devices, or where the catalog says the board has
-    them and the host has the whole board (a VM given one GPU of it sees no switch).
-    """
-    hw, fm = plan.hardware, probe.get("fabric_manager") or {}
+    """NVSwitch systems need Fabric Manager at exactly the loaded driver's version (a mismatch is the usual cause
+    of CUDA error 802); gpu_driver.fabric_manager_needed says where."""
+    fm = probe.get("fabric_manager") or {}
     driver = (probe.get("nvidia_versions") or {}).get("driver")
-    needed = fm.get("nvswitches", 0) > 0 or (hw.fabric_manager and plan.gpu_count >= hw.gpus_per_node)
-    if hw.vendor != "nvidia" or not needed:
+    if not fabric_manager_needed(plan, probe):
         return []
     if not fm.get("version"):
-        return [f"Fabric Manager: not installed; {hw.id} with NVSwitch needs nvidia-fabricmanager at driver {driver}"]
+        return [f"Fabric Manager: not installed; {plan.hardware.id} with NVSwitch needs nvidia-fabricmanager at driver {driver}"]
     if driver and fm["version"] != driver:
         return [f"Fabric Manager {fm['version']} does not match driver {driver} (the usual cause of CUDA error "
                 "802): install the Fabric Manager package of exactly the driver's version"]
@@ -111,11 +131,11 @@ def assess(plan: HostPlan, gpus: list[dict]) -> list[dict]:
 
 
 @deploy("modelfleet preflight")
-def run(report_dir: Path | None = None) -> bool:
+def run(report_dir: Path | None = None, defer_stack: bool = False) -> bool:
     plan = host_plan()
     probe = host.get_fact(HostProbe, model_root=plan.model_root)
     remember_probe(probe)
-    report = evaluate(plan, probe)
+    report = evaluate(plan, probe, defer_stack=defer_stack)
     report_dir = report_dir or REPORT_DIR
     report_dir.mkdir(parents=True, exist_ok=True)
     (report_dir / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', plan.name)}.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -1,0 +1,76 @@
+"""Debian packages, apt sources and keys, decided from a DeployedState read once: no dpkg round trip per operation."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import shlex
+
+from pyinfra import host
+from pyinfra.api import StringCommand, operation
+
+
+def apt_get(*args: str) -> StringCommand:
+    """Every apt-get call: never prompts, keeps config files an admin changed."""
+    return StringCommand("env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "-y", "-q",
+                         "-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold", *args)
+
+
+def upstream(deb_version: str) -> str:
+    """'1:580.159.04-1ubuntu1' -> '580.159.04' (no epoch, no Debian revision)."""
+    return re.sub(r"-[^-]*$", "", deb_version.split(":", 1)[-1])
+
+
+def missing(wanted: dict[str, str | None], current: dict) -> dict[str, str | None]:
+    """Packages to install: absent, or (when an upstream version is asked for) at another version."""
+    return {name: version for name, version in wanted.items()
+            if not current.get(name) or (version and upstream(current[name]["version"]) != version)}
+
+
+@operation()
+def packages(wanted: dict[str, str | None], current: dict):
+    """
+    `wanted`: name -> upstream version (None: any). One `apt-get update` and one install for what is missing.
+    A version asked for may be a downgrade or move a held package: that is the point of asking for it.
+    """
+    todo = missing(wanted, current)
+    if not todo:
+        host.noop(f"packages {', '.join(wanted) or '(none)'} are installed")
+        return
+    yield apt_get("update")
+    versioned = any(todo.values())
+    specs = [shlex.quote(f"{name}={version}-*" if version else name) for name, version in todo.items()]
+    yield apt_get("install", *(["--allow-downgrades", "--allow-change-held-packages"] if versioned else []), *specs)
+
+
+@operation()
+def held(names: list[str], current: dict):
+    """`apt-mark hold`, so an unattended upgrade cannot move these packages."""
+    todo = [n for n in names if not (current.get(n) or {}).get("held")]
+    if not todo:
+        host.noop(f"held: {', '.join(names) or '(none)'}")
+        return
+    yield StringCommand("apt-mark", "hold", *todo)
+
+
+@operation()
+def deb_from_url(package: str | None, url: str | None, current: dict):
+    """Install a .deb published at a URL (cuda-keyring, amdgpu-install) unless that package is installed."""
+    if not package or current.get(package):
+        host.noop(f"{package or 'no repository package'} installed")
+        return
+    temp = f"/tmp/modelfleet-{package}.deb"
+    yield StringCommand("curl", "-fsSL", "--retry", "3", "-o", temp, shlex.quote(url))
+    yield apt_get("install", temp)
+    yield StringCommand("rm", "-f", temp)
+
+
+@operation()
+def key_fetched(url: str | None, dest: str | None, current: dict | None):
+    """A repository's signing key (ASCII-armoured, as published) at `dest`, fetched once from `url`."""
+    if not dest or current:
+        host.noop(f"key {dest or '(none)'} is in place")
+        return
+    yield StringCommand("install", "-d", "-m", "0755", posixpath.dirname(dest))
+    yield StringCommand("curl", "-fsSL", "--retry", "3", "-o", f"{dest}.tmp", shlex.quote(url), "&&",
+                        "chmod", "0644", f"{dest}.tmp", "&&", "mv", f"{dest}.tmp", dest)

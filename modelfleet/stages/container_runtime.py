@@ -1,0 +1,146 @@
+"""Stage container_runtime: Docker Engine and the NVIDIA Container Toolkit, and a container that sees the GPUs.
+
+Docker from Docker's apt repository (docker-ce and its plugins; `docker_source: distro` takes the
+distribution's docker.io instead), the NVIDIA Container Toolkit from NVIDIA's repository,
+`nvidia-ctk runtime configure --runtime=docker` when daemon.json lacks the nvidia runtime, a CDI spec from
+`nvidia-ctk cdi generate`, Docker restarted only when its configuration changed, and a check that a container
+run with the GPUs lists the same GPUs as the host (`--gpus all ... nvidia-smi -L`; AMD: /dev/kfd and /dev/dri).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+
+from pyinfra import host
+from pyinfra.api import StringCommand, deploy, operation
+
+from modelfleet.inventory import HostPlan
+from modelfleet.operations.apt import key_fetched, missing, packages
+from modelfleet.operations.files import content_file
+from modelfleet.operations.service import unit_running
+from modelfleet.stages import deployed_for_stage, host_plan, probe_of
+
+DAEMON_JSON = "/etc/docker/daemon.json"
+CDI_SPEC = "/etc/cdi/nvidia.yaml"
+KEYRINGS = "/etc/apt/keyrings"
+DOCKER_PACKAGES = ("docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin", "docker-compose-plugin")
+DEB_ARCHES = {"x86_64": "amd64", "aarch64": "arm64"}
+
+
+@dataclass
+class RuntimePlan:
+    manage: bool
+    vendor: str = "none"
+    sources: list[tuple[str, str, str, str]] = field(default_factory=list)  # (list path, content, key url, key path)
+    packages: dict[str, None] = field(default_factory=dict)
+    configure_nvidia: bool = False
+    cdi: bool = False
+    restart_docker: bool = False
+
+
+def nvidia_runtime_configured(daemon_json: str | None) -> bool:
+    try:
+        return "nvidia" in (json.loads(daemon_json or "{}").get("runtimes") or {})
+    except ValueError:
+        return False
+
+
+def decide(plan: HostPlan, probe: dict, state: dict, driver_changes: bool = False) -> RuntimePlan:
+    """Pure: repositories, packages and the runtime configuration this host still needs."""
+    stack, vendor = plan.stack, plan.hardware.vendor
+    if not stack.manage or vendor == "none":
+        return RuntimePlan(manage=False)
+    out = RuntimePlan(manage=True, vendor=vendor)
+    os_info = probe.get("os") or {}
+    arch = DEB_ARCHES.get(os_info.get("arch") or "", "amd64")
+    if stack.docker_source == "docker":
+        distro = os_info.get("id") or "ubuntu"
+        key = f"{KEYRINGS}/docker.asc"
+        out.sources.append((
+            "/etc/apt/sources.list.d/docker.list",
+            f"deb [arch={arch} signed-by={key}] {stack.docker_repo_url.rstrip('/')}/{distro} "
+            f"{os_info.get('codename') or 'stable'} stable\n",
+            f"{stack.docker_repo_url.rstrip('/')}/{distro}/gpg", key))
+        out.packages.update(dict.fromkeys(DOCKER_PACKAGES))
+    else:
+        out.packages["docker.io"] = None
+    if vendor == "nvidia":
+        key = f"{KEYRINGS}/nvidia-container-toolkit.asc"
+        out.sources.append((
+            "/etc/apt/sources.list.d/nvidia-container-toolkit.list",
+            f"deb [signed-by={key}] {stack.container_toolkit_repo_url.rstrip('/')}/$(ARCH) /\n",
+            stack.container_toolkit_key_url, key))
+        out.packages["nvidia-container-toolkit"] = None
+        out.configure_nvidia = not nvidia_runtime_configured(state["texts"].get(DAEMON_JSON))
+        # The spec names the driver's libraries by version: regenerate it when the driver changes.
+        out.cdi = driver_changes or not state["paths"].get(CDI_SPEC)
+    out.restart_docker = out.configure_nvidia
+    return out
+
+
+@operation()
+def nvidia_runtime(configure: bool, cdi: bool):
+    """`nvidia-ctk runtime configure --runtime=docker` (it edits daemon.json) and the CDI spec."""
+    if not configure and not cdi:
+        host.noop("nvidia runtime configured, CDI spec present")
+        return
+    if configure:
+        yield StringCommand("nvidia-ctk", "runtime", "configure", "--runtime=docker", f"--config={DAEMON_JSON}")
+    if cdi:
+        yield StringCommand("install", "-d", "-m", "0755", "/etc/cdi", "&&",
+                            "nvidia-ctk", "cdi", "generate", f"--output={CDI_SPEC}")
+
+
+def container_gpu_check_script(vendor: str, image: str) -> str:
+    """The GPUs a container sees must be the host's (same `nvidia-smi -L` lines; AMD: same render nodes)."""
+    img = shlex.quote(image)
+    if vendor == "amd":
+        host_side, container_side = "ls /dev/dri | grep -c renderD", (
+            f"docker run --rm --device /dev/kfd --device /dev/dri {img} sh -c 'ls /dev/dri | grep -c renderD'")
+    else:
+        host_side, container_side = "nvidia-smi -L", f"docker run --rm --gpus all {img} nvidia-smi -L"
+    return (f"h=$({host_side}) && c=$({container_side}) || exit 1; "
+            "[ \"$h\" = \"$c\" ] || { echo \"host sees:\"; echo \"$h\"; echo \"a container sees:\"; echo \"$c\"; "
+            "exit 1; }; echo \"a container sees the host's GPUs\"")
+
+
+@operation(is_idempotent=False)
+def container_sees_gpus(needed: bool, reason: str, vendor: str, image: str):
+    if not needed:
+        host.noop(reason)
+        return
+    yield StringCommand("sh", "-c", shlex.quote(container_gpu_check_script(vendor, image)))
+
+
+def wants(plan: HostPlan) -> dict:
+    d = decide(plan, probe_of(plan.name) or {}, {"texts": {}, "paths": {}})
+    return {"paths": [p for s in d.sources for p in (s[0], s[3])] + ([CDI_SPEC] if d.vendor == "nvidia" else []),
+            "packages": list(d.packages), "units": ["docker.service"] if d.manage else [],
+            "texts": [DAEMON_JSON] if d.vendor == "nvidia" else []}
+
+
+@deploy("modelfleet container_runtime")
+def run(deployed: dict | None = None, driver_changes: bool = False, reboot_pending: bool = False):
+    plan = host_plan()
+    state = deployed or deployed_for_stage(__name__)
+    d = decide(plan, probe_of() or {}, state, driver_changes)
+    paths = state["paths"]
+    for list_path, content, key_url, key_path in d.sources:
+        key_fetched(name=f"Signing key {key_path}", url=key_url, dest=key_path, current=paths.get(key_path))
+        content_file(name=f"Source list {list_path}", dest=list_path, content=content, current=paths.get(list_path))
+    packages(name="Docker and the container toolkit", wanted=d.packages, current=state["packages"])
+    nvidia_runtime(name="NVIDIA runtime for Docker and CDI spec", configure=d.configure_nvidia, cdi=d.cdi)
+    if d.manage:
+        unit_running(name="Run docker.service", unit="docker.service",
+                     current=state["units"].get("docker.service") or {}, reload=False, restart=d.restart_docker)
+    changed = bool(missing(d.packages, state["packages"]) or d.configure_nvidia or d.cdi or driver_changes)
+    passthrough = plan.services[0].gpu_passthrough if plan.services else True
+    skip = ("GPU stack not managed here" if not d.manage else
+            "inventory says gpu_passthrough: false (no GPUs to hand to containers)" if not passthrough else
+            "reboot pending: the driver is not loaded yet" if reboot_pending else
+            None if changed else "runtime unchanged")
+    container_sees_gpus(name="A container sees the host's GPUs", vendor=d.vendor, image=plan.stack.gpu_check_image,
+                        needed=skip is None, reason=skip or "")
+    return d

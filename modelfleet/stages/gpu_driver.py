@@ -1,0 +1,288 @@
+"""Stage gpu_driver: the GPU driver from its vendor's apt repository, held on its branch.
+
+NVIDIA: the CUDA network repository through its `cuda-keyring` package (arch x86_64 or sbsa), the driver
+branch's metapackage (open kernel modules by default), NVIDIA's pinning package for the branch (else
+`apt-mark hold`), `cuda-toolkit-X-Y` only where asked, nvidia-persistenced enabled. Where NVSwitch needs it,
+Fabric Manager (and the board's extra packages: nvlsm, nvidia-imex) at exactly the driver's version, held.
+AMD: ROCm through `amdgpu-install` (repository version from data), `amdgpu-dkms` and `rocm`, the service
+user in `render` and `video`.
+
+Skips cleanly when the wanted branch is already loaded; refuses a newer loaded driver unless downgrade is
+allowed. Reboots only when the kernel module changes, one host at a time (`_serial`), confirmed by a new
+boot and a GPU check; `reboot: false` records "reboot pending" instead and stops the host's serving stages.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+
+from pyinfra import host
+from pyinfra.api import StringCommand, deploy, operation
+
+from modelfleet.inventory import HostPlan
+from modelfleet.operations.apt import deb_from_url, held, missing, packages, upstream
+from modelfleet.operations.files import content_file
+from modelfleet.operations.reboot import reboot_and_wait
+from modelfleet.operations.report import fail_host
+from modelfleet.stages import deployed_for_stage, host_plan, probe_of
+
+# NVIDIA's repository names (https://developer.download.nvidia.com/compute/cuda/repos/)
+CUDA_DISTROS = {("ubuntu", "22.04"): "ubuntu2204", ("ubuntu", "24.04"): "ubuntu2404", ("debian", "12"): "debian12"}
+CUDA_ARCHES = {"x86_64": "x86_64", "aarch64": "sbsa"}
+CUDA_KEYRING = ("cuda-keyring", "cuda-keyring_1.1-1_all.deb", "/usr/share/keyrings/cuda-archive-keyring.gpg")
+# AMD publishes amdgpu-install per Ubuntu release; its Debian 12 instructions use the jammy packages.
+AMD_CODENAMES = {("ubuntu", "22.04"): "jammy", ("ubuntu", "24.04"): "noble", ("debian", "12"): "jammy"}
+PERSISTENCED = "nvidia-persistenced.service"
+FABRIC_MANAGER = "nvidia-fabricmanager.service"
+GROUP_FILE = "/etc/group"
+
+
+@dataclass
+class DriverPlan:
+    """What this host's driver needs, decided before the run from preflight's probe and the host state."""
+
+    vendor: str
+    problems: list[str] = field(default_factory=list)
+    repo_package: str | None = None  # cuda-keyring / amdgpu-install, from a .deb at repo_deb_url
+    repo_deb_url: str | None = None
+    source_path: str | None = None
+    source_content: str | None = None
+    packages: dict[str, str | None] = field(default_factory=dict)
+    hold: list[str] = field(default_factory=list)
+    exact: list[str] = field(default_factory=list)  # installed at exactly the driver's version (FM, IMEX)
+    exact_version: str | None = None  # known before the run, else read from the installed driver package
+    driver_package: str | None = None
+    units: list[str] = field(default_factory=list)
+    restart_units: list[str] = field(default_factory=list)
+    groups: list[str] = field(default_factory=list)
+    reboot: bool = False
+    reboot_reason: str = ""
+    loaded: str | None = None
+    allowed_reboot: bool = True
+
+    @property
+    def pending(self) -> bool:
+        """The new module is installed but not loaded, and the inventory said not to reboot."""
+        return self.reboot and not self.allowed_reboot
+
+
+def loaded_driver(probe: dict) -> str | None:
+    """The driver the kernel runs: /proc/driver/nvidia/version, else what nvidia-smi reports (it fails when
+    no module is loaded or the module and libraries differ)."""
+    module = probe.get("nvidia_module") or {}
+    return module.get("version") or (probe.get("nvidia_versions") or {}).get("driver")
+
+
+def branch_of(version: str | None) -> int:
+    head = (version or "").split(".")[0]
+    return int(head) if head.isdigit() else 0
+
+
+def fabric_manager_needed(plan: HostPlan, probe: dict) -> bool:
+    """NVSwitch seen by the driver, or the catalog says the board has it and the host has the whole board
+    (a VM given one GPU of it sees no switch)."""
+    hw, fm = plan.hardware, probe.get("fabric_manager") or {}
+    return hw.vendor == "nvidia" and (fm.get("nvswitches", 0) > 0 or
+                                      (hw.fabric_manager and plan.gpu_count >= hw.gpus_per_node))
+
+
+def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
+    """Pure: the rules in the module docstring, for one host."""
+    stack, hw = plan.stack, plan.hardware
+    if not stack.manage or hw.vendor == "none":
+        return DriverPlan(vendor="none")
+    os_info = probe.get("os") or {}
+    key = (os_info.get("id"), os_info.get("version_id"))
+    if hw.vendor == "amd":
+        return _decide_amd(plan, probe, state, key)
+    out = DriverPlan(vendor="nvidia", allowed_reboot=stack.reboot)
+    distro, arch = CUDA_DISTROS.get(key), CUDA_ARCHES.get(os_info.get("arch") or "")
+    if not distro or not arch:
+        out.problems.append(f"os: {os_info.get('pretty_name') or key} on {os_info.get('arch')} has no NVIDIA "
+                            "CUDA repository here (supported: Ubuntu 22.04, 24.04, Debian 12; x86_64, aarch64)")
+        return out
+    branch = int(stack.driver_branch)
+    repo = f"{stack.nvidia_repo_url.rstrip('/')}/{distro}/{arch}/"
+    name, deb, keyring = CUDA_KEYRING
+    out.repo_package, out.repo_deb_url = name, repo + deb
+    # The list file cuda-keyring ships, rewritten with the configured URL (identical unless a mirror is set).
+    out.source_path = f"/etc/apt/sources.list.d/cuda-{distro}-{arch}.list"
+    out.source_content = f"deb [signed-by={keyring}] {repo} /\n"
+    out.loaded = loaded = loaded_driver(probe)
+    if branch_of(loaded) > branch and not stack.driver_allow_downgrade:
+        out.problems.append(f"driver_branch: the loaded driver {loaded} is newer than branch {branch}; set "
+                            "driver_allow_downgrade: true to install it (needs a reboot)")
+        return out
+    out.driver_package = f"nvidia-driver-{branch}" + ("-open" if stack.driver_flavor == "open" else "")
+    pinning = f"nvidia-driver-pinning-{branch}" if stack.driver_pinning else None
+    installed = state["packages"]
+    if branch_of(loaded) != branch:
+        out.packages.update({**({pinning: None} if pinning else {}), out.driver_package: None})
+        out.reboot = True
+        have = installed.get(out.driver_package)
+        out.reboot_reason = (f"driver {upstream(have['version']) if have else 'branch ' + str(branch)} "
+                             f"installed, {loaded or 'no driver'} loaded")
+    if stack.cuda_toolkit:
+        out.packages[f"cuda-toolkit-{stack.cuda_toolkit}"] = None
+    if not pinning:
+        out.hold.append(out.driver_package)
+    out.units.append(PERSISTENCED)
+    if fabric_manager_needed(plan, probe):
+        fm = f"nvidia-fabricmanager-{branch}"
+        extras = [p.format(branch=branch) for p in hw.extra_packages]
+        out.exact = [fm] + [p for p in extras if str(branch) in p]
+        out.packages.update({p: None for p in extras if str(branch) not in p})
+        out.hold += out.exact
+        out.units.append(FABRIC_MANAGER)
+        # Known now when the wanted branch is loaded; else it is whatever driver this run installs.
+        out.exact_version = loaded if not out.reboot else None
+        if out.exact_version and missing({p: out.exact_version for p in out.exact}, installed):
+            out.restart_units.append(FABRIC_MANAGER)
+    return out
+
+
+def _decide_amd(plan: HostPlan, probe: dict, state: dict, key: tuple) -> DriverPlan:
+    stack = plan.stack
+    out = DriverPlan(vendor="amd", allowed_reboot=stack.reboot)
+    codename = AMD_CODENAMES.get(key)
+    if not codename:
+        out.problems.append(f"os: {key} has no amdgpu-install package (supported: Ubuntu 22.04, 24.04, Debian 12)")
+        return out
+    out.repo_package = "amdgpu-install"
+    out.repo_deb_url = (f"{stack.amd_repo_url.rstrip('/')}/amdgpu-install/{stack.rocm_version}/ubuntu/{codename}/"
+                        f"amdgpu-install_{stack.amdgpu_install_build}_all.deb")
+    out.packages = {"amdgpu-dkms": None, "rocm": None}
+    if not state["packages"].get("amdgpu-dkms"):
+        out.reboot, out.reboot_reason = True, "amdgpu-dkms installed (new kernel module)"
+    out.groups = ["render", "video"]
+    return out
+
+
+def _members(group_file: str | None, group: str) -> list[str]:
+    for line in (group_file or "").splitlines():
+        cells = line.split(":")
+        if len(cells) == 4 and cells[0] == group:
+            return [m for m in cells[3].split(",") if m]
+    return []
+
+
+@operation()
+def in_groups(user: str, groups: list[str], group_file: str | None):
+    """The service user in the GPU device groups (AMD: /dev/kfd and /dev/dri belong to render and video)."""
+    todo = [g for g in groups if user not in _members(group_file, g)]
+    if not todo:
+        host.noop(f"{user} is in {', '.join(groups) or 'the groups it needs'}")
+        return
+    yield StringCommand("usermod", "-a", "-G", ",".join(todo), user)
+
+
+def exact_install_script(names: list[str], driver_package: str) -> str:
+    """Install `names` at the installed driver package's upstream version (read on the host after the driver
+    was installed in this run), allowing a downgrade and a held package to move."""
+    specs = " ".join(f"{shlex.quote(n)}=\"$v-*\"" for n in names)
+    return (f"v=$(dpkg-query -W -f='${{Version}}' {shlex.quote(driver_package)} | sed 's/^[0-9]*://; s/-[^-]*$//') "
+            f"&& [ -n \"$v\" ] && DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Dpkg::Options::=--force-confdef "
+            f"-o Dpkg::Options::=--force-confold install --allow-downgrades --allow-change-held-packages {specs}")
+
+
+@operation()
+def at_driver_version(names: list[str], driver_package: str | None, version: str | None, current: dict):
+    """Fabric Manager (and IMEX) at exactly the driver's version: the usual cause of CUDA error 802 is skew."""
+    if not names:
+        host.noop("no NVSwitch: Fabric Manager not needed")
+        return
+    if version:
+        yield from packages._inner(wanted={n: version for n in names}, current=current)
+        return
+    yield StringCommand("sh", "-c", shlex.quote(exact_install_script(names, driver_package)))
+
+
+def unit_enable_command(unit: str, start: bool, restart: bool) -> StringCommand:
+    if restart:
+        return StringCommand("systemctl", "enable", unit, "&&", "systemctl", "restart", unit)
+    return StringCommand("systemctl", "enable", *(["--now"] if start else []), unit)
+
+
+@operation()
+def units_enabled(units: list[str], current: dict, start: bool, restart: list[str]):
+    """Driver daemons enabled (started now only when the driver is loaded; else they start at boot)."""
+    todo = [u for u in units if u in restart or (current.get(u) or {}).get("UnitFileState") != "enabled"
+            or (start and (current.get(u) or {}).get("ActiveState") != "active")]
+    if not todo:
+        host.noop(f"{', '.join(units) or 'no driver daemons'} enabled")
+        return
+    for unit in todo:
+        yield unit_enable_command(unit, start, unit in restart)
+
+
+def stack_check_script(plan: HostPlan, fabric: bool) -> str:
+    """After the driver work: the GPUs answer at the wanted branch, and Fabric Manager matches the driver."""
+    count, branch = plan.gpu_count, plan.stack.driver_branch
+    script = (
+        "n=$(nvidia-smi -L | grep -c '^GPU ') || { nvidia-smi; exit 1; }; "
+        f"[ \"$n\" -eq {count} ] || {{ echo \"nvidia-smi lists $n GPUs, inventory says {count}\"; exit 1; }}; "
+        "d=$(nvidia-smi --version | sed -n 's/^\\(DRIVER\\|KMD\\) version *: *//p'); "
+        f"case \"$d\" in {branch}.*) ;; *) echo \"driver $d is not branch {branch}\"; exit 1;; esac"
+    )
+    if fabric:
+        script += ("; f=$(nv-fabricmanager --version | sed -n 's/^Fabric Manager version is *: *//p'); "
+                   "[ \"$f\" = \"$d\" ] || { echo \"Fabric Manager $f does not match driver $d (CUDA error 802)\"; "
+                   "exit 1; }")
+    return script
+
+
+def amd_check_script() -> str:
+    return "amd-smi list >/dev/null || { echo 'amd-smi lists no GPU'; exit 1; }"
+
+
+@operation(is_idempotent=False)
+def stack_checked(needed: bool, script: str):
+    """Run the post-install GPU check on the host (only after this run changed the driver)."""
+    if not needed:
+        host.noop("driver unchanged: preflight's view stands")
+        return
+    yield StringCommand("sh", "-c", shlex.quote(script))
+
+
+def wants(plan: HostPlan) -> dict:
+    probe = probe_of(plan.name) or {}
+    empty = {"packages": {}, "units": {}, "paths": {}, "texts": {}}
+    d = decide(plan, probe, empty)
+    return {"packages": [p for p in [d.repo_package, d.driver_package, *d.packages, *d.exact] if p],
+            "paths": [d.source_path] if d.source_path else [], "units": d.units,
+            "texts": [GROUP_FILE] if d.groups else []}
+
+
+@deploy("modelfleet gpu_driver")
+def run(deployed: dict | None = None) -> DriverPlan:
+    plan = host_plan()
+    state = deployed or deployed_for_stage(__name__)
+    probe = probe_of() or {}
+    d = decide(plan, probe, state)
+    if d.problems:
+        fail_host(name="GPU driver: refused", reasons=d.problems)
+        return d
+    current = state["packages"]
+    deb_from_url(name=f"Repository package {d.repo_package or '(none)'}", package=d.repo_package,
+                 url=d.repo_deb_url, current=current)
+    if d.source_path:
+        content_file(name=f"Source list {d.source_path}", dest=d.source_path, content=d.source_content,
+                     current=state["paths"].get(d.source_path))
+    packages(name=f"{d.vendor.upper()} driver packages", wanted=d.packages, current=current)
+    at_driver_version(name="Fabric Manager at the driver's exact version", names=d.exact,
+                      driver_package=d.driver_package, version=d.exact_version, current=current)
+    held(name="Hold the driver branch", names=d.hold, current=current)
+    if d.groups:
+        in_groups(name=f"{plan.stack.service_user} in {', '.join(d.groups)}", user=plan.stack.service_user,
+                  groups=d.groups, group_file=state["texts"].get(GROUP_FILE))
+    units_enabled(name="Driver daemons enabled", units=d.units, current=state["units"],
+                  start=not d.reboot, restart=d.restart_units)
+    check = stack_check_script(plan, bool(d.exact)) if d.vendor == "nvidia" else amd_check_script()
+    reboot_and_wait(name="Reboot for the new kernel module (one host at a time)",
+                    needed=d.reboot and d.allowed_reboot, reason=d.reboot_reason, check_command=check,
+                    _serial=True)
+    stack_checked(name="GPUs answer at the wanted driver", script=check,
+                  needed=bool(d.vendor != "none" and not d.reboot and (missing(d.packages, current) or
+                                                                     d.restart_units)))
+    return d

@@ -1,0 +1,43 @@
+"""Stage os_base: what the GPU stack builds on. The running kernel's headers (the NVIDIA open modules and
+amdgpu-dkms are built against them), and the tools the repository steps use (curl, CA certificates), all
+from the distribution's own archive."""
+
+from __future__ import annotations
+
+from pyinfra.api import deploy
+
+from modelfleet.inventory import HostPlan
+from modelfleet.operations.apt import packages
+from modelfleet.stages import deployed_for_stage, host_plan, probe_of
+
+BASE_PACKAGES = ("ca-certificates", "curl")
+
+
+def base_packages(plan: HostPlan, os_info: dict | None) -> dict[str, None]:
+    """Package name -> any version; empty where the stack is not ours to manage."""
+    if not plan.stack.manage or plan.hardware.vendor == "none":
+        return {}
+    names = list(BASE_PACKAGES)
+    if (os_info or {}).get("kernel"):
+        names.append(f"linux-headers-{os_info['kernel']}")
+    return dict.fromkeys(names)
+
+
+def _os_info() -> dict | None:
+    from pyinfra import host
+
+    from modelfleet.facts.host import OsRelease
+    probe = probe_of()
+    return probe["os"] if probe else host.get_fact(OsRelease)
+
+
+def wants(plan: HostPlan) -> dict:
+    return {"packages": list(base_packages(plan, (probe_of(plan.name) or {}).get("os")))}
+
+
+@deploy("modelfleet os_base")
+def run(deployed: dict | None = None):
+    plan = host_plan()
+    wanted = base_packages(plan, _os_info())
+    state = deployed or deployed_for_stage(__name__)
+    packages(name="Base packages and kernel headers", wanted=wanted, current=state["packages"])
