@@ -316,8 +316,9 @@ def lab() -> None:
 
 @lab.command("up")
 @click.option("--hosts", type=int, default=3, show_default=True)
-@click.option("--persona", "personas", multiple=True, type=click.Choice(["h200x1", "b300x8-synthetic"]),
-              help="GPU persona per host, repeated round-robin (default h200x1).")
+@click.option("--persona", "personas", multiple=True, type=click.Choice(["h200x1", "b300x8-synthetic", "h200x1-bare", "b300x8-bare"]),
+              help="GPU persona per host, repeated round-robin (default h200x1); *-bare hosts have no driver, "
+                   "Docker or toolkit yet (deploys/gpu_stack.py installs them).")
 @click.option("--disks", type=int, default=0, show_default=True,
               help="Loop devices per new host, standing in for NVMe drives (512 MiB sparse images).")
 def lab_up(hosts: int, personas: tuple[str, ...], disks: int) -> None:

@@ -110,8 +110,9 @@ class HostData(BaseModel):
     amd_repo_url: str = "https://repo.radeon.com"
     rocm_version: str = Field("7.0", pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$")
     amdgpu_install_build: str = "7.0.70000-1"  # amdgpu-install_<build>_all.deb for rocm_version
-    # Any image works: the toolkit injects the host's nvidia-smi. CUDA's base image, from NVIDIA's registry.
-    gpu_check_image: str = "nvcr.io/nvidia/cuda:13.0.2-base-ubuntu24.04"
+    # Any image works (the toolkit injects the host's nvidia-smi; AMD's check lists /dev/dri). Default: CUDA's
+    # base image from NVIDIA's registry on NVIDIA hosts, ubuntu:24.04 on AMD hosts.
+    gpu_check_image: str | None = None
     service_user: str = "root"  # added to render/video on AMD hosts
 
 
@@ -433,7 +434,9 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
                                    stack=StackPlan(manage=host.gpu_stack,
                                                    **{k: getattr(host, k) for k in STACK_KEYS
                                                       if k != "gpu_check_image"},
-                                                   gpu_check_image=_from_registry(host, host.gpu_check_image)))
+                                                   gpu_check_image=_from_registry(host, host.gpu_check_image or (
+                                                       "ubuntu:24.04" if hw.vendor == "amd" else
+                                                       "nvcr.io/nvidia/cuda:13.0.2-base-ubuntu24.04"))))
     pools = _resolve_pools(hosts, errors)
     return Resolved(hosts=_with_ranks(hosts, pools), pools=pools, errors=errors)
 

@@ -36,10 +36,12 @@ def gpu_stack(deployed: dict, serving: bool) -> bool:
     """The host stack; True when the host can go on to serve (no refusal, no reboot pending). A pending
     reboot stops the host when serving stages follow; on its own the stack just reports it."""
     plan = host_plan()
+    refusals = gpu_driver.decide(plan, probe_of() or {}, deployed).problems
+    if refusals:  # before os_base changes anything
+        fail_host(name="GPU driver: refused", reasons=refusals)
+        return False
     os_base.run(deployed=deployed)
     driver = gpu_driver.run(deployed=deployed)
-    if driver.problems:
-        return False
     installs = missing(driver.packages, deployed["packages"])
     runtime = container_runtime.run(deployed=deployed, driver_changes=bool(installs) or driver.reboot,
                                     reboot_pending=driver.pending)

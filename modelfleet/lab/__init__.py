@@ -26,7 +26,10 @@ REGISTRY = "127.0.0.1:5000"
 PREFIX = "mflab-"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 TORCH = "torch==2.13.0"  # the CPU build pip installs on these machines (DESIGN.md 5)
-PERSONAS = {"h200x1": ("h200", 1), "b300x8-synthetic": ("b300", 8)}
+# persona -> (hardware, GPUs, recorded outputs, bare). A bare host has the GPUs but no driver, Docker or
+# toolkit: the GPU stack stages install them from the lab's apt repositories. The others come pre-built.
+PERSONAS = {"h200x1": ("h200", 1, "h200x1", False), "b300x8-synthetic": ("b300", 8, "b300x8-synthetic", False),
+            "h200x1-bare": ("h200", 1, "h200x1", True), "b300x8-bare": ("b300", 8, "b300x8-synthetic", True)}
 # The real images the lab's recipes name; the registry serves the engine double under each tag.
 ENGINE_IMAGES = ("vllm/vllm-openai:v0.34.0", "lmsysorg/sglang:v0.5.18", "ghcr.io/ggml-org/llama.cpp:server-cuda")
 ENGINES = ("vllm", "sglang", "llama.cpp")
@@ -100,25 +103,36 @@ def _host_files(index: int, persona: str) -> dict:
     models.mkdir(exist_ok=True)
     config = home / "etc-modelfleet"
     config.mkdir(mode=0o700, exist_ok=True)
-    hardware, gpus = PERSONAS[persona]
+    hardware, gpus, recordings, bare = PERSONAS[persona]
     return {"name": name, "address": address(index), "persona": persona, "hardware": hardware,
-            "gpu_count": gpus, "model_root": str(models), "config_dir": str(config), "home": str(home),
+            "gpu_count": gpus, "recordings": recordings, "bare": bare, "model_root": str(models), "config_dir": str(config), "home": str(home),
             "host_key_pub": (home / "ssh_host_ed25519_key.pub").read_text().split()[:2]}
+
+
+def _host_mounts(spec: dict) -> list[str]:
+    """Pre-built hosts get the driver's tools and the docker CLI mounted; bare hosts get only what a fresh
+    install has: the GPUs (the persona's recordings) and the distribution's archive (the lab's stand-in)."""
+    docker_cli = shutil.which("docker") or "/usr/bin/docker"
+    persona = LAB_DIR / "personas"
+    if spec.get("bare"):
+        (STATE / "debian-lab.list").write_text(apt.DISTRO_LIST)
+        return [f"{docker_cli}:/opt/modelfleet-lab/docker-cli:ro",
+                f"{STATE / 'apt-archive-keyring.gpg'}:/usr/share/keyrings/modelfleet-lab-archive.gpg:ro",
+                f"{STATE / 'debian-lab.list'}:/etc/apt/sources.list.d/debian-lab.list:ro"]
+    return [f"{docker_cli}:/usr/bin/docker:ro", f"{persona / 'nvidia-smi'}:/usr/local/bin/nvidia-smi:ro",
+            f"{persona / 'nv-fabricmanager'}:/usr/local/bin/nv-fabricmanager:ro"]
 
 
 def start_host(spec: dict) -> None:
     home = Path(spec["home"])
-    docker_cli = shutil.which("docker") or "/usr/bin/docker"
     mounts = [
         f"{home / 'sshd.conf'}:/etc/ssh/sshd_config.d/modelfleet-lab.conf:ro",
         f"{home / 'ssh_host_ed25519_key'}:/etc/ssh/ssh_host_ed25519_key:ro",
         f"{home / 'ssh_host_ed25519_key.pub'}:/etc/ssh/ssh_host_ed25519_key.pub:ro",
         f"{STATE / 'id_ed25519.pub'}:/root/.ssh/authorized_keys:ro",
         "/var/run/docker.sock:/var/run/docker.sock",
-        f"{docker_cli}:/usr/bin/docker:ro",
-        f"{LAB_DIR / 'personas' / spec['persona']}:/opt/modelfleet-lab/persona:ro",
-        f"{LAB_DIR / 'personas' / 'nvidia-smi'}:/usr/local/bin/nvidia-smi:ro",
-        f"{LAB_DIR / 'personas' / 'nv-fabricmanager'}:/usr/local/bin/nv-fabricmanager:ro",
+        f"{LAB_DIR / 'personas' / spec['recordings']}:/opt/modelfleet-lab/persona:ro",
+        *_host_mounts(spec),
         # Same path inside and out: the machine's dockerd resolves the unit's -v mounts on the machine.
         f"{spec['model_root']}:{spec['model_root']}",
         f"{spec['config_dir']}:{spec['config_dir']}",

@@ -1,9 +1,10 @@
-"""The lab's signed apt repository: stub .debs named like NVIDIA's, built with dpkg-deb, indexed with
-apt-ftparchive and signed with a key made at `lab up`, served over HTTP on loopback (a flat repository,
-like NVIDIA's CUDA repository, so `deb [signed-by=...] URL /` lines work unchanged)."""
+"""The lab's signed apt repositories: stub .debs named like the real ones (NVIDIA's CUDA and Container Toolkit
+repositories, Docker's, the distribution's), built with dpkg-deb, indexed with apt-ftparchive and signed with a
+key made at `lab up`, served over HTTP on loopback under the real hosts' names (lab/apt/packages.yaml)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -15,15 +16,28 @@ import yaml
 from modelfleet.lab import daemons
 
 LISTEN = "127.0.0.1:5080"
+BASE = f"http://{LISTEN}"
 KEY_UID = "modelfleet lab archive <lab-archive@modelfleet.invalid>"
+CUDA_PATH = "developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64"
+# A bare lab host's only distribution source (its image has none: tests talk to loopback only).
+DISTRO_LIST = f"deb [signed-by=/usr/share/keyrings/modelfleet-lab-archive.gpg] {BASE}/debian bookworm main\n"
 
 
 def spec(lab_dir: Path) -> dict:
     return yaml.safe_load((lab_dir / "apt" / "packages.yaml").read_text())
 
 
-def url(lab_dir: Path) -> str:
-    return f"http://{LISTEN}/{spec(lab_dir)['repo_path']}/"
+def url(lab_dir: Path | None = None) -> str:
+    """The CUDA repository's URL in the lab."""
+    return f"{BASE}/{CUDA_PATH}/"
+
+
+def stack_urls() -> dict:
+    """Host data that points the GPU stack stages at the lab's repositories instead of the real hosts."""
+    return {"nvidia_repo_url": f"{BASE}/developer.download.nvidia.com/compute/cuda/repos",
+            "container_toolkit_repo_url": f"{BASE}/nvidia.github.io/libnvidia-container/stable/deb",
+            "container_toolkit_key_url": f"{BASE}/nvidia.github.io/libnvidia-container/gpgkey",
+            "docker_repo_url": f"{BASE}/download.docker.com/linux", "amd_repo_url": f"{BASE}/repo.radeon.com"}
 
 
 def _gpg(home: Path, *args: str, **kwargs) -> subprocess.CompletedProcess:
@@ -43,50 +57,97 @@ def _signing_key(state: Path) -> Path:
     return keyring
 
 
-def _build_deb(package: dict, keyring: Path, repo_url: str, out: Path) -> None:
+def _fill(text: str, values: dict) -> str:
+    for key, value in values.items():
+        text = text.replace("{" + key + "}", value)
+    return text
+
+
+def _build_deb(package: dict, version: str, keyring: Path, values: dict, lab_dir: Path, out: Path) -> None:
+    upstream = version.split(":", 1)[-1].rsplit("-", 1)[0]
+    values = {**values, "version": version, "upstream": upstream}
+    name = _fill(package["name"], values)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "root"
         (root / "DEBIAN").mkdir(parents=True)
-        files = {**package.get("files", {}), f"/usr/share/doc/{package['name']}/LAB-STUB":
+        files = {**package.get("files", {}), f"/usr/share/doc/{name}/LAB-STUB":
                  "modelfleet lab stand-in: no real binaries inside.\n"}
         for dest, content in files.items():
             path = root / dest.lstrip("/")
             path.parent.mkdir(parents=True, exist_ok=True)
             if content == "@keyring":
                 shutil.copyfile(keyring, path)
-            else:
-                path.write_text(content.replace("{url}", repo_url))
-        control = {"Package": package["name"], "Version": package["version"],
-                   "Architecture": package["architecture"], "Maintainer": "modelfleet lab <lab@modelfleet.invalid>",
-                   "Description": package["description"]}
+                continue
+            if content.startswith("@file:"):
+                content = (lab_dir / content[len("@file:"):]).read_text()
+            path.write_text(_fill(content, values))
+            path.chmod(0o755 if content.startswith("#!") else 0o644)
+        if package.get("postinst"):
+            (root / "DEBIAN" / "postinst").write_text(package["postinst"])
+            (root / "DEBIAN" / "postinst").chmod(0o755)
+        control = {"Package": name, "Version": version, "Architecture": package["architecture"],
+                   "Maintainer": "modelfleet lab <lab@modelfleet.invalid>", "Description": package["description"]}
         if package.get("depends"):
             control["Depends"] = ", ".join(package["depends"])
         (root / "DEBIAN" / "control").write_text("".join(f"{k}: {v}\n" for k, v in control.items()))
-        name = f"{package['name']}_{package['version']}_{package['architecture']}.deb"
-        subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(out / name)],
+        filename = f"{name}_{version.split(':', 1)[-1]}_{package['architecture']}.deb"
+        subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(out / filename)],
                        check=True, capture_output=True)
 
 
-def build(state: Path, lab_dir: Path) -> Path:
-    """Build (or rebuild) the repository under state/apt; returns the public keyring."""
-    keyring = _signing_key(state)
-    data = spec(lab_dir)
-    repo = state / "apt" / data["repo_path"]
-    shutil.rmtree(repo, ignore_errors=True)
-    repo.mkdir(parents=True)
-    for package in data["packages"]:
-        _build_deb(package, keyring, url(lab_dir), repo)
-    packages = subprocess.run(["apt-ftparchive", "packages", "."], cwd=repo, check=True, capture_output=True,
-                              text=True).stdout
-    (repo / "Packages").write_text(packages)
-    subprocess.run(["gzip", "-9kf", "Packages"], cwd=repo, check=True)
+def _sign(home: Path, release: Path) -> None:
+    _gpg(home, "--local-user", KEY_UID, "--clearsign", "-o", str(release.parent / "InRelease"), str(release))
+    _gpg(home, "--local-user", KEY_UID, "-abs", "-o", str(release.parent / "Release.gpg"), str(release))
+
+
+def _index(repo: dict, root: Path, home: Path) -> None:
+    """Packages + signed Release: flat (`deb URL /`) or dists (`deb URL suite component`)."""
+    if repo["layout"] == "flat":
+        packages = subprocess.run(["apt-ftparchive", "packages", "."], cwd=root, check=True, capture_output=True,
+                                  text=True).stdout
+        (root / "Packages").write_text(packages)
+        subprocess.run(["gzip", "-9kf", "Packages"], cwd=root, check=True)
+        target, options = root, []
+    else:
+        suite, component = repo["suite"], repo["component"]
+        binary = root / "dists" / suite / component / "binary-amd64"
+        binary.mkdir(parents=True)
+        packages = subprocess.run(["apt-ftparchive", "packages", "pool"], cwd=root, check=True,
+                                  capture_output=True, text=True).stdout
+        (binary / "Packages").write_text(packages)
+        subprocess.run(["gzip", "-9kf", "Packages"], cwd=binary, check=True)
+        target = root / "dists" / suite
+        options = [f"APT::FTPArchive::Release::{k}={v}" for k, v in
+                   (("Suite", suite), ("Codename", suite), ("Components", component), ("Architectures", "amd64"))]
     release = subprocess.run(["apt-ftparchive", "-o", "APT::FTPArchive::Release::Origin=modelfleet-lab",
-                              "-o", "APT::FTPArchive::Release::Label=modelfleet lab CUDA stand-in",
-                              "release", "."], cwd=repo, check=True, capture_output=True, text=True).stdout
-    (repo / "Release").write_text(release)
+                              "-o", "APT::FTPArchive::Release::Label=modelfleet lab stand-in",
+                              *[x for o in options for x in ("-o", o)], "release", "."], cwd=target, check=True,
+                             capture_output=True, text=True).stdout
+    (target / "Release").write_text(release)
+    _sign(home, target / "Release")
+
+
+def build(state: Path, lab_dir: Path) -> Path:
+    """Build (or rebuild) every repository under state/apt; returns the public keyring."""
+    keyring = _signing_key(state)
     home = state / "gnupg"
-    _gpg(home, "--local-user", KEY_UID, "--clearsign", "-o", str(repo / "InRelease"), str(repo / "Release"))
-    _gpg(home, "--local-user", KEY_UID, "-abs", "-o", str(repo / "Release.gpg"), str(repo / "Release"))
+    data = spec(lab_dir)
+    served = state / "apt"
+    shutil.rmtree(served, ignore_errors=True)
+    values = {"kernel": os.uname().release}
+    for repo in data["repositories"]:
+        root = served / repo["path"]
+        pool = root if repo["layout"] == "flat" else root / "pool" / repo["component"]
+        pool.mkdir(parents=True)
+        for package in repo["packages"]:
+            for version in package["versions"]:
+                _build_deb(package, _fill(version, values), keyring, {**values, "url": f"{BASE}/{repo['path']}/"},
+                           lab_dir, pool)
+        _index(repo, root, home)
+    for path, kind in data.get("keys", {}).items():
+        (served / path).parent.mkdir(parents=True, exist_ok=True)
+        (served / path).write_bytes(_gpg(home, "--armor", "--export", KEY_UID).stdout if kind == "armored"
+                                    else keyring.read_bytes())
     # gpg leaves an agent running for its home; `lab down` must leave no process behind.
     subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], check=False, capture_output=True)
     return keyring
@@ -101,5 +162,4 @@ def serve(state: Path) -> None:
 def ensure(state: Path, lab_dir: Path) -> dict:
     keyring = build(state, lab_dir)
     serve(state)
-    return {"url": url(lab_dir), "keyring": str(keyring)}
-
+    return {"url": url(), "keyring": str(keyring), "stack_urls": stack_urls()}

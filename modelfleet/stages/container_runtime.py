@@ -76,7 +76,9 @@ def decide(plan: HostPlan, probe: dict, state: dict, driver_changes: bool = Fals
         out.configure_nvidia = not nvidia_runtime_configured(state["texts"].get(DAEMON_JSON))
         # The spec names the driver's libraries by version: regenerate it when the driver changes.
         out.cdi = driver_changes or not state["paths"].get(CDI_SPEC)
-    out.restart_docker = out.configure_nvidia
+    # A Docker that is not running yet starts with the new configuration: no restart.
+    running = (state.get("units", {}).get("docker.service") or {}).get("ActiveState") == "active"
+    out.restart_docker = out.configure_nvidia and running
     return out
 
 

@@ -260,7 +260,7 @@ def run(deployed: dict | None = None) -> DriverPlan:
     state = deployed or deployed_for_stage(__name__)
     probe = probe_of() or {}
     d = decide(plan, probe, state)
-    if d.problems:
+    if d.problems:  # the pipeline refuses before os_base; this is for the stage run on its own
         fail_host(name="GPU driver: refused", reasons=d.problems)
         return d
     current = state["packages"]

@@ -60,3 +60,23 @@ def run_fake(hosts: list[tuple[str, dict]], deploy_func, dry: bool = False) -> S
 
 def executed(state: State, name: str) -> list[str]:
     return state.inventory.get_host(f"@fake/{name}").connector.executed_commands
+
+
+def planned(state: State, name: str) -> list[str]:
+    """The commands a real run would send to the host, as `--dry` knows them (FunctionCommands by name)."""
+    from pyinfra.context import ctx_host, ctx_state
+
+    host = state.inventory.get_host(f"@fake/{name}")
+    out = []
+    with ctx_state.use(state), ctx_host.use(host):
+        for op_hash in state.get_op_order():
+            op_data = state.get_op_data_for_host(host, op_hash)
+            for command in op_data.command_generator():
+                function = getattr(command, "function", None)
+                if function:
+                    out.append(f"<{function.__name__}>")
+                elif hasattr(command, "dest"):
+                    out.append(f"<upload {command.dest}>")
+                else:
+                    out.append(command.get_masked_value())
+    return out
