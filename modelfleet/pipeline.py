@@ -8,7 +8,9 @@ import re
 from pathlib import Path
 
 from modelfleet.operations.apt import missing
-from modelfleet.operations.report import fail_host, write_report
+from pyinfra import host, state
+
+from modelfleet.operations.report import fail_host, save_json, write_report
 from modelfleet.stages import (
     container_runtime,
     deployed_of,
@@ -40,18 +42,21 @@ def gpu_stack(deployed: dict, serving: bool) -> bool:
     if refusals:  # before os_base changes anything
         fail_host(name="GPU driver: refused", reasons=refusals)
         return False
+    before = set(state.ops[host])
     os_base.run(deployed=deployed)
     driver = gpu_driver.run(deployed=deployed)
     installs = missing(driver.packages, deployed["packages"])
     runtime = container_runtime.run(deployed=deployed, driver_changes=bool(installs) or driver.reboot,
                                     reboot_pending=driver.pending)
+    exact = (driver.exact if not driver.exact_version else
+             list(missing(dict.fromkeys(driver.exact, driver.exact_version), deployed["packages"])))
     base = missing(os_base.base_packages(plan, (probe_of() or {}).get("os")), deployed["packages"])
     report = {
         "host": plan.name, "managed": plan.stack.manage, "vendor": driver.vendor,
         "stages": ["preflight", "os_base", "gpu_driver", "container_runtime"],
         "driver_loaded_before": driver.loaded, "driver_branch": plan.stack.driver_branch,
         "packages_installed": sorted({*base, *installs, *missing(runtime.packages, deployed["packages"]),
-                                      *driver.exact, *((driver.repo_package,) if driver.repo_package and not
+                                      *exact, *((driver.repo_package,) if driver.repo_package and not
                                                        deployed["packages"].get(driver.repo_package) else ())}
                                      if plan.stack.manage else []),
         "fabric_manager": {"packages": driver.exact, "at_version": driver.exact_version or
@@ -60,8 +65,15 @@ def gpu_stack(deployed: dict, serving: bool) -> bool:
                    "pending": driver.pending, "reason": driver.reboot_reason},
         "docker_restarted": runtime.restart_docker, "cdi_generated": runtime.cdi,
     }
-    write_report(name="GPU stack report", path=str(STACK_REPORT_DIR / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', plan.name)}.json"),
-                 report=report)
+    path = str(STACK_REPORT_DIR / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', plan.name)}.json")
+    # Known before the run: does any stack operation send a command? If none does, the report is true now
+    # (and a converged host shows no change); otherwise it is written once those operations succeeded.
+    report["changes"] = any(state.get_op_data_for_host(host, h).operation_meta.will_change
+                            for h in state.ops[host] if h not in before)
+    if report["changes"]:
+        write_report(name="GPU stack report", path=path, report=report)
+    else:
+        save_json(path, report)
     if driver.pending and serving:
         fail_host(name="Reboot pending", reasons=[f"reboot pending ({driver.reboot_reason}): the serving stages wait "
                                                   "for the new driver; re-run without `reboot: false`"])

@@ -23,14 +23,19 @@ def fail_host(reasons: list[str]):
     yield FunctionCommand(refuse, (reasons,), {})
 
 
-def _write(state, host, path: str, report: dict) -> bool:
-    """FunctionCommand body: runs only when every earlier operation on the host succeeded."""
+def save_json(path: str, report: dict) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(report, indent=2) + "\n")
+
+
+def _write(state, host, path: str, report: dict) -> bool:
+    """FunctionCommand body: runs only when every earlier operation on the host succeeded."""
+    save_json(path, report)
     return True
 
 
 @operation(is_idempotent=False)
 def write_report(path: str, report: dict):
-    """A JSON report on the control node, written when the run reaches this point on the host."""
+    """A JSON report on the control node, written when the run reaches this point on the host (after the
+    changes it describes were made)."""
     yield FunctionCommand(_write, (path, report), {})

@@ -136,12 +136,16 @@ def loaded_probe(fm_version="580.159.04"):
                         "fabric_manager": ["nvswitches=4", f"Fabric Manager version is : {fm_version}"]})
 
 
-def test_host_with_the_wanted_driver_loaded_skips_the_driver_and_reboot():
+def test_host_with_the_wanted_driver_loaded_skips_the_driver_and_reboot(reports, monkeypatch):
+    import modelfleet.pipeline
+    monkeypatch.setattr(modelfleet.pipeline, "STACK_REPORT_DIR", reports / "gpu_stack")
     host = {**HOSTS["nvidia"], "pool": "p", "revision": "e" * 40, "driver_pinning": False,
             "fake_responses": {"@@modelfleet-probe": loaded_probe(), "@@modelfleet-state": converged_state()}}
     state = run_fake([("n1", host)], stack_only, dry=True)
-    # Nothing is sent to the host: the one step left is the stack report, written on the control node.
-    assert planned(state, "n1") == ["<_write>"]
+    # Nothing is sent to the host, and the report (true before the run) says so.
+    assert planned(state, "n1") == []
+    report = json.loads((reports / "gpu_stack" / "_fake_n1.json").read_text())
+    assert report["changes"] is False and report["packages_installed"] == [] and not report["reboot"]["needed"]
 
 
 def test_fabric_manager_skew_is_fixed_at_the_loaded_drivers_version_without_reboot():
