@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PYINFRA ?= pyinfra
 
-.PHONY: install lab-setup demo bench-converge bench-fanout lab-gate lab-verify lab-rollout lab-down test lint hw-preflight hw-nccl
+.PHONY: install lab-setup demo bench-converge bench-fanout lab-gate lab-verify lab-rollout lab-rebuild lab-down test lint hw-preflight hw-nccl
 
 install:
 	$(PYTHON) -m pip install -q -e '.[test]'
@@ -36,6 +36,11 @@ lab-verify: install lab-setup
 # Rolling-upgrade rehearsal: v0.34.0 -> v0.35.0 one host at a time, then a broken image rolled back (JSON).
 lab-rollout: install lab-setup
 	$(PYTHON) lab/lab_rollout.py
+
+# Bare-metal rebuild rehearsal on a fresh lab (a bare host, an NVSwitch host, a skewed Fabric Manager host):
+# deploys/gpu_stack.py twice, preflight before and after; one JSON report per host.
+lab-rebuild: install lab-setup
+	$(PYTHON) -m modelfleet.lab.rebuild
 
 lab-down:
 	modelfleet lab down

@@ -178,8 +178,8 @@ def _disks(spec: dict, count: int) -> list[str]:
     return paths
 
 
-def _detach_disks() -> None:
-    for image in (STATE / "hosts").glob("*/disk-*.img"):
+def _detach_disks(pattern: str = "*") -> None:
+    for image in (STATE / "hosts").glob(f"{pattern}/disk-*.img"):
         for line in sh("losetup", "-j", str(image), capture=True, check=False).stdout.splitlines():
             sh("losetup", "-d", line.split(":")[0], check=False, capture=True)
 
@@ -209,6 +209,23 @@ def up(hosts: int = 3, personas: list[str] | None = None, disks: int = 0) -> lis
     for spec in specs:
         wait_ssh(spec)
     return specs
+
+
+def remove(names: list[str]) -> None:
+    """Take some hosts out of the lab (their containers, engine containers and lab folders)."""
+    data = json.loads((STATE / "hosts.json").read_text())
+    engines = [n for n in engine_containers() if any(n.endswith(name) for name in names)]
+    sh("docker", "rm", "-f", *names, *engines, check=False, capture=True)
+    for spec in [s for s in data["hosts"] if s["name"] in names]:
+        _detach_disks(spec["name"])
+        shutil.rmtree(spec["home"], ignore_errors=True)
+    data["hosts"] = [s for s in data["hosts"] if s["name"] not in names]
+    (STATE / "hosts.json").write_text(json.dumps(data, indent=2))
+
+
+def restarts(name: str) -> int:
+    """How often docker restarted a lab host's container: its reboots (`--restart always`)."""
+    return int(sh("docker", "inspect", "-f", "{{.RestartCount}}", name, capture=True).stdout.strip())
 
 
 def ssh(spec: dict, command: str, timeout_s: float = 120) -> subprocess.CompletedProcess:

@@ -47,7 +47,8 @@ def nvidia_runtime_configured(daemon_json: str | None) -> bool:
         return False
 
 
-def decide(plan: HostPlan, probe: dict, state: dict, driver_changes: bool = False) -> RuntimePlan:
+def decide(plan: HostPlan, probe: dict, state: dict, driver_changes: bool = False,
+           reboot_pending: bool = False) -> RuntimePlan:
     """Pure: repositories, packages and the runtime configuration this host still needs."""
     stack, vendor = plan.stack, plan.hardware.vendor
     if not stack.manage or vendor == "none":
@@ -74,8 +75,9 @@ def decide(plan: HostPlan, probe: dict, state: dict, driver_changes: bool = Fals
             stack.container_toolkit_key_url, key))
         out.packages["nvidia-container-toolkit"] = None
         out.configure_nvidia = not nvidia_runtime_configured(state["texts"].get(DAEMON_JSON))
-        # The spec names the driver's libraries by version: regenerate it when the driver changes.
-        out.cdi = driver_changes or not state["paths"].get(CDI_SPEC)
+        # The spec names the driver's libraries by version: regenerate it when the driver changes. nvidia-ctk
+        # asks the loaded driver, so with a reboot pending it waits for the next run.
+        out.cdi = (driver_changes or not state["paths"].get(CDI_SPEC)) and not reboot_pending
     # A Docker that is not running yet starts with the new configuration: no restart.
     running = (state.get("units", {}).get("docker.service") or {}).get("ActiveState") == "active"
     out.restart_docker = out.configure_nvidia and running
@@ -127,7 +129,7 @@ def wants(plan: HostPlan) -> dict:
 def run(deployed: dict | None = None, driver_changes: bool = False, reboot_pending: bool = False):
     plan = host_plan()
     state = deployed or deployed_for_stage(__name__)
-    d = decide(plan, probe_of() or {}, state, driver_changes)
+    d = decide(plan, probe_of() or {}, state, driver_changes, reboot_pending)
     paths = state["paths"]
     for list_path, content, key_url, key_path in d.sources:
         key_fetched(name=f"Signing key {key_path}", url=key_url, dest=key_path, current=paths.get(key_path))

@@ -110,7 +110,7 @@ def fabric_manager_problems(plan: HostPlan, probe: dict) -> list[str]:
     if not fabric_manager_needed(plan, probe):
         return []
     if not fm.get("version"):
-        return [f"Fabric Manager: not installed; {plan.hardware.id} with NVSwitch needs nvidia-fabricmanager at driver {driver}"]
+        return [f"Fabric Manager: not installed; {plan.hardware.id} with NVSwitch needs nvidia-fabricmanager at the driver's version ({driver or 'no driver loaded'})"]
     if driver and fm["version"] != driver:
         return [f"Fabric Manager {fm['version']} does not match driver {driver} (the usual cause of CUDA error "
                 "802): install the Fabric Manager package of exactly the driver's version"]
