@@ -164,7 +164,7 @@ def test_dcgm_exporter_unit_on_an_nvidia_host_when_asked(monkeypatch):
 
 
 @pytest.mark.parametrize("fm, problem", [
-    (["nvswitches=4"], "Fabric Manager: not installed; b300 with NVSwitch needs nvidia-fabricmanager at driver 580.95.05"),
+    (["nvswitches=4"], "Fabric Manager: not installed; b300 with NVSwitch needs nvidia-fabricmanager at the driver's version (580.95.05)"),
     (["nvswitches=4", "Fabric Manager version is : 590.48.01"],
      "Fabric Manager 590.48.01 does not match driver 580.95.05 (the usual cause of CUDA error 802)"),
     (FM, None),
