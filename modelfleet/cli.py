@@ -316,7 +316,8 @@ def lab() -> None:
 
 @lab.command("up")
 @click.option("--hosts", type=int, default=3, show_default=True)
-@click.option("--persona", "personas", multiple=True, type=click.Choice(["h200x1", "b300x8-synthetic", "h200x1-bare", "b300x8-bare"]),
+@click.option("--persona", "personas", multiple=True, type=click.Choice(["h200x1", "b300x8-synthetic", "h200x1-bare", "b300x8-bare",
+                                                                    "mi355x8-bare"]),
               help="GPU persona per host, repeated round-robin (default h200x1); *-bare hosts have no driver, "
                    "Docker or toolkit yet (deploys/gpu_stack.py installs them).")
 @click.option("--disks", type=int, default=0, show_default=True,

@@ -29,7 +29,8 @@ TORCH = "torch==2.13.0"  # the CPU build pip installs on these machines (DESIGN.
 # persona -> (hardware, GPUs, recorded outputs, bare). A bare host has the GPUs but no driver, Docker or
 # toolkit: the GPU stack stages install them from the lab's apt repositories. The others come pre-built.
 PERSONAS = {"h200x1": ("h200", 1, "h200x1", False), "b300x8-synthetic": ("b300", 8, "b300x8-synthetic", False),
-            "h200x1-bare": ("h200", 1, "h200x1", True), "b300x8-bare": ("b300", 8, "b300x8-synthetic", True)}
+            "h200x1-bare": ("h200", 1, "h200x1", True), "b300x8-bare": ("b300", 8, "b300x8-synthetic", True),
+            "mi355x8-bare": ("mi355x", 8, "mi355x8-synthetic", True)}
 # The real images the lab's recipes name; the registry serves the engine double under each tag.
 ENGINE_IMAGES = ("vllm/vllm-openai:v0.34.0", "lmsysorg/sglang:v0.5.18", "ghcr.io/ggml-org/llama.cpp:server-cuda")
 ENGINES = ("vllm", "sglang", "llama.cpp")
@@ -194,7 +195,8 @@ def up(hosts: int = 3, personas: list[str] | None = None, disks: int = 0) -> lis
     specs = []
     for i in range(1, hosts + 1):
         spec = _host_files(i, personas[(i - 1) % len(personas)])
-        spec["engine"] = ENGINES[(i - 1) % len(ENGINES)]
+        # The lab's SGLang and llama.cpp recipes are NVIDIA-only; an AMD persona serves with vLLM.
+        spec["engine"] = "vllm" if spec["hardware"] == "mi355x" else ENGINES[(i - 1) % len(ENGINES)]
         spec["disks"] = _disks(spec, disks)
         exists = sh("docker", "container", "inspect", spec["name"], check=False, capture=True).returncode == 0
         if not exists:

@@ -101,7 +101,10 @@ def _sign(home: Path, release: Path) -> None:
 
 
 def _index(repo: dict, root: Path, home: Path) -> None:
-    """Packages + signed Release: flat (`deb URL /`) or dists (`deb URL suite component`)."""
+    """Packages + signed Release: flat (`deb URL /`) or dists (`deb URL suite component`); plain: none
+    (a .deb published for download, like amdgpu-install)."""
+    if repo["layout"] == "plain":
+        return
     if repo["layout"] == "flat":
         packages = subprocess.run(["apt-ftparchive", "packages", "."], cwd=root, check=True, capture_output=True,
                                   text=True).stdout
@@ -137,12 +140,12 @@ def build(state: Path, lab_dir: Path) -> Path:
     values = {"kernel": os.uname().release}
     for repo in data["repositories"]:
         root = served / repo["path"]
-        pool = root if repo["layout"] == "flat" else root / "pool" / repo["component"]
+        pool = root if repo["layout"] in ("flat", "plain") else root / "pool" / repo["component"]
         pool.mkdir(parents=True)
         for package in repo["packages"]:
             for version in package["versions"]:
-                _build_deb(package, _fill(version, values), keyring, {**values, "url": f"{BASE}/{repo['path']}/"},
-                           lab_dir, pool)
+                _build_deb(package, _fill(version, values), keyring,
+                           {**values, "url": f"{BASE}/{repo['path']}/", "base": BASE}, lab_dir, pool)
         _index(repo, root, home)
     for path, kind in data.get("keys", {}).items():
         (served / path).parent.mkdir(parents=True, exist_ok=True)

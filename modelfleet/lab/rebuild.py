@@ -1,6 +1,7 @@
 """The bare-metal rebuild rehearsal (`make lab-rebuild`): lab hosts with GPUs but no driver, Docker or toolkit
-go through deploys/gpu_stack.py twice, with preflight before and after, and one host first left with Fabric
-Manager at another version than its driver (the skew behind CUDA error 802). Prints one JSON report per host.
+(H200, 8x B300, 8x MI355X) go through deploys/gpu_stack.py twice, with preflight before and after, and one
+B300 first left with Fabric Manager at another version than its driver (the skew behind CUDA error 802).
+Prints one JSON report per host.
 
 Evidence is read from outside the run where it can be: reboots are docker's restart count of the host's
 container, versions are what the host's nvidia-smi and nv-fabricmanager answer over SSH.
@@ -42,11 +43,13 @@ def verdicts(reports: Path, names: list[str]) -> dict:
 
 
 def versions(spec: dict) -> dict:
-    answer = lab.ssh(spec, "nvidia-smi --version | sed -n 's/^DRIVER version *: *//p'; "
-                           "nv-fabricmanager --version 2>/dev/null | sed -n 's/.*: *//p'; apt-mark showhold").stdout
-    lines = answer.splitlines()
-    return {"driver": lines[0] if lines else None, "fabric_manager": lines[1] if len(lines) > 1 else None,
-            "held": lines[2:]}
+    """What the host's own tools answer (one line each, empty when the tool is absent or fails)."""
+    answer = lab.ssh(spec, "echo \"$(nvidia-smi --version 2>/dev/null | sed -n 's/^DRIVER version *: *//p')\"; "
+                           "echo \"$(nv-fabricmanager --version 2>/dev/null | sed -n 's/.*: *//p')\"; "
+                           "echo \"$(amd-smi list 2>/dev/null | grep -c '^GPU:')\"; apt-mark showhold").stdout
+    lines = answer.splitlines() + ["", "", ""]
+    return {"driver": lines[0] or None, "fabric_manager": lines[1] or None,
+            "amd_gpus": int(lines[2] or 0), "held": [x for x in lines[3:] if x]}
 
 
 def skew_fabric_manager(spec: dict, reports: Path) -> None:
@@ -70,6 +73,8 @@ def rehearse(specs: list[dict], skewed: str | None, reports: Path) -> list[dict]
     preflight_before = pyinfra(names, "preflight.py", reports)
     verdict_before = verdicts(reports, names)
     first = pyinfra(names, "gpu_stack.py", reports)
+    if first.returncode:
+        raise RuntimeError(f"deploys/gpu_stack.py failed on {', '.join(names)}:\n{(first.stdout + first.stderr)[-4000:]}")
     stack = {n: json.loads((reports / "gpu_stack" / f"{n}.json").read_text()) for n in names}
     after_first = {name: lab.restarts(name) for name in names}
     second = pyinfra(names, "gpu_stack.py", reports)
@@ -94,14 +99,14 @@ def rehearse(specs: list[dict], skewed: str | None, reports: Path) -> list[dict]
     out_dir.mkdir(parents=True, exist_ok=True)
     for row in out:
         (out_dir / f"{row['host']}.json").write_text(json.dumps(row, indent=2) + "\n")
-    if first.returncode or second.returncode:
-        print((first.stdout + second.stdout)[-4000:], file=sys.stderr)
+    if second.returncode:
+        print(second.stdout[-4000:], file=sys.stderr)
     return out
 
 
 def main() -> None:
     lab.down()
-    specs = lab.up(3, personas=["h200x1-bare", "b300x8-bare", "b300x8-bare"])
+    specs = lab.up(4, personas=["h200x1-bare", "b300x8-bare", "b300x8-bare", "mi355x8-bare"])
     reports = Path(os.environ.get("MODELFLEET_REPORTS", REPO_ROOT / "reports"))
     print(json.dumps(rehearse(specs, skewed=specs[2]["name"], reports=reports), indent=2))
 

@@ -46,8 +46,7 @@ class DriverPlan:
     problems: list[str] = field(default_factory=list)
     repo_package: str | None = None  # cuda-keyring / amdgpu-install, from a .deb at repo_deb_url
     repo_deb_url: str | None = None
-    source_path: str | None = None
-    source_content: str | None = None
+    sources: list[tuple[str, str]] = field(default_factory=list)  # (list file, content) with the configured URL
     packages: dict[str, str | None] = field(default_factory=dict)
     hold: list[str] = field(default_factory=list)
     exact: list[str] = field(default_factory=list)  # installed at exactly the driver's version (FM, IMEX)
@@ -107,8 +106,7 @@ def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
     name, deb, keyring = CUDA_KEYRING
     out.repo_package, out.repo_deb_url = name, repo + deb
     # The list file cuda-keyring ships, rewritten with the configured URL (identical unless a mirror is set).
-    out.source_path = f"/etc/apt/sources.list.d/cuda-{distro}-{arch}.list"
-    out.source_content = f"deb [signed-by={keyring}] {repo} /\n"
+    out.sources = [(f"/etc/apt/sources.list.d/cuda-{distro}-{arch}.list", f"deb [signed-by={keyring}] {repo} /\n")]
     out.loaded = loaded = loaded_driver(probe)
     if branch_of(loaded) > branch and not stack.driver_allow_downgrade:
         out.problems.append(f"driver_branch: the loaded driver {loaded} is newer than branch {branch}; set "
@@ -149,31 +147,42 @@ def _decide_amd(plan: HostPlan, probe: dict, state: dict, key: tuple) -> DriverP
     if not codename:
         out.problems.append(f"os: {key} has no amdgpu-install package (supported: Ubuntu 22.04, 24.04, Debian 12)")
         return out
+    amd, version = stack.amd_repo_url.rstrip("/"), stack.rocm_version
     out.repo_package = "amdgpu-install"
-    out.repo_deb_url = (f"{stack.amd_repo_url.rstrip('/')}/amdgpu-install/{stack.rocm_version}/ubuntu/{codename}/"
-                        f"amdgpu-install_{stack.amdgpu_install_build}_all.deb")
+    out.repo_deb_url = f"{amd}/amdgpu-install/{version}/ubuntu/{codename}/amdgpu-install_{stack.amdgpu_install_build}_all.deb"
+    # amdgpu-install's two lists, with the configured URL, so a site mirror serves the packages too.
+    signed = "[arch=amd64 signed-by=/etc/apt/keyrings/rocm.gpg]"
+    out.sources = [("/etc/apt/sources.list.d/amdgpu.list", f"deb {signed} {amd}/amdgpu/{version}/ubuntu {codename} main\n"),
+                   ("/etc/apt/sources.list.d/rocm.list", f"deb {signed} {amd}/rocm/apt/{version} {codename} main\n")]
     out.packages = {"amdgpu-dkms": None, "rocm": None}
+    # A new amdgpu-dkms needs a boot; so does one installed by an earlier run that amd-smi cannot see yet.
     if not state["packages"].get("amdgpu-dkms"):
         out.reboot, out.reboot_reason = True, "amdgpu-dkms installed (new kernel module)"
+    elif not probe.get("amd_gpus"):
+        out.reboot, out.reboot_reason = True, "amdgpu-dkms installed, amd-smi lists no GPU (module not loaded)"
     out.groups = ["render", "video"]
     return out
 
 
-def _members(group_file: str | None, group: str) -> list[str]:
+def _members(group_file: str | None, group: str) -> list[str] | None:
+    """Members of `group` in /etc/group's text; None when the group does not exist."""
     for line in (group_file or "").splitlines():
         cells = line.split(":")
         if len(cells) == 4 and cells[0] == group:
             return [m for m in cells[3].split(",") if m]
-    return []
+    return None
 
 
 @operation()
 def in_groups(user: str, groups: list[str], group_file: str | None):
     """The service user in the GPU device groups (AMD: /dev/kfd and /dev/dri belong to render and video)."""
-    todo = [g for g in groups if user not in _members(group_file, g)]
+    todo = [g for g in groups if user not in (_members(group_file, g) or [])]
     if not todo:
         host.noop(f"{user} is in {', '.join(groups) or 'the groups it needs'}")
         return
+    for group in [g for g in todo if _members(group_file, g) is None]:
+        # udev gives /dev/dri/renderD* to `render`; a minimal install may not have made the group yet.
+        yield StringCommand("groupadd", "--system", group)
     yield StringCommand("usermod", "-a", "-G", ",".join(todo), user)
 
 
@@ -232,8 +241,10 @@ def stack_check_script(plan: HostPlan, fabric: bool) -> str:
     return script
 
 
-def amd_check_script() -> str:
-    return "amd-smi list >/dev/null || { echo 'amd-smi lists no GPU'; exit 1; }"
+def amd_check_script(plan: HostPlan) -> str:
+    """After the driver work: amd-smi lists the inventory's GPU count."""
+    return (f"n=$(amd-smi list | grep -c '^GPU:'); [ \"$n\" -eq {plan.gpu_count} ] || "
+            f"{{ echo \"amd-smi lists $n GPUs, inventory says {plan.gpu_count}\"; exit 1; }}")
 
 
 @operation(is_idempotent=False)
@@ -250,7 +261,7 @@ def wants(plan: HostPlan) -> dict:
     empty = {"packages": {}, "units": {}, "paths": {}, "texts": {}}
     d = decide(plan, probe, empty)
     return {"packages": [p for p in [d.repo_package, d.driver_package, *d.packages, *d.exact] if p],
-            "paths": [d.source_path] if d.source_path else [], "units": d.units,
+            "paths": [path for path, _ in d.sources], "units": d.units,
             "texts": [GROUP_FILE] if d.groups else []}
 
 
@@ -266,9 +277,8 @@ def run(deployed: dict | None = None) -> DriverPlan:
     current = state["packages"]
     deb_from_url(name=f"Repository package {d.repo_package or '(none)'}", package=d.repo_package,
                  url=d.repo_deb_url, current=current)
-    if d.source_path:
-        content_file(name=f"Source list {d.source_path}", dest=d.source_path, content=d.source_content,
-                     current=state["paths"].get(d.source_path))
+    for path, content in d.sources:
+        content_file(name=f"Source list {path}", dest=path, content=content, current=state["paths"].get(path))
     packages(name=f"{d.vendor.upper()} driver packages", wanted=d.packages, current=current)
     at_driver_version(name="Fabric Manager at the driver's exact version", names=d.exact,
                       driver_package=d.driver_package, version=d.exact_version, current=current)
@@ -278,7 +288,7 @@ def run(deployed: dict | None = None) -> DriverPlan:
                   groups=d.groups, group_file=state["texts"].get(GROUP_FILE))
     units_enabled(name="Driver daemons enabled", units=d.units, current=state["units"],
                   start=not d.reboot, restart=d.restart_units)
-    check = stack_check_script(plan, bool(d.exact)) if d.vendor == "nvidia" else amd_check_script()
+    check = stack_check_script(plan, bool(d.exact)) if d.vendor == "nvidia" else amd_check_script(plan)
     reboot_and_wait(name="Reboot for the new kernel module (one host at a time)",
                     needed=d.reboot and d.allowed_reboot, reason=d.reboot_reason, check_command=check,
                     _serial=True)

@@ -81,6 +81,8 @@ def test_dry_run_of_a_bare_amd_host_lists_amdgpu_install_rocm_groups_and_reboot(
     assert (f"https://repo.radeon.com/amdgpu-install/7.0/ubuntu/{codename}/amdgpu-install_7.0.70000-1_all.deb"
             in steps)
     assert "install amdgpu-dkms rocm" in steps
+    assert {"<upload /etc/apt/sources.list.d/amdgpu.list>", "<upload /etc/apt/sources.list.d/rocm.list>"} <= \
+        set(planned(state, "a1"))
     assert "usermod -a -G render,video root" in steps
     assert "systemctl reboot" in steps
     assert "nvidia" not in steps.replace("nvidia-smi", "")  # no NVIDIA repository, toolkit or runtime

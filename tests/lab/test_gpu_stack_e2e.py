@@ -15,11 +15,12 @@ pytestmark = pytest.mark.lab
 
 @pytest.fixture(scope="module")
 def rebuilt(lab_hosts, tmp_path_factory):
-    """Two bare hosts join the session's lab: an H200 (no NVSwitch in a 1-GPU host) and an 8x B300 (NVSwitch).
-    The H200 first runs with `--data reboot=false`; the B300 is built, then its Fabric Manager skewed."""
-    personas = [s["persona"] for s in lab_hosts] + ["h200x1-bare", "b300x8-bare"]
+    """Three bare hosts join the session's lab: an H200 (no NVSwitch in a 1-GPU host), an 8x B300 (NVSwitch) and
+    an 8x MI355X. The H200 first runs with `--data reboot=false`; the B300 is built, then its Fabric Manager
+    skewed."""
+    personas = [s["persona"] for s in lab_hosts] + ["h200x1-bare", "b300x8-bare", "mi355x8-bare"]
     specs = lab.up(len(personas), personas=personas, disks=1)
-    bare, skewed = specs[-2:], specs[-1]["name"]
+    bare, skewed = specs[-3:], specs[-2]["name"]
     reports = tmp_path_factory.mktemp("reports")
     env = {**os.environ, "MODELFLEET_LAB_ONLY": bare[0]["name"], "MODELFLEET_REPORTS": str(reports / "no-reboot")}
     no_reboot = subprocess.run(["pyinfra", "-y", "--data", "reboot=false", "inventories/lab.py",
@@ -77,3 +78,14 @@ def test_nvswitch_host_gets_fabric_manager_at_the_drivers_exact_version_and_skew
     assert "nvidia-fabricmanager-580" in b300["answers_after"]["held"]
     assert b300["preflight_after"] == {"ok": True, "problems": []}
     assert lab.ssh(rebuilt["bare"][1], "systemctl is-active nvidia-fabricmanager").stdout.strip() == "active"
+
+
+def test_amd_host_gets_rocm_through_amdgpu_install_with_one_reboot(rebuilt):
+    mi355x = rebuilt["rows"][rebuilt["bare"][2]["name"]]
+    assert mi355x["reboots_taken"] == 1 and mi355x["reboot_reason"] == "amdgpu-dkms installed (new kernel module)"
+    assert {"amdgpu-install", "amdgpu-dkms", "rocm", "docker-ce"} <= set(mi355x["packages_installed"])
+    assert not {p for p in mi355x["packages_installed"] if "nvidia" in p or "cuda" in p}
+    assert mi355x["answers_after"]["amd_gpus"] == 8
+    assert not mi355x["preflight_before"]["ok"] and mi355x["preflight_after"]["ok"]
+    groups = lab.ssh(rebuilt["bare"][2], "id -nG root").stdout.split()
+    assert {"render", "video"} <= set(groups)
