@@ -38,19 +38,20 @@ def gpu_stack(deployed: dict, serving: bool) -> bool:
     """The host stack; True when the host can go on to serve (no refusal, no reboot pending). A pending
     reboot stops the host when serving stages follow; on its own the stack just reports it."""
     plan = host_plan()
-    refusals = gpu_driver.decide(plan, probe_of() or {}, deployed).problems
-    if refusals:  # before os_base changes anything
-        fail_host(name="GPU driver: refused", reasons=refusals)
+    decided = gpu_driver.decide(plan, probe_of() or {}, deployed)
+    if decided.problems:  # before os_base changes anything
+        fail_host(name="GPU driver: refused", reasons=decided.problems)
         return False
     before = set(state.ops[host])
-    os_base.run(deployed=deployed)
+    os_base.run(deployed=deployed, builds_module=decided.builds_module)
     driver = gpu_driver.run(deployed=deployed)
     installs = missing(driver.packages, deployed["packages"])
     runtime = container_runtime.run(deployed=deployed, driver_changes=bool(installs) or driver.reboot,
                                     reboot_pending=driver.pending)
     exact = (driver.exact if not driver.exact_version else
              list(missing(dict.fromkeys(driver.exact, driver.exact_version), deployed["packages"])))
-    base = missing(os_base.base_packages(plan, (probe_of() or {}).get("os")), deployed["packages"])
+    base = missing(os_base.base_packages(plan, (probe_of() or {}).get("os"), driver.builds_module),
+                   deployed["packages"])
     report = {
         "host": plan.name, "managed": plan.stack.manage, "vendor": driver.vendor,
         "stages": ["preflight", "os_base", "gpu_driver", "container_runtime"],

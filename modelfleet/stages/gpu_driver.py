@@ -59,6 +59,7 @@ class DriverPlan:
     reboot_reason: str = ""
     loaded: str | None = None
     allowed_reboot: bool = True
+    builds_module: bool = False  # a kernel module is built here (DKMS): os_base installs the kernel headers
 
     @property
     def pending(self) -> bool:
@@ -117,7 +118,7 @@ def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
     installed = state["packages"]
     if branch_of(loaded) != branch:
         out.packages.update({**({pinning: None} if pinning else {}), out.driver_package: None})
-        out.reboot = True
+        out.reboot = out.builds_module = True
         have = installed.get(out.driver_package)
         out.reboot_reason = (f"driver {upstream(have['version']) if have else 'branch ' + str(branch)} "
                              f"installed, {loaded or 'no driver'} loaded")
@@ -137,6 +138,16 @@ def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
         out.exact_version = loaded if not out.reboot else None
         if out.exact_version and missing({p: out.exact_version for p in out.exact}, installed):
             out.restart_units.append(FABRIC_MANAGER)
+    return _repository_if_needed(out, installed)
+
+
+def _repository_if_needed(out: DriverPlan, installed: dict) -> DriverPlan:
+    """A host with nothing to install from the vendor's repository gets no repository: skipping cleanly."""
+    exact_missing = out.exact and (not out.exact_version or missing(dict.fromkeys(out.exact, out.exact_version),
+                                                                    installed))
+    if not missing(out.packages, installed) and not exact_missing:
+        out.repo_package = out.repo_deb_url = None
+        out.sources = []
     return out
 
 
@@ -157,11 +168,11 @@ def _decide_amd(plan: HostPlan, probe: dict, state: dict, key: tuple) -> DriverP
     out.packages = {"amdgpu-dkms": None, "rocm": None}
     # A new amdgpu-dkms needs a boot; so does one installed by an earlier run that amd-smi cannot see yet.
     if not state["packages"].get("amdgpu-dkms"):
-        out.reboot, out.reboot_reason = True, "amdgpu-dkms installed (new kernel module)"
+        out.reboot, out.reboot_reason, out.builds_module = True, "amdgpu-dkms installed (new kernel module)", True
     elif not probe.get("amd_gpus"):
         out.reboot, out.reboot_reason = True, "amdgpu-dkms installed, amd-smi lists no GPU (module not loaded)"
     out.groups = ["render", "video"]
-    return out
+    return _repository_if_needed(out, state["packages"])
 
 
 def _members(group_file: str | None, group: str) -> list[str] | None:
@@ -259,7 +270,7 @@ def stack_checked(needed: bool, script: str):
 def wants(plan: HostPlan) -> dict:
     probe = probe_of(plan.name) or {}
     empty = {"packages": {}, "units": {}, "paths": {}, "texts": {}}
-    d = decide(plan, probe, empty)
+    d = decide(plan, probe, empty)  # with nothing installed: every package and list it may need
     return {"packages": [p for p in [d.repo_package, d.driver_package, *d.packages, *d.exact] if p],
             "paths": [path for path, _ in d.sources], "units": d.units,
             "texts": [GROUP_FILE] if d.groups else []}

@@ -1,6 +1,7 @@
-"""Stage os_base: what the GPU stack builds on. The running kernel's headers (the NVIDIA open modules and
-amdgpu-dkms are built against them), and the tools the repository steps use (curl, CA certificates), all
-from the distribution's own archive."""
+"""Stage os_base: what the GPU stack builds on. The tools the repository steps use (curl, CA certificates) and,
+when gpu_driver is about to build a kernel module (DKMS: the NVIDIA driver, amdgpu-dkms), the running kernel's
+headers, all from the distribution's own archive. A host whose driver is already loaded gets no headers: its
+kernel may not even be a distribution kernel (seen on the lent H200, 6.18.44-fc-v973-gpu)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ from modelfleet.stages import deployed_for_stage, host_plan, probe_of
 BASE_PACKAGES = ("ca-certificates", "curl")
 
 
-def base_packages(plan: HostPlan, os_info: dict | None) -> dict[str, None]:
+def base_packages(plan: HostPlan, os_info: dict | None, builds_module: bool = True) -> dict[str, None]:
     """Package name -> any version; empty where the stack is not ours to manage."""
     if not plan.stack.manage or plan.hardware.vendor == "none":
         return {}
     names = list(BASE_PACKAGES)
-    if (os_info or {}).get("kernel"):
+    if builds_module and (os_info or {}).get("kernel"):
         names.append(f"linux-headers-{os_info['kernel']}")
     return dict.fromkeys(names)
 
@@ -36,8 +37,8 @@ def wants(plan: HostPlan) -> dict:
 
 
 @deploy("modelfleet os_base")
-def run(deployed: dict | None = None):
+def run(deployed: dict | None = None, builds_module: bool = True):
     plan = host_plan()
-    wanted = base_packages(plan, _os_info())
+    wanted = base_packages(plan, _os_info(), builds_module)
     state = deployed or deployed_for_stage(__name__)
     packages(name="Base packages and kernel headers", wanted=wanted, current=state["packages"])
