@@ -7,9 +7,9 @@ import os
 import re
 from pathlib import Path
 
-from modelfleet.operations.apt import missing
 from pyinfra import host, state
 
+from modelfleet.operations.apt import missing
 from modelfleet.operations.report import fail_host, save_json, write_report
 from modelfleet.stages import (
     container_runtime,
@@ -45,32 +45,26 @@ def gpu_stack(deployed: dict, serving: bool) -> bool:
     before = set(state.ops[host])
     os_base.run(deployed=deployed, builds_module=decided.builds_module)
     driver = gpu_driver.run(deployed=deployed)
-    installs = missing(driver.packages, deployed["packages"])
-    runtime = container_runtime.run(deployed=deployed, driver_changes=bool(installs) or driver.reboot,
-                                    reboot_pending=driver.pending)
-    exact = (driver.exact if not driver.exact_version else
-             list(missing(dict.fromkeys(driver.exact, driver.exact_version), deployed["packages"])))
-    base = missing(os_base.base_packages(plan, (probe_of() or {}).get("os"), driver.builds_module),
-                   deployed["packages"])
+    installed = deployed["packages"]
+    runtime = container_runtime.run(deployed=deployed, driver_changes=bool(driver.installs(installed)) or
+                                    driver.reboot, reboot_pending=driver.pending)
+    base = missing(os_base.base_packages(plan, (probe_of() or {}).get("os"), driver.builds_module), installed)
     report = {
         "host": plan.name, "managed": plan.stack.manage, "vendor": driver.vendor,
         "stages": ["preflight", "os_base", "gpu_driver", "container_runtime"],
         "driver_loaded_before": driver.loaded, "driver_branch": plan.stack.driver_branch,
-        "packages_installed": sorted({*base, *installs, *missing(runtime.packages, deployed["packages"]),
-                                      *exact, *((driver.repo_package,) if driver.repo_package and not
-                                                       deployed["packages"].get(driver.repo_package) else ())}
-                                     if plan.stack.manage else []),
+        "packages_installed": sorted({*base, *driver.installs(installed), *missing(runtime.packages, installed)}),
         "fabric_manager": {"packages": driver.exact, "at_version": driver.exact_version or
                            ("the installed driver's" if driver.exact else None)},
         "reboot": {"needed": driver.reboot, "taken": driver.reboot and driver.allowed_reboot,
                    "pending": driver.pending, "reason": driver.reboot_reason},
         "docker_restarted": runtime.restart_docker, "cdi_generated": runtime.cdi,
+        # Known before the run: does any stack operation send a command? If none does, the report is true
+        # now (and a converged host shows no change); otherwise it is written once those operations succeeded.
+        "changes": any(state.get_op_data_for_host(host, h).operation_meta.will_change
+                       for h in state.ops[host] if h not in before),
     }
     path = str(STACK_REPORT_DIR / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', plan.name)}.json")
-    # Known before the run: does any stack operation send a command? If none does, the report is true now
-    # (and a converged host shows no change); otherwise it is written once those operations succeeded.
-    report["changes"] = any(state.get_op_data_for_host(host, h).operation_meta.will_change
-                            for h in state.ops[host] if h not in before)
     if report["changes"]:
         write_report(name="GPU stack report", path=path, report=report)
     else:

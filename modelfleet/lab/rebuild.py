@@ -16,8 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from modelfleet import REPO_ROOT
-from modelfleet import lab
+from modelfleet import REPO_ROOT, lab
 
 SKEWED_FABRIC_MANAGER = "580.95.05"  # an older release in the lab's CUDA repository than the driver's
 

@@ -66,6 +66,14 @@ class DriverPlan:
         """The new module is installed but not loaded, and the inventory said not to reboot."""
         return self.reboot and not self.allowed_reboot
 
+    def installs(self, installed: dict) -> list[str]:
+        """The packages this plan installs on a host with `installed` (the repository's .deb included)."""
+        exact = self.exact if not self.exact_version else list(
+            missing(dict.fromkeys(self.exact, self.exact_version), installed))
+        from_repo = [*missing(self.packages, installed), *exact]
+        return ([self.repo_package] if from_repo and self.repo_package and not installed.get(self.repo_package)
+                else []) + from_repo
+
 
 def loaded_driver(probe: dict) -> str | None:
     """The driver the kernel runs: /proc/driver/nvidia/version, else what nvidia-smi reports (it fails when
@@ -143,9 +151,7 @@ def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
 
 def _repository_if_needed(out: DriverPlan, installed: dict) -> DriverPlan:
     """A host with nothing to install from the vendor's repository gets no repository: skipping cleanly."""
-    exact_missing = out.exact and (not out.exact_version or missing(dict.fromkeys(out.exact, out.exact_version),
-                                                                    installed))
-    if not missing(out.packages, installed) and not exact_missing:
+    if not out.installs(installed):
         out.repo_package = out.repo_deb_url = None
         out.sources = []
     return out

@@ -15,8 +15,8 @@ from modelfleet.facts.probe import HostProbe
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.report import fail_host
 from modelfleet.planner import plan_capacity
-from modelfleet.stages.gpu_driver import branch_of, fabric_manager_needed, loaded_driver
 from modelfleet.stages import host_plan, remember_probe
+from modelfleet.stages.gpu_driver import branch_of, fabric_manager_needed, loaded_driver
 
 # Reports land on the control node; MODELFLEET_REPORTS moves them (tests, CI artefacts).
 REPORT_DIR = Path(os.environ.get("MODELFLEET_REPORTS", "reports")) / "preflight"

@@ -176,8 +176,8 @@ def test_newer_loaded_driver_is_refused_unless_downgrade_is_allowed(reports):
 
 
 def test_preflight_alone_refuses_fabric_manager_skew_that_the_stack_would_fix(reports):
-    from modelfleet.inventory import resolve
     from modelfleet.facts.probe import HostProbe
+    from modelfleet.inventory import resolve
     plan = resolve([("n1", {**HOSTS["nvidia"], "pool": "p", "revision": "e" * 40})]).hosts["n1"]
     probe = HostProbe().process(loaded_probe("580.95.05"))
     alone = preflight.evaluate(plan, probe)

@@ -89,3 +89,16 @@ def test_amd_host_gets_rocm_through_amdgpu_install_with_one_reboot(rebuilt):
     assert not mi355x["preflight_before"]["ok"] and mi355x["preflight_after"]["ok"]
     groups = lab.ssh(rebuilt["bare"][2], "id -nG root").stdout.split()
     assert {"render", "video"} <= set(groups)
+
+
+def test_rebuilt_host_serves_with_the_same_command(rebuilt):
+    """serve.py on the rebuilt H200: the stack is converged (no change, no reboot), the serving stages run on the
+    Docker and runtime the stack installed, and the endpoint answers."""
+    spec = rebuilt["bare"][0]
+    env = {**os.environ, "MODELFLEET_LAB_ONLY": spec["name"]}
+    served = subprocess.run(["pyinfra", "-y", "inventories/lab.py", "deploys/serve.py"], cwd=REPO_ROOT, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert served.returncode == 0, served.stdout[-4000:] + served.stderr[-2000:]
+    assert lab.restarts(spec["name"]) == 1  # still the one reboot of the rebuild
+    models = lab.ssh(spec, f"curl -fsS http://{spec['address']}:8000/v1/models")
+    assert "tiny-lab" in models.stdout, models.stdout + models.stderr
