@@ -21,10 +21,32 @@ from modelfleet import REPO_ROOT, lab
 SKEWED_FABRIC_MANAGER = "580.95.05"  # an older release in the lab's CUDA repository than the driver's
 
 
-def pyinfra(names: list[str], deploy: str, reports: Path, *extra: str) -> subprocess.CompletedProcess:
+def pyinfra(names: list[str], deploy: str, reports: Path, *extra: str, yes: bool = True) -> subprocess.CompletedProcess:
+    """`yes=False` with `--dry`: pyinfra then prints the operations it detects would change."""
     env = {**os.environ, "MODELFLEET_LAB_ONLY": ",".join(names), "MODELFLEET_REPORTS": str(reports)}
-    return subprocess.run(["pyinfra", "-y", *extra, "inventories/lab.py", f"deploys/{deploy}"], cwd=REPO_ROOT,
-                          env=env, capture_output=True, text=True, timeout=900)
+    return subprocess.run(["pyinfra", *(["-y"] if yes else []), *extra, "inventories/lab.py", f"deploys/{deploy}"],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+
+
+def table(output: str, title: str) -> dict[str, list[str]]:
+    """Rows of one of pyinfra's tables ("Detected changes:", "Results:"): operation name -> its cells."""
+    rows, inside = {}, False
+    for line in output.splitlines():
+        if line.startswith("--> "):
+            inside = line.strip() == f"--> {title}"
+            continue
+        cells = re.split(r"\s{2,}", line.strip())
+        if inside and len(cells) > 2 and cells[0] not in ("Operation", "Grand total"):
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+def dry_run_truth(dry: subprocess.CompletedProcess, real: subprocess.CompletedProcess) -> dict:
+    """Operations `--dry` said would change vs operations that changed in the real run (all hosts)."""
+    said = {op for op, cells in table(dry.stdout + dry.stderr, "Detected changes:").items() if cells[0] != "-"}
+    did = {op for op, cells in table(real.stdout + real.stderr, "Results:").items() if cells[1] != "-"}
+    return {"matches": said == did and bool(said), "operations": len(did), "only_in_dry_run": sorted(said - did),
+            "only_in_real_run": sorted(did - said)}
 
 
 def changed_operations(run: subprocess.CompletedProcess) -> int:
@@ -71,6 +93,7 @@ def rehearse(specs: list[dict], skewed: str | None, reports: Path) -> list[dict]
     before = {name: lab.restarts(name) for name in names}
     preflight_before = pyinfra(names, "preflight.py", reports)
     verdict_before = verdicts(reports, names)
+    dry = pyinfra(names, "gpu_stack.py", reports / "dry", "--dry", yes=False)
     first = pyinfra(names, "gpu_stack.py", reports)
     if first.returncode:
         raise RuntimeError(f"deploys/gpu_stack.py failed on {', '.join(names)}:\n{(first.stdout + first.stderr)[-4000:]}")
@@ -80,6 +103,7 @@ def rehearse(specs: list[dict], skewed: str | None, reports: Path) -> list[dict]
     after_second = {name: lab.restarts(name) for name in names}
     preflight_after = pyinfra(names, "preflight.py", reports)
     verdict_after = verdicts(reports, names)
+    truth = dry_run_truth(dry, first)
     out = []
     for spec in specs:
         name = spec["name"]
@@ -87,7 +111,7 @@ def rehearse(specs: list[dict], skewed: str | None, reports: Path) -> list[dict]
             "host": name, "persona": spec["persona"], "skewed_fabric_manager_before": name == skewed,
             "stages": stack[name]["stages"], "packages_installed": stack[name]["packages_installed"],
             "reboots_taken": after_first[name] - before[name], "reboot_reason": stack[name]["reboot"]["reason"],
-            "first_run_ok": first.returncode == 0,
+            "first_run_ok": first.returncode == 0, "dry_run_vs_first_run": truth,
             "second_run": {"ok": second.returncode == 0, "changed_operations_all_hosts": changed_operations(second),
                            "reboots": after_second[name] - after_first[name]},
             "preflight_before": verdict_before[name], "preflight_after": verdict_after[name],

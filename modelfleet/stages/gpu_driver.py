@@ -292,11 +292,12 @@ def run(deployed: dict | None = None) -> DriverPlan:
         fail_host(name="GPU driver: refused", reasons=d.problems)
         return d
     current = state["packages"]
-    deb_from_url(name=f"Repository package {d.repo_package or '(none)'}", package=d.repo_package,
+    # Operation names are the same on every host (pyinfra shows one name per operation across hosts).
+    deb_from_url(name="Vendor repository package (cuda-keyring / amdgpu-install)", package=d.repo_package,
                  url=d.repo_deb_url, current=current)
     for path, content in d.sources:
-        content_file(name=f"Source list {path}", dest=path, content=content, current=state["paths"].get(path))
-    packages(name=f"{d.vendor.upper()} driver packages", wanted=d.packages, current=current)
+        content_file(name="Vendor source list", dest=path, content=content, current=state["paths"].get(path))
+    packages(name="GPU driver packages", wanted=d.packages, current=current)
     at_driver_version(name="Fabric Manager at the driver's exact version", names=d.exact,
                       driver_package=d.driver_package, version=d.exact_version, current=current)
     held(name="Hold the driver branch", names=d.hold, current=current)

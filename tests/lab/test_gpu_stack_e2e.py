@@ -62,6 +62,11 @@ def test_bare_host_converges_with_one_reboot_of_that_host_only(rebuilt):
     assert daemon.stdout.strip().endswith("cdi")
 
 
+def test_dry_run_lists_exactly_the_operations_the_real_run_changes(rebuilt):
+    truth = next(iter(rebuilt["rows"].values()))["dry_run_vs_first_run"]
+    assert truth["matches"], truth
+
+
 def test_second_run_changes_nothing_and_does_not_reboot(rebuilt):
     for row in rebuilt["rows"].values():
         assert row["second_run"] == {"ok": True, "changed_operations_all_hosts": 0, "reboots": 0}, row
