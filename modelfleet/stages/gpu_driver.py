@@ -21,7 +21,7 @@ from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
 
 from modelfleet.inventory import HostPlan
-from modelfleet.operations.apt import deb_from_url, held, missing, packages, upstream
+from modelfleet.operations.apt import apt_get, deb_from_url, held, missing, packages, upstream
 from modelfleet.operations.files import content_file
 from modelfleet.operations.reboot import reboot_and_wait
 from modelfleet.operations.report import fail_host
@@ -132,8 +132,8 @@ def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
                              f"installed, {loaded or 'no driver'} loaded")
     if stack.cuda_toolkit:
         out.packages[f"cuda-toolkit-{stack.cuda_toolkit}"] = None
-    if not pinning:
-        out.hold.append(out.driver_package)
+    if not pinning and (out.driver_package in out.packages or installed.get(out.driver_package)):
+        out.hold.append(out.driver_package)  # (a driver installed another way, e.g. the .run file, is not ours)
     out.units.append(PERSISTENCED)
     if fabric_manager_needed(plan, probe):
         fm = f"nvidia-fabricmanager-{branch}"
@@ -205,11 +205,12 @@ def in_groups(user: str, groups: list[str], group_file: str | None):
 
 def exact_install_script(names: list[str], driver_package: str) -> str:
     """Install `names` at the installed driver package's upstream version (read on the host after the driver
-    was installed in this run), allowing a downgrade and a held package to move."""
-    specs = " ".join(f"{shlex.quote(n)}=\"$v-*\"" for n in names)
+    was installed in this run: the sed is operations.apt.upstream), allowing a downgrade and a held package
+    to move."""
+    install = apt_get("install", "--allow-downgrades", "--allow-change-held-packages",
+                      *[f"{shlex.quote(n)}=\"$v-*\"" for n in names]).get_raw_value()
     return (f"v=$(dpkg-query -W -f='${{Version}}' {shlex.quote(driver_package)} | sed 's/^[0-9]*://; s/-[^-]*$//') "
-            f"&& [ -n \"$v\" ] && DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Dpkg::Options::=--force-confdef "
-            f"-o Dpkg::Options::=--force-confold install --allow-downgrades --allow-change-held-packages {specs}")
+            f"&& [ -n \"$v\" ] && {install}")
 
 
 @operation()
