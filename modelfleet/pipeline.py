@@ -38,6 +38,8 @@ def gpu_stack(deployed: dict, serving: bool) -> bool:
     """The host stack; True when the host can go on to serve (no refusal, no reboot pending). A pending
     reboot stops the host when serving stages follow; on its own the stack just reports it."""
     plan = host_plan()
+    if not plan.stack.manage or plan.hardware.vendor == "none":
+        return True  # someone else's stack (pre-built hosts, `gpu_stack: false`): no operations, no report
     decided = gpu_driver.decide(plan, probe_of() or {}, deployed)
     if decided.problems:  # before os_base changes anything
         fail_host(name="GPU driver: refused", reasons=decided.problems)
