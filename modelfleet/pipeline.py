@@ -61,6 +61,8 @@ def gpu_stack(deployed: dict, serving: bool) -> bool:
         "reboot": {"needed": driver.reboot, "taken": driver.reboot and driver.allowed_reboot,
                    "pending": driver.pending, "reason": driver.reboot_reason},
         "docker_restarted": runtime.restart_docker, "cdi_generated": runtime.cdi,
+        # A kernel update waiting for its boot: the DKMS module must be built for that kernel too; not acted on.
+        "kernel_update_pending": bool(deployed["paths"].get(gpu_driver.REBOOT_REQUIRED)),
         # Known before the run: does any stack operation send a command? If none does, the report is true
         # now (and a converged host shows no change); otherwise it is written once those operations succeeded.
         "changes": any(state.get_op_data_for_host(host, h).operation_meta.will_change

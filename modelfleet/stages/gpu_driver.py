@@ -36,6 +36,8 @@ AMD_CODENAMES = {("ubuntu", "22.04"): "jammy", ("ubuntu", "24.04"): "noble", ("d
 PERSISTENCED = "nvidia-persistenced.service"
 FABRIC_MANAGER = "nvidia-fabricmanager.service"
 GROUP_FILE = "/etc/group"
+# Debian/Ubuntu flag a pending kernel (or library) update here; reported, never a reason to reboot by itself.
+REBOOT_REQUIRED = "/run/reboot-required"
 
 
 @dataclass
@@ -279,7 +281,7 @@ def wants(plan: HostPlan) -> dict:
     empty = {"packages": {}, "units": {}, "paths": {}, "texts": {}}
     d = decide(plan, probe, empty)  # with nothing installed: every package and list it may need
     return {"packages": [p for p in [d.repo_package, d.driver_package, *d.packages, *d.exact] if p],
-            "paths": [path for path, _ in d.sources], "units": d.units,
+            "paths": [path for path, _ in d.sources] + [REBOOT_REQUIRED], "units": d.units,
             "texts": [GROUP_FILE] if d.groups else []}
 
 

@@ -121,7 +121,8 @@ def converged_state(fm_version="580.159.04") -> list[str]:
     lines = []
     for name, version in installed.items():
         lines += [f"@@modelfleet-state package {name}", f"{'h' if name in held else 'i'}i  {version}"]
-    lines += ["@@modelfleet-state path /etc/apt/keyrings/docker.asc", "file 644 root root " + "0" * 64,
+    lines += ["@@modelfleet-state path /run/reboot-required", "file 644 root root " + "1" * 64,
+              "@@modelfleet-state path /etc/apt/keyrings/docker.asc", "file 644 root root " + "0" * 64,
               "@@modelfleet-state path /etc/apt/keyrings/nvidia-container-toolkit.asc", "file 644 root root " + "0" * 64,
               "@@modelfleet-state path /etc/cdi/nvidia.yaml", "file 644 root root " + "0" * 64,
               *[x for path, text in SOURCES.items() for x in (
@@ -148,6 +149,7 @@ def test_host_with_the_wanted_driver_loaded_skips_the_driver_and_reboot(reports,
     assert planned(state, "n1") == []
     report = json.loads((reports / "gpu_stack" / "_fake_n1.json").read_text())
     assert report["changes"] is False and report["packages_installed"] == [] and not report["reboot"]["needed"]
+    assert report["kernel_update_pending"] is True  # reported, not a reason to reboot a serving node
 
 
 def test_fabric_manager_skew_is_fixed_at_the_loaded_drivers_version_without_reboot():
