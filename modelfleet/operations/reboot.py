@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 import time
 
+from pyinfra import host as this_host
 from pyinfra import logger
 from pyinfra.api import FunctionCommand, StringCommand, operation
 
@@ -28,8 +29,7 @@ def reboot_and_wait(needed: bool, reason: str, check_command: str | None = None,
     then run `check_command` (e.g. nvidia-smi answers) before the run goes on.
     """
     if not needed:
-        from pyinfra import host
-        host.noop(f"no reboot needed ({reason})")
+        this_host.noop(f"no reboot needed ({reason})")
         return
     before: list[str | None] = []
 
