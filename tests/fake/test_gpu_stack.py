@@ -195,3 +195,10 @@ def test_unsupported_os_is_refused_naming_the_field():
                                                                        "MACHINE_ARCH=x86_64"], "disk": DF})
     state = run_fake([("n1", host)], stack_only, dry=True)
     assert "<refuse>" in planned(state, "n1")
+
+
+def test_distribution_docker_takes_no_docker_repository():
+    state = run_fake([("n1", bare("nvidia", "debian12", docker_source="distro"))], stack_only, dry=True)
+    steps = "\n".join(planned(state, "n1"))
+    assert "download.docker.com" not in steps and "docker-ce" not in steps
+    assert "install docker.io nvidia-container-toolkit" in steps
