@@ -89,6 +89,15 @@ def branch_of(version: str | None) -> int:
     return int(head) if head.isdigit() else 0
 
 
+def replaces_driver(plan: HostPlan, probe: dict) -> bool:
+    """Will this stage install or replace the driver? Then what the driver reports now is not final."""
+    if not plan.stack.manage or plan.hardware.vendor == "none":
+        return False
+    if plan.hardware.vendor == "amd":
+        return not probe.get("amd_gpus")
+    return branch_of(loaded_driver(probe)) != int(plan.stack.driver_branch)
+
+
 def fabric_manager_needed(plan: HostPlan, probe: dict) -> bool:
     """NVSwitch seen by the driver, or the catalog says the board has it and the host has the whole board
     (a VM given one GPU of it sees no switch)."""
@@ -126,7 +135,7 @@ def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
     out.driver_package = f"nvidia-driver-{branch}" + ("-open" if stack.driver_flavor == "open" else "")
     pinning = f"nvidia-driver-pinning-{branch}" if stack.driver_pinning else None
     installed = state["packages"]
-    if branch_of(loaded) != branch:
+    if replaces_driver(plan, probe):
         out.packages.update({**({pinning: None} if pinning else {}), out.driver_package: None})
         out.reboot = out.builds_module = True
         have = installed.get(out.driver_package)

@@ -5,8 +5,10 @@ kernel may not even be a distribution kernel (seen on the lent H200, 6.18.44-fc-
 
 from __future__ import annotations
 
+from pyinfra import host
 from pyinfra.api import deploy
 
+from modelfleet.facts.host import OsRelease
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.apt import packages
 from modelfleet.stages import deployed_for_stage, host_plan, probe_of
@@ -25,9 +27,7 @@ def base_packages(plan: HostPlan, os_info: dict | None, builds_module: bool = Tr
 
 
 def _os_info() -> dict | None:
-    from pyinfra import host
-
-    from modelfleet.facts.host import OsRelease
+    """Preflight's view of the OS; asked again only when the stage runs on its own."""
     probe = probe_of()
     return probe["os"] if probe else host.get_fact(OsRelease)
 

@@ -16,7 +16,7 @@ from modelfleet.inventory import HostPlan
 from modelfleet.operations.report import fail_host
 from modelfleet.planner import plan_capacity
 from modelfleet.stages import host_plan, remember_probe
-from modelfleet.stages.gpu_driver import branch_of, fabric_manager_needed, loaded_driver
+from modelfleet.stages.gpu_driver import fabric_manager_needed, replaces_driver
 
 # Reports land on the control node; MODELFLEET_REPORTS moves them (tests, CI artefacts).
 REPORT_DIR = Path(os.environ.get("MODELFLEET_REPORTS", "reports")) / "preflight"
@@ -24,15 +24,6 @@ REPORT_DIR = Path(os.environ.get("MODELFLEET_REPORTS", "reports")) / "preflight"
 
 def _version_tuple(text: str | None) -> tuple[int, ...]:
     return tuple(int(p) for p in (text or "0").split(".") if p.isdigit())
-
-
-def driver_pending(plan: HostPlan, probe: dict) -> bool:
-    """Will the gpu_driver stage install or replace the driver? Then what the driver reports is not final."""
-    if not plan.stack.manage or plan.hardware.vendor == "none":
-        return False
-    if plan.hardware.vendor == "amd":
-        return not probe.get("amd_gpus")
-    return branch_of(loaded_driver(probe)) != int(plan.stack.driver_branch)
 
 
 def evaluate(plan: HostPlan, probe: dict, defer_stack: bool = False) -> dict:
@@ -46,7 +37,7 @@ def evaluate(plan: HostPlan, probe: dict, defer_stack: bool = False) -> dict:
     hw = plan.hardware
     gpus = (probe.get("nvidia_gpus") if hw.vendor == "nvidia" else probe.get("amd_gpus")) or []
     versions = probe.get("nvidia_versions") or {}
-    pending = defer_stack and driver_pending(plan, probe)
+    pending = defer_stack and replaces_driver(plan, probe)
     if pending:
         deferred.append(f"GPU count, model, memory and driver version: checked after gpu_driver installs "
                         f"{'ROCm ' + plan.stack.rocm_version if hw.vendor == 'amd' else 'branch ' + plan.stack.driver_branch}")
