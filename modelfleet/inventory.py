@@ -110,35 +110,36 @@ class HostData(BaseModel):
     amd_repo_url: str = "https://repo.radeon.com"
     rocm_version: str = Field("7.0", pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$")
     amdgpu_install_build: str = "7.0.70000-1"  # amdgpu-install_<build>_all.deb for rocm_version
-    # Any image works (the toolkit injects the host's nvidia-smi; AMD's check lists /dev/dri). Default: CUDA's
-    # base image from NVIDIA's registry on NVIDIA hosts, ubuntu:24.04 on AMD hosts.
-    gpu_check_image: str | None = None
+    gpu_check_image: str | None = None  # default: GPU_CHECK_IMAGES for the host's vendor
     service_user: str = "root"  # added to render/video on AMD hosts
 
 
 @dataclass(frozen=True)
 class StackPlan:
-    """The GPU host stack a host should have: from HostData, one field each (see there)."""
+    """The GPU host stack a host should have: HostData's fields of the same names (defaults live there)."""
 
-    manage: bool = False
-    driver_branch: str = "580"
-    driver_flavor: str = "open"
-    driver_allow_downgrade: bool = False
-    driver_pinning: bool = True
-    cuda_toolkit: str | None = None
-    reboot: bool = True
-    nvidia_repo_url: str = ""
-    container_toolkit_repo_url: str = ""
-    container_toolkit_key_url: str = ""
-    docker_source: str = "docker"
-    docker_repo_url: str = ""
-    amd_repo_url: str = ""
-    rocm_version: str = ""
-    amdgpu_install_build: str = ""
-    gpu_check_image: str = ""
-    service_user: str = "root"
+    manage: bool
+    driver_branch: str
+    driver_flavor: str
+    driver_allow_downgrade: bool
+    driver_pinning: bool
+    cuda_toolkit: str | None
+    reboot: bool
+    nvidia_repo_url: str
+    container_toolkit_repo_url: str
+    container_toolkit_key_url: str
+    docker_source: str
+    docker_repo_url: str
+    amd_repo_url: str
+    rocm_version: str
+    amdgpu_install_build: str
+    gpu_check_image: str
+    service_user: str
 
 
+# The container GPU check's default image per vendor: any image works (the NVIDIA toolkit injects the host's
+# nvidia-smi; the AMD check lists /dev/dri), so CUDA's base image from NVIDIA's registry, and plain Ubuntu.
+GPU_CHECK_IMAGES = {"nvidia": "nvcr.io/nvidia/cuda:13.0.2-base-ubuntu24.04", "amd": "ubuntu:24.04"}
 STACK_KEYS = tuple(f for f in StackPlan.__dataclass_fields__ if f != "manage")
 
 
@@ -217,6 +218,7 @@ class HostPlan:
     config_dir: str
     hf_token_env: str
     services: tuple[ServicePlan, ...]
+    stack: StackPlan
     assess_models: tuple[str, ...] = ()
     hf_endpoint: str = "https://huggingface.co"
     model_source: str | None = None
@@ -231,7 +233,6 @@ class HostPlan:
     verify_full: bool = False
     dcgm_exporter: bool = False
     dcgm_exporter_image: str = ""
-    stack: StackPlan = StackPlan()
     # pyinfra's SSH settings, for the client commands (status, logs, tunnel) that reach hosts without pyinfra
     ssh_port: int = 22
     ssh_user: str | None = None
@@ -434,9 +435,8 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
                                    stack=StackPlan(manage=host.gpu_stack,
                                                    **{k: getattr(host, k) for k in STACK_KEYS
                                                       if k != "gpu_check_image"},
-                                                   gpu_check_image=_from_registry(host, host.gpu_check_image or (
-                                                       "ubuntu:24.04" if hw.vendor == "amd" else
-                                                       "nvcr.io/nvidia/cuda:13.0.2-base-ubuntu24.04"))))
+                                                   gpu_check_image=_from_registry(host, host.gpu_check_image or
+                                                                                  GPU_CHECK_IMAGES.get(hw.vendor, ""))))
     pools = _resolve_pools(hosts, errors)
     return Resolved(hosts=_with_ranks(hosts, pools), pools=pools, errors=errors)
 

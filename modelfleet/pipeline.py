@@ -46,7 +46,7 @@ def gpu_stack(deployed: dict, serving: bool) -> bool:
         return False
     before = set(state.ops[host])
     os_base.run(deployed=deployed, builds_module=decided.builds_module)
-    driver = gpu_driver.run(deployed=deployed)
+    driver = gpu_driver.run(deployed=deployed, decided=decided)
     installed = deployed["packages"]
     runtime = container_runtime.run(deployed=deployed, driver_changes=bool(driver.installs(installed)) or
                                     driver.reboot, reboot_pending=driver.pending)

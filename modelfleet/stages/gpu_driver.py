@@ -295,11 +295,11 @@ def wants(plan: HostPlan) -> dict:
 
 
 @deploy("modelfleet gpu_driver")
-def run(deployed: dict | None = None) -> DriverPlan:
+def run(deployed: dict | None = None, decided: DriverPlan | None = None) -> DriverPlan:
+    """`decided`: the pipeline's decision, made before os_base (to refuse first); else decided here."""
     plan = host_plan()
     state = deployed or deployed_for_stage(__name__)
-    probe = probe_of() or {}
-    d = decide(plan, probe, state)
+    d = decided or decide(plan, probe_of() or {}, state)
     if d.problems:  # the pipeline refuses before os_base; this is for the stage run on its own
         fail_host(name="GPU driver: refused", reasons=d.problems)
         return d
