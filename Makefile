@@ -1,11 +1,26 @@
-# modelfleet - see README.md. Every target runs from the repository root.
-PYTHON ?= python3
-PYINFRA ?= pyinfra
+# modelfleet - see README.md. Every target runs from the repository root, with the project's own virtual
+# environment (.venv): nothing is installed into the system Python, whose stray packages (e.g. the machine
+# image's trio) never reach a run.
+SYSTEM_PYTHON ?= python3
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
+PYINFRA := $(PYTHON) -m pyinfra
 
-.PHONY: install lab-setup demo bench-converge bench-fanout lab-gate lab-verify lab-rollout lab-rebuild lab-down test lint hw-preflight hw-nccl
+.PHONY: install lock lab-setup demo bench-converge bench-fanout lab-gate lab-verify lab-rollout lab-rebuild lab-down test lint hw-preflight hw-nccl
 
-install:
-	$(PYTHON) -m pip install -q -e '.[test]'
+# The versions that passed (requirements.lock, from `make lock`) installed into .venv; re-run when either
+# file changes.
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml requirements.lock
+	$(SYSTEM_PYTHON) -m venv $(VENV)
+	$(PYTHON) -m pip install -q -c requirements.lock -e '.[test]'
+	touch $@
+
+# Refresh requirements.lock from pyproject.toml's ranges (uv's resolver, run from .venv).
+lock: install
+	$(PYTHON) -m pip install -q uv
+	$(VENV)/bin/uv pip compile -q --python-version 3.11 --extra test -o requirements.lock pyproject.toml
 
 # Debian packages (docker.io, mmdebstrap, docker-registry) and a running dockerd, for the lab.
 lab-setup:
@@ -13,42 +28,42 @@ lab-setup:
 
 # Lab up (3 hosts), serve.py over SSH, one chat completion per endpoint through the openai SDK.
 demo: install lab-setup
-	$(PYTHON) lab/demo.py
+	$(PYTHON) -m lab.demo
 
 # No-op converge time of serve.py on 1 and 16 lab hosts (same run), ratio, remote commands per host (JSON).
 bench-converge: install lab-setup
-	$(PYTHON) lab/bench_converge.py 16
+	$(PYTHON) -m lab.bench_converge 16
 
 # Checkpoint distribution on 1, 3 and 6 lab hosts: hub egress ratio and fan-out vs raw copy rate (JSON).
 bench-fanout: install lab-setup
-	$(PYTHON) lab/bench_fanout.py
+	$(PYTHON) -m lab.bench_fanout
 
 # The NCCL/Gloo gate on a 2-host lab pool (Gloo inside the serving image); prints the pool report (JSON).
 lab-gate: install lab-setup
-	$(PYTHON) -c "from modelfleet import lab; lab.up(2)" >/dev/null
+	$(PYTHON) -c "import lab; lab.up(2)" >/dev/null
 	MODELFLEET_LAB_GATE_HOSTS=2 $(PYINFRA) -y inventories/lab.py deploys/netcheck.py >&2
 	@cat reports/netcheck/gate.json
 
 # Verify gate + a short bench + cost per successful task (self-hosted vs API prices) on the lab (JSON).
 lab-verify: install lab-setup
-	$(PYTHON) lab/lab_verify.py
+	$(PYTHON) -m lab.lab_verify
 
 # Rolling-upgrade rehearsal: v0.34.0 -> v0.35.0 one host at a time, then a broken image rolled back (JSON).
 lab-rollout: install lab-setup
-	$(PYTHON) lab/lab_rollout.py
+	$(PYTHON) -m lab.lab_rollout
 
 # Bare-metal rebuild rehearsal on a fresh lab (a bare host, an NVSwitch host, a skewed Fabric Manager host):
 # deploys/gpu_stack.py twice, preflight before and after; one JSON report per host.
 lab-rebuild: install lab-setup
-	$(PYTHON) -m modelfleet.lab.rebuild
+	$(PYTHON) -m lab.rebuild
 
-lab-down:
-	modelfleet lab down
+lab-down: install
+	$(PYTHON) -m modelfleet.cli lab down
 
-test:
+test: install
 	$(PYTHON) -m pytest -q tests
 
-lint:
+lint: install
 	$(PYTHON) -m ruff check modelfleet tests deploys inventories
 
 # On a GPU host (Ubuntu, pyinfra installed): preflight through pyinfra's @local connector.

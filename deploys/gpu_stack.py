@@ -1,6 +1,6 @@
 """The GPU host stack alone (preflight, os_base, gpu_driver, container_runtime): `pyinfra INVENTORY deploys/gpu_stack.py`.
 Rebuilds a bare-metal node up to a GPU-visible container runtime; serve.py runs the same stages first."""
 
-from modelfleet.pipeline import stack_only
+from modelfleet.deploys import gpu_stack
 
-stack_only()
+gpu_stack()

@@ -1,5 +1,5 @@
 """The NCCL/RCCL/Gloo gate alone, over every pool of the inventory: `pyinfra INVENTORY deploys/netcheck.py`."""
 
-from modelfleet.stages import netcheck
+from modelfleet.deploys import netcheck
 
-netcheck.run()
+netcheck()

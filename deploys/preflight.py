@@ -1,5 +1,5 @@
 """Read-only checks alone: `pyinfra INVENTORY deploys/preflight.py` (reports in reports/preflight/)."""
 
-from modelfleet.stages import preflight
+from modelfleet.deploys import preflight
 
-preflight.run()
+preflight()

@@ -1,5 +1,5 @@
 """All stages for every host of the inventory: `pyinfra INVENTORY deploys/serve.py`."""
 
-from modelfleet.pipeline import serve
+from modelfleet.deploys import serve
 
 serve()

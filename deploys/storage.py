@@ -1,5 +1,5 @@
 """NVMe for model_root alone: `pyinfra INVENTORY deploys/storage.py` (refuses devices that hold data)."""
 
-from modelfleet.stages import storage
+from modelfleet.deploys import storage
 
-storage.run()
+storage()

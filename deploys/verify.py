@@ -1,5 +1,5 @@
 """The acceptance gate alone, against what is already serving: `pyinfra INVENTORY deploys/verify.py`."""
 
-from modelfleet.stages import verify
+from modelfleet.deploys import verify
 
-verify.run()
+verify()

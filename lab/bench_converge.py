@@ -3,25 +3,22 @@ ratio, and remote commands per host (counted from pyinfra's -vvv echo of every c
 
 import json
 import re
-import subprocess
 import sys
 import time
 
-from modelfleet import lab
+import lab
+from modelfleet.commands import run_pyinfra
 
 
 def converge(limit: str | None = None) -> tuple[float, dict[str, int], str]:
-    argv = ["pyinfra", "-y", "-vvv", "inventories/lab.py", "deploys/serve.py"]
-    if limit:
-        argv[2:2] = ["--limit", limit]
     start = time.perf_counter()
-    run = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    run = run_pyinfra("inventories/lab.py", "deploys/serve.py", limit=[limit] if limit else [], extra=["-vvv"])
     elapsed = time.perf_counter() - start
     out = run.stdout + run.stderr
     if run.returncode:
         sys.exit(out[-4000:])
     counts: dict[str, int] = {}
-    for host in re.findall(r"\[(mflab-\d+)\]\s+>>> ", out):
+    for host in re.findall(rf"\[({lab.PREFIX}\d+)\]\s+>>> ", out):
         counts[host] = counts.get(host, 0) + 1
     return elapsed, counts, out
 
@@ -30,7 +27,7 @@ def main() -> None:
     hosts = int(sys.argv[1]) if len(sys.argv) > 1 else 16
     lab.up(hosts)
     converge()  # first converge: installs units, starts engines
-    one, one_counts, _ = converge(limit="mflab-1")
+    one, one_counts, _ = converge(limit=f"{lab.PREFIX}1")
     many, many_counts, out = converge()
     changed = re.search(r"Grand total\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)", out)
     print(json.dumps({
@@ -38,7 +35,7 @@ def main() -> None:
         "noop_converge_s_1_host": round(one, 2),
         f"noop_converge_s_{hosts}_hosts": round(many, 2),
         "ratio": round(many / one, 2),
-        "remote_commands_per_host_1": one_counts.get("mflab-1"),
+        "remote_commands_per_host_1": one_counts.get(f"{lab.PREFIX}1"),
         "remote_commands_per_host_max": max(many_counts.values()) if many_counts else None,
         "changed_operations_in_noop_run": None if not changed else
         (0 if changed.group(2) == "-" else int(changed.group(2))),

@@ -7,24 +7,21 @@ wall time, peers in parallel, each verifying sha256) ÷ the raw copy rate of the
 """
 
 import json
-import os
 import re
-import subprocess
 import sys
 import time
 
-from modelfleet import lab
-from modelfleet.lab import hub, ssh
+import lab
+from lab import hub, ssh
+from modelfleet.commands import run_pyinfra
 
 ROOT = "/srv/models-fanout"
 REVISION = "bench-64m"
 
 
 def run_model(limit: list[str]) -> str:
-    env = {**os.environ, "MODELFLEET_LAB_MODEL_ROOT": ROOT, "MODELFLEET_LAB_REVISION": REVISION}
-    argv = ["pyinfra", "-y", "-vvv", *[arg for name in limit for arg in ("--limit", name)], "inventories/lab.py",
-            "deploys/model.py"]
-    run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
+    run = run_pyinfra("inventories/lab.py", "deploys/model.py", limit=limit, extra=["-vvv"],
+                      env={"MODELFLEET_LAB_MODEL_ROOT": ROOT, "MODELFLEET_LAB_REVISION": REVISION})
     if run.returncode:
         sys.exit(run.stdout[-4000:] + run.stderr[-2000:])
     return run.stdout + run.stderr
@@ -45,7 +42,7 @@ def main() -> None:
             sys.exit(f"no manifest on {group[0]['name']}: {shown.stderr}\n{out[-3000:]}")
         manifest = json.loads(shown.stdout)
         total = sum(f["size"] for f in manifest["files"].values())
-        reports = re.findall(r"\[(mflab-\d+)\]\s+(\{\"commit\".*\})", out)  # the fetch script's JSON, per host
+        reports = re.findall(rf"\[({lab.PREFIX}\d+)\]\s+(\{{\"commit\".*\}})", out)  # the fetch script's JSON, per host
         peers = [json.loads(text) for name, text in reports if name != group[0]["name"]]
         figures[n] = {"hosts": n, "checkpoint_bytes": total, "hub_bytes_served": served,
                       "hub_egress_ratio": round(served / total, 3)}

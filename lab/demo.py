@@ -1,19 +1,18 @@
 """`make demo`: lab up (3 hosts), serve.py over real SSH, then one chat completion per endpoint (openai SDK)."""
 
 import json
-import subprocess
 import sys
 
-import pyinfra_cli  # noqa: F401  (gevent patches ssl on import: it must come before openai's httpx)
 from openai import OpenAI
 
-from modelfleet import lab
+import lab
+from modelfleet.commands import run_pyinfra
 from modelfleet.inventory import resolve_inventory
 
 
 def main() -> int:
     lab.up(3)
-    run = subprocess.run(["pyinfra", "-y", "inventories/lab.py", "deploys/serve.py"])
+    run = run_pyinfra("inventories/lab.py", "deploys/serve.py", capture=False)
     if run.returncode:
         return run.returncode
     result = resolve_inventory("inventories/lab.py")

@@ -3,27 +3,22 @@ v0.34.0 → v0.35.0 one host at a time, then tries an image whose engine never g
 the gate and is rolled back, and the rollout stops. Prints both reports as JSON."""
 
 import json
-import os
-import subprocess
 import sys
 
-from modelfleet import lab
-
-
-def run(*argv: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **env}, timeout=1800)
+import lab
+from modelfleet.commands import run_modelfleet, run_pyinfra
 
 
 def main() -> int:
     lab.up(3)
     base = {"MODELFLEET_LAB_ENGINE": "vllm", "MODELFLEET_LAB_CHECKPOINT_GROUP": "lab"}
-    first = run("pyinfra", "-y", "inventories/lab.py", "deploys/serve.py", **base)
+    first = run_pyinfra("inventories/lab.py", "deploys/serve.py", env=base)
     if first.returncode:
         sys.exit(first.stdout[-3000:] + first.stderr[-2000:])
-    good = run("modelfleet", "upgrade", "inventories/lab.py", "--min-healthy", "2",
-               **base, MODELFLEET_LAB_IMAGE=lab.UPGRADE_IMAGE)
-    bad = run("modelfleet", "upgrade", "inventories/lab.py", "--min-healthy", "2",
-              **base, MODELFLEET_LAB_IMAGE=lab.BROKEN_IMAGE)
+    good = run_modelfleet("upgrade", "inventories/lab.py", "--min-healthy", "2",
+                          env={**base, "MODELFLEET_LAB_IMAGE": lab.UPGRADE_IMAGE}, timeout=1800)
+    bad = run_modelfleet("upgrade", "inventories/lab.py", "--min-healthy", "2",
+                         env={**base, "MODELFLEET_LAB_IMAGE": lab.BROKEN_IMAGE}, timeout=1800)
     summary = {}
     for label, result in (("upgrade", good), ("broken_upgrade", bad)):
         report = json.loads(result.stdout)

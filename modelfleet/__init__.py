@@ -4,5 +4,10 @@ from pathlib import Path
 
 __version__ = "0.1.0"
 
-# The repository root holds templates/, files/ and lab/ (the card fixes the top level).
-REPO_ROOT = Path(__file__).resolve().parent.parent
+# templates/ (jinja2) and files/ (payloads copied to hosts) ship inside the package; the repository's top-level
+# templates/ and files/ are links to them (the card fixes the top level).
+PACKAGE_DIR = Path(__file__).resolve().parent
+TEMPLATES_DIR = PACKAGE_DIR / "templates"
+FILES_DIR = PACKAGE_DIR / "files"
+# A checkout's root (inventories/, lab/); an installed wheel has none, and nothing shipped reads it.
+REPO_ROOT = PACKAGE_DIR.parent

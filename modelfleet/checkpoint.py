@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import urllib.request
 from dataclasses import dataclass
 
@@ -13,6 +15,7 @@ from gevent.lock import Semaphore
 from modelfleet.inventory import COMMIT_RE
 
 MANIFEST = ".modelfleet-manifest.json"
+HUB_TIMEOUT_S = 120
 _snapshots: dict[tuple, Snapshot] = {}
 _lock = Semaphore()
 
@@ -26,25 +29,46 @@ class Snapshot:
     repo: str
     revision: str  # as the inventory gave it (branch, tag or commit)
     commit: str
-    files: dict  # path -> {"size": int, "sha256": str | None}
+    files: dict  # path -> {"size": int, "sha256": str | None, "blob_id": str | None}
 
     @property
     def total_bytes(self) -> int:
         return sum(f["size"] for f in self.files.values())
 
 
-def _from_hub(repo: str, revision: str, endpoint: str, token: str | None) -> Snapshot:
+def _hub_metadata(request: dict) -> dict:
+    """Runs in the child: commit and every file's size, LFS sha256 and git blob id, from the hub's API."""
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
     try:
-        info = HfApi(endpoint=endpoint, token=token or False).model_info(repo, revision=revision,
-                                                                          files_metadata=True)
+        info = HfApi(endpoint=request["endpoint"], token=request["token"] or False).model_info(
+            request["repo"], revision=request["revision"], files_metadata=True)
     except HfHubHTTPError as error:
-        raise ModelSourceError(f"{repo}@{revision} on {endpoint}: {type(error).__name__}: "
-                               f"{str(error).splitlines()[0]}") from error
-    files = {s.rfilename: {"size": s.size, "sha256": s.lfs.sha256 if s.lfs else None} for s in info.siblings}
-    return Snapshot(repo=repo, revision=revision, commit=info.sha, files=files)
+        return {"error": f"{type(error).__name__}: {str(error).splitlines()[0]}"}
+    except Exception as error:  # refused, unreachable, timed out: one line for the operator, not a traceback
+        return {"error": f"hub unreachable: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"}
+    files = {s.rfilename: {"size": s.size, "sha256": s.lfs.sha256 if s.lfs else None, "blob_id": s.blob_id}
+             for s in info.siblings}
+    return {"commit": info.sha, "files": files}
+
+
+def _from_hub(repo: str, revision: str, endpoint: str, token: str | None) -> Snapshot:
+    """
+    Asked from a child interpreter: huggingface_hub's HTTP stack (httpx, anyio, and trio where a user's
+    environment has it) does not import under the gevent patches of a pyinfra run. The token travels on the
+    child's stdin, never in its argv.
+    """
+    request = {"repo": repo, "revision": revision, "endpoint": endpoint, "token": token}
+    try:
+        run = subprocess.run([sys.executable, "-m", "modelfleet.checkpoint"], input=json.dumps(request),
+                             capture_output=True, text=True, timeout=HUB_TIMEOUT_S)
+        answer = json.loads(run.stdout) if run.returncode == 0 else {"error": run.stderr.strip()[-300:]}
+    except (subprocess.TimeoutExpired, ValueError) as error:
+        answer = {"error": f"{type(error).__name__}: {error}"}
+    if "error" in answer:
+        raise ModelSourceError(f"{repo}@{revision} on {endpoint}: {answer['error']}")
+    return Snapshot(repo=repo, revision=revision, commit=answer["commit"], files=answer["files"])
 
 
 def _from_mirror(repo: str, revision: str, source: str) -> Snapshot:
@@ -90,3 +114,7 @@ def missing_files(tree: dict, snap: Snapshot, reverify: bool = False) -> list[st
                 or abs(seen[1] - entry["mtime"]) > 1e-3:
             out.append(path)
     return sorted(out)
+
+
+if __name__ == "__main__":  # the child of _from_hub: one JSON request on stdin, one JSON answer on stdout
+    json.dump(_hub_metadata(json.load(sys.stdin)), sys.stdout)

@@ -113,7 +113,7 @@ def _inventory_endpoints(inventory: str, hosts: tuple[str, ...]):
 @click.option("--ready-timeout", type=float, default=60, show_default=True, help="Seconds to wait for /health.")
 def verify(inventory: str, hosts: tuple[str, ...], ready_timeout: float) -> None:
     """Readiness, smoke and tool-call/multi-turn probe of every endpoint (JSON; exit 1 if any fails)."""
-    endpoints = _inventory_endpoints(inventory, hosts)  # first: pyinfra's gevent patches precede openai's imports
+    endpoints = _inventory_endpoints(inventory, hosts)
     from modelfleet.checks.probe import verify as verify_endpoint
 
     reports = [verify_endpoint(ep, ready_timeout) for ep in endpoints]
@@ -153,7 +153,7 @@ def bench(inventory, hosts, base_url, model, api_key_env, concurrency, num_promp
         endpoints = [Endpoint(name=base_url.split("//")[-1], base_url=base_url.rstrip("/").removesuffix("/v1"),
                               model=model, engine="remote", api_key=key)]
     else:
-        endpoints = _inventory_endpoints(inventory, hosts)  # before openai's imports (pyinfra's gevent patches)
+        endpoints = _inventory_endpoints(inventory, hosts)
     from modelfleet.checks.bench import bench as run_bench
 
     try:
@@ -311,7 +311,21 @@ def prometheus(inventory: str, dcgm: bool, node_exporter: bool, output: str | No
 
 @main.group()
 def lab() -> None:
-    """The local rehearsal fleet (systemd + sshd containers on 127.0.1.N, a registry, engine doubles)."""
+    """The local rehearsal fleet (systemd + sshd containers on 127.0.1.N, a registry, engine doubles); from a
+    checkout of modelfleet only (the lab/ folder is not part of the installed package)."""
+
+
+def _lab_module():
+    """The checkout's lab/ package: found from the working directory (the repository root)."""
+    import importlib
+    from pathlib import Path
+
+    if not (Path.cwd() / "lab" / "__init__.py").exists():
+        raise click.ClickException("`modelfleet lab` runs from the root of a modelfleet checkout (its lab/ folder "
+                                   "is not part of the installed package)")
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    return importlib.import_module("lab")
 
 
 @lab.command("up")
@@ -324,8 +338,7 @@ def lab() -> None:
               help="Loop devices per new host, standing in for NVMe drives (512 MiB sparse images).")
 def lab_up(hosts: int, personas: tuple[str, ...], disks: int) -> None:
     """Start HOSTS lab hosts (idempotent: running ones are kept)."""
-    from modelfleet import lab as labmod
-
+    labmod = _lab_module()
     specs = labmod.up(hosts, list(personas) or None, disks)
     click.echo(json.dumps([{k: s[k] for k in ("name", "address", "persona", "engine", "disks")} for s in specs],
                           indent=2))
@@ -334,16 +347,14 @@ def lab_up(hosts: int, personas: tuple[str, ...], disks: int) -> None:
 @lab.command("down")
 def lab_down() -> None:
     """Remove every lab host, its engine containers and the registry process."""
-    from modelfleet import lab as labmod
-
+    labmod = _lab_module()
     click.echo(json.dumps(labmod.down()))
 
 
 @lab.command("status")
 def lab_status() -> None:
     """Lab hosts, their containers and SSH reachability, as JSON."""
-    from modelfleet import lab as labmod
-
+    labmod = _lab_module()
     click.echo(json.dumps(labmod.status(), indent=2))
 
 

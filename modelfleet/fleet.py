@@ -3,10 +3,12 @@
 fabric rather than pyinfra: these are queries that return data (a table, a stream of lines, a forwarded port),
 not a converge, and pyinfra would print its converge UI around them; a fabric Connection per host, run from
 parallel threads, hands back each host's result (and an unreachable host as an error, not an abort).
-Commands go through the connection's paramiko channels (`exec`), not fabric's `run`: loading an inventory
-imports pyinfra's CLI, which monkey-patches with gevent, and invoke's runner behind `run` hangs under that.
-Connections use the inventory's own SSH settings (ssh_hostname, ssh_port, ssh_user, ssh_key,
-ssh_known_hosts_file); with a known_hosts file, an unknown host key is refused, not added.
+
+Connections use the inventory's own SSH settings (ssh_hostname, ssh_port, ssh_user, ssh_key) and check host
+keys against the same file pyinfra does (ssh_known_hosts_file, else ~/.ssh/known_hosts). A changed key is
+always refused, and so is an unknown one unless the host's `ssh_strict_host_key_checking` is `accept-new`
+(pyinfra's own setting; `no`/`off` count as accept-new here, a changed key is still refused), which records
+it in that file: first contact is an explicit choice.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import shlex
 import sys
 import threading
+from pathlib import Path
 
 import paramiko
 from fabric import Connection
@@ -23,22 +26,67 @@ from modelfleet.inventory import HostPlan, ServicePlan
 MARK = "@@modelfleet-status"
 
 
+class HostKeyError(paramiko.SSHException):
+    pass
+
+
+def known_hosts_file(plan: HostPlan) -> Path:
+    return Path(plan.ssh_known_hosts_file or "~/.ssh/known_hosts").expanduser()
+
+
+def _key_name(plan: HostPlan) -> str:
+    """How known_hosts names the host: `[address]:port` off port 22, as OpenSSH writes it."""
+    return plan.address if plan.ssh_port == 22 else f"[{plan.address}]:{plan.ssh_port}"
+
+
+class _FirstContact(paramiko.MissingHostKeyPolicy):
+    """An unknown key: refused, or recorded when the inventory opts in (accept-new)."""
+
+    def __init__(self, plan: HostPlan):
+        self.plan = plan
+
+    def missing_host_key(self, client, hostname, key):
+        path = known_hosts_file(self.plan)
+        if self.plan.ssh_strict_host_key_checking not in ("accept-new", "no", "off"):
+            raise HostKeyError(
+                f"{self.plan.name}: host key of {_key_name(self.plan)} is not in {path}; check its fingerprint "
+                f"({key.get_name()} {key.fingerprint}), then add it (`ssh-keyscan -p {self.plan.ssh_port} "
+                f"{self.plan.address} >> {path}`) or set ssh_strict_host_key_checking: accept-new for first contact")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        with path.open("a") as f:
+            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
 def connect(plan: HostPlan) -> Connection:
     kwargs = {"key_filename": plan.ssh_key} if plan.ssh_key else {}
     conn = Connection(plan.address, user=plan.ssh_user, port=plan.ssh_port, connect_kwargs=kwargs,
                       connect_timeout=15)
-    if plan.ssh_known_hosts_file:
-        conn.client.load_host_keys(plan.ssh_known_hosts_file)
-        conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    path = known_hosts_file(plan)
+    if path.exists():
+        conn.client.load_host_keys(str(path))
+    conn.client.set_missing_host_key_policy(_FirstContact(plan))
     return conn
 
 
-def execute(conn: Connection, command: str) -> tuple[int, str, str]:
-    """(exit status, stdout, stderr) of one command over the connection's SSH transport."""
-    conn.open()
-    _, stdout, stderr = conn.client.exec_command(command)
-    out, err = stdout.read().decode(errors="replace"), stderr.read().decode(errors="replace")
-    return stdout.channel.recv_exit_status(), out, err
+def open_checked(conn: Connection, plan: HostPlan) -> None:
+    """Open the connection; a changed host key becomes one line saying how to fix it."""
+    try:
+        conn.open()
+    except paramiko.BadHostKeyException as error:
+        path = known_hosts_file(plan)
+        raise HostKeyError(
+            f"{plan.name}: host key of {_key_name(plan)} CHANGED (offered {error.key.get_name()} "
+            f"{error.key.fingerprint}, {path} has {error.expected_key.fingerprint}); if the host was rebuilt, "
+            f"remove the old key with `ssh-keygen -R '{_key_name(plan)}' -f {path}`, else treat it as an "
+            "attack") from None
+
+
+def execute(conn: Connection, plan: HostPlan, command: str) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of one command."""
+    open_checked(conn, plan)
+    result = conn.run(command, hide=True, warn=True, in_stream=False)
+    return result.exited, result.stdout, result.stderr
 
 
 def status_script(plan: HostPlan) -> str:
@@ -84,13 +132,14 @@ def parse_status(output: str) -> dict:
 def status(plans: list[HostPlan]) -> list[dict]:
     """Every host at once; a host that cannot be reached is reported as such, not skipped."""
     conns = {plan.name: connect(plan) for plan in plans}
+    by_name = {plan.name: plan for plan in plans}
     scripts = {plan.name: status_script(plan) for plan in plans}
     rows = []
     results: dict[str, object] = {}
 
     def one(name: str) -> None:
         try:
-            results[name] = execute(conns[name], scripts[name])
+            results[name] = execute(conns[name], by_name[name], scripts[name])
         except Exception as error:  # unreachable, auth refused, host key unknown
             results[name] = error
 
@@ -102,7 +151,8 @@ def status(plans: list[HostPlan]) -> list[dict]:
     for plan in plans:
         outcome = results[plan.name]
         if isinstance(outcome, Exception):
-            rows.append({"host": plan.name, "reachable": False, "error": f"{type(outcome).__name__}: {outcome}"})
+            error = str(outcome) if isinstance(outcome, HostKeyError) else f"{type(outcome).__name__}: {outcome}"
+            rows.append({"host": plan.name, "reachable": False, "error": error})
             continue
         parsed = parse_status(outcome[1])
         services = []
@@ -146,7 +196,7 @@ def logs(plans: list[HostPlan], lines: int = 50, follow: bool = False, sink=sys.
     def stream(plan: HostPlan, command: str) -> None:
         conn = connect(plan)
         try:
-            conn.open()
+            open_checked(conn, plan)
             _, stdout, _ = conn.client.exec_command(command + " 2>&1")
             for line in stdout:
                 with lock:
@@ -172,6 +222,6 @@ def tunnel(plan: HostPlan, svc: ServicePlan, local_port: int):
     from modelfleet.checks.tunnel import forward
 
     conn = connect(plan)
-    conn.open()
+    open_checked(conn, plan)
     return conn, forward(conn.transport, svc.bind_address, svc.port, local_port)
 

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from modelfleet.catalog import Catalog, Engine, Hardware, Model, Recipe, load_catalog
+from modelfleet.loader import read_inventory
 from modelfleet.planner import plan_capacity
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -62,6 +63,8 @@ class HostData(BaseModel):
     ssh_user: str | None = None
     ssh_key: str | None = None
     ssh_known_hosts_file: str | None = None
+    # pyinfra's own setting; modelfleet's status/logs/tunnel/upgrade honour it too (unset: unknown keys refused)
+    ssh_strict_host_key_checking: Literal["yes", "accept-new", "no", "off"] | None = None
     model_root: str = "/srv/models"
     config_dir: str = "/etc/modelfleet"  # env and secret files (0700 directory, 0600 files)
     hf_token_env: str = "HF_TOKEN"
@@ -238,6 +241,7 @@ class HostPlan:
     ssh_user: str | None = None
     ssh_key: str | None = None
     ssh_known_hosts_file: str | None = None
+    ssh_strict_host_key_checking: str | None = None
 
 
 @dataclass
@@ -429,7 +433,8 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
                                    nvme_devices=tuple(host.nvme_devices), model_filesystem=host.model_filesystem,
                                    format_allow_serials=tuple(host.format_allow_serials), ssh_port=host.ssh_port,
                                    ssh_user=host.ssh_user, ssh_key=host.ssh_key,
-                                   ssh_known_hosts_file=host.ssh_known_hosts_file, verify_bench=host.verify_bench,
+                                   ssh_known_hosts_file=host.ssh_known_hosts_file,
+                                   ssh_strict_host_key_checking=host.ssh_strict_host_key_checking, verify_bench=host.verify_bench,
                                    verify_full=host.verify_full, dcgm_exporter=host.dcgm_exporter,
                                    dcgm_exporter_image=host.dcgm_exporter_image,
                                    stack=StackPlan(manage=host.gpu_stack,
@@ -494,14 +499,9 @@ def _with_ranks(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan]) -> dict[
 
 
 def load_inventory(path: str) -> list[tuple[str, dict[str, Any]]]:
-    """Load a pyinfra inventory file (and its group_data/) without connecting to anything."""
-    from pyinfra.api import State
-    from pyinfra.context import ctx_state
-    from pyinfra_cli.inventory import make_inventory
-
-    with ctx_state.use(State()):  # pyinfra executes inventory files inside a state context
-        inventory = make_inventory(path, cwd=str(Path(path).resolve().parent.parent))
-        return [(host.name, host.data.dict()) for host in inventory]
+    """Load a pyinfra inventory file (and its group_data/) without connecting to anything, and without
+    pyinfra's CLI (its gevent patching stays out of the control commands)."""
+    return read_inventory(path, cwd=str(Path(path).resolve().parent.parent))
 
 
 def resolve_inventory(path: str) -> Resolved:

@@ -7,7 +7,7 @@ import os
 import jinja2
 import yaml
 
-from modelfleet import REPO_ROOT
+from modelfleet import TEMPLATES_DIR
 from modelfleet.inventory import ServicePlan
 
 DOCKER = "/usr/bin/docker"
@@ -20,7 +20,7 @@ MASK = "********"
 DP_RPC_PORT = 13345
 MASTER_PORT = 29500
 
-_env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO_ROOT / "templates"), keep_trailing_newline=True,
+_env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES_DIR), keep_trailing_newline=True,
                           trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
 
 

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from modelfleet import fleet, render
+from modelfleet.commands import run_pyinfra
 from modelfleet.inventory import Resolved
 
 
@@ -73,9 +74,7 @@ class Watcher:
 
 
 def _pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict[str, str], env: dict) -> tuple[bool, str]:
-    argv = ["pyinfra", "-y", *[a for h in hosts for a in ("--limit", h)],
-            *[a for k, v in data.items() for a in ("--data", f"{k}={v}")], inventory, deploy]
-    run = subprocess.run(argv, capture_output=True, text=True, env=env)
+    run = run_pyinfra(inventory, deploy, limit=hosts, data=data, env=env, timeout=None)
     return run.returncode == 0, (run.stdout + run.stderr)[-3000:]
 
 

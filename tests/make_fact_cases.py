@@ -1,4 +1,4 @@
-"""Regenerate tests/facts/<fact>/<case>.yaml from recorded outputs (shared/fixtures + tests/fixtures).
+"""Regenerate tests/facts/<fact>/<case>.yaml from recorded outputs (tests/fixtures).
 
 The expected `fact` is what the parser returns today; review the diff by hand before committing (the
 hand-written assertions in tests/unit/test_facts_fixtures.py pin the values that matter).
@@ -11,9 +11,9 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared" / "fixtures"
-H200 = SHARED / "gpu-hosts" / "h200x1-ubuntu2404"
-PUBLIC = SHARED / "public-samples"
+FIXTURES = ROOT / "tests" / "fixtures"
+H200 = FIXTURES / "gpu-hosts" / "h200x1-ubuntu2404"
+PUBLIC = FIXTURES / "public-samples"
 
 CASES = {
     "gpu.NvidiaGpus": {"h200x1": H200 / "nvidia-smi-query-gpu-header.txt"},
@@ -45,7 +45,7 @@ def main() -> None:
             lines = recorded_lines(source)
             fact = cls().process(lines)
             doc = {"command": cls().command(), "output": lines, "fact": fact}
-            header = f"# recorded output: {source.relative_to(SHARED.parent)}\n"
+            header = f"# recorded output: {source.relative_to(ROOT)}\n"
             (folder / f"{case}.yaml").write_text(header + yaml.safe_dump(doc, sort_keys=False, width=200))
             print(folder / f"{case}.yaml", file=sys.stderr)
 

@@ -18,6 +18,17 @@ def refuse(state, host, reasons: list[str]) -> bool:
     return False
 
 
+def note(state, host, message: str) -> bool:
+    """FunctionCommand body: say something about the host when the run reaches this point, and go on."""
+    host.log_styled(message, fg="yellow", log_func=logger.warning)
+    return True
+
+
+@operation(is_idempotent=False)
+def note_once(message: str):
+    yield FunctionCommand(note, (message,), {})
+
+
 @operation(is_idempotent=False)
 def fail_host(reasons: list[str]):
     yield FunctionCommand(refuse, (reasons,), {})

@@ -15,19 +15,23 @@ import re
 import shlex
 
 from pyinfra import host, state
-from pyinfra.api import StringCommand, deploy, operation
+from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
-from modelfleet import REPO_ROOT
+from modelfleet import FILES_DIR
 from modelfleet.checkpoint import Snapshot, missing_files, snapshot
 from modelfleet.inventory import COMMIT_RE, HostPlan, ServicePlan
 from modelfleet.operations.files import content_file, directory
-from modelfleet.operations.report import fail_host
+from modelfleet.operations.report import fail_host, note, refuse
 from modelfleet.stages import TOOLS_BIN, deployed_for_stage, deployed_of, host_plan, resolved
 
 FETCH = f"{TOOLS_BIN}/modelfleet_fetch.py"
 VENV = "/opt/modelfleet/hf-venv"
 HF_CLIENT = "huggingface_hub[hf_xet]>=0.34,<3"
 FANOUT_PORT = 18431
+# The peer server's lifetime: the group's missing bytes at this floor rate, plus a margin. A control node
+# killed mid-copy cannot stop it; this bounds it, and the next run stops a leftover before starting its own.
+FANOUT_FLOOR_BYTES_S = 25e6
+FANOUT_MARGIN_S = 300
 TEMP_FACTOR = 1.05  # partial files beside the ones being replaced
 
 
@@ -66,7 +70,8 @@ def _group(svc: ServicePlan) -> list[str]:
 
 def wants(plan: HostPlan) -> dict:
     dirs = list(_checkpoints(plan))
-    return {"trees": dirs, "paths": [TOOLS_BIN, FETCH, f"{VENV}/bin/python", plan.config_dir,
+    return {"trees": dirs, "units": [f"{_fanout_unit(s.checkpoint_group)}.service" for s in plan.services],
+            "paths": [TOOLS_BIN, FETCH, f"{VENV}/bin/python", plan.config_dir,
                                      f"{plan.config_dir}/hf-token", *dirs, *(_job_path(plan, d) for d in dirs)]}
 
 
@@ -87,12 +92,24 @@ def _fetch_command(job: str, mode: str, source: str | None, reverify: bool) -> S
     return StringCommand(*map(shlex.quote, argv))
 
 
+def _source_alive(state, host, source: str) -> bool:
+    """FunctionCommand body, at execution time: a peer whose source host already failed in this run says so
+    in one line instead of timing out against a server that never started."""
+    if any(failed.name == source for failed in state.failed_hosts):
+        return refuse(state, host, [f"checkpoint source {source} failed earlier in this run (see its error): "
+                                    "nothing to copy from; fix it and re-run"])
+    return True
+
+
 @operation(is_idempotent=False)
-def checkpoint_fetched(job: str, mode: str, source: str | None, missing: list[str], reverify: bool):
+def checkpoint_fetched(job: str, mode: str, source: str | None, missing: list[str], reverify: bool,
+                       source_host: str | None = None):
     """Run the fetch script: it re-checks what is present, fetches `missing` and what fails its hash."""
     if not missing:
         host.noop("checkpoint complete (manifest, sizes and mtimes match)")
         return
+    if source_host:
+        yield FunctionCommand(_source_alive, (source_host,), {})
     yield _fetch_command(job, mode, source, reverify)
 
 
@@ -101,15 +118,21 @@ def _fanout_unit(group: str) -> str:
 
 
 @operation(is_idempotent=False)
-def fanout_serving(group: str, directory_: str, address: str, port: int, serve: bool, needed: bool):
-    """A transient unit serving the verified copy to the group's peers (read-only HTTP), or stop it."""
+def fanout_serving(group: str, directory_: str, address: str, port: int, serve: bool, needed: bool,
+                   lifetime_s: int = 0, leftover: bool = False):
+    """A transient unit serving the verified copy to the group's peers (read-only HTTP) for at most
+    `lifetime_s`, or stop it. A unit left running by an earlier run that died is stopped first."""
     unit = _fanout_unit(group)
     if not needed:
         host.noop("no peer needs a copy from this host")
         return
     if serve:
-        argv = ["systemd-run", f"--unit={unit}", "--property=RuntimeMaxSec=86400", "--collect", "python3", FETCH,
-                "serve", directory_, address, str(port)]
+        if leftover:
+            yield FunctionCommand(note, (f"stopping {unit}, left running by an earlier run that did not finish",), {})
+            yield StringCommand("systemctl", "stop", shlex.quote(unit), "||", "true")
+            yield StringCommand("systemctl", "reset-failed", shlex.quote(unit), "2>/dev/null", "||", "true")
+        argv = ["systemd-run", f"--unit={unit}", f"--property=RuntimeMaxSec={lifetime_s}", "--collect",
+                "python3", FETCH, "serve", directory_, address, str(port)]
         yield StringCommand(*map(shlex.quote, argv))
         url = shlex.quote(f"http://{address}:{port}/")
         wait = (f"for i in $(seq 50); do curl -fsS -o /dev/null {url} && exit 0; sleep 0.2; done; "
@@ -168,7 +191,7 @@ def run(deployed: dict | None = None):
     directory(name=f"Config directory {plan.config_dir} (0700)", path=plan.config_dir,
               current=mine["paths"].get(plan.config_dir), mode="0700")
     directory(name=f"Tools directory {TOOLS_BIN}", path=TOOLS_BIN, current=mine["paths"].get(TOOLS_BIN))
-    content_file(name=f"Fetch script {FETCH}", dest=FETCH, content=(REPO_ROOT / "files" / "modelfleet_fetch.py")
+    content_file(name=f"Fetch script {FETCH}", dest=FETCH, content=(FILES_DIR / "modelfleet_fetch.py")
                  .read_text(), current=mine["paths"].get(FETCH), mode="0755")
     for model_dir, (svc, snap) in _checkpoints(plan).items():
         tree = mine["trees"][model_dir]
@@ -200,12 +223,15 @@ def run(deployed: dict | None = None):
                            missing=missing if is_seed else [], reverify=plan.model_reverify)
         peers_missing = [name for name in members[1:] if _peer_missing(name, snap)] if is_seed else []
         seed_address = resolved().hosts[seed].address
+        unit_state = mine["units"].get(f"{_fanout_unit(svc.checkpoint_group)}.service") or {}
         fanout_serving(name=f"Serve {snap.commit[:12]} to the group's peers", group=svc.checkpoint_group,
                        directory_=model_dir, address=plan.address, port=FANOUT_PORT, serve=True,
-                       needed=bool(peers_missing))
+                       needed=bool(peers_missing), leftover=unit_state.get("ActiveState") in ("active", "activating",
+                                                                                              "failed"),
+                       lifetime_s=int(FANOUT_MARGIN_S + snap.total_bytes * len(peers_missing) / FANOUT_FLOOR_BYTES_S))
         checkpoint_fetched(name=f"Copy {snap.repo}@{snap.commit[:12]} from {seed}", job=job, mode="peer",
                            source=f"http://{seed_address}:{FANOUT_PORT}/", missing=[] if is_seed else missing,
-                           reverify=plan.model_reverify)
+                           reverify=plan.model_reverify, source_host=seed)
         fanout_serving(name="Stop serving to peers", group=svc.checkpoint_group, directory_=model_dir,
                        address=plan.address, port=FANOUT_PORT, serve=False, needed=bool(peers_missing))
         current_pointer(name=f"{parent}/current -> {snap.commit[:12]}", parent=parent, commit=snap.commit,

@@ -23,7 +23,7 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from pyinfra.context import ctx_state
 
-from modelfleet import REPO_ROOT
+from modelfleet import FILES_DIR
 from modelfleet.inventory import HostPlan, ServicePlan
 from modelfleet.operations.files import content_file, directory
 from modelfleet.render import gpu_flags
@@ -156,7 +156,7 @@ def run(deployed: dict | None = None, report_dir: Path | None = None):
     alone = deployed is None
     mine = deployed or deployed_for_stage(__name__)
     directory(name=f"Tools directory {TOOLS_BIN}", path=TOOLS_BIN, current=mine["paths"].get(TOOLS_BIN))
-    content_file(name=f"Check script {SCRIPT}", dest=SCRIPT, content=(REPO_ROOT / "files" / "nccl_check.py")
+    content_file(name=f"Check script {SCRIPT}", dest=SCRIPT, content=(FILES_DIR / "nccl_check.py")
                  .read_text(), current=mine["paths"].get(SCRIPT), mode="0755")
     for svc in plan.services:
         needed = _needed(svc, alone)

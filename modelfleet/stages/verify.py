@@ -17,6 +17,7 @@ from pyinfra import host, state
 from pyinfra.api import FunctionCommand, deploy, operation
 
 from modelfleet.checks import Endpoint, endpoint, reachable_from_control_node
+from modelfleet.checks.gate import run_gate
 from modelfleet.operations.report import refuse
 from modelfleet.stages import host_plan, service
 
@@ -57,18 +58,11 @@ def endpoint_verified(ep: Endpoint, tunnel: tuple[str, int] | None, ready_timeou
     if not state.is_executing:
         host.noop(f"{ep.name} is verified after the service stage")
         return
-    from modelfleet.checks.probe import verify
-
     with _tunnel(*tunnel) if tunnel else nullcontext() as port:
         target = replace(ep, base_url=f"http://127.0.0.1:{port}") if tunnel else ep
-        report = {**verify(target, ready_timeout_s, full), "endpoint": ep.name, "base_url": ep.openai_base_url,
-                  "via_ssh_tunnel": bool(tunnel)}
-        if with_bench and report["ok"]:
-            from modelfleet.checks.bench import bench
-
-            result = bench(replace(target, name=ep.name), out_dir=report_dir.parent / "bench", **BENCH)
-            report["bench"] = {"json": result["json"], "plot": result["plot"], "regressions": result["regressions"]}
-            report["ok"] = not result["regressions"]
+        report = {**run_gate(target, ready_timeout_s, full, BENCH if with_bench else None,
+                             report_dir.parent / "bench"),
+                  "endpoint": ep.name, "base_url": ep.openai_base_url, "via_ssh_tunnel": bool(tunnel)}
     report_dir.mkdir(parents=True, exist_ok=True)
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", ep.name)
     (report_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -10,8 +10,8 @@ from pyinfra.api.deploy import add_deploy
 from pyinfra.api.operations import run_ops
 from pyinfra.connectors.fake import FakeConnector
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
-H200 = SHARED / "gpu-hosts" / "h200x1-ubuntu2404"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+H200 = FIXTURES / "gpu-hosts" / "h200x1-ubuntu2404"
 MARK = "@@modelfleet-probe"
 
 

@@ -133,7 +133,6 @@ def h200_probe():
     }))
 
 
-@pytest.mark.skipif(not H200.exists(), reason="shared/fixtures not beside the checkout")
 def test_preflight_on_recorded_h200_accepts_small_model_and_refuses_kimi():
     plan = resolve([("h200", {"hardware": "h200", "gpu_count": 1, "model": "qwen3-8b", "engine": "vllm",
                               "assess_models": ["kimi-k3.1-pro", "qwen3-8b"]})]).hosts["h200"]

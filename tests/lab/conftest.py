@@ -1,12 +1,13 @@
 """One lab for the whole lab test session: three hosts (vllm, sglang, llama.cpp doubles), registry, signed apt
-repository and hub double. Its teardown checks that `lab down` leaves nothing behind."""
+repository and hub double. It is the suite's own lab (tests/conftest.py), beside any lab a user started; its
+teardown checks that `lab down` leaves nothing of it behind."""
 
 import shutil
 import subprocess
 
 import pytest
 
-from modelfleet import lab
+import lab
 
 
 def dockerd_answers() -> bool:
@@ -17,7 +18,8 @@ def dockerd_answers() -> bool:
 def lab_hosts():
     if not dockerd_answers():
         pytest.skip("the lab needs a running dockerd (see .ci/run)")
-    lab.down()
+    assert lab.NET, "the lab tests run on their own lab (tests/conftest.py), never on a user's"
+    lab.down()  # leftovers of an interrupted test session, never a user's lab
     specs = lab.up(3, disks=1)  # one loop device per host, standing in for an NVMe drive
     yield specs
     pids = [p.read_text() for p in lab.STATE.glob("*.pid")]

@@ -9,7 +9,8 @@ import pytest
 import yaml
 from openai import OpenAI
 
-from modelfleet.lab import ssh
+from lab import ssh
+from modelfleet.commands import modelfleet_argv, run_pyinfra
 
 pytestmark = pytest.mark.lab
 ENV = {**os.environ, "MODELFLEET_LAB_API_KEY_ENV": ""}
@@ -17,14 +18,13 @@ ENV = {**os.environ, "MODELFLEET_LAB_API_KEY_ENV": ""}
 
 @pytest.fixture(scope="module")
 def served(lab_hosts):
-    run = subprocess.run(["pyinfra", "-y", "inventories/lab.py", "deploys/serve.py"], env=ENV,
-                         capture_output=True, text=True, timeout=600)
+    run = run_pyinfra("inventories/lab.py", "deploys/serve.py", env=ENV, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:]
     return lab_hosts
 
 
 def test_status_reports_every_host_in_one_table_and_json(served):
-    run = subprocess.run(["modelfleet", "status", "inventories/lab.py", "--json"], env=ENV, capture_output=True,
+    run = subprocess.run(modelfleet_argv("status", "inventories/lab.py", "--json"), env=ENV, capture_output=True,
                          text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     rows = json.loads(run.stdout)
@@ -33,7 +33,7 @@ def test_status_reports_every_host_in_one_table_and_json(served):
         [svc] = row["services"]
         assert svc["state"] == "active/running" and svc["health"] == "200"
         assert "@sha256:" in svc["image"] and len(svc["revision"]) == 40 and svc["restarts"] == 0
-    table = subprocess.run(["modelfleet", "status", "inventories/lab.py"], env=ENV, capture_output=True,
+    table = subprocess.run(modelfleet_argv("status", "inventories/lab.py"), env=ENV, capture_output=True,
                            text=True, timeout=120).stdout
     assert table.splitlines()[0].split()[:3] == ["HOST", "POOL", "STATE"] and len(table.splitlines()) == 4
 
@@ -41,7 +41,7 @@ def test_status_reports_every_host_in_one_table_and_json(served):
 def test_status_names_an_unreachable_host(served):
     ssh(served[2], "systemctl stop ssh.socket ssh.service 2>/dev/null; systemctl stop ssh")
     try:
-        run = subprocess.run(["modelfleet", "status", "inventories/lab.py", "--json"], env=ENV,
+        run = subprocess.run(modelfleet_argv("status", "inventories/lab.py", "--json"), env=ENV,
                              capture_output=True, text=True, timeout=120)
         rows = {r["host"]: r for r in json.loads(run.stdout)}
         assert run.returncode == 1 and not rows[served[2]["name"]]["reachable"]
@@ -52,8 +52,8 @@ def test_status_names_an_unreachable_host(served):
 
 
 def test_logs_prefix_every_line_with_its_host(served):
-    run = subprocess.run(["modelfleet", "logs", "inventories/lab.py", served[0]["name"], served[1]["name"], "-n",
-                          "5"], env=ENV, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(modelfleet_argv("logs", "inventories/lab.py", served[0]["name"], served[1]["name"], "-n",
+                          "5"), env=ENV, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     lines = [line for line in run.stdout.splitlines() if line]
     prefixes = {line.split(" ", 1)[0] for line in lines}
@@ -63,7 +63,7 @@ def test_logs_prefix_every_line_with_its_host(served):
 
 def test_tunnel_forwards_a_local_port_to_the_endpoint_and_refuses_a_busy_one(served):
     spec = served[0]
-    proc = subprocess.Popen(["modelfleet", "tunnel", "inventories/lab.py", spec["name"], "--local-port", "18777"],
+    proc = subprocess.Popen(modelfleet_argv("tunnel", "inventories/lab.py", spec["name"], "--local-port", "18777"),
                             env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
@@ -76,7 +76,7 @@ def test_tunnel_forwards_a_local_port_to_the_endpoint_and_refuses_a_busy_one(ser
         assert [m.id for m in client.models.list().data] == ["tiny-lab"]
         reply = client.chat.completions.create(model="tiny-lab", messages=[{"role": "user", "content": "hi"}])
         assert reply.choices[0].finish_reason == "stop" and "tiny-lab" in reply.choices[0].message.content
-        busy = subprocess.run(["modelfleet", "tunnel", "inventories/lab.py", spec["name"], "--local-port", "18777"],
+        busy = subprocess.run(modelfleet_argv("tunnel", "inventories/lab.py", spec["name"], "--local-port", "18777"),
                               env=ENV, capture_output=True, text=True, timeout=60)
         assert busy.returncode == 2 and "local port 18777 is already in use" in busy.stderr
     finally:
@@ -86,7 +86,7 @@ def test_tunnel_forwards_a_local_port_to_the_endpoint_and_refuses_a_busy_one(ser
 
 def test_prometheus_config_labels_every_engine(served, tmp_path):
     out = tmp_path / "prometheus.yml"
-    run = subprocess.run(["modelfleet", "prometheus", "inventories/lab.py", "--node-exporter", "-o", str(out)],
+    run = subprocess.run(modelfleet_argv("prometheus", "inventories/lab.py", "--node-exporter", "-o", str(out)),
                          env=ENV, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     config = yaml.safe_load(out.read_text())

@@ -3,12 +3,13 @@ from the lab's signed apt repositories through deploys/gpu_stack.py, with real a
 
 import json
 import os
-import subprocess
 
 import pytest
 
-from modelfleet import REPO_ROOT, lab
-from modelfleet.lab.rebuild import rehearse
+import lab
+from lab.rebuild import rehearse
+from modelfleet import REPO_ROOT
+from modelfleet.commands import run_pyinfra
 
 pytestmark = pytest.mark.lab
 
@@ -23,9 +24,7 @@ def rebuilt(lab_hosts, tmp_path_factory):
     bare, skewed = specs[-3:], specs[-2]["name"]
     reports = tmp_path_factory.mktemp("reports")
     env = {**os.environ, "MODELFLEET_LAB_ONLY": bare[0]["name"], "MODELFLEET_REPORTS": str(reports / "no-reboot")}
-    no_reboot = subprocess.run(["pyinfra", "-y", "--data", "reboot=false", "inventories/lab.py",
-                                "deploys/gpu_stack.py"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                               timeout=600)
+    no_reboot = run_pyinfra("inventories/lab.py", "deploys/gpu_stack.py", extra=["--data", "reboot=false"], cwd=REPO_ROOT, env=env, timeout=600)
     pending = json.loads((reports / "no-reboot" / "gpu_stack" / f"{bare[0]['name']}.json").read_text())
     smi_pending = lab.ssh(bare[0], "nvidia-smi -L")
     rows = {row["host"]: row for row in rehearse(bare, skewed=skewed, reports=reports)}
@@ -101,8 +100,7 @@ def test_rebuilt_host_serves_with_the_same_command(rebuilt):
     Docker and runtime the stack installed, and the endpoint answers."""
     spec = rebuilt["bare"][0]
     env = {**os.environ, "MODELFLEET_LAB_ONLY": spec["name"]}
-    served = subprocess.run(["pyinfra", "-y", "inventories/lab.py", "deploys/serve.py"], cwd=REPO_ROOT, env=env,
-                            capture_output=True, text=True, timeout=600)
+    served = run_pyinfra("inventories/lab.py", "deploys/serve.py", cwd=REPO_ROOT, env=env, timeout=600)
     assert served.returncode == 0, served.stdout[-4000:] + served.stderr[-2000:]
     assert lab.restarts(spec["name"]) == 1  # still the one reboot of the rebuild
     models = lab.ssh(spec, f"curl -fsS http://{spec['address']}:8000/v1/models")

@@ -12,7 +12,8 @@ import pytest
 from huggingface_hub import HfApi, snapshot_download
 from huggingface_hub.errors import GatedRepoError
 
-from modelfleet.lab import STATE, hub, ssh
+from lab import STATE, hub, ssh
+from modelfleet.commands import modelfleet_argv, run_pyinfra
 
 pytestmark = pytest.mark.lab
 REPO = "modelfleet/tiny-lab"
@@ -105,10 +106,9 @@ def test_hub_double_is_gated_without_the_token(hub_env, tmp_path):
 def test_validate_refuses_an_open_endpoint_without_a_key_before_touching_a_host(lab_hosts):
     env = {**os.environ, "MODELFLEET_LAB_BIND_ADDRESS": "0.0.0.0"}
     env.pop("MODELFLEET_LAB_API_KEY_ENV", None)
-    check = subprocess.run(["modelfleet", "validate", "inventories/lab.py"], env=env, capture_output=True, text=True)
+    check = subprocess.run(modelfleet_argv("validate", "inventories/lab.py"), env=env, capture_output=True, text=True)
     assert check.returncode == 2
     assert f"{lab_hosts[0]['name']}" in check.stdout + check.stderr and "bind_address" in check.stdout + check.stderr
-    run = subprocess.run(["pyinfra", "-y", "inventories/lab.py", "deploys/serve.py"], env=env, capture_output=True,
-                         text=True, timeout=300)
+    run = run_pyinfra("inventories/lab.py", "deploys/serve.py", env=env, timeout=300)
     assert run.returncode != 0 and "bind_address" in run.stdout + run.stderr
     assert "Starting operation" not in run.stdout + run.stderr  # refused while preparing: nothing ran

@@ -9,7 +9,8 @@ import subprocess
 
 import pytest
 
-from modelfleet.lab import STATE, hub, ssh
+from lab import STATE, hub, ssh
+from modelfleet.commands import run_pyinfra
 
 pytestmark = pytest.mark.lab
 ROOT = "/srv/models-e2e"
@@ -17,8 +18,7 @@ ROOT = "/srv/models-e2e"
 
 def model_run(*extra, **env):
     full = {**os.environ, "MODELFLEET_LAB_MODEL_ROOT": ROOT, **env}
-    return subprocess.run(["pyinfra", "-y", *extra, "inventories/lab.py", "deploys/model.py"], env=full,
-                          capture_output=True, text=True, timeout=600)
+    return run_pyinfra("inventories/lab.py", "deploys/model.py", extra=extra, env=full, timeout=600)
 
 
 def changed(run) -> int:

@@ -3,20 +3,19 @@ carries PyTorch CPU) with Gloo over the hosts' loopback addresses, on both hosts
 
 import json
 import os
-import subprocess
 import time
 
 import pytest
 
-from modelfleet.lab import ssh
+from lab import ssh
+from modelfleet.commands import run_pyinfra
 
 pytestmark = pytest.mark.lab
 
 
 def gate(tmp_path, **env):
     full = {**os.environ, "MODELFLEET_LAB_GATE_HOSTS": "2", "MODELFLEET_REPORTS": str(tmp_path), **env}
-    run = subprocess.run(["pyinfra", "-y", "inventories/lab.py", "deploys/netcheck.py"], env=full,
-                         capture_output=True, text=True, timeout=600)
+    run = run_pyinfra("inventories/lab.py", "deploys/netcheck.py", env=full, timeout=600)
     report = json.loads((tmp_path / "netcheck" / "gate.json").read_text())
     return run, report
 
@@ -46,8 +45,7 @@ def test_a_host_on_a_wrong_interface_fails_the_pool_and_no_unit_starts(lab_hosts
     env = {**os.environ, "MODELFLEET_LAB_GATE_HOSTS": "2", "MODELFLEET_REPORTS": str(tmp_path),
            "MODELFLEET_LAB_GATE_BAD_IFNAME": "1"}
     start = time.monotonic()
-    run = subprocess.run(["pyinfra", "-y", "inventories/lab.py", "deploys/serve.py"], env=env,
-                         capture_output=True, text=True, timeout=600)
+    run = run_pyinfra("inventories/lab.py", "deploys/serve.py", env=env, timeout=600)
     report = json.loads((tmp_path / "netcheck" / "gate.json").read_text())
     assert run.returncode != 0 and not report["ok"]
     assert time.monotonic() - start < 15 + 60
@@ -60,8 +58,7 @@ def test_a_host_on_a_wrong_interface_fails_the_pool_and_no_unit_starts(lab_hosts
 
 def serve(tmp_path, gate_hosts: str):
     env = {**os.environ, "MODELFLEET_LAB_GATE_HOSTS": gate_hosts, "MODELFLEET_REPORTS": str(tmp_path)}
-    return subprocess.run(["pyinfra", "-y", "inventories/lab.py", "deploys/serve.py"], env=env,
-                          capture_output=True, text=True, timeout=900)
+    return run_pyinfra("inventories/lab.py", "deploys/serve.py", env=env, timeout=900)
 
 
 def unit_of(spec):

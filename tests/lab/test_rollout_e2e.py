@@ -3,20 +3,19 @@ failed request outside the host being switched; an image whose engine never gets
 first host, which is put back on its previous digest and revision, and the rollout stops."""
 
 import json
-import os
-import subprocess
 
 import pytest
 
-from modelfleet import lab
-from modelfleet.lab import ssh
+import lab
+from lab import ssh
+from modelfleet.commands import run_modelfleet, run_pyinfra
 
 pytestmark = pytest.mark.lab
 BASE = {"MODELFLEET_LAB_ENGINE": "vllm"}
 
 
 def run(*argv, **env):
-    return subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **BASE, **env}, timeout=1200)
+    return run_modelfleet(*argv, env={**BASE, **env}, timeout=1200)
 
 
 def image_of(spec):
@@ -24,22 +23,22 @@ def image_of(spec):
 
 
 def test_upgrade_then_a_broken_image_is_rolled_back(lab_hosts):
-    first = run("pyinfra", "-y", "inventories/lab.py", "deploys/serve.py")
+    first = run_pyinfra("inventories/lab.py", "deploys/serve.py", env=BASE, timeout=1200)
     assert first.returncode == 0, first.stdout[-3000:]
     before = {s["name"]: image_of(s) for s in lab_hosts}
-    good = run("modelfleet", "upgrade", "inventories/lab.py", "--min-healthy", "2",
+    good = run("upgrade", "inventories/lab.py", "--min-healthy", "2",
                MODELFLEET_LAB_IMAGE=lab.UPGRADE_IMAGE)
     report = json.loads(good.stdout)
     assert good.returncode == 0, report
     assert report["upgraded"] == [s["name"] for s in lab_hosts] and report["failures_outside_batch"] == 0
     upgraded = {s["name"]: image_of(s) for s in lab_hosts}
     assert all(":v0.35.0@sha256:" in image for image in upgraded.values()) and upgraded != before
-    shown = json.loads(run("modelfleet", "status", "inventories/lab.py", "--json").stdout)
+    shown = json.loads(run("status", "inventories/lab.py", "--json").stdout)
     assert {row["host"]: row["services"][0]["image"] for row in shown} == upgraded  # status shows the new digest
     # At least 2 of 3 endpoints answered throughout: failures only ever hit the host being switched.
     assert set(report["endpoint_failures"]) <= set(report["upgraded"]) and report["failures_outside_batch"] == 0
 
-    bad = run("modelfleet", "upgrade", "inventories/lab.py", "--min-healthy", "2",
+    bad = run("upgrade", "inventories/lab.py", "--min-healthy", "2",
               MODELFLEET_LAB_IMAGE=lab.BROKEN_IMAGE)
     report = json.loads(bad.stdout)
     first_host = lab_hosts[0]["name"]

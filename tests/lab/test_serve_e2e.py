@@ -9,7 +9,8 @@ import subprocess
 import pytest
 from openai import AuthenticationError, OpenAI
 
-from modelfleet.lab import ssh
+from lab import ssh
+from modelfleet.commands import run_pyinfra
 
 pytestmark = pytest.mark.lab
 
@@ -18,8 +19,7 @@ ENV = {**os.environ, "MODELFLEET_LAB_API_KEY_ENV": "LAB_API_KEY", "LAB_API_KEY":
 
 
 def pyinfra(*extra, env=ENV):
-    return subprocess.run(["pyinfra", "-y", *extra, "inventories/lab.py", "deploys/serve.py"], env=env,
-                          capture_output=True, text=True, timeout=600)
+    return run_pyinfra("inventories/lab.py", "deploys/serve.py", extra=extra, env=env, timeout=600)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet.lab import ssh
+from lab import ssh
+from modelfleet.commands import run_pyinfra
 
 pytestmark = pytest.mark.lab
 ROOT = "/srv/models-nvme"
@@ -18,8 +19,7 @@ ROOT = "/srv/models-nvme"
 
 def storage(limit: str):
     env = {**os.environ, "MODELFLEET_LAB_NVME": "1", "MODELFLEET_LAB_MODEL_ROOT": ROOT}
-    return subprocess.run(["pyinfra", "-y", "--limit", limit, "inventories/lab.py", "deploys/storage.py"], env=env,
-                          capture_output=True, text=True, timeout=300)
+    return run_pyinfra("inventories/lab.py", "deploys/storage.py", extra=["--limit", limit], env=env, timeout=300)
 
 
 def image_of(spec) -> Path:

@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from modelfleet import lab
+import lab
 from modelfleet.checks import Endpoint
 from modelfleet.checks.probe import verify
+from modelfleet.commands import modelfleet_argv, run_pyinfra
 
 pytestmark = pytest.mark.lab
 
@@ -19,8 +20,7 @@ def serve(limit: str, engine_env: dict | None = None, reports=None, *data: str):
     if reports:
         env["MODELFLEET_REPORTS"] = str(reports)
     extra = [arg for item in data for arg in ("--data", item)]
-    return subprocess.run(["pyinfra", "-y", "--limit", limit, *extra, "inventories/lab.py", "deploys/serve.py"],
-                          env=env, capture_output=True, text=True, timeout=600)
+    return run_pyinfra("inventories/lab.py", "deploys/serve.py", extra=["--limit", limit, *extra], env=env, timeout=600)
 
 
 def test_serve_runs_the_gate_and_catches_malformed_tool_calls(lab_hosts, tmp_path):
@@ -81,8 +81,8 @@ def test_reasoning_budget_is_reported_as_budget_not_failure(lab_hosts):
 def test_bench_writes_json_and_png_and_compares_with_the_previous_run(lab_hosts, tmp_path):
     host = lab_hosts[2]["name"]
     serve(host)
-    argv = ["modelfleet", "bench", "inventories/lab.py", "--host", host, "--concurrency", "1,4",
-            "--num-prompts", "8", "--input-len", "32", "--output-len", "16", "--out", str(tmp_path)]
+    argv = modelfleet_argv("bench", "inventories/lab.py", "--host", host, "--concurrency", "1,4",
+            "--num-prompts", "8", "--input-len", "32", "--output-len", "16", "--out", str(tmp_path))
     first = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
     [result] = json.loads(first.stdout)
@@ -106,9 +106,7 @@ def test_verify_bench_when_asked_and_a_slower_engine_fails_the_gate(lab_hosts, t
     def run(engine_env=None):
         env = {**os.environ, "MODELFLEET_REPORTS": str(tmp_path),
                "MODELFLEET_LAB_ENGINE_ENV": json.dumps(engine_env or {})}
-        return subprocess.run(["pyinfra", "-y", "--limit", host, "--data", "verify_bench=true",
-                               "inventories/lab.py", "deploys/serve.py"], env=env, capture_output=True, text=True,
-                              timeout=600)
+        return run_pyinfra("inventories/lab.py", "deploys/serve.py", extra=["--limit", host, "--data", "verify_bench=true"], env=env, timeout=600)
 
     first = run()
     assert first.returncode == 0, first.stdout[-3000:]

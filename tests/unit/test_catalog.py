@@ -39,5 +39,5 @@ def test_h200_hbm_is_the_measured_figure():
 def test_model_facts_from_the_guides():
     k31 = CAT.models["kimi-k3.1-pro"]
     assert (k31.params_total, k31.params_active, k31.layers, k31.context_max) == (2.8e12, 104e9, 93, 1048576)
-    assert k31.experts == {"routed": 896, "selected_per_token": 16, "shared": 2}
+    assert k31.experts == dict(routed=896, selected_per_token=16, shared=2)
     assert re.fullmatch(r"moonshotai/Kimi-K3\.1-Pro", k31.hf_repo)

@@ -3,12 +3,10 @@
 import json
 from pathlib import Path
 
-import pytest
-
 from modelfleet.inventory import resolve
 from modelfleet.stages.storage import holds_data, plan_devices
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "gpu-hosts" / "h200x1-ubuntu2404"
+H200 = Path(__file__).resolve().parents[1] / "fixtures" / "gpu-hosts" / "h200x1-ubuntu2404"
 
 
 def plan(**data):
@@ -22,9 +20,8 @@ def nvme(n, **fields):
             "serial": f"S6EYNA0W{n:05d}", **fields}
 
 
-@pytest.mark.skipif(not SHARED.exists(), reason="shared/fixtures not beside the checkout")
 def test_recorded_h200_root_disk_is_never_a_target():
-    devices = json.loads((SHARED / "lsblk-json.txt").read_text().split("__rc=")[0])["blockdevices"]
+    devices = json.loads((H200 / "lsblk-json.txt").read_text().split("__rc=")[0])["blockdevices"]
     targets, refusals = plan_devices(plan(nvme_devices=["/dev/vda"]), devices)
     assert refusals == ["storage: /dev/vda (serial none) holds a mount at /; refusing to format it. "
                         "List its serial in format_allow_serials to allow that"]

@@ -9,6 +9,9 @@ import subprocess
 import time
 from pathlib import Path
 
+# Which lab this is (0: the user's; the tests run N=1 beside it): it shifts every address and port.
+NET = int(os.environ.get("MODELFLEET_LAB_NET", "0"))
+
 
 def port_open(listen: str) -> bool:
     """Does something accept connections on `listen` (host:port)?"""

@@ -16,16 +16,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from modelfleet import REPO_ROOT, lab
+import lab
+from lab import REPO_ROOT
+from modelfleet.commands import run_pyinfra
 
 SKEWED_FABRIC_MANAGER = "580.95.05"  # an older release in the lab's CUDA repository than the driver's
 
 
 def pyinfra(names: list[str], deploy: str, reports: Path, *extra: str, yes: bool = True) -> subprocess.CompletedProcess:
     """`yes=False` with `--dry`: pyinfra then prints the operations it detects would change."""
-    env = {**os.environ, "MODELFLEET_LAB_ONLY": ",".join(names), "MODELFLEET_REPORTS": str(reports)}
-    return subprocess.run(["pyinfra", *(["-y"] if yes else []), *extra, "inventories/lab.py", f"deploys/{deploy}"],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    return run_pyinfra("inventories/lab.py", f"deploys/{deploy}", yes=yes, extra=extra, cwd=REPO_ROOT,
+                       env={"MODELFLEET_LAB_ONLY": ",".join(names), "MODELFLEET_REPORTS": str(reports)})
 
 
 def table(output: str, title: str) -> dict[str, list[str]]:

@@ -13,9 +13,9 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from modelfleet.lab import daemons
+from lab import daemons
 
-LISTEN = "127.0.0.1:5070"
+LISTEN = f"127.0.0.1:{5070 + daemons.NET}"
 ENDPOINT = f"http://{LISTEN}"
 # repo=revisions:shards:MiB per shard. Two revisions, so upgrades and pinning have something to tell apart;
 # `bench-64m` (8 x 8 MiB) gives `make bench-fanout` enough bytes to time.

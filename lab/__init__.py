@@ -2,6 +2,11 @@
 
 State lives in .lab/ (git-ignored): the SSH key pair and host keys made at `lab up`, per-host sshd config,
 the registry's config and data, and hosts.json, which inventories/lab.py reads.
+
+Not part of the shipped package: it runs from a checkout (`modelfleet lab ...`, `make demo`, the tests).
+A second lab can run beside the first: MODELFLEET_LAB_STATE names its folder and MODELFLEET_LAB_NET=N (1-9)
+gives it its own addresses (127.0.(1+N).x), ports and container names; the test suite uses N=1 so it never
+touches the lab a user (or `make demo`) started.
 """
 
 from __future__ import annotations
@@ -15,15 +20,17 @@ import sys
 import time
 from pathlib import Path
 
-from modelfleet import REPO_ROOT
-from modelfleet.lab import apt, daemons, hub
+from lab import apt, daemons, hub
 
-LAB_DIR = REPO_ROOT / "lab"
+LAB_DIR = Path(__file__).resolve().parent
+REPO_ROOT = LAB_DIR.parent
 STATE = Path(os.environ.get("MODELFLEET_LAB_STATE", REPO_ROOT / ".lab"))
 # Tagged with the build script's hash: a changed package list builds a new base (and engine double) image.
 BASE_IMAGE = "modelfleet-lab/base:bookworm-" + hashlib.sha256((LAB_DIR / "build-base.sh").read_bytes()).hexdigest()[:10]
-REGISTRY = "127.0.0.1:5000"
-PREFIX = "mflab-"
+NET = daemons.NET
+REGISTRY = f"127.0.0.1:{5000 + NET}"
+PREFIX = f"mflab{NET or ''}-"
+INSTANCE_LABEL = f"modelfleet-lab.net={NET}"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 TORCH = "torch==2.13.0"  # the CPU build pip installs on these machines (DESIGN.md 5)
 # persona -> (hardware, GPUs, recorded outputs, bare). A bare host has the GPUs but no driver, Docker or
@@ -44,7 +51,7 @@ def sh(*argv: str, check: bool = True, capture: bool = False) -> subprocess.Comp
 
 
 def address(index: int) -> str:
-    return f"127.0.1.{10 + index}"
+    return f"127.0.{1 + NET}.{10 + index}"
 
 
 def ensure_registry() -> None:
@@ -146,7 +153,7 @@ def start_host(spec: dict) -> None:
         mounts += [f"{CA_BUNDLE}:{CA_BUNDLE}:ro", f"{STATE / 'pip.conf'}:/etc/pip.conf:ro"]
     argv = ["docker", "run", "-d", "--name", spec["name"], "--hostname", spec["name"], "--network", "host",
             "--restart", "always", "--cap-add", "SYS_ADMIN", "--tmpfs", "/run", "--tmpfs", "/run/lock",
-            "-e", "container=docker", "--label", "modelfleet-lab=host"]
+            "-e", "container=docker", "--label", "modelfleet-lab=host", "--label", INSTANCE_LABEL]
     for mount in mounts:
         argv += ["-v", mount]
     for disk in spec.get("disks", []):
@@ -236,8 +243,9 @@ def ssh(spec: dict, command: str, timeout_s: float = 120) -> subprocess.Complete
                            f"root@{spec['address']}", command], capture_output=True, text=True, timeout=timeout_s)
 
 
-def _containers(label: str) -> list[str]:
-    out = sh("docker", "ps", "-aq", "--filter", f"label={label}", check=False, capture=True).stdout
+def _containers(*labels: str) -> list[str]:
+    filters = [arg for label in labels for arg in ("--filter", f"label={label}")]
+    out = sh("docker", "ps", "-aq", *filters, check=False, capture=True).stdout
     return out.split()
 
 
@@ -249,7 +257,7 @@ def engine_containers() -> list[str]:
 def down() -> dict:
     """Remove lab hosts, their engine containers and the registry process; keep images and keys."""
     engines = engine_containers()
-    hosts = _containers("modelfleet-lab=host")
+    hosts = _containers("modelfleet-lab=host", INSTANCE_LABEL)
     if engines or hosts:
         sh("docker", "rm", "-f", *engines, *hosts, capture=True)
     services = daemons.stop_all(STATE)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import yaml
 
-from modelfleet.lab import daemons
+from lab import daemons
 
-LISTEN = "127.0.0.1:5080"
+LISTEN = f"127.0.0.1:{5080 + daemons.NET}"
 BASE = f"http://{LISTEN}"
 KEY_UID = "modelfleet lab archive <lab-archive@modelfleet.invalid>"
 CUDA_PATH = "developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64"

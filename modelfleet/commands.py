@@ -1,0 +1,37 @@
+"""pyinfra and modelfleet as child processes, from the environment modelfleet itself runs in.
+
+A virtual environment's bin/ is not always on PATH (`.venv/bin/python lab/demo.py`, an IDE, cron), so a bare
+`pyinfra` could start another installation's, or none: both commands run as `python -m` of this interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping
+
+
+def pyinfra_argv(inventory: str, deploy: str, *, limit: Iterable[str] = (), data: Mapping[str, object] = {},
+                 extra: Iterable[str] = (), yes: bool = True) -> list[str]:
+    return [sys.executable, "-m", "pyinfra", *(["-y"] if yes else []),
+            *[arg for name in limit for arg in ("--limit", name)],
+            *[arg for key, value in data.items() for arg in ("--data", f"{key}={value}")],
+            *extra, inventory, deploy]
+
+
+def run_pyinfra(inventory: str, deploy: str, *, env: Mapping[str, str] | None = None, timeout: float = 900,
+                capture: bool = True, cwd: str | None = None, **argv) -> subprocess.CompletedProcess:
+    """One pyinfra run; `env` is added to this process's environment."""
+    return subprocess.run(pyinfra_argv(inventory, deploy, **argv), env={**os.environ, **(env or {})}, cwd=cwd,
+                          capture_output=capture, text=True, timeout=timeout)
+
+
+def modelfleet_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "modelfleet.cli", *args]
+
+
+def run_modelfleet(*args: str, env: Mapping[str, str] | None = None, timeout: float = 900,
+                   cwd: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(modelfleet_argv(*args), env={**os.environ, **(env or {})}, cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)

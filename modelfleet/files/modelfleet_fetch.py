@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""Put one checkpoint revision on this host, complete and verified (run by modelfleet's model stage).
+
+    modelfleet_fetch.py JOB.json hub            download from the hub (huggingface_hub, in the stage's venv)
+    modelfleet_fetch.py JOB.json peer URL       copy from a pool peer that already holds verified files (HTTP)
+    modelfleet_fetch.py JOB.json verify         verify only
+    ... [--reverify]                            hash every file, even those the manifest vouches for
+    modelfleet_fetch.py serve DIR ADDRESS PORT  serve a verified copy to peers (read-only, sendfile)
+
+JOB.json (written by the control node): repo, commit, endpoint, dest, token_file, and the hub's metadata for
+every file: {path: {size, sha256 (LFS files) | null, blob_id (git's blob sha1) | null}}. A file counts as
+verified when its size matches and its sha256 (LFS files) or git blob id (the others: config, tokenizer)
+matches the hub's — or, on a re-run, when size and mtime equal what the manifest recorded after a full check.
+Missing or corrupt files are (re)fetched; completed files are never fetched again. The result goes to
+DEST/.modelfleet-manifest.json and, as JSON, to stdout. The token is read from its 0600 file, never argv.
+
+One fetch per destination at a time (an flock on DEST/.modelfleet-lock, held until the manifest is written),
+and partial files are named per process, so two runs can never interleave bytes; the manifest records only
+digests of the bytes now on disk. Any failure ends in one line on stderr (`modelfleet: ...`, exit 1) saying
+what failed and what to do; the traceback goes to JOB.json's `.log` beside it.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import sys
+import time
+import traceback
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+MANIFEST = ".modelfleet-manifest.json"
+CHUNK = 4 << 20
+WORKERS = 8
+
+
+class FetchError(Exception):
+    """A failure with its one-line explanation for the operator."""
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(CHUNK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def git_blob_id(path: Path) -> str:
+    """git's object id of the file: sha1 over `blob <size>\\0` and the bytes (the hub's blob_id)."""
+    digest = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(CHUNK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check(dest: Path, files: dict, manifest: dict, reverify: bool,
+          streamed: dict | None = None) -> tuple[dict, list[str]]:
+    """
+    (verified entries for the manifest, paths that must be fetched). Hashes run in parallel across files;
+    `streamed` holds digests already computed while the bytes arrived.
+    """
+
+    def one(item):
+        rel, meta = item
+        path = dest / rel
+        if not path.is_file() or path.stat().st_size != meta["size"]:
+            return rel, None
+        st = path.stat()
+        known = manifest.get(rel)
+        if not reverify and known and known["size"] == st.st_size and known["mtime"] == st.st_mtime:
+            return rel, known
+        if meta.get("sha256") or reverify and not meta.get("blob_id"):
+            digest = (streamed or {}).get(rel) or sha256_of(path)
+            if meta.get("sha256") and digest != meta["sha256"]:
+                return rel, None
+            return rel, {"size": st.st_size, "mtime": st.st_mtime, "sha256": digest}
+        if meta.get("blob_id"):
+            if git_blob_id(path) != meta["blob_id"]:
+                return rel, None
+            return rel, {"size": st.st_size, "mtime": st.st_mtime, "blob_id": meta["blob_id"]}
+        return rel, {"size": st.st_size, "mtime": st.st_mtime}  # the source gave no checksum: size only
+
+    with ThreadPoolExecutor(WORKERS) as pool:
+        results = list(pool.map(one, files.items()))
+    return {rel: entry for rel, entry in results if entry}, [rel for rel, entry in results if not entry]
+
+
+def fetch_from_hub(job: dict, paths: list[str]) -> None:
+    from huggingface_hub import snapshot_download
+
+    token_file = job.get("token_file")
+    token = Path(token_file).read_text().strip() if token_file and Path(token_file).exists() else False
+    for rel in paths:  # a corrupt file must go before huggingface_hub would trust it as complete
+        (Path(job["dest"]) / rel).unlink(missing_ok=True)
+    try:
+        snapshot_download(job["repo"], revision=job["commit"], local_dir=job["dest"], endpoint=job["endpoint"],
+                          token=token, allow_patterns=paths, max_workers=WORKERS)
+    except OSError as error:
+        if error.errno == errno.ENOSPC:
+            raise
+        raise FetchError(f"the hub ({job['endpoint']}) failed during the download: {one_line(error)}; "
+                         "files already verified are kept, re-run when it answers") from error
+    except Exception as error:  # huggingface_hub's HTTP errors carry no common base we can import here
+        raise FetchError(f"the hub ({job['endpoint']}) failed during the download: {one_line(error)}; "
+                         "files already verified are kept, re-run when it answers") from error
+
+
+def fetch_from_peer(job: dict, paths: list[str], base_url: str) -> dict:
+    """Copy each file, hashing while it streams; returns {path: sha256} so no second read is needed."""
+    dest = Path(job["dest"])
+
+    def one(rel):
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.{os.getpid()}.modelfleet-partial")  # ours alone
+        digest = hashlib.sha256()
+        try:
+            with urllib.request.urlopen(f"{base_url.rstrip('/')}/{rel}", timeout=60) as response, \
+                    partial.open("wb") as f:
+                for block in iter(lambda: response.read(CHUNK), b""):
+                    f.write(block)
+                    digest.update(block)
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
+            partial.unlink(missing_ok=True)
+            raise FetchError(f"the source {base_url} stopped answering ({one_line(error)}): its host failed or "
+                             "its run ended; fix the source host and re-run") from error
+        partial.replace(target)
+        return rel, digest.hexdigest()
+
+    with ThreadPoolExecutor(WORKERS) as pool:
+        return dict(pool.map(one, paths))
+
+
+def serve(directory: str, address: str, port: int) -> None:
+    """Read-only HTTP for the group's peers: files go out with sendfile(2), no copy through Python."""
+    import functools
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(SimpleHTTPRequestHandler):
+        def copyfile(self, source, outputfile):
+            self.connection.sendfile(source)
+
+        def log_message(self, fmt, *args):
+            pass
+
+    ThreadingHTTPServer((address, port), functools.partial(Handler, directory=directory)).serve_forever()
+
+
+def one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+
+
+def locked(dest: Path):
+    """This destination's fetch lock, or a FetchError naming the process that holds it."""
+    handle = (dest / ".modelfleet-lock").open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        raise FetchError(f"another fetch into {dest} is running (pid {handle.read().strip() or '?'}); "
+                         "wait for it or stop it, then re-run") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
+
+
+def main(argv: list[str]) -> int:
+    if argv[0] == "serve":
+        serve(argv[1], argv[2], int(argv[3]))
+        return 0
+    job = json.loads(Path(argv[0]).read_text())
+    mode, reverify = argv[1], "--reverify" in argv
+    dest = Path(job["dest"])
+    dest.mkdir(parents=True, exist_ok=True)
+    lock = locked(dest)  # noqa: F841 (held until the process exits)
+    manifest_path = dest / MANIFEST
+    manifest = json.loads(manifest_path.read_text()).get("files", {}) if manifest_path.exists() else {}
+    files = job["files"]
+    start = time.monotonic()
+    verified, missing = check(dest, files, manifest, reverify)
+    report = {"commit": job["commit"], "dest": str(dest), "files": len(files), "fetched": [], "bytes_fetched": 0}
+    if missing and mode != "verify":
+        streamed = fetch_from_hub(job, missing) if mode == "hub" else fetch_from_peer(job, missing, argv[2])
+        report["fetched"] = missing
+        report["bytes_fetched"] = sum(files[rel]["size"] for rel in missing)
+        again, still = check(dest, {rel: files[rel] for rel in missing}, {}, True, streamed or {})
+        verified.update(again)
+        missing = still
+    report.update(ok=not missing, missing_or_corrupt=missing, seconds=round(time.monotonic() - start, 3))
+    if not missing:
+        manifest_path.write_text(json.dumps({"repo": job["repo"], "commit": job["commit"], "files": verified,
+                                             "verified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+                                            indent=1) + "\n")
+    print(json.dumps(report))
+    if missing:
+        print(f"modelfleet: refused {job['repo']}@{job['commit'][:12]}: {len(missing)} file(s) do not match the "
+              f"source's size and checksum after fetching ({', '.join(missing[:5])}); `current` stays where it "
+              "was; check the source (hub or mirror) and re-run", file=sys.stderr)
+    return 0 if not missing else 1
+
+
+def run(argv: list[str]) -> int:
+    """main(), with every failure as one line on stderr and its traceback in a log beside the job."""
+    log = Path(f"{argv[0]}.log") if argv and argv[0] != "serve" else None
+    try:
+        return main(argv)
+    except Exception as error:
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            message = (f"disk full while writing {getattr(error, 'filename', None) or 'the checkpoint'}: free space "
+                       "under model_root (or move it to a larger disk) and re-run; verified files are kept")
+        elif isinstance(error, FetchError):
+            message = str(error)
+        else:
+            message = f"fetch failed: {one_line(error)}"
+        try:
+            if log:
+                log.write_text(traceback.format_exc())
+                message += f" (details: {log})"
+        except OSError:
+            pass
+        print(f"modelfleet: {message}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    os.umask(0o022)
+    sys.exit(run(sys.argv[1:]))

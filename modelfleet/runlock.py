@@ -1,0 +1,133 @@
+"""One modelfleet run per host at a time.
+
+The lock is an flock on the host (/run/lock/modelfleet.lock) held by a process attached to its own SSH channel
+of the run's connection: it lives exactly as long as the control node's run. When the run ends, or the
+control node dies (its sockets close with it), sshd closes the channel, the holder exits and the kernel drops
+the lock; a reboot clears /run. So a second run meets a busy lock only while the first really runs, and is
+told who holds it. The one stale case, a connection left half-open by a control node that vanished without
+closing it, is taken over when the holder recorded this very control node (same machine and boot) with a
+process that no longer exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+import time
+import weakref
+from pathlib import Path
+
+LOCK = "/run/lock/modelfleet.lock"
+HOLDER = f"{LOCK}.holder"
+_held: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # State -> {host name: channel or process}
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def holder_record() -> dict:
+    return {"control_node": socket.gethostname(), "pid": os.getpid(), "boot_id": _boot_id(),
+            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def hold_script(record: dict) -> str:
+    """Take the lock or say who has it (`busy <remote pid> <json>`); then keep it, as the same process (`exec`,
+    so killing the recorded pid frees it), until stdin closes at the run's end."""
+    return (f"exec 9>>{LOCK}; if ! flock -n 9; then echo \"busy $(tr '\\n' ' ' < {HOLDER} 2>/dev/null)\"; "
+            f"exit 0; fi; {{ echo $$; printf '%s\\n' {shlex.quote(json.dumps(record))}; }} > {HOLDER}; "
+            "echo locked; exec cat >/dev/null")
+
+
+def parse_busy(reply: str) -> dict:
+    """The holder from a `busy` reply: its record, with `remote_pid`."""
+    remote_pid, _, record = reply.removeprefix("busy").strip().partition(" ")
+    try:
+        holder = json.loads(record) if record else {}
+    except ValueError:
+        holder = {}
+    return {**holder, "remote_pid": remote_pid} if remote_pid.isdigit() else holder
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def is_stale(holder: dict) -> bool:
+    """The holder is a run of this control node (same machine, same boot) whose process is gone."""
+    return (holder.get("control_node") == socket.gethostname() and holder.get("boot_id") == _boot_id()
+            and isinstance(holder.get("pid"), int) and not _pid_alive(holder["pid"]))
+
+
+def describe(holder: dict) -> str:
+    if not holder:
+        return "another modelfleet run (holder unknown)"
+    return (f"another modelfleet run: pid {holder.get('pid')} on control node {holder.get('control_node')}, "
+            f"since {holder.get('since')}")
+
+
+def _open_ssh(client, script: str):
+    channel = client.get_transport().open_session()
+    channel.exec_command(script)
+    reply = channel.makefile("r").readline().strip()
+    return channel, reply
+
+
+def _open_local(script: str):
+    proc = subprocess.Popen(["sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    return proc, (proc.stdout.readline() or "").strip()
+
+
+def _release(handle) -> None:
+    if isinstance(handle, subprocess.Popen):
+        handle.stdin.close()
+        handle.wait(timeout=10)
+    else:
+        handle.close()
+
+
+def acquire(run_state, host) -> tuple[bool, str]:
+    """(taken, message) for `host` in this run; hosts with no shell of their own (@fake) need no lock."""
+    held = _held.setdefault(run_state, {})
+    if host.name in held:
+        return True, ""
+    connector = type(host.connector).__name__
+    client = getattr(host.connector, "client", None)
+    if client is None and connector != "LocalConnector":
+        return True, ""
+    script = hold_script(holder_record())
+    for attempt in (1, 2):
+        handle, reply = _open_ssh(client, script) if client is not None else _open_local(script)
+        if reply == "locked":
+            held[host.name] = handle
+            return True, ("took over the lock of a run of this control node that died" if attempt == 2 else "")
+        _release(handle)
+        if not reply.startswith("busy"):
+            return False, f"refused: could not take the run lock {LOCK}: {reply or 'no answer'}"
+        holder = parse_busy(reply)
+        if attempt == 1 and is_stale(holder) and "remote_pid" in holder:
+            kill = f"kill {int(holder['remote_pid'])} 2>/dev/null; sleep 0.5"
+            if client is not None:
+                client.exec_command(kill)[1].channel.recv_exit_status()
+            else:
+                subprocess.run(["sh", "-c", kill])
+            continue
+        return False, f"refused: {describe(holder)} holds this host ({LOCK}); wait for it to finish"
+    return False, "refused: could not take the run lock"
+
+
+def release_all(run_state) -> None:
+    for handle in _held.pop(run_state, {}).values():
+        _release(handle)

@@ -1,0 +1,40 @@
+"""The suite's lab is its own: state in .lab-test/, addresses 127.0.2.x, its own ports and container names
+(MODELFLEET_LAB_NET=1), so the tests never touch, and never tear down, a lab a user or `make demo` started.
+Set here, before anything imports the lab, and inherited by every pyinfra run the tests start."""
+
+import os
+from pathlib import Path
+
+os.environ["MODELFLEET_LAB_STATE"] = str(Path(__file__).resolve().parent.parent / ".lab-test")
+os.environ["MODELFLEET_LAB_NET"] = "1"
+
+
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory):
+    """modelfleet as a user installs it: a wheel built from this checkout, in a fresh virtual environment, and
+    a working directory outside the checkout holding only a copy of inventories/. The environment sees this
+    suite's dependencies (same versions, nothing downloaded) through a path entry, but not the checkout: the
+    package can only come from the wheel. Returns (bin dir, working directory)."""
+    top = tmp_path_factory.mktemp("installed")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(top / "dist"), str(ROOT)],
+                   check=True, capture_output=True)
+    venv = top / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    site = next((venv / "lib").glob("python*/site-packages"))
+    deps = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
+    (site / "zz-suite-deps.pth").write_text("\n".join(deps) + "\n")  # after the venv's own site-packages
+    wheel = next((top / "dist").glob("modelfleet-*.whl"))
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
+                   check=True, capture_output=True)
+    work = top / "site"
+    shutil.copytree(ROOT / "inventories", work / "inventories")
+    return venv / "bin", work
