@@ -11,3 +11,8 @@ hosts = [
         "assess_models": ["kimi-k3.1-pro", "qwen3-8b"],
     }),
 ]
+
+# Every host, group_data file and recipe is validated here, before pyinfra connects to any host (exit 2).
+from modelfleet.inventory import refuse_invalid as _refuse_invalid  # noqa: E402
+
+_refuse_invalid(__file__)

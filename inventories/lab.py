@@ -58,7 +58,8 @@ lab_hosts = [
         "gpu_stack": spec.get("bare", False),
         **(_lab["apt"]["stack_urls"] if spec.get("bare") else {}),
         "hf_token_env": "MODELFLEET_LAB_HF_TOKEN",
-        "hf_endpoint": _lab["hub"]["endpoint"] if _lab.get("hub") else None,
+        # MODELFLEET_LAB_HF_ENDPOINT: another hub (e.g. a closed port: the hub-unreachable fault)
+        "hf_endpoint": os.environ.get("MODELFLEET_LAB_HF_ENDPOINT") or (_lab["hub"]["endpoint"] if _lab.get("hub") else None),
         "model_root": os.environ.get("MODELFLEET_LAB_MODEL_ROOT") or spec["model_root"],
         "checkpoint_group": _checkpoint_group,
         # MODELFLEET_LAB_NVME=1: the host's first loop device (lab up --disks) stands in for its NVMe drive.
@@ -76,3 +77,8 @@ lab_hosts = [
     for index, spec in enumerate(_lab["hosts"])
     if not _only or spec["name"] in _only
 ]
+
+# Every host, group_data file and recipe is validated here, before pyinfra connects to any host (exit 2).
+from modelfleet.inventory import refuse_invalid as _refuse_invalid  # noqa: E402
+
+_refuse_invalid(__file__)

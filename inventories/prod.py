@@ -23,3 +23,8 @@ gb300_kimi = [
 mi355x = [
     ("mi355x-01", {"ssh_hostname": "192.0.2.31"}),
 ]
+
+# Every host, group_data file and recipe is validated here, before pyinfra connects to any host (exit 2).
+from modelfleet.inventory import refuse_invalid as _refuse_invalid  # noqa: E402
+
+_refuse_invalid(__file__)

@@ -33,7 +33,7 @@ def validate(inventory: str, as_json: bool) -> None:
     data = {"ok": not result.errors, "hosts": sorted(result.hosts), "pools": {
         name: {"hosts": pool.hosts, "recipe": pool.services[0].recipe.id} for name, pool in result.pools.items()},
         "errors": [{"where": w, "field": f, "message": m} for w, f, m in result.errors]}
-    text = "\n".join(result.error_lines()) if result.errors else (
+    text = result.error_report() if result.errors else (
         f"ok: {len(result.hosts)} host(s), {len(result.pools)} pool(s)")
     _emit(data, as_json, text)
     sys.exit(2 if result.errors else 0)
@@ -42,9 +42,10 @@ def validate(inventory: str, as_json: bool) -> None:
 @main.command()
 @click.option("--model", required=True, help="Catalog model id, e.g. kimi-k3.1-pro.")
 @click.option("--hardware", required=True, help="Catalog hardware id, e.g. b300.")
-@click.option("--gpus", type=int, required=True, help="GPUs per node.")
-@click.option("--nodes", type=int, default=1, show_default=True)
-@click.option("--keep-revisions", type=int, default=1, show_default=True, help="Rollback copies kept on disk.")
+@click.option("--gpus", type=click.IntRange(min=1, max=72), required=True, help="GPUs per node.")
+@click.option("--nodes", type=click.IntRange(min=1, max=1024), default=1, show_default=True)
+@click.option("--keep-revisions", type=click.IntRange(min=0, max=100), default=1, show_default=True,
+              help="Rollback copies kept on disk.")
 @click.option("--json", "as_json", is_flag=True, help="Print the full plan as JSON.")
 def plan(model: str, hardware: str, gpus: int, nodes: int, keep_revisions: int, as_json: bool) -> None:
     """Size MODEL on GPUS x HARDWARE (x NODES): weights per GPU, KV-cache room, disk. Exit 1 if it cannot work."""
@@ -75,7 +76,7 @@ def render_cmd(inventory: str, host: str) -> None:
     """Print HOST's systemd unit(s) and env file(s), secrets masked (images shown by tag, unpinned)."""
     result = resolve_inventory(inventory)
     if result.errors:
-        click.echo("\n".join(result.error_lines()), err=True)
+        click.echo(result.error_report(), err=True)
         sys.exit(2)
     if host not in result.hosts:
         raise click.UsageError(f"no host {host!r} in {inventory} (hosts: {', '.join(sorted(result.hosts))})")
@@ -92,7 +93,7 @@ def render_cmd(inventory: str, host: str) -> None:
 def _resolved_or_exit(inventory: str):
     result = resolve_inventory(inventory)
     if result.errors:
-        click.echo("\n".join(result.error_lines()), err=True)
+        click.echo(result.error_report(), err=True)
         sys.exit(2)
     return result
 

@@ -7,18 +7,30 @@ the host or pool and the field, so `modelfleet validate` reports them all at onc
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import os
 import re
+import sys
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from modelfleet.catalog import Catalog, Engine, Hardware, Model, Recipe, load_catalog
-from modelfleet.loader import read_inventory
+from modelfleet import grammar
+from modelfleet.catalog import (
+    Catalog,
+    CatalogError,
+    Engine,
+    Hardware,
+    Model,
+    Recipe,
+    load_catalog,
+    with_site_recipes,
+)
+from modelfleet.loader import LOADING, InventoryFileError, read_inventory
 from modelfleet.planner import plan_capacity
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -27,72 +39,117 @@ SERVICE_KEYS = ("pool", "model", "engine", "recipe", "gpus", "served_name", "por
                 "netcheck_min_busbw_gbps", "netcheck_timeout_s")
 
 
+def _fits(rule):
+    """A pydantic validator from a grammar rule (the reason becomes the error; the value is never echoed)."""
+
+    def check(value):
+        reason = rule(value)
+        if reason:
+            raise ValueError(reason)
+        return value
+
+    return AfterValidator(check)
+
+
+def _each(rule):
+    return _fits(lambda values: next((f"entry {i + 1} {r}" for i, v in enumerate(values) if (r := rule(v))), None))
+
+
+def _unique(values):
+    return None if len(set(values)) == len(values) else "lists the same entry twice"
+
+
+def _url(value: str) -> str | None:
+    if grammar.no_control(value) or " " in value:
+        return "may not contain spaces or control characters"
+    return None if re.match(r"^(https?|file)://[^\s]+$", value) else "is not an http(s):// or file:// URL"
+
+
+def _registry(value: str) -> str | None:
+    return None if re.match(r"^[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)*/?$", value) else \
+        "is not a registry prefix (host[:port][/path])"
+
+
+def _bind(value: str) -> str | None:
+    return None if value == "localhost" else grammar.address(value)
+
+
+Name = Annotated[str, _fits(grammar.name)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+SecretVar = Annotated[str, _fits(grammar.secret_variable)]
+Image = Annotated[str, _fits(grammar.image)]
+Url = Annotated[str, _fits(_url)]
+OwnedDir = Annotated[str, _fits(grammar.owned_directory)]
+
+
 class ServiceData(BaseModel):
     """What an inventory may say about one served model on a host (all optional until resolved)."""
 
-    model_config = ConfigDict(extra="forbid")
-    pool: str | None = None
-    model: str | None = None
-    engine: str | None = None
-    recipe: str | None = None
-    gpus: int | None = None
-    served_name: str | None = None
-    port: int | None = None
-    bind_address: str = "127.0.0.1"
-    api_key_env: str | None = None
-    revision: str | None = None
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: no `True` as a port or a count
+    pool: Name | None = None
+    model: Name | None = None
+    engine: Name | None = None
+    recipe: Name | None = None
+    gpus: Annotated[int, Field(ge=1)] | None = None
+    served_name: Annotated[str, _fits(grammar.served_name)] | None = None
+    port: Port | None = None
+    bind_address: Annotated[str, _fits(_bind)] = "127.0.0.1"
+    api_key_env: SecretVar | None = None
+    revision: Annotated[str, _fits(grammar.revision)] | None = None
     trust_remote_code: bool | None = None
-    image: str | None = None
-    extra_args: list[str] = []
-    env: dict[str, str] = {}
+    image: Image | None = None
+    extra_args: Annotated[list[str], _each(grammar.no_control)] = []
+    env: dict[Annotated[str, _fits(grammar.env_name)], Annotated[str, _fits(grammar.env_value)]] = {}
     # Hosts that copy the checkpoint from each other (one hub download per group); default: the pool.
-    checkpoint_group: str | None = None
+    checkpoint_group: Name | None = None
     # Gate threshold on all_reduce busbw at the largest size; default: the hardware catalog's.
-    netcheck_min_busbw_gbps: float | None = None
-    netcheck_timeout_s: int = Field(120, ge=5)  # how long a rank waits for the others to join
+    netcheck_min_busbw_gbps: Annotated[float, Field(gt=0)] | None = None
+    netcheck_timeout_s: int = Field(120, ge=5, le=3600)  # how long a rank waits for the others to join
 
 
 class HostData(BaseModel):
     """Host-level settings; `services` (or the top-level service keys) say what the host serves."""
 
-    model_config = ConfigDict(extra="ignore")  # pyinfra's own keys (ssh_*, _sudo, ...) live here too
-    hardware: str | None = None
-    gpu_count: int | None = None
-    ssh_hostname: str | None = None
-    ssh_port: int = 22
-    ssh_user: str | None = None
+    # Unknown keys are refused by `resolve` (with a suggestion); pyinfra's own keys (ssh_*, _sudo, ...) pass.
+    model_config = ConfigDict(extra="ignore", strict=True)
+    hardware: Name | None = None
+    gpu_count: Annotated[int, Field(ge=1)] | None = None
+    ssh_hostname: Annotated[str, _fits(grammar.host_address)] | None = None
+    ssh_port: Port = 22
+    ssh_user: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_.-]{0,31}$")] | None = None
     ssh_key: str | None = None
     ssh_known_hosts_file: str | None = None
     # pyinfra's own setting; modelfleet's status/logs/tunnel/upgrade honour it too (unset: unknown keys refused)
     ssh_strict_host_key_checking: Literal["yes", "accept-new", "no", "off"] | None = None
-    model_root: str = "/srv/models"
-    config_dir: str = "/etc/modelfleet"  # env and secret files (0700 directory, 0600 files)
-    hf_token_env: str = "HF_TOKEN"
-    image_registry: str | None = None  # site mirror / lab registry prefix for every image
+    model_root: OwnedDir = "/srv/models"
+    config_dir: OwnedDir = "/etc/modelfleet"  # env and secret files (0700 directory, 0600 files)
+    hf_token_env: SecretVar = "HF_TOKEN"
+    image_registry: Annotated[str, _fits(_registry)] | None = None  # site mirror / lab registry prefix
     gpu_passthrough: bool = True  # the lab's hosts have no GPUs to hand to containers
-    services: list[dict[str, Any]] | None = None
-    assess_models: list[str] = []  # preflight also reports whether these would fit the measured GPUs
-    hf_endpoint: str | None = None  # default: the control node's HF_ENDPOINT, else https://huggingface.co
+    services: Annotated[list[dict[str, Any]], Field(min_length=1)] | None = None
+    assess_models: list[Name] = []  # preflight also reports whether these would fit the measured GPUs
+    hf_endpoint: Url | None = None  # default: the control node's HF_ENDPOINT, else https://huggingface.co
     # Air-gapped sites: a mirror URL or file:// directory holding <repo>/<commit>/ instead of the hub.
-    model_source: str | None = None
+    model_source: Url | None = None
     model_keep_revisions: int = Field(1, ge=0)  # older revisions kept for rollback beside the served one
     model_reverify: bool = False  # hash every file again instead of trusting the manifest's size + mtime
     verify_bench: bool = False  # the verify stage also runs a short bench and fails on regressions
     verify_full: bool = False  # smoke + tool probe on every converge, not only when a unit (re)started
     dcgm_exporter: bool = False  # a DCGM exporter unit on NVIDIA hosts (:9400 on the fabric address)
     # NVIDIA's tag from github.com/NVIDIA/dcgm-exporter's README quickstart (DCGM 4.4.2, exporter 4.7.1)
-    dcgm_exporter_image: str = "nvcr.io/nvidia/k8s/dcgm-exporter:4.4.2-4.7.1-ubuntu22.04"
+    dcgm_exporter_image: Image = "nvcr.io/nvidia/k8s/dcgm-exporter:4.4.2-4.7.1-ubuntu22.04"
     # NVMe for model_root: device paths, or ["auto"] for every blank NVMe disk; several become one RAID0.
-    nvme_devices: list[str] = []
+    nvme_devices: Annotated[list[str], _each(lambda v: None if v == "auto" else grammar.device(v)),
+                            _fits(_unique)] = []
     model_filesystem: Literal["xfs", "ext4"] = "xfs"
     # Devices that hold a partition table, filesystem or RAID metadata are never formatted, unless their
     # serial number is listed here.
-    format_allow_serials: list[str] = []
+    format_allow_serials: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")]] = []
     # The pool network: the gate and the engine units get the same settings.
-    fabric_address: str | None = None  # this host's address on the pool network (default: ssh_hostname)
-    nccl_socket_ifname: str | None = None
-    gloo_socket_ifname: str | None = None
-    nccl_ib_hca: str | None = None
+    fabric_address: Annotated[str, _fits(grammar.address)] | None = None  # default: ssh_hostname
+    nccl_socket_ifname: Annotated[str, _fits(grammar.interfaces)] | None = None
+    gloo_socket_ifname: Annotated[str, _fits(grammar.interfaces)] | None = None
+    nccl_ib_hca: Annotated[str, _fits(grammar.ib_hca)] | None = None
     # The GPU host stack (stages os_base, gpu_driver, container_runtime). Every outside URL is data: a site
     # mirror replaces it; nothing is downloaded from anywhere not named here.
     gpu_stack: bool = True  # False: the driver, Docker and toolkit are someone else's job (checked, not installed)
@@ -100,21 +157,23 @@ class HostData(BaseModel):
     driver_flavor: Literal["open", "proprietary"] = "open"  # open kernel modules are NVIDIA's default since R560
     driver_allow_downgrade: bool = False  # a loaded driver newer than the branch is refused unless this is set
     driver_pinning: bool = True  # NVIDIA's nvidia-driver-pinning-<branch> package; False: apt-mark hold
-    cuda_toolkit: str | None = None  # e.g. "13-0" installs cuda-toolkit-13-0 (the engine images bring their own)
+    # e.g. "13-0" installs cuda-toolkit-13-0 (the engine images bring their own)
+    cuda_toolkit: Annotated[str, Field(pattern=r"^[0-9]{1,2}-[0-9]{1,2}$")] | None = None
     reboot: bool = True  # False (`--data reboot=false`): record "reboot pending" instead of rebooting
     # https://docs.nvidia.com/datacenter/tesla/driver-installation-guide/ (network repository, cuda-keyring)
-    nvidia_repo_url: str = "https://developer.download.nvidia.com/compute/cuda/repos"
+    nvidia_repo_url: Url = "https://developer.download.nvidia.com/compute/cuda/repos"
     # https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/install-guide.html
-    container_toolkit_repo_url: str = "https://nvidia.github.io/libnvidia-container/stable/deb"
-    container_toolkit_key_url: str = "https://nvidia.github.io/libnvidia-container/gpgkey"
+    container_toolkit_repo_url: Url = "https://nvidia.github.io/libnvidia-container/stable/deb"
+    container_toolkit_key_url: Url = "https://nvidia.github.io/libnvidia-container/gpgkey"
     docker_source: Literal["docker", "distro"] = "docker"  # Docker's repository (docker-ce) or the distro's docker.io
-    docker_repo_url: str = "https://download.docker.com/linux"  # https://docs.docker.com/engine/install/ubuntu/
+    docker_repo_url: Url = "https://download.docker.com/linux"  # https://docs.docker.com/engine/install/ubuntu/
     # https://rocm.docs.amd.com/projects/install-on-linux/ (amdgpu-install, then amdgpu-dkms and rocm)
-    amd_repo_url: str = "https://repo.radeon.com"
+    amd_repo_url: Url = "https://repo.radeon.com"
     rocm_version: str = Field("7.0", pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$")
-    amdgpu_install_build: str = "7.0.70000-1"  # amdgpu-install_<build>_all.deb for rocm_version
-    gpu_check_image: str | None = None  # default: GPU_CHECK_IMAGES for the host's vendor
-    service_user: str = "root"  # added to render/video on AMD hosts
+    # amdgpu-install_<build>_all.deb for rocm_version
+    amdgpu_install_build: str = Field("7.0.70000-1", pattern=r"^[0-9][0-9.]*-[0-9]+$")
+    gpu_check_image: Image | None = None  # default: GPU_CHECK_IMAGES for the host's vendor
+    service_user: str = Field("root", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")  # added to render/video on AMD hosts
 
 
 @dataclass(frozen=True)
@@ -260,6 +319,13 @@ class Resolved:
     def error_lines(self) -> list[str]:
         return [f"{where}: {fld}: {msg}" for where, fld, msg in self.errors]
 
+    def error_report(self) -> str:
+        """Every error, grouped by host, pool or file (in the order they were found)."""
+        groups: dict[str, list[str]] = {}
+        for where, fld, msg in self.errors:
+            groups.setdefault(where, []).append(f"  {fld}: {msg}")
+        return "\n".join(f"{where}:\n" + "\n".join(lines) for where, lines in groups.items())
+
 
 class InventoryError(Exception):
     def __init__(self, errors: list[tuple[str, str, str]]):
@@ -315,7 +381,7 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
         svc = ServiceData(**raw)
     except ValidationError as exc:
         for err in exc.errors():
-            errors.append((where, ".".join(str(p) for p in err["loc"]), err["msg"]))
+            errors.append((where, ".".join(str(p) for p in err["loc"]), err["msg"].removeprefix("Value error, ")))
         return None
     ok = True
     for fld, table in (("model", cat.models), ("engine", cat.engines)):
@@ -348,6 +414,16 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
                        "(name of the control-node variable holding the API key) or bind to 127.0.0.1"))
     if svc.api_key_env and svc.api_key_env not in os.environ:
         errors.append((where, "api_key_env", f"{svc.api_key_env} is not set in the control node's environment"))
+    elif svc.api_key_env and not os.environ[svc.api_key_env].strip():
+        errors.append((where, "api_key_env", f"{svc.api_key_env} is set but empty: the endpoint would serve "
+                                             "without a key"))
+    if not trust and "--trust-remote-code" in recipe.args:
+        errors.append((where, "trust_remote_code", f"false, but recipe {recipe.id} passes --trust-remote-code: "
+                                                   "the model needs it (pin `revision` to a commit instead)"))
+    errors += [(where, "extra_args", message) for message in _extra_args_problems(svc.extra_args, engine, recipe)]
+    if hw.vendor == "nvidia" and recipe.min_driver and int(host.driver_branch) < int(recipe.min_driver.split(".")[0]):
+        errors.append((where, "driver_branch", f"{host.driver_branch} is older than recipe {recipe.id} needs "
+                                               f"({recipe.min_driver})"))
     gpus = svc.gpus if svc.gpus is not None else recipe.layout.gpus_per_node
     image = _from_registry(host, svc.image or recipe.image)
     revision_dir = svc.revision or "main"
@@ -364,6 +440,27 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
     )
 
 
+def _extra_args_problems(extra: list[str], engine: Engine, recipe: Recipe) -> list[str]:
+    """Flags modelfleet or the recipe already set: a second copy would override the address, key, port or the
+    parallel layout behind the validator's back (change the recipe instead)."""
+    managed = set(engine.managed_flags) | {engine.host_flag, engine.port_flag, engine.served_name_flag}
+    from_recipe = {grammar.flag_name(arg) for arg in recipe.args} - {None}
+    out = []
+    for arg in extra:
+        flag = grammar.flag_name(arg)
+        if flag in managed:
+            out.append(f"{flag} is set by modelfleet (address, port, key, names, layout): use the inventory's "
+                       "own field or a site recipe")
+        elif flag in from_recipe:
+            out.append(f"{flag} is already set by recipe {recipe.id}: use a site recipe to change it")
+    return out
+
+
+# Ports an engine may not take: SSH, the exporters', and the pool's rendezvous and fan-out ports.
+RESERVED_PORTS = {22: "SSH", 9100: "node exporter", 9400: "DCGM exporter", 13345: "vLLM data-parallel RPC",
+                  18431: "checkpoint fan-out", 29500: "multi-node rendezvous"}
+
+
 def _from_registry(host: HostData, image: str) -> str:
     """The image through the site mirror / lab registry, when the inventory names one."""
     if host.image_registry and not image.startswith(f"{host.image_registry.rstrip('/')}/"):
@@ -378,19 +475,50 @@ def _network_env(host: HostData) -> dict[str, str]:
     return {key: value for key, value in names.items() if value}
 
 
+def _pyinfra_keys() -> frozenset[str]:
+    """pyinfra's own host data: its global arguments and every connector's settings."""
+    from pyinfra.api.arguments import all_global_arguments
+    from pyinfra.api.connectors import get_all_connectors
+
+    keys = {name for name, _ in all_global_arguments()}
+    for connector in get_all_connectors().values():
+        keys |= set(getattr(connector, "data_meta", {}))
+    return frozenset(keys)
+
+
+def _unknown_keys(data: dict[str, Any], where: str) -> list[tuple[str, str, str]]:
+    known = set(HostData.model_fields) | _pyinfra_keys() | (set(SERVICE_KEYS) if "services" not in data else set())
+    out = []
+    for key in sorted(k for k in data if k not in known):
+        near = difflib.get_close_matches(key, sorted(known - _pyinfra_keys()), n=1, cutoff=0.6)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        if key in SERVICE_KEYS:
+            hint = " (a service key: put it in the `services` entries)"
+        out.append((where, key, f"unknown key{hint}"))
+    return out
+
+
 def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None = None) -> Resolved:
     """Resolve every (host name, merged data) pair; never raises for bad input, returns errors."""
     cat = catalog or load_catalog()
     errors: list[tuple[str, str, str]] = []
     hosts: dict[str, HostPlan] = {}
     addresses: dict[tuple[str, int], str] = {}
+    if not entries:
+        errors.append(("inventory", "hosts", "no hosts: the inventory defines no group with a host"))
     for name, data in entries:
         where = f"host {name}"
+        if not isinstance(data, dict):
+            errors.append((where, "data", f"host data must be a dict, got {type(data).__name__}"))
+            continue
+        if grammar.host_address(name.lstrip("@").replace("/", ".")):
+            errors.append((where, "name", "is not a host name (letters, digits, . -)"))
+        errors += _unknown_keys(data, where)
         try:
             host = HostData(**data)
         except ValidationError as exc:
             for err in exc.errors():
-                errors.append((where, ".".join(str(p) for p in err["loc"]), err["msg"]))
+                errors.append((where, ".".join(str(p) for p in err["loc"]), err["msg"].removeprefix("Value error, ")))
             continue
         address = host.ssh_hostname or name
         if (address, host.ssh_port) in addresses:
@@ -409,18 +537,33 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
             if model_id not in cat.models:
                 errors.append((where, "assess_models", f"unknown model {model_id!r}"))
         gpu_count = host.gpu_count if host.gpu_count is not None else (hw.gpus_per_node if hw else 0)
+        if hw and hw.vendor != "none" and gpu_count > hw.gpus_per_node:
+            errors.append((where, "gpu_count", f"{gpu_count}, but a {hw.id} board has {hw.gpus_per_node} GPUs "
+                                               "(hardware catalog)"))
         services = []
         ports: dict[int, str] = {}
+        reserved = {**RESERVED_PORTS, host.ssh_port: "SSH"}
         for raw in _service_entries(data, host):
+            if not isinstance(raw, dict):
+                errors.append((where, "services", f"each entry must be a dict, got {type(raw).__name__}"))
+                continue
             svc = _resolve_service(name, host, hw, raw, cat, errors)
             if svc is None:
                 continue
             if svc.port in ports:
                 errors.append((where, "port", f"{svc.port} is used by pools {ports[svc.port]} and {svc.pool}"))
+            if svc.port in reserved:
+                errors.append((where, "port", f"{svc.port} is reserved for {reserved[svc.port]}"))
             ports[svc.port] = svc.pool
             if svc.gpus > gpu_count and hw and hw.vendor != "none":
                 errors.append((where, "gpus", f"service {svc.pool} wants {svc.gpus} GPUs, host has {gpu_count}"))
             services.append(svc)
+        pools_here = [s.pool for s in services]
+        if len(set(pools_here)) != len(pools_here):
+            errors.append((where, "pool", "two services of this host name the same pool"))
+        wanted = sum(s.gpus for s in services)
+        if len(services) > 1 and hw and hw.vendor != "none" and wanted > gpu_count:
+            errors.append((where, "gpus", f"its services want {wanted} GPUs together, host has {gpu_count}"))
         if hw is not None:
             hosts[name] = HostPlan(name=name, address=address, hardware=hw, gpu_count=gpu_count,
                                    model_root=host.model_root, config_dir=host.config_dir.rstrip("/"), hf_token_env=host.hf_token_env,
@@ -457,7 +600,8 @@ def _resolve_pools(hosts: dict[str, HostPlan], errors: list) -> dict[str, PoolPl
     for pool in pools.values():
         where = f"pool {pool.name}"
         head = pool.services[0]
-        for fld in ("model", "engine_name", "recipe", "hardware", "served_name", "port", "revision"):
+        for fld in ("model", "engine_name", "recipe", "hardware", "served_name", "port", "revision", "image",
+                    "gpus"):
             values = sorted({str(getattr(getattr(s, fld), "id", getattr(s, fld))) for s in pool.services})
             if len(values) > 1:
                 label = "mixed hardware" if fld == "hardware" else "members disagree"
@@ -505,4 +649,29 @@ def load_inventory(path: str) -> list[tuple[str, dict[str, Any]]]:
 
 
 def resolve_inventory(path: str) -> Resolved:
-    return resolve(load_inventory(path))
+    """Load, then resolve; a file that cannot be read (inventory, group_data, catalog, site recipe) is one
+    error naming it and its line. Site recipes: YAML files in a `recipes/` folder beside the inventory."""
+    try:
+        catalog = load_catalog()
+        site = Path(path).resolve().parent / "recipes"
+        if site.is_dir():
+            catalog = with_site_recipes(catalog, site)
+        return resolve(load_inventory(path), catalog)
+    except (InventoryFileError, CatalogError) as error:
+        return Resolved(hosts={}, pools={}, errors=[(error.where, "file", error.message)])
+
+
+def refuse_invalid(inventory_file: str) -> None:
+    """
+    The last line of a modelfleet inventory file: `refuse_invalid(__file__)`. When pyinfra loads the file, the
+    whole inventory (hosts, group_data, catalog, site recipes) is validated right there, before pyinfra
+    connects to any host; any error is printed, grouped by host, and pyinfra exits with status 2. When
+    modelfleet itself reads the inventory (validate, render, status...), it does nothing.
+    """
+    if LOADING.get():
+        return
+    result = resolve_inventory(inventory_file)
+    if result.errors:
+        print(f"modelfleet: {inventory_file} is not valid; nothing was touched:\n{result.error_report()}",
+              file=sys.stderr)
+        raise SystemExit(2)

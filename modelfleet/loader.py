@@ -99,13 +99,25 @@ def read_inventory(path: str, cwd: str | None = None) -> list[tuple[str, dict[st
     if not inventory_file.is_file():
         raise InventoryFileError(path, "no such inventory file")
     groups: dict[str, tuple[list, dict]] = {}
+    data_from: dict[str, str] = {}  # host -> the group whose entry gave it data
     for key, value in _run_file(inventory_file).items():
         if key.startswith("_"):
             continue
         hosts = _host_entries(key, value, inventory_file)
-        if hosts is not None:
-            data = value[1] if isinstance(value, tuple) else {}
-            groups[key] = (hosts, dict(data))
+        if hosts is None:
+            continue
+        names_here = [h[0] if isinstance(h, tuple) else h for h in hosts]
+        twice = sorted({n for n in names_here if names_here.count(n) > 1})
+        if twice:
+            raise InventoryFileError(str(inventory_file), f"group {key}: host {twice[0]} is listed twice")
+        for entry in hosts:
+            if isinstance(entry, tuple) and entry[1]:
+                if entry[0] in data_from:  # pyinfra would merge both silently
+                    raise InventoryFileError(str(inventory_file), f"host {entry[0]} has data in groups "
+                                             f"{data_from[entry[0]]} and {key}: give it in one place")
+                data_from[entry[0]] = key
+        data = value[1] if isinstance(value, tuple) else {}
+        groups[key] = (hosts, dict(data))
     all_hosts, all_data = groups.pop("all", ([], {}))
     names = [h[0] if isinstance(h, tuple) else h for h in all_hosts]
     for hosts, _ in groups.values():

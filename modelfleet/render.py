@@ -7,7 +7,7 @@ import os
 import jinja2
 import yaml
 
-from modelfleet import TEMPLATES_DIR
+from modelfleet import TEMPLATES_DIR, grammar
 from modelfleet.inventory import ServicePlan
 
 DOCKER = "/usr/bin/docker"
@@ -116,8 +116,19 @@ def exec_start(argv: list[str]) -> str:
     return " \\\n    ".join(_paired([systemd_quote(a) for a in argv]))
 
 
+def one_line_each(values) -> list[str]:
+    """The last guard before a file is written: a value with a control character (a newline would start a new
+    unit or env line) is refused even if it got past validation."""
+    values = list(values)
+    for value in values:
+        if grammar.no_control(str(value)):
+            raise ValueError(f"refusing to render a value with a control character: {str(value)[:40]!r}...")
+    return values
+
+
 def render_unit(svc: ServicePlan) -> str:
-    return render_template("engine.service.j2", svc=svc, exec_start=exec_start(docker_run_argv(svc)))
+    return render_template("engine.service.j2", svc=svc,
+                           exec_start=exec_start(one_line_each(docker_run_argv(svc))))
 
 
 def api_key(svc: ServicePlan) -> str | None:
@@ -133,7 +144,9 @@ def env_values(svc: ServicePlan, mask: bool = False) -> dict[str, str]:
 
 
 def render_env(svc: ServicePlan, mask: bool = False) -> str:
-    return _env.get_template("engine.env.j2").render(svc=svc, env=env_values(svc, mask))
+    env = env_values(svc, mask)
+    one_line_each([*env, *env.values()])
+    return _env.get_template("engine.env.j2").render(svc=svc, env=env)
 
 
 def render_secrets_config(svc: ServicePlan, mask: bool = False) -> str | None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 CATALOG_DIR = Path(__file__).parent
 
@@ -61,6 +61,10 @@ class Engine(_Strict):
     api_key_config_file: bool = False
     default_port: int
     metrics_args: list[str] = []  # what turns /metrics on (vLLM serves it by default)
+    # Flags modelfleet sets itself (address, port, key, model, names, parallel layout, multi-node), with the
+    # engine's aliases: `extra_args` may not set them (the flags the rendered command already carries are
+    # refused too).
+    managed_flags: list[str] = []
 
 
 class Layout(_Strict):
@@ -117,12 +121,61 @@ class Catalog(_Strict):
                 if r.model == model and r.engine == engine and hardware in r.hardware]
 
 
+class CatalogError(Exception):
+    """A catalog (or site recipe) file that cannot be used: `where` is `path[:line]`."""
+
+    def __init__(self, where: str, message: str):
+        self.where, self.message = where, message
+        super().__init__(f"{where}: {message}")
+
+
+def _read(path: Path, cls):
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise CatalogError(where, f"not valid YAML: {getattr(error, 'problem', None) or error}") from None
+    if not isinstance(data, dict):
+        raise CatalogError(str(path), f"must be a mapping of fields, got {type(data).__name__}")
+    try:
+        return cls(**data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        raise CatalogError(str(path), f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+
+
 def _load_dir(folder: Path, cls):
-    items = {}
+    items: dict = {}
     for path in sorted(folder.glob("*.yaml")):
-        item = cls(**yaml.safe_load(path.read_text()))
+        item = _read(path, cls)
+        if item.id in items:
+            raise CatalogError(str(path), f"id {item.id} is already defined by another file of {folder}")
         items[item.id] = item
     return items
+
+
+class SiteRecipe(Recipe):
+    """A site's own recipe (a `recipes/` folder beside the inventory): a new id, or `overrides: <id>` to replace
+    a shipped recipe on purpose."""
+
+    overrides: str | None = None
+
+
+def with_site_recipes(catalog: "Catalog", folder: Path) -> "Catalog":
+    """The catalog plus a site's recipes; an id that shadows a shipped recipe without `overrides` is an error."""
+    recipes = dict(catalog.recipes)
+    for path in sorted(folder.glob("*.yaml")):
+        site = _read(path, SiteRecipe)
+        if site.overrides and site.overrides not in catalog.recipes:
+            raise CatalogError(str(path), f"overrides: no shipped recipe {site.overrides!r}")
+        if site.id in catalog.recipes and site.overrides != site.id:
+            raise CatalogError(str(path), f"id {site.id} is a shipped recipe: pick a new id, or say "
+                                          f"`overrides: {site.id}` to replace it")
+        if site.overrides and site.overrides != site.id:
+            recipes.pop(site.overrides)
+        recipes[site.id] = Recipe(**site.model_dump(exclude={"overrides"}))
+    return catalog.model_copy(update={"recipes": recipes})
 
 
 @lru_cache(maxsize=None)

@@ -202,8 +202,8 @@ def main(argv: list[str]) -> int:
         manifest_path.write_text(json.dumps({"repo": job["repo"], "commit": job["commit"], "files": verified,
                                              "verified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
                                             indent=1) + "\n")
-    print(json.dumps(report))
-    if missing:
+        print(json.dumps(report))
+    else:
         print(f"modelfleet: refused {job['repo']}@{job['commit'][:12]}: {len(missing)} file(s) do not match the "
               f"source's size and checksum after fetching ({', '.join(missing[:5])}); `current` stays where it "
               "was; check the source (hub or mirror) and re-run", file=sys.stderr)

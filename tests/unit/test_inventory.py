@@ -104,5 +104,5 @@ def test_validate_cli_exit_2_without_traceback(tmp_path):
                          text=True)
     assert out.returncode == 2
     assert "Traceback" not in out.stdout + out.stderr
-    assert "host x: model: unknown model 'nope'" in out.stdout
-    assert "host y: hardware: unknown hardware 'nope'" in out.stdout
+    assert "host x:\n  model: unknown model 'nope'" in out.stdout  # grouped by host
+    assert "host y:\n  hardware: unknown hardware 'nope'" in out.stdout

@@ -1,0 +1,128 @@
+"""What a value may look like before it reaches a unit file, an env file, a YAML config, a path or a command
+line on a host. Each rule returns None when the value fits, else the reason (which never repeats a value that
+may be a secret). The inventory schema applies them field by field; the renderer applies `no_control` again to
+everything it writes, so no value can ever add a line to a rendered file."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")  # pools, groups: they become unit and file names
+SERVED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")  # may be a hub id (org/model)
+# Branches, tags and commits as git allows them, minus what could leave a directory: no `..`, no leading
+# `/` or `-`, no empty component.
+REVISION = re.compile(r"^(?!-)(?!/)(?!.*\.\.)(?!.*//)(?!.*/$)[A-Za-z0-9._/+-]{1,128}$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+SECRET_VAR = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")  # a control-node variable holding a secret
+INTERFACES = re.compile(r"^[\^=]?[A-Za-z0-9_.:@-]{1,15}(,[A-Za-z0-9_.:@-]{1,15})*$")  # NCCL/Gloo lists
+IB_HCA = re.compile(r"^[\^=]?[A-Za-z0-9_.-]+(:[0-9]+)?(,[A-Za-z0-9_.-]+(:[0-9]+)?)*$")
+HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}"
+                      r"[A-Za-z0-9])?)*\.?$")
+# Docker's reference grammar (github.com/distribution/reference), with a tag or digest required.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+# A first component is a registry only with a dot, a port or as localhost (else it is a lower-case path).
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_DOMAIN = (rf"(?:localhost(?::[0-9]+)?|{_LABEL}(?:\.{_LABEL})+(?::[0-9]+)?|{_LABEL}:[0-9]+"
+           r"|\[[0-9a-fA-F:]+\](?::[0-9]+)?)")
+IMAGE = re.compile(rf"^(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::[\w][\w.-]{{0,127}})?(?:@sha256:[0-9a-f]{{64}})?$")
+DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+PATH_CHARS = re.compile(r"^/[A-Za-z0-9_.@+/-]*$")
+DEVICE = re.compile(r"^/dev/[A-Za-z0-9_./-]+$")
+# Tokens pasted where a variable's name belongs: refused without being printed.
+TOKEN_LIKE = re.compile(r"^(hf_|sk-|ghp_|xox|eyJ)|[a-z].*[0-9].*[A-Z]|[A-Z].*[0-9].*[a-z]")
+
+
+def no_control(value: str) -> str | None:
+    return "contains a control character (newline, tab, NUL...): it would add lines to a rendered file" \
+        if CONTROL.search(value) else None
+
+
+def matches(pattern: re.Pattern, what: str):
+    def rule(value: str) -> str | None:
+        return no_control(value) or (None if pattern.match(value) else f"is not a valid {what}")
+    return rule
+
+
+name = matches(NAME, "name (letters, digits, . _ -; at most 63; it becomes unit and file names)")
+served_name = matches(SERVED_NAME, "served name (letters, digits, . _ : / -)")
+revision = matches(REVISION, "revision (a branch, tag or 40-hex commit; no `..`, no leading `/` or `-`)")
+env_name = matches(ENV_NAME, "environment variable name")
+interfaces = matches(INTERFACES, "interface list (e.g. eth0, ^lo,docker0, =ib0)")
+ib_hca = matches(IB_HCA, "HCA list (e.g. mlx5_0:1,mlx5_1)")
+device = matches(DEVICE, "device path under /dev/")
+
+
+def env_value(value: str) -> str | None:
+    return no_control(value)
+
+
+def secret_variable(value: str) -> str | None:
+    """The *name* of a control-node variable; a value that looks like the secret itself is not echoed."""
+    if SECRET_VAR.match(value):
+        return None
+    if TOKEN_LIKE.search(value) or len(value) > 40:
+        return "looks like a secret, not a variable name (value not shown): give the NAME of the variable " \
+               "that holds it"
+    return "is not an environment variable name (upper case letters, digits and _)"
+
+
+def image(value: str) -> str | None:
+    if no_control(value):
+        return no_control(value)
+    if not IMAGE.match(value):
+        return "is not an image reference (registry/repository:tag or @sha256:<64 hex>)"
+    last = value.rsplit("/", 1)[-1]
+    if ":" not in last and "@" not in value:
+        return "has no tag or digest: pin it (e.g. :v0.34.0 or @sha256:...)"
+    if "@" in value and not DIGEST.search(value):
+        return "has a malformed digest (want @sha256: and 64 lower-case hex digits)"
+    return None
+
+
+def address(value: str) -> str | None:
+    """An IP address (what binds and rendezvous need)."""
+    try:
+        ipaddress.ip_address(value)
+        return None
+    except ValueError:
+        return "is not an IP address"
+
+
+def host_address(value: str) -> str | None:
+    """What SSH connects to: an IP address or a DNS name."""
+    if address(value) is None or (HOSTNAME.match(value) and not CONTROL.search(value)):
+        return None
+    return "is neither an IP address nor a host name"
+
+
+# Directories a stage would take over (chmod 0700, formatting, pruning): never the top of the system.
+SYSTEM_DIRS = {"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/mnt", "/opt", "/proc", "/root",
+               "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/media", "/snap"}
+
+
+def owned_directory(value: str) -> str | None:
+    """An absolute path modelfleet may own: normalised, not a system directory nor inside /proc, /sys, /dev."""
+    if no_control(value):
+        return no_control(value)
+    if not value.startswith("/"):
+        return "must be an absolute path"
+    if not PATH_CHARS.match(value):
+        return "may hold only letters, digits and . _ @ + - / (it goes into unit files and shell commands)"
+    parts = [p for p in value.split("/") if p]
+    if any(p in (".", "..") for p in parts) or "//" in value:
+        return "must be normalised (no `.`, `..` or `//`)"
+    cleaned = "/" + "/".join(parts)
+    if cleaned in SYSTEM_DIRS or len(parts) < 2:
+        return f"{cleaned} is a system directory: name a directory of its own (e.g. {cleaned.rstrip('/')}/modelfleet)"
+    if parts[0] in ("proc", "sys", "dev"):
+        return "is inside a kernel filesystem"
+    return None
+
+
+def flag_name(token: str) -> str | None:
+    """`--port=8000` -> `--port`; None for values."""
+    if not token.startswith("-") or token == "-" or re.match(r"^-[0-9.]", token):
+        return None
+    return token.split("=", 1)[0]
