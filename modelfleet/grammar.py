@@ -121,6 +121,11 @@ def owned_directory(value: str) -> str | None:
     return None
 
 
+def slug(text: str, sep: str = "_") -> str:
+    """A name made safe for a file or unit name: every run of other characters becomes `sep`."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", sep, text)
+
+
 def flag_name(token: str) -> str | None:
     """`--port=8000` -> `--port`; None for values."""
     if not token.startswith("-") or token == "-" or re.match(r"^-[0-9.]", token):

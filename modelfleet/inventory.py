@@ -334,7 +334,7 @@ class InventoryError(Exception):
 
 
 def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text)
+    return grammar.slug(text, "-")
 
 
 def _is_loopback(address: str) -> bool:

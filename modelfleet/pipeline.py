@@ -3,14 +3,11 @@ container_runtime), then the serving stages."""
 
 from __future__ import annotations
 
-import os
-import re
-from pathlib import Path
-
 from pyinfra import host, state
 
+from modelfleet.grammar import slug
 from modelfleet.operations.apt import missing
-from modelfleet.operations.report import fail_host, save_json, write_report
+from modelfleet.operations.report import fail_host, reports_dir, save_json, write_report
 from modelfleet.stages import (
     container_runtime,
     deployed_of,
@@ -31,7 +28,7 @@ from modelfleet.stages import (
 
 STACK = (os_base, gpu_driver, container_runtime)
 PIPELINE = (storage, model, images, netcheck, service, verify, exporters)
-STACK_REPORT_DIR = Path(os.environ.get("MODELFLEET_REPORTS", "reports")) / "gpu_stack"
+STACK_REPORT_DIR = reports_dir("gpu_stack")
 
 
 def gpu_stack(deployed: dict, serving: bool) -> bool:
@@ -68,7 +65,7 @@ def gpu_stack(deployed: dict, serving: bool) -> bool:
         "changes": any(state.get_op_data_for_host(host, h).operation_meta.will_change
                        for h in state.ops[host] if h not in before),
     }
-    path = str(STACK_REPORT_DIR / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', plan.name)}.json")
+    path = str(STACK_REPORT_DIR / f"{slug(plan.name)}.json")
     if report["changes"]:
         write_report(name="GPU stack report", path=path, report=report)
     else:

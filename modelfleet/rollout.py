@@ -4,20 +4,16 @@ Batches: a multi-node pool is one batch; single-node hosts go `parallel` at a ti
 endpoints than `min_healthy`. Per batch: prefetch (deploys/prefetch.py: the new revision beside the old one,
 the new image pulled, while the old one serves), switch (deploys/serve.py: units restart, the verify gate runs),
 and if that fails, put back the image digest and revision the batch ran before (read with `modelfleet status`
-first), restart it, stop the rollout and report. A watcher process asks every endpoint /v1/models twice a
+first), restart it, stop the rollout and report. A watcher thread asks every endpoint /v1/models twice a
 second throughout, so the report says how many requests failed, inside and outside the batch being switched.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
+import threading
 import time
-from pathlib import Path
+import urllib.error
+import urllib.request
 
 from modelfleet import fleet, render
 from modelfleet.commands import run_pyinfra
@@ -42,33 +38,43 @@ def batches(resolved: Resolved, parallel: int) -> list[list[str]]:
 
 
 class Watcher:
-    """Every head endpoint's /v1/models, asked twice a second by a separate process (modelfleet.watch); the
-    windows in which each batch switched say which failures were expected (inside the batch) and which not."""
+    """Every head endpoint's /v1/models, asked twice a second from a thread of this process (the CLI carries no
+    gevent patching, so it runs while pyinfra's child processes do); the windows in which each batch switched
+    say which failures were expected (inside the batch) and which not."""
 
-    def __init__(self, resolved: Resolved, workdir: Path):
-        targets = {name: [f"{svc.base_url}/v1/models", render.api_key(svc)]
-                   for name, plan in resolved.hosts.items() for svc in plan.services if svc.node_rank == 0}
-        self.targets_file, self.log = workdir / "targets.json", workdir / "watch.log"
-        fd = os.open(self.targets_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # may hold API keys
-        with os.fdopen(fd, "w") as f:
-            json.dump(targets, f)
+    def __init__(self, resolved: Resolved, interval_s: float = 0.5):
+        self.targets = {name: (f"{svc.base_url}/v1/models", render.api_key(svc))
+                        for name, plan in resolved.hosts.items() for svc in plan.services if svc.node_rank == 0}
+        self.samples: list[tuple[float, str, bool]] = []
         self.windows: list[tuple[float, float, set[str]]] = []
-        self.proc = subprocess.Popen([sys.executable, "-m", "modelfleet.watch", str(self.targets_file),
-                                      str(self.log)])
+        self.interval_s, self.stopping = interval_s, threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        while not self.stopping.is_set():
+            for host, (url, key) in self.targets.items():
+                request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+                try:
+                    with urllib.request.urlopen(request, timeout=2) as response:
+                        response.read()
+                    self.samples.append((time.time(), host, True))
+                except (urllib.error.URLError, OSError):
+                    self.samples.append((time.time(), host, False))
+            self.stopping.wait(self.interval_s)
 
     def switching(self, batch: list[str], start: float) -> None:
         self.windows.append((start, time.time(), set(batch)))
 
     def stop(self) -> dict:
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
+        self.stopping.set()
+        self.thread.join(timeout=10)
         requests, failures, outside = {}, {}, 0
-        for line in self.log.read_text().splitlines():
-            stamp, host, result = line.split()
+        for stamp, host, ok in self.samples:
             requests[host] = requests.get(host, 0) + 1
-            if result == "fail":
+            if not ok:
                 failures[host] = failures.get(host, 0) + 1
-                if not any(a <= float(stamp) <= b and host in batch for a, b, batch in self.windows):
+                if not any(a <= stamp <= b and host in batch for a, b, batch in self.windows):
                     outside += 1
         return {"endpoint_requests": requests, "endpoint_failures": failures, "failures_outside_batch": outside}
 
@@ -88,8 +94,7 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
     plans = [resolved.hosts[name] for name in resolved.hosts]
     before = {row["host"]: row for row in fleet.status(plans)}
     report = {"batches": [], "upgraded": [], "rolled_back": [], "stopped": None}
-    workdir = Path(tempfile.mkdtemp(prefix="modelfleet-rollout-"))
-    watcher = Watcher(resolved, workdir)
+    watcher = Watcher(resolved)
     started = time.monotonic()
     try:
         for batch in batches(resolved, parallel):
@@ -128,6 +133,5 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
             break
     finally:
         counts = watcher.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
     report.update(seconds=round(time.monotonic() - started, 1), **counts)
     return report

@@ -24,6 +24,7 @@ from openai import APIError, OpenAI
 
 from modelfleet.checks import Endpoint
 from modelfleet.checks.probe import client
+from modelfleet.grammar import slug
 
 # Per engine: queue depth, KV-cache use (0..1), prefix-cache hit (rate gauge, or hits/queries counters).
 METRICS = {
@@ -249,7 +250,7 @@ def bench(ep: Endpoint, concurrencies: list[int], num_prompts: int, input_len: i
               "input_len": input_len, "output_len": output_len, "retries": retries,
               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "levels": levels,
               "definitions": "vllm bench serve (TTFT, TPOT, ITL, E2EL; throughputs over the level's duration)"}
-    folder = out_dir / re.sub(r"[^A-Za-z0-9_.-]+", "_", ep.name)
+    folder = out_dir / slug(ep.name)
     folder.mkdir(parents=True, exist_ok=True)
     latest = folder / "latest.json"
     previous = json.loads(latest.read_text()) if latest.exists() else None

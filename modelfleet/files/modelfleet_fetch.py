@@ -198,21 +198,29 @@ def main(argv: list[str]) -> int:
         verified.update(again)
         missing = still
     report.update(ok=not missing, missing_or_corrupt=missing, seconds=round(time.monotonic() - start, 3))
-    if not missing:
-        manifest_path.write_text(json.dumps({"repo": job["repo"], "commit": job["commit"], "files": verified,
-                                             "verified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
-                                            indent=1) + "\n")
-        print(json.dumps(report))
-    else:
-        print(f"modelfleet: refused {job['repo']}@{job['commit'][:12]}: {len(missing)} file(s) do not match the "
-              f"source's size and checksum after fetching ({', '.join(missing[:5])}); `current` stays where it "
-              "was; check the source (hub or mirror) and re-run", file=sys.stderr)
-    return 0 if not missing else 1
+    if missing:
+        raise FetchError(f"refused {job['repo']}@{job['commit'][:12]}: {len(missing)} file(s) do not match the "
+                         f"source's size and checksum after fetching ({', '.join(missing[:5])}); `current` stays "
+                         "where it was; check the source (hub or mirror) and re-run")
+    manifest_path.write_text(json.dumps({"repo": job["repo"], "commit": job["commit"], "files": verified,
+                                         "verified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+                                        indent=1) + "\n")
+    print(json.dumps(report))
+    return 0
 
 
 def run(argv: list[str]) -> int:
-    """main(), with every failure as one line on stderr and its traceback in a log beside the job."""
-    log = Path(f"{argv[0]}.log") if argv and argv[0] != "serve" else None
+    """main(), with every failure as one line on stderr: what else the libraries print (progress bars,
+    warnings) and the traceback go to a log beside the job (JOB.json.log)."""
+    if not argv or argv[0] == "serve":
+        return main(argv)
+    log = Path(f"{argv[0]}.log")
+    real_stderr = sys.stderr
+    try:
+        sink = log.open("w")
+    except OSError:
+        sink = open(os.devnull, "w")
+    sys.stderr = sink
     try:
         return main(argv)
     except Exception as error:
@@ -223,14 +231,12 @@ def run(argv: list[str]) -> int:
             message = str(error)
         else:
             message = f"fetch failed: {one_line(error)}"
-        try:
-            if log:
-                log.write_text(traceback.format_exc())
-                message += f" (details: {log})"
-        except OSError:
-            pass
-        print(f"modelfleet: {message}", file=sys.stderr)
+        traceback.print_exc(file=sink)
+        print(f"modelfleet: {message} (details: {log})", file=real_stderr)
         return 1
+    finally:
+        sys.stderr = real_stderr
+        sink.close()
 
 
 if __name__ == "__main__":

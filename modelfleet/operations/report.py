@@ -4,10 +4,16 @@ reports when the run reaches a point on a host."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from pyinfra import logger
 from pyinfra.api import FunctionCommand, operation
+
+
+def reports_dir(kind: str) -> Path:
+    """Where reports of `kind` land on the control node; MODELFLEET_REPORTS moves them all (tests, CI)."""
+    return Path(os.environ.get("MODELFLEET_REPORTS", "reports")) / kind
 
 
 def refuse(state, host, reasons: list[str]) -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 
 from pyinfra import host, state
@@ -19,6 +18,7 @@ from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
 from modelfleet import FILES_DIR
 from modelfleet.checkpoint import Snapshot, missing_files, snapshot
+from modelfleet.grammar import slug
 from modelfleet.inventory import COMMIT_RE, HostPlan, ServicePlan
 from modelfleet.operations.files import content_file, directory
 from modelfleet.operations.report import fail_host, note, refuse
@@ -114,7 +114,7 @@ def checkpoint_fetched(job: str, mode: str, source: str | None, missing: list[st
 
 
 def _fanout_unit(group: str) -> str:
-    return f"modelfleet-fanout-{re.sub(r'[^A-Za-z0-9_.-]+', '-', group)}"
+    return f"modelfleet-fanout-{slug(group, '-')}"
 
 
 @operation(is_idempotent=False)

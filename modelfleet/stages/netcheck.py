@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import weakref
 import zlib
@@ -24,14 +23,16 @@ from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from pyinfra.context import ctx_state
 
 from modelfleet import FILES_DIR
+from modelfleet.grammar import slug
 from modelfleet.inventory import HostPlan, ServicePlan
 from modelfleet.operations.files import content_file, directory
+from modelfleet.operations.report import reports_dir
 from modelfleet.render import gpu_flags
 from modelfleet.stages import TOOLS_BIN, deployed_for_stage, host_plan, resolved, service
 from modelfleet.stages.images import pinned_image
 
 SCRIPT = f"{TOOLS_BIN}/nccl_check.py"
-REPORT_DIR = Path(os.environ.get("MODELFLEET_REPORTS", "reports")) / "netcheck"
+REPORT_DIR = reports_dir("netcheck")
 # Largest message of the sweep: nccl-tests' health checks read busbw at the top of -b 1M -e 16G on GPUs;
 # the lab's Gloo over loopback stops at 64M to stay quick on two cores.
 MAX_BYTES = {"nccl": "16G", "gloo": "64M"}
@@ -127,7 +128,7 @@ def _gate(state, host, pool: str, members: list[str], minimum: float | None, rep
     verdict = judge(pool, members, _results.get(ctx_state.get(), {}).get(pool, {}), minimum)
     if host.name == members[0]:
         Path(report_dir).mkdir(parents=True, exist_ok=True)
-        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", pool)
+        name = slug(pool)
         (Path(report_dir) / f"{name}.json").write_text(json.dumps(verdict, indent=2) + "\n")
     for problem in verdict["problems"]:
         host.log_styled(f"netcheck {pool}: {problem}", fg="red", log_func=logger.error)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import re
 from pathlib import Path
 
 from pyinfra import host
@@ -12,14 +10,14 @@ from pyinfra.api import deploy
 
 from modelfleet.catalog import load_catalog
 from modelfleet.facts.probe import HostProbe
+from modelfleet.grammar import slug
 from modelfleet.inventory import HostPlan
-from modelfleet.operations.report import fail_host
+from modelfleet.operations.report import fail_host, reports_dir
 from modelfleet.planner import plan_capacity
 from modelfleet.stages import host_plan, remember_probe
 from modelfleet.stages.gpu_driver import fabric_manager_needed, replaces_driver
 
-# Reports land on the control node; MODELFLEET_REPORTS moves them (tests, CI artefacts).
-REPORT_DIR = Path(os.environ.get("MODELFLEET_REPORTS", "reports")) / "preflight"
+REPORT_DIR = reports_dir("preflight")
 
 
 def _version_tuple(text: str | None) -> tuple[int, ...]:
@@ -129,7 +127,7 @@ def run(report_dir: Path | None = None, defer_stack: bool = False) -> bool:
     report = evaluate(plan, probe, defer_stack=defer_stack)
     report_dir = report_dir or REPORT_DIR
     report_dir.mkdir(parents=True, exist_ok=True)
-    (report_dir / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', plan.name)}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (report_dir / f"{slug(plan.name)}.json").write_text(json.dumps(report, indent=2) + "\n")
     if not report["ok"]:
         fail_host(name="Preflight refused this host", reasons=report["problems"])
     return report["ok"]

@@ -7,8 +7,6 @@ Loopback-bound endpoints are reached through the host's own pyinfra SSH connecti
 from __future__ import annotations
 
 import json
-import os
-import re
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -18,10 +16,11 @@ from pyinfra.api import FunctionCommand, deploy, operation
 
 from modelfleet.checks import Endpoint, endpoint, reachable_from_control_node
 from modelfleet.checks.gate import run_gate
-from modelfleet.operations.report import refuse
+from modelfleet.grammar import slug
+from modelfleet.operations.report import refuse, reports_dir
 from modelfleet.stages import host_plan, service
 
-REPORT_DIR = Path(os.environ.get("MODELFLEET_REPORTS", "reports")) / "verify"
+REPORT_DIR = reports_dir("verify")
 
 
 def wants(plan) -> dict:
@@ -64,7 +63,7 @@ def endpoint_verified(ep: Endpoint, tunnel: tuple[str, int] | None, ready_timeou
                              report_dir.parent / "bench"),
                   "endpoint": ep.name, "base_url": ep.openai_base_url, "via_ssh_tunnel": bool(tunnel)}
     report_dir.mkdir(parents=True, exist_ok=True)
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", ep.name)
+    name = slug(ep.name)
     (report_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     if report["ok"]:
         host.noop(f"{ep.name}: " + ("ready, smoke and tool-call probe pass" if full else "ready (nothing changed)"))

@@ -56,7 +56,7 @@ def clean(lab_hosts):
 
 def test_a_second_run_is_refused_while_the_first_holds_the_host(clean):
     specs = clean
-    # The first run stops at pyinfra's confirmation prompt (no -y) with its lock held; the second starts then.
+    # The first run waits at pyinfra's confirmation prompt (no -y) with its lock held; the second starts then.
     first = subprocess.Popen(pyinfra_argv("inventories/lab.py", "deploys/model.py", yes=False),
                              env={**os.environ, **ENV}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
@@ -74,7 +74,7 @@ def test_a_second_run_is_refused_while_the_first_holds_the_host(clean):
             assert f"pid {first.pid}" in line and "holds this host" in line
         assert "Starting operation: modelfleet model" not in text
     finally:
-        rest, _ = first.communicate("y\n", timeout=600)
+        rest, _ = first.communicate("\n", timeout=600)  # pyinfra: "Press enter to execute..."
     assert first.returncode == 0, "".join(seen) + rest
     for spec in specs:
         on_disk_matches_manifest(spec, f"{ROOT}/tiny-lab/current")
@@ -135,11 +135,13 @@ def test_status_refuses_a_host_whose_key_changed(lab_hosts):
     spec = lab_hosts[1]
     key = STATE / "hosts" / spec["name"] / "ssh_host_ed25519_key"
     saved = {p: p.read_bytes() for p in (key, key.with_suffix(".pub"))}
+    fresh = key.parent / "rekeyed"
     try:
-        key.unlink()
-        key.with_suffix(".pub").unlink()
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(fresh)], check=True)
+        for path, new in ((key, fresh), (key.with_suffix(".pub"), fresh.with_suffix(".pub"))):
+            path.write_bytes(new.read_bytes())  # in place: the host sees the file through a bind mount
         subprocess.run(["docker", "exec", spec["name"], "systemctl", "restart", "ssh"], check=True)
+        lab.wait_ssh(spec)
         run = subprocess.run(modelfleet_argv("status", "inventories/lab.py", "--json"), capture_output=True,
                              text=True, timeout=120)
         rows = {row["host"]: row for row in json.loads(run.stdout)}
@@ -150,7 +152,8 @@ def test_status_refuses_a_host_whose_key_changed(lab_hosts):
     finally:
         for path, data in saved.items():
             path.write_bytes(data)
-        key.chmod(0o600)
+        for path in (fresh, fresh.with_suffix(".pub")):
+            path.unlink(missing_ok=True)
         subprocess.run(["docker", "exec", spec["name"], "systemctl", "restart", "ssh"], check=True)
         lab.wait_ssh(spec)
 

@@ -1,0 +1,22 @@
+"""The installed wheel, outside the checkout, dry-runs the whole pipeline against lab hosts by module path."""
+
+import os
+import subprocess
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+
+def test_the_wheel_dry_runs_serve_against_lab_hosts(installed, lab_hosts):
+    bin_dir, work = installed
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run([str(bin_dir / "python"), "-m", "pyinfra", "--dry", "inventories/lab.py",
+                          "modelfleet.deploys.serve"], cwd=work, env=env, capture_output=True, text=True,
+                         timeout=600)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-4000:]
+    assert "Traceback" not in out
+    for spec in lab_hosts:
+        assert f"[{spec['name']}] Ready: serve" in out
+    assert "modelfleet service | " in out and "modelfleet verify | " in out  # the stages were prepared
