@@ -8,7 +8,8 @@ import os
 import subprocess
 import sys
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from fnmatch import fnmatch
 
 from gevent.lock import Semaphore
 
@@ -34,6 +35,13 @@ class Snapshot:
     @property
     def total_bytes(self) -> int:
         return sum(f["size"] for f in self.files.values())
+
+    def only(self, patterns: tuple[str, ...]) -> "Snapshot":
+        """The same commit restricted to the files matching any of `patterns` (all of them when none)."""
+        if not patterns:
+            return self
+        files = {path: meta for path, meta in self.files.items() if any(fnmatch(path, p) for p in patterns)}
+        return replace(self, files=files)
 
 
 def _hub_metadata(request: dict) -> dict:

@@ -81,6 +81,14 @@ def render_cmd(inventory: str, host: str) -> None:
     if host not in result.hosts:
         raise click.UsageError(f"no host {host!r} in {inventory} (hosts: {', '.join(sorted(result.hosts))})")
     for svc in result.hosts[host].services:
+        click.echo(f"# recipe {svc.recipe.id} ({'verified' if svc.recipe.verified else 'not verified'} by "
+                   f"modelfleet; source: {svc.recipe.source})")
+        click.echo(f"# image {svc.image}: {svc.engine_name} flags checked with {svc.engine_name} "
+                   f"{svc.recipe.engine_version}'s parser")
+        fraction = (f"{svc.engine.memory_fraction_flag} {svc.recipe.memory_fraction}" if svc.engine.memory_fraction_flag
+                    else f"{svc.recipe.memory_fraction} (planning only: {svc.engine_name} has no such flag)")
+        click.echo(f"# memory fraction the plan sized with: {fraction}; clients call it: "
+                   f"{', '.join(render.served_names(svc))}")
         click.echo(f"# ==> /etc/systemd/system/{svc.unit_name}")
         click.echo(render.render_unit(svc))
         click.echo(f"# ==> {svc.env_file} (0600)")

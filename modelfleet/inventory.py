@@ -36,7 +36,7 @@ from modelfleet.planner import plan_capacity
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 SERVICE_KEYS = ("pool", "model", "engine", "recipe", "gpus", "served_name", "port", "bind_address",
                 "api_key_env", "revision", "trust_remote_code", "image", "extra_args", "env", "checkpoint_group",
-                "netcheck_min_busbw_gbps", "netcheck_timeout_s")
+                "netcheck_min_busbw_gbps", "netcheck_timeout_s", "recipe_params")
 
 
 def _fits(rule):
@@ -105,6 +105,8 @@ class ServiceData(BaseModel):
     # Gate threshold on all_reduce busbw at the largest size; default: the hardware catalog's.
     netcheck_min_busbw_gbps: Annotated[float, Field(gt=0)] | None = None
     netcheck_timeout_s: int = Field(120, ge=5, le=3600)  # how long a rank waits for the others to join
+    # Values for the recipe's required parameters (e.g. SGLang's mamba_full_memory_ratio for Kimi K3).
+    recipe_params: dict[Name, Annotated[float | int | str, _fits(lambda v: grammar.no_control(str(v)))]] = {}
 
 
 class HostData(BaseModel):
@@ -233,11 +235,24 @@ class ServicePlan:
     checkpoint_group: str = ""
     netcheck_min_busbw_gbps: float | None = None
     netcheck_timeout_s: int = 120
+    recipe_params: dict = field(default_factory=dict)  # values for the recipe's required parameters
+    model_file: str | None = None  # the file the engine loads, inside the checkpoint (GGUF: the first shard)
 
-    def at_commit(self, commit: str) -> "ServicePlan":
+    def at_commit(self, commit: str, model_file: str | None = None) -> "ServicePlan":
         """The same service pinned to a resolved 40-hex commit: its own model directory, so a new revision
         changes the unit (and restarts the engine) while the old one stays on disk for rollback."""
-        return replace(self, revision=commit, model_dir=f"{self.model_dir.rsplit('/', 1)[0]}/{commit}")
+        return replace(self, revision=commit, model_dir=f"{self.model_dir.rsplit('/', 1)[0]}/{commit}",
+                       model_file=model_file or self.model_file)
+
+    @property
+    def hf_repo(self) -> str:
+        """Where the checkpoint comes from: the model's repository, or its GGUF repository for a GGUF recipe."""
+        return self.model.gguf["repo"] if self.recipe.gguf_quant and self.model.gguf else self.model.hf_repo
+
+    @property
+    def checkpoint_patterns(self) -> tuple[str, ...]:
+        """The files of the repository this service needs (a GGUF repository holds every quantization)."""
+        return (f"{self.recipe.gguf_quant}/*",) if self.recipe.gguf_quant and self.model.gguf else ()
 
     @property
     def unit_name(self) -> str:
@@ -421,6 +436,13 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
         errors.append((where, "trust_remote_code", f"false, but recipe {recipe.id} passes --trust-remote-code: "
                                                    "the model needs it (pin `revision` to a commit instead)"))
     errors += [(where, "extra_args", message) for message in _extra_args_problems(svc.extra_args, engine, recipe)]
+    for param, spec in recipe.parameters.items():
+        if param not in svc.recipe_params:
+            errors.append((where, f"recipe_params.{param}", f"recipe {recipe.id} needs it ({spec.flag}); "
+                                                            f"get it from {spec.where}"))
+    for param in set(svc.recipe_params) - set(recipe.parameters):
+        errors.append((where, f"recipe_params.{param}", f"recipe {recipe.id} has no such parameter "
+                                                        f"(it takes: {', '.join(recipe.parameters) or 'none'})"))
     if hw.vendor == "nvidia" and recipe.min_driver and int(host.driver_branch) < int(recipe.min_driver.split(".")[0]):
         errors.append((where, "driver_branch", f"{host.driver_branch} is older than recipe {recipe.id} needs "
                                                f"({recipe.min_driver})"))
@@ -437,6 +459,7 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
         gpu_passthrough=host.gpu_passthrough, config_dir=host.config_dir.rstrip("/"),
         checkpoint_group=svc.checkpoint_group or svc.pool or _slug(name),
         netcheck_min_busbw_gbps=svc.netcheck_min_busbw_gbps, netcheck_timeout_s=svc.netcheck_timeout_s,
+        recipe_params=dict(svc.recipe_params), model_file=recipe.model_file,
     )
 
 

@@ -24,16 +24,36 @@ _env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES_DIR), keep_tr
                           trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
 
 
+def served_names(svc: ServicePlan) -> list[str]:
+    """The names clients call the model by: the inventory's, then the hub id when the recipe serves it too and
+    the engine takes several names."""
+    names = [svc.served_name]
+    if svc.recipe.serve_hub_id and svc.engine.several_served_names and svc.model.hf_repo not in names:
+        names.append(svc.model.hf_repo)
+    return names
+
+
 def engine_argv(svc: ServicePlan) -> list[str]:
-    """The engine's own command line (what follows the image name), with the recipe's real flags."""
-    engine = svc.engine
-    model_path = CONTAINER_MODEL_DIR
-    if svc.recipe.model_file:
-        model_path = f"{CONTAINER_MODEL_DIR}/{svc.recipe.model_file}"
+    """
+    The engine's own command line (what follows the image name): modelfleet's flags, the engine's defaults
+    (metrics, and the memory fraction the planner sized with) unless the recipe sets them itself, the recipe's
+    flags, the multi-node flags, the recipe's required parameters, then `extra_args`. No flag appears twice
+    (validate refuses extra_args that repeat one).
+    """
+    engine, recipe = svc.engine, svc.recipe
+    model_path = f"{CONTAINER_MODEL_DIR}/{svc.model_file}" if svc.model_file else CONTAINER_MODEL_DIR
     argv = [a.format(model_path=model_path) for a in engine.argv]
-    argv += [engine.served_name_flag, svc.served_name, engine.host_flag, svc.bind_address,
-             engine.port_flag, str(svc.port), *engine.metrics_args]
-    argv += list(svc.recipe.args) + multinode_args(svc) + list(svc.extra_args)
+    argv += [engine.served_name_flag, *served_names(svc), engine.host_flag, svc.bind_address,
+             engine.port_flag, str(svc.port)]
+    in_recipe = {grammar.flag_name(a) for a in recipe.args}
+    argv += [a for a in engine.metrics_args if grammar.flag_name(a) not in in_recipe]
+    if engine.memory_fraction_flag and engine.memory_fraction_flag not in in_recipe:
+        argv += [engine.memory_fraction_flag, str(recipe.memory_fraction)]
+    argv += list(recipe.args) + multinode_args(svc)
+    for name, parameter in recipe.parameters.items():
+        if name in svc.recipe_params:
+            argv += [parameter.flag, str(svc.recipe_params[name])]
+    argv += list(svc.extra_args)
     if svc.api_key_env and engine.api_key_config_file:
         argv += ["--config", CONTAINER_SECRETS]
     return argv

@@ -65,6 +65,9 @@ class Engine(_Strict):
     # engine's aliases: `extra_args` may not set them (the flags the rendered command already carries are
     # refused too).
     managed_flags: list[str] = []
+    # How the engine is told the share of GPU memory the planner sized with (None: the engine has no such flag).
+    memory_fraction_flag: str | None = None
+    several_served_names: bool = False  # the served-name flag takes more than one name (vLLM: nargs +)
 
 
 class Layout(_Strict):
@@ -81,6 +84,14 @@ class Layout(_Strict):
         return self.tp * self.pp * self.dp
 
 
+class RecipeParameter(_Strict):
+    """A setting the guide makes the user supply (no default exists): the inventory gives it in
+    `recipe_params`, and validate names the missing one and where to get it."""
+
+    flag: str
+    where: str  # where the value comes from (the guide's calculator, a doc)
+
+
 class Recipe(_Strict):
     id: str
     model: str
@@ -91,6 +102,11 @@ class Recipe(_Strict):
     notes: str | None = None
     image: str
     min_engine_version: str | None = None
+    # The engine version whose argument parser these flags were checked with (an image tag without a version,
+    # such as vllm/vllm-openai:kimi-k3, says nothing itself; `render` shows both).
+    engine_version: str
+    serve_hub_id: bool = False  # also serve the model under its hub id, as the guides' clients call it
+    parameters: dict[str, RecipeParameter] = Field(default_factory=dict)
     min_driver: str | None = None
     cuda: str | None = None
     rocm: str | None = None

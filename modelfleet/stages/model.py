@@ -9,6 +9,7 @@ Which hosts lack what is known before anything runs: the group's hosts' state is
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import shlex
@@ -17,7 +18,7 @@ from pyinfra import host, state
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
 from modelfleet import FILES_DIR
-from modelfleet.checkpoint import Snapshot, missing_files, snapshot
+from modelfleet.checkpoint import ModelSourceError, Snapshot, missing_files, snapshot
 from modelfleet.grammar import slug
 from modelfleet.inventory import COMMIT_RE, HostPlan, ServicePlan
 from modelfleet.operations.files import content_file, directory
@@ -36,14 +37,25 @@ TEMP_FACTOR = 1.05  # partial files beside the ones being replaced
 
 
 def pinned_revision(plan: HostPlan, svc: ServicePlan) -> ServicePlan:
-    """The service at the commit its revision resolves to (what this stage fetches and the unit mounts)."""
-    if svc.revision and COMMIT_RE.match(svc.revision):
+    """The service at the commit its revision resolves to (what this stage fetches and the unit mounts), with
+    the file the engine loads when the recipe names it by pattern (a GGUF's first shard)."""
+    needs_files = bool(svc.model_file and any(c in svc.model_file for c in "*?["))
+    if svc.revision and COMMIT_RE.match(svc.revision) and not needs_files:
         return svc.at_commit(svc.revision)  # already immutable: no need to ask the hub
-    return svc.at_commit(_snapshot(plan, svc).commit)
+    snap = _snapshot(plan, svc)
+    if not needs_files:
+        return svc.at_commit(snap.commit)
+    found = sorted(fnmatch.filter(snap.files, svc.model_file))
+    if not found:
+        raise ModelSourceError(f"{snap.repo}@{snap.commit[:12]} has no file matching {svc.model_file} "
+                               f"(recipe {svc.recipe.id})")
+    return svc.at_commit(snap.commit, model_file=found[0])
 
 
 def _snapshot(plan: HostPlan, svc: ServicePlan) -> Snapshot:
-    return snapshot(svc.model.hf_repo, svc.revision, plan.hf_endpoint, plan.hf_token_env, plan.model_source)
+    """The service's checkpoint: only the files it needs (a GGUF repository holds every quantization)."""
+    snap = snapshot(svc.hf_repo, svc.revision, plan.hf_endpoint, plan.hf_token_env, plan.model_source)
+    return snap.only(svc.checkpoint_patterns)
 
 
 def _checkpoints(plan: HostPlan) -> dict[str, tuple[ServicePlan, Snapshot]]:

@@ -5,6 +5,7 @@ host; a re-run after the fault is removed converges."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 
@@ -25,6 +26,11 @@ def model_run(**env):
 
 def output(run) -> str:
     return run.stdout + run.stderr
+
+
+def changed(run) -> int:
+    total = re.search(r"Grand total\s+(\d+)\s+(\S+)", output(run))
+    return 0 if total and total.group(2) == "-" else int(total.group(2)) if total else -1
 
 
 def refusals(text: str) -> list[str]:
@@ -79,7 +85,7 @@ def test_a_second_run_is_refused_while_the_first_holds_the_host(clean):
     for spec in specs:
         on_disk_matches_manifest(spec, f"{ROOT}/tiny-lab/current")
     again = model_run()
-    assert again.returncode == 0 and "refused" not in output(again)
+    assert again.returncode == 0 and "refused" not in output(again) and changed(again) == 0
 
 
 def test_a_small_file_changed_on_the_hub_is_refused_and_current_stays(clean):
@@ -103,6 +109,7 @@ def test_a_small_file_changed_on_the_hub_is_refused_and_current_stays(clean):
     healed = model_run(MODELFLEET_LAB_REVISION="v1.0")
     assert healed.returncode == 0, output(healed)[-3000:]
     assert ssh(specs[0], f"readlink {ROOT}/tiny-lab/current").stdout.strip() != before
+    assert changed(model_run(MODELFLEET_LAB_REVISION="v1.0")) == 0
 
 
 def fanout_state(spec) -> dict:
@@ -124,6 +131,7 @@ def test_control_node_killed_during_the_peer_copy_leaves_no_unit_for_long(clean)
         assert leftover["RuntimeMaxUSec"] not in ("infinity", "1d") and "h" not in leftover["RuntimeMaxUSec"]
     again = model_run()
     assert again.returncode == 0, output(again)[-3000:]
+    assert changed(model_run()) == 0
     if leftover.get("ActiveState") == "active":
         assert "left running by an earlier run" in output(again)
     assert fanout_state(specs[0]).get("ActiveState") != "active"
@@ -218,3 +226,4 @@ def test_peers_of_a_failed_source_say_so(clean):
         assert len(lines) == 1 and f"source {specs[0]['name']} failed" in lines[0], text[-3000:]
     healed = model_run()
     assert healed.returncode == 0, output(healed)[-3000:]
+    assert changed(model_run()) == 0

@@ -18,7 +18,8 @@ def service(**extra):
 def test_vllm_command_is_the_guides():
     argv = " ".join(render.docker_run_argv(service()))
     assert ("--entrypoint vllm vllm/vllm-openai:v0.34.0 serve /model --served-model-name kimi-local "
-            "--host 127.0.0.1 --port 8000 --trust-remote-code --tensor-parallel-size 8 --load-format "
+            "moonshotai/Kimi-K3.1-Pro --host 127.0.0.1 --port 8000 --gpu-memory-utilization 0.9 --trust-remote-code "
+            "--tensor-parallel-size 8 --load-format "
             "fastsafetensors --enable-auto-tool-choice --tool-call-parser kimi_k3 --reasoning-parser kimi_k3 "
             "--max-model-len 32768") in argv
     assert "--rm --name modelfleet-k31-b300-01 --init" in argv
