@@ -1,6 +1,7 @@
 """The GPU host stack alone (preflight, os_base, gpu_driver, container_runtime): `pyinfra INVENTORY deploys/gpu_stack.py`.
 Rebuilds a bare-metal node up to a GPU-visible container runtime; serve.py runs the same stages first."""
 
-from modelfleet.deploys import gpu_stack
+from modelfleet.deploys import run_stages
+from modelfleet.stages import container_runtime, gpu_driver, os_base, preflight
 
-gpu_stack()
+run_stages(preflight, os_base, gpu_driver, container_runtime)

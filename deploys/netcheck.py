@@ -1,5 +1,6 @@
 """The NCCL/RCCL/Gloo gate alone, over every pool of the inventory: `pyinfra INVENTORY deploys/netcheck.py`."""
 
-from modelfleet.deploys import netcheck
+from modelfleet.deploys import run_stages
+from modelfleet.stages import netcheck
 
-netcheck()
+run_stages(netcheck)

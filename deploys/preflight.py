@@ -1,5 +1,6 @@
 """Read-only checks alone: `pyinfra INVENTORY deploys/preflight.py` (reports in reports/preflight/)."""
 
-from modelfleet.deploys import preflight
+from modelfleet.deploys import run_stages
+from modelfleet.stages import preflight
 
-preflight()
+run_stages(preflight)

@@ -1,5 +1,19 @@
 """All stages for every host of the inventory: `pyinfra INVENTORY deploys/serve.py`."""
 
-from modelfleet.deploys import serve
+from modelfleet.deploys import run_stages
+from modelfleet.stages import (
+    container_runtime,
+    exporters,
+    gpu_driver,
+    images,
+    model,
+    netcheck,
+    os_base,
+    preflight,
+    service,
+    storage,
+    verify,
+)
 
-serve()
+run_stages(preflight, os_base, gpu_driver, container_runtime, storage, model, images, netcheck, service, verify,
+           exporters)

@@ -5,19 +5,55 @@ that needed it, naming what failed and what to do, instead of a traceback from i
 
 from __future__ import annotations
 
-from modelfleet.checkpoint import ModelSourceError
-from modelfleet.inventory import HostPlan
+import fnmatch
+from dataclasses import replace
+
+from modelfleet.checkpoint import ModelSourceError, Snapshot, snapshot
+from modelfleet.inventory import COMMIT_RE, HostPlan, ServicePlan
 from modelfleet.registry import RegistryError, pinned
 
 
-def problems(plan: HostPlan, images: bool = True, revisions: bool = True) -> list[str]:
-    from modelfleet.stages.model import pinned_revision  # the model stage owns what a revision resolves to
+def pinned_image(svc: ServicePlan) -> str:
+    """`repo:tag@sha256:...` for the service: what the images stage pulls and the unit runs."""
+    return pinned(svc.image)
 
+
+def pinned_revision(plan: HostPlan, svc: ServicePlan) -> ServicePlan:
+    """The service at the commit its revision resolves to (what this stage fetches and the unit mounts), with
+    the file the engine loads when the recipe names it by pattern (a GGUF's first shard)."""
+    needs_files = bool(svc.model_file and any(c in svc.model_file for c in "*?["))
+    if svc.revision and COMMIT_RE.match(svc.revision) and not needs_files:
+        return svc.at_commit(svc.revision)  # already immutable: no need to ask the hub
+    snap = checkpoint_of(plan, svc)
+    if not needs_files:
+        return svc.at_commit(snap.commit)
+    found = sorted(fnmatch.filter(snap.files, svc.model_file))
+    if not found:
+        raise ModelSourceError(f"{snap.repo}@{snap.commit[:12]} has no file matching {svc.model_file} "
+                               f"(recipe {svc.recipe.id})")
+    return svc.at_commit(snap.commit, model_file=found[0])
+
+
+def checkpoint_of(plan: HostPlan, svc: ServicePlan) -> Snapshot:
+    """The service's checkpoint: only the files it needs (a GGUF repository holds every quantization)."""
+    snap = snapshot(svc.hf_repo, svc.revision, plan.hf_endpoint, plan.hf_token_env, plan.model_source)
+    return snap.only(svc.checkpoint_patterns)
+
+
+def pinned_service(plan: HostPlan, svc: ServicePlan) -> ServicePlan:
+    """The service as its unit runs it: image by digest, checkpoint at its commit."""
+    return replace(pinned_revision(plan, svc), image=pinned_image(svc))
+
+
+
+
+def problems(plan: HostPlan, images: bool = True, revisions: bool = True) -> list[str]:
+    """Each pin this host needs that cannot be resolved, as one line saying what to do."""
     out = []
     for svc in plan.services:
         if images:
             try:
-                pinned(svc.image)
+                pinned_image(svc)
             except RegistryError as error:
                 out.append(f"image digest: {error}; check the registry (image_registry / network) and re-run")
         if revisions:

@@ -27,7 +27,8 @@ from modelfleet.stages import (
 )
 
 STACK = (os_base, gpu_driver, container_runtime)
-PIPELINE = (storage, model, images, netcheck, service, verify, exporters)
+# What `pyinfra INVENTORY deploys/serve.py` runs (deploys/serve.py names the same list).
+SERVE = (preflight, *STACK, storage, model, images, netcheck, service, verify, exporters)
 STACK_REPORT_DIR = reports_dir("gpu_stack")
 
 
@@ -77,21 +78,26 @@ def gpu_stack(deployed: dict, serving: bool) -> bool:
     return not driver.pending
 
 
-def serve(stages=PIPELINE, stack: bool = True) -> None:
+def run_stages(*stages) -> None:
     """
-    Preflight, the GPU stack, then the stages: a refused host gets none of them (and --dry shows none).
-    What the stages find on the host is read once for all of them.
+    The stages, in the order given: preflight first when listed (a refused host gets nothing more, and --dry
+    shows nothing more), the GPU host stack (os_base, gpu_driver, container_runtime, always the three) next,
+    then the others. What the stages find on the host is read once for all of them.
     """
-    if not preflight.run(defer_stack=stack):
+    stack = tuple(s for s in stages if s in STACK)
+    if stack and stack != STACK:
+        raise ValueError("the GPU host stack runs as os_base, gpu_driver, container_runtime, in that order")
+    rest = tuple(s for s in stages if s not in STACK and s is not preflight)
+    if preflight in stages and not preflight.run(defer_stack=bool(stack)):
         return
-    use_stages((*STACK, *stages) if stack else stages)
+    if not rest and not stack:
+        return
+    if len(rest) == 1 and not stack:
+        rest[0].run()  # a stage on its own reads just what it needs, and acts as when run alone
+        return
+    use_stages((*stack, *rest))
     deployed = deployed_of()
-    if stack and not gpu_stack(deployed, serving=bool(stages)):
+    if stack and not gpu_stack(deployed, serving=bool(rest)):
         return
-    for stage in stages:
+    for stage in rest:
         stage.run(deployed=deployed)
-
-
-def stack_only() -> None:
-    """deploys/gpu_stack.py: preflight and the host stack, nothing that serves."""
-    serve(stages=())

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
 
+from modelfleet.gpu_predicates import branch_of, fabric_manager_needed, loaded_driver, replaces_driver
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.apt import apt_get, deb_from_url, held, missing, packages, upstream
 from modelfleet.operations.files import content_file
@@ -75,35 +76,6 @@ class DriverPlan:
         from_repo = [*missing(self.packages, installed), *exact]
         return ([self.repo_package] if from_repo and self.repo_package and not installed.get(self.repo_package)
                 else []) + from_repo
-
-
-def loaded_driver(probe: dict) -> str | None:
-    """The driver the kernel runs: /proc/driver/nvidia/version, else what nvidia-smi reports (it fails when
-    no module is loaded or the module and libraries differ)."""
-    module = probe.get("nvidia_module") or {}
-    return module.get("version") or (probe.get("nvidia_versions") or {}).get("driver")
-
-
-def branch_of(version: str | None) -> int:
-    head = (version or "").split(".")[0]
-    return int(head) if head.isdigit() else 0
-
-
-def replaces_driver(plan: HostPlan, probe: dict) -> bool:
-    """Will this stage install or replace the driver? Then what the driver reports now is not final."""
-    if not plan.stack.manage or plan.hardware.vendor == "none":
-        return False
-    if plan.hardware.vendor == "amd":
-        return not probe.get("amd_gpus")
-    return branch_of(loaded_driver(probe)) != int(plan.stack.driver_branch)
-
-
-def fabric_manager_needed(plan: HostPlan, probe: dict) -> bool:
-    """NVSwitch seen by the driver, or the catalog says the board has it and the host has the whole board
-    (a VM given one GPU of it sees no switch)."""
-    hw, fm = plan.hardware, probe.get("fabric_manager") or {}
-    return hw.vendor == "nvidia" and (fm.get("nvswitches", 0) > 0 or
-                                      (hw.fabric_manager and plan.gpu_count >= hw.gpus_per_node))
 
 
 def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:

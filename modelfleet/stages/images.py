@@ -5,14 +5,9 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
 
-from modelfleet.inventory import HostPlan, ServicePlan
-from modelfleet.registry import pinned
+from modelfleet.inventory import HostPlan
+from modelfleet.pins import pinned_image
 from modelfleet.stages import deployed_for_stage, host_plan
-
-
-def pinned_image(svc: ServicePlan) -> str:
-    """`repo:tag@sha256:...` for the service: what the images stage pulls and the unit runs."""
-    return pinned(svc.image)
 
 
 @operation()

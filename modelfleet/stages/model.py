@@ -9,7 +9,6 @@ Which hosts lack what is known before anything runs: the group's hosts' state is
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import shlex
@@ -18,11 +17,12 @@ from pyinfra import host, state
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
 from modelfleet import FILES_DIR
-from modelfleet.checkpoint import ModelSourceError, Snapshot, missing_files, snapshot
+from modelfleet.checkpoint import Snapshot, missing_files
 from modelfleet.grammar import slug
-from modelfleet.inventory import COMMIT_RE, HostPlan, ServicePlan
+from modelfleet.inventory import HostPlan, ServicePlan
 from modelfleet.operations.files import content_file, directory
 from modelfleet.operations.report import fail_host, note, refuse
+from modelfleet.pins import checkpoint_of, pinned_revision
 from modelfleet.stages import TOOLS_BIN, deployed_for_stage, deployed_of, host_plan, resolved
 
 FETCH = f"{TOOLS_BIN}/modelfleet_fetch.py"
@@ -36,34 +36,12 @@ FANOUT_MARGIN_S = 300
 TEMP_FACTOR = 1.05  # partial files beside the ones being replaced
 
 
-def pinned_revision(plan: HostPlan, svc: ServicePlan) -> ServicePlan:
-    """The service at the commit its revision resolves to (what this stage fetches and the unit mounts), with
-    the file the engine loads when the recipe names it by pattern (a GGUF's first shard)."""
-    needs_files = bool(svc.model_file and any(c in svc.model_file for c in "*?["))
-    if svc.revision and COMMIT_RE.match(svc.revision) and not needs_files:
-        return svc.at_commit(svc.revision)  # already immutable: no need to ask the hub
-    snap = _snapshot(plan, svc)
-    if not needs_files:
-        return svc.at_commit(snap.commit)
-    found = sorted(fnmatch.filter(snap.files, svc.model_file))
-    if not found:
-        raise ModelSourceError(f"{snap.repo}@{snap.commit[:12]} has no file matching {svc.model_file} "
-                               f"(recipe {svc.recipe.id})")
-    return svc.at_commit(snap.commit, model_file=found[0])
-
-
-def _snapshot(plan: HostPlan, svc: ServicePlan) -> Snapshot:
-    """The service's checkpoint: only the files it needs (a GGUF repository holds every quantization)."""
-    snap = snapshot(svc.hf_repo, svc.revision, plan.hf_endpoint, plan.hf_token_env, plan.model_source)
-    return snap.only(svc.checkpoint_patterns)
-
-
 def _checkpoints(plan: HostPlan) -> dict[str, tuple[ServicePlan, Snapshot]]:
     """model_dir -> (pinned service, snapshot); two services of one model and commit share a directory."""
     out = {}
     for svc in plan.services:
         pinned = pinned_revision(plan, svc)
-        out.setdefault(pinned.model_dir, (pinned, _snapshot(plan, svc)))
+        out.setdefault(pinned.model_dir, (pinned, checkpoint_of(plan, svc)))
     return out
 
 

@@ -27,9 +27,10 @@ from modelfleet.grammar import slug
 from modelfleet.inventory import HostPlan, ServicePlan
 from modelfleet.operations.files import content_file, directory
 from modelfleet.operations.report import reports_dir
+from modelfleet.pins import pinned_image
 from modelfleet.render import gpu_flags
-from modelfleet.stages import TOOLS_BIN, deployed_for_stage, host_plan, resolved, service
-from modelfleet.stages.images import pinned_image
+from modelfleet.stages import TOOLS_BIN, deployed_for_stage, host_plan, resolved
+from modelfleet.units import pool_starts
 
 SCRIPT = f"{TOOLS_BIN}/nccl_check.py"
 REPORT_DIR = reports_dir("netcheck")
@@ -148,7 +149,7 @@ def _needed(svc: ServicePlan, alone: bool) -> bool:
         return False  # one GPU: nothing to talk to
     if alone or os.environ.get("MODELFLEET_NETCHECK") == "always":
         return True
-    return service.pool_starts(svc.pool)
+    return pool_starts(svc.pool)
 
 
 @deploy("modelfleet netcheck")

@@ -10,12 +10,12 @@ from pyinfra.api import deploy
 
 from modelfleet.catalog import load_catalog
 from modelfleet.facts.probe import HostProbe
+from modelfleet.gpu_predicates import fabric_manager_needed, replaces_driver
 from modelfleet.grammar import slug
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.report import fail_host, reports_dir
 from modelfleet.planner import plan_capacity
 from modelfleet.stages import host_plan, remember_probe
-from modelfleet.stages.gpu_driver import fabric_manager_needed, replaces_driver
 
 REPORT_DIR = reports_dir("preflight")
 
@@ -93,7 +93,7 @@ def evaluate(plan: HostPlan, probe: dict, defer_stack: bool = False) -> dict:
 
 def fabric_manager_problems(plan: HostPlan, probe: dict) -> list[str]:
     """NVSwitch systems need Fabric Manager at exactly the loaded driver's version (a mismatch is the usual cause
-    of CUDA error 802); gpu_driver.fabric_manager_needed says where."""
+    of CUDA error 802); gpu_predicates.fabric_manager_needed says where."""
     fm = probe.get("fabric_manager") or {}
     driver = (probe.get("nvidia_versions") or {}).get("driver")
     if not fabric_manager_needed(plan, probe):

@@ -18,7 +18,8 @@ from modelfleet.checks import Endpoint, endpoint, reachable_from_control_node
 from modelfleet.checks.gate import run_gate
 from modelfleet.grammar import slug
 from modelfleet.operations.report import refuse, reports_dir
-from modelfleet.stages import host_plan, service
+from modelfleet.stages import host_plan
+from modelfleet.units import pool_starts
 
 REPORT_DIR = reports_dir("verify")
 
@@ -82,4 +83,4 @@ def run(deployed: dict | None = None, report_dir: Path | None = None):
         endpoint_verified(name=f"Verify {svc.served_name} at {svc.base_url}", ep=endpoint(plan, svc),
                           tunnel=tunnel, ready_timeout_s=min(svc.recipe.ready_timeout_s, 120),
                           report_dir=report_dir or REPORT_DIR, with_bench=plan.verify_bench,
-                          full=alone or plan.verify_full or plan.verify_bench or service.pool_starts(svc.pool))
+                          full=alone or plan.verify_full or plan.verify_bench or pool_starts(svc.pool))

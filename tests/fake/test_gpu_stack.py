@@ -11,8 +11,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from harness import H200, planned, probe_reply, recorded, run_fake  # noqa: E402
 
-from modelfleet.pipeline import stack_only  # noqa: E402
-from modelfleet.stages import preflight  # noqa: E402
+from modelfleet.pipeline import run_stages  # noqa: E402
+from modelfleet.stages import container_runtime, gpu_driver, os_base, preflight  # noqa: E402
+
+
+def stack_only():
+    """deploys/gpu_stack.py's pipeline (the run lock and pins belong to the real connectors' entry points)."""
+    run_stages(preflight, os_base, gpu_driver, container_runtime)
 
 KERNELS = {"ubuntu2204": "5.15.0-140-generic", "ubuntu2404": "6.8.0-87-generic", "debian12": "6.1.0-40-amd64"}
 OS_RELEASE = {

@@ -15,15 +15,15 @@ from harness import H200, Uploads, executed, probe_reply, recorded, run_fake  # 
 from modelfleet import render  # noqa: E402
 from modelfleet.facts.probe import HostProbe  # noqa: E402
 from modelfleet.inventory import resolve  # noqa: E402
-from modelfleet.pipeline import serve as full_serve  # noqa: E402
-from modelfleet.stages import images, preflight, service  # noqa: E402
+from modelfleet.pipeline import run_stages  # noqa: E402
+from modelfleet.stages import exporters, images, preflight, service  # noqa: E402
 
 PIN = "e" * 40
 
 
 def serve():
     """serve.py without the verify gate: a @fake host has no endpoint for the openai client to reach."""
-    full_serve(stages=(images, service), stack=False)
+    run_stages(preflight, images, service)
 
 IMAGE = "vllm/vllm-openai:v0.34.0@sha256:" + "f" * 64
 # Synthetic 8x B300 GPU rows in the format of the recorded H200 query (values from public B300 samples).
@@ -147,13 +147,12 @@ def test_preflight_on_recorded_h200_accepts_small_model_and_refuses_kimi():
 
 
 def test_dcgm_exporter_unit_on_an_nvidia_host_when_asked(monkeypatch):
-    from modelfleet.stages import exporters
 
     uploads = Uploads(monkeypatch)
     dcgm = "nvcr.io/nvidia/k8s/dcgm-exporter:4.4.2-4.7.1-ubuntu22.04@sha256:" + "d" * 64
     host = {**b300_host(), "dcgm_exporter": True, "dcgm_exporter_image": dcgm, "fabric_address": "10.0.0.7",
             "fake_responses": {"@@modelfleet-probe": b300_probe()}}
-    state = run_fake([("b300-01", host)], lambda: full_serve(stages=(exporters,), stack=False))
+    state = run_fake([("b300-01", host)], lambda: run_stages(preflight, exporters))
     unit = uploads.files["/etc/systemd/system/modelfleet-dcgm-exporter.service"]
     assert "--gpus all" in unit and "--cap-add SYS_ADMIN" in unit and dcgm in unit
     assert "--address 10.0.0.7:9400" in unit

@@ -107,7 +107,7 @@ def test_a_required_recipe_parameter_is_named_with_where_to_get_it():
 
 
 def test_gguf_recipe_fetches_only_its_quantization_and_loads_the_first_shard(monkeypatch):
-    from modelfleet.stages.model import _snapshot, pinned_revision
+    from modelfleet.pins import checkpoint_of, pinned_revision
 
     result = pool("kimi-k3-llamacpp-ud-iq1-m", "h200")
     plan = result.hosts["n0"]
@@ -118,7 +118,7 @@ def test_gguf_recipe_fetches_only_its_quantization_and_loads_the_first_shard(mon
     files["README.md"] = {"size": 1, "sha256": None, "blob_id": "1" * 40}
     key = (svc.hf_repo, PIN, plan.model_source or plan.hf_endpoint)
     monkeypatch.setitem(checkpoint._snapshots, key, Snapshot(repo=svc.hf_repo, revision=PIN, commit=PIN, files=files))
-    assert sorted(_snapshot(plan, svc).files) == [f"UD-IQ1_M/Kimi-K3-UD-IQ1_M-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    assert sorted(checkpoint_of(plan, svc).files) == [f"UD-IQ1_M/Kimi-K3-UD-IQ1_M-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
     pinned = pinned_revision(plan, svc)
     assert pinned.model_file == "UD-IQ1_M/Kimi-K3-UD-IQ1_M-00001-of-00003.gguf"
     assert "/model/UD-IQ1_M/Kimi-K3-UD-IQ1_M-00001-of-00003.gguf" in render.engine_argv(pinned)

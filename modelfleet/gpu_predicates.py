@@ -1,0 +1,35 @@
+"""What a host's GPUs and driver are, and what the stack will do to them: pure predicates over the inventory's
+plan and preflight's probe, shared by preflight (what to defer), the driver stage and the stack report."""
+
+from __future__ import annotations
+
+from modelfleet.inventory import HostPlan
+
+
+def loaded_driver(probe: dict) -> str | None:
+    """The driver the kernel runs: /proc/driver/nvidia/version, else what nvidia-smi reports (it fails when
+    no module is loaded or the module and libraries differ)."""
+    module = probe.get("nvidia_module") or {}
+    return module.get("version") or (probe.get("nvidia_versions") or {}).get("driver")
+
+
+def branch_of(version: str | None) -> int:
+    head = (version or "").split(".")[0]
+    return int(head) if head.isdigit() else 0
+
+
+def replaces_driver(plan: HostPlan, probe: dict) -> bool:
+    """Will this stage install or replace the driver? Then what the driver reports now is not final."""
+    if not plan.stack.manage or plan.hardware.vendor == "none":
+        return False
+    if plan.hardware.vendor == "amd":
+        return not probe.get("amd_gpus")
+    return branch_of(loaded_driver(probe)) != int(plan.stack.driver_branch)
+
+
+def fabric_manager_needed(plan: HostPlan, probe: dict) -> bool:
+    """NVSwitch seen by the driver, or the catalog says the board has it and the host has the whole board
+    (a VM given one GPU of it sees no switch)."""
+    hw, fm = plan.hardware, probe.get("fabric_manager") or {}
+    return hw.vendor == "nvidia" and (fm.get("nvswitches", 0) > 0 or
+                                      (hw.fabric_manager and plan.gpu_count >= hw.gpus_per_node))
