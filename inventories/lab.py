@@ -24,7 +24,7 @@ if _lab.get("hub"):
 _gate_hosts = int(os.environ.get("MODELFLEET_LAB_GATE_HOSTS", "0"))
 _gate_min = float(os.environ.get("MODELFLEET_LAB_GATE_MIN_BUSBW", "0.01"))
 # Fault switch: MODELFLEET_LAB_GATE_BAD_IFNAME=1 gives the second gate host an interface that does not exist.
-_gate_faults = {1: {"gloo_socket_ifname": "mflab-no-such-if0"}} if os.environ.get("MODELFLEET_LAB_GATE_BAD_IFNAME") else {}
+_gate_faults = {1: {"gloo_socket_ifname": "mfl-noif0"}} if os.environ.get("MODELFLEET_LAB_GATE_BAD_IFNAME") else {}
 # MODELFLEET_LAB_ONLY=mflab-4,mflab-5: only these hosts (a rehearsal on some hosts of a running lab).
 _only = {n for n in os.environ.get("MODELFLEET_LAB_ONLY", "").split(",") if n}
 # All lab hosts serve the same checkpoint: one hub download, the others copy from the first host.

@@ -94,9 +94,9 @@ def test_a_small_file_changed_on_the_hub_is_refused_and_current_stays(clean):
     before = ssh(specs[0], f"readlink {ROOT}/tiny-lab/current").stdout.strip()
     config = next((STATE / "hub" / "files").glob("*/*/v1.0/config.json"))
     original = config.read_bytes()
-    changed = original.replace(b"4", b"5", 1) if b"4" in original else original[:-1] + b" "
-    assert len(changed) == len(original) and changed != original
-    config.write_bytes(changed)  # the hub's metadata still describes the original (git blob id)
+    altered = original.replace(b"4", b"5", 1) if b"4" in original else original[:-1] + b" "
+    assert len(altered) == len(original) and altered != original
+    config.write_bytes(altered)  # the hub's metadata still describes the original (git blob id)
     try:
         run = model_run(MODELFLEET_LAB_REVISION="v1.0")
         text = output(run)
