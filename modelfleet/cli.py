@@ -88,7 +88,7 @@ def render_cmd(inventory: str, host: str) -> None:
         fraction = (f"{svc.engine.memory_fraction_flag} {svc.recipe.memory_fraction}" if svc.engine.memory_fraction_flag
                     else f"{svc.recipe.memory_fraction} (planning only: {svc.engine_name} has no such flag)")
         click.echo(f"# memory fraction the plan sized with: {fraction}; clients call it: "
-                   f"{', '.join(render.served_names(svc))}")
+                   f"{', '.join(render.served_names(svc))}; GPUs: {', '.join(map(str, svc.gpu_indices)) or 'none'}")
         click.echo(f"# ==> /etc/systemd/system/{svc.unit_name}")
         click.echo(render.render_unit(svc))
         click.echo(f"# ==> {svc.env_file} (0600)")

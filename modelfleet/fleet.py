@@ -159,6 +159,7 @@ def status(plans: list[HostPlan]) -> list[dict]:
         for svc in plan.services:
             got = parsed["services"].get(svc.pool, {})
             services.append({"pool": svc.pool, "unit": svc.unit_name, "rank": svc.node_rank,
+                             "gpu_indices": list(svc.gpu_indices),
                              "state": f"{got.get('ActiveState')}/{got.get('SubState')}",
                              "restarts": int(got["NRestarts"]) if (got.get("NRestarts") or "").isdigit() else None,
                              "started": got.get("ExecMainStartTimestamp"), "image": got.get("image"),
@@ -172,13 +173,14 @@ def status(plans: list[HostPlan]) -> list[dict]:
 
 
 def status_table(rows: list[dict]) -> str:
-    lines = [f"{'HOST':<14} {'POOL':<16} {'STATE':<18} {'HEALTH':<6} {'RESTARTS':<8} {'REVISION':<12} IMAGE"]
+    lines = [f"{'HOST':<14} {'POOL':<16} {'GPUS':<8} {'STATE':<18} {'HEALTH':<6} {'RESTARTS':<8} {'REVISION':<12} IMAGE"]
     for row in rows:
         if not row["reachable"]:
             lines.append(f"{row['host']:<14} unreachable: {row['error']}")
             continue
         for s in row["services"]:
-            lines.append(f"{row['host']:<14} {s['pool']:<16} {s['state']:<18} {s['health'] or '-':<6} "
+            gpus = ",".join(map(str, s["gpu_indices"])) or "-"
+            lines.append(f"{row['host']:<14} {s['pool']:<16} {gpus:<8} {s['state']:<18} {s['health'] or '-':<6} "
                          f"{s['restarts'] if s['restarts'] is not None else '-':<8} "
                          f"{(s['revision'] or '-')[:12]:<12} {s['image'] or '-'}")
     return "\n".join(lines)

@@ -36,7 +36,7 @@ from modelfleet.planner import plan_capacity
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 SERVICE_KEYS = ("pool", "model", "engine", "recipe", "gpus", "served_name", "port", "bind_address",
                 "api_key_env", "revision", "trust_remote_code", "image", "extra_args", "env", "checkpoint_group",
-                "netcheck_min_busbw_gbps", "netcheck_timeout_s", "recipe_params")
+                "netcheck_min_busbw_gbps", "netcheck_timeout_s", "recipe_params", "gpu_indices")
 
 
 def _fits(rule):
@@ -105,6 +105,8 @@ class ServiceData(BaseModel):
     # Gate threshold on all_reduce busbw at the largest size; default: the hardware catalog's.
     netcheck_min_busbw_gbps: Annotated[float, Field(gt=0)] | None = None
     netcheck_timeout_s: int = Field(120, ge=5, le=3600)  # how long a rank waits for the others to join
+    # Which of the host's GPUs (nvidia-smi indices); default: the lowest free ones, in service order.
+    gpu_indices: Annotated[list[Annotated[int, Field(ge=0, le=71)]], _fits(_unique)] | None = None
     # Values for the recipe's required parameters (e.g. SGLang's mamba_full_memory_ratio for Kimi K3).
     recipe_params: dict[Name, Annotated[float | int | str, _fits(lambda v: grammar.no_control(str(v)))]] = {}
 
@@ -236,6 +238,7 @@ class ServicePlan:
     netcheck_min_busbw_gbps: float | None = None
     netcheck_timeout_s: int = 120
     recipe_params: dict = field(default_factory=dict)  # values for the recipe's required parameters
+    gpu_indices: tuple[int, ...] = ()  # this service's GPUs on its host (disjoint from the other services')
     model_file: str | None = None  # the file the engine loads, inside the checkpoint (GGUF: the first shard)
 
     def at_commit(self, commit: str, model_file: str | None = None) -> "ServicePlan":
@@ -460,6 +463,7 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
         checkpoint_group=svc.checkpoint_group or svc.pool or _slug(name),
         netcheck_min_busbw_gbps=svc.netcheck_min_busbw_gbps, netcheck_timeout_s=svc.netcheck_timeout_s,
         recipe_params=dict(svc.recipe_params), model_file=recipe.model_file,
+        gpu_indices=tuple(svc.gpu_indices or ()),
     )
 
 
@@ -482,6 +486,32 @@ def _extra_args_problems(extra: list[str], engine: Engine, recipe: Recipe) -> li
 # Ports an engine may not take: SSH, the exporters', and the pool's rendezvous and fan-out ports.
 RESERVED_PORTS = {22: "SSH", 9100: "node exporter", 9400: "DCGM exporter", 13345: "vLLM data-parallel RPC",
                   18431: "checkpoint fan-out", 29500: "multi-node rendezvous"}
+
+
+def _assign_gpus(services: list[ServicePlan], gpu_count: int, where: str, errors: list) -> list[ServicePlan]:
+    """Each service its own GPUs: the indices the inventory gives (`gpu_indices`), else the lowest free ones,
+    in service order (contiguous ranges: on NVSwitch boards every range is as good as another; on PCIe
+    boards, give `gpu_indices` from `nvidia-smi topo -m` to keep a service under one switch)."""
+    taken: dict[int, str] = {}
+    for svc in services:
+        for index in svc.gpu_indices:
+            if index >= gpu_count:
+                errors.append((where, "gpu_indices", f"service {svc.pool}: GPU {index} does not exist "
+                                                     f"(the host has {gpu_count}: 0-{gpu_count - 1})"))
+            elif index in taken:
+                errors.append((where, "gpu_indices", f"GPU {index} is given to both {taken[index]} and {svc.pool}"))
+            taken[index] = svc.pool
+        if svc.gpu_indices and len(svc.gpu_indices) != svc.gpus:
+            errors.append((where, "gpu_indices", f"service {svc.pool} wants {svc.gpus} GPUs but lists "
+                                                 f"{len(svc.gpu_indices)}"))
+    free = [i for i in range(gpu_count) if i not in taken]
+    out = []
+    for svc in services:
+        if not svc.gpu_indices:
+            mine, free = tuple(free[:svc.gpus]), free[svc.gpus:]
+            svc = replace(svc, gpu_indices=mine)
+        out.append(svc)
+    return out
 
 
 def _from_registry(host: HostData, image: str) -> str:
@@ -587,6 +617,8 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
         wanted = sum(s.gpus for s in services)
         if len(services) > 1 and hw and hw.vendor != "none" and wanted > gpu_count:
             errors.append((where, "gpus", f"its services want {wanted} GPUs together, host has {gpu_count}"))
+        elif hw and hw.vendor != "none":
+            services = _assign_gpus(services, gpu_count, where, errors)
         if hw is not None:
             hosts[name] = HostPlan(name=name, address=address, hardware=hw, gpu_count=gpu_count,
                                    model_root=host.model_root, config_dir=host.config_dir.rstrip("/"), hf_token_env=host.hf_token_env,

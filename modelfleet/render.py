@@ -83,12 +83,24 @@ def multinode_args(svc: ServicePlan) -> list[str]:
     return args + (["--headless"] if svc.node_rank else [])
 
 
+# The first DRM render node; amdgpu numbers its GPUs' nodes from here in PCI order (an integrated GPU or a
+# display adapter ahead of them shifts this: give gpu_indices accordingly).
+AMD_FIRST_RENDER_NODE = 128
+
+
 def gpu_flags(svc: ServicePlan) -> list[str]:
+    """
+    The service's own GPUs, by index. NVIDIA: CDI device requests (`--device nvidia.com/gpu=N`, from the spec
+    container_runtime generates): the devices are in the container's OCI spec, so a `systemctl daemon-reload`
+    re-applies them instead of dropping them (NVIDIA container toolkit issue #48, which `--gpus` hits under
+    the systemd cgroup driver). AMD: /dev/kfd and the service's render nodes.
+    """
     if not svc.gpu_passthrough or svc.hardware.vendor == "none":
         return []
     if svc.hardware.vendor == "amd":
-        return ["--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video"]
-    return ["--gpus", "all"]
+        nodes = [arg for i in svc.gpu_indices for arg in ("--device", f"/dev/dri/renderD{AMD_FIRST_RENDER_NODE + i}")]
+        return ["--device", "/dev/kfd", *nodes, "--group-add", "video", "--group-add", "render"]
+    return [arg for i in svc.gpu_indices for arg in ("--device", f"nvidia.com/gpu={i}")]
 
 
 def docker_run_argv(svc: ServicePlan) -> list[str]:

@@ -4,7 +4,8 @@ Docker from Docker's apt repository (docker-ce and its plugins; `docker_source: 
 distribution's docker.io instead), the NVIDIA Container Toolkit from NVIDIA's repository,
 `nvidia-ctk runtime configure --runtime=docker` when daemon.json lacks the nvidia runtime, a CDI spec from
 `nvidia-ctk cdi generate`, Docker restarted only when its configuration changed, and a check that a container
-run with the GPUs lists the same GPUs as the host (`--gpus all ... nvidia-smi -L`; AMD: /dev/kfd and /dev/dri).
+run with the GPUs lists the same GPUs as the host (`--device nvidia.com/gpu=all ... nvidia-smi -L`, through CDI as
+the engines get theirs; AMD: /dev/kfd and /dev/dri).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
 
 from modelfleet.inventory import HostPlan
-from modelfleet.operations.apt import key_fetched, missing, packages
+from modelfleet.operations.apt import held, key_fetched, missing, packages
 from modelfleet.operations.files import content_file
 from modelfleet.operations.service import unit_running
 from modelfleet.stages import deployed_for_stage, host_plan, probe_of
@@ -26,6 +27,7 @@ DAEMON_JSON = "/etc/docker/daemon.json"
 CDI_SPEC = "/etc/cdi/nvidia.yaml"
 KEYRINGS = "/etc/apt/keyrings"
 DOCKER_PACKAGES = ("docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin", "docker-compose-plugin")
+RUNTIME_HOLDS = ("docker-ce", "docker-ce-cli", "containerd.io", "docker.io", "nvidia-container-toolkit")
 DEB_ARCHES = {"x86_64": "amd64", "aarch64": "arm64"}
 
 
@@ -41,10 +43,13 @@ class RuntimePlan:
 
 
 def nvidia_runtime_configured(daemon_json: str | None) -> bool:
+    """The nvidia runtime is registered and CDI is on (engines get their GPUs as CDI devices; Docker 25-27
+    need `features.cdi`, 28 has it by default and keeps the setting)."""
     try:
-        return "nvidia" in (json.loads(daemon_json or "{}").get("runtimes") or {})
+        config = json.loads(daemon_json or "{}")
     except ValueError:
         return False
+    return "nvidia" in (config.get("runtimes") or {}) and (config.get("features") or {}).get("cdi") is True
 
 
 def decide(plan: HostPlan, probe: dict, state: dict, driver_changes: bool = False,
@@ -86,12 +91,13 @@ def decide(plan: HostPlan, probe: dict, state: dict, driver_changes: bool = Fals
 
 @operation()
 def nvidia_runtime(configure: bool, cdi: bool):
-    """`nvidia-ctk runtime configure --runtime=docker` (it edits daemon.json) and the CDI spec."""
+    """`nvidia-ctk runtime configure --runtime=docker --cdi.enabled` (it edits daemon.json) and the CDI spec."""
     if not configure and not cdi:
         host.noop("nvidia runtime configured, CDI spec present")
         return
     if configure:
-        yield StringCommand("nvidia-ctk", "runtime", "configure", "--runtime=docker", f"--config={DAEMON_JSON}")
+        yield StringCommand("nvidia-ctk", "runtime", "configure", "--runtime=docker", "--cdi.enabled",
+                            f"--config={DAEMON_JSON}")
     if cdi:
         yield StringCommand("install", "-d", "-m", "0755", "/etc/cdi", "&&",
                             "nvidia-ctk", "cdi", "generate", f"--output={CDI_SPEC}")
@@ -104,7 +110,7 @@ def container_gpu_check_script(vendor: str, image: str) -> str:
         host_side, container_side = "ls /dev/dri | grep -c renderD", (
             f"docker run --rm --device /dev/kfd --device /dev/dri {img} sh -c 'ls /dev/dri | grep -c renderD'")
     else:
-        host_side, container_side = "nvidia-smi -L", f"docker run --rm --gpus all {img} nvidia-smi -L"
+        host_side, container_side = "nvidia-smi -L", f"docker run --rm --device nvidia.com/gpu=all {img} nvidia-smi -L"
     return (f"h=$({host_side}) && c=$({container_side}) || exit 1; "
             "[ \"$h\" = \"$c\" ] || { echo \"host sees:\"; echo \"$h\"; echo \"a container sees:\"; echo \"$c\"; "
             "exit 1; }; echo \"a container sees the host's GPUs\"")
@@ -135,6 +141,10 @@ def run(deployed: dict | None = None, driver_changes: bool = False, reboot_pendi
         key_fetched(name=f"Signing key {key_path}", url=key_url, dest=key_path, current=paths.get(key_path))
         content_file(name=f"Source list {list_path}", dest=list_path, content=content, current=paths.get(list_path))
     packages(name="Docker and the container toolkit", wanted=d.packages, current=state["packages"])
+    # Held: an upgrade of Docker restarts dockerd (and every engine); one of the toolkit changes how GPUs reach
+    # them. Both change only through modelfleet.
+    held(name="Hold Docker and the container toolkit", names=[p for p in d.packages if p in RUNTIME_HOLDS],
+         current=state["packages"])
     nvidia_runtime(name="NVIDIA runtime for Docker and CDI spec", configure=d.configure_nvidia, cdi=d.cdi)
     if d.manage:
         unit_running(name="Run docker.service", unit="docker.service",

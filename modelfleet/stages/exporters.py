@@ -1,5 +1,6 @@
 """Stage exporters: the optional DCGM exporter per NVIDIA host (host data `dcgm_exporter: true`), a systemd unit
-running NVIDIA's container (`--gpus all --cap-add SYS_ADMIN`, as its README starts it) with the image pinned
+running NVIDIA's container (every GPU by CDI, `--device nvidia.com/gpu=all`, where its README says `--gpus all`;
+`--cap-add SYS_ADMIN` as there) with the image pinned
 by digest and listening on the host's fabric address :9400, which `modelfleet prometheus --dcgm` scrapes."""
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def wants(plan: HostPlan) -> dict:
 
 def dcgm_unit(plan: HostPlan) -> str:
     listen = f"{plan.fabric_address}:{DCGM_PORT}"
-    argv = [render.DOCKER, "run", "--rm", "--name", CONTAINER, "--network", "host", "--gpus", "all",
+    argv = [render.DOCKER, "run", "--rm", "--name", CONTAINER, "--network", "host", "--device", "nvidia.com/gpu=all",
             "--cap-add", "SYS_ADMIN", pinned(plan.dcgm_exporter_image), "--address", listen]
     return render.render_template("exporter.service.j2", name="DCGM exporter", listen=listen, container=CONTAINER,
                                   exec_start=render.exec_start(argv))

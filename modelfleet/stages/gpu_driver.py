@@ -39,6 +39,19 @@ FABRIC_MANAGER = "nvidia-fabricmanager.service"
 GROUP_FILE = "/etc/group"
 # Debian/Ubuntu flag a pending kernel (or library) update here; reported, never a reason to reboot by itself.
 REBOOT_REQUIRED = "/run/reboot-required"
+# unattended-upgrades skips these (regular expressions; it honours holds too, this covers what is not held):
+# the driver, Fabric Manager, CUDA and the container stack change only through modelfleet, never under a
+# running engine (NVML then fails with "Driver/library version mismatch" until a reboot).
+UNATTENDED_CONF = "/etc/apt/apt.conf.d/51modelfleet-unattended-upgrades"
+UNATTENDED_BLACKLIST = ("nvidia-", "libnvidia-", "cuda-", "nvidia-container-", "docker-ce", "containerd.io",
+                        "amdgpu", "rocm")
+
+
+def unattended_conf() -> str:
+    items = "".join(f'    "{pattern}";\n' for pattern in UNATTENDED_BLACKLIST)
+    return ("// Managed by modelfleet: GPU driver, Fabric Manager, CUDA and the container runtime are changed\n"
+            "// only by modelfleet's GPU stack (never under a running engine).\n"
+            f"Unattended-Upgrade::Package-Blacklist {{\n{items}}};\n")
 
 
 @dataclass
@@ -115,8 +128,11 @@ def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
                              f"installed, {loaded or 'no driver'} loaded")
     if stack.cuda_toolkit:
         out.packages[f"cuda-toolkit-{stack.cuda_toolkit}"] = None
-    if not pinning and (out.driver_package in out.packages or installed.get(out.driver_package)):
-        out.hold.append(out.driver_package)  # (a driver installed another way, e.g. the .run file, is not ours)
+    if out.driver_package in out.packages or installed.get(out.driver_package):
+        # Held even with the pinning package (it pins the branch, not the release): no `apt-get upgrade` or
+        # unattended upgrade moves the libraries under a running engine. (A driver installed another way,
+        # e.g. the .run file, is not ours to hold.)
+        out.hold.append(out.driver_package)
     out.units.append(PERSISTENCED)
     if fabric_manager_needed(plan, probe):
         fm = f"nvidia-fabricmanager-{branch}"
@@ -262,7 +278,7 @@ def wants(plan: HostPlan) -> dict:
     empty = {"packages": {}, "units": {}, "paths": {}, "texts": {}}
     d = decide(plan, probe, empty)  # with nothing installed: every package and list it may need
     return {"packages": [p for p in [d.repo_package, d.driver_package, *d.packages, *d.exact] if p],
-            "paths": [path for path, _ in d.sources] + [REBOOT_REQUIRED], "units": d.units,
+            "paths": [path for path, _ in d.sources] + [REBOOT_REQUIRED, UNATTENDED_CONF], "units": d.units,
             "texts": [GROUP_FILE] if d.groups else []}
 
 
@@ -285,6 +301,8 @@ def run(deployed: dict | None = None, decided: DriverPlan | None = None) -> Driv
     at_driver_version(name="Fabric Manager at the driver's exact version", names=d.exact,
                       driver_package=d.driver_package, version=d.exact_version, current=current)
     held(name="Hold the driver branch", names=d.hold, current=current)
+    content_file(name=f"Unattended upgrades leave the GPU stack alone ({UNATTENDED_CONF})", dest=UNATTENDED_CONF,
+                 content=unattended_conf(), current=state["paths"].get(UNATTENDED_CONF))
     if d.groups:
         in_groups(name=f"{plan.stack.service_user} in {', '.join(d.groups)}", user=plan.stack.service_user,
                   groups=d.groups, group_file=state["texts"].get(GROUP_FILE))

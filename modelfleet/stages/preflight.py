@@ -39,7 +39,13 @@ def evaluate(plan: HostPlan, probe: dict, defer_stack: bool = False) -> dict:
     if pending:
         deferred.append(f"GPU count, model, memory and driver version: checked after gpu_driver installs "
                         f"{'ROCm ' + plan.stack.rocm_version if hw.vendor == 'amd' else 'branch ' + plan.stack.driver_branch}")
-    if hw.vendor != "none" and not pending:
+    module = (probe.get("nvidia_module") or {}).get("version")
+    if hw.vendor == "nvidia" and not pending and module and not versions.get("driver"):
+        # The kernel runs a module but nvidia-smi cannot talk to it: the libraries on disk are another release
+        # (an `apt-get upgrade` or unattended upgrade moved them under the running engine).
+        problems.append(f"driver mismatch: the loaded kernel module is {module} but nvidia-smi fails (the "
+                        "driver's libraries were changed without a reboot); reboot the host, then re-run")
+    elif hw.vendor != "none" and not pending:
         if len(gpus) != plan.gpu_count:
             problems.append(f"GPU count: inventory says {plan.gpu_count}x {hw.id}, host has {len(gpus)}")
         wrong = sorted({g["name"] for g in gpus if hw.gpu_name and g["name"] != hw.gpu_name})

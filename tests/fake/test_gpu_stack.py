@@ -58,21 +58,26 @@ def test_dry_run_of_a_bare_nvidia_host_lists_repository_packages_reboot_and_runt
     assert f"linux-headers-{KERNELS[distro]}" in steps
     assert "install nvidia-driver-pinning-580 nvidia-driver-580-open" in steps
     # 8x H200 is an NVSwitch board: Fabric Manager at the version of the driver this run installs, held.
-    assert "nvidia-fabricmanager-580=\"$v-*\"" in steps and "apt-mark hold nvidia-fabricmanager-580" in steps
+    assert "nvidia-fabricmanager-580=\"$v-*\"" in steps
+    # held, driver included (the pinning package pins the branch, not the release), and so is the runtime
+    assert "apt-mark hold nvidia-driver-580-open nvidia-fabricmanager-580" in steps
+    assert "apt-mark hold docker-ce docker-ce-cli containerd.io nvidia-container-toolkit" in steps
+    assert "<upload /etc/apt/apt.conf.d/51modelfleet-unattended-upgrades>" in planned(state, "n1")
     assert "systemctl enable nvidia-persistenced.service" in steps
     assert "<capture>" in steps and "systemctl reboot" in steps and "<wait>" in steps
     docker = "https://download.docker.com/linux/" + distro.rstrip("0123456789")
     assert f"{docker}/gpg" in steps
     assert "install docker-ce docker-ce-cli containerd.io docker-buildx-plugin docker-compose-plugin " \
            "nvidia-container-toolkit" in steps
-    assert "nvidia-ctk runtime configure --runtime=docker --config=/etc/docker/daemon.json" in steps
+    assert "nvidia-ctk runtime configure --runtime=docker --cdi.enabled --config=/etc/docker/daemon.json" in steps
     assert "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml" in steps
     # daemon.json is configured before Docker's first start: a start, no restart
     assert "systemctl start docker.service" in steps and "systemctl restart docker.service" not in steps
-    assert "docker run --rm --gpus all nvcr.io/nvidia/cuda:13.0.2-base-ubuntu24.04 nvidia-smi -L" in steps
+    assert ("docker run --rm --device nvidia.com/gpu=all nvcr.io/nvidia/cuda:13.0.2-base-ubuntu24.04 nvidia-smi -L"
+            in steps)
     # the steps come in dependency order: repository, driver, reboot, runtime, container check
     order = [steps.index(s) for s in ("cuda-keyring_1.1-1_all.deb", "nvidia-driver-580-open", "systemctl reboot",
-                                      "nvidia-container-toolkit", "--gpus all")]
+                                      "nvidia-container-toolkit", "nvidia.com/gpu=all")]
     assert order == sorted(order)
     assert {f"<upload /etc/apt/sources.list.d/{name}.list>" for name in
             (f"cuda-{distro}-x86_64", "docker", "nvidia-container-toolkit")} <= set(planned(state, "n1"))
@@ -103,7 +108,7 @@ def test_no_reboot_records_pending_and_aarch64_uses_sbsa(reports):
     steps = "\n".join(planned(state, "n1"))
     assert "/ubuntu2404/sbsa/cuda-keyring_1.1-1_all.deb" in steps
     assert "systemctl reboot" not in steps and "nvidia-container-toolkit" in steps
-    assert "--gpus all" not in steps  # the driver is not loaded until the reboot
+    assert "nvidia.com/gpu=all" not in steps  # the driver is not loaded until the reboot
 
 
 SOURCES = {
@@ -122,7 +127,8 @@ def converged_state(fm_version="580.159.04") -> list[str]:
                  "nvidia-fabricmanager-580": f"{fm_version}-1", "docker-ce": "5:28.5.1-1", "docker-ce-cli": "1",
                  "containerd.io": "1", "docker-buildx-plugin": "1", "docker-compose-plugin": "1",
                  "nvidia-container-toolkit": "1.18.1-1"}
-    held = {"nvidia-fabricmanager-580", "nvidia-driver-580-open"}
+    held = {"nvidia-fabricmanager-580", "nvidia-driver-580-open", "docker-ce", "docker-ce-cli", "containerd.io",
+            "nvidia-container-toolkit"}
     lines = []
     for name, version in installed.items():
         lines += [f"@@modelfleet-state package {name}", f"{'h' if name in held else 'i'}i  {version}"]
@@ -130,9 +136,11 @@ def converged_state(fm_version="580.159.04") -> list[str]:
               "@@modelfleet-state path /etc/apt/keyrings/docker.asc", "file 644 root root " + "0" * 64,
               "@@modelfleet-state path /etc/apt/keyrings/nvidia-container-toolkit.asc", "file 644 root root " + "0" * 64,
               "@@modelfleet-state path /etc/cdi/nvidia.yaml", "file 644 root root " + "0" * 64,
+              f"@@modelfleet-state path {gpu_driver.UNATTENDED_CONF}",
+              "file 644 root root " + hashlib.sha256(gpu_driver.unattended_conf().encode()).hexdigest(),
               *[x for path, text in SOURCES.items() for x in (
                   f"@@modelfleet-state path {path}", f"file 644 root root {hashlib.sha256(text.encode()).hexdigest()}")],
-              "@@modelfleet-state text /etc/docker/daemon.json", "= {", '=     "runtimes": {"nvidia": {}}', "= }"]
+              "@@modelfleet-state text /etc/docker/daemon.json", "= {", '=     "runtimes": {"nvidia": {}},', '=     "features": {"cdi": true}', "= }"]
     for unit in ("nvidia-persistenced.service", "nvidia-fabricmanager.service", "docker.service"):
         lines += [f"@@modelfleet-state unit {unit}", "ActiveState=active", "UnitFileState=enabled"]
     return lines

@@ -154,7 +154,7 @@ def test_dcgm_exporter_unit_on_an_nvidia_host_when_asked(monkeypatch):
             "fake_responses": {"@@modelfleet-probe": b300_probe()}}
     state = run_fake([("b300-01", host)], lambda: run_stages(preflight, exporters))
     unit = uploads.files["/etc/systemd/system/modelfleet-dcgm-exporter.service"]
-    assert "--gpus all" in unit and "--cap-add SYS_ADMIN" in unit and dcgm in unit
+    assert "--device nvidia.com/gpu=all" in unit and "--cap-add SYS_ADMIN" in unit and dcgm in unit
     assert "--address 10.0.0.7:9400" in unit
     commands = executed(state, "b300-01")
     assert "systemctl enable modelfleet-dcgm-exporter.service" in commands

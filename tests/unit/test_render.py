@@ -23,7 +23,8 @@ def test_vllm_command_is_the_guides():
             "fastsafetensors --enable-auto-tool-choice --tool-call-parser kimi_k3 --reasoning-parser kimi_k3 "
             "--max-model-len 32768") in argv
     assert "--rm --name modelfleet-k31-b300-01 --init" in argv
-    assert "--gpus all" in argv and "--ipc=host" in argv
+    assert "--gpus" not in argv and "--ipc=host" in argv
+    assert " ".join(f"--device nvidia.com/gpu={i}" for i in range(8)) in argv  # its own 8 GPUs, through CDI
     assert f"-v /srv/models/kimi-k3.1-pro/{PIN}:/model:ro" in argv
 
 
