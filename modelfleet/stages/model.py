@@ -113,14 +113,15 @@ def fanout_serving(group: str, directory_: str, address: str, port: int, serve: 
     """A transient unit serving the verified copy to the group's peers (read-only HTTP) for at most
     `lifetime_s`, or stop it. A unit left running by an earlier run that died is stopped first."""
     unit = _fanout_unit(group)
+    if serve and leftover:  # whether or not this run serves: the run that started it is gone (the run lock)
+        yield FunctionCommand(note, (f"stopping {unit}, left running by an earlier run that did not finish",), {})
+        yield StringCommand("systemctl", "stop", shlex.quote(unit), "||", "true")
+        yield StringCommand("systemctl", "reset-failed", shlex.quote(unit), "2>/dev/null", "||", "true")
     if not needed:
-        host.noop("no peer needs a copy from this host")
+        if not (serve and leftover):
+            host.noop("no peer needs a copy from this host")
         return
     if serve:
-        if leftover:
-            yield FunctionCommand(note, (f"stopping {unit}, left running by an earlier run that did not finish",), {})
-            yield StringCommand("systemctl", "stop", shlex.quote(unit), "||", "true")
-            yield StringCommand("systemctl", "reset-failed", shlex.quote(unit), "2>/dev/null", "||", "true")
         argv = ["systemd-run", f"--unit={unit}", f"--property=RuntimeMaxSec={lifetime_s}", "--collect",
                 "python3", FETCH, "serve", directory_, address, str(port)]
         yield StringCommand(*map(shlex.quote, argv))

@@ -1,0 +1,148 @@
+"""GPU admission (pure): what `nvidia-smi -q -x` and the kernel log say about each GPU, and the verdict on
+whether the host may join a pool. Every check has a name, the value seen and the threshold it was held to.
+
+Fatal Xid classes (NVIDIA's Xid catalog, https://docs.nvidia.com/deploy/xid-errors/, the events whose
+resolution is a GPU reset, a node drain or RMA rather than an application fix):
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+
+FATAL_XIDS = {
+    48: "double-bit ECC error",
+    63: "ECC page retirement or row remapping event",
+    64: "ECC page retirement or row remapper recording failure",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    94: "contained ECC error",
+    95: "uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+    140: "unrecovered ECC error",
+}
+# Clock event reasons that mean the hardware is slowing the GPU down (idle, application clocks and the
+# software power cap are normal).
+SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
+XID_LINE = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+),?\s*(.*)")
+
+
+def _text(node, path: str) -> str | None:
+    found = node.find(path)
+    return found.text.strip() if found is not None and found.text else None
+
+
+def _int(value: str | None) -> int | None:
+    match = re.match(r"\s*(\d+)", value or "")
+    return int(match.group(1)) if match else None
+
+
+def parse_smi_xml(text: str) -> list[dict]:
+    """One dict per GPU from `nvidia-smi -q -x` (the fields admission judges; N/A becomes None)."""
+    root = ET.fromstring(text)
+    gpus = []
+    for gpu in root.findall("gpu"):
+        link = "pci/pci_gpu_link_info"
+        reasons = gpu.find("clocks_event_reasons")
+        if reasons is None:  # drivers before R535 call them throttle reasons
+            reasons = gpu.find("clocks_throttle_reasons")
+        active = []
+        if reasons is not None:
+            for child in reasons:
+                name = child.tag.replace("clocks_event_reason_", "").replace("clocks_throttle_reason_", "")
+                if (child.text or "").strip() == "Active":
+                    active.append(name)
+        gpus.append({
+            "index": _int(_text(gpu, "minor_number")),
+            "uuid": _text(gpu, "uuid"), "serial": _text(gpu, "serial"), "bus_id": _text(gpu, "pci/pci_bus_id"),
+            "name": _text(gpu, "product_name"),
+            "persistence_mode": _text(gpu, "persistence_mode"),
+            "memory_total_mib": _int(_text(gpu, "fb_memory_usage/total")),
+            "pcie": {"gen": _int(_text(gpu, f"{link}/pcie_gen/current_link_gen")),
+                     "max_gen": _int(_text(gpu, f"{link}/pcie_gen/max_link_gen")),
+                     "width": _int(_text(gpu, f"{link}/link_widths/current_link_width")),
+                     "max_width": _int(_text(gpu, f"{link}/link_widths/max_link_width"))},
+            "ecc": {"volatile_uncorrectable": sum(_int(_text(gpu, f"ecc_errors/volatile/{k}")) or 0 for k in (
+                        "dram_uncorrectable", "sram_uncorrectable", "sram_uncorrectable_parity",
+                        "sram_uncorrectable_secded")),
+                    "aggregate_uncorrectable": sum(_int(_text(gpu, f"ecc_errors/aggregate/{k}")) or 0 for k in (
+                        "dram_uncorrectable", "sram_uncorrectable", "sram_uncorrectable_parity",
+                        "sram_uncorrectable_secded"))},
+            "retired_pending": _text(gpu, "retired_pages/pending_retirement"),
+            "remapped": {"pending": _text(gpu, "remapped_rows/remapped_row_pending"),
+                         "failure": _text(gpu, "remapped_rows/remapped_row_failure")},
+            "clock_events": active,
+            "fabric": {"state": _text(gpu, "fabric/state"), "status": _text(gpu, "fabric/status")},
+        })
+    return gpus
+
+
+def parse_xids(lines: list[str]) -> list[dict]:
+    """Xid events from kernel log lines (`NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off ...`)."""
+    out = []
+    for line in lines:
+        match = XID_LINE.search(line)
+        if match:
+            out.append({"pci": match.group(1).lower(), "xid": int(match.group(2)), "text": match.group(3).strip()})
+    return out
+
+
+def _bus_device(pci: str) -> str:
+    """`bus:device` of a PCI address: nvidia-smi says 00000000:3B:00.0, the kernel's Xid line 0000:3b:00."""
+    return ":".join(pci.lower().split(".")[0].split(":")[-2:])
+
+
+def _check(name: str, gpu, value, threshold, ok: bool, reason: str = "") -> dict:
+    return {"check": name, "gpu": gpu, "value": value, "threshold": threshold, "ok": ok,
+            "reason": "" if ok else reason}
+
+
+def verdict(gpus: list[dict], xids: list[dict], expected_count: int, min_memory_mib: int,
+            min_pcie_gen: int | None, min_pcie_width: int | None, fabric_expected: bool,
+            aggregate_uncorrectable_max: int = 0) -> dict:
+    """Every check on every GPU; `ok` only when all pass."""
+    checks = [_check("gpu_count", None, len(gpus), expected_count, len(gpus) >= expected_count,
+                     f"{len(gpus)} GPU(s) answer, the inventory expects {expected_count}")]
+    for gpu in gpus:
+        i = gpu["index"]
+        mem = gpu["memory_total_mib"] or 0
+        checks.append(_check("memory", i, mem, min_memory_mib, mem >= min_memory_mib,
+                             f"GPU {i} reports {mem} MiB, the board has {min_memory_mib} MiB"))
+        checks.append(_check("persistence_mode", i, gpu["persistence_mode"], "Enabled",
+                             gpu["persistence_mode"] == "Enabled", f"GPU {i}: persistence mode is off"))
+        ecc = gpu["ecc"]
+        checks.append(_check("ecc_volatile_uncorrectable", i, ecc["volatile_uncorrectable"], 0,
+                             ecc["volatile_uncorrectable"] == 0,
+                             f"GPU {i}: {ecc['volatile_uncorrectable']} uncorrectable ECC error(s) since the driver loaded"))
+        checks.append(_check("ecc_aggregate_uncorrectable", i, ecc["aggregate_uncorrectable"],
+                             aggregate_uncorrectable_max, ecc["aggregate_uncorrectable"] <= aggregate_uncorrectable_max,
+                             f"GPU {i}: {ecc['aggregate_uncorrectable']} uncorrectable ECC error(s) over its life"))
+        pending = gpu["remapped"]["pending"] == "Yes" or gpu["retired_pending"] == "Yes"
+        checks.append(_check("memory_repair_pending", i, gpu["remapped"]["pending"] or gpu["retired_pending"], "No",
+                             not pending, f"GPU {i}: a row remap / page retirement waits for a GPU reset"))
+        checks.append(_check("row_remap_failure", i, gpu["remapped"]["failure"], "No",
+                             gpu["remapped"]["failure"] != "Yes", f"GPU {i}: row remapping failed (RMA)"))
+        pcie = gpu["pcie"]
+        if min_pcie_gen and pcie["gen"] is not None:
+            checks.append(_check("pcie_gen", i, pcie["gen"], min_pcie_gen, pcie["gen"] >= min_pcie_gen,
+                                 f"GPU {i}: PCIe link trained at Gen{pcie['gen']}, the board runs Gen{min_pcie_gen}"))
+        if min_pcie_width and pcie["width"] is not None:
+            checks.append(_check("pcie_width", i, pcie["width"], min_pcie_width, pcie["width"] >= min_pcie_width,
+                                 f"GPU {i}: PCIe link trained at x{pcie['width']}, the board runs x{min_pcie_width}"))
+        slow = [r for r in gpu["clock_events"] if r in SLOWDOWN_REASONS]
+        checks.append(_check("clock_slowdown", i, slow, [], not slow,
+                             f"GPU {i}: clocks held down by {', '.join(slow)}"))
+        if fabric_expected:
+            state = gpu["fabric"]["state"]
+            checks.append(_check("fabric_state", i, state, "Completed", state == "Completed",
+                                 f"GPU {i}: NVLink fabric state is {state!r} (Fabric Manager has not finished)"))
+    by_bus = {_bus_device(g["bus_id"]): g["index"] for g in gpus if g["bus_id"]}
+    for event in xids:
+        fatal = event["xid"] in FATAL_XIDS
+        gpu = by_bus.get(_bus_device(event["pci"]), event["pci"])
+        checks.append(_check("xid", gpu, event["xid"], "none fatal", not fatal,
+                             f"Xid {event['xid']} on {event['pci']} since boot: {FATAL_XIDS.get(event['xid'], '')}"))
+    return {"ok": all(c["ok"] for c in checks), "checks": checks,
+            "reasons": [c["reason"] for c in checks if not c["ok"]]}

@@ -1,0 +1,80 @@
+"""Admission checks on real recorded output: the H200 capture passes; each fault, written into a copy of that
+capture (synthetic, values as NVIDIA's tools print them; the fabric state from a public 580 sample), fails
+with its own named reason."""
+
+from pathlib import Path
+
+import pytest
+
+from modelfleet.health import FATAL_XIDS, parse_smi_xml, parse_xids, verdict
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+H200_XML = (FIXTURES / "gpu-hosts" / "h200x1-ubuntu2404" / "nvidia-smi-q-x.txt").read_text().split("__rc=")[0]
+H200 = {"expected_count": 1, "min_memory_mib": 143771, "min_pcie_gen": 5, "min_pcie_width": 16,
+        "fabric_expected": False}
+
+
+def judge(xml: str = H200_XML, xids=(), **overrides):
+    return verdict(parse_smi_xml(xml), list(xids), **{**H200, **overrides})
+
+
+def test_the_real_h200_is_admitted():
+    result = judge()
+    assert result["ok"], result["reasons"]
+    gpu = parse_smi_xml(H200_XML)[0]
+    assert gpu["pcie"] == {"gen": 5, "max_gen": 5, "width": 16, "max_width": 16}
+    assert gpu["memory_total_mib"] == 143771 and gpu["ecc"]["volatile_uncorrectable"] == 0
+    assert gpu["clock_events"] == ["gpu_idle"]  # idle is not a slowdown
+
+
+FAULTS = [
+    ("uncorrectable ECC", ("<dram_uncorrectable>0</dram_uncorrectable>", "<dram_uncorrectable>2</dram_uncorrectable>"),
+     "ecc_volatile_uncorrectable"),
+    ("link trained down to x8", ("<current_link_width>16x</current_link_width>",
+                                 "<current_link_width>8x</current_link_width>"), "pcie_width"),
+    ("link trained down to Gen1", ("<current_link_gen>5</current_link_gen>", "<current_link_gen>1</current_link_gen>"),
+     "pcie_gen"),
+    ("thermal slowdown", ("<clocks_event_reason_hw_thermal_slowdown>Not Active",
+                          "<clocks_event_reason_hw_thermal_slowdown>Active"), "clock_slowdown"),
+    ("persistence off", ("<persistence_mode>Enabled</persistence_mode>", "<persistence_mode>Disabled</persistence_mode>"),
+     "persistence_mode"),
+    ("row remap pending", ("<remapped_row_pending>No</remapped_row_pending>",
+                           "<remapped_row_pending>Yes</remapped_row_pending>"), "memory_repair_pending"),
+    ("row remap failure", ("<remapped_row_failure>No</remapped_row_failure>",
+                           "<remapped_row_failure>Yes</remapped_row_failure>"), "row_remap_failure"),
+    ("memory short", ("<total>143771 MiB</total>", "<total>71885 MiB</total>"), "memory"),
+]
+
+
+@pytest.mark.parametrize("case,edit,check", FAULTS, ids=[f[0] for f in FAULTS])
+def test_each_fault_is_refused_by_name(case, edit, check):
+    assert edit[0] in H200_XML
+    result = judge(H200_XML.replace(edit[0], edit[1], 1))
+    failed = [c["check"] for c in result["checks"] if not c["ok"]]
+    assert not result["ok"] and failed == [check], failed
+
+
+def test_fabric_not_finished_is_refused_where_nvswitch_is_used():
+    # "In Progress": the state a public 580.159.04 sample shows before Fabric Manager registered the GPU
+    # (tests/fixtures/public-samples/nvidia-smi-q-580-fabric-in-progress-excerpt.txt).
+    sample = (FIXTURES / "public-samples" / "nvidia-smi-q-580-fabric-in-progress-excerpt.txt").read_text()
+    state = next(line.split(":", 1)[1].strip() for line in sample.splitlines() if line.strip().startswith("State"))
+    xml = H200_XML.replace("<fabric>\n\t\t\t<state>N/A</state>", f"<fabric>\n\t\t\t<state>{state}</state>", 1)
+    result = judge(xml, fabric_expected=True)
+    assert [c["check"] for c in result["checks"] if not c["ok"]] == ["fabric_state"]
+    assert "In Progress" in result["reasons"][0]
+    done = H200_XML.replace("<fabric>\n\t\t\t<state>N/A</state>", "<fabric>\n\t\t\t<state>Completed</state>", 1)
+    assert judge(done, fabric_expected=True)["ok"]
+
+
+def test_a_missing_gpu_and_a_fatal_xid_are_refused():
+    assert [c["check"] for c in judge(expected_count=2)["checks"] if not c["ok"]] == ["gpu_count"]
+    # The kernel log line's format, as NVIDIA's Xid catalog documents it (synthetic, bus id of the capture).
+    lines = ["[ 812.332] NVRM: Xid (PCI:0000:00:06): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+             "[ 900.001] NVRM: Xid (PCI:0000:00:06): 13, pid=4242, name=python3, Graphics Exception"]
+    events = parse_xids(lines)
+    assert [e["xid"] for e in events] == [79, 13]
+    result = judge(xids=events)
+    failed = [c for c in result["checks"] if not c["ok"]]
+    assert [(c["check"], c["value"], c["gpu"]) for c in failed] == [("xid", 79, 0)]  # 13 is an application's
+    assert "fallen off the bus" in result["reasons"][0] and 79 in FATAL_XIDS and 13 not in FATAL_XIDS
