@@ -6,7 +6,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 PYINFRA := $(PYTHON) -m pyinfra
 
-.PHONY: install lock lab-setup demo bench-converge bench-fanout lab-gate lab-verify lab-rollout lab-rebuild lab-down test lint hw-preflight hw-nccl
+.PHONY: install lock lab-setup demo bench-converge bench-fanout lab-gate lab-verify lab-rollout lab-rebuild lab-down test lint hw-preflight hw-admit hw-nccl
 
 # The versions that passed (requirements.lock, from `make lock`) installed into .venv; re-run when either
 # file changes.
@@ -70,6 +70,11 @@ lint: install
 hw-preflight:
 	$(PYINFRA) -y inventories/h200-local.py deploys/preflight.py
 	@cat reports/preflight/*local*.json
+
+# On a GPU host (pyinfra installed): the admission stage through pyinfra's @local connector; the report (JSON).
+hw-admit:
+	$(PYINFRA) -y inventories/h200-local.py deploys/admission.py
+	@cat reports/admission/*local*.json
 
 # On a GPU host with PyTorch: the NCCL check over every local GPU, nccl-tests' sweep (-b 1M -e 16G -f 2), JSON.
 hw-nccl:

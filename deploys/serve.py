@@ -2,6 +2,7 @@
 
 from modelfleet.deploys import run_stages
 from modelfleet.stages import (
+    admission,
     container_runtime,
     exporters,
     gpu_driver,
@@ -15,5 +16,5 @@ from modelfleet.stages import (
     verify,
 )
 
-run_stages(preflight, os_base, gpu_driver, container_runtime, storage, model, images, netcheck, service, verify,
-           exporters)
+run_stages(preflight, os_base, gpu_driver, container_runtime, admission, storage, model, images, netcheck, service,
+           verify, exporters)

@@ -1,4 +1,4 @@
-"""modelfleet command line: validate, plan, render, verify, bench, cost, status, logs, tunnel, prometheus
+"""modelfleet command line: validate, plan, render, admit, verify, bench, cost, status, logs, tunnel, prometheus
 (and the lab)."""
 
 from __future__ import annotations
@@ -316,6 +316,29 @@ def prometheus(inventory: str, dcgm: bool, node_exporter: bool, output: str | No
     if unreachable:
         click.echo(f"note: {len(unreachable)} engine(s) listen on their host's loopback ({', '.join(unreachable)}):"
                    " scrape them from an agent on that host, or bind them to the pool network", err=True)
+
+
+@main.command()
+@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
+@click.option("--host", "hosts", multiple=True, help="Only these hosts (repeatable).")
+def admit(inventory: str, hosts: tuple[str, ...]) -> None:
+    """GPU admission on every host (pyinfra, nothing changed): each host's checks as JSON; exit 1 if one is
+    refused. Reports: reports/admission/<host>.json."""
+    from modelfleet.commands import run_pyinfra
+    from modelfleet.grammar import slug
+    from modelfleet.operations.report import reports_dir
+
+    result = _resolved_or_exit(inventory)
+    run = run_pyinfra(inventory, "modelfleet.deploys.admission", limit=hosts, timeout=600)
+    reports = []
+    for name in hosts or result.hosts:
+        path = reports_dir("admission") / f"{slug(name)}.json"
+        reports.append(json.loads(path.read_text()) if path.exists() else
+                       {"host": name, "ok": False, "reasons": ["no admission report (see pyinfra's output)"]})
+    click.echo(json.dumps(reports, indent=2))
+    if run.returncode:
+        click.echo((run.stdout + run.stderr)[-3000:], err=True)
+    sys.exit(0 if run.returncode == 0 and all(r["ok"] for r in reports) else 1)
 
 
 @main.group()

@@ -14,6 +14,7 @@ from pyinfra.context import ctx_state
 
 from modelfleet import pins, pipeline, runlock
 from modelfleet.operations.report import fail_host, note_once
+from modelfleet.stages import admission as admission_stage
 from modelfleet.stages import container_runtime, gpu_driver, host_plan, images, os_base, service
 from modelfleet.stages import model as model_stage
 from modelfleet.stages import netcheck as netcheck_stage
@@ -61,6 +62,11 @@ def prefetch() -> None:
     """What an upgrade needs, fetched while the old revision and image keep serving: the new revision beside
     the old one, the new image pulled. No unit is touched."""
     run_stages(storage_stage, model_stage, images)
+
+
+def admission() -> None:
+    """Preflight, then the GPU admission checks (reports/admission/<host>.json); nothing is changed."""
+    run_stages(preflight_stage, admission_stage)
 
 
 def preflight() -> None:

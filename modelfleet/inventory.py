@@ -139,6 +139,7 @@ class HostData(BaseModel):
     model_reverify: bool = False  # hash every file again instead of trusting the manifest's size + mtime
     verify_bench: bool = False  # the verify stage also runs a short bench and fails on regressions
     verify_full: bool = False  # smoke + tool probe on every converge, not only when a unit (re)started
+    admission_valid_h: int = Field(24, ge=1, le=720)  # how long an admission pass holds (reports/admission)
     dcgm_exporter: bool = False  # a DCGM exporter unit on NVIDIA hosts (:9400 on the fabric address)
     # NVIDIA's tag from github.com/NVIDIA/dcgm-exporter's README quickstart (DCGM 4.4.2, exporter 4.7.1)
     dcgm_exporter_image: Image = "nvcr.io/nvidia/k8s/dcgm-exporter:4.4.2-4.7.1-ubuntu22.04"
@@ -311,6 +312,7 @@ class HostPlan:
     format_allow_serials: tuple[str, ...] = ()
     verify_bench: bool = False
     verify_full: bool = False
+    admission_valid_h: int = 24
     dcgm_exporter: bool = False
     dcgm_exporter_image: str = ""
     # pyinfra's SSH settings, for the client commands (status, logs, tunnel) that reach hosts without pyinfra
@@ -633,7 +635,8 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
                                    ssh_user=host.ssh_user, ssh_key=host.ssh_key,
                                    ssh_known_hosts_file=host.ssh_known_hosts_file,
                                    ssh_strict_host_key_checking=host.ssh_strict_host_key_checking, verify_bench=host.verify_bench,
-                                   verify_full=host.verify_full, dcgm_exporter=host.dcgm_exporter,
+                                   verify_full=host.verify_full, admission_valid_h=host.admission_valid_h,
+                                   dcgm_exporter=host.dcgm_exporter,
                                    dcgm_exporter_image=host.dcgm_exporter_image,
                                    stack=StackPlan(manage=host.gpu_stack,
                                                    **{k: getattr(host, k) for k in STACK_KEYS

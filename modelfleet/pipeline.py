@@ -9,6 +9,7 @@ from modelfleet.grammar import slug
 from modelfleet.operations.apt import missing
 from modelfleet.operations.report import fail_host, reports_dir, save_json, write_report
 from modelfleet.stages import (
+    admission,
     container_runtime,
     deployed_of,
     exporters,
@@ -28,7 +29,7 @@ from modelfleet.stages import (
 
 STACK = (os_base, gpu_driver, container_runtime)
 # What `pyinfra INVENTORY deploys/serve.py` runs (deploys/serve.py names the same list).
-SERVE = (preflight, *STACK, storage, model, images, netcheck, service, verify, exporters)
+SERVE = (preflight, *STACK, admission, storage, model, images, netcheck, service, verify, exporters)
 STACK_REPORT_DIR = reports_dir("gpu_stack")
 
 
@@ -100,4 +101,5 @@ def run_stages(*stages) -> None:
     if stack and not gpu_stack(deployed, serving=bool(rest)):
         return
     for stage in rest:
-        stage.run(deployed=deployed)
+        if stage.run(deployed=deployed) is False:  # a stage that refused the host (admission): nothing more
+            return

@@ -48,6 +48,10 @@ class Hardware(_Strict):
     extra_packages: list[str] = Field(default_factory=list)
     allreduce_busbw_gbps: float | None
     threshold_source: str
+    # The PCIe link every GPU of a healthy board trains to (admission refuses a link trained down); None: not
+    # known to this catalog, the check is skipped.
+    pcie_gen: int | None = None
+    pcie_width: int | None = None
 
 
 class Engine(_Strict):

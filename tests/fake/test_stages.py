@@ -119,7 +119,11 @@ def test_preflight_refuses_a_host_with_too_few_gpus_and_old_driver(reports):
 
 
 def h200_probe():
-    return HostProbe().process(probe_reply({
+    return HostProbe().process(h200_probe_lines())
+
+
+def h200_probe_lines():
+    return probe_reply({
         "nvidia_gpus": recorded(H200 / "nvidia-smi-query-gpu-header.txt"),
         "nvidia_versions": recorded(H200 / "nvidia-smi-version.txt"),
         "nvidia_module": recorded(H200 / "proc-driver-version.txt"),
@@ -130,7 +134,7 @@ def h200_probe():
         "ports": [], "runtime": ["docker=none", "server=none", "runtimes=", "nvidia_ctk=none"],
         "disk": ["Filesystem 1-blocks Used Available Capacity Mounted on",
                  "/dev/vda 270553174016 17286574080 68702363648 21% /"],
-    }))
+    })
 
 
 def test_preflight_on_recorded_h200_accepts_small_model_and_refuses_kimi():
@@ -177,3 +181,29 @@ def test_preflight_checks_fabric_manager_against_the_driver(fm, problem):
 def test_a_single_gpu_of_an_nvswitch_board_needs_no_fabric_manager():
     plan = resolve([("h200", {"hardware": "h200", "gpu_count": 1, "model": "qwen3-8b", "engine": "vllm"})]).hosts["h200"]
     assert preflight.fabric_manager_problems(plan, {"fabric_manager": {"nvswitches": 0, "version": None}}) == []
+
+
+def health_reply(xml: str, xid_lines=()) -> list[str]:
+    return ["@@modelfleet-health smi", *xml.splitlines(), "@@modelfleet-health kernel", *xid_lines,
+            "@@modelfleet-health id", "6.8.0-31-generic", "0d9c7b5e-1111-4c2b-9b1a-2c7d3e4f5a6b"]
+
+
+def admission_host(xml: str, xid_lines=()):
+    return {"hardware": "h200", "gpu_count": 1, "model": "qwen3-8b", "engine": "vllm",
+            "fake_responses": {"@@modelfleet-probe": h200_probe_lines(), "@@modelfleet-health": health_reply(xml, xid_lines)}}
+
+
+def test_admission_admits_the_recorded_h200_and_refuses_a_fallen_gpu(tmp_path, monkeypatch):
+    from modelfleet.stages import admission
+
+    monkeypatch.setattr(admission, "REPORT_DIR", tmp_path / "admission")
+    xml = (H200 / "nvidia-smi-q-x.txt").read_text().split("__rc=")[0]
+    state = run_fake([("h200", admission_host(xml))], lambda: run_stages(preflight, admission))
+    report = json.loads((tmp_path / "admission" / "_fake_h200.json").read_text())
+    assert report["ok"] and not state.failed_hosts and report["fingerprint"]["serials"] == ["1653824070535"]
+    assert report["valid_until"] - report["admitted_at"] == 24 * 3600
+    fallen = ["NVRM: Xid (PCI:0000:00:06): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."]
+    with pytest.raises(PyinfraError, match="No hosts remaining"):  # the one host was refused
+        run_fake([("h200", admission_host(xml, fallen))], lambda: run_stages(preflight, admission))
+    report = json.loads((tmp_path / "admission" / "_fake_h200.json").read_text())
+    assert not report["ok"] and "fallen off the bus" in report["reasons"][0] and report["valid_until"] is None

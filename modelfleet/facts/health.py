@@ -1,0 +1,39 @@
+"""What admission judges, in one round trip: `nvidia-smi -q -x`, the Xid lines of the kernel log since boot
+(journal, else dmesg: whichever the host lets us read), the kernel release and the boot id."""
+
+from __future__ import annotations
+
+from pyinfra.api import FactBase
+
+from modelfleet.health import parse_smi_xml, parse_xids
+
+MARK = "@@modelfleet-health"
+
+
+class GpuHealth(FactBase):
+    def command(self) -> str:
+        return (f"echo '{MARK} smi'; nvidia-smi -q -x 2>/dev/null; echo '{MARK} kernel'; "
+                "{ journalctl -k -b --no-pager -q 2>/dev/null || dmesg 2>/dev/null; } | grep 'NVRM: Xid' | tail -n 500; "
+                f"echo '{MARK} id'; uname -r; cat /proc/sys/kernel/random/boot_id; true")
+
+    def process(self, output):
+        parts: dict[str, list[str]] = {"smi": [], "kernel": [], "id": []}
+        part = None
+        for line in output:
+            if line.startswith(MARK):
+                part = line[len(MARK):].strip()
+            elif part:
+                parts[part].append(line)
+        xml = "\n".join(parts["smi"]).strip()
+        try:
+            gpus = parse_smi_xml(xml) if xml else None
+        except ValueError:  # ElementTree.ParseError: nvidia-smi printed an error instead of XML
+            gpus = None
+        driver = None
+        if xml and gpus is not None:
+            import xml.etree.ElementTree as ET
+
+            driver = (ET.fromstring(xml).findtext("driver_version") or "").strip() or None
+        kernel, boot_id = (parts["id"] + [None, None])[:2]
+        return {"gpus": gpus, "driver": driver, "xids": parse_xids(parts["kernel"]), "kernel": kernel,
+                "boot_id": boot_id}
