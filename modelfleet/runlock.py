@@ -40,7 +40,7 @@ def holder_record() -> dict:
 def hold_script(record: dict) -> str:
     """Take the lock or say who has it (`busy <remote pid> <json>`); then keep it, as the same process (`exec`,
     so killing the recorded pid frees it), until stdin closes at the run's end."""
-    return (f"exec 9>>{LOCK}; if ! flock -n 9; then echo \"busy $(tr '\\n' ' ' < {HOLDER} 2>/dev/null)\"; "
+    return (f"mkdir -p /run/lock 2>/dev/null; exec 9>>{LOCK}; if ! flock -n 9; then echo \"busy $(tr '\\n' ' ' < {HOLDER} 2>/dev/null)\"; "
             f"exit 0; fi; {{ echo $$; printf '%s\\n' {shlex.quote(json.dumps(record))}; }} > {HOLDER}; "
             "echo locked; exec cat >/dev/null")
 
