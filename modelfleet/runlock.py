@@ -40,7 +40,8 @@ def holder_record() -> dict:
 def hold_script(record: dict) -> str:
     """Take the lock or say who has it (`busy <remote pid> <json>`); then keep it, as the same process (`exec`,
     so killing the recorded pid frees it), until stdin closes at the run's end."""
-    return (f"mkdir -p /run/lock 2>/dev/null; exec 9>>{LOCK}; if ! flock -n 9; then echo \"busy $(tr '\\n' ' ' < {HOLDER} 2>/dev/null)\"; "
+    return (f"command -v flock >/dev/null || {{ echo 'no flock(1) on this host (util-linux)'; exit 0; }}; "
+            f"mkdir -p /run/lock 2>/dev/null; exec 9>>{LOCK}; if ! flock -n 9; then echo \"busy $(tr '\\n' ' ' < {HOLDER} 2>/dev/null)\"; "
             f"exit 0; fi; {{ echo $$; printf '%s\\n' {shlex.quote(json.dumps(record))}; }} > {HOLDER}; "
             "echo locked; exec cat >/dev/null")
 
@@ -115,7 +116,7 @@ def acquire(run_state, host) -> tuple[bool, str]:
             return True, ("took over the lock of a run of this control node that died" if attempt == 2 else "")
         _release(handle)
         if not reply.startswith("busy"):
-            return False, f"refused: could not take the run lock {LOCK}: {reply or 'no answer'}"
+            return False, f"could not take the run lock {LOCK}: {reply or 'no answer'}"
         holder = parse_busy(reply)
         if attempt == 1 and is_stale(holder) and "remote_pid" in holder:
             kill = f"kill {int(holder['remote_pid'])} 2>/dev/null; sleep 0.5"
@@ -124,10 +125,5 @@ def acquire(run_state, host) -> tuple[bool, str]:
             else:
                 subprocess.run(["sh", "-c", kill])
             continue
-        return False, f"refused: {describe(holder)} holds this host ({LOCK}); wait for it to finish"
-    return False, "refused: could not take the run lock"
-
-
-def release_all(run_state) -> None:
-    for handle in _held.pop(run_state, {}).values():
-        _release(handle)
+        return False, f"{describe(holder)} holds this host ({LOCK}); wait for it to finish"
+    return False, "could not take the run lock"
