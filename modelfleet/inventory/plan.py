@@ -1,0 +1,197 @@
+"""The typed plans the resolver builds from the schema and the catalog: one HostPlan per host (its services,
+its GPU stack), one PoolPlan per pool. Stages read these, never raw host data."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field, replace
+
+from modelfleet import grammar
+from modelfleet.catalog import Engine, Hardware, Model, Recipe
+
+
+@dataclass(frozen=True)
+class StackPlan:
+    """The GPU host stack a host should have: HostData's fields of the same names (defaults live there)."""
+
+    manage: bool
+    driver_branch: str
+    driver_flavor: str
+    driver_allow_downgrade: bool
+    driver_pinning: bool
+    cuda_toolkit: str | None
+    reboot: bool
+    nvidia_repo_url: str
+    container_toolkit_repo_url: str
+    container_toolkit_key_url: str
+    docker_source: str
+    docker_repo_url: str
+    amd_repo_url: str
+    rocm_version: str
+    amdgpu_install_build: str
+    gpu_check_image: str
+    service_user: str
+
+
+# The container GPU check's default image per vendor: any image works (the NVIDIA toolkit injects the host's
+# nvidia-smi; the AMD check lists /dev/dri), so CUDA's base image from NVIDIA's registry, and plain Ubuntu.
+GPU_CHECK_IMAGES = {"nvidia": "nvcr.io/nvidia/cuda:13.0.2-base-ubuntu24.04", "amd": "ubuntu:24.04"}
+STACK_KEYS = tuple(f for f in StackPlan.__dataclass_fields__ if f != "manage")
+
+
+@dataclass(frozen=True)
+class ServicePlan:
+    host: str
+    pool: str
+    model: Model
+    engine_name: str
+    engine: Engine
+    recipe: Recipe
+    hardware: Hardware
+    gpus: int
+    served_name: str
+    port: int
+    bind_address: str
+    api_key_env: str | None
+    revision: str | None
+    trust_remote_code: bool
+    image: str
+    extra_args: tuple[str, ...]
+    env: dict[str, str]
+    model_dir: str
+    gpu_passthrough: bool
+    config_dir: str = "/etc/modelfleet"
+    node_rank: int = 0
+    nnodes: int = 1
+    head_address: str = ""
+    checkpoint_group: str = ""
+    netcheck_min_busbw_gbps: float | None = None
+    netcheck_timeout_s: int = 120
+    recipe_params: dict = field(default_factory=dict)  # values for the recipe's required parameters
+    gpu_indices: tuple[int, ...] = ()  # this service's GPUs on its host (disjoint from the other services')
+    model_file: str | None = None  # the file the engine loads, inside the checkpoint (GGUF: the first shard)
+
+    def at_commit(self, commit: str, model_file: str | None = None) -> "ServicePlan":
+        """The same service pinned to a resolved 40-hex commit: its own model directory, so a new revision
+        changes the unit (and restarts the engine) while the old one stays on disk for rollback."""
+        return replace(self, revision=commit, model_dir=f"{self.model_dir.rsplit('/', 1)[0]}/{commit}",
+                       model_file=model_file or self.model_file)
+
+    @property
+    def hf_repo(self) -> str:
+        """Where the checkpoint comes from: the model's repository, or its GGUF repository for a GGUF recipe."""
+        return self.model.gguf["repo"] if self.recipe.gguf_quant and self.model.gguf else self.model.hf_repo
+
+    @property
+    def checkpoint_patterns(self) -> tuple[str, ...]:
+        """The files of the repository this service needs (a GGUF repository holds every quantization)."""
+        return (f"{self.recipe.gguf_quant}/*",) if self.recipe.gguf_quant and self.model.gguf else ()
+
+    @property
+    def unit_name(self) -> str:
+        return f"modelfleet-{self.pool}.service"
+
+    @property
+    def container_name(self) -> str:
+        # The host name keeps containers of several hosts apart when they share one dockerd (the lab).
+        return _slug(f"modelfleet-{self.pool}-{self.host}")
+
+    @property
+    def env_file(self) -> str:
+        return f"{self.config_dir}/{self.pool}.env"
+
+    @property
+    def secrets_config_file(self) -> str:
+        return f"{self.config_dir}/{self.pool}.secrets.yaml"
+
+    @property
+    def auth_file(self) -> str:
+        """`Authorization:` header for clients on the host (readiness checks), when a key is set."""
+        return f"{self.config_dir}/{self.pool}.auth"
+
+    @property
+    def loopback(self) -> bool:
+        return _is_loopback(self.bind_address)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.bind_address}:{self.port}"
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    name: str
+    address: str
+    hardware: Hardware
+    gpu_count: int
+    model_root: str
+    config_dir: str
+    hf_token_env: str
+    services: tuple[ServicePlan, ...]
+    stack: StackPlan
+    assess_models: tuple[str, ...] = ()
+    hf_endpoint: str = "https://huggingface.co"
+    model_source: str | None = None
+    model_keep_revisions: int = 1
+    model_reverify: bool = False
+    fabric_address: str = ""
+    network_env: dict = field(default_factory=dict)
+    nvme_devices: tuple[str, ...] = ()
+    model_filesystem: str = "xfs"
+    format_allow_serials: tuple[str, ...] = ()
+    verify_bench: bool = False
+    verify_full: bool = False
+    admission_valid_h: int = 24
+    dcgm_exporter: bool = False
+    dcgm_exporter_image: str = ""
+    # pyinfra's SSH settings, for the client commands (status, logs, tunnel) that reach hosts without pyinfra
+    ssh_port: int = 22
+    ssh_user: str | None = None
+    ssh_key: str | None = None
+    ssh_known_hosts_file: str | None = None
+    ssh_strict_host_key_checking: str | None = None
+
+
+@dataclass
+class PoolPlan:
+    name: str
+    hosts: list[str] = field(default_factory=list)
+    services: list[ServicePlan] = field(default_factory=list)
+
+
+@dataclass
+class Resolved:
+    hosts: dict[str, HostPlan]
+    pools: dict[str, PoolPlan]
+    errors: list[tuple[str, str, str]]  # (where, field, message)
+
+    def error_lines(self) -> list[str]:
+        return [f"{where}: {fld}: {msg}" for where, fld, msg in self.errors]
+
+    def error_report(self) -> str:
+        """Every error, grouped by host, pool or file (in the order they were found)."""
+        groups: dict[str, list[str]] = {}
+        for where, fld, msg in self.errors:
+            groups.setdefault(where, []).append(f"  {fld}: {msg}")
+        return "\n".join(f"{where}:\n" + "\n".join(lines) for where, lines in groups.items())
+
+
+class InventoryError(Exception):
+    def __init__(self, errors: list[tuple[str, str, str]]):
+        self.errors = errors
+        super().__init__("\n".join(f"{w}: {f}: {m}" for w, f, m in errors))
+
+
+def _slug(text: str) -> str:
+    return grammar.slug(text, "-")
+
+
+def _is_loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
