@@ -13,15 +13,19 @@ it in that file: first contact is an explicit choice.
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 import threading
+import time
 from pathlib import Path
 
 import paramiko
 from fabric import Connection
 
+from modelfleet.grammar import slug
 from modelfleet.inventory import HostPlan, ServicePlan
+from modelfleet.operations.report import reports_dir
 
 MARK = "@@modelfleet-status"
 
@@ -166,21 +170,46 @@ def status(plans: list[HostPlan]) -> list[dict]:
                              "image_id": got.get("image_id"), "revision": got.get("revision"),
                              "endpoint": svc.base_url if svc.node_rank == 0 else None,
                              "health": got.get("health")})
-        rows.append({"host": plan.name, "reachable": True, "services": services, "gpus": parsed["gpus"]})
+        rows.append({"host": plan.name, "reachable": True, "services": services, "gpus": parsed["gpus"],
+                     "admission": admission_state(plan.name)})
     for conn in conns.values():
         conn.close()
     return rows
 
 
+def admission_state(host: str, now: float | None = None) -> dict | None:
+    """The host's last admission verdict (reports/admission on this control node): ok, its age in hours,
+    and whether it still holds (a pass expires at valid_until); None when the host was never judged."""
+    path = reports_dir("admission") / f"{slug(host)}.json"
+    if not path.exists():
+        return None
+    report = json.loads(path.read_text())
+    now = time.time() if now is None else now
+    judged = report.get("admitted_at") or path.stat().st_mtime
+    return {"ok": report["ok"], "age_h": round((now - judged) / 3600, 1),
+            "valid": bool(report["ok"] and report.get("valid_until") and now < report["valid_until"]),
+            "reasons": report.get("reasons", [])}
+
+
+def _admission_cell(state: dict | None) -> str:
+    if state is None:
+        return "-"
+    if not state["ok"]:
+        return "refused"
+    return f"{state['age_h']}h" if state["valid"] else "expired"
+
+
 def status_table(rows: list[dict]) -> str:
-    lines = [f"{'HOST':<14} {'POOL':<16} {'GPUS':<8} {'STATE':<18} {'HEALTH':<6} {'RESTARTS':<8} {'REVISION':<12} IMAGE"]
+    lines = [f"{'HOST':<14} {'ADMITTED':<9} {'POOL':<16} {'GPUS':<8} {'STATE':<18} {'HEALTH':<6} {'RESTARTS':<8} "
+             f"{'REVISION':<12} IMAGE"]
     for row in rows:
         if not row["reachable"]:
             lines.append(f"{row['host']:<14} unreachable: {row['error']}")
             continue
         for s in row["services"]:
             gpus = ",".join(map(str, s["gpu_indices"])) or "-"
-            lines.append(f"{row['host']:<14} {s['pool']:<16} {gpus:<8} {s['state']:<18} {s['health'] or '-':<6} "
+            lines.append(f"{row['host']:<14} {_admission_cell(row.get('admission')):<9} {s['pool']:<16} {gpus:<8} "
+                         f"{s['state']:<18} {s['health'] or '-':<6} "
                          f"{s['restarts'] if s['restarts'] is not None else '-':<8} "
                          f"{(s['revision'] or '-')[:12]:<12} {s['image'] or '-'}")
     return "\n".join(lines)

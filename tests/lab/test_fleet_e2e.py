@@ -35,7 +35,8 @@ def test_status_reports_every_host_in_one_table_and_json(served):
         assert "@sha256:" in svc["image"] and len(svc["revision"]) == 40 and svc["restarts"] == 0
     table = subprocess.run(modelfleet_argv("status", "inventories/lab.py"), env=ENV, capture_output=True,
                            text=True, timeout=120).stdout
-    assert table.splitlines()[0].split()[:4] == ["HOST", "POOL", "GPUS", "STATE"] and len(table.splitlines()) == 4
+    header = ["HOST", "ADMITTED", "POOL", "GPUS", "STATE"]
+    assert table.splitlines()[0].split()[:5] == header and len(table.splitlines()) == 4
 
 
 def test_status_names_an_unreachable_host(served):

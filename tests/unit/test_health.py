@@ -78,3 +78,26 @@ def test_a_missing_gpu_and_a_fatal_xid_are_refused():
     failed = [c for c in result["checks"] if not c["ok"]]
     assert [(c["check"], c["value"], c["gpu"]) for c in failed] == [("xid", 79, 0)]  # 13 is an application's
     assert "fallen off the bus" in result["reasons"][0] and 79 in FATAL_XIDS and 13 not in FATAL_XIDS
+
+
+def test_status_shows_each_hosts_admission_and_its_age(tmp_path, monkeypatch):
+    import json
+
+    from modelfleet import fleet
+
+    monkeypatch.setenv("MODELFLEET_REPORTS", str(tmp_path))
+    (tmp_path / "admission").mkdir()
+    now = 1_000_000.0
+    reports = {"fresh": {"ok": True, "admitted_at": now - 7200, "valid_until": now + 3600, "reasons": []},
+               "stale": {"ok": True, "admitted_at": now - 90000, "valid_until": now - 3600, "reasons": []},
+               "bad": {"ok": False, "admitted_at": None, "valid_until": None, "reasons": ["GPU 0: x8"]}}
+    for host, report in reports.items():
+        (tmp_path / "admission" / f"{host}.json").write_text(json.dumps(report))
+    states = {host: fleet.admission_state(host, now) for host in [*reports, "never"]}
+    assert states["fresh"] == {"ok": True, "age_h": 2.0, "valid": True, "reasons": []}
+    assert not states["stale"]["valid"] and not states["bad"]["ok"] and states["never"] is None
+    rows = [{"host": host, "reachable": True, "admission": state, "gpus": [],
+             "services": [{"pool": "p", "gpu_indices": [0], "state": "active/running", "health": "200",
+                           "restarts": 0, "revision": "a" * 40, "image": "i"}]} for host, state in states.items()]
+    cells = [line.split()[1] for line in fleet.status_table(rows).splitlines()[1:]]
+    assert cells == ["2.0h", "expired", "refused", "-"]
