@@ -20,6 +20,8 @@ from tests.conftest import ROOT
 
 BASE = {"ssh_hostname": "192.0.2.10", "hardware": "h200", "gpu_count": 2, "model": "qwen3-8b", "engine": "vllm"}
 DIGEST = "sha256:" + "a" * 64
+# A made-up hub token, built here so no token-shaped string sits in the tree.
+FAKE_HF_TOKEN = "hf_" + "AbCdEf0123456789" * 2
 
 
 def host(**changes) -> dict:
@@ -127,7 +129,7 @@ CASES = [
     ("secret", "key var empty", [("h1", host(api_key_env="MODELFLEET_CORPUS_EMPTY"))], "host h1", "api_key_env"),
     ("secret", "token as key var", [("h1", host(api_key_env="sk-proj-Abc123Def456Ghi789"))], "host h1",
      "api_key_env"),
-    ("secret", "hf token as var", [("h1", host(hf_token_env="hf_AbCdEf0123456789AbCdEf0123456789"))],
+    ("secret", "hf token as var", [("h1", host(hf_token_env=FAKE_HF_TOKEN))],
      "host h1", "hf_token_env"),
     ("secret", "--api-key in extra_args", [("h1", host(extra_args=["--api-key", "abc"]))], "host h1",
      "extra_args"),
@@ -196,7 +198,7 @@ def test_malformed_inventory_is_refused_naming_host_and_field(tmp_path, kind, ca
     report = json.loads(result.output)
     named = [(e["where"], e["field"].split(".")[0]) for e in report["errors"]]
     assert (where, field) in named, report["errors"]
-    for secret in ("sk-proj-Abc123Def456Ghi789", "hf_AbCdEf0123456789AbCdEf0123456789", "a-key"):
+    for secret in ("sk-proj-Abc123Def456Ghi789", FAKE_HF_TOKEN, "a-key"):
         assert secret not in result.output  # a pasted token is never echoed
 
 
