@@ -41,7 +41,10 @@ def _int(value: str | None) -> int | None:
 
 def parse_smi_xml(text: str) -> list[dict]:
     """One dict per GPU from `nvidia-smi -q -x` (the fields admission judges; N/A becomes None)."""
-    root = ET.fromstring(text)
+    return gpus_of(ET.fromstring(text))
+
+
+def gpus_of(root: ET.Element) -> list[dict]:
     gpus = []
     for gpu in root.findall("gpu"):
         link = "pci/pci_gpu_link_info"

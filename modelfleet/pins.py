@@ -45,8 +45,6 @@ def pinned_service(plan: HostPlan, svc: ServicePlan) -> ServicePlan:
     return replace(pinned_revision(plan, svc), image=pinned_image(svc))
 
 
-
-
 def problems(plan: HostPlan, images: bool = True, revisions: bool = True) -> list[str]:
     """Each pin this host needs that cannot be resolved, as one line saying what to do."""
     out = []

@@ -89,7 +89,7 @@ def run_stages(*stages) -> None:
     if stack and stack != STACK:
         raise ValueError("the GPU host stack runs as os_base, gpu_driver, container_runtime, in that order")
     rest = tuple(s for s in stages if s not in STACK and s is not preflight)
-    if preflight in stages and not preflight.run(defer_stack=bool(stack)):
+    if preflight in stages and not preflight.run(defer_stack=bool(stack), health=admission in stages):
         return
     if not rest and not stack:
         return

@@ -1,11 +1,14 @@
-"""What admission judges, in one round trip: `nvidia-smi -q -x`, the Xid lines of the kernel log since boot
-(journal, else dmesg: whichever the host lets us read), the kernel release and the boot id."""
+"""What admission judges: `nvidia-smi -q -x`, the Xid lines of the kernel log since boot (journal, else dmesg:
+whichever the host lets us read), the kernel release and the boot id. Read as a part of preflight's HostProbe
+when admission follows, so it costs no round trip of its own."""
 
 from __future__ import annotations
 
+import xml.etree.ElementTree as ET
+
 from pyinfra.api import FactBase
 
-from modelfleet.health import parse_smi_xml, parse_xids
+from modelfleet.health import gpus_of, parse_xids
 
 MARK = "@@modelfleet-health"
 
@@ -24,16 +27,13 @@ class GpuHealth(FactBase):
                 part = line[len(MARK):].strip()
             elif part:
                 parts[part].append(line)
-        xml = "\n".join(parts["smi"]).strip()
+        text = "\n".join(parts["smi"]).strip()
         try:
-            gpus = parse_smi_xml(xml) if xml else None
-        except ValueError:  # ElementTree.ParseError: nvidia-smi printed an error instead of XML
-            gpus = None
-        driver = None
-        if xml and gpus is not None:
-            import xml.etree.ElementTree as ET
-
-            driver = (ET.fromstring(xml).findtext("driver_version") or "").strip() or None
+            root = ET.fromstring(text) if text else None
+        except ET.ParseError:  # nvidia-smi printed an error instead of XML
+            root = None
+        gpus = gpus_of(root) if root is not None else None
+        driver = (root.findtext("driver_version") or "").strip() or None if root is not None else None
         kernel, boot_id = (parts["id"] + [None, None])[:2]
         return {"gpus": gpus, "driver": driver, "xids": parse_xids(parts["kernel"]), "kernel": kernel,
                 "boot_id": boot_id}

@@ -12,6 +12,7 @@ from modelfleet.facts.gpu import (
     NvidiaTopology,
     NvidiaVersions,
 )
+from modelfleet.facts.health import GpuHealth
 from modelfleet.facts.host import BlockDevices, ContainerRuntime, DiskFree, ListeningPorts, OsRelease
 
 MARK = "@@modelfleet-probe"
@@ -19,6 +20,7 @@ PARTS = {
     "nvidia_gpus": NvidiaGpus, "nvidia_versions": NvidiaVersions, "nvidia_module": NvidiaKernelModule,
     "topology": NvidiaTopology, "amd_gpus": AmdGpus, "block_devices": BlockDevices, "os": OsRelease,
     "ports": ListeningPorts, "runtime": ContainerRuntime, "disk": DiskFree, "fabric_manager": FabricManager,
+    "gpu_health": GpuHealth,  # only when asked: admission's read (nvidia-smi -q -x, Xid lines) rides along
 }
 
 
@@ -29,9 +31,11 @@ class HostProbe(FactBase):
     def default():
         return {name: None for name in PARTS}
 
-    def command(self, model_root: str = "/srv/models") -> str:
+    def command(self, model_root: str = "/srv/models", health: bool = False) -> str:
         sections = []
         for name, cls in PARTS.items():
+            if cls is GpuHealth and not health:
+                continue
             cmd = cls().command(model_root) if cls is DiskFree else cls().command()
             sections.append(f"echo '{MARK} {name}'; ( {cmd} ) 2>/dev/null; echo \"{MARK} rc=$?\"")
         return "; ".join(sections)

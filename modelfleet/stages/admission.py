@@ -52,7 +52,8 @@ def run(deployed: dict | None = None, report_dir: Path | None = None) -> bool:
     if plan.hardware.vendor != "nvidia" or not all(s.gpu_passthrough for s in plan.services):
         host.noop("admission checks NVIDIA GPUs handed to containers (none here, or AMD: not built)")
         return True
-    report = judge(plan, host.get_fact(GpuHealth), probe_of() or {})
+    probe = probe_of() or {}
+    report = judge(plan, probe.get("gpu_health") or host.get_fact(GpuHealth), probe)
     save_json(str((report_dir or REPORT_DIR) / f"{slug(plan.name)}.json"), report)
     if not report["ok"]:
         fail_host(name="Admission refused this host", reasons=[f"admission: {r}" for r in report["reasons"]])

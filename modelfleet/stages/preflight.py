@@ -126,9 +126,10 @@ def assess(plan: HostPlan, gpus: list[dict]) -> list[dict]:
 
 
 @deploy("modelfleet preflight")
-def run(report_dir: Path | None = None, defer_stack: bool = False) -> bool:
+def run(report_dir: Path | None = None, defer_stack: bool = False, health: bool = False) -> bool:
+    """`health`: the admission stage follows; its read rides in this probe (no round trip of its own)."""
     plan = host_plan()
-    probe = host.get_fact(HostProbe, model_root=plan.model_root)
+    probe = host.get_fact(HostProbe, model_root=plan.model_root, health=health)
     remember_probe(probe)
     report = evaluate(plan, probe, defer_stack=defer_stack)
     report_dir = report_dir or REPORT_DIR

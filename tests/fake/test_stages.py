@@ -122,8 +122,8 @@ def h200_probe():
     return HostProbe().process(h200_probe_lines())
 
 
-def h200_probe_lines():
-    return probe_reply({
+def h200_probe_lines(gpu_health=None):
+    return probe_reply({**({"gpu_health": gpu_health} if gpu_health else {}),
         "nvidia_gpus": recorded(H200 / "nvidia-smi-query-gpu-header.txt"),
         "nvidia_versions": recorded(H200 / "nvidia-smi-version.txt"),
         "nvidia_module": recorded(H200 / "proc-driver-version.txt"),
@@ -189,8 +189,9 @@ def health_reply(xml: str, xid_lines=()) -> list[str]:
 
 
 def admission_host(xml: str, xid_lines=()):
+    """The health read rides in preflight's probe: one reply, no round trip of its own."""
     return {"hardware": "h200", "gpu_count": 1, "model": "qwen3-8b", "engine": "vllm",
-            "fake_responses": {"@@modelfleet-probe": h200_probe_lines(), "@@modelfleet-health": health_reply(xml, xid_lines)}}
+            "fake_responses": {"@@modelfleet-probe": h200_probe_lines(health_reply(xml, xid_lines))}}
 
 
 def test_admission_admits_the_recorded_h200_and_refuses_a_fallen_gpu(tmp_path, monkeypatch):
@@ -201,6 +202,8 @@ def test_admission_admits_the_recorded_h200_and_refuses_a_fallen_gpu(tmp_path, m
     state = run_fake([("h200", admission_host(xml))], lambda: run_stages(preflight, admission))
     report = json.loads((tmp_path / "admission" / "_fake_h200.json").read_text())
     assert report["ok"] and not state.failed_hosts and report["fingerprint"]["serials"] == ["1653824070535"]
+    assert report["fingerprint"]["driver"] == "580.159.04"
+    assert len(executed(state, "h200")) == 1  # the probe carried the health read: one command in all
     assert report["valid_until"] - report["admitted_at"] == 24 * 3600
     fallen = ["NVRM: Xid (PCI:0000:00:06): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."]
     with pytest.raises(PyinfraError, match="No hosts remaining"):  # the one host was refused
