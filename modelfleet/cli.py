@@ -325,14 +325,13 @@ def admit(inventory: str, hosts: tuple[str, ...]) -> None:
     """GPU admission on every host (pyinfra, nothing changed): each host's checks as JSON; exit 1 if one is
     refused. Reports: reports/admission/<host>.json."""
     from modelfleet.commands import run_pyinfra
-    from modelfleet.grammar import slug
-    from modelfleet.operations.report import reports_dir
+    from modelfleet.operations.report import report_path
 
     result = _resolved_or_exit(inventory)
     run = run_pyinfra(inventory, "modelfleet.deploys.admission", limit=hosts, timeout=600)
     reports = []
     for name in hosts or result.hosts:
-        path = reports_dir("admission") / f"{slug(name)}.json"
+        path = report_path("admission", name)
         reports.append(json.loads(path.read_text()) if path.exists() else
                        {"host": name, "ok": False, "reasons": ["no admission report (see pyinfra's output)"]})
     click.echo(json.dumps(reports, indent=2))

@@ -23,9 +23,8 @@ from pathlib import Path
 import paramiko
 from fabric import Connection
 
-from modelfleet.grammar import slug
 from modelfleet.inventory import HostPlan, ServicePlan
-from modelfleet.operations.report import reports_dir
+from modelfleet.operations.report import report_path
 
 MARK = "@@modelfleet-status"
 
@@ -180,7 +179,7 @@ def status(plans: list[HostPlan]) -> list[dict]:
 def admission_state(host: str, now: float | None = None) -> dict | None:
     """The host's last admission verdict (reports/admission on this control node): ok, its age in hours,
     and whether it still holds (a pass expires at valid_until); None when the host was never judged."""
-    path = reports_dir("admission") / f"{slug(host)}.json"
+    path = report_path("admission", host)
     if not path.exists():
         return None
     report = json.loads(path.read_text())

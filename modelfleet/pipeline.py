@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from pyinfra import host, state
 
-from modelfleet.grammar import slug
 from modelfleet.operations.apt import missing
-from modelfleet.operations.report import fail_host, reports_dir, save_json, write_report
+from modelfleet.operations.report import fail_host, report_path, save_report, write_report
 from modelfleet.stages import (
     admission,
     container_runtime,
@@ -30,7 +29,6 @@ from modelfleet.stages import (
 STACK = (os_base, gpu_driver, container_runtime)
 # What `pyinfra INVENTORY deploys/serve.py` runs (deploys/serve.py names the same list).
 SERVE = (preflight, *STACK, admission, storage, model, images, netcheck, service, verify, exporters)
-STACK_REPORT_DIR = reports_dir("gpu_stack")
 
 
 def gpu_stack(deployed: dict, serving: bool) -> bool:
@@ -67,11 +65,10 @@ def gpu_stack(deployed: dict, serving: bool) -> bool:
         "changes": any(state.get_op_data_for_host(host, h).operation_meta.will_change
                        for h in state.ops[host] if h not in before),
     }
-    path = str(STACK_REPORT_DIR / f"{slug(plan.name)}.json")
     if report["changes"]:
-        write_report(name="GPU stack report", path=path, report=report)
+        write_report(name="GPU stack report", path=str(report_path("gpu_stack", plan.name)), report=report)
     else:
-        save_json(path, report)
+        save_report("gpu_stack", plan.name, report)
     if driver.pending and serving:
         fail_host(name="Reboot pending", reasons=[f"reboot pending ({driver.reboot_reason}): the serving stages wait "
                                                   "for the new driver; re-run without `reboot: false`"])

@@ -1,19 +1,29 @@
 """Stop a host with its reasons (the operation fails at execution, so later stages never run there), and write
-reports when the run reaches a point on a host."""
+reports: the one place that decides where a report lands and when it is written (never under `--dry`)."""
 
 from __future__ import annotations
 
 import json
 import os
+import weakref
 from pathlib import Path
 
 from pyinfra import logger
 from pyinfra.api import FunctionCommand, operation
+from pyinfra.api.state import BaseStateCallback
+from pyinfra.context import ctx_host, ctx_state
+
+from modelfleet.grammar import slug
 
 
 def reports_dir(kind: str) -> Path:
     """Where reports of `kind` land on the control node; MODELFLEET_REPORTS moves them all (tests, CI)."""
     return Path(os.environ.get("MODELFLEET_REPORTS", "reports")) / kind
+
+
+def report_path(kind: str, name: str) -> Path:
+    """The report of `kind` about `name` (a host, a pool, an endpoint)."""
+    return reports_dir(kind) / f"{slug(name)}.json"
 
 
 def refuse(state, host, reasons: list[str]) -> bool:
@@ -43,6 +53,35 @@ def fail_host(reasons: list[str]):
 def save_json(path: str, report: dict) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(report, indent=2) + "\n")
+
+
+class _WrittenAfterExecution(BaseStateCallback):
+    """Holds reports judged while planning until pyinfra disconnects from their host; only a run that
+    executed writes them (a `--dry` run disconnects without executing, so it writes nothing)."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, list[tuple[Path, dict]]] = {}
+
+    def host_disconnect(self, state, host) -> None:
+        for path, report in self.pending.pop(host.name, []):
+            if state.is_executing:
+                save_json(str(path), report)
+
+
+_held: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # per pyinfra State
+
+
+def save_report(kind: str, name: str, report: dict) -> Path:
+    """Write `reports/<kind>/<name>.json`: now when the run executes, else when it ends having executed."""
+    path, state = report_path(kind, name), ctx_state.get()
+    if state.is_executing:
+        save_json(str(path), report)
+    else:
+        if state not in _held:
+            _held[state] = _WrittenAfterExecution()
+            state.add_callback_handler(_held[state])
+        _held[state].pending.setdefault(ctx_host.get().name, []).append((path, report))
+    return path
 
 
 def _write(state, host, path: str, report: dict) -> bool:

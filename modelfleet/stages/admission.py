@@ -8,19 +8,15 @@ Built for NVIDIA hosts; AMD (amd-smi) is not, and hosts without GPUs for contain
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
 
 from modelfleet.facts.health import GpuHealth
 from modelfleet.gpu_predicates import fabric_manager_needed
-from modelfleet.grammar import slug
 from modelfleet.health import verdict
-from modelfleet.operations.report import fail_host, reports_dir, save_json
+from modelfleet.operations.report import fail_host, save_report
 from modelfleet.stages import host_plan, probe_of
-
-REPORT_DIR = reports_dir("admission")
 
 
 def wants(plan) -> dict:
@@ -47,14 +43,14 @@ def judge(plan, health: dict, probe: dict) -> dict:
 
 
 @deploy("modelfleet admission")
-def run(deployed: dict | None = None, report_dir: Path | None = None) -> bool:
+def run(deployed: dict | None = None) -> bool:
     plan = host_plan()
     if plan.hardware.vendor != "nvidia" or not all(s.gpu_passthrough for s in plan.services):
         host.noop("admission checks NVIDIA GPUs handed to containers (none here, or AMD: not built)")
         return True
     probe = probe_of() or {}
     report = judge(plan, probe.get("gpu_health") or host.get_fact(GpuHealth), probe)
-    save_json(str((report_dir or REPORT_DIR) / f"{slug(plan.name)}.json"), report)
+    save_report("admission", plan.name, report)
     if not report["ok"]:
         fail_host(name="Admission refused this host", reasons=[f"admission: {r}" for r in report["reasons"]])
     else:

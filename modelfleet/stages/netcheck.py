@@ -16,24 +16,21 @@ import os
 import shlex
 import weakref
 import zlib
-from pathlib import Path
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from pyinfra.context import ctx_state
 
 from modelfleet import FILES_DIR
-from modelfleet.grammar import slug
 from modelfleet.inventory import HostPlan, ServicePlan
 from modelfleet.operations.files import content_file, directory
-from modelfleet.operations.report import reports_dir
+from modelfleet.operations.report import save_report
 from modelfleet.pins import pinned_image
 from modelfleet.render import gpu_flags
 from modelfleet.stages import TOOLS_BIN, deployed_for_stage, host_plan, resolved
 from modelfleet.units import pool_starts
 
 SCRIPT = f"{TOOLS_BIN}/nccl_check.py"
-REPORT_DIR = reports_dir("netcheck")
 # Largest message of the sweep: nccl-tests' health checks read busbw at the top of -b 1M -e 16G on GPUs;
 # the lab's Gloo over loopback stops at 64M to stay quick on two cores.
 MAX_BYTES = {"nccl": "16G", "gloo": "64M"}
@@ -125,23 +122,21 @@ def judge(pool: str, members: list[str], reports: dict, minimum: float | None) -
             "problems": problems, "per_host": per_host}
 
 
-def _gate(state, host, pool: str, members: list[str], minimum: float | None, report_dir: str) -> bool:
+def _gate(state, host, pool: str, members: list[str], minimum: float | None) -> bool:
     verdict = judge(pool, members, _results.get(ctx_state.get(), {}).get(pool, {}), minimum)
     if host.name == members[0]:
-        Path(report_dir).mkdir(parents=True, exist_ok=True)
-        name = slug(pool)
-        (Path(report_dir) / f"{name}.json").write_text(json.dumps(verdict, indent=2) + "\n")
+        save_report("netcheck", pool, verdict)
     for problem in verdict["problems"]:
         host.log_styled(f"netcheck {pool}: {problem}", fg="red", log_func=logger.error)
     return verdict["ok"]
 
 
 @operation(is_idempotent=False)
-def gate_passed(pool: str, members: list[str], minimum: float | None, needed: bool, report_dir: str):
+def gate_passed(pool: str, members: list[str], minimum: float | None, needed: bool):
     if not needed:
         host.noop(f"pool {pool}: gate not needed")
         return
-    yield FunctionCommand(_gate, (pool, members, minimum, report_dir), {})
+    yield FunctionCommand(_gate, (pool, members, minimum), {})
 
 
 def _needed(svc: ServicePlan, alone: bool) -> bool:
@@ -153,7 +148,7 @@ def _needed(svc: ServicePlan, alone: bool) -> bool:
 
 
 @deploy("modelfleet netcheck")
-def run(deployed: dict | None = None, report_dir: Path | None = None):
+def run(deployed: dict | None = None):
     plan = host_plan()
     alone = deployed is None
     mine = deployed or deployed_for_stage(__name__)
@@ -166,4 +161,4 @@ def run(deployed: dict | None = None, report_dir: Path | None = None):
         collective_check(name=f"Collective check for pool {svc.pool} ({backend(svc)})", pool=svc.pool,
                          command=check_command(svc, pinned_image(svc)), needed=needed)
         gate_passed(name=f"Gate for pool {svc.pool}", pool=svc.pool, members=list(pool.hosts),
-                    minimum=threshold(svc), needed=needed, report_dir=str(report_dir or REPORT_DIR))
+                    minimum=threshold(svc), needed=needed)

@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from pyinfra import host
 from pyinfra.api import deploy
 
 from modelfleet.catalog import load_catalog
 from modelfleet.facts.probe import HostProbe
 from modelfleet.gpu_predicates import fabric_manager_needed, replaces_driver
-from modelfleet.grammar import slug
 from modelfleet.inventory import HostPlan
-from modelfleet.operations.report import fail_host, reports_dir
+from modelfleet.operations.report import fail_host, save_report
 from modelfleet.planner import plan_capacity
 from modelfleet.stages import host_plan, remember_probe
-
-REPORT_DIR = reports_dir("preflight")
 
 
 def _version_tuple(text: str | None) -> tuple[int, ...]:
@@ -126,15 +120,13 @@ def assess(plan: HostPlan, gpus: list[dict]) -> list[dict]:
 
 
 @deploy("modelfleet preflight")
-def run(report_dir: Path | None = None, defer_stack: bool = False, health: bool = False) -> bool:
+def run(defer_stack: bool = False, health: bool = False) -> bool:
     """`health`: the admission stage follows; its read rides in this probe (no round trip of its own)."""
     plan = host_plan()
     probe = host.get_fact(HostProbe, model_root=plan.model_root, health=health)
     remember_probe(probe)
     report = evaluate(plan, probe, defer_stack=defer_stack)
-    report_dir = report_dir or REPORT_DIR
-    report_dir.mkdir(parents=True, exist_ok=True)
-    (report_dir / f"{slug(plan.name)}.json").write_text(json.dumps(report, indent=2) + "\n")
+    save_report("preflight", plan.name, report)
     if not report["ok"]:
         fail_host(name="Preflight refused this host", reasons=report["problems"])
     return report["ok"]

@@ -6,22 +6,17 @@ Loopback-bound endpoints are reached through the host's own pyinfra SSH connecti
 
 from __future__ import annotations
 
-import json
 from contextlib import nullcontext
 from dataclasses import replace
-from pathlib import Path
 
 from pyinfra import host, state
 from pyinfra.api import FunctionCommand, deploy, operation
 
 from modelfleet.checks import Endpoint, endpoint, reachable_from_control_node
 from modelfleet.checks.gate import run_gate
-from modelfleet.grammar import slug
-from modelfleet.operations.report import refuse, reports_dir
+from modelfleet.operations.report import refuse, reports_dir, save_report
 from modelfleet.stages import host_plan
 from modelfleet.units import pool_starts
-
-REPORT_DIR = reports_dir("verify")
 
 
 def wants(plan) -> dict:
@@ -51,8 +46,8 @@ BENCH = {"concurrencies": [1, 4], "num_prompts": 16, "input_len": 128, "output_l
 
 
 @operation(is_idempotent=False)
-def endpoint_verified(ep: Endpoint, tunnel: tuple[str, int] | None, ready_timeout_s: float, report_dir: Path,
-                      full: bool = True, with_bench: bool = False):
+def endpoint_verified(ep: Endpoint, tunnel: tuple[str, int] | None, ready_timeout_s: float, full: bool = True,
+                      with_bench: bool = False):
     """Runs the checks only while executing (after the service stage): a pass changes nothing. With
     `with_bench` (host data verify_bench), a short bench follows and a regression fails the gate."""
     if not state.is_executing:
@@ -61,11 +56,9 @@ def endpoint_verified(ep: Endpoint, tunnel: tuple[str, int] | None, ready_timeou
     with _tunnel(*tunnel) if tunnel else nullcontext() as port:
         target = replace(ep, base_url=f"http://127.0.0.1:{port}") if tunnel else ep
         report = {**run_gate(target, ready_timeout_s, full, BENCH if with_bench else None,
-                             report_dir.parent / "bench"),
+                             reports_dir("bench")),
                   "endpoint": ep.name, "base_url": ep.openai_base_url, "via_ssh_tunnel": bool(tunnel)}
-    report_dir.mkdir(parents=True, exist_ok=True)
-    name = slug(ep.name)
-    (report_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    save_report("verify", ep.name, report)
     if report["ok"]:
         host.noop(f"{ep.name}: " + ("ready, smoke and tool-call probe pass" if full else "ready (nothing changed)"))
         return
@@ -73,7 +66,7 @@ def endpoint_verified(ep: Endpoint, tunnel: tuple[str, int] | None, ready_timeou
 
 
 @deploy("modelfleet verify")
-def run(deployed: dict | None = None, report_dir: Path | None = None):
+def run(deployed: dict | None = None):
     plan = host_plan()
     alone = deployed is None
     for svc in plan.services:
@@ -82,5 +75,5 @@ def run(deployed: dict | None = None, report_dir: Path | None = None):
         tunnel = None if reachable_from_control_node(plan, svc) else (svc.bind_address, svc.port)
         endpoint_verified(name=f"Verify {svc.served_name} at {svc.base_url}", ep=endpoint(plan, svc),
                           tunnel=tunnel, ready_timeout_s=min(svc.recipe.ready_timeout_s, 120),
-                          report_dir=report_dir or REPORT_DIR, with_bench=plan.verify_bench,
+                          with_bench=plan.verify_bench,
                           full=alone or plan.verify_full or plan.verify_bench or pool_starts(svc.pool))

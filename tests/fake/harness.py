@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pyinfra.api import Config, Inventory, State
-from pyinfra.api.connect import connect_all
+from pyinfra.api.connect import connect_all, disconnect_all
 from pyinfra.api.deploy import add_deploy
 from pyinfra.api.operations import run_ops
 from pyinfra.connectors.fake import FakeConnector
@@ -54,8 +54,16 @@ def run_fake(hosts: list[tuple[str, dict]], deploy_func, dry: bool = False) -> S
     connect_all(state)
     add_deploy(state, deploy_func)
     if not dry:
-        run_ops(state)
+        finish(state)
     return state
+
+
+def finish(state: State) -> None:
+    """Execute, then disconnect as pyinfra's CLI does (reports judged while planning are written then)."""
+    try:
+        run_ops(state)
+    finally:
+        disconnect_all(state)
 
 
 def executed(state: State, name: str) -> list[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import H200, planned, probe_reply, recorded, run_fake  # noqa: E402
+from harness import H200, finish, planned, probe_reply, recorded, run_fake  # noqa: E402
 
 from modelfleet.pipeline import run_stages  # noqa: E402
 from modelfleet.stages import container_runtime, gpu_driver, os_base, preflight  # noqa: E402
@@ -35,7 +35,7 @@ VERSIONS = ["NVIDIA-SMI version  : 580.159.04", "DRIVER version      : 580.159.0
 
 @pytest.fixture(autouse=True)
 def reports(tmp_path, monkeypatch):
-    monkeypatch.setattr(preflight, "REPORT_DIR", tmp_path / "preflight")
+    monkeypatch.setenv("MODELFLEET_REPORTS", str(tmp_path))
     return tmp_path
 
 
@@ -153,13 +153,14 @@ def loaded_probe(fm_version="580.159.04"):
 
 
 def test_host_with_the_wanted_driver_loaded_skips_the_driver_and_reboot(reports, monkeypatch):
-    import modelfleet.pipeline
-    monkeypatch.setattr(modelfleet.pipeline, "STACK_REPORT_DIR", reports / "gpu_stack")
     host = {**HOSTS["nvidia"], "pool": "p", "revision": "e" * 40, "driver_pinning": False,
             "fake_responses": {"@@modelfleet-probe": loaded_probe(), "@@modelfleet-state": converged_state()}}
     state = run_fake([("n1", host)], stack_only, dry=True)
-    # Nothing is sent to the host, and the report (true before the run) says so.
+    # Nothing is sent to the host, and the report (true before the run) says so once the run executed:
+    # a dry run writes no report.
     assert planned(state, "n1") == []
+    assert not (reports / "gpu_stack").exists() and not (reports / "preflight").exists()
+    finish(state)
     report = json.loads((reports / "gpu_stack" / "_fake_n1.json").read_text())
     assert report["changes"] is False and report["packages_installed"] == [] and not report["reboot"]["needed"]
     assert report["kernel_update_pending"] is True  # reported, not a reason to reboot a serving node

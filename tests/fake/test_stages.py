@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 from pyinfra.api.exceptions import PyinfraError
-from pyinfra.api.operations import run_ops
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import H200, Uploads, executed, probe_reply, recorded, run_fake  # noqa: E402
+from harness import H200, Uploads, executed, finish, probe_reply, recorded, run_fake  # noqa: E402
 
 from modelfleet import render  # noqa: E402
 from modelfleet.facts.probe import HostProbe  # noqa: E402
@@ -49,8 +48,8 @@ def b300_probe(gpus=B300_GPUS, versions=B300_VERSIONS, fabric_manager=FM):
 
 @pytest.fixture(autouse=True)
 def reports(tmp_path, monkeypatch):
-    monkeypatch.setattr(preflight, "REPORT_DIR", tmp_path)
-    return tmp_path
+    monkeypatch.setenv("MODELFLEET_REPORTS", str(tmp_path))
+    return tmp_path / "preflight"
 
 
 def changed_ops(state, name):
@@ -108,7 +107,7 @@ def test_preflight_refuses_a_host_with_too_few_gpus_and_old_driver(reports):
     host = {**b300_host(), "fake_responses": {"@@modelfleet-probe": b300_probe(B300_GPUS[:7], old)}}
     state = run_fake([("b300-01", host)], serve, dry=True)
     with pytest.raises(PyinfraError, match="No hosts remaining"):
-        run_ops(state)
+        finish(state)
     commands = executed(state, "b300-01")
     assert not any(c.startswith("docker pull") for c in commands)  # later stages never added
     report = json.loads((reports / "_fake_b300-01.json").read_text())
@@ -197,7 +196,7 @@ def admission_host(xml: str, xid_lines=()):
 def test_admission_admits_the_recorded_h200_and_refuses_a_fallen_gpu(tmp_path, monkeypatch):
     from modelfleet.stages import admission
 
-    monkeypatch.setattr(admission, "REPORT_DIR", tmp_path / "admission")
+    monkeypatch.setenv("MODELFLEET_REPORTS", str(tmp_path))
     xml = (H200 / "nvidia-smi-q-x.txt").read_text().split("__rc=")[0]
     state = run_fake([("h200", admission_host(xml))], lambda: run_stages(preflight, admission))
     report = json.loads((tmp_path / "admission" / "_fake_h200.json").read_text())
