@@ -19,6 +19,7 @@ from pathlib import Path
 import lab
 from lab import REPO_ROOT
 from modelfleet.commands import run_pyinfra
+from modelfleet.host_commands import amd_gpu_count_sh, driver_version_sh, fabric_manager_version_sh
 
 SKEWED_FABRIC_MANAGER = "580.95.05"  # an older release in the lab's CUDA repository than the driver's
 
@@ -66,9 +67,8 @@ def verdicts(reports: Path, names: list[str]) -> dict:
 
 def versions(spec: dict) -> dict:
     """What the host's own tools answer (one line each, empty when the tool is absent or fails)."""
-    answer = lab.ssh(spec, "echo \"$(nvidia-smi --version 2>/dev/null | sed -n 's/^DRIVER version *: *//p')\"; "
-                           "echo \"$(nv-fabricmanager --version 2>/dev/null | sed -n 's/.*: *//p')\"; "
-                           "echo \"$(amd-smi list 2>/dev/null | grep -c '^GPU:')\"; apt-mark showhold").stdout
+    answer = lab.ssh(spec, f"echo \"$({driver_version_sh()})\"; echo \"$({fabric_manager_version_sh()})\"; "
+                           f"echo \"$({amd_gpu_count_sh()})\"; apt-mark showhold").stdout
     lines = answer.splitlines() + ["", "", ""]
     return {"driver": lines[0] or None, "fabric_manager": lines[1] or None,
             "amd_gpus": int(lines[2] or 0), "held": [x for x in lines[3:] if x]}

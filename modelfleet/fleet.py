@@ -23,6 +23,7 @@ from pathlib import Path
 import paramiko
 from fabric import Connection
 
+from modelfleet.host_commands import journal_command, unit_show_command
 from modelfleet.inventory import HostPlan, ServicePlan
 from modelfleet.operations.report import report_path
 
@@ -92,16 +93,19 @@ def execute(conn: Connection, plan: HostPlan, command: str) -> tuple[int, str, s
     return result.exited, result.stdout, result.stderr
 
 
+UNIT_PROPERTIES = ("ActiveState", "SubState", "NRestarts", "ExecMainStartTimestamp")
+
+
 def status_script(plan: HostPlan) -> str:
     """One round trip per host: every unit's state, its container's image, model revision, health, GPUs."""
     parts = []
     for svc in plan.services:
-        unit, container = shlex.quote(svc.unit_name), shlex.quote(svc.container_name)
+        container = shlex.quote(svc.container_name)
         parent = shlex.quote(svc.model_dir.rsplit("/", 1)[0])
         health = shlex.quote(f"{svc.base_url}/health") if svc.node_rank == 0 else ""
         parts.append(
             f"echo '{MARK} service {svc.pool}'; "
-            f"systemctl show -p ActiveState -p SubState -p NRestarts -p ExecMainStartTimestamp -- {unit}; "
+            f"{unit_show_command(svc.unit_name, UNIT_PROPERTIES)}; "
             f"echo \"image=$(docker inspect --format '{{{{.Config.Image}}}}' {container} 2>/dev/null)\"; "
             f"echo \"image_id=$(docker inspect --format '{{{{.Image}}}}' {container} 2>/dev/null)\"; "
             f"echo \"revision=$(readlink {parent}/current)\"; "
@@ -214,11 +218,6 @@ def status_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def journal_command(svc: ServicePlan, lines: int, follow: bool) -> str:
-    return (f"journalctl -u {shlex.quote(svc.unit_name)} -n {int(lines)} --no-pager -o short-iso"
-            + (" -f" if follow else ""))
-
-
 def logs(plans: list[HostPlan], lines: int = 50, follow: bool = False, sink=sys.stdout) -> None:
     """Each host's engine journal, lines prefixed `[host]`; with follow, until interrupted."""
     lock = threading.Lock()
@@ -238,7 +237,7 @@ def logs(plans: list[HostPlan], lines: int = 50, follow: bool = False, sink=sys.
         finally:
             conn.close()
 
-    threads = [threading.Thread(target=stream, args=(plan, journal_command(svc, lines, follow)), daemon=True)
+    threads = [threading.Thread(target=stream, args=(plan, journal_command(svc.unit_name, lines, follow=follow, iso=True)), daemon=True)
                for plan in plans for svc in plan.services]
     for t in threads:
         t.start()

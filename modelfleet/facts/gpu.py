@@ -7,6 +7,13 @@ import re
 
 from pyinfra.api import FactBase
 
+from modelfleet.host_commands import (
+    FABRIC_MANAGER_VERSION,
+    NVIDIA_VERSIONS,
+    parse_fabric_manager_version,
+    parse_nvidia_versions,
+)
+
 NVIDIA_QUERY = "index,name,uuid,pci.bus_id,memory.total,driver_version,compute_cap"
 
 
@@ -35,23 +42,15 @@ class NvidiaGpus(FactBase):
 
 
 class NvidiaVersions(FactBase):
-    """Driver and CUDA versions from `nvidia-smi --version` (R610 says KMD / CUDA UMD)."""
+    """Driver and CUDA versions (modelfleet.host_commands reads R580's and R610's labels)."""
 
     requires_command = "nvidia-smi"
 
     def command(self) -> str:
-        return "nvidia-smi --version"
+        return NVIDIA_VERSIONS
 
     def process(self, output):
-        keys = {"NVIDIA-SMI version": "nvidia_smi", "NVML version": "nvml", "DRIVER version": "driver",
-                "KMD version": "driver", "CUDA Version": "cuda", "CUDA UMD Version": "cuda"}
-        out = {}
-        for line in output:
-            key, _, value = line.partition(":")
-            name = keys.get(key.strip())
-            if name:
-                out[name] = value.strip()
-        return out
+        return parse_nvidia_versions(output)
 
 
 class NvidiaKernelModule(FactBase):
@@ -69,22 +68,16 @@ class NvidiaKernelModule(FactBase):
 
 
 class FabricManager(FactBase):
-    """NVSwitch devices the driver sees, and the installed Fabric Manager's version (`nv-fabricmanager
-    --version`: 'Fabric Manager version is : X'; the 610 branch adds a 'Build Info' line)."""
+    """NVSwitch devices the driver sees, and the installed Fabric Manager's version."""
 
     def command(self) -> str:
         return ("echo nvswitches=$(ls /proc/driver/nvidia-nvswitch/devices 2>/dev/null | wc -l); "
-                "nv-fabricmanager --version 2>/dev/null || true")
+                f"{FABRIC_MANAGER_VERSION} 2>/dev/null || true")
 
     def process(self, output):
-        result = {"nvswitches": 0, "version": None}
-        for line in output:
-            if line.startswith("nvswitches="):
-                result["nvswitches"] = int(line.split("=", 1)[1] or 0)
-            m = re.match(r"Fabric Manager version is\s*:\s*(\S+)", line.strip())
-            if m:
-                result["version"] = m.group(1)
-        return result
+        switches = [line.split("=", 1)[1] for line in output if line.startswith("nvswitches=")]
+        return {"nvswitches": int(switches[0] or 0) if switches else 0,
+                "version": parse_fabric_manager_version(output)}
 
 
 class NvidiaTopology(FactBase):

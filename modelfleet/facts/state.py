@@ -8,6 +8,8 @@ import shlex
 
 from pyinfra.api import FactBase
 
+from modelfleet.host_commands import parse_unit_show, unit_show_command
+
 MARK = "@@modelfleet-state"
 
 
@@ -47,7 +49,7 @@ class DeployedState(FactBase):
             'elif [ -f "$p" ]; then echo "file $(stat -c "%a %U %G" -- "$p") $(sha256sum < "$p" | cut -c1-64)"; '
             "fi; done; "
             f"for u in {quoted_units}; do echo \"{MARK} unit $u\"; "
-            'systemctl show -p ActiveState -p UnitFileState -- "$u" 2>/dev/null; done; '
+            f'{unit_show_command("$u", ("ActiveState", "UnitFileState"))} 2>/dev/null; done; '
             f"for i in {quoted_images}; do echo \"{MARK} image $i\"; "
             'docker image inspect --format "id={{.Id}}" -- "$i" 2>/dev/null; done; '
             f"for t in {quoted_trees}; do echo \"{MARK} tree $t\"; "
@@ -96,7 +98,6 @@ class DeployedState(FactBase):
                 result["packages"][name] = {"version": line.split()[1], "held": line.startswith("h")}
             elif kind == "image" and line.startswith("id=sha256:"):
                 result["images"][name] = {"id": line[3:]}
-            elif kind == "unit" and "=" in line:
-                key, _, value = line.partition("=")
-                result["units"][name][key] = value
+            elif kind == "unit":
+                result["units"][name].update(parse_unit_show([line]))
         return result

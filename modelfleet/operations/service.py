@@ -7,12 +7,14 @@ import shlex
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
+from modelfleet.host_commands import journal_command
+
 JOURNAL_LINES = 40
 
 
 def readiness_script(unit: str, base_url: str, served_name: str, timeout_s: int, auth_file: str | None) -> str:
     auth = f"-H @{shlex.quote(auth_file)}" if auth_file else ""
-    journal = f"journalctl -u {shlex.quote(unit)} -n {JOURNAL_LINES} --no-pager"
+    journal = journal_command(unit, JOURNAL_LINES)
     name = shlex.quote(f'"{served_name}"')
     return (
         f"deadline=$(( $(date +%s) + {int(timeout_s)} )); "
@@ -30,7 +32,7 @@ def readiness_script(unit: str, base_url: str, served_name: str, timeout_s: int,
 
 def worker_script(unit: str, settle_s: int = 10) -> str:
     """A headless worker has no endpoint: it must come up and stay up while the head judges readiness."""
-    journal = f"journalctl -u {shlex.quote(unit)} -n {JOURNAL_LINES} --no-pager"
+    journal = journal_command(unit, JOURNAL_LINES)
     return (
         f"for i in $(seq {settle_s}); do "
         f"if systemctl is-failed --quiet {shlex.quote(unit)}; then "

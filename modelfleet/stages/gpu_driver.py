@@ -21,6 +21,12 @@ from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
 
 from modelfleet.gpu_predicates import branch_of, fabric_manager_needed, loaded_driver, replaces_driver
+from modelfleet.host_commands import (
+    amd_gpu_count_sh,
+    driver_version_sh,
+    fabric_manager_version_sh,
+    nvidia_gpu_count_sh,
+)
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.apt import apt_get, deb_from_url, held, missing, packages, upstream
 from modelfleet.operations.files import content_file
@@ -246,13 +252,13 @@ def stack_check_script(plan: HostPlan, fabric: bool) -> str:
     """After the driver work: the GPUs answer at the wanted branch, and Fabric Manager matches the driver."""
     count, branch = plan.gpu_count, plan.stack.driver_branch
     script = (
-        "n=$(nvidia-smi -L | grep -c '^GPU ') || { nvidia-smi; exit 1; }; "
+        f"n=$({nvidia_gpu_count_sh()}) || {{ nvidia-smi; exit 1; }}; "
         f"[ \"$n\" -eq {count} ] || {{ echo \"nvidia-smi lists $n GPUs, inventory says {count}\"; exit 1; }}; "
-        "d=$(nvidia-smi --version | sed -n 's/^\\(DRIVER\\|KMD\\) version *: *//p'); "
+        f"d=$({driver_version_sh()}); "
         f"case \"$d\" in {branch}.*) ;; *) echo \"driver $d is not branch {branch}\"; exit 1;; esac"
     )
     if fabric:
-        script += ("; f=$(nv-fabricmanager --version | sed -n 's/^Fabric Manager version is *: *//p'); "
+        script += (f"; f=$({fabric_manager_version_sh()}); "
                    "[ \"$f\" = \"$d\" ] || { echo \"Fabric Manager $f does not match driver $d (CUDA error 802)\"; "
                    "exit 1; }")
     return script
@@ -260,7 +266,7 @@ def stack_check_script(plan: HostPlan, fabric: bool) -> str:
 
 def amd_check_script(plan: HostPlan) -> str:
     """After the driver work: amd-smi lists the inventory's GPU count."""
-    return (f"n=$(amd-smi list | grep -c '^GPU:'); [ \"$n\" -eq {plan.gpu_count} ] || "
+    return (f"n=$({amd_gpu_count_sh()}); [ \"$n\" -eq {plan.gpu_count} ] || "
             f"{{ echo \"amd-smi lists $n GPUs, inventory says {plan.gpu_count}\"; exit 1; }}")
 
 

@@ -1,0 +1,79 @@
+"""One home for each piece of host vocabulary the project speaks: the command string and what reads its answer,
+side by side. Facts, check scripts, fleet commands and lab scripts take them from here, so a tool that changes
+its output (R610's `KMD version`) is taught in one place.
+
+`*_sh()` functions return shell snippets that print one value, for scripts that judge on the host itself;
+`parse_*` functions read the same command's output in Python.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterable
+
+NVIDIA_VERSIONS = "nvidia-smi --version"
+FABRIC_MANAGER_VERSION = "nv-fabricmanager --version"
+
+# `nvidia-smi --version` labels (R580: DRIVER / CUDA Version; R610: KMD / CUDA UMD Version).
+_VERSION_KEYS = {"NVIDIA-SMI version": "nvidia_smi", "NVML version": "nvml", "DRIVER version": "driver",
+                 "KMD version": "driver", "CUDA Version": "cuda", "CUDA UMD Version": "cuda"}
+
+
+def parse_nvidia_versions(lines: Iterable[str]) -> dict:
+    out = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        name = _VERSION_KEYS.get(key.strip())
+        if name:
+            out[name] = value.strip()
+    return out
+
+
+def driver_version_sh() -> str:
+    """Prints the loaded driver's version (empty when nvidia-smi cannot answer)."""
+    return f"{NVIDIA_VERSIONS} 2>/dev/null | sed -n 's/^\\(DRIVER\\|KMD\\) version *: *//p'"
+
+
+def parse_fabric_manager_version(lines: Iterable[str]) -> str | None:
+    """'Fabric Manager version is : X' (the 610 branch adds a 'Build Info' line after it)."""
+    for line in lines:
+        m = re.match(r"Fabric Manager version is\s*:\s*(\S+)", line.strip())
+        if m:
+            return m.group(1)
+    return None
+
+
+def fabric_manager_version_sh() -> str:
+    """Prints the installed Fabric Manager's version (empty when it is not installed)."""
+    return f"{FABRIC_MANAGER_VERSION} 2>/dev/null | sed -n 's/^Fabric Manager version is *: *//p'"
+
+
+def nvidia_gpu_count_sh() -> str:
+    """Prints how many GPUs nvidia-smi lists (fails when it cannot talk to the driver)."""
+    return "nvidia-smi -L | grep -c '^GPU '"
+
+
+def amd_gpu_count_sh() -> str:
+    return "amd-smi list 2>/dev/null | grep -c '^GPU:'"
+
+
+def journal_command(unit: str, lines: int, follow: bool = False, iso: bool = False) -> str:
+    """The unit's last `lines` journal lines (what an operator reads when an engine did not come up)."""
+    return (f"journalctl -u {shlex.quote(unit)} -n {int(lines)} --no-pager" + (" -o short-iso" if iso else "")
+            + (" -f" if follow else ""))
+
+
+def unit_show_command(unit: str, properties: Iterable[str]) -> str:
+    """`Key=value` lines for the unit's properties; `unit` is quoted unless it is a shell variable ("$u")."""
+    quoted = unit if unit.startswith('"$') else shlex.quote(unit)
+    return f"systemctl show {' '.join(f'-p {p}' for p in properties)} -- {quoted}"
+
+
+def parse_unit_show(lines: Iterable[str]) -> dict[str, str]:
+    out = {}
+    for line in lines:
+        key, sep, value = line.partition("=")
+        if sep:
+            out[key.strip()] = value.strip()
+    return out
