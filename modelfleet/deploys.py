@@ -15,7 +15,7 @@ from pyinfra.context import ctx_state
 from modelfleet import pins, pipeline, runlock
 from modelfleet.operations.report import fail_host, note_once
 from modelfleet.stages import admission as admission_stage
-from modelfleet.stages import container_runtime, gpu_driver, host_plan, images, os_base, service
+from modelfleet.stages import container_runtime, gpu_driver, images, os_base, service
 from modelfleet.stages import model as model_stage
 from modelfleet.stages import netcheck as netcheck_stage
 from modelfleet.stages import preflight as preflight_stage
@@ -39,13 +39,13 @@ def run_stages(*stages) -> None:
         return
     if message:
         note_once(name="Run lock", message=message)
-    wanted = set(stages)
-    unpinned = pins.problems(host_plan(), images=bool(wanted & NEEDS_IMAGE),
+    wanted, ctx = set(stages), pipeline.context(stages)
+    unpinned = pins.problems(ctx.plan, images=bool(wanted & NEEDS_IMAGE),
                              revisions=bool(wanted & NEEDS_REVISION))
     if unpinned:
         fail_host(name="Pins", reasons=unpinned)
         return
-    pipeline.run_stages(*stages)
+    pipeline.run_stages(*stages, ctx=ctx)
 
 
 def serve() -> None:

@@ -5,24 +5,21 @@ from __future__ import annotations
 
 from pyinfra import host, state
 
+from modelfleet.context import HostRun, host_run
 from modelfleet.operations.apt import missing
 from modelfleet.operations.report import fail_host, report_path, save_report, write_report
 from modelfleet.stages import (
     admission,
     container_runtime,
-    deployed_of,
     exporters,
     gpu_driver,
-    host_plan,
     images,
     model,
     netcheck,
     os_base,
     preflight,
-    probe_of,
     service,
     storage,
-    use_stages,
     verify,
 )
 
@@ -31,23 +28,24 @@ STACK = (os_base, gpu_driver, container_runtime)
 SERVE = (preflight, *STACK, admission, storage, model, images, netcheck, service, verify, exporters)
 
 
-def gpu_stack(deployed: dict, serving: bool) -> bool:
+def gpu_stack(ctx: HostRun, serving: bool) -> bool:
     """The host stack; True when the host can go on to serve (no refusal, no reboot pending). A pending
     reboot stops the host when serving stages follow; on its own the stack just reports it."""
-    plan = host_plan()
+    plan = ctx.plan
     if not plan.stack.manage or plan.hardware.vendor == "none":
         return True  # someone else's stack (pre-built hosts, `gpu_stack: false`): no operations, no report
-    decided = gpu_driver.decide(plan, probe_of() or {}, deployed)
+    deployed = ctx.deployed()
+    decided = gpu_driver.decide(plan, ctx.probe, deployed)
     if decided.problems:  # before os_base changes anything
         fail_host(name="GPU driver: refused", reasons=decided.problems)
         return False
     before = set(state.ops[host])
-    os_base.run(deployed=deployed, builds_module=decided.builds_module)
-    driver = gpu_driver.run(deployed=deployed, decided=decided)
+    os_base.run(ctx, builds_module=decided.builds_module)
+    driver = gpu_driver.run(ctx, decided=decided)
     installed = deployed["packages"]
-    runtime = container_runtime.run(deployed=deployed, driver_changes=bool(driver.installs(installed)) or
-                                    driver.reboot, reboot_pending=driver.pending)
-    base = missing(os_base.base_packages(plan, (probe_of() or {}).get("os"), driver.builds_module), installed)
+    runtime = container_runtime.run(ctx, driver_changes=bool(driver.installs(installed)) or driver.reboot,
+                                    reboot_pending=driver.pending)
+    base = missing(os_base.base_packages(plan, ctx.probe.get("os"), driver.builds_module), installed)
     report = {
         "host": plan.name, "managed": plan.stack.manage, "vendor": driver.vendor,
         "stages": ["preflight", "os_base", "gpu_driver", "container_runtime"],
@@ -76,27 +74,28 @@ def gpu_stack(deployed: dict, serving: bool) -> bool:
     return not driver.pending
 
 
-def run_stages(*stages) -> None:
+def context(stages) -> HostRun:
+    """The host's run context for these stages (one alone when it is the only one besides preflight)."""
+    rest = [s for s in stages if s not in STACK and s is not preflight]
+    return host_run(tuple(s for s in stages if s is not preflight),
+                    alone=len(rest) == 1 and not any(s in STACK for s in stages))
+
+
+def run_stages(*stages, ctx: HostRun | None = None) -> None:
     """
     The stages, in the order given: preflight first when listed (a refused host gets nothing more, and --dry
     shows nothing more), the GPU host stack (os_base, gpu_driver, container_runtime, always the three) next,
-    then the others. What the stages find on the host is read once for all of them.
+    then the others. Each gets the host's run context; what they find on the host is read once for all.
     """
     stack = tuple(s for s in stages if s in STACK)
     if stack and stack != STACK:
         raise ValueError("the GPU host stack runs as os_base, gpu_driver, container_runtime, in that order")
     rest = tuple(s for s in stages if s not in STACK and s is not preflight)
-    if preflight in stages and not preflight.run(defer_stack=bool(stack), health=admission in stages):
+    ctx = ctx or context(stages)
+    if preflight in stages and not preflight.run(ctx, defer_stack=bool(stack), health=admission in stages):
         return
-    if not rest and not stack:
-        return
-    if len(rest) == 1 and not stack:
-        rest[0].run()  # a stage on its own reads just what it needs, and acts as when run alone
-        return
-    use_stages((*stack, *rest))
-    deployed = deployed_of()
-    if stack and not gpu_stack(deployed, serving=bool(rest)):
+    if stack and not gpu_stack(ctx, serving=bool(rest)):
         return
     for stage in rest:
-        if stage.run(deployed=deployed) is False:  # a stage that refused the host (admission): nothing more
+        if stage.run(ctx) is False:  # a stage that refused the host (admission): nothing more
             return

@@ -1,16 +1,13 @@
 """What the service stage will write for each service (unit, env and secret files, from the pinned service)
-and whether a pool's units (re)start in this run: read by the service stage, and by the netcheck gate and the
-verify stage, which act only when a pool (re)starts."""
+and whether a host's unit of a pool (re)starts in this run: read by the service stage, and through the run
+context's `pool_starts` by the netcheck gate and the verify stage, which act only when a pool (re)starts."""
 
 from __future__ import annotations
-
-from pyinfra import state as run_state
 
 from modelfleet import render
 from modelfleet.inventory import HostPlan, ServicePlan
 from modelfleet.operations.files import content_changes
 from modelfleet.pins import pinned_service
-from modelfleet.stages import deployed_of, resolved
 
 UNIT_DIR = "/etc/systemd/system"
 
@@ -41,9 +38,3 @@ def starts(plan: HostPlan, state: dict, pool: str) -> bool:
             unit = state["units"].get(svc.unit_name) or {}
             return any(edited(svc, state).values()) or unit.get("ActiveState") != "active"
     return False
-
-
-def pool_starts(pool: str) -> bool:
-    """Will this run (re)start a unit of `pool` on any of its hosts? (Read from each host's state, once.)"""
-    return any(starts(resolved().hosts[name], deployed_of(run_state.inventory.get_host(name)), pool)
-               for name in resolved().pools[pool].hosts)

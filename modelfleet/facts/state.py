@@ -41,6 +41,7 @@ class DeployedState(FactBase):
             f"for k in {quoted_packages}; do echo \"{MARK} package $k\"; "
             "dpkg-query -W -f='${db:Status-Abbrev} ${Version}\\n' -- \"$k\" 2>/dev/null | grep -E '^[hi]i '; "
             "done; ") if packages else ""
+        unit_show = unit_show_command('"$u"', ("ActiveState", "UnitFileState"))
         text_part = "".join(f"echo \"{MARK} text {shlex.quote(t)}\"; [ -f {shlex.quote(t)} ] && sed 's/^/= /' "
                             f"{shlex.quote(t)}; " for t in texts)
         return (
@@ -49,7 +50,7 @@ class DeployedState(FactBase):
             'elif [ -f "$p" ]; then echo "file $(stat -c "%a %U %G" -- "$p") $(sha256sum < "$p" | cut -c1-64)"; '
             "fi; done; "
             f"for u in {quoted_units}; do echo \"{MARK} unit $u\"; "
-            f'{unit_show_command("$u", ("ActiveState", "UnitFileState"))} 2>/dev/null; done; '
+            f"{unit_show} 2>/dev/null; done; "
             f"for i in {quoted_images}; do echo \"{MARK} image $i\"; "
             'docker image inspect --format "id={{.Id}}" -- "$i" 2>/dev/null; done; '
             f"for t in {quoted_trees}; do echo \"{MARK} tree $t\"; "

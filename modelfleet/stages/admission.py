@@ -12,14 +12,14 @@ import time
 from pyinfra import host
 from pyinfra.api import deploy
 
+from modelfleet.context import HostRun
 from modelfleet.facts.health import GpuHealth
 from modelfleet.gpu_predicates import fabric_manager_needed
 from modelfleet.health import verdict
 from modelfleet.operations.report import fail_host, save_report
-from modelfleet.stages import host_plan, probe_of
 
 
-def wants(plan) -> dict:
+def wants(plan, probe: dict) -> dict:
     return {}
 
 
@@ -43,12 +43,12 @@ def judge(plan, health: dict, probe: dict) -> dict:
 
 
 @deploy("modelfleet admission")
-def run(deployed: dict | None = None) -> bool:
-    plan = host_plan()
+def run(ctx: HostRun) -> bool:
+    plan = ctx.plan
     if plan.hardware.vendor != "nvidia" or not all(s.gpu_passthrough for s in plan.services):
         host.noop("admission checks NVIDIA GPUs handed to containers (none here, or AMD: not built)")
         return True
-    probe = probe_of() or {}
+    probe = ctx.probe
     report = judge(plan, probe.get("gpu_health") or host.get_fact(GpuHealth), probe)
     save_report("admission", plan.name, report)
     if not report["ok"]:

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
 
+from modelfleet.context import HostRun
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.apt import held, key_fetched, missing, packages
 from modelfleet.operations.files import content_file
 from modelfleet.operations.service import unit_running
-from modelfleet.stages import deployed_for_stage, host_plan, probe_of
 
 DAEMON_JSON = "/etc/docker/daemon.json"
 CDI_SPEC = "/etc/cdi/nvidia.yaml"
@@ -124,18 +124,18 @@ def container_sees_gpus(needed: bool, reason: str, vendor: str, image: str):
     yield StringCommand("sh", "-c", shlex.quote(container_gpu_check_script(vendor, image)))
 
 
-def wants(plan: HostPlan) -> dict:
-    d = decide(plan, probe_of(plan.name) or {}, {"texts": {}, "paths": {}})
+def wants(plan: HostPlan, probe: dict) -> dict:
+    d = decide(plan, probe, {"texts": {}, "paths": {}})
     return {"paths": [p for s in d.sources for p in (s[0], s[3])] + ([CDI_SPEC] if d.vendor == "nvidia" else []),
             "packages": list(d.packages), "units": ["docker.service"] if d.manage else [],
             "texts": [DAEMON_JSON] if d.vendor == "nvidia" else []}
 
 
 @deploy("modelfleet container_runtime")
-def run(deployed: dict | None = None, driver_changes: bool = False, reboot_pending: bool = False):
-    plan = host_plan()
-    state = deployed or deployed_for_stage(__name__)
-    d = decide(plan, probe_of() or {}, state, driver_changes, reboot_pending)
+def run(ctx: HostRun, driver_changes: bool = False, reboot_pending: bool = False):
+    plan = ctx.plan
+    state = ctx.deployed()
+    d = decide(plan, ctx.probe, state, driver_changes, reboot_pending)
     paths = state["paths"]
     for list_path, content, key_url, key_path in d.sources:
         key_fetched(name=f"Signing key {key_path}", url=key_url, dest=key_path, current=paths.get(key_path))

@@ -8,12 +8,12 @@ from __future__ import annotations
 from pyinfra.api import deploy
 
 from modelfleet import render
+from modelfleet.context import HostRun
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.files import content_changes, content_file
 from modelfleet.operations.service import unit_running
 from modelfleet.prometheus import DCGM_PORT
 from modelfleet.registry import pinned
-from modelfleet.stages import deployed_for_stage, host_plan
 
 UNIT = "modelfleet-dcgm-exporter.service"
 CONTAINER = "modelfleet-dcgm-exporter"
@@ -24,7 +24,7 @@ def enabled(plan: HostPlan) -> bool:
     return plan.dcgm_exporter and plan.hardware.vendor == "nvidia"
 
 
-def wants(plan: HostPlan) -> dict:
+def wants(plan: HostPlan, probe: dict) -> dict:
     return {"paths": [UNIT_PATH], "units": [UNIT]} if enabled(plan) else {}
 
 
@@ -37,11 +37,11 @@ def dcgm_unit(plan: HostPlan) -> str:
 
 
 @deploy("modelfleet exporters")
-def run(deployed: dict | None = None):
-    plan = host_plan()
+def run(ctx: HostRun):
+    plan = ctx.plan
     if not enabled(plan):
         return
-    state = deployed or deployed_for_stage(__name__)
+    state = ctx.deployed()
     content = dcgm_unit(plan)
     edited = content_changes(state["paths"].get(UNIT_PATH), content, "0644")
     content_file(name=f"Unit {UNIT}", dest=UNIT_PATH, content=content, current=state["paths"].get(UNIT_PATH))

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
 
+from modelfleet.context import HostRun
 from modelfleet.gpu_predicates import branch_of, fabric_manager_needed, loaded_driver, replaces_driver
 from modelfleet.host_commands import (
     amd_gpu_count_sh,
@@ -32,7 +33,6 @@ from modelfleet.operations.apt import apt_get, deb_from_url, held, missing, pack
 from modelfleet.operations.files import content_file
 from modelfleet.operations.reboot import reboot_and_wait
 from modelfleet.operations.report import fail_host
-from modelfleet.stages import deployed_for_stage, host_plan, probe_of
 
 # NVIDIA's repository names (https://developer.download.nvidia.com/compute/cuda/repos/)
 CUDA_DISTROS = {("ubuntu", "22.04"): "ubuntu2204", ("ubuntu", "24.04"): "ubuntu2404", ("debian", "12"): "debian12"}
@@ -279,8 +279,8 @@ def stack_checked(needed: bool, script: str):
     yield StringCommand("sh", "-c", shlex.quote(script))
 
 
-def wants(plan: HostPlan) -> dict:
-    probe = probe_of(plan.name) or {}
+def wants(plan: HostPlan, probe: dict) -> dict:
+    probe = probe
     empty = {"packages": {}, "units": {}, "paths": {}, "texts": {}}
     d = decide(plan, probe, empty)  # with nothing installed: every package and list it may need
     return {"packages": [p for p in [d.repo_package, d.driver_package, *d.packages, *d.exact] if p],
@@ -289,11 +289,11 @@ def wants(plan: HostPlan) -> dict:
 
 
 @deploy("modelfleet gpu_driver")
-def run(deployed: dict | None = None, decided: DriverPlan | None = None) -> DriverPlan:
+def run(ctx: HostRun, decided: DriverPlan | None = None) -> DriverPlan:
     """`decided`: the pipeline's decision, made before os_base (to refuse first); else decided here."""
-    plan = host_plan()
-    state = deployed or deployed_for_stage(__name__)
-    d = decided or decide(plan, probe_of() or {}, state)
+    plan = ctx.plan
+    state = ctx.deployed()
+    d = decided or decide(plan, ctx.probe, state)
     if d.problems:  # the pipeline refuses before os_base; this is for the stage run on its own
         fail_host(name="GPU driver: refused", reasons=d.problems)
         return d

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
 
+from modelfleet.context import HostRun
 from modelfleet.inventory import HostPlan
 from modelfleet.pins import pinned_image
-from modelfleet.stages import deployed_for_stage, host_plan
 
 
 @operation()
@@ -19,16 +19,16 @@ def image_present(image: str, current: dict | None):
     yield StringCommand("docker", "pull", "--quiet", image)
 
 
-def wants(plan: HostPlan) -> dict:
+def wants(plan: HostPlan, probe: dict) -> dict:
     """What this stage reads from the host's DeployedState."""
     return {"images": [pinned_image(svc) for svc in plan.services]}
 
 
 @deploy("modelfleet images")
-def run(deployed: dict | None = None):
-    plan = host_plan()
+def run(ctx: HostRun):
+    plan = ctx.plan
     # Read in the deploy body, not the operation: an operation's body runs twice (prepare and execute).
-    present = (deployed or deployed_for_stage(__name__))["images"]
+    present = ctx.deployed()["images"]
     for svc in plan.services:
         image = pinned_image(svc)
         image_present(name=f"Pull {svc.image} (pinned digest)", image=image, current=present.get(image))

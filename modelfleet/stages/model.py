@@ -18,12 +18,13 @@ from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
 from modelfleet import FILES_DIR
 from modelfleet.checkpoint import Snapshot, missing_files
+from modelfleet.context import HostRun
 from modelfleet.grammar import slug
 from modelfleet.inventory import HostPlan, ServicePlan
 from modelfleet.operations.files import content_file, directory
 from modelfleet.operations.report import fail_host, note, refuse
 from modelfleet.pins import checkpoint_of, pinned_revision
-from modelfleet.stages import TOOLS_BIN, deployed_for_stage, deployed_of, host_plan, resolved
+from modelfleet.stages import TOOLS_BIN
 
 FETCH = f"{TOOLS_BIN}/modelfleet_fetch.py"
 VENV = "/opt/modelfleet/hf-venv"
@@ -45,20 +46,20 @@ def _checkpoints(plan: HostPlan) -> dict[str, tuple[ServicePlan, Snapshot]]:
     return out
 
 
-def _group(svc: ServicePlan) -> list[str]:
+def _group(ctx: HostRun, svc: ServicePlan) -> list[str]:
     """
     The hosts of this run sharing this checkpoint, in inventory order: the first one fetches from the source.
     (With --limit, a host whose group's first member is left out fetches from the source itself.)
     """
     members = []
     active = {h.name for h in state.inventory.get_active_hosts()}
-    for name, plan in resolved().hosts.items():
+    for name, plan in ctx.inventory.hosts.items():
         if name in active and any(s.checkpoint_group == svc.checkpoint_group and s.model.id == svc.model.id for s in plan.services):
             members.append(name)
     return members
 
 
-def wants(plan: HostPlan) -> dict:
+def wants(plan: HostPlan, probe: dict) -> dict:
     dirs = list(_checkpoints(plan))
     return {"trees": dirs, "units": [f"{_fanout_unit(s.checkpoint_group)}.service" for s in plan.services],
             "paths": [TOOLS_BIN, FETCH, f"{VENV}/bin/python", plan.config_dir,
@@ -176,9 +177,9 @@ def _to_prune(tree: dict, commit: str, keep: int) -> list[str]:
 
 
 @deploy("modelfleet model")
-def run(deployed: dict | None = None):
-    plan = host_plan()
-    mine = deployed or deployed_for_stage(__name__)
+def run(ctx: HostRun):
+    plan = ctx.plan
+    mine = ctx.deployed()
     directory(name=f"Config directory {plan.config_dir} (0700)", path=plan.config_dir,
               current=mine["paths"].get(plan.config_dir), mode="0700")
     directory(name=f"Tools directory {TOOLS_BIN}", path=TOOLS_BIN, current=mine["paths"].get(TOOLS_BIN))
@@ -186,7 +187,7 @@ def run(deployed: dict | None = None):
                  .read_text(), current=mine["paths"].get(FETCH), mode="0755")
     for model_dir, (svc, snap) in _checkpoints(plan).items():
         tree = mine["trees"][model_dir]
-        members = _group(svc)
+        members = _group(ctx, svc)
         seed = members[0]
         missing = missing_files(tree, snap, plan.model_reverify)
         needed = sum(snap.files[p]["size"] for p in missing) * TEMP_FACTOR
@@ -208,12 +209,12 @@ def run(deployed: dict | None = None):
         hf_client_installed(name=f"huggingface_hub in {VENV}", needed=from_hub and bool(missing),
                             present=bool(mine["paths"].get(f"{VENV}/bin/python")))
         hub_token_file(name=f"Hub token {plan.config_dir}/hf-token (0600)", dest=f"{plan.config_dir}/hf-token",
-                       token=_token() if from_hub else None, current=mine["paths"].get(f"{plan.config_dir}/hf-token"))
+                       token=os.environ.get(plan.hf_token_env) if from_hub else None, current=mine["paths"].get(f"{plan.config_dir}/hf-token"))
         checkpoint_fetched(name=f"Fetch {snap.repo}@{snap.commit[:12]} from {source_url or 'the hub'}", job=job,
                            mode="peer" if source_url else "hub", source=source_url,
                            missing=missing if is_seed else [], reverify=plan.model_reverify)
-        peers_missing = [name for name in members[1:] if _peer_missing(name, snap)] if is_seed else []
-        seed_address = resolved().hosts[seed].address
+        peers_missing = [name for name in members[1:] if _peer_missing(ctx, name, snap)] if is_seed else []
+        seed_address = ctx.inventory.hosts[seed].address
         unit_state = mine["units"].get(f"{_fanout_unit(svc.checkpoint_group)}.service") or {}
         fanout_serving(name=f"Serve {snap.commit[:12]} to the group's peers", group=svc.checkpoint_group,
                        directory_=model_dir, address=plan.address, port=FANOUT_PORT, serve=True,
@@ -231,16 +232,12 @@ def run(deployed: dict | None = None):
                          parent=parent, remove=_to_prune(tree, snap.commit, plan.model_keep_revisions))
 
 
-def _peer_missing(name: str, snap: Snapshot) -> bool:
+def _peer_missing(ctx: HostRun, name: str, snap: Snapshot) -> bool:
     """Does group member `name` lack files of this checkpoint? (Its own model_root may differ from ours.)"""
-    peer_plan = resolved().hosts[name]
-    peer = state.inventory.get_host(name)
-    peer_state = deployed_of(peer)
+    peer_plan = ctx.inventory.hosts[name]
+    peer_state = ctx.deployed_on(name)
     for model_dir, (_, peer_snap) in _checkpoints(peer_plan).items():
         if peer_snap.commit == snap.commit and peer_snap.repo == snap.repo:
             return bool(missing_files(peer_state["trees"].get(model_dir, {}), snap, peer_plan.model_reverify))
     return False
 
-
-def _token() -> str | None:
-    return os.environ.get(host_plan().hf_token_env) or None

@@ -14,30 +14,27 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import weakref
 import zlib
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
-from pyinfra.context import ctx_state
 
 from modelfleet import FILES_DIR
+from modelfleet.context import HostRun
 from modelfleet.inventory import HostPlan, ServicePlan
 from modelfleet.operations.files import content_file, directory
 from modelfleet.operations.report import save_report
 from modelfleet.pins import pinned_image
 from modelfleet.render import gpu_flags
-from modelfleet.stages import TOOLS_BIN, deployed_for_stage, host_plan, resolved
-from modelfleet.units import pool_starts
+from modelfleet.stages import TOOLS_BIN
 
 SCRIPT = f"{TOOLS_BIN}/nccl_check.py"
 # Largest message of the sweep: nccl-tests' health checks read busbw at the top of -b 1M -e 16G on GPUs;
 # the lab's Gloo over loopback stops at 64M to stay quick on two cores.
 MAX_BYTES = {"nccl": "16G", "gloo": "64M"}
-_results: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # run -> pool -> host -> report
 
 
-def wants(plan: HostPlan) -> dict:
+def wants(plan: HostPlan, probe: dict) -> dict:
     return {"paths": [TOOLS_BIN, SCRIPT]}
 
 
@@ -66,7 +63,7 @@ def check_command(svc: ServicePlan, image: str) -> str:
     return " ".join(shlex.quote(a) for a in argv) + f" < {shlex.quote(SCRIPT)}"
 
 
-def _run_check(state, host, pool: str, command: str) -> bool:
+def _run_check(state, host, results: dict, command: str) -> bool:
     """FunctionCommand body: run the check on the host, keep its JSON for the gate operation."""
     ok, output = host.run_shell_command(StringCommand(command), print_output=False, print_input=False)
     report = None
@@ -79,16 +76,16 @@ def _run_check(state, host, pool: str, command: str) -> bool:
     if report is None:
         report = {"ok": False, "error": "no report: " + " | ".join(output.stderr_lines[-5:])[:600]}
     report["exit_ok"] = ok
-    _results.setdefault(ctx_state.get(), {}).setdefault(pool, {})[host.name] = report
+    results[host.name] = report
     return True  # judged by the gate operation, over every host of the pool
 
 
 @operation(is_idempotent=False)
-def collective_check(pool: str, command: str, needed: bool):
+def collective_check(pool: str, command: str, needed: bool, results: dict):
     if not needed:
         host.noop(f"pool {pool}: no unit (re)starts, the gate is not needed")
         return
-    yield FunctionCommand(_run_check, (pool, command), {})
+    yield FunctionCommand(_run_check, (results, command), {})
 
 
 def threshold(svc: ServicePlan) -> float | None:
@@ -122,8 +119,8 @@ def judge(pool: str, members: list[str], reports: dict, minimum: float | None) -
             "problems": problems, "per_host": per_host}
 
 
-def _gate(state, host, pool: str, members: list[str], minimum: float | None) -> bool:
-    verdict = judge(pool, members, _results.get(ctx_state.get(), {}).get(pool, {}), minimum)
+def _gate(state, host, pool: str, members: list[str], minimum: float | None, results: dict) -> bool:
+    verdict = judge(pool, members, results, minimum)
     if host.name == members[0]:
         save_report("netcheck", pool, verdict)
     for problem in verdict["problems"]:
@@ -132,33 +129,33 @@ def _gate(state, host, pool: str, members: list[str], minimum: float | None) -> 
 
 
 @operation(is_idempotent=False)
-def gate_passed(pool: str, members: list[str], minimum: float | None, needed: bool):
+def gate_passed(pool: str, members: list[str], minimum: float | None, needed: bool, results: dict):
     if not needed:
         host.noop(f"pool {pool}: gate not needed")
         return
-    yield FunctionCommand(_gate, (pool, members, minimum), {})
+    yield FunctionCommand(_gate, (pool, members, minimum, results), {})
 
 
-def _needed(svc: ServicePlan, alone: bool) -> bool:
+def _needed(ctx: HostRun, svc: ServicePlan) -> bool:
     if svc.nnodes * svc.gpus < 2:
         return False  # one GPU: nothing to talk to
-    if alone or os.environ.get("MODELFLEET_NETCHECK") == "always":
+    if ctx.alone or os.environ.get("MODELFLEET_NETCHECK") == "always":
         return True
-    return pool_starts(svc.pool)
+    return ctx.pool_starts(svc.pool)
 
 
 @deploy("modelfleet netcheck")
-def run(deployed: dict | None = None):
-    plan = host_plan()
-    alone = deployed is None
-    mine = deployed or deployed_for_stage(__name__)
+def run(ctx: HostRun):
+    plan = ctx.plan
+    mine = ctx.deployed()
     directory(name=f"Tools directory {TOOLS_BIN}", path=TOOLS_BIN, current=mine["paths"].get(TOOLS_BIN))
     content_file(name=f"Check script {SCRIPT}", dest=SCRIPT, content=(FILES_DIR / "nccl_check.py")
                  .read_text(), current=mine["paths"].get(SCRIPT), mode="0755")
     for svc in plan.services:
-        needed = _needed(svc, alone)
-        pool = resolved().pools[svc.pool]
+        needed = _needed(ctx, svc)
+        pool = ctx.inventory.pools[svc.pool]
         collective_check(name=f"Collective check for pool {svc.pool} ({backend(svc)})", pool=svc.pool,
-                         command=check_command(svc, pinned_image(svc)), needed=needed)
+                         command=check_command(svc, pinned_image(svc)), needed=needed,
+                         results=ctx.pool_checks(svc.pool))
         gate_passed(name=f"Gate for pool {svc.pool}", pool=svc.pool, members=list(pool.hosts),
-                    minimum=threshold(svc), needed=needed)
+                    minimum=threshold(svc), needed=needed, results=ctx.pool_checks(svc.pool))

@@ -8,10 +8,10 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import deploy
 
+from modelfleet.context import HostRun
 from modelfleet.facts.host import OsRelease
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.apt import packages
-from modelfleet.stages import deployed_for_stage, host_plan, probe_of
 
 BASE_PACKAGES = ("ca-certificates", "curl")
 
@@ -26,19 +26,18 @@ def base_packages(plan: HostPlan, os_info: dict | None, builds_module: bool = Tr
     return dict.fromkeys(names)
 
 
-def _os_info() -> dict | None:
+def _os_info(probe: dict) -> dict | None:
     """Preflight's view of the OS; asked again only when the stage runs on its own."""
-    probe = probe_of()
     return probe["os"] if probe else host.get_fact(OsRelease)
 
 
-def wants(plan: HostPlan) -> dict:
-    return {"packages": list(base_packages(plan, (probe_of(plan.name) or {}).get("os")))}
+def wants(plan: HostPlan, probe: dict) -> dict:
+    return {"packages": list(base_packages(plan, probe.get("os")))}
 
 
 @deploy("modelfleet os_base")
-def run(deployed: dict | None = None, builds_module: bool = True):
-    plan = host_plan()
-    wanted = base_packages(plan, _os_info(), builds_module)
-    state = deployed or deployed_for_stage(__name__)
+def run(ctx: HostRun, builds_module: bool = True):
+    plan = ctx.plan
+    wanted = base_packages(plan, _os_info(ctx.probe), builds_module)
+    state = ctx.deployed()
     packages(name="Base packages and kernel headers", wanted=wanted, current=state["packages"])

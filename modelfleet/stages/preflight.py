@@ -6,12 +6,12 @@ from pyinfra import host
 from pyinfra.api import deploy
 
 from modelfleet.catalog import load_catalog
+from modelfleet.context import HostRun
 from modelfleet.facts.probe import HostProbe
 from modelfleet.gpu_predicates import fabric_manager_needed, replaces_driver
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.report import fail_host, save_report
 from modelfleet.planner import plan_capacity
-from modelfleet.stages import host_plan, remember_probe
 
 
 def _version_tuple(text: str | None) -> tuple[int, ...]:
@@ -120,11 +120,11 @@ def assess(plan: HostPlan, gpus: list[dict]) -> list[dict]:
 
 
 @deploy("modelfleet preflight")
-def run(defer_stack: bool = False, health: bool = False) -> bool:
+def run(ctx: HostRun, defer_stack: bool = False, health: bool = False) -> bool:
     """`health`: the admission stage follows; its read rides in this probe (no round trip of its own)."""
-    plan = host_plan()
+    plan = ctx.plan
     probe = host.get_fact(HostProbe, model_root=plan.model_root, health=health)
-    remember_probe(probe)
+    ctx.remember_probe(probe)
     report = evaluate(plan, probe, defer_stack=defer_stack)
     save_report("preflight", plan.name, report)
     if not report["ok"]:

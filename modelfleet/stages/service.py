@@ -5,14 +5,14 @@ from __future__ import annotations
 from pyinfra.api import deploy
 
 from modelfleet import render
+from modelfleet.context import HostRun
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.files import content_file, directory
 from modelfleet.operations.service import unit_running, wait_ready, worker_up
-from modelfleet.stages import deployed_for_stage, host_plan
 from modelfleet.units import UNIT_DIR, edited, pinned_services, unit_files
 
 
-def wants(plan: HostPlan) -> dict:
+def wants(plan: HostPlan, probe: dict) -> dict:
     """What this stage reads from the host's DeployedState."""
     services = pinned_services(plan)
     paths = [plan.config_dir] + [svc.model_dir for svc in services]
@@ -23,10 +23,10 @@ def wants(plan: HostPlan) -> dict:
 
 
 @deploy("modelfleet service")
-def run(deployed: dict | None = None):
-    plan = host_plan()
+def run(ctx: HostRun):
+    plan = ctx.plan
     services = pinned_services(plan)
-    state = deployed or deployed_for_stage(__name__)
+    state = ctx.deployed()
     at = state["paths"].get
 
     directory(name=f"Config directory {plan.config_dir} (0700)", path=plan.config_dir,

@@ -15,17 +15,17 @@ import shlex
 from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
 
+from modelfleet.context import HostRun
 from modelfleet.facts.host import BlockDevices
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.files import directory
 from modelfleet.operations.report import fail_host
-from modelfleet.stages import deployed_for_stage, host_plan, probe_of
 
 LABEL = "mf-models"  # at most 12 characters for XFS
 RAID = "/dev/md/modelfleet"
 
 
-def wants(plan: HostPlan) -> dict:
+def wants(plan: HostPlan, probe: dict) -> dict:
     return {"paths": [plan.model_root]} if plan.nvme_devices else {}
 
 
@@ -112,13 +112,13 @@ def mounted_by_uuid(device: str, mount: str, filesystem: str, mounted_at: str | 
 
 
 @deploy("modelfleet storage")
-def run(deployed: dict | None = None):
-    plan = host_plan()
+def run(ctx: HostRun):
+    plan = ctx.plan
     if not plan.nvme_devices:
         return
-    state = deployed or deployed_for_stage(__name__)
+    state = ctx.deployed()
     # Preflight's probe already listed the block devices; only a stage run alone asks again.
-    devices = (probe_of() or {}).get("block_devices")
+    devices = (ctx.probe).get("block_devices")
     if devices is None:
         devices = host.get_fact(BlockDevices)
     targets, refusals = plan_devices(plan, devices)

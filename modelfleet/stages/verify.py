@@ -14,12 +14,11 @@ from pyinfra.api import FunctionCommand, deploy, operation
 
 from modelfleet.checks import Endpoint, endpoint, reachable_from_control_node
 from modelfleet.checks.gate import run_gate
+from modelfleet.context import HostRun
 from modelfleet.operations.report import refuse, reports_dir, save_report
-from modelfleet.stages import host_plan
-from modelfleet.units import pool_starts
 
 
-def wants(plan) -> dict:
+def wants(plan, probe: dict) -> dict:
     return {}
 
 
@@ -66,9 +65,9 @@ def endpoint_verified(ep: Endpoint, tunnel: tuple[str, int] | None, ready_timeou
 
 
 @deploy("modelfleet verify")
-def run(deployed: dict | None = None):
-    plan = host_plan()
-    alone = deployed is None
+def run(ctx: HostRun):
+    plan = ctx.plan
+    alone = ctx.alone
     for svc in plan.services:
         if svc.node_rank:
             continue  # a pool is verified at its head
@@ -76,4 +75,4 @@ def run(deployed: dict | None = None):
         endpoint_verified(name=f"Verify {svc.served_name} at {svc.base_url}", ep=endpoint(plan, svc),
                           tunnel=tunnel, ready_timeout_s=min(svc.recipe.ready_timeout_s, 120),
                           with_bench=plan.verify_bench,
-                          full=alone or plan.verify_full or plan.verify_bench or pool_starts(svc.pool))
+                          full=alone or plan.verify_full or plan.verify_bench or ctx.pool_starts(svc.pool))

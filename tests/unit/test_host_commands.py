@@ -59,3 +59,17 @@ def test_unit_commands_quote_names_and_read_back_properties():
         "journalctl -u x.service -n 40 --no-pager -o short-iso -f"
     assert hc.parse_unit_show(["ActiveState=active", "NRestarts=0", "noise"]) == {"ActiveState": "active",
                                                                                     "NRestarts": "0"}
+
+
+def test_deployed_state_asks_systemctl_about_each_unit_by_name(tmp_path):
+    """The fact's loop hands each unit name to systemctl (a quoting slip once sent the literal '$u')."""
+    from modelfleet.facts.state import DeployedState
+
+    fact = DeployedState()
+    stub = 'case "$*" in *"-- demo.service") echo ActiveState=active; echo UnitFileState=enabled;; esac'
+    (tmp_path / "systemctl").write_text(f"#!/bin/sh\n{stub}\n")
+    (tmp_path / "systemctl").chmod(0o755)
+    out = subprocess.run(["sh", "-c", fact.command(units=("demo.service",))], capture_output=True, text=True,
+                         env={"PATH": f"{tmp_path}:/usr/bin:/bin"}).stdout
+    assert fact.process(out.splitlines())["units"]["demo.service"] == {"ActiveState": "active",
+                                                                       "UnitFileState": "enabled"}

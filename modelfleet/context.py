@@ -1,0 +1,117 @@
+"""The run context: what a stage knows about its host, built once per host by the pipeline and passed to every
+stage (`stage.run(ctx)`). Stages look nothing up on their own; everything cached for a run lives here, keyed by
+pyinfra's State, so a new run (or a new test) never sees an older inventory or host state.
+
+- `plan` / `inventory`: this host's typed plan and the whole resolved inventory (pools, peers), resolved once;
+  an inventory error stops the run before a host is changed.
+- `probe`: preflight's HostProbe for this host ({} when preflight did not run): later stages read its parts
+  instead of asking again.
+- `deployed()`: what the run's stages find on the host, one DeployedState round trip per host per run, read
+  before anything runs (the union of the stages' `wants(plan, probe)`); `deployed_on(peer)` for stages that
+  coordinate hosts (the model fan-out, the pool gates), so no host is asked twice.
+- `alone`: the stage runs on its own (`pyinfra INV deploys/verify.py`) and acts on everything it covers.
+- `pool_starts(pool)`: will this run (re)start a unit of the pool on any of its hosts; computed once per pool.
+- `pool_checks(pool)`: the pool's collective-check reports, filled while executing, judged by its gate.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+from gevent.lock import Semaphore
+from pyinfra import state as pyinfra_state
+from pyinfra.api import State
+from pyinfra.context import ctx_host, ctx_state
+
+from modelfleet.facts.state import DeployedState
+from modelfleet.inventory import HostPlan, InventoryError, Resolved, resolve
+from modelfleet.units import starts
+
+KINDS = ("paths", "units", "images", "trees", "packages", "texts")
+
+
+@dataclass
+class _RunCache:
+    """Everything one pyinfra run remembers across hosts and stages."""
+
+    inventory: Resolved
+    stages: tuple = ()
+    probes: dict[str, dict] = field(default_factory=dict)
+    deployed: dict[str, dict] = field(default_factory=dict)
+    locks: dict[str, Semaphore] = field(default_factory=dict)
+    pool_starts: dict[str, bool] = field(default_factory=dict)
+    pool_checks: dict[str, dict[str, dict]] = field(default_factory=dict)
+
+
+_runs: weakref.WeakKeyDictionary[State, _RunCache] = weakref.WeakKeyDictionary()
+
+
+def _cache() -> _RunCache:
+    run = ctx_state.get()  # the State itself: pyinfra's `state` is a context proxy
+    if run not in _runs:
+        result = resolve([(h.name, h.data.dict()) for h in run.inventory])
+        if result.errors:
+            raise InventoryError(result.errors)
+        _runs[run] = _RunCache(inventory=result)
+    return _runs[run]
+
+
+@dataclass
+class HostRun:
+    plan: HostPlan
+    inventory: Resolved
+    alone: bool
+    _cache: _RunCache
+
+    @property
+    def probe(self) -> dict:
+        return self._cache.probes.get(self.plan.name, {})
+
+    def probe_of(self, name: str) -> dict:
+        """Another host's preflight probe ({} when preflight did not run there)."""
+        return self._cache.probes.get(name, {})
+
+    def remember_probe(self, probe: dict) -> None:
+        self._cache.probes[self.plan.name] = probe
+
+    def deployed(self) -> dict:
+        return self.deployed_on(self.plan.name)
+
+    def deployed_on(self, name: str) -> dict:
+        """What this run's stages find on host `name`: one DeployedState read per host per run."""
+        cache = self._cache
+        with cache.locks.setdefault(name, Semaphore()):
+            if name not in cache.deployed:
+                plan, probe = cache.inventory.hosts[name], cache.probes.get(name, {})
+                merged: dict[str, list[str]] = {kind: [] for kind in KINDS}
+                for stage in cache.stages:
+                    for kind, items in stage.wants(plan, probe).items():
+                        merged[kind] += [item for item in items if item not in merged[kind]]
+                target = pyinfra_state.inventory.get_host(name)
+                with ctx_host.use(target):
+                    cache.deployed[name] = target.get_fact(DeployedState, **{k: tuple(v) for k, v in merged.items()})
+        return cache.deployed[name]
+
+    def pool_checks(self, pool: str) -> dict[str, dict]:
+        """Where the pool's hosts put their collective-check reports while executing (host -> report), for
+        the gate that judges them together."""
+        return self._cache.pool_checks.setdefault(pool, {})
+
+    def pool_starts(self, pool: str) -> bool:
+        """Will this run (re)start a unit of `pool` on any of its hosts? (Each host's state read once.)"""
+        cache = self._cache
+        if pool not in cache.pool_starts:
+            cache.pool_starts[pool] = any(starts(cache.inventory.hosts[name], self.deployed_on(name), pool)
+                                          for name in cache.inventory.pools[pool].hosts)
+        return cache.pool_starts[pool]
+
+
+def host_run(stages: tuple, alone: bool = False) -> HostRun:
+    """The context for the current host. `stages`: those of this run (what `deployed()` reads covers all of
+    them); the first call of a run declares them."""
+    cache = _cache()
+    if stages and not cache.stages:
+        cache.stages = tuple(stages)
+    return HostRun(plan=cache.inventory.hosts[ctx_host.get().name], inventory=cache.inventory, alone=alone,
+                   _cache=cache)
