@@ -12,6 +12,7 @@ pyinfra's State, so a new run (or a new test) never sees an older inventory or h
 - `alone`: the stage runs on its own (`pyinfra INV deploys/verify.py`) and acts on everything it covers.
 - `pool_starts(pool)`: will this run (re)start a unit of the pool on any of its hosts; computed once per pool.
 - `pool_checks(pool)`: the pool's collective-check reports, filled while executing, judged by its gate.
+- `admission`: each host's admission verdict, so a refused host fails its whole pool.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class _RunCache:
     locks: dict[str, Semaphore] = field(default_factory=dict)
     pool_starts: dict[str, bool] = field(default_factory=dict)
     pool_checks: dict[str, dict[str, dict]] = field(default_factory=dict)
+    admission: dict[str, dict] = field(default_factory=dict)  # host -> its verdict in this run
 
 
 _runs: weakref.WeakKeyDictionary[State, _RunCache] = weakref.WeakKeyDictionary()
@@ -97,6 +99,12 @@ class HostRun:
         """Where the pool's hosts put their collective-check reports while executing (host -> report), for
         the gate that judges them together."""
         return self._cache.pool_checks.setdefault(pool, {})
+
+    @property
+    def admission(self) -> dict[str, dict]:
+        """Each host's admission verdict in this run (host -> {"ok", "reasons"}), filled while planning, read
+        by every pool member's admission gate while executing, when all of them are in."""
+        return self._cache.admission
 
     def pool_starts(self, pool: str) -> bool:
         """Will this run (re)start a unit of `pool` on any of its hosts? (Each host's state read once.)"""

@@ -13,19 +13,17 @@ it in that file: first contact is an explicit choice.
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 import threading
-import time
 from pathlib import Path
 
 import paramiko
 from fabric import Connection
 
+from modelfleet.health import admission_state
 from modelfleet.host_commands import journal_command, unit_show_command
 from modelfleet.inventory import HostPlan, ServicePlan
-from modelfleet.operations.report import report_path
 
 MARK = "@@modelfleet-status"
 
@@ -178,20 +176,6 @@ def status(plans: list[HostPlan]) -> list[dict]:
     for conn in conns.values():
         conn.close()
     return rows
-
-
-def admission_state(host: str, now: float | None = None) -> dict | None:
-    """The host's last admission verdict (reports/admission on this control node): ok, its age in hours,
-    and whether it still holds (a pass expires at valid_until); None when the host was never judged."""
-    path = report_path("admission", host)
-    if not path.exists():
-        return None
-    report = json.loads(path.read_text())
-    now = time.time() if now is None else now
-    judged = report.get("admitted_at") or path.stat().st_mtime
-    return {"ok": report["ok"], "age_h": round((now - judged) / 3600, 1),
-            "valid": bool(report["ok"] and report.get("valid_until") and now < report["valid_until"]),
-            "reasons": report.get("reasons", [])}
 
 
 def _admission_cell(state: dict | None) -> str:

@@ -7,8 +7,12 @@ resolution is a GPU reset, a node drain or RMA rather than an application fix):
 
 from __future__ import annotations
 
+import json
 import re
+import time
 import xml.etree.ElementTree as ET
+
+from modelfleet.operations.report import report_path
 
 FATAL_XIDS = {
     48: "double-bit ECC error",
@@ -149,3 +153,17 @@ def verdict(gpus: list[dict], xids: list[dict], expected_count: int, min_memory_
                              f"Xid {event['xid']} on {event['pci']} since boot: {FATAL_XIDS.get(event['xid'], '')}"))
     return {"ok": all(c["ok"] for c in checks), "checks": checks,
             "reasons": [c["reason"] for c in checks if not c["ok"]]}
+
+
+def admission_state(host_name: str, now: float | None = None) -> dict | None:
+    """The host's last admission verdict (reports/admission on this control node): ok, its age in hours,
+    and whether it still holds (a pass expires at valid_until); None when the host was never judged."""
+    path = report_path("admission", host_name)
+    if not path.exists():
+        return None
+    report = json.loads(path.read_text())
+    now = time.time() if now is None else now
+    judged = report.get("admitted_at") or path.stat().st_mtime
+    return {"ok": report["ok"], "age_h": round((now - judged) / 3600, 1),
+            "valid": bool(report["ok"] and report.get("valid_until") and now < report["valid_until"]),
+            "reasons": report.get("reasons", [])}

@@ -1,7 +1,8 @@
 """Stage admission: a host joins its pool only when its GPUs are healthy (modelfleet/health.py's checks on
 `nvidia-smi -q -x` and the kernel log's Xid events, against the hardware catalog). The verdict goes to
 reports/admission/<host>.json with every check, value and threshold, the fingerprint it holds for (driver,
-kernel, GPU serials) and until when (`admission_valid_h`); a refused host gets no later stage.
+kernel, GPU serials) and until when (`admission_valid_h`); a refused host gets no later stage, and fails
+its pool: no unit of a pool (re)starts unless every member is admitted (like the NCCL gate).
 
 Built for NVIDIA hosts; AMD (amd-smi) is not, and hosts without GPUs for containers (the lab) are skipped."""
 
@@ -9,13 +10,13 @@ from __future__ import annotations
 
 import time
 
-from pyinfra import host
-from pyinfra.api import deploy
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, deploy, operation
 
 from modelfleet.context import HostRun
 from modelfleet.facts.health import GpuHealth
 from modelfleet.gpu_predicates import fabric_manager_needed
-from modelfleet.health import verdict
+from modelfleet.health import admission_state, verdict
 from modelfleet.operations.report import fail_host, save_report
 
 
@@ -42,17 +43,55 @@ def judge(plan, health: dict, probe: dict) -> dict:
                             "serials": sorted(g["serial"] or "" for g in gpus or [])}}
 
 
+def pool_refusals(members: list[str], verdicts: dict[str, dict], this_host: str) -> list[str]:
+    """Why the pool may not (re)start: each other member refused in this run, or (not judged in this run, e.g.
+    left out by --limit) without a valid pass on record."""
+    out = []
+    for name in members:
+        if name == this_host:
+            continue
+        verdict = verdicts.get(name)
+        if verdict is None:
+            last = admission_state(name)
+            if not (last and last["valid"]):
+                out.append(f"{name} was not admitted in this run and has no valid pass on record")
+        elif not verdict["ok"]:
+            out.append(f"{name} was refused: {'; '.join(verdict['reasons'])}")
+    return out
+
+
+def _pool_admitted(state, host, pool: str, members: list[str], verdicts: dict) -> bool:
+    """FunctionCommand body, while executing: every member's verdict is in by now."""
+    for reason in pool_refusals(members, verdicts, host.name):
+        host.log_styled(f"admission of pool {pool}: {reason}", fg="red", log_func=logger.error)
+    return not pool_refusals(members, verdicts, host.name)
+
+
+@operation(is_idempotent=False)
+def pool_admitted(pool: str, members: list[str], verdicts: dict):
+    """A pool starts only when all its hosts are admitted, like the NCCL gate: a refused host fails its pool."""
+    if len(members) < 2:
+        host.noop(f"pool {pool} is this host alone")
+        return
+    yield FunctionCommand(_pool_admitted, (pool, members, verdicts), {})
+
+
 @deploy("modelfleet admission")
 def run(ctx: HostRun) -> bool:
     plan = ctx.plan
     if plan.hardware.vendor != "nvidia" or not all(s.gpu_passthrough for s in plan.services):
+        ctx.admission[plan.name] = {"ok": True, "reasons": [], "skipped": True}
         host.noop("admission checks NVIDIA GPUs handed to containers (none here, or AMD: not built)")
         return True
     probe = ctx.probe
     report = judge(plan, probe.get("gpu_health") or host.get_fact(GpuHealth), probe)
+    ctx.admission[plan.name] = {"ok": report["ok"], "reasons": report["reasons"]}
     save_report("admission", plan.name, report)
     if not report["ok"]:
         fail_host(name="Admission refused this host", reasons=[f"admission: {r}" for r in report["reasons"]])
-    else:
-        host.noop(f"admitted: {len(report['checks'])} checks pass")
-    return report["ok"]
+        return False
+    host.noop(f"admitted: {len(report['checks'])} checks pass")
+    for pool in dict.fromkeys(svc.pool for svc in plan.services):
+        pool_admitted(name=f"Admission of pool {pool}", pool=pool, members=list(ctx.inventory.pools[pool].hosts),
+                      verdicts=ctx.admission)
+    return True

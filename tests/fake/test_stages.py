@@ -209,3 +209,21 @@ def test_admission_admits_the_recorded_h200_and_refuses_a_fallen_gpu(tmp_path, m
         run_fake([("h200", admission_host(xml, fallen))], lambda: run_stages(preflight, admission))
     report = json.loads((tmp_path / "admission" / "_fake_h200.json").read_text())
     assert not report["ok"] and "fallen off the bus" in report["reasons"][0] and report["valid_until"] is None
+
+
+def test_a_refused_host_fails_its_whole_pool_like_the_gate(tmp_path, monkeypatch):
+    """Two hosts of one pool: the healthy one is admitted on its own checks, but its pool may not start."""
+    from modelfleet.stages import admission
+
+    monkeypatch.setenv("MODELFLEET_REPORTS", str(tmp_path))
+    xml = (H200 / "nvidia-smi-q-x.txt").read_text().split("__rc=")[0]
+    fallen = ["NVRM: Xid (PCI:0000:00:06): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."]
+    pool = {"model": "tiny-lab", "recipe": "tiny-lab-vllm-dp2", "pool": "pair"}
+    hosts = [("good", {**admission_host(xml), **pool, "ssh_hostname": "192.0.2.1"}),
+             ("bad", {**admission_host(xml, fallen), **pool, "ssh_hostname": "192.0.2.2"})]
+    state = run_fake(hosts, lambda: run_stages(preflight, admission), dry=True)
+    with pytest.raises(PyinfraError, match="No hosts remaining"):  # both: the bad one and, for it, the good one
+        finish(state)
+    good = json.loads((tmp_path / "admission" / "_fake_good.json").read_text())
+    assert good["ok"]  # its own GPUs pass; the pool gate is what stops it
+    assert state.inventory.get_host("@fake/good") in state.failed_hosts

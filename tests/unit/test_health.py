@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from modelfleet import health
 from modelfleet.health import FATAL_XIDS, parse_smi_xml, parse_xids, verdict
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -93,7 +94,7 @@ def test_status_shows_each_hosts_admission_and_its_age(tmp_path, monkeypatch):
                "bad": {"ok": False, "admitted_at": None, "valid_until": None, "reasons": ["GPU 0: x8"]}}
     for host, report in reports.items():
         (tmp_path / "admission" / f"{host}.json").write_text(json.dumps(report))
-    states = {host: fleet.admission_state(host, now) for host in [*reports, "never"]}
+    states = {host: health.admission_state(host, now) for host in [*reports, "never"]}
     assert states["fresh"] == {"ok": True, "age_h": 2.0, "valid": True, "reasons": []}
     assert not states["stale"]["valid"] and not states["bad"]["ok"] and states["never"] is None
     rows = [{"host": host, "reachable": True, "admission": state, "gpus": [],
