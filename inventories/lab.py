@@ -29,6 +29,10 @@ _gate_faults = {1: {"gloo_socket_ifname": "mfl-noif0"}} if os.environ.get("MODEL
 _only = {n for n in os.environ.get("MODELFLEET_LAB_ONLY", "").split(",") if n}
 # All lab hosts serve the same checkpoint: one hub download, the others copy from the first host.
 _checkpoint_group = os.environ.get("MODELFLEET_LAB_CHECKPOINT_GROUP", "lab")
+# MODELFLEET_LAB_TWO_POOLS=mflab-4: that host (an 8-GPU persona) serves two pools side by side, pair-a and
+# pair-b, one GPU each; MODELFLEET_LAB_PAIR_B_ENV (JSON) changes only pair-b's unit.
+_two_pools = os.environ.get("MODELFLEET_LAB_TWO_POOLS")
+_pair_b_env = json.loads(os.environ.get("MODELFLEET_LAB_PAIR_B_ENV", "{}"))
 
 
 
@@ -39,6 +43,20 @@ def _pool(index: int, spec: dict) -> dict:
     engine = os.environ.get("MODELFLEET_LAB_ENGINE") or spec["engine"]  # e.g. vllm everywhere, for a rollout
     return {"pool": f"tiny-{spec['name']}", "engine": engine, "recipe": f"tiny-lab-{engine.replace('.', '')}",
             **({"image": os.environ["MODELFLEET_LAB_IMAGE"]} if os.environ.get("MODELFLEET_LAB_IMAGE") else {})}
+
+
+def _serves(index: int, spec: dict) -> dict:
+    """What the host serves: one pool (service keys at the top), or the two pools of MODELFLEET_LAB_TWO_POOLS."""
+    service = {"model": "tiny-lab", "checkpoint_group": _checkpoint_group,
+               "revision": os.environ.get("MODELFLEET_LAB_REVISION") or None, **_pool(index, spec),
+               "bind_address": _bind_address or spec["address"],
+               "api_key_env": os.environ.get("MODELFLEET_LAB_API_KEY_ENV") or None,
+               "env": _engine_env, "extra_args": _extra_args}
+    if spec["name"] != _two_pools:
+        return service
+    pair = {**service, "engine": "vllm", "recipe": "tiny-lab-vllm", "gpus": 1}
+    return {"services": [{**pair, "pool": "pair-a", "port": 8000},
+                         {**pair, "pool": "pair-b", "port": 8001, "env": {**_engine_env, **_pair_b_env}}]}
 
 
 lab_hosts = [
@@ -61,18 +79,11 @@ lab_hosts = [
         # MODELFLEET_LAB_HF_ENDPOINT: another hub (e.g. a closed port: the hub-unreachable fault)
         "hf_endpoint": os.environ.get("MODELFLEET_LAB_HF_ENDPOINT") or (_lab["hub"]["endpoint"] if _lab.get("hub") else None),
         "model_root": os.environ.get("MODELFLEET_LAB_MODEL_ROOT") or spec["model_root"],
-        "checkpoint_group": _checkpoint_group,
         # MODELFLEET_LAB_NVME=1: the host's first loop device (lab up --disks) stands in for its NVMe drive.
         "nvme_devices": spec.get("disks", [])[:1] if os.environ.get("MODELFLEET_LAB_NVME") else [],
-        "revision": os.environ.get("MODELFLEET_LAB_REVISION") or None,
         "model_keep_revisions": int(os.environ.get("MODELFLEET_LAB_KEEP_REVISIONS", "1")),
-        "model": "tiny-lab",
         "gloo_socket_ifname": "lo",
-        **_pool(index, spec),
-        "bind_address": _bind_address or spec["address"],
-        "api_key_env": os.environ.get("MODELFLEET_LAB_API_KEY_ENV") or None,
-        "env": _engine_env,
-        "extra_args": _extra_args,
+        **_serves(index, spec),
     })
     for index, spec in enumerate(_lab["hosts"])
     if not _only or spec["name"] in _only

@@ -130,8 +130,9 @@ def _index(repo: dict, root: Path, home: Path) -> None:
     _sign(home, target / "Release")
 
 
-def build(state: Path, lab_dir: Path) -> Path:
-    """Build (or rebuild) every repository under state/apt; returns the public keyring."""
+def build(state: Path, lab_dir: Path, newer: dict[str, list[str]] | None = None) -> Path:
+    """Build (or rebuild) every repository under state/apt; returns the public keyring. `newer`: more
+    versions of some packages, as when upstream publishes a release (a rebuild without it withdraws them)."""
     keyring = _signing_key(state)
     home = state / "gnupg"
     data = spec(lab_dir)
@@ -143,7 +144,7 @@ def build(state: Path, lab_dir: Path) -> Path:
         pool = root if repo["layout"] in ("flat", "plain") else root / "pool" / repo["component"]
         pool.mkdir(parents=True)
         for package in repo["packages"]:
-            for version in package["versions"]:
+            for version in package["versions"] + (newer or {}).get(package["name"], []):
                 _build_deb(package, _fill(version, values), keyring,
                            {**values, "url": f"{BASE}/{repo['path']}/", "base": BASE}, lab_dir, pool)
         _index(repo, root, home)

@@ -105,3 +105,23 @@ def test_rebuilt_host_serves_with_the_same_command(rebuilt):
     assert lab.restarts(spec["name"]) == 1  # still the one reboot of the rebuild
     models = lab.ssh(spec, f"curl -fsS http://{spec['address']}:8000/v1/models")
     assert "tiny-lab" in models.stdout, models.stdout + models.stderr
+
+
+def test_apt_get_upgrade_leaves_the_gpu_stack_where_modelfleet_put_it(rebuilt):
+    """A newer driver release appears upstream (the lab repository publishes one); a routine `apt-get upgrade`
+    on the converged host sees it and moves no package of the GPU stack (#17: holds)."""
+    spec = rebuilt["bare"][0]
+    stack = "nvidia-driver-580-open nvidia-driver-pinning-580 nvidia-container-toolkit docker-ce"
+    versions = f"dpkg-query -W -f='${{Package}}=${{Version}}\\n' {stack}"
+    before = lab.ssh(spec, versions).stdout
+    lab.apt.build(lab.STATE, lab.LAB_DIR, newer={"nvidia-driver-580-open": ["580.200.01-1"]})
+    try:
+        upgraded = lab.ssh(spec, "apt-get update -q >/dev/null && apt list --upgradable 2>/dev/null; "
+                                 "DEBIAN_FRONTEND=noninteractive apt-get upgrade -y -q", timeout_s=300)
+        assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr
+        assert "nvidia-driver-580-open/" in upgraded.stdout and "580.200.01-1" in upgraded.stdout  # seen...
+        assert "kept back" in upgraded.stdout or "held" in upgraded.stdout.lower()
+        assert lab.ssh(spec, versions).stdout == before  # ...and not taken
+        assert "nvidia-driver-580-open=580.159.04-1" in before
+    finally:
+        lab.apt.build(lab.STATE, lab.LAB_DIR)  # the release withdrawn: later tests see the usual repository
