@@ -24,7 +24,8 @@ def replaces_driver(plan: HostPlan, probe: dict) -> bool:
         return False
     if plan.hardware.vendor == "amd":
         return not probe.get("amd_gpus")
-    return branch_of(loaded_driver(probe)) != int(plan.stack.driver_branch)
+    loaded, wanted = loaded_driver(probe), plan.stack.driver_version
+    return branch_of(loaded) != int(plan.stack.driver_branch) or bool(wanted and loaded != wanted)
 
 
 def fabric_manager_needed(plan: HostPlan, probe: dict) -> bool:

@@ -16,6 +16,7 @@ class StackPlan:
 
     manage: bool
     driver_branch: str
+    driver_version: str | None
     driver_flavor: str
     driver_allow_downgrade: bool
     driver_pinning: bool

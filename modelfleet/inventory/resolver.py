@@ -262,6 +262,9 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
                            f"(known: {', '.join(sorted(cat.hardware))})"))
         else:
             hw = cat.hardware[host.hardware]
+        if host.driver_version and host.driver_version.split(".")[0] != host.driver_branch:
+            errors.append((where, "driver_version", f"{host.driver_version} is not a release of driver_branch "
+                                                    f"{host.driver_branch}"))
         for model_id in host.assess_models:
             if model_id not in cat.models:
                 errors.append((where, "assess_models", f"unknown model {model_id!r}"))

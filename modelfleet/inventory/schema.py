@@ -136,6 +136,9 @@ class HostData(BaseModel):
     # mirror replaces it; nothing is downloaded from anywhere not named here.
     gpu_stack: bool = True  # False: the driver, Docker and toolkit are someone else's job (checked, not installed)
     driver_branch: str = Field("580", pattern=r"^[0-9]{3}$")
+    # One release of the branch (e.g. 580.159.04): installed with Fabric Manager at the same version; changing
+    # it is a driver upgrade (`modelfleet upgrade` drains, installs, reboots and gates one batch at a time).
+    driver_version: str | None = Field(None, pattern=r"^[0-9]{3}\.[0-9]{2,3}(\.[0-9]{2})?$")
     driver_flavor: Literal["open", "proprietary"] = "open"  # open kernel modules are NVIDIA's default since R560
     driver_allow_downgrade: bool = False  # a loaded driver newer than the branch is refused unless this is set
     driver_pinning: bool = True  # NVIDIA's nvidia-driver-pinning-<branch> package; False: apt-mark hold

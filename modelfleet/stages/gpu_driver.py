@@ -1,4 +1,5 @@
-"""Stage gpu_driver: the GPU driver from its vendor's apt repository, held on its branch.
+"""Stage gpu_driver: the GPU driver from its vendor's apt repository, held on its branch (or at the release
+`driver_version` names: changing it is a driver upgrade, `modelfleet upgrade` rolls it batch by batch).
 
 NVIDIA: the CUDA network repository through its `cuda-keyring` package (arch x86_64 or sbsa), the driver
 branch's metapackage (open kernel modules by default), NVIDIA's pinning package for the branch (else
@@ -127,11 +128,12 @@ def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
     pinning = f"nvidia-driver-pinning-{branch}" if stack.driver_pinning else None
     installed = state["packages"]
     if replaces_driver(plan, probe):
-        out.packages.update({**({pinning: None} if pinning else {}), out.driver_package: None})
+        # A release asked for (driver_version) is installed at exactly that version, up or down.
+        out.packages.update({**({pinning: None} if pinning else {}), out.driver_package: stack.driver_version})
         out.reboot = out.builds_module = True
         have = installed.get(out.driver_package)
-        out.reboot_reason = (f"driver {upstream(have['version']) if have else 'branch ' + str(branch)} "
-                             f"installed, {loaded or 'no driver'} loaded")
+        target = stack.driver_version or (upstream(have["version"]) if have else f"branch {branch}")
+        out.reboot_reason = f"driver {target} installed, {loaded or 'no driver'} loaded"
     if stack.cuda_toolkit:
         out.packages[f"cuda-toolkit-{stack.cuda_toolkit}"] = None
     if out.driver_package in out.packages or installed.get(out.driver_package):
@@ -148,7 +150,7 @@ def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
         out.hold += out.exact
         out.units.append(FABRIC_MANAGER)
         # Known now when the wanted branch is loaded; else it is whatever driver this run installs.
-        out.exact_version = loaded if not out.reboot else None
+        out.exact_version = stack.driver_version or (loaded if not out.reboot else None)
         if out.exact_version and missing({p: out.exact_version for p in out.exact}, installed):
             out.restart_units.append(FABRIC_MANAGER)
     return _repository_if_needed(out, installed)
@@ -250,12 +252,12 @@ def units_enabled(units: list[str], current: dict, start: bool, restart: list[st
 
 def stack_check_script(plan: HostPlan, fabric: bool) -> str:
     """After the driver work: the GPUs answer at the wanted branch, and Fabric Manager matches the driver."""
-    count, branch = plan.gpu_count, plan.stack.driver_branch
+    count, wanted = plan.gpu_count, plan.stack.driver_version or f"{plan.stack.driver_branch}.*"
     script = (
         f"n=$({nvidia_gpu_count_sh()}) || {{ nvidia-smi; exit 1; }}; "
         f"[ \"$n\" -eq {count} ] || {{ echo \"nvidia-smi lists $n GPUs, inventory says {count}\"; exit 1; }}; "
         f"d=$({driver_version_sh()}); "
-        f"case \"$d\" in {branch}.*) ;; *) echo \"driver $d is not branch {branch}\"; exit 1;; esac"
+        f"case \"$d\" in {wanted}) ;; *) echo \"driver $d is not {wanted}\"; exit 1;; esac"
     )
     if fabric:
         script += (f"; f=$({fabric_manager_version_sh()}); "

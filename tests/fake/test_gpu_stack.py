@@ -216,3 +216,22 @@ def test_distribution_docker_takes_no_docker_repository():
     steps = "\n".join(planned(state, "n1"))
     assert "download.docker.com" not in steps and "docker-ce" not in steps
     assert "install docker.io nvidia-container-toolkit" in steps
+
+
+def test_a_new_driver_version_installs_that_release_with_fabric_manager_and_reboots():
+    """driver_version moves a converged 580.159.04 host to another release of the branch: the driver at that
+    version (a held package, maybe older), Fabric Manager at the same version, one reboot, the check wants it."""
+    host = {**HOSTS["nvidia"], "pool": "p", "revision": "e" * 40, "driver_version": "580.95.05",
+            "fake_responses": {"@@modelfleet-probe": loaded_probe(), "@@modelfleet-state": converged_state()}}
+    state = run_fake([("n1", host)], stack_only, dry=True)
+    steps = "\n".join(planned(state, "n1"))
+    assert "--allow-downgrades --allow-change-held-packages nvidia-driver-pinning-580 " \
+        "'nvidia-driver-580-open=580.95.05-*'" in steps
+    assert "--allow-downgrades --allow-change-held-packages 'nvidia-fabricmanager-580=580.95.05-*'" in steps
+    assert steps.count("systemctl reboot") == 1
+    from modelfleet.inventory import resolve
+    plan = resolve([("n1", {k: v for k, v in host.items() if k != "fake_responses"})]).hosts["n1"]
+    assert "driver $d is not 580.95.05" in gpu_driver.stack_check_script(plan, fabric=True)  # after the reboot
+    host["driver_version"] = "580.159.04"  # the loaded release: nothing to do
+    state = run_fake([("n1", host)], stack_only, dry=True)
+    assert not [s for s in planned(state, "n1") if "apt-get" in s or "reboot" in s]

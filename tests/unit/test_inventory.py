@@ -106,3 +106,11 @@ def test_validate_cli_exit_2_without_traceback(tmp_path):
     assert "Traceback" not in out.stdout + out.stderr
     assert "host x:\n  model: unknown model 'nope'" in out.stdout  # grouped by host
     assert "host y:\n  hardware: unknown hardware 'nope'" in out.stdout
+
+
+def test_driver_version_must_be_a_release_of_the_branch():
+    assert resolve([("n1", b300(driver_version="580.159.04"))]).errors == []
+    errors = resolve([("n1", b300(driver_version="590.44.01"))]).errors
+    assert [(w, f) for w, f, _ in errors] == [("host n1", "driver_version")]
+    assert "not a release of driver_branch 580" in errors[0][2]
+    assert resolve([("n1", b300(driver_version="580.x"))]).errors  # the grammar refuses it before that
