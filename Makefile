@@ -6,7 +6,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 PYINFRA := $(PYTHON) -m pyinfra
 
-.PHONY: install lock lab-setup demo bench-converge bench-fanout lab-gate lab-verify lab-rollout lab-rebuild lab-down test lint hw-preflight hw-admit hw-nccl
+.PHONY: install lock lab-setup demo bench-converge bench-fanout lab-gate lab-verify lab-rollout lab-driver-upgrade lab-rebuild lab-down test lint hw-preflight hw-admit hw-nccl
 
 # The versions that passed (requirements.lock, from `make lock`) installed into .venv; re-run when either
 # file changes.
@@ -51,6 +51,11 @@ lab-verify: install lab-setup
 # Rolling-upgrade rehearsal: v0.34.0 -> v0.35.0 one host at a time, then a broken image rolled back (JSON).
 lab-rollout: install lab-setup
 	$(PYTHON) -m lab.lab_rollout
+
+# Rolling driver upgrade rehearsal: 3 bare H200 lab hosts built at 580.95.05, rolled to 580.159.04 one host at
+# a time (drain, install, reboot, gate, restart) while the others serve (JSON report).
+lab-driver-upgrade: install lab-setup
+	$(PYTHON) -m lab.lab_driver_upgrade
 
 # Bare-metal rebuild rehearsal on a fresh lab (a bare host, an NVSwitch host, a skewed Fabric Manager host):
 # deploys/gpu_stack.py twice, preflight before and after; one JSON report per host.

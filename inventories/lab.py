@@ -74,6 +74,9 @@ lab_hosts = [
         # Hosts made bare (`lab up --persona h200x1-bare`) get their driver, Fabric Manager, Docker and toolkit
         # from the lab's apt repositories (the real URLs' paths on 127.0.0.1:5080); the others come pre-built.
         "gpu_stack": spec.get("bare", False),
+        # MODELFLEET_LAB_DRIVER_VERSION: the driver release bare hosts get (a driver upgrade when it changes).
+        **({"driver_version": os.environ["MODELFLEET_LAB_DRIVER_VERSION"]}
+           if spec.get("bare") and os.environ.get("MODELFLEET_LAB_DRIVER_VERSION") else {}),
         **(_lab["apt"]["stack_urls"] if spec.get("bare") else {}),
         "hf_token_env": "MODELFLEET_LAB_HF_TOKEN",
         # MODELFLEET_LAB_HF_ENDPOINT: another hub (e.g. a closed port: the hub-unreachable fault)

@@ -282,7 +282,7 @@ def tunnel(inventory: str, host: str, pool: str | None, local_port: int | None) 
 @click.option("--min-healthy", type=int, default=0, show_default=True,
               help="Never leave fewer healthy endpoints than this while a batch switches.")
 def upgrade(inventory: str, parallel: int, min_healthy: int) -> None:
-    """Rolling upgrade to what INVENTORY now says (image, revision): prefetch, switch, gate, roll back (JSON)."""
+    """Rolling upgrade to what INVENTORY now says (image, revision, driver release): batch by batch (JSON)."""
     import os
 
     from modelfleet.rollout import rollout

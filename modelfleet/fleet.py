@@ -22,7 +22,7 @@ import paramiko
 from fabric import Connection
 
 from modelfleet.health import admission_state
-from modelfleet.host_commands import journal_command, unit_show_command
+from modelfleet.host_commands import boot_token_sh, driver_version_sh, journal_command, unit_show_command
 from modelfleet.inventory import HostPlan, ServicePlan
 
 MARK = "@@modelfleet-status"
@@ -109,55 +109,83 @@ def status_script(plan: HostPlan) -> str:
             f"echo \"revision=$(readlink {parent}/current)\"; "
             + (f"echo \"health=$(curl -s -o /dev/null -m 5 -w '%{{http_code}}' {health})\"; " if health else "")
         )
+    parts.append(f"echo '{MARK} host'; echo \"driver=$({driver_version_sh()})\"; echo \"boot=$({boot_token_sh()})\"")
     parts.append(f"echo '{MARK} gpus'; nvidia-smi --query-gpu=index,memory.used,memory.total "
                  "--format=csv,noheader,nounits 2>/dev/null || true")
     return " ".join(parts)
 
 
 def parse_status(output: str) -> dict:
-    result: dict = {"services": {}, "gpus": []}
+    result: dict = {"services": {}, "gpus": [], "host": {}}
     section = None
     for line in output.splitlines():
         if line.startswith(MARK):
             words = line[len(MARK):].split()
-            section = words[1] if words[0] == "service" else "gpus"
-            if section != "gpus":
+            section = words[1] if words[0] == "service" else words[0]
+            if words[0] == "service":
                 result["services"][section] = {}
         elif section == "gpus":
             cells = [c.strip() for c in line.split(",")]
             if len(cells) == 3 and all(c.isdigit() for c in cells):
                 result["gpus"].append({"index": int(cells[0]), "memory_used_mib": int(cells[1]),
                                        "memory_total_mib": int(cells[2])})
+        elif section == "host" and "=" in line:
+            key, _, value = line.partition("=")
+            result["host"][key] = value.strip() or None
         elif section and "=" in line:
             key, _, value = line.partition("=")
             result["services"][section][key] = value or None
     return result
 
 
-def status(plans: list[HostPlan]) -> list[dict]:
-    """Every host at once; a host that cannot be reached is reported as such, not skipped."""
-    conns = {plan.name: connect(plan) for plan in plans}
-    by_name = {plan.name: plan for plan in plans}
-    scripts = {plan.name: status_script(plan) for plan in plans}
-    rows = []
-    results: dict[str, object] = {}
+def on_hosts(plans: list[HostPlan], script_of) -> dict[str, tuple[int, str, str] | Exception]:
+    """`script_of(plan)` on every host at once, one round trip each: (exit status, stdout, stderr), or the
+    error that kept it from running (unreachable, auth refused, host key unknown or changed)."""
+    results: dict[str, tuple[int, str, str] | Exception] = {}
 
-    def one(name: str) -> None:
+    def one(plan: HostPlan) -> None:
+        conn = connect(plan)
         try:
-            results[name] = execute(conns[name], by_name[name], scripts[name])
-        except Exception as error:  # unreachable, auth refused, host key unknown
-            results[name] = error
+            results[plan.name] = execute(conn, plan, script_of(plan))
+        except Exception as error:
+            results[plan.name] = error
+        finally:
+            conn.close()
 
-    threads = [threading.Thread(target=one, args=(name,)) for name in conns]
+    threads = [threading.Thread(target=one, args=(plan,)) for plan in plans]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    return results
+
+
+def _unreachable(outcome: Exception) -> str:
+    return str(outcome) if isinstance(outcome, HostKeyError) else f"{type(outcome).__name__}: {outcome}"
+
+
+def drain(plans: list[HostPlan]) -> dict[str, str | None]:
+    """Stop the hosts' engine units and keep them from starting at boot (a driver upgrade reboots them; the
+    service stage enables and starts them again once admission and the gate passed). Host -> error or None."""
+    def script(plan: HostPlan) -> str:
+        units = " ".join(shlex.quote(svc.unit_name) for svc in plan.services)
+        return f"systemctl disable --now {units}" if units else "true"
+
+    out = {}
+    for name, outcome in on_hosts(plans, script).items():
+        out[name] = (_unreachable(outcome) if isinstance(outcome, Exception) else
+                     None if outcome[0] == 0 else (outcome[2] or outcome[1]).strip()[-500:] or f"exit {outcome[0]}")
+    return out
+
+
+def status(plans: list[HostPlan]) -> list[dict]:
+    """Every host at once; a host that cannot be reached is reported as such, not skipped."""
+    results = on_hosts(plans, status_script)
+    rows = []
     for plan in plans:
         outcome = results[plan.name]
         if isinstance(outcome, Exception):
-            error = str(outcome) if isinstance(outcome, HostKeyError) else f"{type(outcome).__name__}: {outcome}"
-            rows.append({"host": plan.name, "reachable": False, "error": error})
+            rows.append({"host": plan.name, "reachable": False, "error": _unreachable(outcome)})
             continue
         parsed = parse_status(outcome[1])
         services = []
@@ -172,9 +200,8 @@ def status(plans: list[HostPlan]) -> list[dict]:
                              "endpoint": svc.base_url if svc.node_rank == 0 else None,
                              "health": got.get("health")})
         rows.append({"host": plan.name, "reachable": True, "services": services, "gpus": parsed["gpus"],
+                     "driver": parsed["host"].get("driver"), "boot": parsed["host"].get("boot"),
                      "admission": admission_state(plan.name)})
-    for conn in conns.values():
-        conn.close()
     return rows
 
 

@@ -58,6 +58,12 @@ def amd_gpu_count_sh() -> str:
     return "amd-smi list 2>/dev/null | grep -c '^GPU:'"
 
 
+def boot_token_sh() -> str:
+    """Prints one line that changes with every boot: the kernel's boot id, and PID 1's start time (a lab host's
+    container restart keeps the machine's boot id but starts a new init)."""
+    return "echo $(cat /proc/sys/kernel/random/boot_id) $(cut -d' ' -f22 /proc/1/stat)"
+
+
 def journal_command(unit: str, lines: int, follow: bool = False, iso: bool = False) -> str:
     """The unit's last `lines` journal lines (what an operator reads when an engine did not come up)."""
     return (f"journalctl -u {shlex.quote(unit)} -n {int(lines)} --no-pager" + (" -o short-iso" if iso else "")

@@ -1,10 +1,14 @@
-"""Rolling upgrade: change the image or the model revision in the inventory, then `modelfleet upgrade INVENTORY`.
+"""Rolling upgrade: change the image, the model revision or the driver release (`driver_version`) in the
+inventory, then `modelfleet upgrade INVENTORY`.
 
 Batches: a multi-node pool is one batch; single-node hosts go `parallel` at a time, never leaving fewer healthy
 endpoints than `min_healthy`. Per batch: prefetch (deploys/prefetch.py: the new revision beside the old one,
 the new image pulled, while the old one serves), switch (deploys/serve.py: units restart, the verify gate runs),
 and if that fails, put back the image digest and revision the batch ran before (read with `modelfleet status`
-first), restart it, stop the rollout and report. A watcher thread asks every endpoint /v1/models twice a
+first), restart it, stop the rollout and report. A batch whose driver changes is drained first (its units
+stopped and disabled), then serve.py installs the driver with Fabric Manager, reboots, and passes admission,
+the NCCL gate and verify before its units start again; a failure leaves that batch drained and reported (a
+driver is not rolled back in place) and the rest untouched. A watcher thread asks every endpoint /v1/models twice a
 second throughout, so the report says how many requests failed, inside and outside the batch being switched.
 """
 
@@ -84,6 +88,13 @@ def _pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict[str, str]
     return run.returncode == 0, (run.stdout + run.stderr)[-3000:]
 
 
+def driver_moves(plan, row: dict) -> bool:
+    """Does this host's driver change in this rollout? (A release is asked for and another one is loaded.)"""
+    wanted = plan.stack.driver_version
+    return bool(plan.stack.manage and plan.hardware.vendor == "nvidia" and wanted and row.get("reachable")
+                and row.get("driver") != wanted)
+
+
 def _healthy(status_rows: list[dict]) -> set[str]:
     return {row["host"] for row in status_rows if row["reachable"]
             and all(s["health"] == "200" for s in row["services"] if s["endpoint"])}
@@ -93,7 +104,7 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
             env: dict | None = None, log=print) -> dict:
     plans = [resolved.hosts[name] for name in resolved.hosts]
     before = {row["host"]: row for row in fleet.status(plans)}
-    report = {"batches": [], "upgraded": [], "rolled_back": [], "stopped": None}
+    report = {"batches": [], "upgraded": [], "rolled_back": [], "drained": [], "stopped": None}
     watcher = Watcher(resolved)
     started = time.monotonic()
     try:
@@ -103,7 +114,8 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
                 report["stopped"] = (f"switching {batch} would leave {len(healthy - set(batch))} healthy endpoint(s), "
                                      f"fewer than min_healthy {min_healthy}")
                 break
-            entry = {"hosts": batch}
+            moving = [h for h in batch if driver_moves(resolved.hosts[h], before[h])]
+            entry = {"hosts": batch, "driver_upgrade": bool(moving)}
             report["batches"].append(entry)
             log(f"batch {batch}: prefetch")
             ok, out = _pyinfra(inventory, "deploys/prefetch.py", batch, {}, env or {})
@@ -111,14 +123,29 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
                 entry.update(result="prefetch failed", output=out)
                 report["stopped"] = f"prefetch failed on {batch}: the old version keeps serving"
                 break
-            log(f"batch {batch}: switch")
             switch_start = time.time()
+            if moving:
+                log(f"batch {batch}: drain for the driver upgrade ({', '.join(moving)})")
+                refused = {h: e for h, e in fleet.drain([resolved.hosts[h] for h in batch]).items() if e}
+                if refused:
+                    watcher.switching(batch, switch_start)
+                    entry.update(result="drain failed", errors=refused)
+                    report["drained"] += batch
+                    report["stopped"] = f"draining {batch} failed: {refused}"
+                    break
+            log(f"batch {batch}: switch")
             ok, out = _pyinfra(inventory, "deploys/serve.py", batch, {}, env or {})
             if ok:
                 watcher.switching(batch, switch_start)
                 entry["result"] = "upgraded"
                 report["upgraded"] += batch
                 continue
+            if moving:
+                watcher.switching(batch, switch_start)
+                entry.update(result="driver upgrade failed: batch left drained", output=out)
+                report["drained"] += batch
+                report["stopped"] = f"the driver upgrade failed on {batch}; the batch stays drained, the rest is untouched"
+                break
             entry.update(result="gate failed: rolled back", output=out)
             log(f"batch {batch}: gate failed, rolling back")
             for host in batch:
@@ -133,5 +160,8 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
             break
     finally:
         counts = watcher.stop()
+    after = {row["host"]: row for row in fleet.status(plans)}
+    report["drivers"] = {h: {"before": before[h].get("driver"), "after": after[h].get("driver")} for h in after}
+    report["rebooted"] = [h for h in after if before[h].get("boot") and after[h].get("boot") != before[h]["boot"]]
     report.update(seconds=round(time.monotonic() - started, 1), **counts)
     return report

@@ -14,11 +14,11 @@ from pyinfra import host as this_host
 from pyinfra import logger
 from pyinfra.api import FunctionCommand, StringCommand, operation
 
-BOOT_TOKEN_COMMAND = "cat /proc/sys/kernel/random/boot_id; cut -d' ' -f22 /proc/1/stat"
+from modelfleet.host_commands import boot_token_sh
 
 
 def boot_token(host) -> str | None:
-    ok, output = host.run_shell_command(StringCommand(BOOT_TOKEN_COMMAND), print_output=False)
+    ok, output = host.run_shell_command(StringCommand(boot_token_sh()), print_output=False)
     return " ".join(output.stdout_lines) if ok else None
 
 
