@@ -71,6 +71,8 @@ lab_hosts = [
         "config_dir": spec["config_dir"],
         "image_registry": _lab["registry"],
         "gpu_passthrough": False,
+        # Admission judges the persona's recorded `nvidia-smi -q -x` (and kernel log) where it has one.
+        "admission": spec.get("admission", False),
         # Hosts made bare (`lab up --persona h200x1-bare`) get their driver, Fabric Manager, Docker and toolkit
         # from the lab's apt repositories (the real URLs' paths on 127.0.0.1:5080); the others come pre-built.
         "gpu_stack": spec.get("bare", False),

@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from lab import apt, daemons, hub
 
 LAB_DIR = Path(__file__).resolve().parent
@@ -38,6 +40,9 @@ TORCH = "torch==2.13.0"  # the CPU build pip installs on these machines (DESIGN.
 PERSONAS = {"h200x1": ("h200", 1, "h200x1", False), "b300x8-synthetic": ("b300", 8, "b300x8-synthetic", False),
             "h200x1-bare": ("h200", 1, "h200x1", True), "b300x8-bare": ("b300", 8, "b300x8-synthetic", True),
             "mi355x8-bare": ("mi355x", 8, "mi355x8-synthetic", True)}
+# Fault personas (lab/personas/faults.yaml): a base persona's recordings with one fault each, for admission.
+FAULTS = yaml.safe_load((LAB_DIR / "personas" / "faults.yaml").read_text())
+PERSONAS.update({name: (*PERSONAS[fault["base"]][:2], name, False) for name, fault in FAULTS.items()})
 # The real images the lab's recipes name; the registry serves the engine double under each tag.
 ENGINE_IMAGES = ("vllm/vllm-openai:v0.34.0", "lmsysorg/sglang:v0.5.18", "ghcr.io/ggml-org/llama.cpp:server-cuda")
 ENGINES = ("vllm", "sglang", "llama.cpp")
@@ -96,6 +101,27 @@ def _keys() -> None:
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "modelfleet-lab", "-f", str(key))
 
 
+def persona_dir(recordings: str) -> Path:
+    """A persona's recordings: in lab/personas, or built under the lab's state for a fault persona."""
+    if recordings not in FAULTS:
+        return LAB_DIR / "personas" / recordings
+    fault, out = FAULTS[recordings], STATE / "personas" / recordings
+    # Files are rewritten in place, never the folder replaced: a running host has it mounted.
+    out.mkdir(parents=True, exist_ok=True)
+    for recording in (LAB_DIR / "personas" / fault["base"]).iterdir():
+        (out / recording.name).write_text(recording.read_text())
+    for name, edits in (fault.get("edits") or {}).items():
+        text = (out / name).read_text()
+        for old, new in edits:
+            if old not in text:
+                raise ValueError(f"fault persona {recordings}: {name} has no {old!r}")
+            text = text.replace(old, new, 1)
+        (out / name).write_text(text)
+    if fault.get("kernel_log"):
+        (out / "kernel-log.txt").write_text("\n".join(fault["kernel_log"]) + "\n")
+    return out
+
+
 def _host_files(index: int, persona: str) -> dict:
     name = f"{PREFIX}{index}"
     home = STATE / "hosts" / name
@@ -112,8 +138,11 @@ def _host_files(index: int, persona: str) -> dict:
     config = home / "etc-modelfleet"
     config.mkdir(mode=0o700, exist_ok=True)
     hardware, gpus, recordings, bare = PERSONAS[persona]
+    # Admission reads `nvidia-smi -q -x`: judged where the persona has that recording, skipped elsewhere.
+    admission = (persona_dir(recordings) / "nvidia-smi-q-x.txt").exists()
     return {"name": name, "address": address(index), "persona": persona, "hardware": hardware,
-            "gpu_count": gpus, "recordings": recordings, "bare": bare, "model_root": str(models), "config_dir": str(config), "home": str(home),
+            "gpu_count": gpus, "recordings": recordings, "bare": bare, "admission": admission,
+            "model_root": str(models), "config_dir": str(config), "home": str(home),
             "host_key_pub": (home / "ssh_host_ed25519_key.pub").read_text().split()[:2]}
 
 
@@ -139,7 +168,8 @@ def start_host(spec: dict) -> None:
         f"{home / 'ssh_host_ed25519_key.pub'}:/etc/ssh/ssh_host_ed25519_key.pub:ro",
         f"{STATE / 'id_ed25519.pub'}:/root/.ssh/authorized_keys:ro",
         "/var/run/docker.sock:/var/run/docker.sock",
-        f"{LAB_DIR / 'personas' / spec['recordings']}:/opt/modelfleet-lab/persona:ro",
+        f"{persona_dir(spec['recordings'])}:/opt/modelfleet-lab/persona:ro",
+        f"{LAB_DIR / 'personas' / 'journalctl'}:/usr/local/bin/journalctl:ro",
         *_host_mounts(spec),
         # Same path inside and out: the machine's dockerd resolves the unit's -v mounts on the machine.
         f"{spec['model_root']}:{spec['model_root']}",
@@ -263,6 +293,7 @@ def down() -> dict:
     services = daemons.stop_all(STATE)
     _detach_disks()
     shutil.rmtree(STATE / "hosts", ignore_errors=True)
+    shutil.rmtree(STATE / "personas", ignore_errors=True)
     (STATE / "hosts.json").unlink(missing_ok=True)
     return {"removed_hosts": len(hosts), "removed_engines": len(engines), "stopped_services": services}
 

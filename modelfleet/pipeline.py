@@ -92,7 +92,8 @@ def run_stages(*stages, ctx: HostRun | None = None) -> None:
         raise ValueError("the GPU host stack runs as os_base, gpu_driver, container_runtime, in that order")
     rest = tuple(s for s in stages if s not in STACK and s is not preflight)
     ctx = ctx or context(stages)
-    if preflight in stages and not preflight.run(ctx, defer_stack=bool(stack), health=admission in stages):
+    judged = admission in stages and ctx.plan.admission and ctx.plan.hardware.vendor == "nvidia"
+    if preflight in stages and not preflight.run(ctx, defer_stack=bool(stack), health=judged):
         return
     if stack and not gpu_stack(ctx, serving=bool(rest)):
         return

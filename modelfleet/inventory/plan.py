@@ -142,6 +142,7 @@ class HostPlan:
     format_allow_serials: tuple[str, ...] = ()
     verify_bench: bool = False
     verify_full: bool = False
+    admission: bool = True
     admission_valid_h: int = 24
     dcgm_exporter: bool = False
     dcgm_exporter_image: str = ""

@@ -116,6 +116,7 @@ class HostData(BaseModel):
     model_reverify: bool = False  # hash every file again instead of trusting the manifest's size + mtime
     verify_bench: bool = False  # the verify stage also runs a short bench and fails on regressions
     verify_full: bool = False  # smoke + tool probe on every converge, not only when a unit (re)started
+    admission: bool = True  # False: the admission stage leaves this host's GPUs unjudged (NVIDIA hosts only)
     admission_valid_h: int = Field(24, ge=1, le=720)  # how long an admission pass holds (reports/admission)
     dcgm_exporter: bool = False  # a DCGM exporter unit on NVIDIA hosts (:9400 on the fabric address)
     # NVIDIA's tag from github.com/NVIDIA/dcgm-exporter's README quickstart (DCGM 4.4.2, exporter 4.7.1)

@@ -4,18 +4,19 @@ reports/admission/<host>.json with every check, value and threshold, the fingerp
 kernel, GPU serials) and until when (`admission_valid_h`); a refused host gets no later stage, and fails
 its pool: no unit of a pool (re)starts unless every member is admitted (like the NCCL gate).
 
-Built for NVIDIA hosts; AMD (amd-smi) is not, and hosts without GPUs for containers (the lab) are skipped."""
+Built for NVIDIA hosts; AMD (amd-smi) is not. `admission: false` leaves a host unjudged (the lab's personas
+without an `nvidia-smi -q -x` recording)."""
 
 from __future__ import annotations
 
 import time
 
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, deploy, operation
+from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
 from modelfleet.context import HostRun
 from modelfleet.facts.health import GpuHealth
-from modelfleet.gpu_predicates import fabric_manager_needed
+from modelfleet.gpu_predicates import fabric_manager_needed, replaces_driver
 from modelfleet.health import admission_state, verdict
 from modelfleet.operations.report import fail_host, save_report
 
@@ -76,21 +77,46 @@ def pool_admitted(pool: str, members: list[str], verdicts: dict):
     yield FunctionCommand(_pool_admitted, (pool, members, verdicts), {})
 
 
+def _record(ctx: HostRun, report: dict) -> None:
+    ctx.admission[ctx.plan.name] = {"ok": report["ok"], "reasons": report["reasons"]}
+    save_report("admission", ctx.plan.name, report)
+
+
+def _judged_now(state, host, ctx: HostRun) -> bool:
+    """FunctionCommand body, while executing: the GPUs read after this run changed the driver (and rebooted)."""
+    ok, output = host.run_shell_command(StringCommand(GpuHealth().command()), print_output=False,
+                                        print_input=False)
+    report = judge(ctx.plan, GpuHealth().process(output.stdout_lines), ctx.probe)
+    _record(ctx, report)
+    for reason in report["reasons"]:
+        host.log_styled(f"refused: admission: {reason}", fg="red", log_func=logger.error)
+    return report["ok"]
+
+
+@operation(is_idempotent=False)
+def admitted_after_stack(ctx: HostRun):
+    """The driver changes in this run: what preflight read is not what will serve, so judge after the stack."""
+    yield FunctionCommand(_judged_now, (ctx,), {})
+
+
 @deploy("modelfleet admission")
 def run(ctx: HostRun) -> bool:
     plan = ctx.plan
-    if plan.hardware.vendor != "nvidia" or not all(s.gpu_passthrough for s in plan.services):
+    if plan.hardware.vendor != "nvidia" or not plan.admission:
         ctx.admission[plan.name] = {"ok": True, "reasons": [], "skipped": True}
-        host.noop("admission checks NVIDIA GPUs handed to containers (none here, or AMD: not built)")
+        host.noop("admission judges NVIDIA hosts (AMD: not built)" if plan.admission else
+                  "admission: false for this host")
         return True
     probe = ctx.probe
-    report = judge(plan, probe.get("gpu_health") or host.get_fact(GpuHealth), probe)
-    ctx.admission[plan.name] = {"ok": report["ok"], "reasons": report["reasons"]}
-    save_report("admission", plan.name, report)
-    if not report["ok"]:
-        fail_host(name="Admission refused this host", reasons=[f"admission: {r}" for r in report["reasons"]])
-        return False
-    host.noop(f"admitted: {len(report['checks'])} checks pass")
+    if replaces_driver(plan, probe):
+        admitted_after_stack(name="Admission (GPUs read after the driver change)", ctx=ctx)
+    else:
+        report = judge(plan, probe.get("gpu_health") or host.get_fact(GpuHealth), probe)
+        _record(ctx, report)
+        if not report["ok"]:
+            fail_host(name="Admission refused this host", reasons=[f"admission: {r}" for r in report["reasons"]])
+            return False
+        host.noop(f"admitted: {len(report['checks'])} checks pass")
     for pool in dict.fromkeys(svc.pool for svc in plan.services):
         pool_admitted(name=f"Admission of pool {pool}", pool=pool, members=list(ctx.inventory.pools[pool].hosts),
                       verdicts=ctx.admission)

@@ -235,3 +235,15 @@ def test_a_new_driver_version_installs_that_release_with_fabric_manager_and_rebo
     host["driver_version"] = "580.159.04"  # the loaded release: nothing to do
     state = run_fake([("n1", host)], stack_only, dry=True)
     assert not [s for s in planned(state, "n1") if "apt-get" in s or "reboot" in s]
+
+
+def test_admission_after_a_driver_change_reads_the_gpus_after_the_stack_not_before():
+    """A bare host: preflight's read saw no driver, so admission judges at execution, after the reboot."""
+    from modelfleet.stages import admission
+
+    host = bare("nvidia", "ubuntu2404")
+    state = run_fake([("n1", host)], lambda: run_stages(preflight, os_base, gpu_driver, container_runtime,
+                                                        admission), dry=True)
+    steps = planned(state, "n1")
+    assert "<_judged_now>" in steps and "<refuse>" not in steps
+    assert steps.index("<_judged_now>") > next(i for i, s in enumerate(steps) if "systemctl reboot" in s)

@@ -1,0 +1,63 @@
+"""GPU admission on the lab (#16): a recorded H200 is admitted; each fault persona (lab/personas/faults.yaml:
+the same recording with one fault, as a real host reports it) is refused by exactly the check for its fault,
+`status` shows the verdicts, and serve.py starts nothing on a refused host."""
+
+import json
+import os
+
+import pytest
+
+import lab
+from modelfleet import REPO_ROOT
+from modelfleet.commands import run_modelfleet, run_pyinfra
+
+pytestmark = pytest.mark.lab
+
+# fault persona -> the one check admission must fail on it
+FAULTS = {"h200x1-ecc": "ecc_volatile_uncorrectable", "h200x1-xid79": "xid", "h200x1-pcie-x8": "pcie_width",
+          "h200x1-throttled": "clock_slowdown", "h200x1-persistence-off": "persistence_mode"}
+
+
+@pytest.fixture(scope="module")
+def judged(lab_hosts, tmp_path_factory):
+    personas = [s["persona"] for s in lab_hosts] + list(FAULTS)
+    faulty = lab.up(len(personas), personas=personas, disks=1)[len(lab_hosts):]
+    healthy = lab_hosts[0]
+    env = {**os.environ, "MODELFLEET_LAB_ONLY": ",".join([healthy["name"], *(s["name"] for s in faulty)]),
+           "MODELFLEET_REPORTS": str(tmp_path_factory.mktemp("reports"))}
+    admit = run_modelfleet("admit", "inventories/lab.py", env=env, cwd=REPO_ROOT, timeout=600)
+    status = run_modelfleet("status", "inventories/lab.py", "--json", env=env, cwd=REPO_ROOT, timeout=120)
+    xid_host = next(s for s in faulty if s["persona"] == "h200x1-xid79")
+    serve = run_pyinfra("inventories/lab.py", "deploys/serve.py", cwd=REPO_ROOT, timeout=600,
+                        env={**env, "MODELFLEET_LAB_ONLY": xid_host["name"]})
+    yield {"admit": admit, "status": status, "serve": serve, "healthy": healthy, "faulty": faulty,
+           "xid_host": xid_host}
+    lab.remove([s["name"] for s in faulty])
+
+
+def test_the_recorded_h200_is_admitted_and_each_fault_is_refused_by_its_own_check(judged):
+    admit = judged["admit"]
+    reports = {r["host"]: r for r in json.loads(admit.stdout)}
+    assert admit.returncode == 1, admit.stderr[-3000:]  # at least one host refused
+    assert reports[judged["healthy"]["name"]]["ok"], reports[judged["healthy"]["name"]]["reasons"]
+    for spec in judged["faulty"]:
+        report = reports[spec["name"]]
+        failed = [c["check"] for c in report["checks"] if not c["ok"]]
+        assert not report["ok"] and failed == [FAULTS[spec["persona"]]], (spec["persona"], report["reasons"])
+    xid = reports[judged["xid_host"]["name"]]
+    assert "Xid 79" in xid["reasons"][0] and "fallen off the bus" in xid["reasons"][0]
+
+
+def test_status_shows_each_hosts_verdict(judged):
+    rows = {r["host"]: r for r in json.loads(judged["status"].stdout)}
+    assert rows[judged["healthy"]["name"]]["admission"]["valid"]
+    assert all(not rows[s["name"]]["admission"]["ok"] for s in judged["faulty"])
+
+
+def test_serve_starts_nothing_on_a_refused_host(judged):
+    serve, spec = judged["serve"], judged["xid_host"]
+    assert serve.returncode != 0
+    assert "admission: Xid 79" in serve.stdout + serve.stderr
+    unit = f"modelfleet-tiny-{spec['name']}.service"
+    assert lab.ssh(spec, f"systemctl is-active {unit}").stdout.strip() in ("inactive", "unknown")
+    assert lab.ssh(spec, f"test -e /etc/systemd/system/{unit} && echo written").stdout.strip() == ""
