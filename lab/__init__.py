@@ -29,6 +29,8 @@ REPO_ROOT = LAB_DIR.parent
 STATE = Path(os.environ.get("MODELFLEET_LAB_STATE", REPO_ROOT / ".lab"))
 # Tagged with the build script's hash: a changed package list builds a new base (and engine double) image.
 BASE_IMAGE = "modelfleet-lab/base:bookworm-" + hashlib.sha256((LAB_DIR / "build-base.sh").read_bytes()).hexdigest()[:10]
+LLAMA_SERVER_IMAGE = ("modelfleet-lab/llama-server:forky-"
+                      + hashlib.sha256((LAB_DIR / "build-llama-server.sh").read_bytes()).hexdigest()[:10])
 NET = daemons.NET
 REGISTRY = f"127.0.0.1:{5000 + NET}"
 PREFIX = f"mflab{NET or ''}-"
@@ -43,8 +45,10 @@ PERSONAS = {"h200x1": ("h200", 1, "h200x1", False), "b300x8-synthetic": ("b300",
 # Fault personas (lab/personas/faults.yaml): a base persona's recordings with one fault each, for admission.
 FAULTS = yaml.safe_load((LAB_DIR / "personas" / "faults.yaml").read_text())
 PERSONAS.update({name: (*PERSONAS[fault["base"]][:2], name, False) for name, fault in FAULTS.items()})
-# The real images the lab's recipes name; the registry serves the engine double under each tag.
+# The real images the lab's recipes name: the registry serves the engine double under the vLLM and SGLang tags,
+# and the real llama-server (Debian's build, lab/build-llama-server.sh) under the llama.cpp one.
 ENGINE_IMAGES = ("vllm/vllm-openai:v0.34.0", "lmsysorg/sglang:v0.5.18", "ghcr.io/ggml-org/llama.cpp:server-cuda")
+DOUBLE_IMAGE = "modelfleet-lab/engine-double:latest"  # local only: tests run it in llama.cpp mode beside the real one
 ENGINES = ("vllm", "sglang", "llama.cpp")
 # Rollout rehearsal images: a newer vLLM tag (its own digest) and one whose engine never gets ready.
 UPGRADE_IMAGE = "vllm/vllm-openai:v0.35.0"
@@ -72,7 +76,8 @@ def ensure_registry() -> None:
 def ensure_images() -> None:
     # Progress to stderr: commands that print JSON on stdout (bench-*, demo) call this too.
     subprocess.run([str(LAB_DIR / "build-base.sh"), BASE_IMAGE], check=True, stdout=sys.stderr)
-    local = "modelfleet-lab/engine-double:latest"
+    subprocess.run([str(LAB_DIR / "build-llama-server.sh"), LLAMA_SERVER_IMAGE], check=True, stdout=sys.stderr)
+    local = DOUBLE_IMAGE
     # Build context: the double, and the PyTorch CPU wheels (for the netcheck gate) fetched once into .lab/.
     wheels = STATE / "wheels"
     if not list(wheels.glob("torch-*.whl")):
@@ -86,7 +91,8 @@ def ensure_images() -> None:
        "-t", f"{local}-0.35", str(context), capture=True)
     sh("docker", "build", "-q", "--build-arg", f"BASE={BASE_IMAGE}", "--build-arg", "DOUBLE_FAULT=1",
        "-t", f"{local}-broken", str(context), capture=True)
-    sources = {image: local for image in ENGINE_IMAGES}
+    sources = {image: local for image in ENGINE_IMAGES[:2]}
+    sources[ENGINE_IMAGES[2]] = LLAMA_SERVER_IMAGE
     sources.update({UPGRADE_IMAGE: f"{local}-0.35", BROKEN_IMAGE: f"{local}-broken"})
     for image, source in sources.items():
         target = f"{REGISTRY}/{image}"

@@ -1,4 +1,6 @@
-"""`make demo`: lab up (3 hosts), serve.py over real SSH, then one chat completion per endpoint (openai SDK)."""
+"""`make demo`: lab up (3 hosts), serve.py over real SSH, then one chat completion per endpoint (openai SDK).
+The vLLM and SGLang endpoints are the lab's engine double; the llama.cpp one is the real llama-server (Debian's
+build) on a tiny GGUF with random weights, so its answer is noise: `served_by` says which server answered."""
 
 import json
 import sys
@@ -24,7 +26,10 @@ def main() -> int:
                                                    messages=[{"role": "user", "content": "Who are you?"}])
             answers.append({"host": plan.name, "engine": svc.engine_name, "endpoint": f"{svc.base_url}/v1",
                             "answer": reply.choices[0].message.content,
-                            "finish_reason": reply.choices[0].finish_reason})
+                            "finish_reason": reply.choices[0].finish_reason,
+                            # llama-server names its build here; the double leaves it empty
+                            "served_by": f"llama-server {reply.system_fingerprint}" if reply.system_fingerprint
+                            else "modelfleet lab engine double"})
     print(json.dumps(answers, indent=2))
     return 0
 

@@ -37,6 +37,12 @@ def ensure(state: Path, lab_dir: Path) -> dict:
             "--listen", LISTEN, "--token-file", str(token_file(state))]
     for repo in REPOS:
         argv += ["--repo", repo.format(mib=mib)]
+    gguf = state / "tiny-lab.gguf"  # what the real llama-server loads (lab/tiny_gguf.py)
+    if not gguf.exists():
+        from lab import tiny_gguf  # numpy and gguf load only when the file is made
+
+        tiny_gguf.write(gguf)
+    argv += ["--extra-file", f"tiny-lab.gguf={gguf}"]
     daemons.start(state, "hub", argv, LISTEN)
     return {"endpoint": ENDPOINT, "token_file": str(token_file(state))}
 

@@ -113,7 +113,7 @@ def answer(eng: Engine, body: dict) -> dict:
     last = messages[-1] if messages else {}
     tools = body.get("tools") or []
     reasoning = "The user asked something; the lab double answers deterministically."
-    if tools and last.get("role") == "user":
+    if tools and last.get("role") == "user" and body.get("tool_choice") != "none":
         fn = tools[0]["function"]
         props = fn.get("parameters", {}).get("properties", {})
         arguments = {name: "Paris" if "city" in name or "location" in name else "lab" for name in props}

@@ -18,6 +18,7 @@ import argparse
 import hashlib
 import json
 import re
+import shutil
 import struct
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -291,12 +292,19 @@ def main() -> None:
     parser.add_argument("--token-file", type=Path)
     parser.add_argument("--repo", action="append", default=[],
                         help="REPO=REV[,REV...]:SHARDS:SHARD_MIB, generated once into --data")
+    parser.add_argument("--extra-file", action="append", default=[],
+                        help="NAME=PATH: a file every generated revision also holds (the lab's GGUF)")
     args = parser.parse_args()
+    extras = dict(item.split("=", 1) for item in args.extra_file)
     for spec in args.repo:
         repo, _, rest = spec.partition("=")
         revisions, shards, shard_mib = rest.split(":")
         for revision in revisions.split(","):
             generate(args.data, repo, revision, int(shards), float(shard_mib))
+            for name, source in extras.items():
+                target = args.data / "files" / repo / revision / name
+                if not target.exists():
+                    shutil.copyfile(source, target)
     token = args.token_file.read_text().strip() if args.token_file else None
     Handler.hub = Hub(args.data, token)
     host, port = args.listen.rsplit(":", 1)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 CATALOG_DIR = Path(__file__).parent
 
@@ -96,6 +96,20 @@ class RecipeParameter(_Strict):
     where: str  # where the value comes from (the guide's calculator, a doc)
 
 
+class ProbeSettings(_Strict):
+    """How the verify gate's tool probe asks this recipe's model (defaults: as a user's client would)."""
+
+    tool_choice: Literal["auto", "required"] = "auto"     # first turn: may call the tool, or must
+    final_tool_choice: Literal["auto", "none"] = "auto"   # the turn after the tool result
+    why: str | None = None                                 # required when not the defaults
+
+    @model_validator(mode="after")
+    def _says_why(self):
+        if (self.tool_choice, self.final_tool_choice) != ("auto", "auto") and not self.why:
+            raise ValueError("probe: say `why` the tool probe asks this model differently")
+        return self
+
+
 class Recipe(_Strict):
     id: str
     model: str
@@ -122,6 +136,7 @@ class Recipe(_Strict):
     args: list[str]
     env: dict[str, str] = Field(default_factory=dict)
     ready_timeout_s: int
+    probe: ProbeSettings = Field(default_factory=ProbeSettings)
 
 
 # Bytes per parameter of each weight format (block scales included for MX formats:

@@ -17,6 +17,8 @@ class Endpoint:
     engine: str
     api_key: str | None = None
     pool: str | None = None
+    tool_choice: str = "auto"        # the recipe's probe settings (catalog ProbeSettings)
+    final_tool_choice: str = "auto"
 
     @property
     def openai_base_url(self) -> str:
@@ -33,7 +35,8 @@ def reachable_from_control_node(plan: HostPlan, svc: ServicePlan) -> bool:
 
 def endpoint(plan: HostPlan, svc: ServicePlan) -> Endpoint:
     return Endpoint(name=f"{plan.name}/{svc.pool}", base_url=svc.base_url, model=svc.served_name,
-                    engine=svc.engine_name, api_key=render.api_key(svc), pool=svc.pool)
+                    engine=svc.engine_name, api_key=render.api_key(svc), pool=svc.pool,
+                    tool_choice=svc.recipe.probe.tool_choice, final_tool_choice=svc.recipe.probe.final_tool_choice)
 
 
 def inventory_endpoints(resolved: Resolved, hosts: tuple[str, ...] = ()) -> list[Endpoint]:

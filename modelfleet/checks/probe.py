@@ -68,14 +68,17 @@ def smoke(ep: Endpoint, max_tokens: int = 512) -> dict:
 def tool_probe(ep: Endpoint) -> dict:
     """
     Offer a tool, expect a parsed call with no raw markup left; send the result back after the whole assistant
-    message (model_dump: reasoning_content and tool_calls kept) and expect a final answer.
+    message (model_dump: reasoning_content and tool_calls kept) and expect a final answer. A well-formed answer
+    that simply does not call the tool, or does not end, is the model's doing, not the server's: the result says
+    `model_limited` so the two are told apart (the gate still fails: the recipe's probe settings say how to ask).
     """
     api = client(ep)
     messages = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
     failures: list[str] = []
     try:
         first = api.chat.completions.create(model=ep.model, messages=messages, tools=[WEATHER_TOOL],
-                                            tool_choice="auto", max_tokens=1024)
+                                            tool_choice=ep.tool_choice, parallel_tool_calls=False,
+                                            max_tokens=1024)
     except APIError as error:
         return {"ok": False, "parser_failures": 1, "failures": [f"tool request: {error}"]}
     choice = first.choices[0]
@@ -84,8 +87,13 @@ def tool_probe(ep: Endpoint) -> dict:
         if RAW_TOOL_MARKUP.search(assistant.get(field) or ""):
             failures.append(f"raw tool-call markup left in {field}")
     calls = assistant.get("tool_calls") or []
+    model_limited = None
     if choice.finish_reason != "tool_calls" or not calls:
         failures.append(f"finish_reason={choice.finish_reason} with {len(calls)} tool call(s), expected tool_calls")
+        if not calls and not failures[:-1]:
+            model_limited = ("the model answered without calling the tool (no markup left behind): its choice, "
+                             "not a parser fault" if choice.finish_reason == "stop" else
+                             f"the model did not finish (finish_reason={choice.finish_reason}) before calling the tool")
     arguments = None
     for call in calls:
         try:
@@ -93,21 +101,25 @@ def tool_probe(ep: Endpoint) -> dict:
         except (KeyError, ValueError):
             failures.append(f"tool call {call.get('id')}: arguments are not JSON")
     result = {"ok": False, "finish_reason": choice.finish_reason, "tool_calls": len(calls), "arguments": arguments,
-              "kept_reasoning_content": "reasoning_content" in assistant}
+              "kept_reasoning_content": "reasoning_content" in assistant, "tool_choice": ep.tool_choice}
     if failures:
-        return {**result, "parser_failures": len(failures), "failures": failures}
+        return {**result, "parser_failures": 0 if model_limited else len(failures), "failures": failures,
+                "model_limited": model_limited}
     messages += [assistant] + [{"role": "tool", "tool_call_id": call["id"],
                                 "content": json.dumps({"city": "Paris", "temperature_c": 18, "sky": "clear"})}
                                for call in calls]
     try:
         final = api.chat.completions.create(model=ep.model, messages=messages, tools=[WEATHER_TOOL],
-                                            max_tokens=1024)
+                                            tool_choice=ep.final_tool_choice, max_tokens=1024)
     except APIError as error:
         return {**result, "parser_failures": 0, "failures": [f"multi-turn after the tool result: {error}"]}
     answer = final.choices[0].message.content
     ok = bool(answer) and final.choices[0].finish_reason == "stop"
+    limited = None if ok or final.choices[0].finish_reason == "tool_calls" else (
+        f"the model did not end its answer (finish_reason={final.choices[0].finish_reason})")
     return {**result, "ok": ok, "parser_failures": 0, "final_finish_reason": final.choices[0].finish_reason,
-            "final_answer": answer, "failures": [] if ok else ["no final answer after the tool result"]}
+            "final_answer": answer, "failures": [] if ok else ["no final answer after the tool result"],
+            "model_limited": limited}
 
 
 def verify(ep: Endpoint, ready_timeout_s: float = 60, full: bool = True) -> dict:
