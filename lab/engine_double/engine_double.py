@@ -112,7 +112,8 @@ def answer(eng: Engine, body: dict) -> dict:
     messages = body.get("messages", [])
     last = messages[-1] if messages else {}
     tools = body.get("tools") or []
-    reasoning = "The user asked something; the lab double answers deterministically."
+    # A reasoning model, as the guides' vLLM/SGLang models are; the lab's GGUF (llama.cpp) has no reasoning.
+    reasoning = None if eng.engine == "llama.cpp" else "The user asked something; the lab double answers deterministically."
     if tools and last.get("role") == "user" and body.get("tool_choice") != "none":
         fn = tools[0]["function"]
         props = fn.get("parameters", {}).get("properties", {})
@@ -133,7 +134,7 @@ def answer(eng: Engine, body: dict) -> dict:
     else:
         content = f"Hello from the modelfleet lab engine double ({eng.engine}, serving {eng.served})."
     budget = body.get("max_completion_tokens") or body.get("max_tokens")
-    if budget is not None and int(budget) <= words(reasoning):
+    if budget is not None and reasoning and int(budget) <= words(reasoning):
         # The budget ran out inside the reasoning: no content, finish_reason "length".
         return {"reasoning": " ".join(reasoning.split()[: int(budget)]), "content": None, "tool_calls": None,
                 "finish": "length"}
@@ -143,7 +144,7 @@ def answer(eng: Engine, body: dict) -> dict:
     return {"reasoning": reasoning, "content": content, "tool_calls": None, "finish": "stop"}
 
 
-def incomplete_history(messages: list[dict]) -> str | None:
+def incomplete_history(messages: list[dict], reasoning: bool = True) -> str | None:
     """Why a tool result cannot be answered: the assistant turn before it lost its tool_calls or reasoning."""
     if not messages or messages[-1].get("role") != "tool":
         return None
@@ -153,7 +154,7 @@ def incomplete_history(messages: list[dict]) -> str | None:
         return "the assistant message with tool_calls must precede a tool message"
     if messages[-1].get("tool_call_id") not in {c.get("id") for c in calls}:
         return "tool_call_id does not match any tool call of the previous assistant message"
-    if not before.get("reasoning_content"):
+    if reasoning and not before.get("reasoning_content"):
         return "reasoning_content of the assistant tool-call turn was dropped (keep the whole message)"
     return None
 
@@ -224,8 +225,19 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/v1/models":
             if not self.eng.ready():
                 return self._send(503, {"error": "model is loading"})
-            return self._send(200, {"object": "list", "data": [
-                {"id": self.eng.served, "object": "model", "created": int(STARTED), "owned_by": self.eng.engine}]})
+            model = {"id": self.eng.served, "object": "model", "created": int(STARTED), "owned_by": self.eng.engine}
+            if self.eng.engine != "llama.cpp":
+                return self._send(200, {"object": "list", "data": [model]})
+            # llama-server also lists the model Ollama-style, and describes it (its GGUF's metadata)
+            meta = {"vocab_type": 2, "n_vocab": 261, "n_ctx": 4096, "n_ctx_train": 4096, "n_embd": 64,
+                    "n_params": 115648, "size": 462592, "ftype": "all F32"}
+            ollama = {"name": self.eng.served, "model": self.eng.served, "modified_at": "", "size": "",
+                      "digest": "", "type": "model", "description": "", "tags": [""], "capabilities": ["completion"],
+                      "parameters": "", "details": {"parent_model": "", "format": "gguf", "family": "",
+                                                    "families": [""], "parameter_size": "", "quantization_level": ""}}
+            return self._send(200, {"models": [ollama], "object": "list", "data": [
+                {**model, "aliases": [self.eng.served], "tags": [],
+                 "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]}, "meta": meta}]})
         return self._send(404, {"error": "not found"})
 
     def do_POST(self):
@@ -235,8 +247,15 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(404, {"error": "not found"})
         if not self.eng.ready():
             return self._send(503, {"error": "model is loading"})
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
-        broken = incomplete_history(body.get("messages", []))
+        kind = "invalid_request_error" if self.eng.engine == "llama.cpp" else "BadRequestError"
+        try:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
+        except ValueError as error:
+            return self._send(400, {"error": {"code": 400, "message": f"parse error: {error}", "type": kind}})
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            return self._send(400, {"error": {"code": 400, "message": "Expected 'messages' to be an array",
+                                              "type": kind}})
+        broken = incomplete_history(body["messages"], reasoning=self.eng.engine != "llama.cpp")
         if broken:
             return self._send(400, {"error": {"message": broken, "type": "BadRequestError", "code": 400}})
         if body.get("model") not in (self.eng.served, None):
@@ -272,12 +291,22 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(self.eng.slow_first_token)
         if not body.get("stream"):
             self._ttft(start)
-            message = {"role": "assistant", "content": turn["content"], "reasoning_content": turn["reasoning"]}
+            message = {"role": "assistant", "content": turn["content"]}
+            if turn["reasoning"]:
+                message["reasoning_content"] = turn["reasoning"]
             if turn["tool_calls"]:
                 message["tool_calls"] = turn["tool_calls"]
-            return self._send(200, {"id": rid, "object": "chat.completion", "created": created,
-                                    "model": self.eng.served, "usage": usage, "choices": [
-                                        {"index": 0, "message": message, "finish_reason": turn["finish"]}]})
+            reply = {"id": rid, "object": "chat.completion", "created": created, "model": self.eng.served,
+                     "usage": usage, "choices": [{"index": 0, "message": message, "finish_reason": turn["finish"]}]}
+            if self.eng.engine == "llama.cpp":  # llama-server's additions: its build, cache use and timings
+                elapsed_ms = (time.time() - start) * 1000
+                reply.update(system_fingerprint="modelfleet-engine-double", timings={
+                    "cache_n": 0, "prompt_n": prompt, "prompt_ms": 0.1, "prompt_per_token_ms": 0.1,
+                    "prompt_per_second": 10000.0, "predicted_n": len(out_words), "predicted_ms": elapsed_ms,
+                    "predicted_per_token_ms": elapsed_ms / max(1, len(out_words)),
+                    "predicted_per_second": len(out_words) / max(elapsed_ms / 1000, 1e-6)})
+                usage["prompt_tokens_details"] = {"cached_tokens": 0}
+            return self._send(200, reply)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
@@ -291,7 +320,8 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(f"data: {json.dumps(data)}\n\n".encode())
             self.wfile.flush()
 
-        chunk({"role": "assistant", "content": ""})
+        # llama-server's first chunk carries the role alone (content null); vLLM/SGLang send an empty string
+        chunk({"role": "assistant", "content": None if self.eng.engine == "llama.cpp" else ""})
         self._ttft(start)
         for word in (turn["reasoning"] or "").split():
             time.sleep(self.eng.token_interval)
