@@ -81,7 +81,8 @@ class FabricManager(FactBase):
 
 
 class NvidiaTopology(FactBase):
-    """`nvidia-smi topo -m`: GPU and NIC names, the link matrix, and the NVLink bond width between GPUs."""
+    """`nvidia-smi topo -m`: GPU and NIC names, the link matrix, the NVLink bond width between GPUs, and each
+    GPU's NUMA node."""
 
     requires_command = "nvidia-smi"
 
@@ -95,7 +96,7 @@ class NvidiaTopology(FactBase):
             return None
         columns = [c.strip() for c in header.strip().split("\t") if c.strip()]
         devices = [c for c in columns if re.fullmatch(r"(GPU|NIC)\d+", c)]
-        matrix = {}
+        matrix, numa = {}, {}
         for line in lines:
             row = line.split("\t")
             name = row[0].strip()
@@ -103,12 +104,16 @@ class NvidiaTopology(FactBase):
                 continue
             cells = [c.strip() for c in row[1:1 + len(devices)]]
             matrix[name] = dict(zip(devices, cells, strict=False))
+            # after the device columns: CPU Affinity, NUMA Affinity (a GPU's node; N/A on one-node hosts)
+            node = row[2 + len(devices)].strip() if len(row) > 2 + len(devices) else ""
+            if name.startswith("GPU") and node.isdigit():
+                numa[name] = int(node)
         gpus = [d for d in devices if d.startswith("GPU")]
         bonds = [int(m.group(1)) for a in gpus for b in gpus if a != b
                  for m in [re.fullmatch(r"NV(\d+)", matrix.get(a, {}).get(b, ""))] if m]
         all_nvlink = len(gpus) > 1 and len(bonds) == len(gpus) * (len(gpus) - 1)
         return {"gpus": gpus, "nics": [d for d in devices if d.startswith("NIC")], "matrix": matrix,
-                "nvlink_min_bond": min(bonds) if all_nvlink else None, "all_nvlink": all_nvlink}
+                "nvlink_min_bond": min(bonds) if all_nvlink else None, "all_nvlink": all_nvlink, "numa": numa}
 
 
 class AmdGpus(FactBase):

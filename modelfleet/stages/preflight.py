@@ -8,7 +8,7 @@ from pyinfra.api import deploy
 from modelfleet.catalog import load_catalog
 from modelfleet.context import HostRun
 from modelfleet.facts.probe import HostProbe
-from modelfleet.gpu_predicates import fabric_manager_needed, replaces_driver
+from modelfleet.gpu_predicates import fabric_manager_needed, locality_notes, replaces_driver
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.report import fail_host, save_report
 from modelfleet.planner import plan_capacity
@@ -82,7 +82,7 @@ def evaluate(plan: HostPlan, probe: dict, defer_stack: bool = False) -> dict:
                         f"plan needs {disk_needed / 1e9:.1f} GB (checkpoint + temporary files + rollback copy)")
     return {
         "host": plan.name, "ok": not problems, "assessed": assess(plan, gpus), "problems": problems,
-        "deferred": deferred,
+        "deferred": deferred, "locality": locality_notes(plan, probe.get("topology")),
         "gpus": [{"name": g["name"], "memory_total_mib": g["memory_total_mib"]} for g in gpus],
         "gpu_count": len(gpus), "driver": versions.get("driver"), "cuda": versions.get("cuda"),
         "kernel_module": probe.get("nvidia_module"), "fabric_manager": probe.get("fabric_manager"),

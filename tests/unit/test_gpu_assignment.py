@@ -1,6 +1,8 @@
 """Each service gets its own GPUs: disjoint indices on a host, through CDI device requests (NVIDIA) or its own
 render nodes (AMD), never `--gpus all`."""
 
+from pathlib import Path
+
 from modelfleet import render
 from modelfleet.inventory import resolve
 
@@ -57,3 +59,33 @@ def test_preflight_names_a_driver_changed_under_the_loaded_module():
     probe = {"nvidia_module": {"version": "580.95.05", "open": True}, "nvidia_versions": None, "nvidia_gpus": None}
     report = evaluate(plan, probe, defer_stack=True)
     assert any(p.startswith("driver mismatch: the loaded kernel module is 580.95.05") for p in report["problems"])
+
+
+def test_a_service_spanning_numa_nodes_is_told_which_indices_keep_it_on_one():
+    """The recorded 8x B300 topology (GPUs 0-3 on node 0, 4-7 on node 1): a 3-GPU pool on 0-2 and a 4-GPU pool
+    after it on 3-6, as lowest-free assignment would place them, cross the socket interconnect; 4-7 would not.
+    (The catalog has no 2-7 GPU recipe on B300 yet: the services' indices are set the way a site recipe's
+    would be assigned.)"""
+    from dataclasses import replace
+
+    import yaml
+
+    from modelfleet.facts.gpu import NvidiaTopology
+    from modelfleet.gpu_predicates import locality_notes
+
+    case = yaml.safe_load((Path(__file__).parents[1] / "facts" / "gpu.NvidiaTopology" / "b300x8_9nic.yaml").read_text())
+    topology = NvidiaTopology().process(case["output"])
+    hosts = [("h1", {"ssh_hostname": "192.0.2.1", "hardware": "b300", "gpu_count": 8, "services": [
+        {"pool": "a", "model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm", "port": 8000},
+        {"pool": "b", "model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm", "port": 8001}]})]
+    result = resolve(hosts)
+    assert result.errors == []
+    plan = result.hosts["h1"]
+
+    def placed(a, b):
+        return replace(plan, services=(replace(plan.services[0], gpu_indices=a), replace(plan.services[1], gpu_indices=b)))
+
+    assert locality_notes(placed((0, 1, 2), (3, 4, 5, 6)), topology) == [
+        "b: GPUs 3,4,5,6 span NUMA nodes 0,1; gpu_indices [4, 5, 6, 7] would keep it on node 1"]
+    assert locality_notes(placed((0, 1, 2), (4, 5, 6, 7)), topology) == []
+    assert locality_notes(placed((0, 1, 2), (3, 4, 5, 6)), {"numa": {"GPU0": 0}}) == []  # one node: nothing to say
