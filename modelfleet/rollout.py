@@ -100,6 +100,14 @@ def _healthy(status_rows: list[dict]) -> set[str]:
             and all(s["health"] == "200" for s in row["services"] if s["endpoint"])}
 
 
+def _left_drained(report: dict, entry: dict, watcher: Watcher, start: float, stopped: str, **outcome) -> None:
+    """Stop the rollout with this batch drained (its units stopped and disabled), saying why."""
+    watcher.switching(entry["hosts"], start)
+    entry.update(outcome)
+    report["drained"] += entry["hosts"]
+    report["stopped"] = stopped
+
+
 def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: int = 0,
             env: dict | None = None, log=print) -> dict:
     plans = [resolved.hosts[name] for name in resolved.hosts]
@@ -128,10 +136,8 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
                 log(f"batch {batch}: drain for the driver upgrade ({', '.join(moving)})")
                 refused = {h: e for h, e in fleet.drain([resolved.hosts[h] for h in batch]).items() if e}
                 if refused:
-                    watcher.switching(batch, switch_start)
-                    entry.update(result="drain failed", errors=refused)
-                    report["drained"] += batch
-                    report["stopped"] = f"draining {batch} failed: {refused}"
+                    _left_drained(report, entry, watcher, switch_start, f"draining {batch} failed: {refused}",
+                                  result="drain failed", errors=refused)
                     break
             log(f"batch {batch}: switch")
             ok, out = _pyinfra(inventory, "deploys/serve.py", batch, {}, env or {})
@@ -141,10 +147,8 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
                 report["upgraded"] += batch
                 continue
             if moving:
-                watcher.switching(batch, switch_start)
-                entry.update(result="driver upgrade failed: batch left drained", output=out)
-                report["drained"] += batch
-                report["stopped"] = f"the driver upgrade failed on {batch}; the batch stays drained, the rest is untouched"
+                _left_drained(report, entry, watcher, switch_start, f"the driver upgrade failed on {batch}; the batch "
+                              "stays drained, the rest is untouched", result="driver upgrade failed", output=out)
                 break
             entry.update(result="gate failed: rolled back", output=out)
             log(f"batch {batch}: gate failed, rolling back")
