@@ -162,8 +162,12 @@ def hf_client_installed(present: bool, needed: bool):
 
 @operation()
 def hub_token_file(dest: str, token: str | None, current: dict | None):
-    """The hub token for the fetch script, 0600, only on the host that downloads from the hub."""
+    """The hub token for the fetch script, 0600, only on the host that downloads from the hub: a host that no
+    longer does (it copies from a peer now) loses the copy an earlier run left."""
     if not token:
+        if current:
+            yield StringCommand("rm", "-f", shlex.quote(dest))
+            return
         host.noop("no hub token needed here")
         return
     yield from content_file._inner(dest=dest, content=token + "\n", current=current, mode="0600", secret=True)
