@@ -70,10 +70,6 @@ class HostRun:
     def probe(self) -> dict:
         return self._cache.probes.get(self.plan.name, {})
 
-    def probe_of(self, name: str) -> dict:
-        """Another host's preflight probe ({} when preflight did not run there)."""
-        return self._cache.probes.get(name, {})
-
     def remember_probe(self, probe: dict) -> None:
         self._cache.probes[self.plan.name] = probe
 

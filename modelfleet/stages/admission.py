@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import time
 
-from pyinfra import host, logger
+from pyinfra import host
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
 from modelfleet.context import HostRun
 from modelfleet.facts.health import GpuHealth
 from modelfleet.gpu_predicates import fabric_manager_needed, replaces_driver
 from modelfleet.health import admission_state, verdict
-from modelfleet.operations.report import fail_host, save_report
+from modelfleet.operations.report import fail_host, refuse, save_report
 
 
 def wants(plan, probe: dict) -> dict:
@@ -63,9 +63,8 @@ def pool_refusals(members: list[str], verdicts: dict[str, dict], this_host: str)
 
 def _pool_admitted(state, host, pool: str, members: list[str], verdicts: dict) -> bool:
     """FunctionCommand body, while executing: every member's verdict is in by now."""
-    for reason in pool_refusals(members, verdicts, host.name):
-        host.log_styled(f"admission of pool {pool}: {reason}", fg="red", log_func=logger.error)
-    return not pool_refusals(members, verdicts, host.name)
+    reasons = pool_refusals(members, verdicts, host.name)
+    return refuse(state, host, [f"admission of pool {pool}: {r}" for r in reasons]) if reasons else True
 
 
 @operation(is_idempotent=False)
@@ -84,13 +83,11 @@ def _record(ctx: HostRun, report: dict) -> None:
 
 def _judged_now(state, host, ctx: HostRun) -> bool:
     """FunctionCommand body, while executing: the GPUs read after this run changed the driver (and rebooted)."""
-    ok, output = host.run_shell_command(StringCommand(GpuHealth().command()), print_output=False,
+    _, output = host.run_shell_command(StringCommand(GpuHealth().command()), print_output=False,
                                         print_input=False)
     report = judge(ctx.plan, GpuHealth().process(output.stdout_lines), ctx.probe)
     _record(ctx, report)
-    for reason in report["reasons"]:
-        host.log_styled(f"refused: admission: {reason}", fg="red", log_func=logger.error)
-    return report["ok"]
+    return report["ok"] or refuse(state, host, [f"admission: {r}" for r in report["reasons"]])
 
 
 @operation(is_idempotent=False)
