@@ -35,6 +35,7 @@ NET = daemons.NET
 REGISTRY = f"127.0.0.1:{5000 + NET}"
 PREFIX = f"mflab{NET or ''}-"
 INSTANCE_LABEL = f"modelfleet-lab.net={NET}"
+HOME_LABEL = "modelfleet-lab.home"  # the host's folder under the lab state that started it
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 TORCH = "torch==2.13.0"  # the CPU build pip installs on these machines (DESIGN.md 5)
 # persona -> (hardware, GPUs, recorded outputs, bare). A bare host has the GPUs but no driver, Docker or
@@ -166,6 +167,23 @@ def _host_mounts(spec: dict) -> list[str]:
             f"{persona / 'nv-fabricmanager'}:/usr/local/bin/nv-fabricmanager:ro"]
 
 
+def _claim(spec: dict) -> bool:
+    """Is the host's container already running for this lab? One left by another lab state (another checkout,
+    an earlier CI clone, brought back by dockerd's restart policy) has other host keys and mounts: it is
+    replaced, with its engine containers, rather than trusted."""
+    owner = sh("docker", "container", "inspect", "-f", '{{index .Config.Labels "%s"}}' % HOME_LABEL, spec["name"],
+               check=False, capture=True)
+    if owner.returncode != 0:
+        return False
+    if owner.stdout.strip() == spec["home"]:
+        return True
+    print(f"lab: {spec['name']} belonged to another lab ({owner.stdout.strip() or 'unlabelled'}); replacing it",
+          file=sys.stderr)
+    engines = [n for n in engine_containers() if n.endswith(spec["name"])]
+    sh("docker", "rm", "-f", spec["name"], *engines, capture=True)
+    return False
+
+
 def start_host(spec: dict) -> None:
     home = Path(spec["home"])
     mounts = [
@@ -189,7 +207,8 @@ def start_host(spec: dict) -> None:
         mounts += [f"{CA_BUNDLE}:{CA_BUNDLE}:ro", f"{STATE / 'pip.conf'}:/etc/pip.conf:ro"]
     argv = ["docker", "run", "-d", "--name", spec["name"], "--hostname", spec["name"], "--network", "host",
             "--restart", "always", "--cap-add", "SYS_ADMIN", "--tmpfs", "/run", "--tmpfs", "/run/lock",
-            "-e", "container=docker", "--label", "modelfleet-lab=host", "--label", INSTANCE_LABEL]
+            "-e", "container=docker", "--label", "modelfleet-lab=host", "--label", INSTANCE_LABEL,
+            "--label", f"{HOME_LABEL}={home}"]
     for mount in mounts:
         argv += ["-v", mount]
     for disk in spec.get("disks", []):
@@ -241,8 +260,7 @@ def up(hosts: int = 3, personas: list[str] | None = None, disks: int = 0) -> lis
         # The lab's SGLang and llama.cpp recipes are NVIDIA-only; an AMD persona serves with vLLM.
         spec["engine"] = "vllm" if spec["hardware"] == "mi355x" else ENGINES[(i - 1) % len(ENGINES)]
         spec["disks"] = _disks(spec, disks)
-        exists = sh("docker", "container", "inspect", spec["name"], check=False, capture=True).returncode == 0
-        if not exists:
+        if not _claim(spec):
             start_host(spec)
         specs.append(spec)
     known = [f"{s['address']} {' '.join(s['host_key_pub'])}" for s in specs]

@@ -21,10 +21,25 @@ def port_open(listen: str) -> bool:
         return s.connect_ex((host, int(port))) == 0
 
 
+def running(state: Path, name: str) -> bool:
+    """Is the service this lab started (its pidfile's process group) still alive?"""
+    try:
+        os.killpg(int((state / f"{name}.pid").read_text()), 0)
+        return True
+    except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
+        return False
+
+
 def start(state: Path, name: str, argv: list[str], listen: str, env: dict | None = None) -> None:
-    """Start `argv` in its own session unless something already answers on `listen` (host:port)."""
+    """Start `argv` in its own session unless this lab's own service already answers on `listen` (host:port).
+    Something else on the address (another checkout's lab, a site's own registry) is refused, not used: it
+    would serve another lab's keys and files."""
     if port_open(listen):
-        return
+        if running(state, name):
+            return
+        raise RuntimeError(f"lab {name}: {listen} is held by a process this lab ({state}) did not start; "
+                           "stop it (`modelfleet lab down` in the checkout that started it) or give this lab "
+                           "its own addresses with MODELFLEET_LAB_NET=N")
     log = open(state / f"{name}.log", "a")
     proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
                             env={**os.environ, **(env or {})})

@@ -112,3 +112,32 @@ def test_validate_refuses_an_open_endpoint_without_a_key_before_touching_a_host(
     run = run_pyinfra("inventories/lab.py", "deploys/serve.py", env=env, timeout=300)
     assert run.returncode != 0 and "bind_address" in run.stdout + run.stderr
     assert "Starting operation" not in run.stdout + run.stderr  # refused while preparing: nothing ran
+
+
+def test_a_host_container_left_by_another_lab_is_replaced_not_trusted(lab_hosts):
+    """dockerd's restart policy brings back hosts of a lab whose folder is gone (an earlier CI clone): their host
+    keys are not this lab's, so `lab up` replaces them instead of writing a known_hosts they would fail."""
+    import lab
+    assert lab._claim(lab_hosts[0]) is True  # this lab's own host stays
+    stray = {"name": f"{lab.PREFIX}99", "home": str(STATE / "hosts" / f"{lab.PREFIX}99")}
+    subprocess.run(["docker", "run", "-d", "--name", stray["name"], "--label", f"{lab.HOME_LABEL}=/tmp/gone/.lab",
+                    lab.BASE_IMAGE, "sleep", "300"], check=True, capture_output=True)
+    try:
+        assert lab._claim(stray) is False
+        gone = subprocess.run(["docker", "container", "inspect", stray["name"]], capture_output=True)
+        assert gone.returncode != 0
+    finally:
+        subprocess.run(["docker", "rm", "-f", stray["name"]], capture_output=True)
+
+
+def test_a_service_address_held_by_another_process_is_refused(tmp_path):
+    """The apt repository, hub or registry of another lab would answer with other keys and files."""
+    import socket
+    from lab import daemons
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        listen = f"127.0.0.1:{other.getsockname()[1]}"
+        with pytest.raises(RuntimeError, match="held by a process this lab .* did not start"):
+            daemons.start(tmp_path, "registry", ["sleep", "30"], listen)
+    assert not (tmp_path / "registry.pid").exists()
