@@ -30,9 +30,10 @@ lab-setup:
 demo: install lab-setup
 	$(PYTHON) -m lab.demo
 
-# No-op converge time of serve.py on 1 and 16 lab hosts (same run), ratio, remote commands per host (JSON).
+# No-op converge of serve.py: wall time on 1 and 48 lab hosts, remote commands per host, and control-node CPU per
+# host at 16 and 48 hosts beside stock pyinfra running as many no-op operations (JSON).
 bench-converge: install lab-setup
-	$(PYTHON) -m lab.bench_converge 16
+	$(PYTHON) -m lab.bench_converge 16 48
 
 # Checkpoint distribution on 1, 3 and 6 lab hosts: hub egress ratio and fan-out vs raw copy rate (JSON).
 bench-fanout: install lab-setup

@@ -28,7 +28,8 @@ _gate_faults = {1: {"gloo_socket_ifname": "mfl-noif0"}} if os.environ.get("MODEL
 # MODELFLEET_LAB_ONLY=mflab-4,mflab-5: only these hosts (a rehearsal on some hosts of a running lab).
 _only = {n for n in os.environ.get("MODELFLEET_LAB_ONLY", "").split(",") if n}
 # All lab hosts serve the same checkpoint: one hub download, the others copy from the first host.
-_checkpoint_group = os.environ.get("MODELFLEET_LAB_CHECKPOINT_GROUP", "lab")
+# MODELFLEET_LAB_CHECKPOINT_GROUP= (empty): each pool its own group (the default), e.g. for shards.
+_checkpoint_group = os.environ.get("MODELFLEET_LAB_CHECKPOINT_GROUP", "lab") or None
 # MODELFLEET_LAB_TWO_POOLS=mflab-4: that host (an 8-GPU persona) serves two pools side by side, pair-a and
 # pair-b, one GPU each; MODELFLEET_LAB_PAIR_B_ENV (JSON) changes only pair-b's unit.
 _two_pools = os.environ.get("MODELFLEET_LAB_TWO_POOLS")
@@ -87,6 +88,10 @@ lab_hosts = [
         # MODELFLEET_LAB_NVME=1: the host's first loop device (lab up --disks) stands in for its NVMe drive.
         "nvme_devices": spec.get("disks", [])[:1] if os.environ.get("MODELFLEET_LAB_NVME") else [],
         "model_keep_revisions": int(os.environ.get("MODELFLEET_LAB_KEEP_REVISIONS", "1")),
+        # The checkpoint fan-out's tree width and per-server send cap (`make bench-fanout` sets them).
+        "model_fanout_width": int(os.environ.get("MODELFLEET_LAB_FANOUT_WIDTH", "8")),
+        **({"model_fanout_rate_mb_s": int(os.environ["MODELFLEET_LAB_FANOUT_RATE_MB_S"])}
+           if os.environ.get("MODELFLEET_LAB_FANOUT_RATE_MB_S") else {}),
         "gloo_socket_ifname": "lo",
         **_serves(index, spec),
     })

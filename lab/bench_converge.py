@@ -1,44 +1,86 @@
-"""`make bench-converge`: wall time of a no-op converge of serve.py on 1 and on N lab hosts in one run, their
-ratio, and remote commands per host (counted from pyinfra's -vvv echo of every command it sends)."""
+"""`make bench-converge`: the control node's cost of a no-op converge of serve.py, in one run, JSON.
+
+- wall time on 1 host and on the largest size, their ratio, and remote commands per host (counted from
+  pyinfra's -vvv echo of every command it sends);
+- CPU seconds (user + sys of the pyinfra process) per host at each size (default 16 and 48 lab hosts), and
+  the same for stock pyinfra running as many no-op operations per host (lab/stock_noop_deploy.py:
+  files.directory/files.file, one fact each), with their ratio. The CPU runs are without -v, as a user runs.
+"""
 
 import json
 import re
+import resource
 import sys
 import time
 
 import lab
 from modelfleet.commands import run_pyinfra
 
+STOCK_DEPLOY = "lab/stock_noop_deploy.py"
 
-def converge(limit: str | None = None) -> tuple[float, dict[str, int], str]:
-    start = time.perf_counter()
-    run = run_pyinfra("inventories/lab.py", "deploys/serve.py", limit=[limit] if limit else [], extra=["-vvv"])
-    elapsed = time.perf_counter() - start
+
+def cpu_seconds() -> float:
+    """User + sys of this process's finished children (each pyinfra run is one)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def converge(hosts: list[str] | None = None, deploy: str = "deploys/serve.py", verbose: bool = False,
+             env: dict | None = None) -> dict:
+    """One pyinfra run on `hosts` (all when None): wall and CPU seconds, commands and operations per host."""
+    cpu, start = cpu_seconds(), time.perf_counter()
+    run = run_pyinfra("inventories/lab.py", deploy, limit=hosts or [], extra=["-vvv"] if verbose else [], env=env)
+    elapsed, cpu = time.perf_counter() - start, cpu_seconds() - cpu
     out = run.stdout + run.stderr
     if run.returncode:
         sys.exit(out[-4000:])
     counts: dict[str, int] = {}
     for host in re.findall(rf"\[({lab.PREFIX}\d+)\]\s+>>> ", out):
         counts[host] = counts.get(host, 0) + 1
-    return elapsed, counts, out
+    total = re.search(r"Grand total\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)", out)
+    count = len(hosts) if hosts else len(lab.status()["hosts"])
+    return {"wall_s": elapsed, "cpu_s": cpu, "commands": counts, "hosts": count,
+            "operations_per_host": int(total.group(1)) // count if total else None,
+            "changed": None if not total else (0 if total.group(2) == "-" else int(total.group(2)))}
 
 
 def main() -> None:
-    hosts = int(sys.argv[1]) if len(sys.argv) > 1 else 16
-    lab.up(hosts)
+    sizes = sorted(int(n) for n in sys.argv[1:]) or [16, 48]
+    names = [spec["name"] for spec in lab.up(sizes[-1])]
     converge()  # first converge: installs units, starts engines
-    one, one_counts, _ = converge(limit=f"{lab.PREFIX}1")
-    many, many_counts, out = converge()
-    changed = re.search(r"Grand total\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)", out)
+    one = converge(names[:1], verbose=True)
+    many = converge(verbose=True)
+    ops = one["operations_per_host"]
+    stock_env = {"MODELFLEET_BENCH_OPS": str(ops)}
+    converge(deploy=STOCK_DEPLOY, env=stock_env)  # makes the stock deploy's directories and files
+    cpu = {}
+    for n in sizes:
+        ours = converge(names[:n])
+        stock = converge(names[:n], deploy=STOCK_DEPLOY, env=stock_env)
+        assert ours["changed"] == 0 and stock["changed"] == 0, (ours, stock)
+        cpu[n] = {"modelfleet_cpu_s_per_host": round(ours["cpu_s"] / n, 4),
+                  "stock_pyinfra_cpu_s_per_host": round(stock["cpu_s"] / n, 4),
+                  "ratio": round(ours["cpu_s"] / stock["cpu_s"], 3),
+                  "modelfleet_wall_s": round(ours["wall_s"], 2), "stock_pyinfra_wall_s": round(stock["wall_s"], 2)}
+    low, high = sizes[0], sizes[-1]
     print(json.dumps({
-        "hosts": hosts,
-        "noop_converge_s_1_host": round(one, 2),
-        f"noop_converge_s_{hosts}_hosts": round(many, 2),
-        "ratio": round(many / one, 2),
-        "remote_commands_per_host_1": one_counts.get(f"{lab.PREFIX}1"),
-        "remote_commands_per_host_max": max(many_counts.values()) if many_counts else None,
-        "changed_operations_in_noop_run": None if not changed else
-        (0 if changed.group(2) == "-" else int(changed.group(2))),
+        "date": time.strftime("%Y-%m-%d"),
+        "hosts": high,
+        "noop_converge_s_1_host": round(one["wall_s"], 2),
+        f"noop_converge_s_{high}_hosts": round(many["wall_s"], 2),
+        "ratio": round(many["wall_s"] / one["wall_s"], 2),
+        "remote_commands_per_host_1": one["commands"].get(names[0]),
+        "remote_commands_per_host_max": max(many["commands"].values()) if many["commands"] else None,
+        "changed_operations_in_noop_run": many["changed"],
+        "operations_per_host": ops,
+        "control_node_cpu": cpu,
+        # What a host adds beyond the fixed cost of starting pyinfra and loading the inventory.
+        "marginal_cpu_s_per_host": {
+            "modelfleet": round((cpu[high]["modelfleet_cpu_s_per_host"] * high
+                                 - cpu[low]["modelfleet_cpu_s_per_host"] * low) / (high - low), 4),
+            "stock_pyinfra": round((cpu[high]["stock_pyinfra_cpu_s_per_host"] * high
+                                    - cpu[low]["stock_pyinfra_cpu_s_per_host"] * low) / (high - low), 4),
+        } if high > low else None,
     }, indent=2))
 
 

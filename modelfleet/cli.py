@@ -1,5 +1,5 @@
-"""modelfleet command line: validate, plan, render, admit, verify, bench, cost, status, logs, tunnel, prometheus
-(and the lab)."""
+"""modelfleet command line: validate, plan, render, admit, converge, verify, bench, cost, status, logs, tunnel,
+prometheus (and the lab)."""
 
 from __future__ import annotations
 
@@ -338,6 +338,29 @@ def admit(inventory: str, hosts: tuple[str, ...]) -> None:
     if run.returncode:
         click.echo((run.stdout + run.stderr)[-3000:], err=True)
     sys.exit(0 if run.returncode == 0 and all(r["ok"] for r in reports) else 1)
+
+
+@main.command()
+@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
+@click.argument("deploy", default="modelfleet.deploys.serve")
+@click.option("--shards", type=click.IntRange(min=1, max=256), default=1, show_default=True,
+              help="pyinfra processes at once, each converging whole pools and checkpoint groups.")
+@click.option("--dry", is_flag=True, help="Print the shards (JSON) and run nothing.")
+def converge(inventory: str, deploy: str, shards: int, dry: bool) -> None:
+    """Run DEPLOY on every host of INVENTORY in SHARDS pyinfra processes at once (a pool or checkpoint group is
+    never split); each shard's output in reports/converge/shard-<k>.log, the summary as JSON; exit 1 if a
+    shard failed."""
+    from modelfleet import shards as sharding
+
+    result = _resolved_or_exit(inventory)
+    split = sharding.split(result, shards)
+    if dry:
+        click.echo(json.dumps({"shards": [{"shard": n, "hosts": hosts} for n, hosts in enumerate(split, 1)]},
+                              indent=2))
+        return
+    summary = sharding.converge(inventory, deploy, split, progress=sharding.progress_to_stderr)
+    click.echo(json.dumps(summary, indent=2))
+    sys.exit(0 if summary["ok"] else 1)
 
 
 @main.group()

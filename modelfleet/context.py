@@ -13,6 +13,7 @@ pyinfra's State, so a new run (or a new test) never sees an older inventory or h
 - `pool_starts(pool)`: will this run (re)start a unit of the pool on any of its hosts; computed once per pool.
 - `pool_checks(pool)`: the pool's collective-check reports, filled while executing, judged by its gate.
 - `admission`: each host's admission verdict, so a refused host fails its whole pool.
+- `fanout(group, schedule)`: a checkpoint group's copy waves (who copies from whom), computed once per run.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class _RunCache:
     pool_starts: dict[str, bool] = field(default_factory=dict)
     pool_checks: dict[str, dict[str, dict]] = field(default_factory=dict)
     admission: dict[str, dict] = field(default_factory=dict)  # host -> its verdict in this run
+    fanouts: dict[tuple, list] = field(default_factory=dict)  # checkpoint group -> its copy waves
 
 
 _runs: weakref.WeakKeyDictionary[State, _RunCache] = weakref.WeakKeyDictionary()
@@ -101,6 +103,12 @@ class HostRun:
         """Each host's admission verdict in this run (host -> {"ok", "reasons"}), filled while planning, read
         by every pool member's admission gate while executing, when all of them are in."""
         return self._cache.admission
+
+    def fanout(self, group: tuple, schedule) -> list:
+        """A checkpoint group's copy waves, computed once per run (`schedule()`) for all of its hosts."""
+        if group not in self._cache.fanouts:
+            self._cache.fanouts[group] = schedule()
+        return self._cache.fanouts[group]
 
     def pool_starts(self, pool: str) -> bool:
         """Will this run (re)start a unit of `pool` on any of its hosts? (Each host's state read once.)"""

@@ -5,7 +5,9 @@
     modelfleet_fetch.py JOB.json peer URL       copy from a pool peer that already holds verified files (HTTP)
     modelfleet_fetch.py JOB.json verify         verify only
     ... [--reverify]                            hash every file, even those the manifest vouches for
-    modelfleet_fetch.py serve DIR ADDRESS PORT  serve a verified copy to peers (read-only, sendfile)
+    modelfleet_fetch.py serve DIR ADDRESS PORT [MB_S]
+                                                serve a verified copy to peers (read-only, sendfile),
+                                                at most MB_S megabytes per second in all
 
 JOB.json (written by the control node): repo, commit, endpoint, dest, token_file, and the hub's metadata for
 every file: {path: {size, sha256 (LFS files) | null, blob_id (git's blob sha1) | null}}. A file counts as
@@ -139,14 +141,41 @@ def fetch_from_peer(job: dict, paths: list[str], base_url: str) -> dict:
         return dict(pool.map(one, paths))
 
 
-def serve(directory: str, address: str, port: int) -> None:
-    """Read-only HTTP for the group's peers: files go out with sendfile(2), no copy through Python."""
+class Pace:
+    """A send budget shared by the server's threads: each chunk waits for its slot at `rate` bytes/s."""
+
+    def __init__(self, rate: float):
+        import threading
+        self.rate, self.lock, self.next_free = rate, threading.Lock(), time.monotonic()
+
+    def wait(self, size: int) -> None:
+        with self.lock:
+            now = time.monotonic()
+            start = max(now, self.next_free)
+            self.next_free = start + size / self.rate
+        time.sleep(start - now)
+
+
+def serve(directory: str, address: str, port: int, rate_mb_s: float | None = None) -> None:
+    """Read-only HTTP for the group's peers: files go out with sendfile(2), no copy through Python, paced to
+    `rate_mb_s` in all when given."""
     import functools
     from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
+    pace = Pace(rate_mb_s * 1e6) if rate_mb_s else None
+
     class Handler(SimpleHTTPRequestHandler):
         def copyfile(self, source, outputfile):
-            self.connection.sendfile(source)
+            if not pace:
+                self.connection.sendfile(source)
+                return
+            offset = 0
+            while True:
+                pace.wait(CHUNK)
+                sent = os.sendfile(self.connection.fileno(), source.fileno(), offset, CHUNK)
+                if not sent:
+                    return
+                offset += sent
 
         def log_message(self, fmt, *args):
             pass
@@ -177,7 +206,7 @@ def locked(dest: Path):
 
 def main(argv: list[str]) -> int:
     if argv[0] == "serve":
-        serve(argv[1], argv[2], int(argv[3]))
+        serve(argv[1], argv[2], int(argv[3]), float(argv[4]) if len(argv) > 4 else None)
         return 0
     job = json.loads(Path(argv[0]).read_text())
     mode, reverify = argv[1], "--reverify" in argv
@@ -197,7 +226,8 @@ def main(argv: list[str]) -> int:
         again, still = check(dest, {rel: files[rel] for rel in missing}, {}, True, streamed or {})
         verified.update(again)
         missing = still
-    report.update(ok=not missing, missing_or_corrupt=missing, seconds=round(time.monotonic() - start, 3))
+    report.update(ok=not missing, missing_or_corrupt=missing, seconds=round(time.monotonic() - start, 3),
+                  finished_at=round(time.time(), 3))
     if missing:
         raise FetchError(f"refused {job['repo']}@{job['commit'][:12]}: {len(missing)} file(s) do not match the "
                          f"source's size and checksum after fetching ({', '.join(missing[:5])}); `current` stays "

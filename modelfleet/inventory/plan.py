@@ -135,6 +135,8 @@ class HostPlan:
     model_source: str | None = None
     model_keep_revisions: int = 1
     model_reverify: bool = False
+    model_fanout_width: int = 8
+    model_fanout_rate_mb_s: int | None = None
     fabric_address: str = ""
     network_env: dict = field(default_factory=dict)
     nvme_devices: tuple[str, ...] = ()

@@ -114,6 +114,13 @@ class HostData(BaseModel):
     model_source: Url | None = None
     model_keep_revisions: int = Field(1, ge=0)  # older revisions kept for rollback beside the served one
     model_reverify: bool = False  # hash every file again instead of trusting the manifest's size + mtime
+    # Peers one host serves a checkpoint to at once; hosts that got their copy serve the next ones (a tree),
+    # so no host's link carries more than this many copies and a large group takes log(N) waves, not N.
+    # The checkpoint group's first host's setting counts for the whole group.
+    model_fanout_width: int = Field(8, ge=1, le=1024)
+    # A host serving peers sends at most this many MB/s in all (unset: as fast as the link goes), so a fan-out
+    # on a link it shares with inference traffic leaves room for it.
+    model_fanout_rate_mb_s: int | None = Field(None, ge=1)
     verify_bench: bool = False  # the verify stage also runs a short bench and fails on regressions
     verify_full: bool = False  # smoke + tool probe on every converge, not only when a unit (re)started
     admission: bool = True  # False: the admission stage leaves this host's GPUs unjudged (NVIDIA hosts only)

@@ -3,7 +3,9 @@ model_root/<model>/<commit>, with a `current` pointer and older revisions pruned
 
 One host per checkpoint group (the pool by default) downloads from the hub (or the air-gapped source); the
 others copy from it over HTTP on the pool's network while it serves its verified copy from a transient unit,
-so hub egress for a group is one checkpoint. Every host verifies what it got (files/modelfleet_fetch.py).
+so hub egress for a group is one checkpoint. Beyond model_fanout_width peers, hosts that got their copy serve
+the next ones (fanout_waves): a large group is served in log(N) waves and no host serves more than the width.
+Every host verifies what it got (files/modelfleet_fetch.py).
 Which hosts lack what is known before anything runs: the group's hosts' state is read once each.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+from functools import partial
 
 from pyinfra import host, state
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
@@ -110,7 +113,7 @@ def _fanout_unit(group: str) -> str:
 
 @operation(is_idempotent=False)
 def fanout_serving(group: str, directory_: str, address: str, port: int, serve: bool, needed: bool,
-                   lifetime_s: int = 0, leftover: bool = False):
+                   lifetime_s: int = 0, leftover: bool = False, rate_mb_s: int | None = None):
     """A transient unit serving the verified copy to the group's peers (read-only HTTP) for at most
     `lifetime_s`, or stop it. A unit left running by an earlier run that died is stopped first."""
     unit = _fanout_unit(group)
@@ -124,7 +127,7 @@ def fanout_serving(group: str, directory_: str, address: str, port: int, serve: 
         return
     if serve:
         argv = ["systemd-run", f"--unit={unit}", f"--property=RuntimeMaxSec={lifetime_s}", "--collect",
-                "python3", FETCH, "serve", directory_, address, str(port)]
+                "python3", FETCH, "serve", directory_, address, str(port), *([str(rate_mb_s)] if rate_mb_s else [])]
         yield StringCommand(*map(shlex.quote, argv))
         url = shlex.quote(f"http://{address}:{port}/")
         wait = (f"for i in $(seq 50); do curl -fsS -o /dev/null {url} && exit 0; sleep 0.2; done; "
@@ -217,23 +220,57 @@ def run(ctx: HostRun):
         checkpoint_fetched(name=f"Fetch {snap.repo}@{snap.commit[:12]} from {source_url or 'the hub'}", job=job,
                            mode="peer" if source_url else "hub", source=source_url,
                            missing=missing if is_seed else [], reverify=plan.model_reverify)
-        peers_missing = [name for name in members[1:] if _peer_missing(ctx, name, snap)] if is_seed else []
-        seed_address = ctx.inventory.hosts[seed].address
+        waves = ctx.fanout((svc.checkpoint_group, snap.repo, snap.commit), partial(_group_waves, ctx, members, snap))
+        copies = sum(len(wave) for wave in waves)
         unit_state = mine["units"].get(f"{_fanout_unit(svc.checkpoint_group)}.service") or {}
-        fanout_serving(name=f"Serve {snap.commit[:12]} to the group's peers", group=svc.checkpoint_group,
-                       directory_=model_dir, address=plan.address, port=FANOUT_PORT, serve=True,
-                       needed=bool(peers_missing), leftover=unit_state.get("ActiveState") in ("active", "activating",
-                                                                                              "failed"),
-                       lifetime_s=int(FANOUT_MARGIN_S + snap.total_bytes * len(peers_missing) / FANOUT_FLOOR_BYTES_S))
-        checkpoint_fetched(name=f"Copy {snap.repo}@{snap.commit[:12]} from {seed}", job=job, mode="peer",
-                           source=f"http://{seed_address}:{FANOUT_PORT}/", missing=[] if is_seed else missing,
-                           reverify=plan.model_reverify, source_host=seed)
+        leftover = unit_state.get("ActiveState") in ("active", "activating", "failed")
+        served = False
+        # One serve + copy pair per wave (at least one, so a leftover server is always looked at); every host
+        # lists them all, so wave k's copies run after wave k-1's on every host.
+        for number, wave in enumerate(waves or [{}], 1):
+            starts = host.name in wave.values() and not served
+            fanout_serving(name=f"Serve {snap.commit[:12]} to the group's peers (wave {number}/{len(waves) or 1})",
+                           group=svc.checkpoint_group, directory_=model_dir, address=plan.address, port=FANOUT_PORT,
+                           serve=True, needed=starts, leftover=leftover and number == 1,
+                           rate_mb_s=plan.model_fanout_rate_mb_s,
+                           lifetime_s=int(FANOUT_MARGIN_S + snap.total_bytes * copies / FANOUT_FLOOR_BYTES_S))
+            served = served or starts
+            source = wave.get(host.name)
+            source_url = f"http://{ctx.inventory.hosts[source].address}:{FANOUT_PORT}/" if source else None
+            checkpoint_fetched(name=f"Copy {snap.repo}@{snap.commit[:12]} from a peer (wave {number}/{len(waves) or 1})",
+                               job=job, mode="peer", source=source_url, missing=missing if source else [],
+                               reverify=plan.model_reverify, source_host=source)
         fanout_serving(name="Stop serving to peers", group=svc.checkpoint_group, directory_=model_dir,
-                       address=plan.address, port=FANOUT_PORT, serve=False, needed=bool(peers_missing))
+                       address=plan.address, port=FANOUT_PORT, serve=False, needed=served)
         current_pointer(name=f"{parent}/current -> {snap.commit[:12]}", parent=parent, commit=snap.commit,
                         current=tree.get("current"))
         revisions_pruned(name=f"Prune revisions of {svc.model.id} beyond {plan.model_keep_revisions}",
                          parent=parent, remove=_to_prune(tree, snap.commit, plan.model_keep_revisions))
+
+
+def fanout_waves(members: list[str], holders: set[str], width: int) -> list[dict[str, str]]:
+    """Who copies from whom, wave by wave ({target: source} each): every holder serves at most `width` of the
+    members still missing per wave, and those served become holders for the next wave. Wave k reaches
+    (1 + width)^k holders, so N hosts take about log(N) waves and no host serves more than `width` at once."""
+    sources = [name for name in members if name in holders]
+    waiting = [name for name in members if name not in holders]
+    waves = []
+    while waiting and sources:
+        wave = {}
+        for source in sources:
+            for target in waiting[:width]:
+                wave[target] = source
+            waiting = waiting[width:]
+        waves.append(wave)
+        sources += list(wave)
+    return waves
+
+
+def _group_waves(ctx: HostRun, members: list[str], snap: Snapshot) -> list[dict[str, str]]:
+    """The group's waves: the first member (the seed) and every member whose copy is complete serve; the
+    seed's model_fanout_width holds for the group."""
+    holders = {members[0]} | {name for name in members[1:] if not _peer_missing(ctx, name, snap)}
+    return fanout_waves(members, holders, ctx.inventory.hosts[members[0]].model_fanout_width)
 
 
 def _peer_missing(ctx: HostRun, name: str, snap: Snapshot) -> bool:

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -100,3 +101,24 @@ def test_prometheus_config_labels_every_engine(served, tmp_path):
         prefix = {"vllm": "vllm:", "sglang": "sglang:", "llama.cpp": "llamacpp:"}[entry["labels"]["engine"]]
         assert prefix in text
     assert config["scrape_configs"][1]["job_name"] == "modelfleet-node"
+
+
+def test_converge_in_shards_runs_whole_pools_in_parallel_processes_with_one_summary(served, tmp_path):
+    env = {**ENV, "MODELFLEET_LAB_CHECKPOINT_GROUP": "", "MODELFLEET_REPORTS": str(tmp_path)}
+    converge = modelfleet_argv("converge", "inventories/lab.py", "deploys/serve.py", "--shards", "2")
+    dry = subprocess.run([*converge, "--dry"], env=env, capture_output=True, text=True, timeout=120)
+    planned = json.loads(dry.stdout)["shards"]
+    assert [len(s["hosts"]) for s in planned] == [2, 1] and not list(tmp_path.iterdir())  # --dry runs nothing
+    run = subprocess.run(converge, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    summary = json.loads(run.stdout)
+    assert summary["ok"] and [s["hosts"] for s in summary["shards"]] == [s["hosts"] for s in planned]
+    assert sorted(h for s in summary["shards"] for h in s["hosts"]) == sorted(spec["name"] for spec in served)
+    for shard in summary["shards"]:
+        log = Path(shard["log"]).read_text()
+        assert "Grand total" in log and all(f"[{name}]" in log for name in shard["hosts"])
+        assert not any(f"[{spec['name']}]" in log for spec in served if spec["name"] not in shard["hosts"])
+    assert "shard 2/2: 1 host(s), exit 0" in run.stderr
+    failed = subprocess.run(modelfleet_argv("converge", "inventories/lab.py", "deploys/absent.py", "--shards", "2"),
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert failed.returncode == 1 and json.loads(failed.stdout)["ok"] is False

@@ -4,6 +4,7 @@ lab host, huggingface_hub against the hub double, and validate refusing an open 
 import hashlib
 import json
 import os
+import socket
 import subprocess
 import urllib.request
 from pathlib import Path
@@ -12,7 +13,8 @@ import pytest
 from huggingface_hub import HfApi, snapshot_download
 from huggingface_hub.errors import GatedRepoError
 
-from lab import STATE, hub, ssh
+import lab
+from lab import STATE, daemons, hub, ssh
 from modelfleet.commands import modelfleet_argv, run_pyinfra
 
 pytestmark = pytest.mark.lab
@@ -117,7 +119,6 @@ def test_validate_refuses_an_open_endpoint_without_a_key_before_touching_a_host(
 def test_a_host_container_left_by_another_lab_is_replaced_not_trusted(lab_hosts):
     """dockerd's restart policy brings back hosts of a lab whose folder is gone (an earlier CI clone): their host
     keys are not this lab's, so `lab up` replaces them instead of writing a known_hosts they would fail."""
-    import lab
     assert lab._claim(lab_hosts[0]) is True  # this lab's own host stays
     stray = {"name": f"{lab.PREFIX}99", "home": str(STATE / "hosts" / f"{lab.PREFIX}99")}
     subprocess.run(["docker", "run", "-d", "--name", stray["name"], "--label", f"{lab.HOME_LABEL}=/tmp/gone/.lab",
@@ -132,8 +133,6 @@ def test_a_host_container_left_by_another_lab_is_replaced_not_trusted(lab_hosts)
 
 def test_a_service_address_held_by_another_process_is_refused(tmp_path):
     """The apt repository, hub or registry of another lab would answer with other keys and files."""
-    import socket
-    from lab import daemons
     with socket.socket() as other:
         other.bind(("127.0.0.1", 0))
         other.listen()

@@ -1,0 +1,77 @@
+"""Converging more hosts than one control-node process handles well: the inventory split into shards of whole
+pools, one pyinfra process per shard, one summary.
+
+Hosts that a run coordinates stay in one shard: the hosts of a pool (the NCCL gate, admission, multi-node
+units start together) and the hosts sharing a checkpoint (the fan-out copies from the group's first host).
+Those groups are the units; shards are filled largest unit first, each into the shard with the fewest hosts.
+Each shard is an ordinary `pyinfra -y INVENTORY DEPLOY --limit ...` run: the run lock, validation and
+reports work as in one run, and its output goes to reports/converge/shard-<k>.log.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from modelfleet.commands import pyinfra_argv
+from modelfleet.inventory import Resolved
+from modelfleet.operations.report import reports_dir
+
+
+def units(resolved: Resolved) -> list[list[str]]:
+    """Hosts that must converge in the same process, in inventory order (pools and checkpoint groups joined)."""
+    parent = {name: name for name in resolved.hosts}
+
+    def root(name: str) -> str:
+        while parent[name] != name:
+            parent[name] = parent[parent[name]]
+            name = parent[name]
+        return name
+
+    linked: dict[tuple, list[str]] = {}
+    for name, plan in resolved.hosts.items():
+        for svc in plan.services:
+            linked.setdefault(("pool", svc.pool), []).append(name)
+            linked.setdefault(("checkpoint", svc.checkpoint_group, svc.model.id), []).append(name)
+    for names in linked.values():
+        for name in names[1:]:
+            parent[root(name)] = root(names[0])
+    groups: dict[str, list[str]] = {}
+    for name in resolved.hosts:
+        groups.setdefault(root(name), []).append(name)
+    return list(groups.values())
+
+
+def split(resolved: Resolved, count: int) -> list[list[str]]:
+    """At most `count` shards of whole units, as even in hosts as the units allow; none empty."""
+    shards: list[list[str]] = [[] for _ in range(count)]
+    for unit in sorted(units(resolved), key=len, reverse=True):
+        min(shards, key=len).extend(unit)
+    order = list(resolved.hosts)
+    return [sorted(shard, key=order.index) for shard in shards if shard]
+
+
+def converge(inventory: str, deploy: str, shards: list[list[str]], progress=print) -> dict:
+    """Run one pyinfra process per shard at once; wait for all; the summary (ok only if every shard was)."""
+    running = []
+    logs = reports_dir("converge")
+    logs.mkdir(parents=True, exist_ok=True)
+    for number, hosts in enumerate(shards, 1):
+        log = logs / f"shard-{number}.log"
+        with log.open("w") as out:
+            proc = subprocess.Popen(pyinfra_argv(inventory, deploy, limit=hosts), stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        running.append((number, hosts, log, proc, time.monotonic()))
+    results = []
+    for number, hosts, log, proc, started in running:
+        code = proc.wait()
+        seconds = round(time.monotonic() - started, 2)
+        progress(f"shard {number}/{len(shards)}: {len(hosts)} host(s), exit {code}, {seconds} s ({log})")
+        results.append({"shard": number, "hosts": hosts, "returncode": code, "seconds": seconds, "log": str(log)})
+    return {"inventory": inventory, "deploy": deploy, "ok": all(r["returncode"] == 0 for r in results),
+            "shards": results}
+
+
+def progress_to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
