@@ -170,9 +170,9 @@ def serve(directory: str, address: str, port: int, rate_mb_s: float | None = Non
                 self.connection.sendfile(source)
                 return
             offset = 0
-            while True:
+            while True:  # socket.sendfile: os.sendfile for files, send() for a listing in memory
                 pace.wait(CHUNK)
-                sent = os.sendfile(self.connection.fileno(), source.fileno(), offset, CHUNK)
+                sent = self.connection.sendfile(source, offset, CHUNK)
                 if not sent:
                     return
                 offset += sent

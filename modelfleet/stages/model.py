@@ -251,13 +251,14 @@ def run(ctx: HostRun):
 def fanout_waves(members: list[str], holders: set[str], width: int) -> list[dict[str, str]]:
     """Who copies from whom, wave by wave ({target: source} each): every holder serves at most `width` of the
     members still missing per wave, and those served become holders for the next wave. Wave k reaches
-    (1 + width)^k holders, so N hosts take about log(N) waves and no host serves more than `width` at once."""
+    (1 + width)^k holders, so N hosts take about log(N) waves and no host serves more than `width` at once.
+    The newest holders are asked first: a short last wave spares the seed, which also fetched from the hub."""
     sources = [name for name in members if name in holders]
     waiting = [name for name in members if name not in holders]
     waves = []
     while waiting and sources:
         wave = {}
-        for source in sources:
+        for source in reversed(sources):
             for target in waiting[:width]:
                 wave[target] = source
             waiting = waiting[width:]

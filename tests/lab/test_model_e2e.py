@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+import lab
 from lab import STATE, hub, ssh
 from modelfleet.commands import run_pyinfra
 
@@ -84,6 +85,24 @@ def test_corrupt_shard_on_a_peer_is_detected_and_copied_again(checkpoint):
     assert hub.stats()["bytes_served"] == 0  # re-copied from the peer, not the hub
     digest = ssh(specs[2], f"sha256sum {ROOT}/tiny-lab/current/{shard}").stdout.split()[0]
     assert digest == files[shard]["sha256"]
+
+
+def test_a_tree_fan_out_has_hosts_that_just_got_their_copy_serve_the_next(checkpoint):
+    specs = checkpoint[0]
+    for spec in specs[1:]:
+        ssh(spec, f"rm -rf {ROOT}")
+    hub.reset_stats()
+    run = model_run("-vvv", MODELFLEET_LAB_FANOUT_WIDTH="1", MODELFLEET_LAB_FANOUT_RATE_MB_S="500")
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-3000:]
+    assert hub.stats()["bytes_served"] == 0  # the seed kept its copy: nothing from the hub
+    # Width 1: wave 1 the seed serves the second host; wave 2 the second host serves the third.
+    sources = dict(re.findall(rf"\[({lab.PREFIX}\d+)\] >>> .*modelfleet_fetch\.py \S+ peer http://([0-9.]+):", out))
+    assert sources == {specs[1]["name"]: specs[0]["address"], specs[2]["name"]: specs[1]["address"]}, sources
+    assert "wave 2/2" in out and "500" in re.search(r"systemd-run .*modelfleet_fetch\.py serve .*", out).group(0)
+    assert manifest(specs[2])["commit"] == manifest(specs[0])["commit"]
+    again = model_run()
+    assert again.returncode == 0 and changed(again) == 0, again.stdout[-2000:]
 
 
 def test_new_revision_switches_current_and_pruning_keeps_what_is_asked(checkpoint):

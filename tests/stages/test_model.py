@@ -48,8 +48,8 @@ def test_fanout_waves_serve_at_most_width_peers_per_holder_and_grow_as_a_tree():
     members = [f"h{i}" for i in range(12)]
     waves = fanout_waves(members, {"h0"}, 2)
     assert waves[0] == {"h1": "h0", "h2": "h0"}
-    assert waves[1] == {"h3": "h0", "h4": "h0", "h5": "h1", "h6": "h1", "h7": "h2", "h8": "h2"}
-    assert waves[2] == {"h9": "h0", "h10": "h0", "h11": "h1"}
+    assert waves[1] == {"h3": "h2", "h4": "h2", "h5": "h1", "h6": "h1", "h7": "h0", "h8": "h0"}
+    assert waves[2] == {"h9": "h8", "h10": "h8", "h11": "h7"}  # the newest holders: the seed rests
     copied = [target for wave in waves for target in wave]
     assert sorted(copied) == sorted(members[1:])  # each missing host exactly once
     for number, wave in enumerate(waves):
@@ -67,4 +67,4 @@ def test_fanout_waves_take_log_n_waves_and_the_width_of_a_star_takes_one():
 
 def test_hosts_that_already_hold_the_checkpoint_serve_from_the_first_wave():
     waves = fanout_waves(["a", "b", "c", "d", "e"], {"a", "c"}, 1)
-    assert waves == [{"b": "a", "d": "c"}, {"e": "a"}]
+    assert waves == [{"b": "c", "d": "a"}, {"e": "d"}]
