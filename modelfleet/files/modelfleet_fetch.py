@@ -29,6 +29,7 @@ import fcntl
 import hashlib
 import json
 import os
+import socket
 import sys
 import time
 import traceback
@@ -180,7 +181,13 @@ def serve(directory: str, address: str, port: int, rate_mb_s: float | None = Non
         def log_message(self, fmt, *args):
             pass
 
-    ThreadingHTTPServer((address, port), functools.partial(Handler, directory=directory)).serve_forever()
+    class Server(ThreadingHTTPServer):
+        # http.server's backlog of 5 drops the SYNs of a group's peers connecting at once (WORKERS streams
+        # each), and each dropped one waits a second for TCP's retransmit: the fan-out stalled on it.
+        request_queue_size = socket.SOMAXCONN
+        daemon_threads = True
+
+    Server((address, port), functools.partial(Handler, directory=directory)).serve_forever()
 
 
 def one_line(error: BaseException) -> str:

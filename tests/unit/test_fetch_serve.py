@@ -62,3 +62,28 @@ def test_a_peer_copy_verifies_and_a_capped_server_keeps_to_its_rate(source, rate
     assert json.loads(run.stdout)["ok"]
     if rate_mb_s:  # 16 MiB at 40 MB/s: four 4 MiB chunks, the last three each after its slot
         assert seconds >= 3 * (4 << 20) / (rate_mb_s * 1e6) * 0.95, seconds
+
+
+def test_the_server_queues_every_peer_stream_connecting_at_once(source):
+    """A group's peers open WORKERS streams each at the same moment: a backlog of 5 (http.server's default)
+    drops the rest of the SYNs and each waits a second for TCP's retransmit. With the server stopped, every
+    connection must still complete its handshake in the kernel's queue."""
+    import os
+    import signal
+
+    tmp_path, _ = source
+    proc, url = serving(tmp_path / "src")
+    port = int(url.rsplit(":", 1)[1].strip("/"))
+    os.kill(proc.pid, signal.SIGSTOP)
+    sockets = []
+    try:
+        for _ in range(48):  # six peers x 8 streams
+            s = socket.socket()
+            s.settimeout(0.3)
+            sockets.append(s)
+            s.connect(("127.0.0.1", port))
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+        for s in sockets:
+            s.close()
