@@ -5,6 +5,8 @@
 - CPU seconds (user + sys of the pyinfra process) per host at each size (default 16 and 48 lab hosts), and
   the same for stock pyinfra running as many no-op operations per host (lab/stock_noop_deploy.py:
   files.directory/files.file, one fact each), with their ratio. The CPU runs are without -v, as a user runs.
+- shards: the same no-op converge of every host through `modelfleet converge --shards K` for K = 1 and
+  SHARDS (each host its own checkpoint group, so every pool is a unit): wall and CPU seconds of each.
 """
 
 import json
@@ -14,9 +16,10 @@ import sys
 import time
 
 import lab
-from modelfleet.commands import run_pyinfra
+from modelfleet.commands import run_modelfleet, run_pyinfra
 
 STOCK_DEPLOY = "lab/stock_noop_deploy.py"
+SHARDS = 4
 
 
 def cpu_seconds() -> float:
@@ -44,6 +47,17 @@ def converge(hosts: list[str] | None = None, deploy: str = "deploys/serve.py", v
             "changed": None if not total else (0 if total.group(2) == "-" else int(total.group(2)))}
 
 
+def sharded(count: int) -> dict:
+    """A no-op converge of every lab host in `count` shards: wall and CPU seconds (all its processes)."""
+    cpu, start = cpu_seconds(), time.perf_counter()
+    run = run_modelfleet("converge", "inventories/lab.py", "deploys/serve.py", "--shards", str(count),
+                         env={"MODELFLEET_LAB_CHECKPOINT_GROUP": ""})
+    elapsed, cpu = time.perf_counter() - start, cpu_seconds() - cpu
+    if run.returncode:
+        sys.exit(run.stdout[-3000:] + run.stderr[-2000:])
+    return {"shards": count, "wall_s": round(elapsed, 2), "cpu_s": round(cpu, 2)}
+
+
 def main() -> None:
     sizes = sorted(int(n) for n in sys.argv[1:]) or [16, 48]
     names = [spec["name"] for spec in lab.up(sizes[-1])]
@@ -63,6 +77,8 @@ def main() -> None:
                   "ratio": round(ours["cpu_s"] / stock["cpu_s"], 3),
                   "modelfleet_wall_s": round(ours["wall_s"], 2), "stock_pyinfra_wall_s": round(stock["wall_s"], 2)}
     low, high = sizes[0], sizes[-1]
+    sharded(1)  # each host its own checkpoint group: every host gets the hub token once (not a no-op)
+    shard_runs = [sharded(1), sharded(SHARDS)]
     print(json.dumps({
         "date": time.strftime("%Y-%m-%d"),
         "hosts": high,
@@ -81,6 +97,9 @@ def main() -> None:
             "stock_pyinfra": round((cpu[high]["stock_pyinfra_cpu_s_per_host"] * high
                                     - cpu[low]["stock_pyinfra_cpu_s_per_host"] * low) / (high - low), 4),
         } if high > low else None,
+        "shards": {"hosts": high, "runs": shard_runs,
+                   "wall_ratio": round(shard_runs[1]["wall_s"] / shard_runs[0]["wall_s"], 2),
+                   "cpu_ratio": round(shard_runs[1]["cpu_s"] / shard_runs[0]["cpu_s"], 2)},
     }, indent=2))
 
 

@@ -17,4 +17,9 @@ if ! docker info >/dev/null 2>&1; then
   for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
   docker info >/dev/null 2>&1 || { echo "dockerd did not start; see /var/log/modelfleet-dockerd.log" >&2; exit 1; }
 fi
+# Each lab host runs systemd, which takes several inotify instances: the kernel's default of 128 per user stops
+# new hosts' units (sshd among them) at about 26 hosts; bench-converge runs 48.
+if [ "$(cat /proc/sys/fs/inotify/max_user_instances)" -lt 8192 ]; then
+  sysctl -q -w fs.inotify.max_user_instances=8192 || echo "warning: fs.inotify.max_user_instances stays low: labs of more than ~25 hosts will not start" >&2
+fi
 echo "lab prerequisites ready: $(docker version --format 'dockerd {{.Server.Version}}')"

@@ -15,11 +15,14 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from modelfleet.checks import Endpoint
+from modelfleet.checks import Endpoint, ready
 
 
 def run_gate(ep: Endpoint, ready_timeout_s: float, full: bool, bench: dict | None, bench_dir: Path) -> dict:
-    """Readiness (and, when `full`, smoke and the tool probe; with `bench`, a short bench) of `ep`."""
+    """Readiness (and, when `full`, smoke and the tool probe; with `bench`, a short bench) of `ep`. Readiness
+    alone needs only the standard library: asked here, with no child interpreter."""
+    if not full and not bench:
+        return ready.report(ep, ready_timeout_s)
     request = {"endpoint": asdict(ep), "ready_timeout_s": ready_timeout_s, "full": full, "bench": bench,
                "bench_dir": str(bench_dir)}
     budget = ready_timeout_s + 600  # the checks' own timeouts end far sooner; this only bounds a hung child

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import json
 import re
-import time
-import urllib.error
-import urllib.request
 
 from openai import APIError, OpenAI
 
-from modelfleet.checks import Endpoint
+from modelfleet.checks import Endpoint, ready
 
 # Tool-call markup that a working parser removes from content (Kimi, Hermes/Qwen, Mistral, Llama styles).
 RAW_TOOL_MARKUP = re.compile(r"<\|tool_call|<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>|<\|tool_calls_section")
@@ -22,26 +19,6 @@ WEATHER_TOOL = {"type": "function", "function": {
 def client(ep: Endpoint, timeout_s: float = 120) -> OpenAI:
     # Engines without --api-key accept any bearer; the SDK insists on one.
     return OpenAI(base_url=ep.openai_base_url, api_key=ep.api_key or "no-key", timeout=timeout_s, max_retries=0)
-
-
-def readiness(ep: Endpoint, timeout_s: float = 60) -> dict:
-    """/health answers 200 (vLLM/SGLang: engine up; llama-server: model loaded) and /v1/models lists the alias."""
-    start, last = time.monotonic(), "no answer yet"
-    while time.monotonic() - start < timeout_s:
-        try:
-            with urllib.request.urlopen(f"{ep.base_url}/health", timeout=5) as response:
-                health = response.status
-            models = [m.id for m in client(ep, 10).models.list().data]
-            if ep.model in models:
-                return {"ok": True, "health": health, "models": models, "seconds": round(time.monotonic() - start, 2)}
-            last = f"/v1/models lists {models}, not {ep.model!r}"
-        except urllib.error.HTTPError as error:
-            last = f"/health answered {error.code}"
-        except (urllib.error.URLError, OSError, APIError) as error:
-            last = f"{type(error).__name__}: {error}"
-        time.sleep(1)
-    return {"ok": False, "error": f"not ready after {timeout_s:.0f} s: {last}",
-            "seconds": round(time.monotonic() - start, 2)}
 
 
 def smoke(ep: Endpoint, max_tokens: int = 512) -> dict:
@@ -124,11 +101,11 @@ def tool_probe(ep: Endpoint) -> dict:
 
 def verify(ep: Endpoint, ready_timeout_s: float = 60, full: bool = True) -> dict:
     """Readiness, then (full) smoke and the tool probe; `ok` only when every part run passes."""
-    report = {"endpoint": ep.name, "base_url": ep.openai_base_url, "model": ep.model, "engine": ep.engine,
-              "scope": "full" if full else "readiness", "readiness": readiness(ep, ready_timeout_s)}
-    parts = ("readiness", "smoke", "tool_probe") if full else ("readiness",)
-    if report["readiness"]["ok"] and full:
-        report["smoke"] = smoke(ep)
-        report["tool_probe"] = tool_probe(ep)
-    report["ok"] = all(report.get(k, {}).get("ok") for k in parts)
+    report = ready.report(ep, ready_timeout_s)
+    if full:
+        report["scope"] = "full"
+        if report["readiness"]["ok"]:
+            report["smoke"] = smoke(ep)
+            report["tool_probe"] = tool_probe(ep)
+        report["ok"] = all(report.get(k, {}).get("ok") for k in ("readiness", "smoke", "tool_probe"))
     return report

@@ -1,5 +1,6 @@
-"""Stage verify: the acceptance gate after `service`. From the control node, through the openai SDK: readiness,
-smoke, tool-call + multi-turn probe of every endpoint this host heads; a failure stops the host (exit != 0).
+"""Stage verify: the acceptance gate after `service`. From the control node: readiness (standard library, in
+the pyinfra process), then smoke and the tool-call + multi-turn probe through the openai SDK (a child
+interpreter, checks/gate.py) of every endpoint this host heads; a failure stops the host (exit != 0).
 The smoke and probe run when the pool's units (re)started in this run, when the stage runs alone
 (deploys/verify.py) or with host data `verify_full`; a converge that changed nothing checks readiness only.
 Loopback-bound endpoints are reached through the host's own pyinfra SSH connection (direct-tcpip)."""
