@@ -36,6 +36,8 @@ def manifest(spec) -> dict:
 def checkpoint(lab_hosts):
     for spec in lab_hosts:
         ssh(spec, f"rm -rf {ROOT}")
+    for spec in lab_hosts[1:]:  # an earlier test may have made a peer download for itself (--limit, shards)
+        ssh(spec, "rm -rf /opt/modelfleet/hf-venv")
     hub.reset_stats()
     first = model_run()
     return lab_hosts, first, hub.stats()
