@@ -74,6 +74,8 @@ lab_hosts = [
         "gpu_passthrough": False,
         # Admission judges the persona's recorded `nvidia-smi -q -x` (and kernel log) where it has one.
         "admission": spec.get("admission", False),
+        # MODELFLEET_LAB_ADMISSION_H2D=1: the gate also asks for copy bandwidth (the lab's containers have no GPU)
+        "admission_h2d": bool(os.environ.get("MODELFLEET_LAB_ADMISSION_H2D")),
         # Hosts made bare (`lab up --persona h200x1-bare`) get their driver, Fabric Manager, Docker and toolkit
         # from the lab's apt repositories (the real URLs' paths on 127.0.0.1:5080); the others come pre-built.
         "gpu_stack": spec.get("bare", False),

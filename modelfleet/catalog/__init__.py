@@ -52,6 +52,10 @@ class Hardware(_Strict):
     # known to this catalog, the check is skipped.
     pcie_gen: int | None = None
     pcie_width: int | None = None
+    # Each GPU's copy bandwidth from and to pinned host memory (GB/s) a healthy board reaches, for
+    # `admission_h2d`; None: not known to this catalog, the figures are reported, not judged.
+    h2d_min_gbps: float | None = None
+    h2d_source: str | None = None
 
 
 class Engine(_Strict):

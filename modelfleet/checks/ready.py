@@ -23,26 +23,37 @@ def served_models(ep: Endpoint, timeout_s: float = 10) -> list[str]:
         return [model["id"] for model in json.load(response)["data"]]
 
 
+def _look(ep: Endpoint) -> tuple[dict | None, str]:
+    """One look: (what /health and /v1/models answered, "") when ready, else (None, why not)."""
+    try:
+        with urllib.request.urlopen(f"{ep.base_url}/health", timeout=5) as response:
+            health = response.status
+    except urllib.error.HTTPError as error:
+        return None, f"/health answered {error.code}"
+    except OSError as error:
+        return None, f"{type(error).__name__}: {error}"
+    try:
+        models = served_models(ep)
+    except urllib.error.HTTPError as error:
+        return None, f"/v1/models answered {error.code}"
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        return None, f"/v1/models: {type(error).__name__}: {error}"
+    if ep.model not in models:
+        return None, f"/v1/models lists {models}, not {ep.model!r}"
+    return {"health": health, "models": models}, ""
+
+
 def readiness(ep: Endpoint, timeout_s: float = 60) -> dict:
-    start, last = time.monotonic(), "no answer yet"
-    while time.monotonic() - start < timeout_s:
-        try:
-            with urllib.request.urlopen(f"{ep.base_url}/health", timeout=5) as response:
-                health = response.status
-            try:
-                models = served_models(ep)
-            except urllib.error.HTTPError as error:
-                raise OSError(f"/v1/models answered {error.code}") from None
-            if ep.model in models:
-                return {"ok": True, "health": health, "models": models, "seconds": round(time.monotonic() - start, 2)}
-            last = f"/v1/models lists {models}, not {ep.model!r}"
-        except urllib.error.HTTPError as error:
-            last = f"/health answered {error.code}"
-        except (urllib.error.URLError, OSError, ValueError, KeyError) as error:
-            last = str(error) if str(error).startswith("/v1/models") else f"{type(error).__name__}: {error}"
+    """Looks once a second until ready or `timeout_s`; the last reason when it never was."""
+    start = time.monotonic()
+    while True:
+        answer, why = _look(ep)
+        if answer:
+            return {"ok": True, **answer, "seconds": round(time.monotonic() - start, 2)}
+        if time.monotonic() - start >= timeout_s:
+            return {"ok": False, "error": f"not ready after {timeout_s:.0f} s: {why}",
+                    "seconds": round(time.monotonic() - start, 2)}
         time.sleep(1)
-    return {"ok": False, "error": f"not ready after {timeout_s:.0f} s: {last}",
-            "seconds": round(time.monotonic() - start, 2)}
 
 
 def report(ep: Endpoint, timeout_s: float = 60) -> dict:

@@ -31,6 +31,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 import traceback
 import urllib.error
@@ -146,7 +147,6 @@ class Pace:
     """A send budget shared by the server's threads: each chunk waits for its slot at `rate` bytes/s."""
 
     def __init__(self, rate: float):
-        import threading
         self.rate, self.lock, self.next_free = rate, threading.Lock(), time.monotonic()
 
     def wait(self, size: int) -> None:

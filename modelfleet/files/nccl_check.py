@@ -4,7 +4,7 @@
     python3 nccl_check.py --nnodes N --node-rank R --master-addr HEAD --master-port P [--local-procs G]
                           [--backend nccl|gloo] [--ops all_reduce,all_gather,all_to_all]
                           [--min-bytes 1M] [--max-bytes 16G] [--factor 2] [--warmup 5] [--iters 20]
-                          [--timeout 120]
+                          [--timeout 120] [--h2d-bytes 1G]
 
 One process per local GPU (--local-procs, default: every visible GPU; gloo: 1); global rank =
 node_rank * local_procs + local_rank, rendezvous at the first host. For each op and message size: warm-up, then
@@ -13,6 +13,11 @@ definitions: algbw = bytes / time; busbw = algbw x 2(n-1)/n for all_reduce, x (n
 all_to_all. Results are checked (all_reduce of rank+1 must sum to n(n+1)/2; all_gather must hold every rank's
 value). Local rank 0 of each host prints one JSON document; the exit status is 0 only when every check passed.
 RCCL is reached through the `nccl` backend name on ROCm builds of PyTorch.
+
+--h2d-bytes (admission_h2d): each local GPU's copy bandwidth from and to pinned host memory, one GPU at a time
+as nvbandwidth's host_to_device_memcpy_ce / device_to_host_memcpy_ce measure it (one copy of that many bytes,
+after warm-up, timed with CUDA events; the median of --iters), reported per GPU under "h2d". With --ops ""
+only this runs (a pool of one GPU has no collective to check).
 """
 
 from __future__ import annotations
@@ -68,6 +73,8 @@ def worker(local_rank: int, args) -> None:
         report["device"] = torch.cuda.get_device_name(local_rank)
     else:
         device = torch.device("cpu")
+    if args.h2d_bytes and not gpu:  # before the rendezvous, which would wait for this rank
+        fail(report, "the host-to-device check needs a GPU in the container: none is visible")
     try:
         dist.init_process_group(args.backend, init_method=f"tcp://{args.master_addr}:{args.master_port}",
                                 rank=rank, world_size=world, timeout=datetime.timedelta(seconds=args.timeout),
@@ -76,6 +83,13 @@ def worker(local_rank: int, args) -> None:
         fail(report, f"rank {rank}: rendezvous at {args.master_addr}:{args.master_port} failed within "
                      f"{args.timeout} s ({type(error).__name__}: {str(error).splitlines()[0][:300]}); a rank never "
                      f"joined or the address/interface is wrong")
+    copies = []
+    if args.h2d_bytes:
+        for turn in range(args.local_procs):  # one GPU at a time: they share the host's memory and PCIe root
+            dist.barrier()
+            if turn == local_rank:
+                copies = copy_bandwidth(torch, device, args.h2d_bytes, args.iters)
+        dist.barrier()
     results = []
     try:
         for op in args.ops:
@@ -85,12 +99,22 @@ def worker(local_rank: int, args) -> None:
         fail(report, f"rank {rank}: {type(error).__name__}: {str(error).splitlines()[0][:300]}")
     # Every rank's times reach every rank (a plain tensor all_gather: object collectives need numpy, which
     # serving images need not carry); time is the slowest rank's, as the slowest rank gates the collective.
-    mine = torch.tensor([[r["time_us"], float(r["correct"])] for r in results], dtype=torch.float64, device=device)
-    gathered = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(gathered, mine)
+    gathered = []
+    if results:
+        mine = torch.tensor([[r["time_us"], float(r["correct"])] for r in results], dtype=torch.float64,
+                            device=device)
+        gathered = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(gathered, mine)
+    bandwidth = torch.tensor(copies or [0.0, 0.0], dtype=torch.float64, device=device)
+    every_copy = [torch.empty_like(bandwidth) for _ in range(world)]
+    dist.all_gather(every_copy, bandwidth)
     dist.destroy_process_group()
     if local_rank:
         return
+    if args.h2d_bytes:  # this host's GPUs
+        first = args.node_rank * args.local_procs
+        report["h2d"] = [{"gpu": i, "bytes": args.h2d_bytes, "h2d_gbs": round(float(every_copy[first + i][0]), 2),
+                          "d2h_gbs": round(float(every_copy[first + i][1]), 2)} for i in range(args.local_procs)]
     for i, r in enumerate(results):
         r["time_us"] = round(max(float(g[i][0]) for g in gathered), 2)
         r["correct"] = all(float(g[i][1]) == 1.0 for g in gathered)
@@ -102,6 +126,27 @@ def worker(local_rank: int, args) -> None:
     print(json.dumps(report), flush=True)
     if wrong:
         sys.exit(1)
+
+
+def copy_bandwidth(torch, device, nbytes: int, iters: int) -> list[float]:
+    """[host-to-device, device-to-host] GB/s between pinned host memory and this GPU (median of `iters`)."""
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    on_gpu = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    out = []
+    for target, source in ((on_gpu, host), (host, on_gpu)):
+        for _ in range(2):
+            target.copy_(source, non_blocking=True)
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(iters):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            target.copy_(source, non_blocking=True)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1000)
+        out.append(nbytes / sorted(times)[len(times) // 2] / 1e9)
+    return out
 
 
 def measure(op: str, nbytes: int, world: int, rank: int, device, args, torch, dist) -> dict:
@@ -170,13 +215,14 @@ def main() -> None:
     parser.add_argument("--master-port", type=int, default=29511)
     parser.add_argument("--local-procs", type=int, default=0)
     parser.add_argument("--backend", choices=["nccl", "gloo"], default="nccl")
-    parser.add_argument("--ops", default="all_reduce,all_gather", type=lambda s: s.split(","))
+    parser.add_argument("--ops", default="all_reduce,all_gather", type=lambda s: [op for op in s.split(",") if op])
     parser.add_argument("--min-bytes", type=parse_bytes, default=parse_bytes("1M"))
     parser.add_argument("--max-bytes", type=parse_bytes, default=parse_bytes("1G"))
     parser.add_argument("--factor", type=float, default=2.0)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--timeout", type=int, default=120)
+    parser.add_argument("--h2d-bytes", type=parse_bytes, default=0)
     args = parser.parse_args()
     unknown = sorted(set(args.ops) - set(BUS_FACTOR))
     if unknown:

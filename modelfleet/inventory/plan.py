@@ -146,6 +146,7 @@ class HostPlan:
     verify_full: bool = False
     admission: bool = True
     admission_valid_h: int = 24
+    admission_h2d: bool = False
     dcgm_exporter: bool = False
     dcgm_exporter_image: str = ""
     # pyinfra's SSH settings, for the client commands (status, logs, tunnel) that reach hosts without pyinfra

@@ -125,6 +125,9 @@ class HostData(BaseModel):
     verify_full: bool = False  # smoke + tool probe on every converge, not only when a unit (re)started
     admission: bool = True  # False: the admission stage leaves this host's GPUs unjudged (NVIDIA hosts only)
     admission_valid_h: int = Field(24, ge=1, le=720)  # how long an admission pass holds (reports/admission)
+    # Also measure each GPU's pinned host <-> device copy bandwidth inside the serving image when the pool's
+    # gate runs (netcheck), against the hardware catalog's h2d_min_gbps; a slow GPU fails the pool.
+    admission_h2d: bool = False
     dcgm_exporter: bool = False  # a DCGM exporter unit on NVIDIA hosts (:9400 on the fabric address)
     # NVIDIA's tag from github.com/NVIDIA/dcgm-exporter's README quickstart (DCGM 4.4.2, exporter 4.7.1)
     dcgm_exporter_image: Image = "nvcr.io/nvidia/k8s/dcgm-exporter:4.4.2-4.7.1-ubuntu22.04"

@@ -7,6 +7,8 @@ pool's `netcheck_min_busbw_gbps`, else the hardware catalog's) and fails every h
 failed, so `service` starts nothing there. Pool report: reports/netcheck/<pool>.json.
 
 It runs when a unit of the pool is about to (re)start, or always when run on its own (deploys/netcheck.py).
+With `admission_h2d`, the same run also measures each GPU's pinned host <-> device copy bandwidth (one GPU at
+a time) against the hardware catalog's h2d_min_gbps, on pools of one GPU too (then that is all it measures).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ SCRIPT = f"{TOOLS_BIN}/nccl_check.py"
 # Largest message of the sweep: nccl-tests' health checks read busbw at the top of -b 1M -e 16G on GPUs;
 # the lab's Gloo over loopback stops at 64M to stay quick on two cores.
 MAX_BYTES = {"nccl": "16G", "gloo": "64M"}
+H2D_BYTES = "1G"  # one copy per timing: 1 GiB takes ~20 ms at PCIe Gen5 x16, well above launch noise
 
 
 def wants(plan: HostPlan, probe: dict) -> dict:
@@ -47,9 +50,15 @@ def _port(pool: str) -> int:
     return 29400 + zlib.crc32(pool.encode()) % 500
 
 
-def check_command(svc: ServicePlan, image: str) -> str:
+def collective(svc: ServicePlan) -> bool:
+    """Has the pool more than one GPU in all, so something to talk to?"""
+    return svc.nnodes * svc.gpus >= 2
+
+
+def check_command(svc: ServicePlan, image: str, h2d: bool = False) -> str:
     """The docker run that executes the check script (fed on stdin) inside the serving image."""
     b = backend(svc)
+    ops = "all_reduce,all_gather" + (",all_to_all" if svc.recipe.layout.ep else "") if collective(svc) else ""
     argv = ["docker", "run", "--rm", "-i", "--network", "host", "--ipc=host", *gpu_flags(svc)]
     for key, value in sorted(svc.env.items()):
         if key.startswith(("NCCL_", "GLOO_")):
@@ -58,8 +67,8 @@ def check_command(svc: ServicePlan, image: str) -> str:
              "nccl_check", "--nnodes", str(svc.nnodes), "--node-rank", str(svc.node_rank), "--master-addr",
              svc.head_address, "--master-port", str(_port(svc.pool)), "--backend", b,
              "--local-procs", str(svc.gpus if b == "nccl" else 1),
-             "--ops", "all_reduce,all_gather" + (",all_to_all" if svc.recipe.layout.ep else ""),
-             "--min-bytes", "1M", "--max-bytes", MAX_BYTES[b], "--timeout", str(svc.netcheck_timeout_s)]
+             "--ops", ops, "--min-bytes", "1M", "--max-bytes", MAX_BYTES[b], "--timeout", str(svc.netcheck_timeout_s),
+             *(["--h2d-bytes", H2D_BYTES] if h2d else [])]
     return " ".join(shlex.quote(a) for a in argv) + f" < {shlex.quote(SCRIPT)}"
 
 
@@ -94,8 +103,10 @@ def threshold(svc: ServicePlan) -> float | None:
     return svc.hardware.allreduce_busbw_gbps if svc.nnodes == 1 else None
 
 
-def judge(pool: str, members: list[str], reports: dict, minimum: float | None) -> dict:
-    """The pool's verdict from every host's report (pure)."""
+def judge(pool: str, members: list[str], reports: dict, minimum: float | None,
+          h2d_asked: tuple[str, ...] = (), h2d_minimum: float | None = None) -> dict:
+    """The pool's verdict from every host's report (pure): all_reduce busbw at the largest size against
+    `minimum`, and for the hosts in `h2d_asked`, each GPU's copy bandwidth both ways against `h2d_minimum`."""
     problems, per_host = [], {}
     for name in members:
         report = reports.get(name)
@@ -106,21 +117,33 @@ def judge(pool: str, members: list[str], reports: dict, minimum: float | None) -
             problems.append(f"{name}: {report.get('error') or 'check failed'}")
             continue
         results = report["results"]
-        largest = max((r for r in results if r["op"] == "all_reduce"), key=lambda r: r["bytes"])
-        per_host[name] = {"busbw_gbps_at_largest": largest["busbw_gbs"], "bytes": largest["bytes"],
-                          "curve": [{k: r[k] for k in ("op", "bytes", "time_us", "algbw_gbs", "busbw_gbs")}
-                                    for r in results], "nccl_version": report.get("nccl_version"),
-                          "world_size": report.get("world_size")}
-        if minimum is not None and largest["busbw_gbs"] < minimum:
-            problems.append(f"{name}: all_reduce busbw {largest['busbw_gbs']} GB/s at {largest['bytes']} B "
-                            f"< {minimum} GB/s required")
+        per_host[name] = {"nccl_version": report.get("nccl_version"), "world_size": report.get("world_size")}
+        reduces = [r for r in results if r["op"] == "all_reduce"]
+        if reduces:
+            largest = max(reduces, key=lambda r: r["bytes"])
+            per_host[name].update(busbw_gbps_at_largest=largest["busbw_gbs"], bytes=largest["bytes"], curve=[
+                {k: r[k] for k in ("op", "bytes", "time_us", "algbw_gbs", "busbw_gbs")} for r in results])
+            if minimum is not None and largest["busbw_gbs"] < minimum:
+                problems.append(f"{name}: all_reduce busbw {largest['busbw_gbs']} GB/s at {largest['bytes']} B "
+                                f"< {minimum} GB/s required")
+        if name in h2d_asked:
+            copies = report.get("h2d")
+            if not copies:
+                problems.append(f"{name}: no host-to-device figures (the check script did not measure them)")
+                continue
+            per_host[name]["h2d"] = copies
+            for gpu in copies if h2d_minimum is not None else []:
+                if min(gpu["h2d_gbs"], gpu["d2h_gbs"]) < h2d_minimum:
+                    problems.append(f"{name}: GPU {gpu['gpu']} copies host-to-device at {gpu['h2d_gbs']} GB/s and "
+                                    f"device-to-host at {gpu['d2h_gbs']} GB/s, < {h2d_minimum} GB/s required")
     return {"pool": pool, "hosts": members, "ok": not problems, "threshold_gbps": minimum,
             "threshold_note": None if minimum is not None else "no threshold known: correctness only",
-            "problems": problems, "per_host": per_host}
+            "h2d_threshold_gbps": h2d_minimum if h2d_asked else None, "problems": problems, "per_host": per_host}
 
 
-def _gate(state, host, pool: str, members: list[str], minimum: float | None, results: dict) -> bool:
-    verdict = judge(pool, members, results, minimum)
+def _gate(state, host, pool: str, members: list[str], minimum: float | None, results: dict,
+          h2d_asked: tuple[str, ...], h2d_minimum: float | None) -> bool:
+    verdict = judge(pool, members, results, minimum, h2d_asked, h2d_minimum)
     if host.name == members[0]:
         save_report("netcheck", pool, verdict)
     for problem in verdict["problems"]:
@@ -129,16 +152,17 @@ def _gate(state, host, pool: str, members: list[str], minimum: float | None, res
 
 
 @operation(is_idempotent=False)
-def gate_passed(pool: str, members: list[str], minimum: float | None, needed: bool, results: dict):
+def gate_passed(pool: str, members: list[str], minimum: float | None, needed: bool, results: dict,
+                h2d_asked: tuple[str, ...] = (), h2d_minimum: float | None = None):
     if not needed:
         host.noop(f"pool {pool}: gate not needed")
         return
-    yield FunctionCommand(_gate, (pool, members, minimum, results), {})
+    yield FunctionCommand(_gate, (pool, members, minimum, results, h2d_asked, h2d_minimum), {})
 
 
 def _needed(ctx: HostRun, svc: ServicePlan) -> bool:
-    if svc.nnodes * svc.gpus < 2:
-        return False  # one GPU: nothing to talk to
+    if not collective(svc) and not ctx.plan.admission_h2d:
+        return False  # one GPU and no copy check: nothing to measure
     if ctx.alone or os.environ.get("MODELFLEET_NETCHECK") == "always":
         return True
     return ctx.pool_starts(svc.pool)
@@ -155,7 +179,9 @@ def run(ctx: HostRun):
         needed = _needed(ctx, svc)
         pool = ctx.inventory.pools[svc.pool]
         collective_check(name=f"Collective check for pool {svc.pool} ({backend(svc)})", pool=svc.pool,
-                         command=check_command(svc, pinned_image(svc)), needed=needed,
+                         command=check_command(svc, pinned_image(svc), h2d=plan.admission_h2d), needed=needed,
                          results=ctx.pool_checks(svc.pool))
         gate_passed(name=f"Gate for pool {svc.pool}", pool=svc.pool, members=list(pool.hosts),
-                    minimum=threshold(svc), needed=needed, results=ctx.pool_checks(svc.pool))
+                    minimum=threshold(svc), needed=needed, results=ctx.pool_checks(svc.pool),
+                    h2d_asked=tuple(n for n in pool.hosts if ctx.inventory.hosts[n].admission_h2d),
+                    h2d_minimum=svc.hardware.h2d_min_gbps)

@@ -41,6 +41,15 @@ def test_threshold_above_what_the_lab_reaches_fails_with_the_figures(lab_hosts, 
     assert "< 1000.0 GB/s required" in run.stdout + run.stderr
 
 
+def test_copy_bandwidth_asked_where_the_container_sees_no_gpu_fails_the_pool_saying_so(lab_hosts, tmp_path):
+    """The wiring of admission_h2d: the gate runs on the two hosts, the check script refuses to measure copies
+    with no GPU in the container, and the pool fails with that reason (real figures: docs/hw-runs)."""
+    run, report = gate(tmp_path, MODELFLEET_LAB_ADMISSION_H2D="1")
+    assert run.returncode != 0 and not report["ok"]
+    assert report["problems"] == [f"{spec['name']}: the host-to-device check needs a GPU in the container: none is "
+                                  "visible" for spec in lab_hosts[:2]]
+
+
 def test_a_host_on_a_wrong_interface_fails_the_pool_and_no_unit_starts(lab_hosts, tmp_path):
     env = {**os.environ, "MODELFLEET_LAB_GATE_HOSTS": "2", "MODELFLEET_REPORTS": str(tmp_path),
            "MODELFLEET_LAB_GATE_BAD_IFNAME": "1"}

@@ -25,3 +25,36 @@ def test_a_slow_a_failed_and_a_silent_member_each_fail_the_pool_with_its_name():
 def test_without_a_known_threshold_only_correctness_is_judged_and_the_report_says_so():
     verdict = judge("k3", ["a"], {"a": report(1.0)}, minimum=None)
     assert verdict["ok"] and verdict["threshold_note"] == "no threshold known: correctness only"
+
+
+# The lent H200's own figures (docs/hw-runs/h2d-h200x1-2026-12-03.json): 54.04 GB/s in, 54.98 GB/s out.
+H200_COPIES = [{"gpu": 0, "bytes": 1 << 30, "h2d_gbs": 54.04, "d2h_gbs": 54.98}]
+
+
+def test_copy_bandwidth_is_judged_for_the_hosts_that_asked_against_the_catalog_figure():
+    slow = [{**H200_COPIES[0], "gpu": 1, "h2d_gbs": 21.3}]  # e.g. a link trained down to Gen4 x8
+    reports = {"a": {**report(400.0), "h2d": H200_COPIES}, "b": {**report(400.0), "h2d": H200_COPIES + slow}}
+    verdict = judge("k3", ["a", "b"], reports, minimum=350.0, h2d_asked=("a", "b"), h2d_minimum=48.0)
+    assert not verdict["ok"] and verdict["h2d_threshold_gbps"] == 48.0
+    assert verdict["problems"] == ["b: GPU 1 copies host-to-device at 21.3 GB/s and device-to-host at 54.98 GB/s, "
+                                   "< 48.0 GB/s required"]
+    assert verdict["per_host"]["a"]["h2d"] == H200_COPIES
+
+
+def test_a_one_gpu_pool_is_judged_on_its_copies_alone_and_missing_figures_fail_it():
+    alone = {"ok": True, "exit_ok": True, "results": [], "world_size": 1, "h2d": H200_COPIES}
+    assert judge("one", ["a"], {"a": alone}, minimum=None, h2d_asked=("a",), h2d_minimum=48.0)["ok"]
+    silent = {**alone, "h2d": None}
+    verdict = judge("one", ["a"], {"a": silent}, minimum=None, h2d_asked=("a",), h2d_minimum=48.0)
+    assert verdict["problems"] == ["a: no host-to-device figures (the check script did not measure them)"]
+
+
+def test_the_check_command_asks_for_copies_and_skips_collectives_on_one_gpu():
+    from modelfleet.inventory import resolve
+    from modelfleet.stages.netcheck import check_command
+
+    one = {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm", "pool": "p"}
+    svc = resolve([("a", one)]).hosts["a"].services[0]
+    command = check_command(svc, "img@sha256:" + "0" * 64, h2d=True)
+    assert "--ops '' " in command and "--h2d-bytes 1G" in command
+    assert "--h2d-bytes" not in check_command(svc, "img@sha256:" + "0" * 64)
