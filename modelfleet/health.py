@@ -30,6 +30,8 @@ FATAL_XIDS = {
 # Clock event reasons that mean the hardware is slowing the GPU down (idle, application clocks and the
 # software power cap are normal).
 SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
+NVLINK_GPU = re.compile(r"^GPU (\d+): ")
+NVLINK_LINK = re.compile(r"^\s+Link (\d+): (.*)$")
 XID_LINE = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+),?\s*(.*)")
 
 
@@ -96,6 +98,25 @@ def parse_xids(lines: list[str]) -> list[dict]:
     return out
 
 
+def parse_nvlink(lines: list[str]) -> dict[int, dict]:
+    """`nvidia-smi nvlink -s`: {gpu index: {"links": n, "inactive": [link numbers]}}. A link prints its speed
+    ("Link 0: 26.562 GB/s") or `<inactive>`; a GPU with no NVLink prints no links (then it is absent here)."""
+    out: dict[int, dict] = {}
+    gpu = None
+    for line in lines:
+        head = NVLINK_GPU.match(line)
+        if head:
+            gpu = int(head.group(1))
+            continue
+        link = NVLINK_LINK.match(line)
+        if link and gpu is not None:
+            entry = out.setdefault(gpu, {"links": 0, "inactive": []})
+            entry["links"] += 1
+            if "inactive" in link.group(2).lower():
+                entry["inactive"].append(int(link.group(1)))
+    return out
+
+
 def _bus_device(pci: str) -> str:
     """`bus:device` of a PCI address: nvidia-smi says 00000000:3B:00.0, the kernel's Xid line 0000:3b:00."""
     return ":".join(pci.lower().split(".")[0].split(":")[-2:])
@@ -108,8 +129,9 @@ def _check(name: str, gpu, value, threshold, ok: bool, reason: str = "") -> dict
 
 def verdict(gpus: list[dict], xids: list[dict], expected_count: int, min_memory_mib: int,
             min_pcie_gen: int | None, min_pcie_width: int | None, fabric_expected: bool,
-            aggregate_uncorrectable_max: int = 0) -> dict:
-    """Every check on every GPU; `ok` only when all pass."""
+            aggregate_uncorrectable_max: int = 0, nvlink: dict[int, dict] | None = None) -> dict:
+    """Every check on every GPU; `ok` only when all pass. `nvlink` (parse_nvlink), where the board's GPUs talk
+    over NVLink: a GPU with an inactive link is refused (a GPU that lists no link is not judged)."""
     checks = [_check("gpu_count", None, len(gpus), expected_count, len(gpus) >= expected_count,
                      f"{len(gpus)} GPU(s) answer, the inventory expects {expected_count}")]
     for gpu in gpus:
@@ -141,6 +163,11 @@ def verdict(gpus: list[dict], xids: list[dict], expected_count: int, min_memory_
         slow = [r for r in gpu["clock_events"] if r in SLOWDOWN_REASONS]
         checks.append(_check("clock_slowdown", i, slow, [], not slow,
                              f"GPU {i}: clocks held down by {', '.join(slow)}"))
+        links = (nvlink or {}).get(i)
+        if links:
+            checks.append(_check("nvlink_inactive", i, links["inactive"], [], not links["inactive"],
+                                 f"GPU {i}: NVLink link(s) {', '.join(map(str, links['inactive']))} of "
+                                 f"{links['links']} inactive"))
         if fabric_expected:
             state = gpu["fabric"]["state"]
             checks.append(_check("fabric_state", i, state, "Completed", state == "Completed",

@@ -1,6 +1,6 @@
-"""What admission judges: `nvidia-smi -q -x`, the Xid lines of the kernel log since boot (journal, else dmesg:
-whichever the host lets us read), the kernel release and the boot id. Read as a part of preflight's HostProbe
-when admission follows, so it costs no round trip of its own."""
+"""What admission judges: `nvidia-smi -q -x`, `nvidia-smi nvlink -s`, the Xid lines of the kernel log since
+boot (journal, else dmesg: whichever the host lets us read), the kernel release and the boot id. Read as a
+part of preflight's HostProbe when admission follows, so it costs no round trip of its own."""
 
 from __future__ import annotations
 
@@ -8,19 +8,20 @@ import xml.etree.ElementTree as ET
 
 from pyinfra.api import FactBase
 
-from modelfleet.health import gpus_of, parse_xids
+from modelfleet.health import gpus_of, parse_nvlink, parse_xids
 
 MARK = "@@modelfleet-health"
 
 
 class GpuHealth(FactBase):
     def command(self) -> str:
-        return (f"echo '{MARK} smi'; nvidia-smi -q -x 2>/dev/null; echo '{MARK} kernel'; "
+        return (f"echo '{MARK} smi'; nvidia-smi -q -x 2>/dev/null; echo '{MARK} nvlink'; "
+                f"nvidia-smi nvlink -s 2>/dev/null; echo '{MARK} kernel'; "
                 "{ journalctl -k -b --no-pager -q 2>/dev/null || dmesg 2>/dev/null; } | grep 'NVRM: Xid' | tail -n 500; "
                 f"echo '{MARK} id'; uname -r; cat /proc/sys/kernel/random/boot_id; true")
 
     def process(self, output):
-        parts: dict[str, list[str]] = {"smi": [], "kernel": [], "id": []}
+        parts: dict[str, list[str]] = {"smi": [], "nvlink": [], "kernel": [], "id": []}
         part = None
         for line in output:
             if line.startswith(MARK):
@@ -36,4 +37,4 @@ class GpuHealth(FactBase):
         driver = (root.findtext("driver_version") or "").strip() or None if root is not None else None
         kernel, boot_id = (parts["id"] + [None, None])[:2]
         return {"gpus": gpus, "driver": driver, "xids": parse_xids(parts["kernel"]), "kernel": kernel,
-                "boot_id": boot_id}
+                "boot_id": boot_id, "nvlink": parse_nvlink(parts["nvlink"])}

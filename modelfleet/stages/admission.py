@@ -34,9 +34,11 @@ def judge(plan, health: dict, probe: dict) -> dict:
         result = {"ok": False, "checks": [], "reasons": ["nvidia-smi -q -x answered nothing: no driver loaded, or "
                                                          "it cannot reach the GPUs"]}
     else:
+        # NVLink state counts where the board's GPUs talk over it: one GPU alone has no peer to link to.
+        nvlink = health.get("nvlink") if hw.interconnect.startswith("nvlink") and plan.gpu_count > 1 else None
         result = verdict(gpus, health.get("xids") or [], expected_count=plan.gpu_count, min_memory_mib=hw.hbm_mib,
                          min_pcie_gen=hw.pcie_gen, min_pcie_width=hw.pcie_width,
-                         fabric_expected=fabric_manager_needed(plan, probe))
+                         fabric_expected=fabric_manager_needed(plan, probe), nvlink=nvlink)
     return {"host": plan.name, **result, "admitted_at": now if result["ok"] else None,
             "valid_until": now + plan.admission_valid_h * 3600 if result["ok"] else None,
             "fingerprint": {"driver": health.get("driver"), "kernel": health.get("kernel"),

@@ -102,3 +102,31 @@ def test_status_shows_each_hosts_admission_and_its_age(tmp_path, monkeypatch):
                            "restarts": 0, "revision": "a" * 40, "image": "i"}]} for host, state in states.items()]
     cells = [line.split()[1] for line in fleet.status_table(rows).splitlines()[1:]]
     assert cells == ["2.0h", "expired", "refused", "-"]
+
+
+def sample(name: str) -> list[str]:
+    """A public sample's output lines (its provenance header dropped)."""
+    return (FIXTURES / "public-samples" / name).read_text().split("# ---\n", 1)[1].splitlines()
+
+
+def test_nvlink_status_parsed_from_public_samples_and_the_real_h200():
+    h100 = health.parse_nvlink(sample("h100-nvidia-smi-nvlink-status-i0.txt"))
+    assert h100 == {0: {"links": 18, "inactive": []}}
+    b300 = health.parse_nvlink(sample("b300x7-nvidia-smi-nvlink-status.txt"))
+    assert sorted(b300) == list(range(7)) and all(g == {"links": 18, "inactive": []} for g in b300.values())
+    v100 = health.parse_nvlink(sample("v100-nvidia-smi-nvlink-s-inactive.txt"))
+    assert v100 == {3: {"links": 6, "inactive": [3, 5]}}
+    # The lent H200 (one GPU in a VM): `nvidia-smi nvlink --status` printed nothing, rc 0
+    real = (FIXTURES / "gpu-hosts" / "h200x1-ubuntu2404" / "nvidia-smi-nvlink-status.txt").read_text()
+    assert health.parse_nvlink(real.split("__rc=")[0].splitlines()) == {}
+
+
+def test_an_inactive_nvlink_refuses_its_gpu_and_a_gpu_listing_no_link_is_not_judged():
+    inactive = health.parse_nvlink(sample("v100-nvidia-smi-nvlink-s-inactive.txt"))
+    gpus = parse_smi_xml(H200_XML)
+    for gpu in gpus:
+        gpu["index"] = 3  # the capture's one GPU, numbered as the sample's
+    result = verdict(gpus, [], **{**H200, "nvlink": inactive})
+    assert not result["ok"] and result["reasons"] == ["GPU 3: NVLink link(s) 3, 5 of 6 inactive"]
+    assert judge(nvlink={0: {"links": 18, "inactive": []}})["ok"]
+    assert judge(nvlink={})["ok"]
