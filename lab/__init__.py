@@ -179,8 +179,7 @@ def _claim(spec: dict) -> bool:
         return True
     print(f"lab: {spec['name']} belonged to another lab ({owner.stdout.strip() or 'unlabelled'}); replacing it",
           file=sys.stderr)
-    engines = [n for n in engine_containers() if n.endswith(spec["name"])]
-    sh("docker", "rm", "-f", spec["name"], *engines, capture=True)
+    sh("docker", "rm", "-f", spec["name"], *engine_containers([spec["name"]]), capture=True)
     return False
 
 
@@ -277,8 +276,7 @@ def up(hosts: int = 3, personas: list[str] | None = None, disks: int = 0) -> lis
 def remove(names: list[str]) -> None:
     """Take some hosts out of the lab (their containers, engine containers and lab folders)."""
     data = json.loads((STATE / "hosts.json").read_text())
-    engines = [n for n in engine_containers() if any(n.endswith(name) for name in names)]
-    sh("docker", "rm", "-f", *names, *engines, check=False, capture=True)
+    sh("docker", "rm", "-f", *names, *engine_containers(names), check=False, capture=True)
     for spec in [s for s in data["hosts"] if s["name"] in names]:
         _detach_disks(spec["name"])
         shutil.rmtree(spec["home"], ignore_errors=True)
@@ -303,9 +301,11 @@ def _containers(*labels: str) -> list[str]:
     return out.split()
 
 
-def engine_containers() -> list[str]:
+def engine_containers(hosts: list[str] | None = None) -> list[str]:
+    """The engine containers of this lab's hosts (of `hosts` only, when given): their names end in the host's."""
     out = sh("docker", "ps", "-a", "--format", "{{.Names}}", check=False, capture=True).stdout
-    return [n for n in out.split() if n.startswith("modelfleet-") and PREFIX in n]
+    names = [n for n in out.split() if n.startswith("modelfleet-") and PREFIX in n]
+    return names if hosts is None else [n for n in names if any(n.endswith(host) for host in hosts)]
 
 
 def down() -> dict:

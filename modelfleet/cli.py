@@ -358,7 +358,7 @@ def converge(inventory: str, deploy: str, shards: int, dry: bool) -> None:
         click.echo(json.dumps({"shards": [{"shard": n, "hosts": hosts} for n, hosts in enumerate(split, 1)]},
                               indent=2))
         return
-    summary = sharding.converge(inventory, deploy, split, progress=sharding.progress_to_stderr)
+    summary = sharding.converge(inventory, deploy, split, progress=lambda line: click.echo(line, err=True))
     click.echo(json.dumps(summary, indent=2))
     sys.exit(0 if summary["ok"] else 1)
 

@@ -11,7 +11,6 @@ reports work as in one run, and its output goes to reports/converge/shard-<k>.lo
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 
 from modelfleet.commands import pyinfra_argv
@@ -71,7 +70,3 @@ def converge(inventory: str, deploy: str, shards: list[list[str]], progress=prin
         results.append({"shard": number, "hosts": hosts, "returncode": code, "seconds": seconds, "log": str(log)})
     return {"inventory": inventory, "deploy": deploy, "ok": all(r["returncode"] == 0 for r in results),
             "shards": results}
-
-
-def progress_to_stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)

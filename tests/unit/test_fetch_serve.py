@@ -3,6 +3,8 @@ sha256, and a send cap holds the server to its rate."""
 
 import hashlib
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -68,9 +70,6 @@ def test_the_server_queues_every_peer_stream_connecting_at_once(source):
     """A group's peers open WORKERS streams each at the same moment: a backlog of 5 (http.server's default)
     drops the rest of the SYNs and each waits a second for TCP's retransmit. With the server stopped, every
     connection must still complete its handshake in the kernel's queue."""
-    import os
-    import signal
-
     tmp_path, _ = source
     proc, url = serving(tmp_path / "src")
     port = int(url.rsplit(":", 1)[1].strip("/"))
