@@ -6,7 +6,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 PYINFRA := $(PYTHON) -m pyinfra
 
-.PHONY: install lock lab-setup demo bench-converge bench-fanout lab-gate lab-verify lab-rollout lab-driver-upgrade lab-rebuild lab-down test lint hw-preflight hw-admit hw-nccl
+.PHONY: install lock lab-setup demo bench-converge bench-fanout lab-gate lab-verify lab-rollout lab-driver-upgrade lab-rebuild lab-down engine-parsers engine-flags test lint hw-preflight hw-admit hw-nccl
 
 # The versions that passed (requirements.lock, from `make lock`) installed into .venv; re-run when either
 # file changes.
@@ -66,8 +66,18 @@ lab-rebuild: install lab-setup
 lab-down: install
 	$(PYTHON) -m modelfleet.cli lab down
 
-test: install
-	$(PYTHON) -m pytest -q tests
+# The real vLLM and SGLang, far enough to import their argument parsers (lab/engine_parsers: several GB, in a
+# cache outside the checkout, built once per lab/engine_parsers/requirements.txt).
+engine-parsers: install
+	SYSTEM_PYTHON=$(SYSTEM_PYTHON) $(PYTHON) -m lab.engine_parsers build
+
+# The engine double's vLLM and SGLang flag lists (lab/engine_double/flags.json), from those parsers.
+engine-flags: engine-parsers
+	$$($(PYTHON) -m lab.engine_parsers python) lab/engine_parsers/check.py flags lab/engine_double/flags.json
+
+# Every test; the engine-parser checks may not skip here (MODELFLEET_REQUIRE_ENGINE_PARSERS).
+test: install engine-parsers
+	MODELFLEET_REQUIRE_ENGINE_PARSERS=1 $(PYTHON) -m pytest -q tests
 
 lint: install
 	$(PYTHON) -m ruff check modelfleet tests deploys inventories

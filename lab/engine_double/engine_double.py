@@ -16,6 +16,7 @@ whole: its tool_calls and its reasoning_content.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -59,6 +60,12 @@ def parse_args(engine: str, argv: list[str]) -> dict:
         if spec[name] == "bool":
             args[name] = True
             i += 1
+        elif spec[name] == "values" and not eq:  # nargs="+": every value up to the next option; the first counts
+            values = list(itertools.takewhile(lambda a: not a.startswith("-"), argv[i + 1:]))
+            if not values:
+                sys.exit(f"{engine}: error: argument {name}: expected at least one argument")
+            args[name] = values[0]
+            i += 1 + len(values)
         else:
             if eq:
                 args[name] = inline

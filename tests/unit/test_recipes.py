@@ -8,28 +8,11 @@ import pytest
 from click.testing import CliRunner
 
 from modelfleet import checkpoint, grammar, render
-from modelfleet.catalog import load_catalog
 from modelfleet.checkpoint import Snapshot
 from modelfleet.cli import main
 from modelfleet.inventory import resolve
 from modelfleet.planner import plan_capacity
-
-CATALOG = load_catalog()
-PIN = "c" * 40
-PARAMS = {"mamba_full_memory_ratio": 0.5}
-RECIPE_BOARDS = [(r.id, hw) for r in CATALOG.recipes.values() for hw in r.hardware]
-
-
-def pool(recipe_id: str, hardware: str):
-    recipe = CATALOG.recipes[recipe_id]
-    hosts = [(f"n{i}", {"ssh_hostname": f"192.0.2.{20 + i}", "hardware": hardware,
-                        "gpu_count": CATALOG.hardware[hardware].gpus_per_node or None, "model": recipe.model,
-                        "engine": recipe.engine, "recipe": recipe.id, "pool": "p", "revision": PIN,
-                        "gpus": recipe.layout.gpus_per_node,
-                        "recipe_params": {k: v for k, v in PARAMS.items() if k in recipe.parameters}})
-             for i in range(recipe.layout.nodes)]
-    hosts = [(name, {k: v for k, v in data.items() if v is not None}) for name, data in hosts]
-    return resolve(hosts)
+from tests.recipe_pools import CATALOG, PIN, RECIPE_BOARDS, pool
 
 
 def flags(argv: list[str]) -> list[str]:

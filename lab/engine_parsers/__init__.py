@@ -1,0 +1,75 @@
+"""The real vLLM and SGLang parsers, in an environment of their own (requirements.txt here; check.py runs in it).
+
+    python -m lab.engine_parsers build    # make engine-parsers: builds it once per requirements.txt
+    python -m lab.engine_parsers python   # prints its interpreter
+
+It is several GB (a CUDA build of torch: see requirements.txt), so it lives in a cache outside the checkout,
+named by the requirements' hash, and is built again only when they change; an older one is removed then.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REQUIREMENTS = HERE / "requirements.txt"
+CHECK = HERE / "check.py"
+PREFIX = "engine-parsers-"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("MODELFLEET_CACHE") or Path.home() / ".cache" / "modelfleet")
+
+
+def venv_dir() -> Path:
+    return cache_root() / (PREFIX + hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()[:12])
+
+
+def python() -> Path:
+    return venv_dir() / "bin" / "python"
+
+
+def built() -> bool:
+    return (venv_dir() / ".built").exists()
+
+
+def build(system_python: str) -> Path:
+    """Builds the environment unless it is there (idempotent); a half-built one from an interrupted run is
+    started again, never used."""
+    target = venv_dir()
+    if built():
+        return target
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    print(f"engine-parsers: installing {REQUIREMENTS.relative_to(HERE.parent.parent)} into {target} "
+          "(about 6 GB, a few minutes; once per requirements change)", file=sys.stderr, flush=True)
+    subprocess.run([system_python, "-m", "venv", str(partial)], check=True)
+    subprocess.run([str(partial / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "-r",
+                    str(REQUIREMENTS)], check=True, stdout=sys.stderr)
+    # The parsers must import here: a package missing from requirements.txt fails the build, not a test later.
+    subprocess.run([str(partial / "bin" / "python"), str(CHECK), "argvs"], input=b"[]", check=True,
+                   stdout=subprocess.DEVNULL)
+    (partial / ".built").touch()
+    for old in target.parent.glob(PREFIX + "*"):
+        if old != partial:
+            print(f"engine-parsers: removing the environment of older requirements, {old}", file=sys.stderr)
+            shutil.rmtree(old, ignore_errors=True)
+    # venv writes its own path into scripts and pyvenv.cfg; check.py runs with `bin/python` only, which
+    # finds its site-packages relative to itself, so the folder may be renamed.
+    partial.rename(target)
+    return target
+
+
+def main() -> None:
+    command = sys.argv[1:2]
+    if command == ["build"]:
+        build(os.environ.get("SYSTEM_PYTHON", "python3"))
+    elif command == ["python"]:
+        print(python())
+    else:
+        sys.exit(__doc__)

@@ -1,0 +1,3 @@
+from lab.engine_parsers import main
+
+main()

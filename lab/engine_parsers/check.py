@@ -1,0 +1,210 @@
+"""The real vLLM's and SGLang's own argument parsers, asked about modelfleet's command lines.
+
+Runs inside the engine-parsers environment (`make engine-parsers`, lab/engine_parsers/requirements.txt), never
+inside modelfleet's: it imports vllm and sglang, and nothing of modelfleet (the argv come in as JSON).
+
+    python check.py argvs < [{"id": ..., "engine": "vllm"|"sglang", "argv": [...], "files": {path: text}}]
+        each argv (what follows the engine's entrypoint: `serve ...`) parsed as `vllm serve` / `sglang serve`
+        parse it, plus vLLM's own pre-start checks, plus every --tool-call-parser / --reasoning-parser name
+        looked up in that version's registries; `files` stand in for files the argv names (SGLang's --config).
+        Prints {"versions": {...}, "results": [{"id", "engine", "ok", "error"}]}.
+    python check.py flags FLAGS_JSON
+        rewrites the vllm and sglang sections of the engine double's flag list (lab/engine_double/flags.json)
+        from the parsers: every option, whether it takes a value, the short forms, the default port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import io
+import json
+import logging
+import os
+import sys
+import tempfile
+import warnings
+
+ENGINES = ("vllm", "sglang")
+# vLLM builds some option defaults from the current platform and finds none on a machine without a GPU; its CPU
+# platform has the same options.
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+
+def vllm_serve_parser():
+    """`vllm serve`'s parser, built as vllm/entrypoints/cli/main.py builds it, and the subcommand that checks
+    parsed arguments before the server starts."""
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    top = FlexibleArgumentParser(prog="vllm")
+    command = ServeSubcommand()
+    serve = command.subparser_init(top.add_subparsers(dest="subparser"))
+    return top, serve, command
+
+
+def sglang_serve_parser() -> argparse.ArgumentParser:
+    """`sglang serve`'s parser, as sglang/srt/server_args.py's prepare_server_args builds it."""
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    ServerArgs.add_cli_args(parser)
+    return parser
+
+
+def vllm_registries() -> dict[str, list[str]]:
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+
+    return {"tool_call_parser": sorted(ToolParserManager.list_registered()),
+            "reasoning_parser": sorted(ReasoningParserManager.list_registered())}
+
+
+def sglang_registries() -> dict[str, list[str]]:
+    from sglang.srt.function_call.function_call_parser import FunctionCallParser
+    from sglang.srt.parser.reasoning_parser import ReasoningParser
+
+    return {"tool_call_parser": sorted(FunctionCallParser.ToolCallParserEnum),
+            "reasoning_parser": sorted(ReasoningParser.DetectorMap)}
+
+
+def _parse(parse, argv: list[str]):
+    """argparse reports a bad command line on stderr and exits 2: keep its message instead."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return parse(argv), None
+    except SystemExit as exc:
+        lines = [line for line in err.getvalue().splitlines() if line.strip()]
+        return None, lines[-1] if lines else f"parser exited {exc.code}"
+
+
+def check_vllm(argv: list[str], registries: dict) -> str | None:
+    top, _, command = vllm_serve_parser()
+    args, error = _parse(top.parse_args, argv)
+    if error:
+        return error
+    if args.subparser != "serve":
+        return f"not a serve command line: {argv[:1]}"
+    try:
+        command.validate(args)
+    except (TypeError, ValueError) as exc:
+        return str(exc)
+    return _unknown_parser_names(vars(args), registries)
+
+
+def check_sglang(argv: list[str], registries: dict) -> str | None:
+    if argv[:1] != ["serve"]:
+        return f"not a serve command line: {argv[:1]}"
+    argv = argv[1:]
+    parser = sglang_serve_parser()
+    if "--config" in argv:  # as prepare_server_args: the file's keys become flags ahead of the command line's
+        from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
+
+        try:
+            argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)
+        except (OSError, ValueError) as exc:
+            return f"--config: {exc}"
+    args, error = _parse(parser.parse_args, argv)
+    if error:
+        return error
+    return _unknown_parser_names(vars(args), registries)
+
+
+def _unknown_parser_names(args: dict, registries: dict) -> str | None:
+    for dest, names in registries.items():
+        value = args.get(dest)
+        if value and value not in names:
+            flag = "--" + dest.replace("_", "-")
+            return f"{flag} {value!r} is not in this version's registry ({len(names)} names)"
+    return None
+
+
+def _with_files(item: dict, folder: str) -> list[str]:
+    """The argv with each path of `files` replaced by a file of that content in `folder`."""
+    argv = list(item["argv"])
+    for i, (path, text) in enumerate(sorted(item.get("files", {}).items())):
+        local = os.path.join(folder, f"file-{i}{os.path.splitext(path)[1]}")
+        with open(local, "w") as f:
+            f.write(text)
+        argv = [local if a == path else a for a in argv]
+    return argv
+
+
+def check_argvs(items: list[dict]) -> dict:
+    checkers = {"vllm": (check_vllm, vllm_registries), "sglang": (check_sglang, sglang_registries)}
+    registries = {engine: checkers[engine][1]() for engine in {item["engine"] for item in items}}
+    results = []
+    with tempfile.TemporaryDirectory() as folder:
+        for item in items:
+            check, _ = checkers[item["engine"]]
+            error = check(_with_files(item, folder), registries[item["engine"]])
+            results.append({"id": item["id"], "engine": item["engine"], "ok": error is None, "error": error})
+    return {"versions": versions(), "results": results}
+
+
+def versions() -> dict[str, str]:
+    return {engine: importlib.metadata.version(engine) for engine in ENGINES}
+
+
+def option_table(parser: argparse.ArgumentParser, source: str) -> dict:
+    """Every option of the parser as the engine double reads it: `bool` (takes nothing), `value` (one) or
+    `values` (one or more), under the name its destination gives (`--tp-size`) with its other spellings (`-tp`,
+    `--tensor-parallel-size`) as aliases. A switch's long spellings are flags of their own: `--no-x` and
+    `--disable-x` share x's destination and mean the opposite."""
+    flags, aliases = {}, {}
+    for action in parser._actions:
+        if not action.option_strings or isinstance(action, argparse._HelpAction):
+            continue
+        kind = "bool" if action.nargs == 0 else "values" if action.nargs in ("+", "*") else "value"
+        canonical = "--" + action.dest.replace("_", "-")
+        if canonical not in action.option_strings:
+            canonical = next((s for s in action.option_strings if s.startswith("--")), action.option_strings[0])
+        flags[canonical] = kind
+        for name in action.option_strings:
+            if kind == "bool" and name.startswith("--"):
+                flags[name] = kind
+            elif name != canonical:
+                aliases[name] = canonical
+    return {"source": source, "default_port": parser.get_default("port"), "aliases": dict(sorted(aliases.items())),
+            "flags": dict(sorted(flags.items()))}
+
+
+def write_flags(path: str) -> None:
+    with open(path) as f:
+        table = json.load(f)
+    found = versions()
+    _, vllm_serve, _ = vllm_serve_parser()
+    generated = {
+        "vllm": option_table(vllm_serve, f"generated by lab/engine_parsers/check.py from vllm {found['vllm']}'s "
+                                         "`vllm serve` parser (make engine-flags)"),
+        "sglang": option_table(sglang_serve_parser(), f"generated by lab/engine_parsers/check.py from sglang "
+                                                      f"{found['sglang']}'s ServerArgs parser (make engine-flags)"),
+    }
+    for engine, options in generated.items():
+        options["registries"] = (vllm_registries if engine == "vllm" else sglang_registries)()
+    table.update(generated)
+    with open(path, "w") as f:
+        json.dump(table, f, indent=1)
+        f.write("\n")
+
+
+def main() -> None:
+    # The engines log and warn while importing (no GPU, no CUDA runtime); only the JSON belongs on stdout.
+    logging.disable(logging.WARNING)
+    warnings.simplefilter("ignore")
+    with contextlib.redirect_stdout(sys.stderr):
+        if sys.argv[1:2] == ["argvs"]:
+            out = json.dumps(check_argvs(json.load(sys.stdin)), indent=1)
+        elif sys.argv[1:2] == ["flags"] and len(sys.argv) == 3:
+            write_flags(sys.argv[2])
+            out = None
+        else:
+            sys.exit(__doc__)
+    if out:
+        print(out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""The real vLLM and SGLang parsers (lab/engine_parsers: the engines' own argparse, installed far enough to
+import) accept every catalog recipe's command line as modelfleet renders it: every board, single- and
+multi-node, head and workers, with an API key (SGLang's --config file). The tool-call and reasoning parser
+names are in that version's registries, each recipe's engine_version is the version checked, and the engine
+double's flag lists are the parsers' own. `make test` may not skip these (MODELFLEET_REQUIRE_ENGINE_PARSERS)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+import lab.engine_parsers as engine_parsers
+from modelfleet import REPO_ROOT, render
+from tests.recipe_pools import CATALOG, RECIPE_BOARDS, pool
+
+ENGINES = ("vllm", "sglang")
+KEY_ENV = "MODELFLEET_TEST_ENGINE_KEY"
+DOUBLE_FLAGS = REPO_ROOT / "lab" / "engine_double" / "flags.json"
+
+if not engine_parsers.built():
+    reason = f"the engine parsers' environment is not built ({engine_parsers.venv_dir()}): make engine-parsers"
+    if os.environ.get("MODELFLEET_REQUIRE_ENGINE_PARSERS"):
+        raise RuntimeError(reason)
+    pytestmark = pytest.mark.skip(reason=reason)
+
+
+def run_check(*args: str, items=None) -> dict | None:
+    proc = subprocess.run([str(engine_parsers.python()), str(engine_parsers.CHECK), *args], text=True,
+                          capture_output=True, timeout=300, input=json.dumps(items) if items is not None else None)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout) if items is not None else None
+
+
+def rendered(recipe_id: str, hardware: str) -> list[dict]:
+    """Each host's engine command line for the recipe's pool, as the unit file runs it."""
+    result = pool(recipe_id, hardware, api_key_env=KEY_ENV, bind_address="10.0.0.1")
+    assert result.errors == [], result.errors
+    items = []
+    for host, plan in result.hosts.items():
+        svc = plan.services[0]
+        files = {render.CONTAINER_SECRETS: render.render_secrets_config(svc, mask=True)} \
+            if svc.engine.api_key_config_file else {}
+        items.append({"id": f"{recipe_id}@{hardware}/{host}", "engine": svc.engine_name,
+                      "argv": render.engine_argv(svc), "files": files})
+    return items
+
+
+CHECKED = [(r, hw) for r, hw in RECIPE_BOARDS if CATALOG.recipes[r].engine in ENGINES]
+
+
+@pytest.fixture(scope="module")
+def checked():
+    """One run of the real parsers over every rendered command line, and over broken copies of the first of
+    each engine (which they must refuse: proof the check can fail)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(KEY_ENV, "sk-test")
+        items = [item for recipe_id, hardware in CHECKED for item in rendered(recipe_id, hardware)]
+    broken = []
+    for engine in ENGINES:
+        first = next(item for item in items if item["engine"] == engine)
+        broken.append({**first, "id": f"{engine}-unknown-flag", "argv": first["argv"] + ["--no-such-flag", "1"]})
+        argv = list(first["argv"])
+        argv[argv.index("--tool-call-parser") + 1] = "no_such_parser"
+        broken.append({**first, "id": f"{engine}-unknown-tool-parser", "argv": argv})
+    out = run_check("argvs", items=items + broken)
+    return {"versions": out["versions"], "results": {r["id"]: r for r in out["results"]},
+            "ids": [item["id"] for item in items]}
+
+
+def test_every_recipe_is_rendered_for_the_check():
+    engines = {CATALOG.recipes[r].engine for r, _ in CHECKED}
+    multinode = [r for r, _ in CHECKED if CATALOG.recipes[r].layout.nodes > 1]
+    assert engines == set(ENGINES) and multinode, (engines, multinode)
+
+
+def test_every_rendered_command_line_is_accepted_by_its_engines_own_parser(checked):
+    refused = {i: checked["results"][i]["error"] for i in checked["ids"] if not checked["results"][i]["ok"]}
+    assert not refused, json.dumps(refused, indent=1)
+    assert any(i.endswith("/n1") for i in checked["ids"])  # workers checked too
+
+
+def test_an_unknown_flag_or_parser_name_is_refused_by_the_real_parsers(checked):
+    results = checked["results"]
+    for engine in ENGINES:
+        assert not results[f"{engine}-unknown-flag"]["ok"]
+        assert "unrecognized arguments: --no-such-flag" in results[f"{engine}-unknown-flag"]["error"]
+        assert not results[f"{engine}-unknown-tool-parser"]["ok"]
+        assert "no_such_parser" in results[f"{engine}-unknown-tool-parser"]["error"]
+
+
+def test_each_recipes_engine_version_is_the_version_checked(checked):
+    wrong = {r.id: (r.engine_version, checked["versions"][r.engine]) for r in CATALOG.recipes.values()
+             if r.engine in ENGINES and r.engine_version != checked["versions"][r.engine]}
+    assert not wrong, f"recipe: (engine_version, parser checked) {wrong}"
+
+
+def test_the_double_flag_lists_are_generated_from_the_real_parsers(tmp_path):
+    regenerated = tmp_path / "flags.json"
+    shutil.copy(DOUBLE_FLAGS, regenerated)
+    run_check("flags", str(regenerated))
+    assert json.loads(regenerated.read_text()) == json.loads(DOUBLE_FLAGS.read_text()), \
+        "lab/engine_double/flags.json is stale: make engine-flags"
