@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -126,7 +127,26 @@ def persona_dir(recordings: str) -> Path:
         (out / name).write_text(text)
     if fault.get("kernel_log"):
         (out / "kernel-log.txt").write_text("\n".join(fault["kernel_log"]) + "\n")
+    if fault.get("drop_gpus"):
+        _drop_last_gpus(out, fault["drop_gpus"])
     return out
+
+
+def _drop_last_gpus(recordings: Path, count: int) -> None:
+    """The persona's last `count` GPUs not enumerated, as a host whose GPU fell off before boot reports it: absent
+    from every nvidia-smi listing (topo -m is left as recorded: it only feeds placement)."""
+    smi = recordings / "nvidia-smi-q-x.txt"
+    text = smi.read_text()
+    starts = [m.start() for m in re.finditer(r"\t<gpu id=", text)]
+    end = text.rindex("\t</gpu>\n") + len("\t</gpu>\n")
+    text = text[:starts[-count]] + text[end:]
+    smi.write_text(re.sub(r"<attached_gpus>\d+<", f"<attached_gpus>{len(starts) - count}<", text))
+    for name in ("nvidia-smi-L.txt", "nvidia-smi-query-gpu.txt"):
+        lines = (recordings / name).read_text().splitlines(keepends=True)
+        (recordings / name).write_text("".join(lines[:-count]))
+    nvlink = recordings / "nvidia-smi-nvlink-s.txt"
+    blocks = re.split(r"(?m)^(?=GPU \d+:)", nvlink.read_text())
+    nvlink.write_text("".join(blocks[:-count]))
 
 
 def _host_files(index: int, persona: str) -> dict:

@@ -1,9 +1,11 @@
-"""GPU admission on the lab (#16): a recorded H200 is admitted; each fault persona (lab/personas/faults.yaml:
-the same recording with one fault, as a real host reports it) is refused by exactly the check for its fault,
-`status` shows the verdicts, and serve.py starts nothing on a refused host."""
+"""GPU admission on the lab (#16): the recorded H200 and the synthetic 8-GPU B300 are admitted; each fault persona
+(lab/personas/faults.yaml: one of them with one fault, as a real host reports it) is refused by exactly the check
+for its fault, all within 60 s (the hosts are judged at once), `status` shows the verdicts, and serve.py starts
+nothing on a refused host."""
 
 import json
 import os
+import time
 
 import pytest
 
@@ -15,35 +17,44 @@ pytestmark = pytest.mark.lab
 
 # fault persona -> the one check admission must fail on it
 FAULTS = {"h200x1-ecc": "ecc_volatile_uncorrectable", "h200x1-xid79": "xid", "h200x1-pcie-x8": "pcie_width",
-          "h200x1-throttled": "clock_slowdown", "h200x1-persistence-off": "persistence_mode"}
+          "h200x1-throttled": "clock_slowdown", "h200x1-persistence-off": "persistence_mode",
+          "b300x8-nvlink-down": "nvlink_inactive", "b300x8-fabric-in-progress": "fabric_state",
+          "b300x8-gpu-missing": "gpu_count"}
+# the healthy 8-GPU board the b300x8 faults are edits of (admitted like the recorded H200)
+HEALTHY_B300 = "b300x8-synthetic"
 
 
 @pytest.fixture(scope="module")
 def judged(lab_hosts, tmp_path_factory):
-    personas = [s["persona"] for s in lab_hosts] + list(FAULTS)
-    faulty = lab.up(len(personas), personas=personas, disks=1)[len(lab_hosts):]
+    personas = [s["persona"] for s in lab_hosts] + [HEALTHY_B300, *FAULTS]
+    started = lab.up(len(personas), personas=personas, disks=1)[len(lab_hosts):]
+    b300, faulty = started[0], started[1:]
     healthy = lab_hosts[0]
-    env = {**os.environ, "MODELFLEET_LAB_ONLY": ",".join([healthy["name"], *(s["name"] for s in faulty)]),
+    env = {**os.environ, "MODELFLEET_LAB_ONLY": ",".join([healthy["name"], *(s["name"] for s in started)]),
            "MODELFLEET_REPORTS": str(tmp_path_factory.mktemp("reports"))}
+    started_at = time.monotonic()
     admit = run_modelfleet("admit", "inventories/lab.py", env=env, cwd=REPO_ROOT, timeout=600)
+    admit_s = time.monotonic() - started_at
     status = run_modelfleet("status", "inventories/lab.py", "--json", env=env, cwd=REPO_ROOT, timeout=120)
     xid_host = next(s for s in faulty if s["persona"] == "h200x1-xid79")
     serve = run_pyinfra("inventories/lab.py", "deploys/serve.py", cwd=REPO_ROOT, timeout=600,
                         env={**env, "MODELFLEET_LAB_ONLY": xid_host["name"]})
-    yield {"admit": admit, "status": status, "serve": serve, "healthy": healthy, "faulty": faulty,
+    yield {"admit": admit, "admit_s": admit_s, "status": status, "serve": serve, "healthy": healthy, "b300": b300, "faulty": faulty,
            "xid_host": xid_host}
-    lab.remove([s["name"] for s in faulty])
+    lab.remove([s["name"] for s in started])
 
 
 def test_the_recorded_h200_is_admitted_and_each_fault_is_refused_by_its_own_check(judged):
     admit = judged["admit"]
     reports = {r["host"]: r for r in json.loads(admit.stdout)}
     assert admit.returncode == 1, admit.stderr[-3000:]  # at least one host refused
-    assert reports[judged["healthy"]["name"]]["ok"], reports[judged["healthy"]["name"]]["reasons"]
+    for healthy in (judged["healthy"], judged["b300"]):
+        assert reports[healthy["name"]]["ok"], reports[healthy["name"]]["reasons"]
     for spec in judged["faulty"]:
         report = reports[spec["name"]]
         failed = [c["check"] for c in report["checks"] if not c["ok"]]
         assert not report["ok"] and failed == [FAULTS[spec["persona"]]], (spec["persona"], report["reasons"])
+    assert judged["admit_s"] < 60, judged["admit_s"]
     xid = reports[judged["xid_host"]["name"]]
     assert "Xid 79" in xid["reasons"][0] and "fallen off the bus" in xid["reasons"][0]
 
