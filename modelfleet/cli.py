@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import click
 
@@ -328,12 +329,24 @@ def admit(inventory: str, hosts: tuple[str, ...]) -> None:
     from modelfleet.operations.report import report_path
 
     result = _resolved_or_exit(inventory)
+    started = time.time()
     run = run_pyinfra(inventory, "modelfleet.deploys.admission", limit=hosts, timeout=600)
+
+    def this_runs(kind: str, name: str) -> dict | None:
+        """The host's report of this run (an older one says nothing about this run)."""
+        path = report_path(kind, name)
+        return json.loads(path.read_text()) if path.exists() and path.stat().st_mtime >= started else None
+
     reports = []
     for name in hosts or result.hosts:
-        path = report_path("admission", name)
-        reports.append(json.loads(path.read_text()) if path.exists() else
-                       {"host": name, "ok": False, "reasons": ["no admission report (see pyinfra's output)"]})
+        preflight = this_runs("preflight", name)
+        if preflight and not preflight["ok"]:  # preflight stops a host (e.g. a GPU short) before admission
+            report = {"host": name, "ok": False, "refused_by": "preflight", "checks": [],
+                      "reasons": preflight["problems"]}
+        else:
+            report = this_runs("admission", name) or {
+                "host": name, "ok": False, "checks": [], "reasons": ["not judged in this run (see pyinfra's output)"]}
+        reports.append(report)
     click.echo(json.dumps(reports, indent=2))
     if run.returncode:
         click.echo((run.stdout + run.stderr)[-3000:], err=True)

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.lab
 FAULTS = {"h200x1-ecc": "ecc_volatile_uncorrectable", "h200x1-xid79": "xid", "h200x1-pcie-x8": "pcie_width",
           "h200x1-throttled": "clock_slowdown", "h200x1-persistence-off": "persistence_mode",
           "b300x8-nvlink-down": "nvlink_inactive", "b300x8-fabric-in-progress": "fabric_state",
-          "b300x8-gpu-missing": "gpu_count"}
+          "b300x8-gpu-missing": "preflight"}  # preflight counts the GPUs first and stops the host there
 # the healthy 8-GPU board the b300x8 faults are edits of (admitted like the recorded H200)
 HEALTHY_B300 = "b300x8-synthetic"
 
@@ -52,6 +52,10 @@ def test_the_recorded_h200_is_admitted_and_each_fault_is_refused_by_its_own_chec
         assert reports[healthy["name"]]["ok"], reports[healthy["name"]]["reasons"]
     for spec in judged["faulty"]:
         report = reports[spec["name"]]
+        if FAULTS[spec["persona"]] == "preflight":
+            assert report["refused_by"] == "preflight", report
+            assert "GPU count: inventory says 8x b300, host has 7" in report["reasons"], report
+            continue
         failed = [c["check"] for c in report["checks"] if not c["ok"]]
         assert not report["ok"] and failed == [FAULTS[spec["persona"]]], (spec["persona"], report["reasons"])
     assert judged["admit_s"] < 60, judged["admit_s"]
@@ -62,7 +66,8 @@ def test_the_recorded_h200_is_admitted_and_each_fault_is_refused_by_its_own_chec
 def test_status_shows_each_hosts_verdict(judged):
     rows = {r["host"]: r for r in json.loads(judged["status"].stdout)}
     assert rows[judged["healthy"]["name"]]["admission"]["valid"]
-    assert all(not rows[s["name"]]["admission"]["ok"] for s in judged["faulty"])
+    # a host preflight stopped was never judged by admission: no verdict, so never admitted
+    assert all(not (rows[s["name"]]["admission"] or {}).get("ok") for s in judged["faulty"])
 
 
 def test_serve_starts_nothing_on_a_refused_host(judged):
