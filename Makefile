@@ -71,9 +71,11 @@ lab-down: install
 engine-parsers: install
 	SYSTEM_PYTHON=$(SYSTEM_PYTHON) $(PYTHON) -m lab.engine_parsers build
 
-# The engine double's vLLM and SGLang flag lists (lab/engine_double/flags.json), from those parsers.
-engine-flags: engine-parsers
+# The engine double's flag lists (lab/engine_double/flags.json): vLLM's and SGLang's from those parsers,
+# llama.cpp's from the lab's real llama-server (`--help`, in its image: needs dockerd).
+engine-flags: engine-parsers lab-setup
 	$$($(PYTHON) -m lab.engine_parsers python) lab/engine_parsers/check.py flags lab/engine_double/flags.json
+	$(PYTHON) -m lab.engine_parsers llama-flags lab/engine_double/flags.json
 
 # Every test; the engine-parser checks may not skip here (MODELFLEET_REQUIRE_ENGINE_PARSERS).
 test: install engine-parsers

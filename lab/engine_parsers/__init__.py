@@ -2,6 +2,8 @@
 
     python -m lab.engine_parsers build    # make engine-parsers: builds it once per requirements.txt
     python -m lab.engine_parsers python   # prints its interpreter
+    python -m lab.engine_parsers llama-flags FLAGS_JSON   # the double's llama.cpp flags from the lab's real
+                                                          # llama-server (llama_server.py; needs docker)
 
 It is several GB (a CUDA build of torch: see requirements.txt), so it lives in a cache outside the checkout,
 named by the requirements' hash, and is built again only when they change; an older one is removed then.
@@ -71,5 +73,12 @@ def main() -> None:
         build(os.environ.get("SYSTEM_PYTHON", "python3"))
     elif command == ["python"]:
         print(python())
+    elif command == ["llama-flags"] and len(sys.argv) == 3:
+        import lab
+        from lab.engine_parsers import llama_server
+
+        subprocess.run([str(lab.LAB_DIR / "build-llama-server.sh"), lab.LLAMA_SERVER_IMAGE], check=True,
+                       stdout=sys.stderr)
+        llama_server.write_flags(lab.LLAMA_SERVER_IMAGE, sys.argv[2])
     else:
         sys.exit(__doc__)
