@@ -43,6 +43,7 @@ TORCH = "torch==2.13.0"  # the CPU build pip installs on these machines (DESIGN.
 # toolkit: the GPU stack stages install them from the lab's apt repositories. The others come pre-built.
 PERSONAS = {"h200x1": ("h200", 1, "h200x1", False), "b300x8-synthetic": ("b300", 8, "b300x8-synthetic", False),
             "h200x1-bare": ("h200", 1, "h200x1", True), "b300x8-bare": ("b300", 8, "b300x8-synthetic", True),
+            "mi355x8-synthetic": ("mi355x", 8, "mi355x8-synthetic", False),
             "mi355x8-bare": ("mi355x", 8, "mi355x8-synthetic", True)}
 # Fault personas (lab/personas/faults.yaml): a base persona's recordings with one fault each, for admission.
 FAULTS = yaml.safe_load((LAB_DIR / "personas" / "faults.yaml").read_text())
@@ -165,8 +166,9 @@ def _host_files(index: int, persona: str) -> dict:
     config = home / "etc-modelfleet"
     config.mkdir(mode=0o700, exist_ok=True)
     hardware, gpus, recordings, bare = PERSONAS[persona]
-    # Admission reads `nvidia-smi -q -x`: judged where the persona has that recording, skipped elsewhere.
-    admission = (persona_dir(recordings) / "nvidia-smi-q-x.txt").exists()
+    # Admission reads `nvidia-smi -q -x` or `amd-smi metric`: judged where the persona has one, skipped elsewhere.
+    admission = any((persona_dir(recordings) / name).exists()
+                    for name in ("nvidia-smi-q-x.txt", "amd-smi-metric.json"))
     return {"name": name, "address": address(index), "persona": persona, "hardware": hardware,
             "gpu_count": gpus, "recordings": recordings, "bare": bare, "admission": admission,
             "model_root": str(models), "config_dir": str(config), "home": str(home),
@@ -183,6 +185,8 @@ def _host_mounts(spec: dict) -> list[str]:
         return [f"{docker_cli}:/opt/modelfleet-lab/docker-cli:ro",
                 f"{STATE / 'apt-archive-keyring.gpg'}:/usr/share/keyrings/modelfleet-lab-archive.gpg:ro",
                 f"{STATE / 'debian-lab.list'}:/etc/apt/sources.list.d/debian-lab.list:ro"]
+    if (persona_dir(spec["recordings"]) / "amd-smi-static.json").exists():  # a pre-built AMD host: ROCm's tool
+        return [f"{docker_cli}:/usr/bin/docker:ro", f"{persona / 'amd-smi'}:/usr/local/bin/amd-smi:ro"]
     return [f"{docker_cli}:/usr/bin/docker:ro", f"{persona / 'nvidia-smi'}:/usr/local/bin/nvidia-smi:ro",
             f"{persona / 'nv-fabricmanager'}:/usr/local/bin/nv-fabricmanager:ro"]
 

@@ -33,6 +33,18 @@ SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdo
 NVLINK_GPU = re.compile(r"^GPU (\d+): ")
 NVLINK_LINK = re.compile(r"^\s+Link (\d+): (.*)$")
 XID_LINE = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+),?\s*(.*)")
+# amdgpu's fatal kernel messages, as MI300X hosts print them (ROCm/legacy-rocm-build issue #4021, in
+# tests/fixtures/public-samples/mi300x-dmesg-amdgpu-uncorrectable.txt): an uncorrectable error raised by RAS
+# (amdgpu_ras.c: the GPU is reset) and the machine-check architecture's record of it.
+AMDGPU_FATAL = {
+    "uncorrectable hardware error": "RAS uncorrectable error (the driver resets the GPU)",
+    "Accelerator Check Architecture events logged": "hardware error recorded by the accelerator check architecture",
+}
+AMDGPU_LINE = re.compile(r"amdgpu ([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d): .*?("
+                         + "|".join(re.escape(k) for k in AMDGPU_FATAL) + ")")
+KERNEL_LOG_PATTERN = "NVRM: Xid|amdgpu .*(" + "|".join(AMDGPU_FATAL) + ")"  # grep -E: what both vendors' reads keep
+# PCIe transfer rate (GT/s) per generation, as amd-smi reports a link's speed
+PCIE_GEN_OF_GTS = {2.5: 1, 5: 2, 8: 3, 16: 4, 32: 5, 64: 6}
 
 
 def _text(node, path: str) -> str | None:
@@ -115,6 +127,75 @@ def parse_nvlink(lines: list[str]) -> dict[int, dict]:
             if "inactive" in link.group(2).lower():
                 entry["inactive"].append(int(link.group(1)))
     return out
+
+
+def parse_amd_metric(text: str) -> list[dict] | None:
+    """One dict per GPU from `amd-smi metric --ecc --pcie --json` (its keys as amdsmi_cli/amdsmi_commands.py
+    writes them: ecc.total_uncorrectable_count / total_deferred_count, pcie.width, pcie.speed {value, unit
+    GT/s}; "N/A" becomes None); None when amd-smi printed no JSON. Newer amd-smi wraps the list in gpu_data."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(data, dict):
+        data = data.get("gpu_data", [])
+
+    def number(value):
+        value = value.get("value") if isinstance(value, dict) else value
+        return value if isinstance(value, (int, float)) else None
+
+    gpus = []
+    for item in data:
+        ecc, pcie = item.get("ecc") or {}, item.get("pcie") or {}
+        speed = number(pcie.get("speed"))
+        gpus.append({"index": int(item.get("gpu", len(gpus))),
+                     "ecc": {"uncorrectable": number(ecc.get("total_uncorrectable_count")),
+                             "deferred": number(ecc.get("total_deferred_count"))},
+                     "pcie": {"width": number(pcie.get("width")), "speed_gts": speed,
+                              "gen": PCIE_GEN_OF_GTS.get(speed)}})
+    return gpus
+
+
+def parse_amdgpu_faults(lines: list[str]) -> list[dict]:
+    """amdgpu's fatal kernel messages (AMDGPU_FATAL) from kernel log lines, with the GPU's PCI address."""
+    out = []
+    for line in lines:
+        match = AMDGPU_LINE.search(line)
+        if match:
+            out.append({"pci": match.group(1).lower(), "text": match.group(2)})
+    return out
+
+
+def amd_verdict(gpus: list[dict], faults: list[dict], expected_count: int, memory_mib: dict[int, int],
+                min_memory_mib: int, min_pcie_gen: int | None, min_pcie_width: int | None) -> dict:
+    """AMD's checks, named as NVIDIA's where they mean the same: GPU count, memory (amd-smi static, from
+    preflight's probe), uncorrectable and deferred ECC errors, PCIe link against the board's, and amdgpu's fatal
+    kernel messages since boot. A value amd-smi reports as N/A is not judged."""
+    checks = [_check("gpu_count", None, len(gpus), expected_count, len(gpus) >= expected_count,
+                     f"{len(gpus)} GPU(s) answer, the inventory expects {expected_count}")]
+    for gpu in gpus:
+        i, ecc, pcie = gpu["index"], gpu["ecc"], gpu["pcie"]
+        mem = memory_mib.get(i) or 0
+        checks.append(_check("memory", i, mem, min_memory_mib, mem >= min_memory_mib,
+                             f"GPU {i} reports {mem} MiB, the board has {min_memory_mib} MiB"))
+        if ecc["uncorrectable"] is not None:
+            checks.append(_check("ecc_uncorrectable", i, ecc["uncorrectable"], 0, ecc["uncorrectable"] == 0,
+                                 f"GPU {i}: {ecc['uncorrectable']} uncorrectable ECC error(s)"))
+        if ecc["deferred"] is not None:
+            checks.append(_check("ecc_deferred", i, ecc["deferred"], 0, ecc["deferred"] == 0,
+                                 f"GPU {i}: {ecc['deferred']} deferred (poisoned) ECC error(s)"))
+        if min_pcie_gen and pcie["gen"] is not None:
+            checks.append(_check("pcie_gen", i, pcie["gen"], min_pcie_gen, pcie["gen"] >= min_pcie_gen,
+                                 f"GPU {i}: PCIe link at {pcie['speed_gts']} GT/s (Gen{pcie['gen']}), the board "
+                                 f"runs Gen{min_pcie_gen}"))
+        if min_pcie_width and pcie["width"] is not None:
+            checks.append(_check("pcie_width", i, pcie["width"], min_pcie_width, pcie["width"] >= min_pcie_width,
+                                 f"GPU {i}: PCIe link trained at x{pcie['width']}, the board runs x{min_pcie_width}"))
+    for fault in faults:
+        checks.append(_check("amdgpu_fault", fault["pci"], fault["text"], "none", False,
+                             f"{fault['pci']} since boot: {AMDGPU_FATAL[fault['text']]} ('{fault['text']}')"))
+    return {"ok": all(c["ok"] for c in checks), "checks": checks,
+            "reasons": [c["reason"] for c in checks if not c["ok"]]}
 
 
 def _bus_device(pci: str) -> str:

@@ -1,6 +1,7 @@
-"""What admission judges: `nvidia-smi -q -x`, `nvidia-smi nvlink -s`, the Xid lines of the kernel log since
-boot (journal, else dmesg: whichever the host lets us read), the kernel release and the boot id. Read as a
-part of preflight's HostProbe when admission follows, so it costs no round trip of its own."""
+"""What admission judges: `nvidia-smi -q -x` and `nvidia-smi nvlink -s` (NVIDIA) or `amd-smi metric --ecc --pcie
+--json` (AMD), the Xid / amdgpu fatal lines of the kernel log since boot (journal, else dmesg: whichever the
+host lets us read), the kernel release and the boot id. Read as a part of preflight's HostProbe when admission
+follows, so it costs no round trip of its own."""
 
 from __future__ import annotations
 
@@ -8,20 +9,29 @@ import xml.etree.ElementTree as ET
 
 from pyinfra.api import FactBase
 
-from modelfleet.health import gpus_of, parse_nvlink, parse_xids
+from modelfleet.health import (
+    KERNEL_LOG_PATTERN,
+    gpus_of,
+    parse_amd_metric,
+    parse_amdgpu_faults,
+    parse_nvlink,
+    parse_xids,
+)
 
 MARK = "@@modelfleet-health"
 
 
 class GpuHealth(FactBase):
     def command(self) -> str:
+        # Both vendors' tools are asked; the one the host lacks prints nothing.
         return (f"echo '{MARK} smi'; nvidia-smi -q -x 2>/dev/null; echo '{MARK} nvlink'; "
-                f"nvidia-smi nvlink -s 2>/dev/null; echo '{MARK} kernel'; "
-                "{ journalctl -k -b --no-pager -q 2>/dev/null || dmesg 2>/dev/null; } | grep 'NVRM: Xid' | tail -n 500; "
+                f"nvidia-smi nvlink -s 2>/dev/null; echo '{MARK} amd'; amd-smi metric --ecc --pcie --json 2>/dev/null; "
+                f"echo '{MARK} kernel'; {{ journalctl -k -b --no-pager -q 2>/dev/null || dmesg 2>/dev/null; }} "
+                f"| grep -E '{KERNEL_LOG_PATTERN}' | tail -n 500; "
                 f"echo '{MARK} id'; uname -r; cat /proc/sys/kernel/random/boot_id; true")
 
     def process(self, output):
-        parts: dict[str, list[str]] = {"smi": [], "nvlink": [], "kernel": [], "id": []}
+        parts: dict[str, list[str]] = {"smi": [], "nvlink": [], "amd": [], "kernel": [], "id": []}
         part = None
         for line in output:
             if line.startswith(MARK):
@@ -37,4 +47,6 @@ class GpuHealth(FactBase):
         driver = (root.findtext("driver_version") or "").strip() or None if root is not None else None
         kernel, boot_id = (parts["id"] + [None, None])[:2]
         return {"gpus": gpus, "driver": driver, "xids": parse_xids(parts["kernel"]), "kernel": kernel,
-                "boot_id": boot_id, "nvlink": parse_nvlink(parts["nvlink"])}
+                "boot_id": boot_id, "nvlink": parse_nvlink(parts["nvlink"]),
+                "amd_gpus": parse_amd_metric("\n".join(parts["amd"])) if parts["amd"] else None,
+                "amdgpu_faults": parse_amdgpu_faults(parts["kernel"])}

@@ -4,8 +4,8 @@ reports/admission/<host>.json with every check, value and threshold, the fingerp
 kernel, GPU serials) and until when (`admission_valid_h`); a refused host gets no later stage, and fails
 its pool: no unit of a pool (re)starts unless every member is admitted (like the NCCL gate).
 
-Built for NVIDIA hosts; AMD (amd-smi) is not. `admission: false` leaves a host unjudged (the lab's personas
-without an `nvidia-smi -q -x` recording)."""
+AMD hosts are judged on `amd-smi metric --ecc --pcie --json` and amdgpu's fatal kernel messages (health.py's
+amd_verdict). `admission: false` leaves a host unjudged (the lab's personas without a recording to judge)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from modelfleet.context import HostRun
 from modelfleet.facts.health import GpuHealth
 from modelfleet.gpu_predicates import fabric_manager_needed, replaces_driver
-from modelfleet.health import admission_state, verdict
+from modelfleet.health import admission_state, amd_verdict, verdict
 from modelfleet.operations.report import fail_host, refuse, save_report
 
 
@@ -29,10 +29,16 @@ def judge(plan, health: dict, probe: dict) -> dict:
     """The admission report for this host (pure)."""
     hw = plan.hardware
     now = time.time()
-    gpus = health.get("gpus")
+    gpus = health.get("amd_gpus" if hw.vendor == "amd" else "gpus")
+    tool = "amd-smi metric" if hw.vendor == "amd" else "nvidia-smi -q -x"
     if gpus is None:
-        result = {"ok": False, "checks": [], "reasons": ["nvidia-smi -q -x answered nothing: no driver loaded, or "
-                                                         "it cannot reach the GPUs"]}
+        result = {"ok": False, "checks": [], "reasons": [f"{tool} answered nothing: no driver loaded, or it "
+                                                         "cannot reach the GPUs"]}
+    elif hw.vendor == "amd":
+        memory = {g["index"]: g["memory_total_mib"] for g in probe.get("amd_gpus") or []}
+        result = amd_verdict(gpus, health.get("amdgpu_faults") or [], expected_count=plan.gpu_count,
+                             memory_mib=memory, min_memory_mib=hw.hbm_mib, min_pcie_gen=hw.pcie_gen,
+                             min_pcie_width=hw.pcie_width)
     else:
         # NVLink state counts where the board's GPUs talk over it: one GPU alone has no peer to link to.
         nvlink = health.get("nvlink") if hw.interconnect.startswith("nvlink") and plan.gpu_count > 1 else None
@@ -43,7 +49,7 @@ def judge(plan, health: dict, probe: dict) -> dict:
             "valid_until": now + plan.admission_valid_h * 3600 if result["ok"] else None,
             "fingerprint": {"driver": health.get("driver"), "kernel": health.get("kernel"),
                             "boot_id": health.get("boot_id"),
-                            "serials": sorted(g["serial"] or "" for g in gpus or [])}}
+                            "serials": sorted(g.get("serial") or "" for g in gpus or [])}}
 
 
 def pool_refusals(members: list[str], verdicts: dict[str, dict], this_host: str) -> list[str]:
@@ -101,10 +107,9 @@ def admitted_after_stack(ctx: HostRun):
 @deploy("modelfleet admission")
 def run(ctx: HostRun) -> bool:
     plan = ctx.plan
-    if plan.hardware.vendor != "nvidia" or not plan.admission:
+    if plan.hardware.vendor not in ("nvidia", "amd") or not plan.admission:
         ctx.admission[plan.name] = {"ok": True, "reasons": [], "skipped": True}
-        host.noop("admission judges NVIDIA hosts (AMD: not built)" if plan.admission else
-                  "admission: false for this host")
+        host.noop("admission judges NVIDIA and AMD GPUs" if plan.admission else "admission: false for this host")
         return True
     probe = ctx.probe
     if replaces_driver(plan, probe):

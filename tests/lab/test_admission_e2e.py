@@ -1,5 +1,5 @@
-"""GPU admission on the lab (#16): the recorded H200 and the synthetic 8-GPU B300 are admitted; each fault persona
-(lab/personas/faults.yaml: one of them with one fault, as a real host reports it) is refused by exactly the check
+"""GPU admission on the lab (#16): the recorded H200 and the synthetic 8-GPU B300 and MI355X are admitted; each fault
+persona (lab/personas/faults.yaml: one of them with one fault, as a real host reports it) is refused by exactly the check
 for its fault, all within 60 s (the hosts are judged at once), `status` shows the verdicts, and serve.py starts
 nothing on a refused host."""
 
@@ -19,16 +19,17 @@ pytestmark = pytest.mark.lab
 FAULTS = {"h200x1-ecc": "ecc_volatile_uncorrectable", "h200x1-xid79": "xid", "h200x1-pcie-x8": "pcie_width",
           "h200x1-throttled": "clock_slowdown", "h200x1-persistence-off": "persistence_mode",
           "b300x8-nvlink-down": "nvlink_inactive", "b300x8-fabric-in-progress": "fabric_state",
-          "b300x8-gpu-missing": "preflight"}  # preflight counts the GPUs first and stops the host there
-# the healthy 8-GPU board the b300x8 faults are edits of (admitted like the recorded H200)
-HEALTHY_B300 = "b300x8-synthetic"
+          "b300x8-gpu-missing": "preflight",  # preflight counts the GPUs first and stops the host there
+          "mi355x8-ecc": "ecc_uncorrectable", "mi355x8-ras-fault": "amdgpu_fault"}
+# the healthy 8-GPU boards the b300x8 and mi355x8 faults are edits of (admitted like the recorded H200)
+HEALTHY_BOARDS = ["b300x8-synthetic", "mi355x8-synthetic"]
 
 
 @pytest.fixture(scope="module")
 def judged(lab_hosts, tmp_path_factory):
-    personas = [s["persona"] for s in lab_hosts] + [HEALTHY_B300, *FAULTS]
+    personas = [s["persona"] for s in lab_hosts] + [*HEALTHY_BOARDS, *FAULTS]
     started = lab.up(len(personas), personas=personas, disks=1)[len(lab_hosts):]
-    b300, faulty = started[0], started[1:]
+    boards, faulty = started[:len(HEALTHY_BOARDS)], started[len(HEALTHY_BOARDS):]
     healthy = lab_hosts[0]
     env = {**os.environ, "MODELFLEET_LAB_ONLY": ",".join([healthy["name"], *(s["name"] for s in started)]),
            "MODELFLEET_REPORTS": str(tmp_path_factory.mktemp("reports"))}
@@ -39,7 +40,7 @@ def judged(lab_hosts, tmp_path_factory):
     xid_host = next(s for s in faulty if s["persona"] == "h200x1-xid79")
     serve = run_pyinfra("inventories/lab.py", "deploys/serve.py", cwd=REPO_ROOT, timeout=600,
                         env={**env, "MODELFLEET_LAB_ONLY": xid_host["name"]})
-    yield {"admit": admit, "admit_s": admit_s, "status": status, "serve": serve, "healthy": healthy, "b300": b300, "faulty": faulty,
+    yield {"admit": admit, "admit_s": admit_s, "status": status, "serve": serve, "healthy": healthy, "boards": boards, "faulty": faulty,
            "xid_host": xid_host}
     lab.remove([s["name"] for s in started])
 
@@ -48,7 +49,7 @@ def test_the_recorded_h200_is_admitted_and_each_fault_is_refused_by_its_own_chec
     admit = judged["admit"]
     reports = {r["host"]: r for r in json.loads(admit.stdout)}
     assert admit.returncode == 1, admit.stderr[-3000:]  # at least one host refused
-    for healthy in (judged["healthy"], judged["b300"]):
+    for healthy in (judged["healthy"], *judged["boards"]):
         assert reports[healthy["name"]]["ok"], reports[healthy["name"]]["reasons"]
     for spec in judged["faulty"]:
         report = reports[spec["name"]]
