@@ -158,12 +158,7 @@ def parse_amd_metric(text: str) -> list[dict] | None:
 
 def parse_amdgpu_faults(lines: list[str]) -> list[dict]:
     """amdgpu's fatal kernel messages (AMDGPU_FATAL) from kernel log lines, with the GPU's PCI address."""
-    out = []
-    for line in lines:
-        match = AMDGPU_LINE.search(line)
-        if match:
-            out.append({"pci": match.group(1).lower(), "text": match.group(2)})
-    return out
+    return [{"pci": m.group(1).lower(), "text": m.group(2)} for m in map(AMDGPU_LINE.search, lines) if m]
 
 
 def amd_verdict(gpus: list[dict], faults: list[dict], expected_count: int, memory_mib: dict[int, int],
