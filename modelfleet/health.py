@@ -33,6 +33,11 @@ SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdo
 NVLINK_GPU = re.compile(r"^GPU (\d+): ")
 NVLINK_LINK = re.compile(r"^\s+Link (\d+): (.*)$")
 XID_LINE = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+),?\s*(.*)")
+# A GPU off the bus reported without an Xid line (public samples: NVSentinel issue #155, driver 570, in three
+# lines "NVRM: The NVIDIA GPU <pci>" ... "fallen off the bus"; older drivers in one, "NVRM: GPU at <pci> has
+# fallen off the bus"): counted as Xid 79, as NVSentinel and leptonai/gpud do.
+OFF_BUS_GPU = re.compile(r"NVRM: (?:The NVIDIA GPU|GPU at) ([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d)")
+OFF_BUS = "fallen off the bus"
 # amdgpu's fatal kernel messages, as MI300X hosts print them (ROCm/legacy-rocm-build issue #4021, in
 # tests/fixtures/public-samples/mi300x-dmesg-amdgpu-uncorrectable.txt): an uncorrectable error raised by RAS
 # (amdgpu_ras.c: the GPU is reset) and the machine-check architecture's record of it.
@@ -42,7 +47,8 @@ AMDGPU_FATAL = {
 }
 AMDGPU_LINE = re.compile(r"amdgpu ([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.\d): .*?("
                          + "|".join(re.escape(k) for k in AMDGPU_FATAL) + ")")
-KERNEL_LOG_PATTERN = "NVRM: Xid|amdgpu .*(" + "|".join(AMDGPU_FATAL) + ")"  # grep -E: what both vendors' reads keep
+# grep -E: the lines both vendors' reads keep
+KERNEL_LOG_PATTERN = ("NVRM: (Xid|The NVIDIA GPU|GPU at)|" + OFF_BUS + "|amdgpu .*(" + "|".join(AMDGPU_FATAL) + ")")
 # PCIe transfer rate (GT/s) per generation, as amd-smi reports a link's speed
 PCIE_GEN_OF_GTS = {2.5: 1, 5: 2, 8: 3, 16: 4, 32: 5, 64: 6}
 
@@ -101,12 +107,18 @@ def gpus_of(root: ET.Element) -> list[dict]:
 
 
 def parse_xids(lines: list[str]) -> list[dict]:
-    """Xid events from kernel log lines (`NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off ...`)."""
-    out = []
+    """Xid events from kernel log lines (`NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off ...`), and
+    a GPU reported off the bus without an Xid line as Xid 79 (once per GPU and report)."""
+    out, gpu = [], None
     for line in lines:
         match = XID_LINE.search(line)
         if match:
             out.append({"pci": match.group(1).lower(), "xid": int(match.group(2)), "text": match.group(3).strip()})
+            continue
+        named = OFF_BUS_GPU.search(line)
+        gpu = named.group(1).lower() if named else gpu
+        if OFF_BUS in line and gpu and not any(e["pci"] == gpu and e["xid"] == 79 for e in out):
+            out.append({"pci": gpu, "xid": 79, "text": "GPU has fallen off the bus (reported without an Xid line)"})
     return out
 
 

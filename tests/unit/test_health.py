@@ -130,3 +130,27 @@ def test_an_inactive_nvlink_refuses_its_gpu_and_a_gpu_listing_no_link_is_not_jud
     assert not result["ok"] and result["reasons"] == ["GPU 3: NVLink link(s) 3, 5 of 6 inactive"]
     assert judge(nvlink={0: {"links": 18, "inactive": []}})["ok"]
     assert judge(nvlink={})["ok"]
+
+
+def test_a_gpu_off_the_bus_without_an_xid_line_counts_as_xid_79():
+    three_lines = parse_xids(sample("nvrm-fallen-off-the-bus-without-xid-570.txt"))
+    assert three_lines == [{"pci": "0000:b3:00.0", "xid": 79,
+                            "text": "GPU has fallen off the bus (reported without an Xid line)"}]
+    one_line = parse_xids(sample("nvrm-gpu-at-fallen-off-the-bus-single-line.txt"))
+    assert [(e["pci"], e["xid"]) for e in one_line] == [("0000:01:00.0", 79)]  # reported twice, counted once
+    gpus = parse_smi_xml(H200_XML)
+    gpus[0]["bus_id"] = "00000000:B3:00.0"
+    report = verdict(gpus, three_lines, expected_count=1, min_memory_mib=143771, min_pcie_gen=5,
+                     min_pcie_width=16, fabric_expected=False)
+    assert not report["ok"] and [c["gpu"] for c in report["checks"] if not c["ok"]] == [0]
+
+
+def test_the_remote_grep_keeps_what_the_off_bus_parser_needs():
+    import subprocess
+
+    from modelfleet.health import KERNEL_LOG_PATTERN
+    for name in ("nvrm-fallen-off-the-bus-without-xid-570.txt", "nvrm-gpu-at-fallen-off-the-bus-single-line.txt"):
+        lines = sample(name)
+        kept = subprocess.run(["grep", "-E", KERNEL_LOG_PATTERN], input="\n".join(lines), capture_output=True,
+                              text=True).stdout.splitlines()
+        assert parse_xids(kept) == parse_xids(lines) != [], name
