@@ -205,6 +205,54 @@ def amd_verdict(gpus: list[dict], faults: list[dict], expected_count: int, memor
             "reasons": [c["reason"] for c in checks if not c["ok"]]}
 
 
+def parse_dcgm_diag(text: str) -> dict | None:
+    """`dcgmi diag -r N -j`: each test's name, category and status (pass, skip, warn, fail, not run), its
+    failures' warnings, and DCGM's runtime error; None when dcgmi printed no JSON (e.g. no nv-hostengine).
+    DCGM 4 writes "DCGM Diagnostic" with a test_summary per test and results per entity (NVIDIA/DCGM
+    testing/python3/dcgm_diag_schema.json, dcgmi/Diag.cpp's Pass/Skip/Warn/Fail/Not Run); DCGM 3 wrote
+    "DCGM GPU Diagnostic" with results per GPU group (PASS/FAIL/SKIP). Text before the JSON is skipped."""
+    start = text.find("{")
+    try:
+        data, _ = json.JSONDecoder().raw_decode(text[start:]) if start >= 0 else (None, 0)
+    except ValueError:
+        return None
+    root = data.get("DCGM Diagnostic") or data.get("DCGM GPU Diagnostic") if isinstance(data, dict) else None
+    if not isinstance(root, dict):
+        return None
+    tests = []
+    for category in root.get("test_categories") or []:
+        for test in (category or {}).get("tests") or []:
+            if not test:
+                continue
+            results = test.get("results") or []
+            statuses = [str(r.get("status", "")).lower() for r in results]
+            summary = str((test.get("test_summary") or {}).get("status", "")).lower()
+            status = summary or next((s for s in ("fail", "warn", "not run", "pass", "skip") if s in statuses), "")
+            warnings = [w.get("warning", "") if isinstance(w, dict) else str(w)
+                        for r in results if str(r.get("status", "")).lower() == "fail"
+                        for w in r.get("warnings") or []]
+            tests.append({"name": test.get("name"), "category": category.get("category"), "status": status,
+                          "warnings": warnings})
+    return {"tests": tests, "runtime_error": root.get("runtime_error") or data.get("runtime_error")}
+
+
+def dcgm_check(level: int, output: str, missing: bool) -> dict:
+    """The `dcgm_diag` check: refused when dcgmi is absent, printed no JSON, reported a runtime error or no
+    test at all, or a test failed (a warning or a skip passes, as DCGM's own overall result has it)."""
+    if missing:
+        return _check("dcgm_diag", None, "no dcgmi", f"level {level}", False,
+                      f"admission_dcgm_level is {level} but the host has no dcgmi (install DCGM, or set 0)")
+    diag = parse_dcgm_diag(output)
+    if diag is None or diag["runtime_error"] or not diag["tests"]:
+        why = (diag or {}).get("runtime_error") or (output.strip().splitlines() or ["no output"])[0]
+        return _check("dcgm_diag", None, "no result", f"level {level}", False,
+                      f"dcgmi diag -r {level} gave no result: {why}")
+    failed = [t for t in diag["tests"] if t["status"] == "fail"]
+    return _check("dcgm_diag", None, [t["name"] for t in failed], f"level {level}: no test fails", not failed,
+                  f"DCGM diagnostic level {level} failed: " + "; ".join(
+                      f"{t['name']}" + (f" ({t['warnings'][0]})" if t["warnings"] else "") for t in failed))
+
+
 def _bus_device(pci: str) -> str:
     """`bus:device` of a PCI address: nvidia-smi says 00000000:3B:00.0, the kernel's Xid line 0000:3b:00."""
     return ":".join(pci.lower().split(".")[0].split(":")[-2:])

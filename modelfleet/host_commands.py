@@ -83,3 +83,12 @@ def parse_unit_show(lines: Iterable[str]) -> dict[str, str]:
         if sep:
             out[key.strip()] = value.strip()
     return out
+
+
+DCGM_MISSING = "@@modelfleet-dcgm no dcgmi"
+
+
+def dcgm_diag_sh(level: int) -> str:
+    """DCGM's diagnostic at `level` as JSON (`dcgmi diag -r N -j`; it needs nv-hostengine running), or a marker
+    line when the host has no dcgmi."""
+    return f"command -v dcgmi >/dev/null || {{ echo '{DCGM_MISSING}'; exit 0; }}; dcgmi diag -r {int(level)} -j 2>&1; true"

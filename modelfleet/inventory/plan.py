@@ -147,6 +147,7 @@ class HostPlan:
     admission: bool = True
     admission_valid_h: int = 24
     admission_h2d: bool = False
+    admission_dcgm_level: int = 0
     dcgm_exporter: bool = False
     dcgm_exporter_image: str = ""
     # pyinfra's SSH settings, for the client commands (status, logs, tunnel) that reach hosts without pyinfra

@@ -317,7 +317,7 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
                                    ssh_known_hosts_file=host.ssh_known_hosts_file,
                                    ssh_strict_host_key_checking=host.ssh_strict_host_key_checking, verify_bench=host.verify_bench,
                                    verify_full=host.verify_full, admission=host.admission, admission_valid_h=host.admission_valid_h,
-                                   admission_h2d=host.admission_h2d,
+                                   admission_h2d=host.admission_h2d, admission_dcgm_level=host.admission_dcgm_level,
                                    dcgm_exporter=host.dcgm_exporter,
                                    dcgm_exporter_image=host.dcgm_exporter_image,
                                    stack=StackPlan(manage=host.gpu_stack,

@@ -128,6 +128,9 @@ class HostData(BaseModel):
     # Also measure each GPU's pinned host <-> device copy bandwidth inside the serving image when the pool's
     # gate runs (netcheck), against the hardware catalog's h2d_min_gbps; a slow GPU fails the pool.
     admission_h2d: bool = False
+    # DCGM's diagnostic at this level when admission judges the host (`dcgmi diag -r N`; 0 = off; 1 takes about
+    # a minute, 2 a few, 3-4 half an hour or more): needs DCGM on the host; a failing test refuses it.
+    admission_dcgm_level: int = Field(0, ge=0, le=4)
     dcgm_exporter: bool = False  # a DCGM exporter unit on NVIDIA hosts (:9400 on the fabric address)
     # NVIDIA's tag from github.com/NVIDIA/dcgm-exporter's README quickstart (DCGM 4.4.2, exporter 4.7.1)
     dcgm_exporter_image: Image = "nvcr.io/nvidia/k8s/dcgm-exporter:4.4.2-4.7.1-ubuntu22.04"

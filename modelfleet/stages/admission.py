@@ -17,16 +17,22 @@ from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from modelfleet.context import HostRun
 from modelfleet.facts.health import GpuHealth
 from modelfleet.gpu_predicates import fabric_manager_needed, replaces_driver
-from modelfleet.health import admission_state, amd_verdict, verdict
+from modelfleet.health import admission_state, amd_verdict, dcgm_check, verdict
+from modelfleet.host_commands import DCGM_MISSING, dcgm_diag_sh
 from modelfleet.operations.report import fail_host, refuse, save_report
+
+# How long DCGM's diagnostic may run per level (NVIDIA's guide: level 1 seconds, 2 about 2 minutes, 3 about
+# 30 minutes, 4 1-2 hours on a large board).
+DCGM_TIMEOUT_S = {1: 300, 2: 900, 3: 3600, 4: 3 * 3600}
 
 
 def wants(plan, probe: dict) -> dict:
     return {}
 
 
-def judge(plan, health: dict, probe: dict) -> dict:
-    """The admission report for this host (pure)."""
+def judge(plan, health: dict, probe: dict, dcgm: dict | None = None) -> dict:
+    """The admission report for this host (pure); `dcgm`: the dcgm_diag check, where the host runs DCGM's
+    diagnostic (health.dcgm_check)."""
     hw = plan.hardware
     now = time.time()
     gpus = health.get("amd_gpus" if hw.vendor == "amd" else "gpus")
@@ -45,6 +51,10 @@ def judge(plan, health: dict, probe: dict) -> dict:
         result = verdict(gpus, health.get("xids") or [], expected_count=plan.gpu_count, min_memory_mib=hw.hbm_mib,
                          min_pcie_gen=hw.pcie_gen, min_pcie_width=hw.pcie_width,
                          fabric_expected=fabric_manager_needed(plan, probe), nvlink=nvlink)
+    if dcgm is not None:
+        checks = result["checks"] + [dcgm]
+        result = {"ok": all(c["ok"] for c in checks) and bool(result["checks"]), "checks": checks,
+                  "reasons": result["reasons"] + ([] if dcgm["ok"] else [dcgm["reason"]])}
     return {"host": plan.name, **result, "admitted_at": now if result["ok"] else None,
             "valid_until": now + plan.admission_valid_h * 3600 if result["ok"] else None,
             "fingerprint": {"driver": health.get("driver"), "kernel": health.get("kernel"),
@@ -84,23 +94,36 @@ def pool_admitted(pool: str, members: list[str], verdicts: dict):
     yield FunctionCommand(_pool_admitted, (pool, members, verdicts), {})
 
 
+def _dcgm_level(plan) -> int:
+    """DCGM's diagnostic runs on NVIDIA hosts only (AMD has no DCGM)."""
+    return plan.admission_dcgm_level if plan.hardware.vendor == "nvidia" else 0
+
+
 def _record(ctx: HostRun, report: dict) -> None:
     ctx.admission[ctx.plan.name] = {"ok": report["ok"], "reasons": report["reasons"]}
     save_report("admission", ctx.plan.name, report)
 
 
 def _judged_now(state, host, ctx: HostRun) -> bool:
-    """FunctionCommand body, while executing: the GPUs read after this run changed the driver (and rebooted)."""
+    """FunctionCommand body, while executing: the GPUs read now (after this run changed the driver and rebooted),
+    with DCGM's diagnostic where the host asks for one."""
     _, output = host.run_shell_command(StringCommand(GpuHealth().command()), print_output=False,
                                         print_input=False)
-    report = judge(ctx.plan, GpuHealth().process(output.stdout_lines), ctx.probe)
+    level, dcgm = _dcgm_level(ctx.plan), None
+    if level:
+        _, diag = host.run_shell_command(StringCommand(dcgm_diag_sh(level)), print_output=False, print_input=False,
+                                         _timeout=DCGM_TIMEOUT_S[level])
+        lines = diag.stdout_lines
+        dcgm = dcgm_check(level, "\n".join(lines), missing=DCGM_MISSING in lines)
+    report = judge(ctx.plan, GpuHealth().process(output.stdout_lines), ctx.probe, dcgm)
     _record(ctx, report)
     return report["ok"] or refuse(state, host, [f"admission: {r}" for r in report["reasons"]])
 
 
 @operation(is_idempotent=False)
-def admitted_after_stack(ctx: HostRun):
-    """The driver changes in this run: what preflight read is not what will serve, so judge after the stack."""
+def admitted_at_execution(ctx: HostRun):
+    """Judged while executing, not from preflight's read: the driver changes in this run (what preflight read is
+    not what will serve), or DCGM's diagnostic runs (minutes: not a fact to gather while planning)."""
     yield FunctionCommand(_judged_now, (ctx,), {})
 
 
@@ -112,8 +135,9 @@ def run(ctx: HostRun) -> bool:
         host.noop("admission judges NVIDIA and AMD GPUs" if plan.admission else "admission: false for this host")
         return True
     probe = ctx.probe
-    if replaces_driver(plan, probe):
-        admitted_after_stack(name="Admission (GPUs read after the driver change)", ctx=ctx)
+    if replaces_driver(plan, probe) or _dcgm_level(plan):
+        when = "after the driver change" if replaces_driver(plan, probe) else f"with DCGM diagnostic level {_dcgm_level(plan)}"
+        admitted_at_execution(name=f"Admission (GPUs read {when})", ctx=ctx)
     else:
         report = judge(plan, probe.get("gpu_health") or host.get_fact(GpuHealth), probe)
         _record(ctx, report)
