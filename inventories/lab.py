@@ -76,6 +76,8 @@ lab_hosts = [
         "admission": spec.get("admission", False),
         # MODELFLEET_LAB_ADMISSION_H2D=1: the gate also asks for copy bandwidth (the lab's containers have no GPU)
         "admission_h2d": bool(os.environ.get("MODELFLEET_LAB_ADMISSION_H2D")),
+        # MODELFLEET_LAB_DCGM_LEVEL=N: admission also runs DCGM's diagnostic (the persona's recording, where it has one)
+        "admission_dcgm_level": int(os.environ.get("MODELFLEET_LAB_DCGM_LEVEL", "0")),
         # Hosts made bare (`lab up --persona h200x1-bare`) get their driver, Fabric Manager, Docker and toolkit
         # from the lab's apt repositories (the real URLs' paths on 127.0.0.1:5080); the others come pre-built.
         "gpu_stack": spec.get("bare", False),

@@ -187,8 +187,10 @@ def _host_mounts(spec: dict) -> list[str]:
                 f"{STATE / 'debian-lab.list'}:/etc/apt/sources.list.d/debian-lab.list:ro"]
     if (persona_dir(spec["recordings"]) / "amd-smi-static.json").exists():  # a pre-built AMD host: ROCm's tool
         return [f"{docker_cli}:/usr/bin/docker:ro", f"{persona / 'amd-smi'}:/usr/local/bin/amd-smi:ro"]
+    dcgm = ([f"{persona / 'dcgmi'}:/usr/local/bin/dcgmi:ro"]
+            if (persona_dir(spec["recordings"]) / "dcgmi-diag.json").exists() else [])  # DCGM where it is recorded
     return [f"{docker_cli}:/usr/bin/docker:ro", f"{persona / 'nvidia-smi'}:/usr/local/bin/nvidia-smi:ro",
-            f"{persona / 'nv-fabricmanager'}:/usr/local/bin/nv-fabricmanager:ro"]
+            f"{persona / 'nv-fabricmanager'}:/usr/local/bin/nv-fabricmanager:ro", *dcgm]
 
 
 def _claim(spec: dict) -> bool:

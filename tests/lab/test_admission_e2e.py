@@ -37,12 +37,18 @@ def judged(lab_hosts, tmp_path_factory):
     admit = run_modelfleet("admit", "inventories/lab.py", env=env, cwd=REPO_ROOT, timeout=600)
     admit_s = time.monotonic() - started_at
     status = run_modelfleet("status", "inventories/lab.py", "--json", env=env, cwd=REPO_ROOT, timeout=120)
+    # DCGM's diagnostic at level 1: the H200 passes, the DCGM fault persona fails its memory test, and the B300
+    # board (no dcgmi recorded) is refused for lacking dcgmi
+    dcgm_fault = lab.up(len(personas) + 1, personas=personas + ["h200x1-dcgm-memory"], disks=1)[-1]
+    dcgm_env = {**env, "MODELFLEET_LAB_DCGM_LEVEL": "1",
+                "MODELFLEET_LAB_ONLY": ",".join([healthy["name"], dcgm_fault["name"], boards[0]["name"]])}
+    dcgm = run_modelfleet("admit", "inventories/lab.py", env=dcgm_env, cwd=REPO_ROOT, timeout=600)
     xid_host = next(s for s in faulty if s["persona"] == "h200x1-xid79")
     serve = run_pyinfra("inventories/lab.py", "deploys/serve.py", cwd=REPO_ROOT, timeout=600,
                         env={**env, "MODELFLEET_LAB_ONLY": xid_host["name"]})
-    yield {"admit": admit, "admit_s": admit_s, "status": status, "serve": serve, "healthy": healthy, "boards": boards, "faulty": faulty,
+    yield {"admit": admit, "admit_s": admit_s, "dcgm": dcgm, "dcgm_fault": dcgm_fault, "status": status, "serve": serve, "healthy": healthy, "boards": boards, "faulty": faulty,
            "xid_host": xid_host}
-    lab.remove([s["name"] for s in started])
+    lab.remove([s["name"] for s in started] + [dcgm_fault["name"]])
 
 
 def test_the_recorded_h200_is_admitted_and_each_fault_is_refused_by_its_own_check(judged):
@@ -62,6 +68,16 @@ def test_the_recorded_h200_is_admitted_and_each_fault_is_refused_by_its_own_chec
     assert judged["admit_s"] < 60, judged["admit_s"]
     xid = reports[judged["xid_host"]["name"]]
     assert "Xid 79" in xid["reasons"][0] and "fallen off the bus" in xid["reasons"][0]
+
+
+def test_dcgm_diagnostic_by_setting(judged):
+    reports = {r["host"]: r for r in json.loads(judged["dcgm"].stdout)}
+    healthy, fault, board = judged["healthy"]["name"], judged["dcgm_fault"]["name"], judged["boards"][0]["name"]
+    assert reports[healthy]["ok"] and any(c["check"] == "dcgm_diag" for c in reports[healthy]["checks"])
+    assert reports[fault]["reasons"] == [
+        "DCGM diagnostic level 1 failed: memory (GPU 0: Memory error detected (lab fault persona))"]
+    assert reports[board]["reasons"] == [
+        "admission_dcgm_level is 1 but the host has no dcgmi (install DCGM, or set 0)"]
 
 
 def test_status_shows_each_hosts_verdict(judged):
