@@ -237,14 +237,16 @@ def parse_dcgm_diag(text: str) -> dict | None:
 
 
 def dcgm_check(level: int, output: str, missing: bool) -> dict:
-    """The `dcgm_diag` check: refused when dcgmi is absent, printed no JSON, reported a runtime error or no
-    test at all, or a test failed (a warning or a skip passes, as DCGM's own overall result has it)."""
+    """The `dcgm_diag` check: refused when dcgmi is absent, printed no JSON, reported a runtime error, passed no
+    test at all (every test skipped or not run proves nothing), or a test failed (a warning or a skip beside
+    passing tests passes, as DCGM's own overall result has it)."""
     if missing:
         return _check("dcgm_diag", None, "no dcgmi", f"level {level}", False,
                       f"admission_dcgm_level is {level} but the host has no dcgmi (install DCGM, or set 0)")
     diag = parse_dcgm_diag(output)
-    if diag is None or diag["runtime_error"] or not diag["tests"]:
-        why = (diag or {}).get("runtime_error") or (output.strip().splitlines() or ["no output"])[0]
+    if diag is None or diag["runtime_error"] or not any(t["status"] == "pass" for t in diag["tests"]):
+        why = ((diag or {}).get("runtime_error") or ("no test passed" if diag else None)
+               or (output.strip().splitlines() or ["no output"])[0])
         return _check("dcgm_diag", None, "no result", f"level {level}", False,
                       f"dcgmi diag -r {level} gave no result: {why}")
     failed = [t for t in diag["tests"] if t["status"] == "fail"]

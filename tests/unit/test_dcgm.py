@@ -39,7 +39,10 @@ def test_no_dcgmi_or_no_json_or_no_test_refuses():
     no_engine = "Error: unable to establish a connection to the specified host: localhost"  # wording not verbatim
     assert dcgm_check(1, no_engine, missing=False)["reason"] == f"dcgmi diag -r 1 gave no result: {no_engine}"
     empty = dcgm_check(1, '{"DCGM Diagnostic": {"test_categories": []}}', missing=False)
-    assert not empty["ok"]
+    assert empty["reason"] == "dcgmi diag -r 1 gave no result: no test passed"
+    skipped = '{"DCGM Diagnostic": {"test_categories": [{"category": "Hardware", "tests": [' \
+              '{"name": "memory", "results": [], "test_summary": {"status": "Not Run"}}]}]}}'
+    assert not dcgm_check(1, skipped, missing=False)["ok"]
     error = dcgm_check(1, '{"DCGM Diagnostic": {"runtime_error": "GPU 0 is busy"}}', missing=False)
     assert error["reason"].endswith("GPU 0 is busy")
 
