@@ -1,1 +1,1 @@
-"""pyinfra facts: each parses real command output (see shared/fixtures and tests/facts)."""
+"""pyinfra facts: each parses real command output (see tests/fixtures and tests/facts)."""
