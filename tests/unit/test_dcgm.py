@@ -1,30 +1,23 @@
 """DCGM's diagnostic for admission (pure): `dcgmi diag -j` in DCGM 3's layout (NVIDIA's own test string) and DCGM
 4's (shaped after NVIDIA's JSON schema: no verbatim DCGM 4 output was found), and the dcgm_diag check."""
 
-from pathlib import Path
-
 from modelfleet.health import dcgm_check, parse_dcgm_diag
 from modelfleet.host_commands import DCGM_MISSING, dcgm_diag_sh
 from modelfleet.inventory import resolve
 from modelfleet.stages.admission import judge
-
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-
-
-def sample(name: str) -> str:
-    return (FIXTURES / "public-samples" / name).read_text().split("# ---\n", 1)[1]
+from tests.public_samples import public_sample
 
 
 def test_dcgm3_layout_is_read_and_a_skip_on_one_gpu_passes():
-    diag = parse_dcgm_diag(sample("dcgm3-diag-json-nvidia-test-string-excerpt.txt"))
+    diag = parse_dcgm_diag(public_sample("dcgm3-diag-json-nvidia-test-string-excerpt.txt"))
     assert [(t["name"], t["status"]) for t in diag["tests"]] == [
         ("Denylist", "pass"), ("NVML Library", "pass"), ("Persistence Mode", "pass"), ("memory", "pass")]  # skipped on GPU 0, passed on 1
-    check = dcgm_check(1, sample("dcgm3-diag-json-nvidia-test-string-excerpt.txt"), missing=False)
+    check = dcgm_check(1, public_sample("dcgm3-diag-json-nvidia-test-string-excerpt.txt"), missing=False)
     assert check["ok"] and check["value"] == []
 
 
 def test_dcgm4_layout_fails_on_a_failed_test_naming_it_and_its_warning():
-    text = "WARNING: a line dcgmi printed before the JSON\n" + sample("dcgm4-diag-json-schema-shaped-memory-fail.txt")
+    text = "WARNING: a line dcgmi printed before the JSON\n" + public_sample("dcgm4-diag-json-schema-shaped-memory-fail.txt")
     diag = parse_dcgm_diag(text)
     assert [(t["category"], t["name"], t["status"]) for t in diag["tests"]] == [
         ("Deployment", "software", "pass"), ("Hardware", "memory", "fail")]
@@ -58,8 +51,8 @@ def test_the_verdict_carries_the_dcgm_check_and_the_inventory_bounds_the_level()
     assert plan.admission_dcgm_level == 2
     assert any(f == "admission_dcgm_level" for _, f, _ in resolve([("h", {**data, "admission_dcgm_level": 5})]).errors)
     from tests.stages.test_admission import health
-    failed = dcgm_check(2, sample("dcgm4-diag-json-schema-shaped-memory-fail.txt"), missing=False)
+    failed = dcgm_check(2, public_sample("dcgm4-diag-json-schema-shaped-memory-fail.txt"), missing=False)
     report = judge(plan, health(1, {}), {}, failed)
     assert not report["ok"] and report["reasons"] == [failed["reason"]]
-    passed = dcgm_check(1, sample("dcgm3-diag-json-nvidia-test-string-excerpt.txt"), missing=False)
+    passed = dcgm_check(1, public_sample("dcgm3-diag-json-nvidia-test-string-excerpt.txt"), missing=False)
     assert judge(plan, health(1, {}), {}, passed)["ok"]

@@ -8,6 +8,7 @@ import pytest
 
 from modelfleet import health
 from modelfleet.health import FATAL_XIDS, parse_smi_xml, parse_xids, verdict
+from tests.public_samples import public_sample_lines
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 H200_XML = (FIXTURES / "gpu-hosts" / "h200x1-ubuntu2404" / "nvidia-smi-q-x.txt").read_text().split("__rc=")[0]
@@ -104,17 +105,13 @@ def test_status_shows_each_hosts_admission_and_its_age(tmp_path, monkeypatch):
     assert cells == ["2.0h", "expired", "refused", "-"]
 
 
-def sample(name: str) -> list[str]:
-    """A public sample's output lines (its provenance header dropped)."""
-    return (FIXTURES / "public-samples" / name).read_text().split("# ---\n", 1)[1].splitlines()
-
 
 def test_nvlink_status_parsed_from_public_samples_and_the_real_h200():
-    h100 = health.parse_nvlink(sample("h100-nvidia-smi-nvlink-status-i0.txt"))
+    h100 = health.parse_nvlink(public_sample_lines("h100-nvidia-smi-nvlink-status-i0.txt"))
     assert h100 == {0: {"links": 18, "inactive": []}}
-    b300 = health.parse_nvlink(sample("b300x7-nvidia-smi-nvlink-status.txt"))
+    b300 = health.parse_nvlink(public_sample_lines("b300x7-nvidia-smi-nvlink-status.txt"))
     assert sorted(b300) == list(range(7)) and all(g == {"links": 18, "inactive": []} for g in b300.values())
-    v100 = health.parse_nvlink(sample("v100-nvidia-smi-nvlink-s-inactive.txt"))
+    v100 = health.parse_nvlink(public_sample_lines("v100-nvidia-smi-nvlink-s-inactive.txt"))
     assert v100 == {3: {"links": 6, "inactive": [3, 5]}}
     # The lent H200 (one GPU in a VM): `nvidia-smi nvlink --status` printed nothing, rc 0
     real = (FIXTURES / "gpu-hosts" / "h200x1-ubuntu2404" / "nvidia-smi-nvlink-status.txt").read_text()
@@ -122,7 +119,7 @@ def test_nvlink_status_parsed_from_public_samples_and_the_real_h200():
 
 
 def test_an_inactive_nvlink_refuses_its_gpu_and_a_gpu_listing_no_link_is_not_judged():
-    inactive = health.parse_nvlink(sample("v100-nvidia-smi-nvlink-s-inactive.txt"))
+    inactive = health.parse_nvlink(public_sample_lines("v100-nvidia-smi-nvlink-s-inactive.txt"))
     gpus = parse_smi_xml(H200_XML)
     for gpu in gpus:
         gpu["index"] = 3  # the capture's one GPU, numbered as the sample's
@@ -133,10 +130,10 @@ def test_an_inactive_nvlink_refuses_its_gpu_and_a_gpu_listing_no_link_is_not_jud
 
 
 def test_a_gpu_off_the_bus_without_an_xid_line_counts_as_xid_79():
-    three_lines = parse_xids(sample("nvrm-fallen-off-the-bus-without-xid-570.txt"))
+    three_lines = parse_xids(public_sample_lines("nvrm-fallen-off-the-bus-without-xid-570.txt"))
     assert three_lines == [{"pci": "0000:b3:00.0", "xid": 79,
                             "text": "GPU has fallen off the bus (reported without an Xid line)"}]
-    one_line = parse_xids(sample("nvrm-gpu-at-fallen-off-the-bus-single-line.txt"))
+    one_line = parse_xids(public_sample_lines("nvrm-gpu-at-fallen-off-the-bus-single-line.txt"))
     assert [(e["pci"], e["xid"]) for e in one_line] == [("0000:01:00.0", 79)]  # reported twice, counted once
     gpus = parse_smi_xml(H200_XML)
     gpus[0]["bus_id"] = "00000000:B3:00.0"
@@ -150,7 +147,7 @@ def test_the_remote_grep_keeps_what_the_off_bus_parser_needs():
 
     from modelfleet.health import KERNEL_LOG_PATTERN
     for name in ("nvrm-fallen-off-the-bus-without-xid-570.txt", "nvrm-gpu-at-fallen-off-the-bus-single-line.txt"):
-        lines = sample(name)
+        lines = public_sample_lines(name)
         kept = subprocess.run(["grep", "-E", KERNEL_LOG_PATTERN], input="\n".join(lines), capture_output=True,
                               text=True).stdout.splitlines()
         assert parse_xids(kept) == parse_xids(lines) != [], name

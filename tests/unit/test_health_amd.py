@@ -8,14 +8,11 @@ from pathlib import Path
 
 from modelfleet.facts.health import MARK, GpuHealth
 from modelfleet.health import amd_verdict, parse_amd_metric, parse_amdgpu_faults
+from tests.public_samples import public_sample_lines
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 METRIC = (Path(__file__).resolve().parents[2] / "lab" / "personas" / "mi355x8-synthetic" / "amd-smi-metric.json").read_text()
 MEMORY = {i: 294912 for i in range(8)}
 
-
-def sample(name: str) -> list[str]:
-    return (FIXTURES / "public-samples" / name).read_text().split("# ---\n", 1)[1].splitlines()
 
 
 def judge(gpus, faults=(), **overrides):
@@ -39,11 +36,11 @@ def test_the_metric_json_is_read_wrapped_or_as_a_list_and_na_is_not_a_number():
 
 
 def test_amdgpu_fatal_lines_are_found_in_the_public_samples():
-    mi300x = parse_amdgpu_faults(sample("mi300x-dmesg-amdgpu-uncorrectable.txt"))
+    mi300x = parse_amdgpu_faults(public_sample_lines("mi300x-dmesg-amdgpu-uncorrectable.txt"))
     assert mi300x == [{"pci": "0000:68:00.0", "text": "uncorrectable hardware error"},
                       {"pci": "0000:9e:00.0", "text": "Accelerator Check Architecture events logged"},
                       {"pci": "0000:d4:00.0", "text": "Accelerator Check Architecture events logged"}]
-    assert parse_amdgpu_faults(sample("mi50-dmesg-amdgpu-uncorrectable.txt")) == [
+    assert parse_amdgpu_faults(public_sample_lines("mi50-dmesg-amdgpu-uncorrectable.txt")) == [
         {"pci": "0000:e3:00.0", "text": "uncorrectable hardware error"}]
     assert parse_amdgpu_faults(["[ 1.0] amdgpu 0000:05:00.0: amdgpu: MEM ECC is active."]) == []
 
@@ -66,7 +63,7 @@ def test_a_healthy_board_is_admitted_and_each_fault_refused_by_name():
 
 
 def test_a_fatal_kernel_line_refuses_the_host_naming_the_gpu_address():
-    faults = parse_amdgpu_faults(sample("mi300x-dmesg-amdgpu-uncorrectable.txt"))[:1]
+    faults = parse_amdgpu_faults(public_sample_lines("mi300x-dmesg-amdgpu-uncorrectable.txt"))[:1]
     report = judge(parse_amd_metric(METRIC), faults)
     assert not report["ok"]
     assert report["reasons"] == ["0000:68:00.0 since boot: RAS uncorrectable error (the driver resets the GPU) "
@@ -81,7 +78,7 @@ def test_links_are_not_judged_where_the_catalog_has_no_threshold():
 
 def test_the_health_read_carries_amd_smi_and_the_amdgpu_lines():
     output = [f"{MARK} smi", f"{MARK} nvlink", f"{MARK} amd", *METRIC.splitlines(), f"{MARK} kernel",
-              *sample("mi50-dmesg-amdgpu-uncorrectable.txt")[2:3], f"{MARK} id", "6.8.0", "boot-1"]
+              *public_sample_lines("mi50-dmesg-amdgpu-uncorrectable.txt")[2:3], f"{MARK} id", "6.8.0", "boot-1"]
     health = GpuHealth().process(output)
     assert health["gpus"] is None and len(health["amd_gpus"]) == 8
     assert health["amdgpu_faults"] == [{"pci": "0000:e3:00.0", "text": "uncorrectable hardware error"}]
@@ -92,7 +89,7 @@ def test_the_remote_grep_keeps_every_line_the_parsers_read():
     import subprocess
 
     from modelfleet.health import KERNEL_LOG_PATTERN
-    lines = sample("mi300x-dmesg-amdgpu-uncorrectable.txt") + sample("mi50-dmesg-amdgpu-uncorrectable.txt")
+    lines = public_sample_lines("mi300x-dmesg-amdgpu-uncorrectable.txt") + public_sample_lines("mi50-dmesg-amdgpu-uncorrectable.txt")
     lines.append("Dec 03 10:12:44 h200 kernel: NVRM: Xid (PCI:0000:00:06): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
     kept = subprocess.run(["grep", "-E", KERNEL_LOG_PATTERN], input="\n".join(lines), capture_output=True,
                           text=True).stdout.splitlines()
