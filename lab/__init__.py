@@ -185,10 +185,11 @@ def _host_mounts(spec: dict) -> list[str]:
         return [f"{docker_cli}:/opt/modelfleet-lab/docker-cli:ro",
                 f"{STATE / 'apt-archive-keyring.gpg'}:/usr/share/keyrings/modelfleet-lab-archive.gpg:ro",
                 f"{STATE / 'debian-lab.list'}:/etc/apt/sources.list.d/debian-lab.list:ro"]
-    if (persona_dir(spec["recordings"]) / "amd-smi-static.json").exists():  # a pre-built AMD host: ROCm's tool
+    recordings = persona_dir(spec["recordings"])
+    if (recordings / "amd-smi-static.json").exists():  # a pre-built AMD host: ROCm's tool
         return [f"{docker_cli}:/usr/bin/docker:ro", f"{persona / 'amd-smi'}:/usr/local/bin/amd-smi:ro"]
     dcgm = ([f"{persona / 'dcgmi'}:/usr/local/bin/dcgmi:ro"]
-            if (persona_dir(spec["recordings"]) / "dcgmi-diag.json").exists() else [])  # DCGM where it is recorded
+            if (recordings / "dcgmi-diag.json").exists() else [])  # DCGM where it is recorded
     return [f"{docker_cli}:/usr/bin/docker:ro", f"{persona / 'nvidia-smi'}:/usr/local/bin/nvidia-smi:ro",
             f"{persona / 'nv-fabricmanager'}:/usr/local/bin/nv-fabricmanager:ro", *dcgm]
 

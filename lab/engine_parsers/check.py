@@ -132,13 +132,16 @@ def _with_files(item: dict, folder: str) -> list[str]:
     return argv
 
 
+# engine -> (its command-line check, its parser-name registries)
+ENGINE_CHECKS = {"vllm": (check_vllm, vllm_registries), "sglang": (check_sglang, sglang_registries)}
+
+
 def check_argvs(items: list[dict]) -> dict:
-    checkers = {"vllm": (check_vllm, vllm_registries), "sglang": (check_sglang, sglang_registries)}
-    registries = {engine: checkers[engine][1]() for engine in {item["engine"] for item in items}}
+    registries = {engine: ENGINE_CHECKS[engine][1]() for engine in {item["engine"] for item in items}}
     results = []
     with tempfile.TemporaryDirectory() as folder:
         for item in items:
-            check, _ = checkers[item["engine"]]
+            check, _ = ENGINE_CHECKS[item["engine"]]
             error = check(_with_files(item, folder), registries[item["engine"]])
             results.append({"id": item["id"], "engine": item["engine"], "ok": error is None, "error": error})
     return {"versions": versions(), "results": results}
@@ -183,7 +186,7 @@ def write_flags(path: str) -> None:
                                                       f"{found['sglang']}'s ServerArgs parser (make engine-flags)"),
     }
     for engine, options in generated.items():
-        options["registries"] = (vllm_registries if engine == "vllm" else sglang_registries)()
+        options["registries"] = ENGINE_CHECKS[engine][1]()
     table.update(generated)
     with open(path, "w") as f:
         json.dump(table, f, indent=1)

@@ -135,8 +135,9 @@ def run(ctx: HostRun) -> bool:
         host.noop("admission judges NVIDIA and AMD GPUs" if plan.admission else "admission: false for this host")
         return True
     probe = ctx.probe
-    if replaces_driver(plan, probe) or _dcgm_level(plan):
-        when = "after the driver change" if replaces_driver(plan, probe) else f"with DCGM diagnostic level {_dcgm_level(plan)}"
+    new_driver, dcgm_level = replaces_driver(plan, probe), _dcgm_level(plan)
+    if new_driver or dcgm_level:
+        when = "after the driver change" if new_driver else f"with DCGM diagnostic level {dcgm_level}"
         admitted_at_execution(name=f"Admission (GPUs read {when})", ctx=ctx)
     else:
         report = judge(plan, probe.get("gpu_health") or host.get_fact(GpuHealth), probe)
