@@ -7,6 +7,7 @@ from modelfleet.stages import (
     exporters,
     gpu_driver,
     images,
+    imex,
     model,
     netcheck,
     os_base,
@@ -16,5 +17,5 @@ from modelfleet.stages import (
     verify,
 )
 
-run_stages(preflight, os_base, gpu_driver, container_runtime, admission, storage, model, images, netcheck, service,
-           verify, exporters)
+run_stages(preflight, os_base, gpu_driver, container_runtime, admission, storage, model, images, imex, netcheck,
+           service, verify, exporters)

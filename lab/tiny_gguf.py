@@ -8,6 +8,10 @@ bytes (a JSON string the grammar opens gets closed), non-printable bytes and str
 text stays ASCII), and `<tool_call>` is as likely as a common byte, its newline and `</tool_call>` follow
 when the grammar leads there, and the turn ends after the call. Written with llama.cpp's own `gguf` package;
 the same seed gives the same file.
+
+With `experts`, each layer's feed-forward is a mixture of experts instead (llama.cpp's llama architecture with
+`expert_count`: a router and stacked expert tensors, which --cpu-moe / --n-cpu-moe keep in host RAM); the
+experts' output is scaled so the residual stream, and with it the behaviour above, stays as with the dense FFN.
 """
 
 from __future__ import annotations
@@ -71,7 +75,7 @@ def _byte_tokens() -> list[str]:
     return [chars[b] for b in range(256)]
 
 
-def write(path: Path, seed: int = 0) -> Path:
+def write(path: Path, seed: int = 0, experts: int = 0, experts_used: int = 2, expert_ffn: int = FFN) -> Path:
     rng = np.random.default_rng(seed)
     vocab = FIRST_SPECIAL + len(SPECIALS)
 
@@ -107,6 +111,9 @@ def write(path: Path, seed: int = 0) -> Path:
     writer.add_head_count_kv(HEADS)
     writer.add_rope_dimension_count(EMBED // HEADS)
     writer.add_layer_norm_rms_eps(1e-5)
+    if experts:
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(experts_used)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
@@ -123,6 +130,14 @@ def write(path: Path, seed: int = 0) -> Path:
         for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
             writer.add_tensor(f"blk.{i}.{name}.weight", noise(EMBED, EMBED))
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(EMBED, dtype=np.float32))
+        if experts:
+            writer.add_tensor(f"blk.{i}.ffn_gate_inp.weight", noise(experts, EMBED))
+            writer.add_tensor(f"blk.{i}.ffn_gate_exps.weight", noise(experts, expert_ffn, EMBED))
+            writer.add_tensor(f"blk.{i}.ffn_up_exps.weight", noise(experts, expert_ffn, EMBED))
+            # a wider expert sums more terms: shrink its output to the dense FFN's size
+            down = noise(experts, EMBED, expert_ffn) * np.float32(np.sqrt(FFN / expert_ffn))
+            writer.add_tensor(f"blk.{i}.ffn_down_exps.weight", down)
+            continue
         writer.add_tensor(f"blk.{i}.ffn_gate.weight", noise(FFN, EMBED))
         writer.add_tensor(f"blk.{i}.ffn_up.weight", noise(FFN, EMBED))
         writer.add_tensor(f"blk.{i}.ffn_down.weight", noise(EMBED, FFN))
@@ -136,4 +151,6 @@ def write(path: Path, seed: int = 0) -> Path:
 
 
 if __name__ == "__main__":
-    print(write(Path(sys.argv[1])))
+    # tiny_gguf.py PATH [EXPERTS [EXPERT_FFN]]
+    print(write(Path(sys.argv[1]), experts=int(sys.argv[2]) if len(sys.argv) > 2 else 0,
+                expert_ffn=int(sys.argv[3]) if len(sys.argv) > 3 else FFN))

@@ -5,7 +5,7 @@ from pathlib import Path
 __version__ = "0.1.0"
 
 # templates/ (jinja2) and files/ (payloads copied to hosts) ship inside the package; the repository's top-level
-# templates/ and files/ are links to them (the card fixes the top level).
+# templates/ and files/ are links to them.
 PACKAGE_DIR = Path(__file__).resolve().parent
 TEMPLATES_DIR = PACKAGE_DIR / "templates"
 FILES_DIR = PACKAGE_DIR / "files"

@@ -11,7 +11,8 @@ import click
 
 from modelfleet import render
 from modelfleet.catalog import load_catalog
-from modelfleet.inventory import resolve_inventory
+from modelfleet.inventory import open_inventory
+from modelfleet.inventory.door import parse_data
 from modelfleet.planner import plan_capacity
 
 
@@ -19,7 +20,40 @@ def _emit(data, as_json: bool, text: str) -> None:
     click.echo(json.dumps(data, indent=2, default=str) if as_json else text)
 
 
-@click.group()
+def inventory_options(command):
+    """pyinfra's own options for what the inventory holds (`--group-data`, `--data`): every command reads the
+    inventory as `pyinfra INVENTORY ... --group-data ... --data ...` started here would."""
+    command = click.option("--data", "data", multiple=True, metavar="KEY=VALUE",
+                           help="Override data for every host, as pyinfra's --data (repeatable).")(command)
+    return click.option("--group-data", "group_data", multiple=True, type=click.Path(exists=True, file_okay=False),
+                        help="Another group_data folder, as pyinfra's --group-data (repeatable).")(command)
+
+
+def limit_option(command):
+    """pyinfra's `--limit` (a host name, a glob of host names, or a group; repeatable); `--host` is the same."""
+    command = click.option("--host", "hosts", multiple=True, hidden=True)(command)
+    return click.option("--limit", "limit", multiple=True, metavar="HOST|GROUP",
+                        help="Only these hosts: a name, a glob or a group, as pyinfra's --limit (repeatable).")(command)
+
+
+def _selected(result, limit=(), hosts=()) -> list[str]:
+    from modelfleet.inventory.door import limit as pick
+
+    try:
+        return pick(result, tuple(limit) + tuple(hosts))
+    except ValueError as error:
+        raise click.UsageError(str(error)) from None
+
+
+def _open(inventory: str, group_data=(), data=(), offline: bool = False):
+    try:
+        overrides = parse_data(data)
+    except ValueError as error:
+        raise click.UsageError(str(error)) from None
+    return open_inventory(inventory, group_data=tuple(group_data), data=overrides, offline=offline)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option()
 def main() -> None:
     """Turn GPU servers into serving nodes for open-weight models (pyinfra stages + checks)."""
@@ -27,24 +61,42 @@ def main() -> None:
 
 @main.command()
 @click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
+@inventory_options
+@click.option("--offline", is_flag=True, help="Do not look at the control node's secrets (API keys, hub token): "
+                                              "those checks are reported as skipped; for CI.")
+@click.option("--strict", is_flag=True, help="Warnings are errors (exit 2).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def validate(inventory: str, as_json: bool) -> None:
-    """Check INVENTORY against the catalog; report every problem at once (exit 2 if any)."""
-    result = resolve_inventory(inventory)
-    data = {"ok": not result.errors, "hosts": sorted(result.hosts), "pools": {
+def validate(inventory: str, group_data, data, offline: bool, strict: bool, as_json: bool) -> None:
+    """Check INVENTORY against the catalog, as `pyinfra INVENTORY ...` run from here would load it; report
+    every problem at once (exit 2 if any), then warnings and the files read."""
+    result = _open(inventory, group_data, data, offline)
+    refused = result.errors + (result.warnings if strict else [])
+
+    def listed(problems):
+        return [{"where": w, "field": f, "message": m} for w, f, m in problems]
+
+    out = {"ok": not refused, "hosts": sorted(result.hosts), "pools": {
         name: {"hosts": pool.hosts, "recipe": pool.services[0].recipe.id} for name, pool in result.pools.items()},
-        "errors": [{"where": w, "field": f, "message": m} for w, f, m in result.errors]}
-    text = result.error_report() if result.errors else (
-        f"ok: {len(result.hosts)} host(s), {len(result.pools)} pool(s)")
-    _emit(data, as_json, text)
-    sys.exit(2 if result.errors else 0)
+        "errors": listed(refused), "warnings": listed(result.warnings), "skipped": listed(result.skipped),
+        "group_data_files": result.group_data_files, "site_recipe_files": result.site_recipe_files}
+    lines = [result.error_report(refused)] if refused else [
+        f"ok: {len(result.hosts)} host(s), {len(result.pools)} pool(s)"]
+    if not strict:
+        lines += [f"warning: {w}: {f}: {m}" for w, f, m in result.warnings]
+    lines += [f"skipped: {w}: {f}: {m}" for w, f, m in result.skipped]
+    lines.append("group_data read: " + (", ".join(result.group_data_files) or
+                                        "none (looked in " + ", ".join(result.group_data_folders) + ")"))
+    if result.site_recipe_files:
+        lines.append("site recipes read: " + ", ".join(result.site_recipe_files))
+    _emit(out, as_json, "\n".join(lines))
+    sys.exit(2 if refused else 0)
 
 
 @main.command()
 @click.option("--model", required=True, help="Catalog model id, e.g. kimi-k3.1-pro.")
 @click.option("--hardware", required=True, help="Catalog hardware id, e.g. b300.")
 @click.option("--gpus", type=click.IntRange(min=1, max=72), required=True, help="GPUs per node.")
-@click.option("--nodes", type=click.IntRange(min=1, max=1024), default=1, show_default=True)
+@click.option("--nodes", type=click.IntRange(min=1, max=1024), default=1, show_default=True, help="Hosts in the pool.")
 @click.option("--keep-revisions", type=click.IntRange(min=0, max=100), default=1, show_default=True,
               help="Rollback copies kept on disk.")
 @click.option("--json", "as_json", is_flag=True, help="Print the full plan as JSON.")
@@ -73,57 +125,134 @@ def plan(model: str, hardware: str, gpus: int, nodes: int, keep_revisions: int, 
 @main.command("render")
 @click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
 @click.argument("host")
-def render_cmd(inventory: str, host: str) -> None:
-    """Print HOST's systemd unit(s) and env file(s), secrets masked (images shown by tag, unpinned)."""
-    result = resolve_inventory(inventory)
-    if result.errors:
-        click.echo(result.error_report(), err=True)
-        sys.exit(2)
+@inventory_options
+@click.option("--json", "as_json", is_flag=True, help="Print the files (path, mode, content) and notes as JSON.")
+def render_cmd(inventory: str, host: str, group_data, data, as_json: bool) -> None:
+    """Print HOST's systemd unit(s) and env file(s) as the run writes them, secrets masked (images shown by
+    tag: the run pins them to digests)."""
+    result = _resolved_or_exit(inventory, group_data, data)
     if host not in result.hosts:
         raise click.UsageError(f"no host {host!r} in {inventory} (hosts: {', '.join(sorted(result.hosts))})")
+    files, notes = [], []
     for svc in result.hosts[host].services:
-        click.echo(f"# recipe {svc.recipe.id} ({'verified' if svc.recipe.verified else 'not verified'} by "
-                   f"modelfleet; source: {svc.recipe.source})")
-        click.echo(f"# image {svc.image}: {svc.engine_name} flags checked with {svc.engine_name} "
-                   f"{svc.recipe.engine_version}'s parser")
+        notes.append(f"recipe {svc.recipe.id} ({'verified' if svc.recipe.verified else 'not verified'} by "
+                     f"modelfleet; source: {svc.recipe.source})")
+        notes.append(f"image {svc.image}: {svc.engine_name} flags checked with {svc.engine_name} "
+                     f"{svc.recipe.engine_version}'s parser")
         fraction = (f"{svc.engine.memory_fraction_flag} {svc.recipe.memory_fraction}" if svc.engine.memory_fraction_flag
                     else f"{svc.recipe.memory_fraction} (planning only: {svc.engine_name} has no such flag)")
-        click.echo(f"# memory fraction the plan sized with: {fraction}; clients call it: "
-                   f"{', '.join(render.served_names(svc))}; GPUs: {', '.join(map(str, svc.gpu_indices)) or 'none'}")
-        click.echo(f"# ==> /etc/systemd/system/{svc.unit_name}")
-        click.echo(render.render_unit(svc))
-        click.echo(f"# ==> {svc.env_file} (0600)")
-        click.echo(render.render_env(svc, mask=True))
+        notes.append(f"memory fraction the plan sized with: {fraction}; clients call it: "
+                     f"{', '.join(render.served_names(svc))}; GPUs: {', '.join(map(str, svc.gpu_indices)) or 'none'}")
+        svc = _with_expected_fabric(result, svc, notes)
+        files.append({"path": f"/etc/systemd/system/{svc.unit_name}", "mode": "0644",
+                      "content": render.render_unit(svc)})
+        files.append({"path": svc.env_file, "mode": "0600", "content": render.render_env(svc, mask=True)})
         secrets = render.render_secrets_config(svc, mask=True)
         if secrets:
-            click.echo(f"# ==> {svc.secrets_config_file} (0600)\n{secrets}")
+            files.append({"path": svc.secrets_config_file, "mode": "0600", "content": secrets})
+    if as_json:
+        click.echo(json.dumps({"host": host, "files": files, "notes": notes}, indent=2))
+        return
+    click.echo("\n".join(f"# {note}" for note in notes))
+    for f in files:
+        click.echo(f"# ==> {f['path']}" + (f" ({f['mode']})" if f["mode"] == "0600" else ""))
+        click.echo(f["content"])
 
 
-def _resolved_or_exit(inventory: str):
-    result = resolve_inventory(inventory)
+def _with_expected_fabric(result, svc, notes: list[str]):
+    """A pool across hosts: the fabric the run would derive for this member from what the inventory and the
+    catalog say (the facts decide at run time), with the reason for each value."""
+    from dataclasses import replace
+
+    from modelfleet import fabric
+
+    if svc.nnodes == 1:
+        return svc
+    expected = getattr(fabric, "expected", None)
+    if expected is None:
+        notes.append(f"pool {svc.pool} fabric: derived from the members' facts when the run starts")
+        return svc
+    pool = expected(svc.pool, [result.hosts[name] for name in result.pools[svc.pool].hosts])
+    notes += [f"pool {svc.pool} fabric: refused: {where}: {field}: {message}" for where, field, message in pool.errors]
+    mine = pool.hosts.get(svc.host)
+    if mine is None:
+        return svc
+    notes += [f"fabric {name}: {why}" for name, why in mine.reasons.items()]
+    return replace(svc, fabric=mine)
+
+
+SECRET_DATA = ("ssh_password", "ssh_key_password", "winrm_password")  # pyinfra's keys whose values are secrets
+
+
+@main.command()
+@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
+@click.argument("host")
+@inventory_options
+@click.option("--json", "as_json", is_flag=True, help="Print the settings as JSON.")
+def show(inventory: str, host: str, group_data, data, as_json: bool) -> None:
+    """HOST's merged settings and where each value came from (the inventory file, a group_data file, --data,
+    or the schema's default), as the run will see them."""
+    from modelfleet.inventory.schema import HostData
+
+    result = _resolved_or_exit(inventory, group_data, data)
+    if host not in result.data:
+        raise click.UsageError(f"no host {host!r} in {inventory} (hosts: {', '.join(result.data)})")
+    given, sources = result.data[host], result.sources.get(host, {})
+    rows = [{"key": k, "value": "***" if k in SECRET_DATA else v, "from": sources.get(k, "?")}
+            for k, v in sorted(given.items())]
+    rows += [{"key": k, "value": f.default, "from": "default"} for k, f in HostData.model_fields.items()
+             if k not in given and k != "services"]
+    width = max(len(r["key"]) for r in rows)
+    _emit(rows, as_json, "\n".join(f"{r['key']:<{width}}  {json.dumps(r['value'], default=str)}  ({r['from']})"
+                                   for r in rows))
+
+
+@main.command("catalog")
+@click.option("--json", "as_json", is_flag=True, help="Print the catalog as JSON.")
+def catalog_cmd(as_json: bool) -> None:
+    """The shipped catalog: models, hardware, and which recipe serves which model on which board with which
+    engine (verified by modelfleet, or from a guide only)."""
+    cat = load_catalog()
+    out = {"models": {m.id: {"hf_repo": m.hf_repo, "params_total": m.params_total, "weights": m.weights}
+                      for m in cat.models.values()},
+           "hardware": {h.id: {"vendor": h.vendor, "gpu": h.gpu_name, "gpus_per_node": h.gpus_per_node}
+                        for h in cat.hardware.values()},
+           "recipes": {r.id: {"model": r.model, "engine": r.engine, "hardware": r.hardware, "verified": r.verified,
+                              "nodes": r.layout.nodes, "gpus_per_node": r.layout.gpus_per_node,
+                              "source": r.source} for r in cat.recipes.values()}}
+    lines = ["models:"] + [f"  {k}  ({v['hf_repo']}, {v['params_total']}B, {v['weights']})"
+                           for k, v in out["models"].items()]
+    lines += ["hardware:"] + [f"  {k}  ({v['vendor']} {v['gpu'] or '-'} x{v['gpus_per_node']})"
+                              for k, v in out["hardware"].items()]
+    lines += ["recipes:"] + [f"  {k}  {v['model']} / {v['engine']} on {', '.join(v['hardware'])} "
+                             f"({v['nodes']} node(s) x {v['gpus_per_node']} GPUs; "
+                             f"{'verified' if v['verified'] else 'not verified'})" for k, v in out["recipes"].items()]
+    _emit(out, as_json, "\n".join(lines))
+
+
+def _resolved_or_exit(inventory: str, group_data=(), data=()):
+    result = _open(inventory, group_data, data)
     if result.errors:
         click.echo(result.error_report(), err=True)
         sys.exit(2)
     return result
 
 
-def _inventory_endpoints(inventory: str, hosts: tuple[str, ...]):
+def _inventory_endpoints(inventory: str, hosts: tuple[str, ...], group_data=(), data=()):
     from modelfleet.checks import inventory_endpoints
 
-    result = _resolved_or_exit(inventory)
-    unknown = sorted(set(hosts) - set(result.hosts))
-    if unknown:
-        raise click.UsageError(f"no host {', '.join(unknown)} in {inventory}")
-    return inventory_endpoints(result, hosts)
+    result = _resolved_or_exit(inventory, group_data, data)
+    return inventory_endpoints(result, tuple(_selected(result, hosts)))
 
 
 @main.command()
 @click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
-@click.option("--host", "hosts", multiple=True, help="Only these hosts (repeatable).")
+@limit_option
 @click.option("--ready-timeout", type=float, default=60, show_default=True, help="Seconds to wait for /health.")
-def verify(inventory: str, hosts: tuple[str, ...], ready_timeout: float) -> None:
+@inventory_options
+def verify(inventory: str, limit, hosts, ready_timeout: float, group_data, data) -> None:
     """Readiness, smoke and tool-call/multi-turn probe of every endpoint (JSON; exit 1 if any fails)."""
-    endpoints = _inventory_endpoints(inventory, hosts)
+    endpoints = _inventory_endpoints(inventory, tuple(limit) + tuple(hosts), group_data, data)
     from modelfleet.checks.probe import verify as verify_endpoint
 
     reports = [verify_endpoint(ep, ready_timeout) for ep in endpoints]
@@ -133,18 +262,18 @@ def verify(inventory: str, hosts: tuple[str, ...], ready_timeout: float) -> None
 
 @main.command()
 @click.argument("inventory", required=False, type=click.Path(exists=True, dir_okay=False))
-@click.option("--host", "hosts", multiple=True, help="Bench only these hosts' endpoints.")
+@limit_option
 @click.option("--base-url", help="Bench this OpenAI-compatible API instead (e.g. a hosted one), without /v1.")
 @click.option("--model", help="Model name for --base-url.")
 @click.option("--api-key-env", help="Environment variable holding the key for --base-url.")
 @click.option("--concurrency", default="1,4,16", show_default=True, help="Comma-separated levels.")
 @click.option("--num-prompts", type=int, default=32, show_default=True, help="Tasks per level.")
-@click.option("--input-len", type=int, default=128, show_default=True)
-@click.option("--output-len", type=int, default=128, show_default=True)
+@click.option("--input-len", type=int, default=128, show_default=True, help="Prompt tokens per task.")
+@click.option("--output-len", type=int, default=128, show_default=True, help="Tokens generated per task.")
 @click.option("--retries", type=int, default=0, show_default=True, help="Re-sends of a failed task.")
 @click.option("--no-metrics", is_flag=True, help="Do not scrape the engine's /metrics during the run.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="reports/bench", show_default=True)
-def bench(inventory, hosts, base_url, model, api_key_env, concurrency, num_prompts, input_len, output_len,
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="reports/bench", show_default=True, help="Where the JSON and PNG reports go.")
+def bench(inventory, limit, hosts, base_url, model, api_key_env, concurrency, num_prompts, input_len, output_len,
           retries, no_metrics, out_dir) -> None:
     """Acceptance bench (vLLM bench serve definitions): JSON + PNG per endpoint; exit 1 on regressions."""
     import os
@@ -163,7 +292,7 @@ def bench(inventory, hosts, base_url, model, api_key_env, concurrency, num_promp
         endpoints = [Endpoint(name=base_url.split("//")[-1], base_url=base_url.rstrip("/").removesuffix("/v1"),
                               model=model, engine="remote", api_key=key)]
     else:
-        endpoints = _inventory_endpoints(inventory, hosts)
+        endpoints = _inventory_endpoints(inventory, tuple(limit) + tuple(hosts))
     from modelfleet.checks.bench import bench as run_bench
 
     try:
@@ -184,7 +313,7 @@ def bench(inventory, hosts, base_url, model, api_key_env, concurrency, num_promp
 @main.command()
 @click.option("--run", "runs", multiple=True, required=True, metavar="LABEL=BENCH.json:PRICES.yaml",
               help="One row of the table: a bench result and its prices (repeat for a side-by-side).")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 def cost(runs: tuple[str, ...], as_json: bool) -> None:
     """Cost per successful task: (compute or API + storage/network + operations + human correction) / tasks."""
     from pathlib import Path
@@ -207,38 +336,40 @@ def cost(runs: tuple[str, ...], as_json: bool) -> None:
     _emit(rows, as_json, text)
 
 
-def _plans(inventory: str, hosts: tuple[str, ...]):
-    result = _resolved_or_exit(inventory)
-    unknown = sorted(set(hosts) - set(result.hosts))
-    if unknown:
-        raise click.UsageError(f"no host {', '.join(unknown)} in {inventory} (hosts: {', '.join(sorted(result.hosts))})")
-    return [plan for name, plan in result.hosts.items() if not hosts or name in hosts]
+def _plans(inventory: str, hosts: tuple[str, ...], group_data=(), data=()):
+    result = _resolved_or_exit(inventory, group_data, data)
+    return [result.hosts[name] for name in _selected(result, hosts)]
 
 
 @main.command()
 @click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
-@click.option("--host", "hosts", multiple=True, help="Only these hosts.")
-@click.option("--json", "as_json", is_flag=True)
-def status(inventory: str, hosts: tuple[str, ...], as_json: bool) -> None:
+@limit_option
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+@inventory_options
+def status(inventory: str, limit, hosts, as_json: bool, group_data, data) -> None:
     """Per host: unit state, image, model revision, endpoint health, restarts, GPUs (concurrently, over SSH)."""
     from modelfleet import fleet
 
-    rows = fleet.status(_plans(inventory, hosts))
+    rows = fleet.status(_plans(inventory, tuple(limit) + tuple(hosts), group_data, data))
     _emit(rows, as_json, fleet.status_table(rows))
     sys.exit(0 if all(r["reachable"] for r in rows) else 1)
 
 
 @main.command()
 @click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
-@click.argument("hosts", nargs=-1)
-@click.option("-n", "--lines", type=int, default=50, show_default=True)
+@click.argument("patterns", nargs=-1, metavar="[HOST|GROUP]...")
+@click.option("--limit", "limit", multiple=True, metavar="HOST|GROUP",
+              help="Only these hosts: a name, a glob or a group, as pyinfra's --limit (repeatable).")
+@click.option("-n", "--lines", type=int, default=50, show_default=True, help="Journal lines per unit.")
 @click.option("-f", "--follow", is_flag=True, help="Keep following (Ctrl-C to stop).")
-def logs(inventory: str, hosts: tuple[str, ...], lines: int, follow: bool) -> None:
-    """The engine units' journal from HOSTS (default: all), each line prefixed by its host."""
+@inventory_options
+def logs(inventory: str, patterns, limit, lines: int, follow: bool, group_data, data) -> None:
+    """The engine units' journal from the hosts given (names, globs or groups; default: all), each line
+    prefixed by its host."""
     from modelfleet import fleet
 
     try:
-        fleet.logs(_plans(inventory, hosts), lines, follow)
+        fleet.logs(_plans(inventory, tuple(patterns) + tuple(limit), group_data, data), lines, follow)
     except KeyboardInterrupt:
         pass
 
@@ -282,13 +413,23 @@ def tunnel(inventory: str, host: str, pool: str | None, local_port: int | None) 
 @click.option("--parallel", type=int, default=1, show_default=True, help="Single-node hosts switched at once.")
 @click.option("--min-healthy", type=int, default=0, show_default=True,
               help="Never leave fewer healthy endpoints than this while a batch switches.")
-def upgrade(inventory: str, parallel: int, min_healthy: int) -> None:
+@click.option("--limit", "limit", multiple=True, metavar="HOST|GROUP",
+              help="Only these hosts (a name, a glob or a group, as pyinfra's --limit), with the rest of their "
+                   "pools (repeatable).")
+@click.option("--dry", is_flag=True, help="Print the batches (JSON) and run nothing.")
+def upgrade(inventory: str, parallel: int, min_healthy: int, limit, dry: bool) -> None:
     """Rolling upgrade to what INVENTORY now says (image, revision, driver release): batch by batch (JSON)."""
     import os
 
-    from modelfleet.rollout import rollout
+    from modelfleet.inventory.door import whole
+    from modelfleet.rollout import batches, rollout
 
     result = _resolved_or_exit(inventory)
+    result = whole(result, _selected(result, limit))
+    if dry:
+        click.echo(json.dumps({"batches": [{"batch": n, "hosts": hosts} for n, hosts in
+                                           enumerate(batches(result, parallel), 1)]}, indent=2))
+        return
     report = rollout(inventory, result, parallel, min_healthy, env=dict(os.environ),
                      log=lambda line: click.echo(line, err=True))
     click.echo(json.dumps(report, indent=2))
@@ -300,13 +441,14 @@ def upgrade(inventory: str, parallel: int, min_healthy: int) -> None:
 @click.option("--dcgm", is_flag=True, help="Scrape a DCGM exporter on every NVIDIA host (:9400).")
 @click.option("--node-exporter", is_flag=True, help="Scrape a node exporter on every host (:9100).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write here instead of stdout.")
-def prometheus(inventory: str, dcgm: bool, node_exporter: bool, output: str | None) -> None:
+@inventory_options
+def prometheus(inventory: str, dcgm: bool, node_exporter: bool, output: str | None, group_data, data) -> None:
     """A Prometheus scrape configuration for the fleet, labelled by pool, host and model."""
     import yaml
 
     from modelfleet.prometheus import loopback_targets, scrape_config
 
-    result = _resolved_or_exit(inventory)
+    result = _resolved_or_exit(inventory, group_data, data)
     text = yaml.safe_dump(scrape_config(result, dcgm, node_exporter), sort_keys=False)
     if output:
         with open(output, "w") as f:
@@ -321,16 +463,20 @@ def prometheus(inventory: str, dcgm: bool, node_exporter: bool, output: str | No
 
 @main.command()
 @click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
-@click.option("--host", "hosts", multiple=True, help="Only these hosts (repeatable).")
-def admit(inventory: str, hosts: tuple[str, ...]) -> None:
+@limit_option
+@inventory_options
+def admit(inventory: str, limit, hosts, group_data, data) -> None:
     """GPU admission on every host (pyinfra, nothing changed): each host's checks as JSON; exit 1 if one is
     refused. Reports: reports/admission/<host>.json."""
-    from modelfleet.commands import run_pyinfra
+    from modelfleet.commands import deploy, run_pyinfra
     from modelfleet.operations.report import report_path
 
-    result = _resolved_or_exit(inventory)
+    result = _resolved_or_exit(inventory, group_data, data)
+    chosen = _selected(result, limit, hosts)
     started = time.time()
-    run = run_pyinfra(inventory, "modelfleet.deploys.admission", limit=hosts, timeout=600)
+    run = run_pyinfra(inventory, deploy("admission"), limit=chosen if (limit or hosts) else (), timeout=600,
+                      group_data=group_data,
+                      extra=[arg for pair in data for arg in ("--data", pair)])
 
     def this_runs(kind: str, name: str) -> dict | None:
         """The host's report of this run (an older one says nothing about this run)."""
@@ -338,7 +484,7 @@ def admit(inventory: str, hosts: tuple[str, ...]) -> None:
         return json.loads(path.read_text()) if path.exists() and path.stat().st_mtime >= started else None
 
     reports = []
-    for name in hosts or result.hosts:
+    for name in chosen:
         preflight = this_runs("preflight", name)
         if preflight and not preflight["ok"]:  # preflight stops a host (e.g. a GPU short) before admission
             report = {"host": name, "ok": False, "refused_by": "preflight", "checks": [],
@@ -359,19 +505,27 @@ def admit(inventory: str, hosts: tuple[str, ...]) -> None:
 @click.option("--shards", type=click.IntRange(min=1, max=256), default=1, show_default=True,
               help="pyinfra processes at once, each converging whole pools and checkpoint groups.")
 @click.option("--dry", is_flag=True, help="Print the shards (JSON) and run nothing.")
-def converge(inventory: str, deploy: str, shards: int, dry: bool) -> None:
+@click.option("--limit", "limit", multiple=True, metavar="HOST|GROUP",
+              help="Only these hosts (a name, a glob or a group, as pyinfra's --limit), with the rest of their "
+                   "pools and checkpoint groups (repeatable).")
+@inventory_options
+def converge(inventory: str, deploy: str, shards: int, dry: bool, limit, group_data, data) -> None:
     """Run DEPLOY on every host of INVENTORY in SHARDS pyinfra processes at once (a pool or checkpoint group is
     never split); each shard's output in reports/converge/shard-<k>.log, the summary as JSON; exit 1 if a
     shard failed."""
     from modelfleet import shards as sharding
 
-    result = _resolved_or_exit(inventory)
-    split = sharding.split(result, shards)
+    from modelfleet.inventory.door import whole
+
+    result = _resolved_or_exit(inventory, group_data, data)
+    split = sharding.split(whole(result, _selected(result, limit)), shards)
     if dry:
         click.echo(json.dumps({"shards": [{"shard": n, "hosts": hosts} for n, hosts in enumerate(split, 1)]},
                               indent=2))
         return
-    summary = sharding.converge(inventory, deploy, split, progress=lambda line: click.echo(line, err=True))
+    summary = sharding.converge(inventory, deploy, split, progress=lambda line: click.echo(line, err=True),
+                                options=[*[a for f in group_data for a in ("--group-data", f)],
+                                         *[a for pair in data for a in ("--data", pair)]])
     click.echo(json.dumps(summary, indent=2))
     sys.exit(0 if summary["ok"] else 1)
 
@@ -396,19 +550,30 @@ def _lab_module():
 
 
 @lab.command("up")
-@click.option("--hosts", type=int, default=3, show_default=True)
-@click.option("--persona", "personas", multiple=True, type=click.Choice(["h200x1", "b300x8-synthetic", "h200x1-bare", "b300x8-bare",
-                                                                    "mi355x8-bare"]),
-              help="GPU persona per host, repeated round-robin (default h200x1); *-bare hosts have no driver, "
-                   "Docker or toolkit yet (deploys/gpu_stack.py installs them).")
+@click.option("--hosts", type=int, default=3, show_default=True, help="How many lab hosts.")
+@click.option("--persona", "personas", multiple=True,
+              help="GPU persona per host, repeated round-robin (default h200x1; `modelfleet lab personas` lists "
+                   "them); *-bare hosts have no driver, Docker or toolkit yet (deploys/gpu_stack.py installs them).")
 @click.option("--disks", type=int, default=0, show_default=True,
               help="Loop devices per new host, standing in for NVMe drives (512 MiB sparse images).")
 def lab_up(hosts: int, personas: tuple[str, ...], disks: int) -> None:
     """Start HOSTS lab hosts (idempotent: running ones are kept)."""
     labmod = _lab_module()
+    unknown = sorted(set(personas) - set(labmod.PERSONAS))
+    if unknown:
+        raise click.UsageError(f"unknown persona {', '.join(unknown)} (personas: {', '.join(labmod.PERSONAS)})")
     specs = labmod.up(hosts, list(personas) or None, disks)
     click.echo(json.dumps([{k: s[k] for k in ("name", "address", "persona", "engine", "disks")} for s in specs],
                           indent=2))
+
+
+@lab.command("personas")
+def lab_personas() -> None:
+    """Every persona a lab host can take (hardware, GPUs, bare or pre-built, the fault it carries), as JSON."""
+    labmod = _lab_module()
+    click.echo(json.dumps({name: {"hardware": hw, "gpus": gpus, "bare": bare,
+                                  "fault_of": labmod.FAULTS.get(name, {}).get("base")}
+                           for name, (hw, gpus, _, bare) in labmod.PERSONAS.items()}, indent=2))
 
 
 @lab.command("down")

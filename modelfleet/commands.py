@@ -12,11 +12,23 @@ import sys
 from collections.abc import Iterable, Mapping
 
 
+# The stages' entry points by name, as the installed package has them (a checkout's deploys/*.py call the same).
+DEPLOYS = ("serve", "preflight", "admission", "gpu_stack", "prefetch", "storage", "model", "netcheck", "verify")
+
+
+def deploy(name: str) -> str:
+    """The pyinfra deploy argument for one of DEPLOYS (works from an installed package and a checkout alike)."""
+    if name not in DEPLOYS:
+        raise ValueError(f"no deploy {name!r} (deploys: {', '.join(DEPLOYS)})")
+    return f"modelfleet.deploys.{name}"
+
+
 def pyinfra_argv(inventory: str, deploy: str, *, limit: Iterable[str] = (), data: Mapping[str, object] = {},
-                 extra: Iterable[str] = (), yes: bool = True) -> list[str]:
+                 group_data: Iterable[str] = (), extra: Iterable[str] = (), yes: bool = True) -> list[str]:
     return [sys.executable, "-m", "pyinfra", *(["-y"] if yes else []),
             *[arg for name in limit for arg in ("--limit", name)],
             *[arg for key, value in data.items() for arg in ("--data", f"{key}={value}")],
+            *[arg for folder in group_data for arg in ("--group-data", folder)],
             *extra, inventory, deploy]
 
 

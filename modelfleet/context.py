@@ -5,7 +5,9 @@ pyinfra's State, so a new run (or a new test) never sees an older inventory or h
 - `plan` / `inventory`: this host's typed plan and the whole resolved inventory (pools, peers), resolved once;
   an inventory error stops the run before a host is changed.
 - `probe`: preflight's HostProbe for this host ({} when preflight did not run): later stages read its parts
-  instead of asking again.
+  instead of asking again; `probe_on(peer)` reads a peer's once (the same read its own preflight then uses).
+- `fabric(pool)`: a multi-node pool's derived fabric (interfaces, HCAs, devices, IMEX, env), from its members'
+  probes, computed once per pool.
 - `deployed()`: what the run's stages find on the host, one DeployedState round trip per host per run, read
   before anything runs (the union of the stages' `wants(plan, probe)`); `deployed_on(peer)` for stages that
   coordinate hosts (the model fan-out, the pool gates), so no host is asked twice.
@@ -26,8 +28,10 @@ from pyinfra import state as pyinfra_state
 from pyinfra.api import State
 from pyinfra.context import ctx_host, ctx_state
 
+from modelfleet.fabric import PoolFabric, derive
+from modelfleet.facts.probe import HostProbe
 from modelfleet.facts.state import DeployedState
-from modelfleet.inventory import HostPlan, InventoryError, Resolved, resolve
+from modelfleet.inventory import HostPlan, InventoryError, Resolved, door
 from modelfleet.units import starts
 
 KINDS = ("paths", "units", "images", "trees", "packages", "texts")
@@ -46,6 +50,8 @@ class _RunCache:
     pool_checks: dict[str, dict[str, dict]] = field(default_factory=dict)
     admission: dict[str, dict] = field(default_factory=dict)  # host -> its verdict in this run
     fanouts: dict[tuple, list] = field(default_factory=dict)  # checkpoint group -> its copy waves
+    probe_args: dict = field(default_factory=dict)  # HostProbe's run-wide arguments (preflight's `health`)
+    fabrics: dict[str, PoolFabric] = field(default_factory=dict)  # pool -> its fabric
 
 
 _runs: weakref.WeakKeyDictionary[State, _RunCache] = weakref.WeakKeyDictionary()
@@ -54,7 +60,7 @@ _runs: weakref.WeakKeyDictionary[State, _RunCache] = weakref.WeakKeyDictionary()
 def _cache() -> _RunCache:
     run = ctx_state.get()  # the State itself: pyinfra's `state` is a context proxy
     if run not in _runs:
-        result = resolve([(h.name, h.data.dict()) for h in run.inventory])
+        result = door.for_run([(h.name, h.data.dict()) for h in run.inventory])
         if result.errors:
             raise InventoryError(result.errors)
         _runs[run] = _RunCache(inventory=result)
@@ -74,6 +80,35 @@ class HostRun:
 
     def remember_probe(self, probe: dict) -> None:
         self._cache.probes[self.plan.name] = probe
+
+    def read_probe(self, **args) -> dict:
+        """This host's preflight probe (`args`: the run's, e.g. `health`), read once per run: a pool peer's
+        fabric may have read it already."""
+        self._cache.probe_args = args
+        return self.probe_on(self.plan.name)
+
+    def probe_on(self, name: str) -> dict:
+        """Host `name`'s HostProbe: one read per host per run, with its fabric part when it is in a multi-node
+        pool."""
+        cache = self._cache
+        with cache.locks.setdefault(f"probe {name}", Semaphore()):
+            if name not in cache.probes:
+                plan = cache.inventory.hosts[name]
+                target = pyinfra_state.inventory.get_host(name)
+                with ctx_host.use(target):
+                    cache.probes[name] = target.get_fact(HostProbe, model_root=plan.model_root,
+                                                         fabric=multi_node(plan), **cache.probe_args)
+        return cache.probes[name]
+
+    def fabric(self, pool: str) -> PoolFabric:
+        """The pool's fabric, derived once per run from its members' probes (head first)."""
+        cache = self._cache
+        with cache.locks.setdefault(f"fabric {pool}", Semaphore()):
+            if pool not in cache.fabrics:
+                names = cache.inventory.pools[pool].hosts
+                cache.fabrics[pool] = derive(pool, [(cache.inventory.hosts[n], self.probe_on(n).get("fabric"))
+                                                    for n in names])
+        return cache.fabrics[pool]
 
     def deployed(self) -> dict:
         return self.deployed_on(self.plan.name)
@@ -117,6 +152,11 @@ class HostRun:
             cache.pool_starts[pool] = any(starts(cache.inventory.hosts[name], self.deployed_on(name), pool)
                                           for name in cache.inventory.pools[pool].hosts)
         return cache.pool_starts[pool]
+
+
+def multi_node(plan: HostPlan) -> bool:
+    """Does the host serve a pool that spans hosts (its probe then reads the fabric)?"""
+    return any(svc.nnodes > 1 for svc in plan.services)
 
 
 def host_run(stages: tuple, alone: bool = False) -> HostRun:

@@ -97,13 +97,32 @@ def host_address(value: str) -> str | None:
     return "is neither an IP address nor a host name"
 
 
-# Directories a stage would take over (chmod 0700, formatting, pruning): never the top of the system.
-SYSTEM_DIRS = {"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/mnt", "/opt", "/proc", "/root",
-               "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/media", "/snap"}
+# The rule of owned_directory, in names.
+SYSTEM_TREES = ("bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run", "sbin", "sys", "usr",
+                "var", "snap", "lost+found")
+OWN_HOMES = ("/etc/modelfleet", "/var/lib/modelfleet")
+FHS_TOPS = ("home", "media", "mnt", "opt", "root", "srv", "tmp")
+VENDOR_TREES = re.compile(r"^/opt/(rocm|amdgpu|nvidia)[^/]*(/|$)")
+
+
+def _inside(path: str, top: str) -> bool:
+    return path == top or path.startswith(top + "/")
 
 
 def owned_directory(value: str) -> str | None:
-    """An absolute path modelfleet may own: normalised, not a system directory nor inside /proc, /sys, /dev."""
+    """
+    An absolute, normalised path modelfleet may take over (mkdir, chown, chmod 0700, a filesystem mounted on
+    it, revisions pruned in it): never a system directory, at any depth. The rule, in full (FHS 3.0 names):
+    - refused with everything below them: the system trees /bin /boot /dev /etc /lib /lib32 /lib64 /libx32
+      /proc /run /sbin /sys /usr /var /snap /lost+found, except modelfleet's own homes /etc/modelfleet and
+      /var/lib/modelfleet (and what is below them);
+    - refused themselves: the FHS top levels /, /home, /media, /mnt, /opt, /root, /srv, /tmp (a directory below
+      them is a site's own), a user's home (/home/NAME), and the hidden directories of a home with what is
+      below them (/root/.ssh, /home/NAME/.config/...); the GPU vendors' trees /opt/rocm*, /opt/amdgpu*,
+      /opt/nvidia* with what is below them;
+    - anything else is a site's own directory, a top level included (/data, /models, /nvme0, /raid0, /scratch).
+    At run time the stages still take over only a directory modelfleet made (operations.files.directory).
+    """
     if no_control(value):
         return no_control(value)
     if not value.startswith("/"):
@@ -114,10 +133,27 @@ def owned_directory(value: str) -> str | None:
     if any(p in (".", "..") for p in parts) or "//" in value:
         return "must be normalised (no `.`, `..` or `//`)"
     cleaned = "/" + "/".join(parts)
-    if cleaned in SYSTEM_DIRS or len(parts) < 2:
-        return f"{cleaned} is a system directory: name a directory of its own (e.g. {cleaned.rstrip('/')}/modelfleet)"
-    if parts[0] in ("proc", "sys", "dev"):
-        return "is inside a kernel filesystem"
+    why = _system_directory(cleaned, parts)
+    if why is None:
+        return None
+    mine = cleaned.rstrip("/") + "/modelfleet"
+    example = mine if _system_directory(mine, parts + ["modelfleet"]) is None else "/srv/models, /etc/modelfleet"
+    return f"{cleaned} {why}: modelfleet would chown, chmod or mount over it; name a directory of its own " \
+           f"(e.g. {example})"
+
+
+def _system_directory(path: str, parts: list[str]) -> str | None:
+    if not parts or (parts[0] in SYSTEM_TREES and not any(_inside(path, home) for home in OWN_HOMES)):
+        return "is a system directory" if len(parts) < 2 else f"is inside the system directory /{parts[0]}"
+    if len(parts) == 1 and parts[0] in FHS_TOPS:
+        return "is a system directory"
+    if parts[0] == "home" and len(parts) == 2:
+        return "is a user's home directory"
+    home_depth = 1 if parts[0] == "root" else 2 if parts[0] == "home" else 0
+    if home_depth and len(parts) > home_depth and parts[home_depth].startswith("."):
+        return f"is inside the hidden directory /{'/'.join(parts[:home_depth + 1])} of a home"
+    if VENDOR_TREES.match(path):
+        return "is inside a GPU vendor's tree under /opt"
     return None
 
 

@@ -3,10 +3,10 @@
 `pyinfra_cli` monkey-patches the whole process with gevent when imported; the control commands (validate,
 render, status, verify, bench, upgrade...) must not carry that patching (it breaks trio-based clients and
 invoke's runner), so they read inventories here. The semantics are pyinfra's, documented at
-https://docs.pyinfra.com/en/3.x/inventory-data.html: every module-level list (or `(hosts, data)` tuple) whose
-name does not start with `_` is a group; `group_data/<group>.py` beside the working directory and beside the
-inventory file holds each group's data (`all.py` for every host); the data precedence (host > group > all) is
-pyinfra's own `Inventory`'s.
+https://docs.pyinfra.com/en/3.x/inventory-data.html and held equal to pyinfra_cli's own loader by a test: every
+module-level list (or `(hosts, data)` tuple) whose name does not start with `_` is a group; `group_data/<group>.py`
+beside the working directory, beside the inventory file and in every `--group-data` folder holds each group's
+data (`all.py` for every host); the data precedence (`--data` > host > group > all) is pyinfra's own `Inventory`'s.
 
 A file that does not run (syntax error, exception, a host that is not a name or `(name, dict)`) is reported
 as one error naming the file and line, never a traceback.
@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import contextvars
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,23 +79,62 @@ def _host_entries(group: str, value: Any, path: Path) -> list | None:
     return value
 
 
-def _group_data(folders: list[Path]) -> dict[str, dict[str, Any]]:
+def _group_data(folders: list[Path]) -> tuple[dict[str, dict[str, Any]], dict[tuple[str, str], str], list[str]]:
+    """Each group's data from the folders, in pyinfra's order (a later folder's file wins), the file that gave
+    each (group, key), and the files read."""
     out: dict[str, dict[str, Any]] = {}
+    given_by: dict[tuple[str, str], str] = {}
+    read: list[str] = []
     for folder in folders:
         if not folder.is_dir():
             continue
         for path in sorted(folder.glob("*.py")):
             attrs = _run_file(path)
+            path = _shown(path)
+            read.append(str(path))
             keys = attrs["__all__"] if "__all__" in attrs else [k for k in attrs if k not in _imported_names(path)]
-            out.setdefault(path.stem, {}).update(
-                {k: v for k, v in attrs.items() if k in keys and not k.startswith("__")})
-    return out
+            data = {k: v for k, v in attrs.items() if k in keys and not k.startswith("__")}
+            out.setdefault(path.stem, {}).update(data)
+            given_by.update({(path.stem, k): str(path) for k in data})
+    return out, given_by, read
 
 
-def read_inventory(path: str, cwd: str | None = None) -> list[tuple[str, dict[str, Any]]]:
-    """(host name, merged data) for every host of the inventory file, in file order."""
+def _shown(path: Path) -> Path:
+    """A path as the user would write it: relative to the working directory when under it."""
+    try:
+        return path.relative_to(Path.cwd())
+    except ValueError:
+        return path
+
+
+def group_data_folders(inventory_file: str, cwd: str, extra: tuple[str, ...] = ()) -> list[Path]:
+    """Where pyinfra looks for group_data, in its order: beside the working directory, beside the inventory
+    file (when that is another directory), then every `--group-data` folder."""
+    folders = [Path(cwd) / "group_data"]
+    if str(Path(inventory_file).parent.resolve()) != cwd:
+        folders.append(Path(inventory_file).parent.resolve() / "group_data")
+    return folders + [Path(folder) for folder in extra]
+
+
+@dataclass
+class Loaded:
+    """An inventory as pyinfra would load it: each host's merged data, where each value came from, and the
+    group_data files read."""
+
+    entries: list[tuple[str, dict[str, Any]]]
+    sources: dict[str, dict[str, str]] = field(default_factory=dict)  # host -> key -> file or "--data"
+    files: list[str] = field(default_factory=list)
+    folders: list[str] = field(default_factory=list)
+    groups: dict[str, list[str]] = field(default_factory=dict)  # pyinfra's groups (the file's name one included)
+
+
+def read_inventory(path: str, cwd: str | None = None, group_data: tuple[str, ...] = (),
+                   override_data: dict[str, Any] | None = None) -> Loaded:
+    """Every host of the inventory file with its merged data, in file order, by pyinfra's rules: group_data
+    folders (`group_data_folders`), `--data` overrides (`override_data`) above host data above group data."""
     from pyinfra.api import Inventory  # the API only: no gevent patching
 
+    cwd = str(Path(cwd or Path.cwd()).resolve())
     inventory_file = Path(path)
     if not inventory_file.is_file():
         raise InventoryFileError(path, "no such inventory file")
@@ -118,20 +158,37 @@ def read_inventory(path: str, cwd: str | None = None) -> list[tuple[str, dict[st
                 data_from[entry[0]] = key
         data = value[1] if isinstance(value, tuple) else {}
         groups[key] = (hosts, dict(data))
+    given_by = {(group, k): str(inventory_file) for group, (_, data) in groups.items() for k in data}
     all_hosts, all_data = groups.pop("all", ([], {}))
     names = [h[0] if isinstance(h, tuple) else h for h in all_hosts]
     for hosts, _ in groups.values():
         names += [n for n in (h[0] if isinstance(h, tuple) else h for h in hosts) if n not in names]
     groups.setdefault(inventory_file.stem, (list(names), {}))
-    folders = [Path(cwd or Path.cwd()) / "group_data"]
-    if inventory_file.resolve().parent != Path(cwd or Path.cwd()).resolve():
-        folders.append(inventory_file.resolve().parent / "group_data")
-    extra = _group_data(folders)
+    folders = group_data_folders(path, cwd, tuple(group_data))
+    extra, from_files, read = _group_data(folders)
+    given_by.update(from_files)
     all_data = {**all_data, **extra.pop("all", {})}
     for group, data in extra.items():
         hosts, own = groups.get(group, ([], {}))
         groups[group] = (hosts, {**own, **data})
+    loaded = Loaded(entries=[], files=read, folders=[str(_shown(f)) for f in folders])
     if not names:
-        return []
-    inventory = Inventory((all_hosts or names, all_data), **groups)
-    return [(host.name, host.data.dict()) for host in inventory]
+        return loaded
+    override = dict(override_data or {})
+    inventory = Inventory((all_hosts or names, all_data), override_data=override, **groups)
+    loaded.groups = {name: [h.name for h in hosts] for name, hosts in inventory.groups.items()}
+    for host in inventory:
+        merged = host.data.dict()
+        loaded.entries.append((host.name, merged))
+        own = inventory.get_host_data(host.name)
+        sources = {}
+        for key in merged:
+            if key in override:
+                sources[key] = "--data"
+            elif key in own:
+                sources[key] = str(inventory_file)
+            else:
+                group = next((g for g in reversed(host.groups) if key in inventory.get_group_data(g)), "all")
+                sources[key] = given_by.get((group, key), str(inventory_file))
+        loaded.sources[host.name] = sources
+    return loaded

@@ -1,9 +1,13 @@
-"""The stage pipeline, in DESIGN.md order: preflight, the GPU host stack (os_base, gpu_driver,
+"""The stage pipeline, in order: preflight, the GPU host stack (os_base, gpu_driver,
 container_runtime), then the serving stages."""
 
 from __future__ import annotations
 
-from pyinfra import host, state
+import weakref
+
+from pyinfra import host, logger, state
+from pyinfra.api.state import BaseStateCallback
+from pyinfra.context import ctx_state
 
 from modelfleet.context import HostRun, host_run
 from modelfleet.operations.apt import missing
@@ -14,6 +18,7 @@ from modelfleet.stages import (
     exporters,
     gpu_driver,
     images,
+    imex,
     model,
     netcheck,
     os_base,
@@ -25,7 +30,7 @@ from modelfleet.stages import (
 
 STACK = (os_base, gpu_driver, container_runtime)
 # What `pyinfra INVENTORY deploys/serve.py` runs (deploys/serve.py names the same list).
-SERVE = (preflight, *STACK, admission, storage, model, images, netcheck, service, verify, exporters)
+SERVE = (preflight, *STACK, admission, storage, model, images, imex, netcheck, service, verify, exporters)
 
 
 def gpu_stack(ctx: HostRun, serving: bool) -> bool:
@@ -74,6 +79,30 @@ def gpu_stack(ctx: HostRun, serving: bool) -> bool:
     return not driver.pending
 
 
+class _LostHosts(BaseStateCallback):
+    """A host whose SSH connection went away under an operation (it restarted, lost power or network) gets one
+    line saying so and what it was doing, beside pyinfra's bare `executed N commands`."""
+
+    def operation_host_error(self, state, host, op_hash, retry_attempt, max_retries) -> None:
+        client = getattr(host.connector, "client", None)
+        transport = client.get_transport() if client is not None else None
+        if transport is None or transport.is_active():
+            return
+        doing = ", ".join(sorted(state.get_op_meta(op_hash).names)) or "an operation"
+        host.log_styled(f"modelfleet: {host.name} went away during '{doing}' (its SSH connection closed: the host "
+                        "restarted, or lost power or network); re-run once it answers", fg="red", log_func=logger.error)
+
+
+_watched: weakref.WeakSet = weakref.WeakSet()
+
+
+def _watch_lost_hosts() -> None:
+    run = ctx_state.get()  # the State itself: pyinfra's `state` is a context proxy
+    if run not in _watched:
+        _watched.add(run)
+        run.add_callback_handler(_LostHosts())
+
+
 def context(stages) -> HostRun:
     """The host's run context for these stages (one alone when it is the only one besides preflight)."""
     rest = [s for s in stages if s not in STACK and s is not preflight]
@@ -92,6 +121,7 @@ def run_stages(*stages, ctx: HostRun | None = None) -> None:
         raise ValueError("the GPU host stack runs as os_base, gpu_driver, container_runtime, in that order")
     rest = tuple(s for s in stages if s not in STACK and s is not preflight)
     ctx = ctx or context(stages)
+    _watch_lost_hosts()
     judged = admission in stages and ctx.plan.admission and ctx.plan.hardware.vendor == "nvidia"
     if preflight in stages and not preflight.run(ctx, defer_stack=bool(stack), health=judged):
         return

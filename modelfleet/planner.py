@@ -1,4 +1,5 @@
-"""Sizing arithmetic (pure): does a model fit the GPUs, how much KV-cache room is left, how much disk."""
+"""Sizing arithmetic (pure): does a model fit the GPUs (and, for llama.cpp recipes that keep MoE experts in host
+RAM, the host's RAM), how much KV-cache room is left, how much disk."""
 
 from __future__ import annotations
 
@@ -7,10 +8,17 @@ from dataclasses import asdict, dataclass
 from modelfleet.catalog import BYTES_PER_PARAM, Hardware, Model, Recipe
 
 MIB = 2**20
+GIB = 2**30
 # huggingface_hub writes each file to .incomplete before moving it; keep 5 % of the checkpoint spare.
 TEMP_FRACTION = 0.05
 # Below this per-GPU KV-cache room an engine starts but cannot hold a useful context.
 MIN_KV_BYTES_PER_GPU = 1 * 2**30
+# What llama-server's --fit leaves free on each device by default (--fit-target, MiB).
+FIT_TARGET_MIB = 1024
+# A GGUF's layers outside the routed experts (attention, shared expert, embeddings), sized at Q8_0 (34 bytes per
+# 32 weights): dynamic quantizations keep these in higher bits than the experts, and Q8_0 is the widest they
+# commonly use, so the GPU part is not underestimated.
+DENSE_GGUF_BYTES_PER_PARAM = 34 / 32
 
 
 @dataclass
@@ -30,6 +38,8 @@ class CapacityReport:
     disk_needed_bytes: float
     fits: bool
     reason: str
+    # Experts in host RAM (llama.cpp offload recipes); None: everything is on the GPUs.
+    offload: dict | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -44,37 +54,140 @@ def checkpoint_size(model: Model, recipe: Recipe | None = None) -> tuple[float, 
     return model.params_total * BYTES_PER_PARAM[model.weights], True
 
 
+def expert_offload(recipe: Recipe | None) -> tuple[str, int] | None:
+    """How a llama.cpp recipe keeps MoE experts in host RAM, from llama-server's own flags: ("all", 0) for
+    --cpu-moe, ("layers", N) for --n-cpu-moe N (the experts of the first N layers), ("fit", 0) for --fit on
+    (llama-server moves what the GPUs cannot hold); None when every weight stays on the GPUs."""
+    if recipe is None or recipe.engine != "llama.cpp":
+        return None
+    args = list(recipe.args)
+
+    def value(*names: str) -> str | None:
+        for i, arg in enumerate(args):
+            name, eq, inline = arg.partition("=")
+            if name in names:
+                return inline if eq else (args[i + 1] if i + 1 < len(args) else "")
+        return None
+
+    if any(a in ("--cpu-moe", "-cmoe") for a in args):
+        return ("all", 0)
+    layers = value("--n-cpu-moe", "-ncmoe")
+    if layers is not None:
+        return ("layers", int(layers))
+    if value("--fit", "-fit") == "on":
+        return ("fit", 0)
+    return None
+
+
+def routed_expert_params(model: Model) -> float:
+    """Parameters in the routed experts: total = dense + routed and active = dense + routed x selected / routed
+    (every token runs the dense part and its selected experts)."""
+    experts = model.experts or {}
+    routed, selected = experts.get("routed"), experts.get("selected_per_token")
+    if not routed or not selected:
+        return 0.0
+    return (model.params_total - model.params_active) / (1 - selected / routed)
+
+
 def _tb(n: float) -> str:
     return f"{n / 1e12:.2f} TB" if n >= 1e12 else f"{n / 1e9:.1f} GB"
 
 
+def _split(model: Model, hardware: Hardware, total_gpus: int, usable: float, ckpt: float, overhead: float,
+           mode: tuple[str, int], host_ram_gib: int | None) -> tuple[dict, str | None]:
+    """The offload split: dense weights (and experts --fit keeps) on the GPUs, the rest of the experts in host
+    RAM, each part with the guides' runtime margin. Returns (split, refusal or None)."""
+    dense = min(ckpt, (model.params_total - routed_expert_params(model)) * DENSE_GGUF_BYTES_PER_PARAM)
+    experts = ckpt - dense
+    kind, layers = mode
+    if kind == "all":
+        in_ram = experts
+    elif kind == "layers":
+        if not model.layers:
+            return {}, f"{model.id}: the model catalog gives no layer count, so --n-cpu-moe {layers} cannot be sized"
+        in_ram = experts * min(layers, model.layers) / model.layers
+    else:  # fit: the GPUs keep as many experts as leave them the minimum KV room, the rest go to RAM
+        free = MIN_KV_BYTES_PER_GPU + FIT_TARGET_MIB * MIB
+        gpu_room = max(0.0, total_gpus * (usable - free) / (1 + overhead) - dense)
+        in_ram = max(0.0, experts - gpu_room)
+    gpu_weights = (ckpt - in_ram) * (1 + overhead)
+    ram_need = in_ram * (1 + overhead)
+    ram = host_ram_gib * GIB if host_ram_gib else None
+    label = {"all": "all (--cpu-moe)", "fit": "what the GPUs cannot hold (--fit on)"}.get(
+        kind, f"those of the first {layers} layers (--n-cpu-moe)")
+    split = {"mode": label, "dense_bytes": dense,
+             "experts_bytes": experts, "experts_on_gpus_bytes": experts - in_ram, "experts_in_ram_bytes": in_ram,
+             "margin": overhead, "gpu_need_bytes": gpu_weights, "ram_need_bytes": ram_need,
+             "host_ram_bytes": ram, "host_ram_gib": host_ram_gib}
+    if in_ram and ram is None:
+        return split, (f"{model.id} keeps {_tb(ram_need)} of experts in host RAM: set the host's `host_ram_gib` "
+                       f"(the hardware catalog gives no typical figure for {hardware.id})")
+    if in_ram and ram_need > ram:
+        return split, (f"{model.id} needs {_tb(ram_need)} of host RAM for its experts ({_tb(in_ram)} + "
+                       f"{overhead:.0%}), the host has {host_ram_gib} GiB ({_tb(ram)}); GPUs and RAM together "
+                       f"offer {_tb(total_gpus * usable + ram)} for {_tb(ckpt * (1 + overhead))}")
+    return split, None
+
+
 def plan_capacity(model: Model, hardware: Hardware, gpus: int, nodes: int = 1, recipe: Recipe | None = None,
-                  keep_revisions: int = 1) -> CapacityReport:
+                  keep_revisions: int = 1, host_ram_gib: int | None = None) -> CapacityReport:
+    """`host_ram_gib`: the RAM a llama.cpp offload recipe may fill (None: the hardware catalog's figure)."""
     total_gpus = gpus * nodes
     fraction = recipe.memory_fraction if recipe else 0.9
     ckpt, estimated = checkpoint_size(model, recipe)
-    need = ckpt * (1 + model.gguf["memory_overhead"]) if recipe and recipe.gguf_quant and model.gguf else ckpt
+    gguf = bool(recipe and recipe.gguf_quant and model.gguf)
+    overhead = model.gguf["memory_overhead"] if gguf else 0.0
+    need = ckpt * (1 + overhead)
     hbm = hardware.hbm_mib * MIB
     usable = hbm * fraction
+    mode = expert_offload(recipe)
+    split, refusal = (None, None)
+    if mode and hardware.vendor != "none":
+        split, refusal = _split(model, hardware, total_gpus, usable, ckpt, overhead, mode,
+                                host_ram_gib if host_ram_gib is not None else hardware.host_ram_gib)
+        need = split.get("gpu_need_bytes", need)
     per_gpu = need / total_gpus if total_gpus else need
     kv_room = usable - per_gpu
     disk = ckpt * (1 + keep_revisions) + ckpt * TEMP_FRACTION
     raw = {"bf16": model.params_total * 2, "8bit": model.params_total * 1, "4bit": model.params_total * 0.5}
     reason = ""
     fits = True
+    on_gpus = "of weights on the GPUs" if split else "of weights"
     if gpus > hardware.gpus_per_node and hardware.vendor != "none":
         fits, reason = False, f"{hardware.id} hosts carry {hardware.gpus_per_node} GPUs, not {gpus}"
+    elif refusal:
+        fits, reason = False, refusal
     elif total_gpus == 0 or kv_room < MIN_KV_BYTES_PER_GPU:
         fits = False
-        reason = (f"{model.id} needs {_tb(need)} of weights ({_tb(per_gpu)} per GPU over {total_gpus} GPU(s)); "
+        reason = (f"{model.id} needs {_tb(need)} {on_gpus} ({_tb(per_gpu)} per GPU over {total_gpus} GPU(s)); "
                   f"{total_gpus}x {hardware.id} offers {_tb(usable)} usable per GPU "
                   f"({hardware.hbm_mib} MiB x {fraction:.2f}), leaving {_tb(max(kv_room, 0))} for KV cache "
                   f"(minimum {_tb(MIN_KV_BYTES_PER_GPU)})")
+    elif split:
+        reason = (f"fits: {_tb(per_gpu)} weights per GPU, {_tb(kv_room)} left for KV cache per GPU; "
+                  f"{_tb(split['ram_need_bytes'])} of experts in host RAM of {split['host_ram_gib']} GiB")
     else:
         reason = (f"fits: {_tb(per_gpu)} weights per GPU, {_tb(kv_room)} left for KV cache per GPU")
     return CapacityReport(
         model=model.id, hardware=hardware.id, gpus_per_node=gpus, nodes=nodes, raw_bytes=raw,
         checkpoint_bytes=ckpt, checkpoint_estimated=estimated, weights_per_gpu_bytes=per_gpu,
         hbm_per_gpu_bytes=hbm, memory_fraction=fraction, usable_per_gpu_bytes=usable,
-        kv_room_per_gpu_bytes=kv_room, disk_needed_bytes=disk, fits=fits, reason=reason,
+        kv_room_per_gpu_bytes=kv_room, disk_needed_bytes=disk, fits=fits, reason=reason, offload=split,
     )
+
+
+def split_lines(report: CapacityReport) -> list[str]:
+    """The offload split as `modelfleet plan` prints it (empty when every weight is on the GPUs)."""
+    s = report.offload
+    if not s:
+        return []
+    gpus = report.gpus_per_node * report.nodes
+    ram = f"{s['host_ram_gib']} GiB" if s["host_ram_gib"] else "not set"
+    return [
+        f"experts kept in host RAM: {s['mode']}",
+        f"on the GPUs: {_tb(s['dense_bytes'])} dense weights (attention, shared expert, embeddings) + "
+        f"{_tb(s['experts_on_gpus_bytes'])} experts, x {1 + s['margin']:.2f} runtime margin = "
+        f"{_tb(s['gpu_need_bytes'])} over {gpus} GPU(s); KV-cache room {_tb(report.kv_room_per_gpu_bytes)} per GPU",
+        f"in host RAM: {_tb(s['experts_in_ram_bytes'])} experts x {1 + s['margin']:.2f} = "
+        f"{_tb(s['ram_need_bytes'])} of {ram}",
+    ]

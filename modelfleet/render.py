@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import jinja2
 import yaml
 
 from modelfleet import TEMPLATES_DIR, grammar
 from modelfleet.inventory import ServicePlan
+
+if TYPE_CHECKING:
+    from modelfleet.fabric import HostFabric
 
 DOCKER = "/usr/bin/docker"
 CONTAINER_MODEL_DIR = "/model"
@@ -68,19 +72,45 @@ def multinode_args(svc: ServicePlan) -> list[str]:
     """
     if svc.nnodes == 1:
         return []
-    layout = svc.recipe.layout
+    layout, head = svc.recipe.layout, rendezvous_address(svc)
     if svc.engine_name == "sglang":
         return ["--nnodes", str(svc.nnodes), "--node-rank", str(svc.node_rank),
-                "--dist-init-addr", f"{svc.head_address}:{MASTER_PORT}"]
+                "--dist-init-addr", f"{head}:{MASTER_PORT}"]
     if layout.dp > 1:
         local = layout.dp // svc.nnodes
         args = ["--data-parallel-size", str(layout.dp), "--data-parallel-size-local", str(local),
-                "--data-parallel-address", svc.head_address, "--data-parallel-rpc-port", str(DP_RPC_PORT)]
+                "--data-parallel-address", head, "--data-parallel-rpc-port", str(DP_RPC_PORT)]
         return args + (["--headless", "--data-parallel-start-rank", str(svc.node_rank * local)]
                        if svc.node_rank else [])
-    args = ["--nnodes", str(svc.nnodes), "--node-rank", str(svc.node_rank), "--master-addr", svc.head_address,
+    args = ["--nnodes", str(svc.nnodes), "--node-rank", str(svc.node_rank), "--master-addr", head,
             "--master-port", str(MASTER_PORT)]
     return args + (["--headless"] if svc.node_rank else [])
+
+
+def rendezvous_address(svc: ServicePlan) -> str:
+    """Where the pool's members meet: the head's address on the fabric interface when the pool's fabric is
+    known, else the inventory's (fabric_address, then the SSH address)."""
+    return svc.fabric.head_address if svc.fabric and svc.fabric.head_address else svc.head_address
+
+
+def fabric_flags(fabric: HostFabric | None) -> list[str]:
+    """
+    What a container needs to use the host's fabric, the engine's and the gate's alike: the RDMA and IMEX
+    channel device nodes, and where HCAs are used, IPC_LOCK and an unlimited memlock (verbs pin their
+    buffers; without them NCCL falls back to sockets without a word).
+    """
+    if fabric is None:
+        return []
+    argv = [arg for device in fabric.devices for arg in ("--device", device)]
+    return argv + (["--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1"] if fabric.rdma else [])
+
+
+def fabric_env(svc: ServicePlan) -> dict[str, str]:
+    """The pool network's environment (NCCL_*, GLOO_*, the engines' host-IP variables): the inventory's
+    settings, then the fabric's (which already carry the inventory's values where it gave them). The gate's
+    container gets exactly these; the engine's env file holds them beside the rest."""
+    env = {k: v for k, v in svc.env.items() if k.startswith(("NCCL_", "GLOO_"))}
+    return {**env, **(svc.fabric.env if svc.fabric else {})}
 
 
 # The first DRM render node; amdgpu numbers its GPUs' nodes from here in PCI order (an integrated GPU or a
@@ -109,7 +139,7 @@ def docker_run_argv(svc: ServicePlan) -> list[str]:
             f"--ipc={docker.get('ipc', 'host')}"]
     if "shm_size" in docker:
         argv += ["--shm-size", docker["shm_size"]]
-    argv += gpu_flags(svc)
+    argv += gpu_flags(svc) + fabric_flags(svc.fabric)
     # Secrets and recipe env come from a 0600 file, never from this command line.
     argv += ["--env-file", svc.env_file, "-v", f"{svc.model_dir}:{CONTAINER_MODEL_DIR}:ro"]
     if svc.api_key_env and svc.engine.api_key_config_file:
@@ -168,7 +198,7 @@ def api_key(svc: ServicePlan) -> str | None:
 
 
 def env_values(svc: ServicePlan, mask: bool = False) -> dict[str, str]:
-    env = dict(svc.env)
+    env = {**svc.env, **fabric_env(svc)}
     key = api_key(svc)
     if key and svc.engine.api_key_env:
         env[svc.engine.api_key_env] = MASK if mask else key

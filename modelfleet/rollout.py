@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 
 from modelfleet import fleet, render
-from modelfleet.commands import run_pyinfra
+from modelfleet.commands import deploy, run_pyinfra
 from modelfleet.inventory import Resolved
 
 
@@ -126,7 +126,7 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
             entry = {"hosts": batch, "driver_upgrade": bool(moving)}
             report["batches"].append(entry)
             log(f"batch {batch}: prefetch")
-            ok, out = _pyinfra(inventory, "deploys/prefetch.py", batch, {}, env or {})
+            ok, out = _pyinfra(inventory, deploy("prefetch"), batch, {}, env or {})
             if not ok:
                 entry.update(result="prefetch failed", output=out)
                 report["stopped"] = f"prefetch failed on {batch}: the old version keeps serving"
@@ -140,7 +140,7 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
                                   result="drain failed", errors=refused)
                     break
             log(f"batch {batch}: switch")
-            ok, out = _pyinfra(inventory, "deploys/serve.py", batch, {}, env or {})
+            ok, out = _pyinfra(inventory, deploy("serve"), batch, {}, env or {})
             if ok:
                 watcher.switching(batch, switch_start)
                 entry["result"] = "upgraded"
@@ -155,7 +155,7 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
             for host in batch:
                 old = next((s for s in before[host].get("services", [])), {})
                 data = {k: v for k, v in (("image", old.get("image")), ("revision", old.get("revision"))) if v}
-                back, back_out = _pyinfra(inventory, "deploys/serve.py", [host], data, env or {})
+                back, back_out = _pyinfra(inventory, deploy("serve"), [host], data, env or {})
                 report["rolled_back"].append({"host": host, **data, "ok": back})
                 if not back:
                     entry["rollback_output"] = back_out

@@ -51,15 +51,16 @@ def split(resolved: Resolved, count: int) -> list[list[str]]:
     return [sorted(shard, key=order.index) for shard in shards if shard]
 
 
-def converge(inventory: str, deploy: str, shards: list[list[str]], progress=print) -> dict:
-    """Run one pyinfra process per shard at once; wait for all; the summary (ok only if every shard was)."""
+def converge(inventory: str, deploy: str, shards: list[list[str]], progress=print, options: list[str] = ()) -> dict:
+    """Run one pyinfra process per shard at once (`options`: pyinfra's --group-data/--data, as validated); wait
+    for all; the summary (ok only if every shard was)."""
     running = []
     logs = reports_dir("converge")
     logs.mkdir(parents=True, exist_ok=True)
     for number, hosts in enumerate(shards, 1):
         log = logs / f"shard-{number}.log"
         with log.open("w") as out:
-            proc = subprocess.Popen(pyinfra_argv(inventory, deploy, limit=hosts), stdout=out,
+            proc = subprocess.Popen(pyinfra_argv(inventory, deploy, limit=hosts, extra=options), stdout=out,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         running.append((number, hosts, log, proc, time.monotonic()))
     results = []

@@ -4,6 +4,8 @@ context's `pool_starts` by the netcheck gate and the verify stage, which act onl
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from modelfleet import render
 from modelfleet.inventory import HostPlan, ServicePlan
 from modelfleet.operations.files import content_changes
@@ -31,10 +33,63 @@ def edited(svc: ServicePlan, state: dict) -> dict[str, bool]:
     return {path: content_changes(at(path), content, mode) for path, content, mode, _ in unit_files(svc)}
 
 
+@dataclass(frozen=True)
+class Merged:
+    """What systemd merges into a unit modelfleet owns, beside the file modelfleet wrote: `foreign` drop-ins (and
+    a unit file of the same name that outranks ours) to remove, a mask to lift, a daemon-reload pending; `restart`
+    when any of it changes the running service (a [Service] setting, another unit file, a pending reload)."""
+
+    foreign: tuple[str, ...] = ()
+    masked: bool = False
+    reload: bool = False
+    restart: bool = False
+
+    @property
+    def drift(self) -> bool:
+        return bool(self.foreign or self.masked or self.reload)
+
+
+def _service_keys(text: str | None) -> list[str]:
+    """The [Service] settings a drop-in sets (`ExecStart`, `Restart`, ...)."""
+    keys, section = [], None
+    for line in (text or "").splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            section = line
+        elif section == "[Service]" and "=" in line and not line.startswith(("#", ";")):
+            keys.append(line.split("=", 1)[0].strip())
+    return keys
+
+
+def merged(unit: str, current: dict) -> Merged:
+    """Read from the unit's DeployedState. Drop-ins for every service alike (`service.d/`) are the system's,
+    not a change to this unit."""
+    ours = f"{UNIT_DIR}/{unit}"
+    texts = current.get("dropins") or {}
+    foreign = [p for p in current.get("DropInPaths") or [] if p.split("/")[-2:-1] != ["service.d"]]
+    fragment = current.get("FragmentPath") or ""
+    masked = current.get("LoadState") == "masked"
+    shadowed = fragment not in ("", ours, "/dev/null") and not masked
+    restart = shadowed or current.get("NeedDaemonReload") == "yes" or any(_service_keys(texts.get(p))
+                                                                           for p in foreign)
+    return Merged(foreign=tuple(foreign + ([fragment] if shadowed else [])), masked=masked,
+                  reload=bool(foreign) or shadowed or masked or current.get("NeedDaemonReload") == "yes",
+                  restart=restart and current.get("ActiveState") == "active")
+
+
+def what_it_sets(unit: str, current: dict, path: str) -> str:
+    """For a line naming a foreign file: the [Service] settings it changes, or that it replaces the unit."""
+    if path == current.get("FragmentPath"):
+        return f"a unit file of its own that systemd reads instead of {UNIT_DIR}/{unit}"
+    keys = _service_keys((current.get("dropins") or {}).get(path))
+    return f"sets {', '.join(dict.fromkeys(keys))}" if keys else "sets no [Service] setting"
+
+
 def starts(plan: HostPlan, state: dict, pool: str) -> bool:
     """Will this run (re)start the host's unit of `pool`? (What the netcheck gate must clear first.)"""
     for svc in pinned_services(plan):
         if svc.pool == pool:
             unit = state["units"].get(svc.unit_name) or {}
-            return any(edited(svc, state).values()) or unit.get("ActiveState") != "active"
+            return (any(edited(svc, state).values()) or unit.get("ActiveState") != "active"
+                    or merged(svc.unit_name, unit).restart)
     return False

@@ -10,6 +10,10 @@ MODELFLEET_DOUBLE_NEVER_READY=1, MODELFLEET_DOUBLE_CRASH_AFTER=N (exit after N c
 MODELFLEET_DOUBLE_SLOW_FIRST_TOKEN_S, MODELFLEET_DOUBLE_MALFORMED_TOOL_CALLS=1 (raw markup in content).
 The lab's "-broken" image tags have MODELFLEET_DOUBLE_NEVER_READY=1 baked in.
 MODELFLEET_DOUBLE_TOKEN_INTERVAL_S paces streamed tokens (default 0.002 s), so a bench has something to measure.
+The API key covers what the played engine's key covers (KEY_FREE; modelfleet/catalog/key_coverage.yaml names
+the sources): vLLM's only the /v1, /v2 and /inference routes, so its /invocations runs the model without a key;
+SGLang's every route but /health*, /ready* and /metrics*; llama-server's every route but its public ones. Each
+engine's own non-/v1 inference route is served too (NATIVE_ROUTES).
 Like the Kimi chat templates, a tool result is refused (400) unless the assistant turn before it came back
 whole: its tool_calls and its reasoning_content.
 """
@@ -31,6 +35,17 @@ STARTED = time.time()
 LOCK = threading.Lock()
 COUNTERS = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "running": 0, "ttft_sum": 0.0,
             "ttft_count": 0}
+
+
+# Which paths each engine serves without its key, as its code decides (a prefix or an exact path).
+KEY_FREE = {
+    "vllm": lambda path: not path.startswith(("/v1", "/v2", "/inference")),  # vllm/entrypoints/.../api_server
+    "sglang": lambda path: path.startswith(("/health", "/ready", "/metrics")),  # srt/utils/auth.py
+    "llama.cpp": lambda path: path in ("/health", "/v1/health", "/models", "/v1/models", "/"),  # server-http.cpp
+}
+# Each engine's non-/v1 inference route: vLLM's SageMaker-style /invocations (a chat or a completion request),
+# SGLang's native /generate, llama-server's /completion.
+NATIVE_ROUTES = {"vllm": "/invocations", "sglang": "/generate", "llama.cpp": "/completion"}
 
 
 def engine_name() -> str:
@@ -212,8 +227,7 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _authorized(self) -> bool:
-        # Like vLLM: only the /v1 routes need the key; /health and /metrics stay open.
-        if not self.eng.api_key or not self.path.startswith("/v1"):
+        if not self.eng.api_key or KEY_FREE[self.eng.engine](self.path.split("?", 1)[0]):
             return True
         if self.headers.get("Authorization") == f"Bearer {self.eng.api_key}":
             return True
@@ -221,14 +235,14 @@ class Handler(BaseHTTPRequestHandler):
         return False
 
     def do_GET(self):
+        if not self._authorized():
+            return None
         if self.path == "/health":
             if self.eng.ready():
                 return self._send(200, {"status": "ok"} if self.eng.engine == "llama.cpp" else "")
             return self._send(503, {"error": {"code": 503, "message": "Loading model"}})
         if self.path == "/metrics":
             return self._send(200, metrics_text(self.eng), "text/plain; version=0.0.4")
-        if not self._authorized():
-            return None
         if self.path == "/v1/models":
             if not self.eng.ready():
                 return self._send(503, {"error": "model is loading"})
@@ -250,7 +264,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         if not self._authorized():
             return None
-        if self.path != "/v1/chat/completions":
+        native = self.path == NATIVE_ROUTES[self.eng.engine]
+        if self.path != "/v1/chat/completions" and not native:
             return self._send(404, {"error": "not found"})
         if not self.eng.ready():
             return self._send(503, {"error": "model is loading"})
@@ -259,6 +274,8 @@ class Handler(BaseHTTPRequestHandler):
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
         except ValueError as error:
             return self._send(400, {"error": {"code": 400, "message": f"parse error: {error}", "type": kind}})
+        if native and not (isinstance(body, dict) and "messages" in body and self.eng.engine == "vllm"):
+            return self._native(body if isinstance(body, dict) else {})
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return self._send(400, {"error": {"code": 400, "message": "Expected 'messages' to be an array",
                                               "type": kind}})
@@ -282,6 +299,36 @@ class Handler(BaseHTTPRequestHandler):
             sys.stdout.flush()
             os._exit(1)
         return None
+
+    def _native(self, body: dict):
+        """A plain-text completion in the engine's own shape (vLLM's /invocations takes a completion request)."""
+        prompt = body.get("prompt") or body.get("text") or ""
+        if not isinstance(prompt, str) or not prompt:
+            return self._send(400, {"error": {"code": 400, "message": "a prompt (text) is required",
+                                              "type": "BadRequestError"}})
+        budget = {"vllm": body.get("max_tokens"), "llama.cpp": body.get("n_predict"),
+                  "sglang": (body.get("sampling_params") or {}).get("max_new_tokens")}[self.eng.engine]
+        text = f"Hello from the modelfleet lab engine double ({self.eng.engine}, serving {self.eng.served})."
+        out = text.split()[: int(budget)] if budget is not None and int(budget) >= 0 else text.split()
+        cut = len(out) < len(text.split())
+        with LOCK:
+            COUNTERS["requests"] += 1
+            COUNTERS["prompt_tokens"] += words(prompt)
+            COUNTERS["generation_tokens"] += len(out)
+        if self.eng.engine == "vllm":
+            return self._send(200, {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+                                    "created": int(time.time()), "model": self.eng.served,
+                                    "choices": [{"index": 0, "text": " ".join(out), "logprobs": None,
+                                                 "finish_reason": "length" if cut else "stop"}],
+                                    "usage": {"prompt_tokens": words(prompt), "completion_tokens": len(out),
+                                              "total_tokens": words(prompt) + len(out)}})
+        if self.eng.engine == "sglang":
+            return self._send(200, {"text": " ".join(out), "meta_info": {
+                "id": uuid.uuid4().hex, "prompt_tokens": words(prompt), "completion_tokens": len(out),
+                "finish_reason": {"type": "length", "length": len(out)} if cut else {"type": "stop"}}})
+        return self._send(200, {"content": " ".join(out), "model": self.eng.served, "stop": True,
+                                "stop_type": "limit" if cut else "eos", "tokens_predicted": len(out),
+                                "tokens_evaluated": words(prompt)})
 
     def _complete(self, body: dict):
         start = time.time()

@@ -56,6 +56,10 @@ class Hardware(_Strict):
     # `admission_h2d`; None: not known to this catalog, the figures are reported, not judged.
     h2d_min_gbps: float | None = None
     h2d_source: str | None = None
+    # Host RAM of a typical server of this board (GiB), the default of a host's `host_ram_gib`: llama.cpp
+    # recipes that keep MoE experts in host RAM are sized against it. None: no typical figure (workstations).
+    host_ram_gib: int | None = None
+    host_ram_source: str | None = None
 
 
 class Engine(_Strict):
@@ -76,6 +80,9 @@ class Engine(_Strict):
     # How the engine is told the share of GPU memory the planner sized with (None: the engine has no such flag).
     memory_fraction_flag: str | None = None
     several_served_names: bool = False  # the served-name flag takes more than one name (vLLM: nargs +)
+    # Layout dimension (tp, pp, dp) -> the engine's flags for it; none: the engine has no such sizes (llama.cpp).
+    parallel_flags: dict[str, list[str]] = Field(default_factory=dict)
+    multinode_parallel: list[str] = []  # dimensions modelfleet's multi-node flags set on multi-node pools
 
 
 class Layout(_Strict):
@@ -184,6 +191,35 @@ def _read(path: Path, cls):
         raise CatalogError(str(path), f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
 
 
+def _flag_value(args: list[str], flags: list[str]) -> str | None:
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in flags:
+            return value if eq else (args[i + 1] if i + 1 < len(args) else "")
+    return None
+
+
+def layout_problems(recipe: "Recipe", engine: "Engine") -> list[str]:
+    """Where a recipe's args contradict its layout: a parallel size set to another value, or a size the layout
+    needs that no flag sets (the engine would run with 1 while holding the layout's GPUs)."""
+    out = []
+    for dim, flags in engine.parallel_flags.items():
+        wanted, given = getattr(recipe.layout, dim), _flag_value(recipe.args, flags)
+        if given is not None and given != str(wanted):
+            out.append(f"args set {flags[0]} {given} but layout says {dim} {wanted}")
+        elif given is None and wanted > 1 and not (recipe.layout.nodes > 1 and dim in engine.multinode_parallel):
+            out.append(f"layout says {dim} {wanted} but args set no {flags[0]}: the engine would run {dim} 1")
+    return out
+
+
+def _check_layouts(recipes: dict, engines: dict, where) -> None:
+    for recipe in recipes.values():
+        engine = engines.get(recipe.engine)
+        problems = layout_problems(recipe, engine) if engine else []
+        if problems:
+            raise CatalogError(where(recipe), f"recipe {recipe.id}: " + "; ".join(problems))
+
+
 def _load_dir(folder: Path, cls):
     items: dict = {}
     for path in sorted(folder.glob("*.yaml")):
@@ -214,15 +250,19 @@ def with_site_recipes(catalog: "Catalog", folder: Path) -> "Catalog":
         if site.overrides and site.overrides != site.id:
             recipes.pop(site.overrides)
         recipes[site.id] = Recipe(**site.model_dump(exclude={"overrides"}))
+        _check_layouts({site.id: recipes[site.id]}, catalog.engines, lambda _: str(path))
     return catalog.model_copy(update={"recipes": recipes})
 
 
 @lru_cache(maxsize=None)
 def load_catalog(root: Path = CATALOG_DIR) -> Catalog:
-    engines = yaml.safe_load((root / "engines.yaml").read_text())
+    engines = {name: Engine(**spec) for name, spec in yaml.safe_load((root / "engines.yaml").read_text()).items()}
+    recipes = _load_dir(root / "recipes", Recipe)
+    _check_layouts(recipes, engines, lambda recipe: next(
+        str(p) for p in sorted((root / "recipes").glob("*.yaml")) if _read(p, Recipe).id == recipe.id))
     return Catalog(
         models=_load_dir(root / "models", Model),
         hardware=_load_dir(root / "hardware", Hardware),
-        engines={name: Engine(**spec) for name, spec in engines.items()},
-        recipes=_load_dir(root / "recipes", Recipe),
+        engines=engines,
+        recipes=recipes,
     )

@@ -145,6 +145,57 @@ class MetricsScraper(threading.Thread):
         return out
 
 
+def gpu_memory_sh() -> str:
+    """Each GPU's memory in use (MiB), one `index, used` line per GPU, on the serving host."""
+    return "nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits"
+
+
+def parse_gpu_memory(text: str) -> dict[int, int]:
+    used = {}
+    for line in text.splitlines():
+        index, sep, mib = line.partition(",")
+        if sep and index.strip().isdigit() and mib.strip().isdigit():
+            used[int(index)] = int(mib)
+    return used
+
+
+class GpuMemorySampler(threading.Thread):
+    """Samples the serving host's GPU memory for the whole bench (one sampler per host): `read` runs
+    gpu_memory_sh() there and returns its output. Peaks per GPU, for the run and for each level."""
+
+    def __init__(self, read, interval_s: float = 0.5):
+        super().__init__(daemon=True)
+        self.read, self.interval_s = read, interval_s
+        self.samples: list[tuple[float, dict[int, int]]] = []
+        self.errors: list[str] = []
+        self.done = threading.Event()
+
+    def run(self):
+        while not self.done.is_set():
+            try:
+                used = parse_gpu_memory(self.read())
+                if used:
+                    self.samples.append((time.perf_counter(), used))
+            except Exception as error:  # a failed read leaves a gap, never stops the bench
+                if len(self.errors) < 5:
+                    self.errors.append(f"{type(error).__name__}: {error}")
+            self.done.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join()
+
+    def summary(self, start: float | None = None, end: float | None = None) -> dict | None:
+        window = [used for t, used in self.samples if (start is None or t >= start) and (end is None or t <= end)]
+        if not window:
+            return {"samples": 0, "errors": self.errors} if self.errors else None
+        gpus = sorted({i for used in window for i in used})
+        return {"samples": len(window), "interval_s": self.interval_s,
+                "peak_mib": {str(i): max(u[i] for u in window if i in u) for i in gpus},
+                "mean_mib": {str(i): round(statistics.fmean(u[i] for u in window if i in u), 1) for i in gpus},
+                **({"errors": self.errors} if self.errors else {})}
+
+
 def run_level(ep: Endpoint, concurrency: int, num_prompts: int, input_len: int, output_len: int,
               retries: int = 0, scrape: bool = True) -> dict:
     scraper = MetricsScraper(ep) if scrape else None
@@ -239,16 +290,28 @@ def plot(result: dict, path: Path) -> None:
 
 
 def bench(ep: Endpoint, concurrencies: list[int], num_prompts: int, input_len: int, output_len: int,
-          out_dir: Path, retries: int = 0, scrape: bool = True, progress=None) -> dict:
-    """Run every level, write <out_dir>/<endpoint>/bench-<time>.json + .png and latest.json; compare."""
+          out_dir: Path, retries: int = 0, scrape: bool = True, progress=None, gpu_memory=None) -> dict:
+    """Run every level, write <out_dir>/<endpoint>/bench-<time>.json + .png and latest.json; compare.
+    `gpu_memory`: reads the serving host's gpu_memory_sh() output; its peaks per GPU go into each level."""
+    sampler = GpuMemorySampler(gpu_memory) if gpu_memory else None
+    if sampler:
+        sampler.start()
     levels = []
-    for c in concurrencies:
-        levels.append(run_level(ep, c, num_prompts, input_len, output_len, retries, scrape))
-        if progress:
-            progress(levels[-1])
+    try:
+        for c in concurrencies:
+            start = time.perf_counter()
+            levels.append(run_level(ep, c, num_prompts, input_len, output_len, retries, scrape))
+            if sampler:
+                levels[-1]["gpu_memory"] = sampler.summary(start, time.perf_counter())
+            if progress:
+                progress(levels[-1])
+    finally:
+        if sampler:
+            sampler.stop()
     result = {"endpoint": ep.name, "base_url": ep.openai_base_url, "model": ep.model, "engine": ep.engine,
               "input_len": input_len, "output_len": output_len, "retries": retries,
               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "levels": levels,
+              "gpu_memory": sampler.summary() if sampler else None,
               "definitions": "vllm bench serve (TTFT, TPOT, ITL, E2EL; throughputs over the level's duration)"}
     folder = out_dir / slug(ep.name)
     folder.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ import re
 
 from openai import APIError, OpenAI
 
-from modelfleet.checks import Endpoint, ready
+from modelfleet.checks import Endpoint, exposure, ready
 
 # Tool-call markup that a working parser removes from content (Kimi, Hermes/Qwen, Mistral, Llama styles).
 RAW_TOOL_MARKUP = re.compile(r"<\|tool_call|<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>|<\|tool_calls_section")
@@ -100,7 +100,8 @@ def tool_probe(ep: Endpoint) -> dict:
 
 
 def verify(ep: Endpoint, ready_timeout_s: float = 60, full: bool = True) -> dict:
-    """Readiness, then (full) smoke and the tool probe; `ok` only when every part run passes."""
+    """Readiness, then (full) smoke and the tool probe, and on an endpoint with a key the exposure probe;
+    `ok` only when every part run passes."""
     report = ready.report(ep, ready_timeout_s)
     if full:
         report["scope"] = "full"
@@ -108,4 +109,7 @@ def verify(ep: Endpoint, ready_timeout_s: float = 60, full: bool = True) -> dict
             report["smoke"] = smoke(ep)
             report["tool_probe"] = tool_probe(ep)
         report["ok"] = all(report.get(k, {}).get("ok") for k in ("readiness", "smoke", "tool_probe"))
+    if ep.api_key and report["readiness"]["ok"]:
+        report["exposure"] = exposure.check(ep)
+        report["ok"] = report["ok"] and report["exposure"]["ok"]
     return report

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pyinfra.api import FactBase
 
+from modelfleet.facts.fabric import HostFabricFact
 from modelfleet.facts.gpu import (
     AmdGpus,
     FabricManager,
@@ -21,6 +22,7 @@ PARTS = {
     "topology": NvidiaTopology, "amd_gpus": AmdGpus, "block_devices": BlockDevices, "os": OsRelease,
     "ports": ListeningPorts, "runtime": ContainerRuntime, "disk": DiskFree, "fabric_manager": FabricManager,
     "gpu_health": GpuHealth,  # only when asked: admission's read (nvidia-smi -q -x, Xid lines) rides along
+    "fabric": HostFabricFact,  # only when asked: a multi-node pool member's network and RDMA view
 }
 
 
@@ -31,10 +33,10 @@ class HostProbe(FactBase):
     def default():
         return {name: None for name in PARTS}
 
-    def command(self, model_root: str = "/srv/models", health: bool = False) -> str:
+    def command(self, model_root: str = "/srv/models", health: bool = False, fabric: bool = False) -> str:
         sections = []
         for name, cls in PARTS.items():
-            if cls is GpuHealth and not health:
+            if (cls is GpuHealth and not health) or (cls is HostFabricFact and not fabric):
                 continue
             cmd = cls().command(model_root) if cls is DiskFree else cls().command()
             sections.append(f"echo '{MARK} {name}'; ( {cmd} ) 2>/dev/null; echo \"{MARK} rc=$?\"")

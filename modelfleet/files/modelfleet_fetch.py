@@ -27,6 +27,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import http.client
 import json
 import os
 import socket
@@ -125,22 +126,37 @@ def fetch_from_peer(job: dict, paths: list[str], base_url: str) -> dict:
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.{os.getpid()}.modelfleet-partial")  # ours alone
-        digest = hashlib.sha256()
+        digest, got, length = hashlib.sha256(), 0, None
         try:
             with urllib.request.urlopen(f"{base_url.rstrip('/')}/{rel}", timeout=60) as response, \
                     partial.open("wb") as f:
+                length = response.headers.get("Content-Length")
                 for block in iter(lambda: response.read(CHUNK), b""):
                     f.write(block)
                     digest.update(block)
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
+                    got += len(block)
+        except urllib.error.URLError as error:
             partial.unlink(missing_ok=True)
             raise FetchError(f"the source {base_url} stopped answering ({one_line(error)}): its host failed or "
                              "its run ended; fix the source host and re-run") from error
+        except (ConnectionError, TimeoutError, http.client.HTTPException) as error:
+            partial.unlink(missing_ok=True)
+            raise stopped(base_url, rel, one_line(error)) from error
+        if length is not None and got != int(length):  # the server closed early: a short read, not an error
+            partial.unlink(missing_ok=True)
+            raise stopped(base_url, rel, f"{got} of {length} bytes")
         partial.replace(target)
         return rel, digest.hexdigest()
 
     with ThreadPoolExecutor(WORKERS) as pool:
         return dict(pool.map(one, paths))
+
+
+def stopped(base_url: str, rel: str, how: str) -> FetchError:
+    """The source went away in the middle of a file (connection reset, a short read): a dead source, not bad
+    bytes."""
+    return FetchError(f"source {base_url} stopped during the copy ({rel}: {how}): its host failed or its run "
+                      "ended; files already verified are kept, fix the source host and re-run")
 
 
 class Pace:

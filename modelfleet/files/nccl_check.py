@@ -4,7 +4,7 @@
     python3 nccl_check.py --nnodes N --node-rank R --master-addr HEAD --master-port P [--local-procs G]
                           [--backend nccl|gloo] [--ops all_reduce,all_gather,all_to_all]
                           [--min-bytes 1M] [--max-bytes 16G] [--factor 2] [--warmup 5] [--iters 20]
-                          [--timeout 120] [--h2d-bytes 1G]
+                          [--timeout 120] [--h2d-bytes 1G] [--reach-timeout 30 [--ifname IF]] [--hca-loopback]
 
 One process per local GPU (--local-procs, default: every visible GPU; gloo: 1); global rank =
 node_rank * local_procs + local_rank, rendezvous at the first host. For each op and message size: warm-up, then
@@ -18,6 +18,14 @@ RCCL is reached through the `nccl` backend name on ROCm builds of PyTorch.
 as nvbandwidth's host_to_device_memcpy_ce / device_to_host_memcpy_ce measure it (one copy of that many bytes,
 after warm-up, timed with CUDA events; the median of --iters), reported per GPU under "h2d". With --ops ""
 only this runs (a pool of one GPU has no collective to check).
+
+--reach-timeout (pools across hosts): before anything else, every member connects to the head's rendezvous port
+from its interface (--ifname, bound with SO_BINDTODEVICE) and the head waits for all of them, for at most that
+many seconds; a pair that cannot talk fails in seconds, named, instead of NCCL's long rendezvous timeout.
+
+--hca-loopback: after the pool's collectives, this host's own all_reduce (largest size) with shared memory, P2P
+and NVLS off, so every byte crosses its HCAs (the per-host figure the gate compares with the pool's median),
+printed as a second JSON line {"hca_loopback": {...}}.
 """
 
 from __future__ import annotations
@@ -27,10 +35,14 @@ import datetime
 import json
 import os
 import socket
+import subprocess
 import sys
 import time
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+SO_BINDTODEVICE = getattr(socket, "SO_BINDTODEVICE", 25)  # Linux's value where Python does not name it
+# NCCL lines kept from the loopback run: the HCAs or interfaces it really went through.
+NET_LINES = ("NET/IB", "NET/Socket", "Using network")
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
               "all_to_all": lambda n: (n - 1) / n}
 
@@ -63,7 +75,7 @@ def worker(local_rank: int, args) -> None:
     gpu = args.backend == "nccl"
     report = {"ok": False, "host": socket.gethostname(), "node_rank": args.node_rank, "rank": rank,
               "world_size": world, "backend": args.backend, "torch": torch.__version__,
-              "master": f"{args.master_addr}:{args.master_port}",
+              "master": f"{args.master_addr}:{args.master_port}", "reach_s": args.reach_s,
               "interface": {k: os.environ[k] for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA")
                             if k in os.environ}}
     if gpu:
@@ -207,6 +219,91 @@ def measure(op: str, nbytes: int, world: int, rank: int, device, args, torch, di
     return {"op": op, "bytes": count * 4, "count": count, "time_us": round(elapsed_us, 2), "correct": correct}
 
 
+def reach(args) -> float:
+    """Every member reaches the head's rendezvous port over its interface within --reach-timeout seconds (the
+    head listens, each member says hello from its interface), or this host's report names the pair."""
+    report = {"host": socket.gethostname(), "node_rank": args.node_rank, "backend": args.backend, "stage": "reach",
+              "master": f"{args.master_addr}:{args.master_port}", "ifname": args.ifname}
+    start = time.monotonic()
+    deadline, where = start + args.reach_timeout, f"{args.master_addr}:{args.master_port}"
+    family = socket.AF_INET6 if ":" in args.master_addr else socket.AF_INET
+    if args.node_rank == 0:
+        try:
+            server = socket.create_server((args.master_addr, args.master_port), family=family)
+        except OSError as error:
+            fail(report, f"the head cannot listen on {where} ({error.strerror or error}): the address is not on "
+                         "this host, or the port is taken")
+        waiting = set(range(1, args.nnodes))
+        while waiting and time.monotonic() < deadline:
+            server.settimeout(max(0.1, deadline - time.monotonic()))
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                break
+            with conn:
+                try:
+                    conn.settimeout(5)
+                    rank = int(conn.recv(256).split()[0])
+                    conn.sendall(b"ok\n")
+                    conn.recv(1)  # the member closes first: the port the rendezvous binds next keeps no TIME_WAIT
+                except (OSError, ValueError, IndexError):
+                    continue
+            waiting.discard(rank)
+        server.close()
+        if waiting:
+            fail(report, f"node rank(s) {', '.join(map(str, sorted(waiting)))} did not reach the head at {where} "
+                         f"within {args.reach_timeout} s")
+        return round(time.monotonic() - start, 2)
+    over, last = f" over {args.ifname}" if args.ifname else "", "no answer"
+    while True:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            if args.ifname:
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, SO_BINDTODEVICE, args.ifname.encode())
+                except OSError as error:
+                    fail(report, f"interface {args.ifname}: {error.strerror or error} (not on this host, or it "
+                                 "cannot be bound)")
+            sock.settimeout(max(0.1, min(2.0, deadline - time.monotonic())))
+            sock.connect((args.master_addr, args.master_port))
+            sock.sendall(f"{args.node_rank} {socket.gethostname()}\n".encode())
+            if sock.recv(3).startswith(b"ok"):
+                return round(time.monotonic() - start, 2)
+            last = "the head answered something else"
+        except OSError as error:
+            last = f"{type(error).__name__}: {error.strerror or error}"
+        finally:
+            sock.close()
+        if time.monotonic() >= deadline:
+            fail(report, f"node rank {args.node_rank} cannot reach the head at {where}{over} within "
+                         f"{args.reach_timeout} s ({last})")
+        time.sleep(0.5)
+
+
+def hca_loopback(args) -> dict:
+    """This host alone, all_reduce at the largest size with shared memory, P2P and NVLS off (NCCL then sends
+    every byte out through the HCAs and back), in a child process: NCCL reads these settings once."""
+    env = {**os.environ, "NCCL_SHM_DISABLE": "1", "NCCL_P2P_DISABLE": "1", "NCCL_NVLS_ENABLE": "0",
+           "NCCL_MNNVL_ENABLE": "0"}
+    argv = [sys.executable, os.path.abspath(sys.argv[0]), "--nnodes", "1", "--node-rank", "0", "--master-addr",
+            "127.0.0.1", "--master-port", str(args.master_port + 1), "--backend", "nccl", "--local-procs",
+            str(args.local_procs), "--ops", "all_reduce", "--min-bytes", str(args.max_bytes), "--max-bytes",
+            str(args.max_bytes), "--warmup", str(args.warmup), "--iters", str(args.iters), "--timeout",
+            str(args.timeout)]
+    try:
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=args.timeout * 5)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"the HCA loopback did not finish within {args.timeout * 5} s"}
+    lines = done.stdout.splitlines()
+    found = [json.loads(line) for line in lines if line.startswith("{")]
+    net = [line for line in lines if any(word in line for word in NET_LINES)][:40]
+    if not found or not found[-1].get("ok"):
+        error = found[-1].get("error") if found else " | ".join(done.stderr.splitlines()[-3:])[:400]
+        return {"ok": False, "error": f"HCA loopback: {error}", "net_lines": net}
+    largest = max(found[-1]["results"], key=lambda r: r["bytes"])
+    return {"ok": True, "bytes": largest["bytes"], "busbw_gbs": largest["busbw_gbs"], "net_lines": net}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nnodes", type=int, required=True)
@@ -223,10 +320,15 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--timeout", type=int, default=120)
     parser.add_argument("--h2d-bytes", type=parse_bytes, default=0)
+    parser.add_argument("--reach-timeout", type=int, default=0)
+    parser.add_argument("--ifname", default=None)
+    parser.add_argument("--hca-loopback", action="store_true")
     args = parser.parse_args()
     unknown = sorted(set(args.ops) - set(BUS_FACTOR))
     if unknown:
         parser.error(f"unknown op(s) {unknown}; known: {sorted(BUS_FACTOR)}")
+    # Before torch is even imported: a member that cannot reach the head fails in seconds.
+    args.reach_s = reach(args) if args.nnodes > 1 and args.reach_timeout else None
     import torch
 
     if args.backend == "nccl" and not torch.cuda.is_available():
@@ -245,6 +347,8 @@ def main() -> None:
                 pass
         except mp.ProcessExitedException as error:
             sys.exit(error.exit_code or 1)
+    if args.hca_loopback:
+        print(json.dumps({"hca_loopback": hca_loopback(args)}), flush=True)
 
 
 if __name__ == "__main__":

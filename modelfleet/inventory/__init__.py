@@ -17,13 +17,13 @@ from modelfleet.inventory.plan import (
 )
 from modelfleet.inventory.resolver import (
     RESERVED_PORTS,
-    load_inventory,
     refuse_invalid,
     resolve,
     resolve_inventory,
 )
+from modelfleet.inventory.door import guard, open_inventory
 from modelfleet.inventory.schema import COMMIT_RE, SERVICE_KEYS, HostData, ServiceData
 
 __all__ = ["COMMIT_RE", "GPU_CHECK_IMAGES", "RESERVED_PORTS", "SERVICE_KEYS", "STACK_KEYS", "HostData", "HostPlan",
-           "InventoryError", "PoolPlan", "Resolved", "ServiceData", "ServicePlan", "StackPlan", "load_inventory",
-           "refuse_invalid", "resolve", "resolve_inventory"]
+           "InventoryError", "PoolPlan", "Resolved", "ServiceData", "ServicePlan", "StackPlan", "guard",
+           "open_inventory", "refuse_invalid", "resolve", "resolve_inventory"]

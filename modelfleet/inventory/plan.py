@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from modelfleet import grammar
 from modelfleet.catalog import Engine, Hardware, Model, Recipe
+
+if TYPE_CHECKING:
+    from modelfleet.fabric import HostFabric
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class ServicePlan:
     recipe_params: dict = field(default_factory=dict)  # values for the recipe's required parameters
     gpu_indices: tuple[int, ...] = ()  # this service's GPUs on its host (disjoint from the other services')
     model_file: str | None = None  # the file the engine loads, inside the checkpoint (GGUF: the first shard)
+    fabric: HostFabric | None = None  # a multi-node pool member's fabric (devices, env, head address), from facts
 
     def at_commit(self, commit: str, model_file: str | None = None) -> "ServicePlan":
         """The same service pinned to a resolved 40-hex commit: its own model directory, so a new revision
@@ -131,6 +136,7 @@ class HostPlan:
     services: tuple[ServicePlan, ...]
     stack: StackPlan
     assess_models: tuple[str, ...] = ()
+    host_ram_gib: int | None = None  # the host's setting, else the hardware catalog's figure
     hf_endpoint: str = "https://huggingface.co"
     model_source: str | None = None
     model_keep_revisions: int = 1
@@ -149,6 +155,7 @@ class HostPlan:
     admission_h2d: bool = False
     admission_dcgm_level: int = 0
     dcgm_exporter: bool = False
+    unit_dropins: str = "remove"
     dcgm_exporter_image: str = ""
     # pyinfra's SSH settings, for the client commands (status, logs, tunnel) that reach hosts without pyinfra
     ssh_port: int = 22
@@ -170,14 +177,23 @@ class Resolved:
     hosts: dict[str, HostPlan]
     pools: dict[str, PoolPlan]
     errors: list[tuple[str, str, str]]  # (where, field, message)
+    warnings: list[tuple[str, str, str]] = field(default_factory=list)  # the same shape; `--strict` refuses them
+    skipped: list[tuple[str, str, str]] = field(default_factory=list)  # checks `--offline` left out
+    # Where the data came from (set by the door): host -> key -> file or "--data"; the files read.
+    sources: dict[str, dict[str, str]] = field(default_factory=dict)
+    group_data_files: list[str] = field(default_factory=list)
+    group_data_folders: list[str] = field(default_factory=list)
+    site_recipe_files: list[str] = field(default_factory=list)
+    groups: dict[str, list[str]] = field(default_factory=dict)  # pyinfra's groups: group -> hosts
+    data: dict[str, dict] = field(default_factory=dict)  # host -> its merged data, as pyinfra gives it
 
     def error_lines(self) -> list[str]:
         return [f"{where}: {fld}: {msg}" for where, fld, msg in self.errors]
 
-    def error_report(self) -> str:
-        """Every error, grouped by host, pool or file (in the order they were found)."""
+    def error_report(self, problems: list[tuple[str, str, str]] | None = None) -> str:
+        """Every error (or the given problems), grouped by host, pool or file (in the order they were found)."""
         groups: dict[str, list[str]] = {}
-        for where, fld, msg in self.errors:
+        for where, fld, msg in self.errors if problems is None else problems:
             groups.setdefault(where, []).append(f"  {fld}: {msg}")
         return "\n".join(f"{where}:\n" + "\n".join(lines) for where, lines in groups.items())
 

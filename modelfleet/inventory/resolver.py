@@ -7,6 +7,7 @@ from __future__ import annotations
 import difflib
 import functools
 import os
+import re
 import sys
 from collections import defaultdict
 from dataclasses import replace
@@ -18,13 +19,12 @@ from pydantic import ValidationError
 from modelfleet import grammar
 from modelfleet.catalog import (
     Catalog,
-    CatalogError,
     Engine,
     Hardware,
     Recipe,
     load_catalog,
-    with_site_recipes,
 )
+from modelfleet.exposure import off_loopback_problem
 from modelfleet.inventory.plan import (
     GPU_CHECK_IMAGES,
     STACK_KEYS,
@@ -37,14 +37,17 @@ from modelfleet.inventory.plan import (
     _slug,
 )
 from modelfleet.inventory.schema import COMMIT_RE, SERVICE_KEYS, HostData, ServiceData
-from modelfleet.loader import LOADING, InventoryFileError, read_inventory
+from modelfleet.loader import LOADING
 from modelfleet.planner import plan_capacity
 
 
-def _service_entries(data: dict[str, Any], host: HostData) -> list[dict[str, Any]]:
-    if host.services is not None:
-        return host.services
-    return [{k: data[k] for k in SERVICE_KEYS if k in data}]
+def _service_entries(data: dict[str, Any], host: HostData) -> list[Any]:
+    """The host's services. Service keys given at host or group level are the defaults of every `services`
+    entry (an entry's own value wins), as pyinfra's precedence does everywhere else."""
+    defaults = {k: data[k] for k in SERVICE_KEYS if k in data}
+    if host.services is None:
+        return [defaults]
+    return [{**defaults, **entry} if isinstance(entry, dict) else entry for entry in host.services]
 
 
 def _pick_recipe(cat: Catalog, svc: ServiceData, hardware: str, where: str, errors: list) -> Recipe | None:
@@ -70,7 +73,7 @@ def _pick_recipe(cat: Catalog, svc: ServiceData, hardware: str, where: str, erro
 
 
 def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[str, Any], cat: Catalog,
-                     errors: list) -> ServicePlan | None:
+                     errors: list, skipped: list | None = None) -> ServicePlan | None:
     where = f"host {name}"
     try:
         svc = ServiceData(**raw)
@@ -104,10 +107,13 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
     if trust and not (svc.revision and COMMIT_RE.match(svc.revision)):
         errors.append((where, "revision", f"{model.id} needs trust_remote_code: pin `revision` to a 40-hex "
                        f"commit (got {svc.revision!r}) so the code that runs is the code you reviewed"))
-    if not _is_loopback(svc.bind_address) and not svc.api_key_env:
-        errors.append((where, "bind_address", f"{svc.bind_address} is not loopback: set `api_key_env` "
-                       "(name of the control-node variable holding the API key) or bind to 127.0.0.1"))
-    if svc.api_key_env and svc.api_key_env not in os.environ:
+    exposed = None if _is_loopback(svc.bind_address) else off_loopback_problem(svc.engine, svc.bind_address,
+                                                                               svc.api_key_env)
+    if exposed:
+        errors.append((where, "bind_address", exposed))
+    if svc.api_key_env and skipped is not None:
+        skipped.append((where, "api_key_env", f"{svc.api_key_env} not looked up (--offline)"))
+    elif svc.api_key_env and svc.api_key_env not in os.environ:
         errors.append((where, "api_key_env", f"{svc.api_key_env} is not set in the control node's environment"))
     elif svc.api_key_env and not os.environ[svc.api_key_env].strip():
         errors.append((where, "api_key_env", f"{svc.api_key_env} is set but empty: the endpoint would serve "
@@ -219,21 +225,23 @@ def _pyinfra_keys() -> frozenset[str]:
 
 
 def _unknown_keys(data: dict[str, Any], where: str) -> list[tuple[str, str, str]]:
-    known = set(HostData.model_fields) | _pyinfra_keys() | (set(SERVICE_KEYS) if "services" not in data else set())
+    known = set(HostData.model_fields) | _pyinfra_keys() | set(SERVICE_KEYS)
     out = []
     for key in sorted(k for k in data if k not in known):
         near = difflib.get_close_matches(key, sorted(known - _pyinfra_keys()), n=1, cutoff=0.6)
         hint = f" (did you mean {near[0]!r}?)" if near else ""
-        if key in SERVICE_KEYS:
-            hint = " (a service key: put it in the `services` entries)"
         out.append((where, key, f"unknown key{hint}"))
     return out
 
 
-def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None = None) -> Resolved:
-    """Resolve every (host name, merged data) pair; never raises for bad input, returns errors."""
+def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None = None, offline: bool = False,
+            sources: dict[str, dict[str, str]] | None = None) -> Resolved:
+    """Resolve every (host name, merged data) pair; never raises for bad input, returns errors and warnings.
+    `offline`: the control node's secrets are not looked up (listed in `skipped`). `sources` (host -> key ->
+    file, from the loader) lets an error name the group_data file or `--data` that gave the value."""
     cat = catalog or load_catalog()
     errors: list[tuple[str, str, str]] = []
+    skipped: list[tuple[str, str, str]] | None = [] if offline else None
     hosts: dict[str, HostPlan] = {}
     addresses: dict[tuple[str, int], str] = {}
     if not entries:
@@ -282,7 +290,7 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
             if not isinstance(raw, dict):
                 errors.append((where, "services", f"each entry must be a dict, got {type(raw).__name__}"))
                 continue
-            svc = _resolve_service(name, host, hw, raw, cat, errors)
+            svc = _resolve_service(name, host, hw, raw, cat, errors, skipped)
             if svc is None:
                 continue
             if svc.port in ports:
@@ -305,6 +313,7 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
             hosts[name] = HostPlan(name=name, address=address, hardware=hw, gpu_count=gpu_count,
                                    model_root=host.model_root, config_dir=host.config_dir.rstrip("/"), hf_token_env=host.hf_token_env,
                                    services=tuple(services), assess_models=tuple(host.assess_models),
+                                   host_ram_gib=host.host_ram_gib or hw.host_ram_gib,
                                    hf_endpoint=(host.hf_endpoint or os.environ.get("HF_ENDPOINT")
                                                 or "https://huggingface.co").rstrip("/"),
                                    model_source=host.model_source, model_keep_revisions=host.model_keep_revisions,
@@ -318,7 +327,7 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
                                    ssh_strict_host_key_checking=host.ssh_strict_host_key_checking, verify_bench=host.verify_bench,
                                    verify_full=host.verify_full, admission=host.admission, admission_valid_h=host.admission_valid_h,
                                    admission_h2d=host.admission_h2d, admission_dcgm_level=host.admission_dcgm_level,
-                                   dcgm_exporter=host.dcgm_exporter,
+                                   dcgm_exporter=host.dcgm_exporter, unit_dropins=host.unit_dropins,
                                    dcgm_exporter_image=host.dcgm_exporter_image,
                                    stack=StackPlan(manage=host.gpu_stack,
                                                    **{k: getattr(host, k) for k in STACK_KEYS
@@ -326,7 +335,64 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
                                                    gpu_check_image=_from_registry(host, host.gpu_check_image or
                                                                                   GPU_CHECK_IMAGES.get(hw.vendor, ""))))
     pools = _resolve_pools(hosts, errors)
-    return Resolved(hosts=_with_ranks(hosts, pools), pools=pools, errors=errors)
+    hosts = _with_ranks(hosts, pools)
+    return Resolved(hosts=hosts, pools=pools, errors=_name_sources(errors, sources or {}),
+                    warnings=_name_sources(warnings(hosts, pools, {n: d for n, d in entries if isinstance(d, dict)}),
+                                           sources or {}),
+                    skipped=skipped or [])
+
+
+def _name_sources(problems: list[tuple[str, str, str]], sources: dict[str, dict[str, str]]) -> list:
+    """Each host problem names the file (or `--data`) that gave its value, when not the inventory itself."""
+    out = []
+    for where, fld, msg in problems:
+        origin = sources.get(where.removeprefix("host "), {}).get(fld.split(".")[0]) if where.startswith("host ") \
+            else None
+        if origin and (origin == "--data" or "group_data" in Path(origin).parts):
+            msg = f"{msg} (from {origin})"
+        out.append((where, fld, msg))
+    return out
+
+
+PLACEHOLDER_REVISION = re.compile(r"^(0+|f+|x+)$", re.IGNORECASE)
+TAG_VERSION = re.compile(r"(?:^|[^0-9])v?([0-9]+\.[0-9]+(?:\.[0-9]+)?)(?:$|[^0-9.])")
+
+
+def warnings(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], data: dict[str, dict]) -> list:
+    """What is allowed but is rarely meant: `validate` prints these as `warning:` lines, `--strict` refuses
+    them."""
+    out: list[tuple[str, str, str]] = []
+    for name, plan in hosts.items():
+        where = f"host {name}"
+        used = sum(s.gpus for s in plan.services)
+        if plan.services and plan.hardware.vendor != "none" and used < plan.gpu_count:
+            out.append((where, "gpus", f"{plan.gpu_count - used} of its {plan.gpu_count} GPUs serve nothing "
+                                       f"(services use {used}): set `gpus`, add a service, or set `gpu_count`"))
+        for svc in plan.services:
+            if svc.revision and PLACEHOLDER_REVISION.match(svc.revision):
+                out.append((where, "revision", f"{svc.revision} is a placeholder, not a commit: pin the revision "
+                                               "you reviewed (the hub's commit id)"))
+    for pool in pools.values():
+        head = pool.services[0]
+        where = f"pool {pool.name}"
+        tag = head.image.rsplit("/", 1)[-1].partition(":")[2]
+        version = TAG_VERSION.search(tag)
+        if version is None or version.group(1) == "":
+            out.append((where, "image", f"{head.image} names no engine version: its flags were checked with "
+                                        f"{head.engine_name} {head.recipe.engine_version}'s parser; pin an image "
+                                        "of that version"))
+        elif version.group(1) != head.recipe.engine_version.lstrip("v"):
+            out.append((where, "image", f"{head.image} is {head.engine_name} {version.group(1)}, but recipe "
+                                        f"{head.recipe.id}'s flags were checked with {head.recipe.engine_version}"))
+        if head.recipe.notes:
+            out.append((where, "recipe", f"{head.recipe.id}: {' '.join(head.recipe.notes.split())}"))
+        if len(pool.hosts) > 1:
+            on_ssh = [h for h in pool.hosts if "fabric_address" not in data.get(h, {})]
+            if on_ssh:
+                out.append((where, "fabric_address", f"multi-node pool on the SSH address of {', '.join(on_ssh)}: "
+                                                     "set `fabric_address` to each host's address on the pool "
+                                                     "network (the NCCL/RDMA interface)"))
+    return out
 
 
 def _resolve_pools(hosts: dict[str, HostPlan], errors: list) -> dict[str, PoolPlan]:
@@ -353,7 +419,12 @@ def _resolve_pools(hosts: dict[str, HostPlan], errors: list) -> dict[str, PoolPl
                            f"{layout.nodes} nodes"))
         if layout.nodes > 1 and layout.dp > 1 and layout.dp % layout.nodes:
             errors.append((where, "recipe", f"dp {layout.dp} does not split evenly over {layout.nodes} nodes"))
-        if len(pool.hosts) != layout.nodes:
+        if len(pool.hosts) != layout.nodes and layout.nodes == 1:
+            errors.append((where, "hosts", f"recipe {head.recipe.id} is single-node, pool has {len(pool.hosts)} "
+                           f"hosts ({', '.join(pool.hosts)}): for replicas, leave `pool` unset (each host is then a "
+                           "pool of its own serving the same model; give them one `checkpoint_group` to download "
+                           "once) or give each host its own `pool`"))
+        elif len(pool.hosts) != layout.nodes:
             errors.append((where, "hosts", f"recipe {head.recipe.id} needs {layout.nodes} node(s), pool has "
                            f"{len(pool.hosts)}"))
         if layout.world_size != pool_gpus:
@@ -362,7 +433,7 @@ def _resolve_pools(hosts: dict[str, HostPlan], errors: list) -> dict[str, PoolPl
                            f"({len(pool.hosts)} host(s) x {head.gpus})"))
         if head.hardware.vendor != "none":
             report = plan_capacity(head.model, head.hardware, gpus=head.gpus, nodes=len(pool.hosts),
-                                   recipe=head.recipe)
+                                   recipe=head.recipe, host_ram_gib=hosts[pool.hosts[0]].host_ram_gib)
             if not report.fits:
                 errors.append((where, "model", report.reason))
     return dict(pools)
@@ -382,35 +453,28 @@ def _with_ranks(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan]) -> dict[
     return out
 
 
-def load_inventory(path: str) -> list[tuple[str, dict[str, Any]]]:
-    """Load a pyinfra inventory file (and its group_data/) without connecting to anything, and without
-    pyinfra's CLI (its gevent patching stays out of the control commands)."""
-    return read_inventory(path, cwd=str(Path(path).resolve().parent.parent))
+def resolve_inventory(path: str, **options) -> Resolved:
+    """`modelfleet.inventory.door.open_inventory` (the one door), for callers that import it from here."""
+    from modelfleet.inventory.door import open_inventory
 
-
-def resolve_inventory(path: str) -> Resolved:
-    """Load, then resolve; a file that cannot be read (inventory, group_data, catalog, site recipe) is one
-    error naming it and its line. Site recipes: YAML files in a `recipes/` folder beside the inventory."""
-    try:
-        catalog = load_catalog()
-        site = Path(path).resolve().parent / "recipes"
-        if site.is_dir():
-            catalog = with_site_recipes(catalog, site)
-        return resolve(load_inventory(path), catalog)
-    except (InventoryFileError, CatalogError) as error:
-        return Resolved(hosts={}, pools={}, errors=[(error.where, "file", error.message)])
+    return open_inventory(path, **options)
 
 
 def refuse_invalid(inventory_file: str) -> None:
     """
-    The last line of a modelfleet inventory file: `refuse_invalid(__file__)`. When pyinfra loads the file, the
-    whole inventory (hosts, group_data, catalog, site recipes) is validated right there, before pyinfra
-    connects to any host; any error is printed, grouped by host, and pyinfra exits with status 2. When
-    modelfleet itself reads the inventory (validate, render, status...), it does nothing.
+    `refuse_invalid(__file__)` at the end of an inventory file: when pyinfra loads the file, the whole
+    inventory is validated through the door, as this pyinfra command will run it (its --group-data and --data),
+    before pyinfra connects to any host; any error is printed, grouped by host, and pyinfra exits with status 2.
+    The checkout's `config.py` does the same for every inventory (`door.guard`); when that already ran, or
+    when modelfleet itself reads the inventory (validate, render, status...), this does nothing.
     """
-    if LOADING.get():
+    from modelfleet.inventory import door
+
+    if LOADING.get() or door.guarded():
         return
-    result = resolve_inventory(inventory_file)
+    run = door.invocation() or {}
+    options = {k: run[k] for k in ("cwd", "group_data", "data") if k in run}
+    result = door.open_inventory(inventory_file, **options)
     if result.errors:
         print(f"modelfleet: {inventory_file} is not valid; nothing was touched:\n{result.error_report()}",
               file=sys.stderr)

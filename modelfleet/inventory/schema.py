@@ -63,29 +63,47 @@ class ServiceData(BaseModel):
     """What an inventory may say about one served model on a host (all optional until resolved)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)  # strict: no `True` as a port or a count
-    pool: Name | None = None
-    model: Name | None = None
-    engine: Name | None = None
-    recipe: Name | None = None
-    gpus: Annotated[int, Field(ge=1)] | None = None
-    served_name: Annotated[str, _fits(grammar.served_name)] | None = None
-    port: Port | None = None
-    bind_address: Annotated[str, _fits(_bind)] = "127.0.0.1"
-    api_key_env: SecretVar | None = None
-    revision: Annotated[str, _fits(grammar.revision)] | None = None
-    trust_remote_code: bool | None = None
-    image: Image | None = None
-    extra_args: Annotated[list[str], _each(grammar.no_control)] = []
-    env: dict[Annotated[str, _fits(grammar.env_name)], Annotated[str, _fits(grammar.env_value)]] = {}
-    # Hosts that copy the checkpoint from each other (one hub download per group); default: the pool.
-    checkpoint_group: Name | None = None
-    # Gate threshold on all_reduce busbw at the largest size; default: the hardware catalog's.
-    netcheck_min_busbw_gbps: Annotated[float, Field(gt=0)] | None = None
-    netcheck_timeout_s: int = Field(120, ge=5, le=3600)  # how long a rank waits for the others to join
-    # Which of the host's GPUs (nvidia-smi indices); default: the lowest free ones, in service order.
-    gpu_indices: Annotated[list[Annotated[int, Field(ge=0, le=71)]], _fits(_unique)] | None = None
-    # Values for the recipe's required parameters (e.g. SGLang's mamba_full_memory_ratio for Kimi K3).
-    recipe_params: dict[Name, Annotated[float | int | str, _fits(lambda v: grammar.no_control(str(v)))]] = {}
+    pool: Name | None = Field(None, description="Hosts naming the same pool serve one model together (host order "
+                              "is rank order); unset: a pool of its own per host, named after the host.")
+    model: Name | None = Field(None, description="Catalog model id to serve, e.g. `kimi-k3.1-pro` (required).")
+    engine: Name | None = Field(None, description="`vllm`, `sglang` or `llama.cpp` (required).")
+    recipe: Name | None = Field(None, description="Catalog or site recipe id; unset: the one recipe for this "
+                                "model, engine and hardware (an error if there are several).")
+    gpus: Annotated[int, Field(ge=1)] | None = Field(None, description="GPUs this service uses on each host; "
+                                                     "unset: the recipe's gpus_per_node.")
+    served_name: Annotated[str, _fits(grammar.served_name)] | None = Field(
+        None, description="Model name clients call; unset: the catalog model id.")
+    port: Port | None = Field(None, description="Endpoint port; unset: the engine's default (vLLM 8000, SGLang "
+                              "30000, llama.cpp 8080).")
+    bind_address: Annotated[str, _fits(_bind)] = Field(
+        "127.0.0.1", description="Address the endpoint listens on; off loopback only with `api_key_env`, and "
+        "never for vLLM (its key leaves inference routes open).")
+    api_key_env: SecretVar | None = Field(None, description="Name of the control-node variable holding the API "
+                                          "key (reaches the host only in a 0600 file); unset: no key.")
+    revision: Annotated[str, _fits(grammar.revision)] | None = Field(
+        None, description="Hub branch, tag or 40-hex commit (a commit is required with trust_remote_code); "
+        "unset: `main`.")
+    trust_remote_code: bool | None = Field(None, description="Run the checkpoint's own Python code; unset: what "
+                                           "the catalog model says.")
+    image: Image | None = Field(None, description="Engine image (tag or `@sha256:` digest), through "
+                                "`image_registry`; unset: the recipe's image.")
+    extra_args: Annotated[list[str], _each(grammar.no_control)] = Field(
+        [], description="More engine flags after the recipe's (flags modelfleet or the recipe set are refused).")
+    env: dict[Annotated[str, _fits(grammar.env_name)], Annotated[str, _fits(grammar.env_value)]] = Field(
+        {}, description="Environment for the engine container, over the recipe's and the network settings.")
+    checkpoint_group: Name | None = Field(None, description="Hosts that copy the checkpoint from each other (one "
+                                          "hub download per group); unset: the pool.")
+    netcheck_min_busbw_gbps: Annotated[float, Field(gt=0)] | None = Field(
+        None, description="Gate threshold on all_reduce busbw at the largest size, GB/s; unset: the hardware "
+        "catalog's (none for multi-node pools: checked for correctness only).")
+    netcheck_timeout_s: int = Field(120, ge=5, le=3600, description="Seconds a gate rank waits for the others "
+                                    "to join.")
+    gpu_indices: Annotated[list[Annotated[int, Field(ge=0, le=71)]], _fits(_unique)] | None = Field(
+        None, description="Which of the host's GPUs (nvidia-smi indices); unset: the lowest free ones, in "
+        "service order.")
+    recipe_params: dict[Name, Annotated[float | int | str, _fits(lambda v: grammar.no_control(str(v)))]] = Field(
+        {}, description="Values for the recipe's required parameters (e.g. SGLang's `mamba_full_memory_ratio` "
+        "for Kimi K3).")
 
 
 class HostData(BaseModel):
@@ -93,85 +111,137 @@ class HostData(BaseModel):
 
     # Unknown keys are refused by `resolve` (with a suggestion); pyinfra's own keys (ssh_*, _sudo, ...) pass.
     model_config = ConfigDict(extra="ignore", strict=True)
-    hardware: Name | None = None
-    gpu_count: Annotated[int, Field(ge=1)] | None = None
-    ssh_hostname: Annotated[str, _fits(grammar.host_address)] | None = None
-    ssh_port: Port = 22
-    ssh_user: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_.-]{0,31}$")] | None = None
-    ssh_key: str | None = None
-    ssh_known_hosts_file: str | None = None
-    # pyinfra's own setting; modelfleet's status/logs/tunnel/upgrade honour it too (unset: unknown keys refused)
-    ssh_strict_host_key_checking: Literal["yes", "accept-new", "no", "off"] | None = None
-    model_root: OwnedDir = "/srv/models"
-    config_dir: OwnedDir = "/etc/modelfleet"  # env and secret files (0700 directory, 0600 files)
-    hf_token_env: SecretVar = "HF_TOKEN"
-    image_registry: Annotated[str, _fits(_registry)] | None = None  # site mirror / lab registry prefix
-    gpu_passthrough: bool = True  # the lab's hosts have no GPUs to hand to containers
-    services: Annotated[list[dict[str, Any]], Field(min_length=1)] | None = None
-    assess_models: list[Name] = []  # preflight also reports whether these would fit the measured GPUs
-    hf_endpoint: Url | None = None  # default: the control node's HF_ENDPOINT, else https://huggingface.co
-    # Air-gapped sites: a mirror URL or file:// directory holding <repo>/<commit>/ instead of the hub.
-    model_source: Url | None = None
-    model_keep_revisions: int = Field(1, ge=0)  # older revisions kept for rollback beside the served one
-    model_reverify: bool = False  # hash every file again instead of trusting the manifest's size + mtime
-    # Peers one host serves a checkpoint to at once; hosts that got their copy serve the next ones (a tree),
-    # so no host's link carries more than this many copies and a large group takes log(N) waves, not N.
-    # The checkpoint group's first host's setting counts for the whole group.
-    model_fanout_width: int = Field(8, ge=1, le=1024)
-    # A host serving peers sends at most this many MB/s in all (unset: as fast as the link goes), so a fan-out
-    # on a link it shares with inference traffic leaves room for it.
-    model_fanout_rate_mb_s: int | None = Field(None, ge=1)
-    verify_bench: bool = False  # the verify stage also runs a short bench and fails on regressions
-    verify_full: bool = False  # smoke + tool probe on every converge, not only when a unit (re)started
-    admission: bool = True  # False: the admission stage leaves this host's GPUs unjudged (NVIDIA hosts only)
-    admission_valid_h: int = Field(24, ge=1, le=720)  # how long an admission pass holds (reports/admission)
-    # Also measure each GPU's pinned host <-> device copy bandwidth inside the serving image when the pool's
-    # gate runs (netcheck), against the hardware catalog's h2d_min_gbps; a slow GPU fails the pool.
-    admission_h2d: bool = False
-    # DCGM's diagnostic at this level when admission judges the host (`dcgmi diag -r N`; 0 = off; 1 takes about
-    # a minute, 2 a few, 3-4 half an hour or more): needs DCGM on the host; a failing test refuses it.
-    admission_dcgm_level: int = Field(0, ge=0, le=4)
-    dcgm_exporter: bool = False  # a DCGM exporter unit on NVIDIA hosts (:9400 on the fabric address)
+    hardware: Name | None = Field(None, description="Catalog hardware id of the board, e.g. `b300`, `gb300`, "
+                                  "`mi355x` (required).")
+    gpu_count: Annotated[int, Field(ge=1)] | None = Field(None, description="GPUs the host has; unset: the "
+                                                          "hardware catalog's GPUs per node.")
+    ssh_hostname: Annotated[str, _fits(grammar.host_address)] | None = Field(
+        None, description="pyinfra's own: the address to SSH to; unset: the inventory's host name.")
+    ssh_port: Port = Field(22, description="pyinfra's own: the SSH port (an engine may not take it).")
+    ssh_user: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_.-]{0,31}$")] | None = Field(
+        None, description="pyinfra's own: the SSH user; unset: pyinfra's default.")
+    ssh_key: str | None = Field(None, description="pyinfra's own: private key file; unset: the SSH agent and "
+                                "default keys.")
+    ssh_known_hosts_file: str | None = Field(None, description="pyinfra's own: known-hosts file, also used by "
+                                             "status, logs, tunnel and upgrade; unset: `~/.ssh/known_hosts`.")
+    ssh_strict_host_key_checking: Literal["yes", "accept-new", "no", "off"] | None = Field(
+        None, description="pyinfra's own; status, logs, tunnel and upgrade honour it too (unset: unknown host "
+        "keys refused).")
+    model_root: OwnedDir = Field("/srv/models", description="Where checkpoints live, "
+                                 "`<model_root>/<model>/<commit>` (an NVMe mount with `nvme_devices`).")
+    config_dir: OwnedDir = Field("/etc/modelfleet", description="Env and secret files (0700 directory, 0600 "
+                                 "files).")
+    hf_token_env: SecretVar = Field("HF_TOKEN", description="Name of the control-node variable holding the hub "
+                                    "token (reaches only the downloading host, in a 0600 file).")
+    image_registry: Annotated[str, _fits(_registry)] | None = Field(
+        None, description="Registry prefix put before every image (site mirror, lab registry); unset: images "
+        "as named.")
+    gpu_passthrough: bool = Field(True, description="Hand the service's GPUs to its container (False on the "
+                                  "lab's hosts, which have none).")
+    services: Annotated[list[dict[str, Any]], Field(min_length=1)] | None = Field(
+        None, description="Several services on one host, each entry a set of service settings; unset: the "
+        "host's own service settings are its one service.")
+    assess_models: list[Name] = Field([], description="Catalog model ids preflight also reports on: would they "
+                                      "fit the measured GPUs.")
+    host_ram_gib: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Host RAM (GiB) that llama.cpp recipes keeping MoE experts in RAM may fill; the planner "
+        "sizes them against it and preflight checks it against /proc/meminfo. Unset: the hardware catalog's "
+        "typical figure for the board.")
+    hf_endpoint: Url | None = Field(None, description="Hugging Face hub to fetch from; unset: the control "
+                                    "node's HF_ENDPOINT, else https://huggingface.co.")
+    model_source: Url | None = Field(None, description="Air-gapped sites: a mirror URL or file:// directory "
+                                     "holding `<repo>/<commit>/` with its manifest, used instead of the hub.")
+    model_keep_revisions: int = Field(1, ge=0, description="Older revisions kept on disk for rollback beside the "
+                                      "served one.")
+    model_reverify: bool = Field(False, description="Hash every file again instead of trusting the manifest's "
+                                 "size + mtime.")
+    # Hosts that got their copy serve the next wave (a tree), so a large group takes log(N) waves, not N.
+    model_fanout_width: int = Field(8, ge=1, le=1024, description="Peers one host serves the checkpoint to at "
+                                    "once (the group's first host's value counts for the group).")
+    model_fanout_rate_mb_s: int | None = Field(None, ge=1, description="Cap on what a host serving peers sends "
+                                               "in all, MB/s, leaving room for inference; unset: no cap.")
+    verify_bench: bool = Field(False, description="The verify stage also runs a short bench and fails on a "
+                               "regression against the previous one.")
+    verify_full: bool = Field(False, description="Smoke test and tool probe on every converge, not only when a "
+                              "unit (re)started.")
+    admission: bool = Field(True, description="False: the admission stage leaves this host's GPUs unjudged "
+                            "(NVIDIA hosts only).")
+    admission_valid_h: int = Field(24, ge=1, le=720, description="Hours an admission pass holds "
+                                   "(reports/admission).")
+    admission_h2d: bool = Field(False, description="Also time each GPU's pinned host <-> device copies when the "
+                                "pool's gate runs, against the hardware catalog's h2d_min_gbps.")
+    admission_dcgm_level: int = Field(0, ge=0, le=4, description="DCGM diagnostic level when admission judges "
+                                      "the host (`dcgmi diag -r N`; 0 off, 1 about a minute, 3-4 half an hour+).")
+    dcgm_exporter: bool = Field(False, description="Run a DCGM exporter unit on NVIDIA hosts (:9400 on the "
+                                "fabric address).")
+    unit_dropins: Literal["remove", "keep"] = Field(
+        "remove", description="Drop-ins and masks on the units modelfleet writes, which it did not write: removed "
+        "(remove), or the site keeps its own and the host is refused, naming each file (keep).")
     # NVIDIA's tag from github.com/NVIDIA/dcgm-exporter's README quickstart (DCGM 4.4.2, exporter 4.7.1)
-    dcgm_exporter_image: Image = "nvcr.io/nvidia/k8s/dcgm-exporter:4.4.2-4.7.1-ubuntu22.04"
-    # NVMe for model_root: device paths, or ["auto"] for every blank NVMe disk; several become one RAID0.
+    dcgm_exporter_image: Image = Field("nvcr.io/nvidia/k8s/dcgm-exporter:4.4.2-4.7.1-ubuntu22.04",
+                                       description="Image of the DCGM exporter unit.")
     nvme_devices: Annotated[list[str], _each(lambda v: None if v == "auto" else grammar.device(v)),
-                            _fits(_unique)] = []
-    model_filesystem: Literal["xfs", "ext4"] = "xfs"
-    # Devices that hold a partition table, filesystem or RAID metadata are never formatted, unless their
-    # serial number is listed here.
-    format_allow_serials: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")]] = []
+                            _fits(_unique)] = Field(
+        [], description="NVMe for model_root: device paths, or `[\"auto\"]` for every blank NVMe disk; several "
+        "become one RAID0; empty: model_root is left as it is.")
+    model_filesystem: Literal["xfs", "ext4"] = Field("xfs", description="Filesystem made on `nvme_devices`.")
+    format_allow_serials: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")]] = Field(
+        [], description="Serial numbers of devices that may be formatted although they hold a partition table, "
+        "filesystem or RAID metadata.")
     # The pool network: the gate and the engine units get the same settings.
-    fabric_address: Annotated[str, _fits(grammar.address)] | None = None  # default: ssh_hostname
-    nccl_socket_ifname: Annotated[str, _fits(grammar.interfaces)] | None = None
-    gloo_socket_ifname: Annotated[str, _fits(grammar.interfaces)] | None = None
-    nccl_ib_hca: Annotated[str, _fits(grammar.ib_hca)] | None = None
+    fabric_address: Annotated[str, _fits(grammar.address)] | None = Field(
+        None, description="The host's address on the pool network (rendezvous, peers); unset: the SSH address.")
+    nccl_socket_ifname: Annotated[str, _fits(grammar.interfaces)] | None = Field(
+        None, description="NCCL_SOCKET_IFNAME for the gate and the engines; unset: NCCL chooses.")
+    gloo_socket_ifname: Annotated[str, _fits(grammar.interfaces)] | None = Field(
+        None, description="GLOO_SOCKET_IFNAME for the gate and the engines; unset: Gloo chooses.")
+    nccl_ib_hca: Annotated[str, _fits(grammar.ib_hca)] | None = Field(
+        None, description="NCCL_IB_HCA (keep one order on every member); unset: NCCL chooses.")
     # The GPU host stack (stages os_base, gpu_driver, container_runtime). Every outside URL is data: a site
     # mirror replaces it; nothing is downloaded from anywhere not named here.
-    gpu_stack: bool = True  # False: the driver, Docker and toolkit are someone else's job (checked, not installed)
-    driver_branch: str = Field("580", pattern=r"^[0-9]{3}$")
-    # One release of the branch (e.g. 580.159.04): installed with Fabric Manager at the same version; changing
-    # it is a driver upgrade (`modelfleet upgrade` drains, installs, reboots and gates one batch at a time).
-    driver_version: str | None = Field(None, pattern=r"^[0-9]{3}\.[0-9]{2,3}(\.[0-9]{2})?$")
-    driver_flavor: Literal["open", "proprietary"] = "open"  # open kernel modules are NVIDIA's default since R560
-    driver_allow_downgrade: bool = False  # a loaded driver newer than the branch is refused unless this is set
-    driver_pinning: bool = True  # NVIDIA's nvidia-driver-pinning-<branch> package; False: apt-mark hold
-    # e.g. "13-0" installs cuda-toolkit-13-0 (the engine images bring their own)
-    cuda_toolkit: Annotated[str, Field(pattern=r"^[0-9]{1,2}-[0-9]{1,2}$")] | None = None
-    reboot: bool = True  # False (`--data reboot=false`): record "reboot pending" instead of rebooting
+    gpu_stack: bool = Field(True, description="Install the driver, Fabric Manager, Docker and the toolkit; "
+                            "False: someone else's job (checked, not installed).")
+    driver_branch: str = Field("580", pattern=r"^[0-9]{3}$", description="NVIDIA driver branch installed and "
+                               "held.")
+    # Changing it is a driver upgrade (`modelfleet upgrade` drains, installs, reboots and gates batch by batch).
+    driver_version: str | None = Field(None, pattern=r"^[0-9]{3}\.[0-9]{2,3}(\.[0-9]{2})?$", description="One "
+                                       "release of the branch (e.g. 580.159.04), Fabric Manager at the same "
+                                       "version; unset: a loaded driver of the branch is kept, else the newest.")
+    driver_flavor: Literal["open", "proprietary"] = Field("open", description="Open kernel modules (NVIDIA's "
+                                                          "default since R560) or the proprietary ones.")
+    driver_allow_downgrade: bool = Field(False, description="Accept replacing a loaded driver newer than the "
+                                         "branch (refused otherwise).")
+    driver_pinning: bool = Field(True, description="Hold the branch with NVIDIA's "
+                                 "nvidia-driver-pinning-<branch> package; False: `apt-mark hold`.")
+    cuda_toolkit: Annotated[str, Field(pattern=r"^[0-9]{1,2}-[0-9]{1,2}$")] | None = Field(
+        None, description="e.g. `13-0` installs cuda-toolkit-13-0; unset: none (the engine images bring their "
+        "own).")
+    reboot: bool = Field(True, description="Reboot when the driver's kernel module changed; False "
+                         "(`--data reboot=false`): record \"reboot pending\" instead.")
     # https://docs.nvidia.com/datacenter/tesla/driver-installation-guide/ (network repository, cuda-keyring)
-    nvidia_repo_url: Url = "https://developer.download.nvidia.com/compute/cuda/repos"
+    nvidia_repo_url: Url = Field("https://developer.download.nvidia.com/compute/cuda/repos",
+                                 description="NVIDIA's CUDA network repository (cuda-keyring, driver, Fabric "
+                                 "Manager), or a site mirror of it.")
     # https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/install-guide.html
-    container_toolkit_repo_url: Url = "https://nvidia.github.io/libnvidia-container/stable/deb"
-    container_toolkit_key_url: Url = "https://nvidia.github.io/libnvidia-container/gpgkey"
-    docker_source: Literal["docker", "distro"] = "docker"  # Docker's repository (docker-ce) or the distro's docker.io
-    docker_repo_url: Url = "https://download.docker.com/linux"  # https://docs.docker.com/engine/install/ubuntu/
+    container_toolkit_repo_url: Url = Field("https://nvidia.github.io/libnvidia-container/stable/deb",
+                                            description="NVIDIA Container Toolkit repository, or a mirror.")
+    container_toolkit_key_url: Url = Field("https://nvidia.github.io/libnvidia-container/gpgkey",
+                                           description="Signing key of the Container Toolkit repository.")
+    docker_source: Literal["docker", "distro"] = Field("docker", description="Docker's repository (docker-ce) "
+                                                       "or the distribution's docker.io.")
+    # https://docs.docker.com/engine/install/ubuntu/
+    docker_repo_url: Url = Field("https://download.docker.com/linux", description="Docker's repository, or a "
+                                 "mirror.")
     # https://rocm.docs.amd.com/projects/install-on-linux/ (amdgpu-install, then amdgpu-dkms and rocm)
-    amd_repo_url: Url = "https://repo.radeon.com"
-    rocm_version: str = Field("7.0", pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$")
-    # amdgpu-install_<build>_all.deb for rocm_version
-    amdgpu_install_build: str = Field("7.0.70000-1", pattern=r"^[0-9][0-9.]*-[0-9]+$")
-    gpu_check_image: Image | None = None  # default: GPU_CHECK_IMAGES for the host's vendor
-    service_user: str = Field("root", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")  # added to render/video on AMD hosts
+    amd_repo_url: Url = Field("https://repo.radeon.com", description="AMD's repository (amdgpu-install, "
+                              "amdgpu-dkms, rocm), or a mirror.")
+    rocm_version: str = Field("7.0", pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$", description="ROCm release "
+                              "installed on AMD hosts.")
+    amdgpu_install_build: str = Field("7.0.70000-1", pattern=r"^[0-9][0-9.]*-[0-9]+$", description="Build of "
+                                      "amdgpu-install_<build>_all.deb for rocm_version.")
+    gpu_check_image: Image | None = Field(None, description="Image that must see the host's GPUs after the "
+                                          "stack; unset: NVIDIA's CUDA base image, Ubuntu's on AMD hosts.")
+    service_user: str = Field("root", pattern=r"^[a-z_][a-z0-9_-]{0,31}$", description="User added to the "
+                              "render and video groups on AMD hosts.")
 
 

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import posixpath
 import shlex
 from io import BytesIO
 
 from pyinfra import host
-from pyinfra.api import FileUploadCommand, StringCommand, operation
+from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand, operation
+
+from modelfleet import FILES_DIR
+from modelfleet.operations.report import refuse
+
+# Left in every directory `directory` creates (or takes over while empty): the proof it is modelfleet's.
+MARKER = ".modelfleet-owned"
+# Names modelfleet writes into the directories it owns: its own dot files (the marker, a checkpoint's manifest
+# and fetch lock, a secret's upload temp file), the config directory's files (ServicePlan.env_file,
+# secrets_config_file and auth_file; the model stage's hub token, fetch jobs and their logs) and the tools it
+# copies.
+OWN_NAMES = (".modelfleet-*", ".*.modelfleet-tmp", "[A-Za-z0-9]*.env", "[A-Za-z0-9]*.secrets.yaml",
+             "[A-Za-z0-9]*.auth", "hf-token", "checkpoint-*.json", "checkpoint-*.json.log",
+             *sorted(p.name for p in FILES_DIR.glob("*.py")))
 
 
 def _owned(current: dict | None, kind: str, mode: str, user: str, group: str) -> bool:
@@ -22,14 +36,45 @@ def content_changes(current: dict | None, content: str, mode: str, user: str = "
     return not (_owned(current, "file", mode, user, group) and current["sha256"] == wanted)
 
 
+def foreign_entries(current: dict | None, claimed: bool = False) -> list[str]:
+    """What makes an existing directory someone else's ([] when modelfleet may take it over). It is
+    modelfleet's when it is absent, empty, holds the marker or another `.modelfleet-*` file (a checkpoint
+    directory: its manifest or fetch lock), holds only names modelfleet writes (a directory made before the
+    marker existed), or `claimed` (the caller has its own proof: storage's filesystem carries its label).
+    A state that did not list the entries (an older recording) is taken as it is, as before."""
+    if claimed or not current or current.get("kind") != "dir":
+        return []
+    entries = current.get("entries") or []
+    if any(fnmatch.fnmatchcase(e, ".modelfleet-*") for e in entries):
+        return []
+    return [e for e in entries if not any(fnmatch.fnmatchcase(e, pattern) for pattern in OWN_NAMES)]
+
+
 @operation()
-def directory(path: str, current: dict | None, mode: str = "0755", user: str = "root", group: str = "root"):
-    """A directory with this mode and owner (parents created as needed)."""
+def directory(path: str, current: dict | None, mode: str = "0755", user: str = "root", group: str = "root",
+              claimed: bool = False):
+    """
+    A directory with this mode and owner (parents created as needed), marked as modelfleet's when created.
+    A directory that exists and is someone else's (foreign_entries) is refused, naming it: modelfleet never
+    chowns, chmods or writes into a non-empty directory it did not make.
+    """
+    p = shlex.quote(path)
+    foreign = foreign_entries(current, claimed)
+    if current and current.get("kind") != "dir":
+        yield FunctionCommand(refuse, ([f"{path} exists and is not a directory: refusing to replace it"],), {})
+        return
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        yield FunctionCommand(refuse, ([
+            f"{path} is not empty ({shown}) and modelfleet did not make it: refusing to chown, chmod or write "
+            f"into it. Name another directory in the inventory, or, if it is modelfleet's, "
+            f"`touch {path}/{MARKER}`"],), {})
+        return
     if _owned(current, "dir", mode, user, group):
         host.noop(f"directory {path} is in place")
         return
-    p = shlex.quote(path)
-    yield StringCommand("mkdir", "-p", p, "&&", "chown", f"{user}:{group}", p, "&&", "chmod", mode, p)
+    yield StringCommand("mkdir", "-p", p, "&&", "chown", f"{user}:{group}", p, "&&", "chmod", mode, p, "&&",
+                        "touch", shlex.quote(f"{path}/{MARKER}"))
 
 
 @operation()

@@ -56,12 +56,21 @@ def wait_ready(unit: str, base_url: str, served_name: str, timeout_s: int, auth_
 
 
 @operation()
-def unit_running(unit: str, current: dict, reload: bool, restart: bool):
+def unit_running(unit: str, current: dict, reload: bool, restart: bool, remove: list[str] | tuple = (),
+                 unmask: bool = False):
     """
     Enabled and active, from the unit's state read before the stage. `reload`: its unit file changed;
     `restart`: something it reads changed. A unit that is started here already runs the new config.
+    `remove`: files systemd merges into the unit that modelfleet did not write (drop-ins, a unit file that
+    outranks ours); `unmask`: the unit is masked. Both are followed by a daemon-reload.
     """
-    if reload:
+    if remove:
+        yield StringCommand("rm", "-f", "--", *(shlex.quote(p) for p in remove))
+        for directory in sorted({p.rsplit("/", 1)[0] for p in remove if p.endswith(".conf")}):
+            yield StringCommand("rmdir", "--ignore-fail-on-non-empty", "--", shlex.quote(directory))
+    if unmask:
+        yield StringCommand("systemctl", "unmask", unit)
+    if reload or remove or unmask:
         yield StringCommand("systemctl", "daemon-reload")
     if current.get("UnitFileState") != "enabled":
         yield StringCommand("systemctl", "enable", unit)

@@ -134,7 +134,9 @@ def fanout_serving(group: str, directory_: str, address: str, port: int, serve: 
                 f"echo 'fan-out server did not start' >&2; exit 1")
         yield StringCommand("sh", "-c", shlex.quote(wait))
     else:
-        yield StringCommand("systemctl", "stop", shlex.quote(unit))
+        # A server that already ended (its lifetime, its host restarted) left nothing to stop: say nothing.
+        yield StringCommand("sh", "-c", shlex.quote(f"systemctl is-active --quiet {shlex.quote(unit)} || exit 0; "
+                                                    f"systemctl stop {shlex.quote(unit)}"))
 
 
 @operation()
@@ -151,6 +153,23 @@ def revisions_pruned(parent: str, remove: list[str]):
         host.noop("no revision to prune")
         return
     yield StringCommand("rm", "-rf", *[shlex.quote(f"{parent}/{commit}") for commit in remove])
+
+
+@operation()
+def litter_removed(parent: str, commit: str, partials: dict, unfinished: list[str]):
+    """Partial files (`.<name>.<pid>.modelfleet-partial`) and revision directories without a manifest that a
+    fetch no longer running left behind (its process died, its host restarted): no live fetch holds their lock."""
+    if not partials and not unfinished:
+        host.noop("no partial file or unfinished revision left behind")
+        return
+    what = ([f"{len(partials)} partial file(s) ({sum(partials.values()) / 1e6:.1f} MB) in {parent}/{commit[:12]}"]
+            * bool(partials) + [f"unfinished revision(s) {', '.join(r[:12] for r in unfinished)}"] * bool(unfinished))
+    yield FunctionCommand(note, (f"modelfleet: removing {' and '.join(what)}, left by a fetch that is no longer "
+                                 "running",), {})
+    if partials:
+        yield StringCommand("rm", "-f", "--", *(shlex.quote(f"{parent}/{commit}/{rel}") for rel in sorted(partials)))
+    if unfinished:
+        yield StringCommand("rm", "-rf", "--", *(shlex.quote(f"{parent}/{r}") for r in unfinished))
 
 
 @operation()
@@ -205,6 +224,10 @@ def run(ctx: HostRun):
             continue
         parent = model_dir.rsplit("/", 1)[0]
         directory(name=f"Revision directory {model_dir}", path=model_dir, current=mine["paths"].get(model_dir))
+        busy = set(tree.get("busy", []))
+        litter_removed(name=f"Leftovers of earlier fetches in {parent}", parent=parent, commit=snap.commit,
+                       partials={} if snap.commit in busy else tree.get("partials", {}),
+                       unfinished=[r for r in tree.get("unfinished", []) if r not in (snap.commit, tree.get("current"))])
         job = _job_path(plan, model_dir)
         content_file(name=f"Fetch job {job}", dest=job, content=_job(plan, svc, snap),
                      current=mine["paths"].get(job), mode="0600")
@@ -245,7 +268,12 @@ def run(ctx: HostRun):
         current_pointer(name=f"{parent}/current -> {snap.commit[:12]}", parent=parent, commit=snap.commit,
                         current=tree.get("current"))
         revisions_pruned(name=f"Prune revisions of {svc.model.id} beyond {plan.model_keep_revisions}",
-                         parent=parent, remove=_to_prune(tree, snap.commit, plan.model_keep_revisions))
+                         parent=parent, remove=_to_prune(_finished(tree), snap.commit, plan.model_keep_revisions))
+
+
+def _finished(tree: dict) -> dict:
+    """The tree with unfinished revisions left out of its revisions (never kept for rollback; removed instead)."""
+    return {**tree, "revisions": [r for r in tree.get("revisions", []) if r not in tree.get("unfinished", [])]}
 
 
 def fanout_waves(members: list[str], holders: set[str], width: int) -> list[dict[str, str]]:

@@ -1,7 +1,7 @@
 """Stage os_base: what the GPU stack builds on. The tools the repository steps use (curl, CA certificates) and,
 when gpu_driver is about to build a kernel module (DKMS: the NVIDIA driver, amdgpu-dkms), the running kernel's
 headers, all from the distribution's own archive. A host whose driver is already loaded gets no headers: its
-kernel may not even be a distribution kernel (seen on the lent H200, 6.18.44-fc-v973-gpu)."""
+kernel may not even be a distribution kernel (seen on a real H200 host: 6.18.44-fc-v973-gpu)."""
 
 from __future__ import annotations
 

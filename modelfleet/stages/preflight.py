@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pyinfra import host
 from pyinfra.api import deploy
 
 from modelfleet.catalog import load_catalog
 from modelfleet.context import HostRun
-from modelfleet.facts.probe import HostProbe
+from modelfleet.fabric import report as pool_fabric_report
 from modelfleet.gpu_predicates import fabric_manager_needed, locality_notes, replaces_driver
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.report import fail_host, save_report
@@ -123,9 +122,17 @@ def assess(plan: HostPlan, gpus: list[dict]) -> list[dict]:
 def run(ctx: HostRun, defer_stack: bool = False, health: bool = False) -> bool:
     """`health`: the admission stage follows; its read rides in this probe (no round trip of its own)."""
     plan = ctx.plan
-    probe = host.get_fact(HostProbe, model_root=plan.model_root, health=health)
-    ctx.remember_probe(probe)
+    probe = ctx.read_probe(health=health)
     report = evaluate(plan, probe, defer_stack=defer_stack)
+    report["fabric"] = {}
+    for svc in plan.services:
+        if svc.nnodes > 1:
+            fabric = pool_fabric_report(ctx.fabric(svc.pool))
+            report["fabric"][svc.pool] = fabric
+            report["problems"] += [f"{svc.pool}: fabric: {line}" for line in fabric["errors"]]
+            if plan.name == ctx.inventory.pools[svc.pool].hosts[0]:
+                save_report("fabric", svc.pool, fabric)
+    report["ok"] = not report["problems"]
     save_report("preflight", plan.name, report)
     if not report["ok"]:
         fail_host(name="Preflight refused this host", reasons=report["problems"])

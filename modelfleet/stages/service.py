@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from pyinfra.api import deploy
 
-from modelfleet import render
+from modelfleet import fabric_run, render
 from modelfleet.context import HostRun
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.files import content_file, directory
+from modelfleet.operations.report import fail_host, note_once
 from modelfleet.operations.service import unit_running, wait_ready, worker_up
-from modelfleet.units import UNIT_DIR, edited, pinned_services, unit_files
+from modelfleet.units import UNIT_DIR, edited, merged, pinned_services, unit_files, what_it_sets
 
 
 def wants(plan: HostPlan, probe: dict) -> dict:
@@ -25,9 +26,21 @@ def wants(plan: HostPlan, probe: dict) -> dict:
 @deploy("modelfleet service")
 def run(ctx: HostRun):
     plan = ctx.plan
-    services = pinned_services(plan)
+    refused = fabric_run.refusals(ctx, plan.services)
+    if refused:  # a pool across hosts whose fabric is wrong: no unit of it starts
+        fail_host(name="Pool fabric", reasons=refused)
+        return
+    services = [fabric_run.with_fabric(ctx, svc) for svc in pinned_services(plan)]
     state = ctx.deployed()
     at = state["paths"].get
+    units = {svc.unit_name: state["units"].get(svc.unit_name) or {} for svc in services}
+    foreign = [(u, path) for u, current in units.items() for path in merged(u, current).foreign]
+    if foreign and plan.unit_dropins == "keep":  # the site's own: refused by name, nothing touched
+        fail_host(name="Units: files modelfleet did not write", reasons=[
+            f"{u}: {path} {what_it_sets(u, units[u], path)}; this host keeps its own drop-ins (unit_dropins: "
+            "keep), so modelfleet will not run the unit it would not own: move the setting into the inventory or "
+            "remove the file" for u, path in foreign])
+        return
 
     directory(name=f"Config directory {plan.config_dir} (0700)", path=plan.config_dir,
               current=at(plan.config_dir), mode="0700")
@@ -42,13 +55,23 @@ def run(ctx: HostRun):
             content_file(name=f"Client auth header {svc.auth_file} (0600)", dest=svc.auth_file,
                          content=f"Authorization: Bearer {key}\n", current=at(svc.auth_file), mode="0600",
                          secret=True)
-        unit = state["units"].get(svc.unit_name) or {}
+        unit = units[svc.unit_name]
+        extra = merged(svc.unit_name, unit)
+        restart = any(changed.values()) or extra.restart
+        if extra.drift:
+            note_once(name=f"Unit {svc.unit_name}: only what modelfleet wrote",
+                      message=f"modelfleet: {svc.unit_name}: " + "; ".join(
+                [f"removing {path}, not written by modelfleet ({what_it_sets(svc.unit_name, unit, path)})"
+                 for path in extra.foreign] + ["unmasking it"] * extra.masked
+                + ["systemd had not loaded its unit file"] * (unit.get("NeedDaemonReload") == "yes")
+                + ["restarting it on its own unit file"] * extra.restart))
         unit_running(name=f"Run {svc.unit_name}", unit=svc.unit_name, current=unit,
-                     reload=changed[f"{UNIT_DIR}/{svc.unit_name}"], restart=any(changed.values()))
-        if (any(changed.values()) or unit.get("ActiveState") != "active") and svc.node_rank:
+                     reload=changed[f"{UNIT_DIR}/{svc.unit_name}"] or extra.reload, restart=restart,
+                     remove=extra.foreign, unmask=extra.masked)
+        if (restart or unit.get("ActiveState") != "active") and svc.node_rank:
             worker_up(name=f"Worker {svc.unit_name} (rank {svc.node_rank} of pool {svc.pool}) stays up",
                       unit=svc.unit_name)
-        elif any(changed.values()) or unit.get("ActiveState") != "active":
+        elif restart or unit.get("ActiveState") != "active":
             wait_ready(name=f"Wait until {svc.served_name} answers at {svc.base_url}", unit=svc.unit_name,
                        base_url=svc.base_url, served_name=svc.served_name, timeout_s=svc.recipe.ready_timeout_s,
                        auth_file=svc.auth_file if key else None)

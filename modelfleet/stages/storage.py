@@ -5,7 +5,8 @@ through fstab with noatime.
 Safety: a device holding a partition table, a filesystem, RAID metadata or a mount is never formatted unless
 its serial number is in `format_allow_serials`; the host is refused, naming the device, before anything is
 touched. A filesystem this stage made (its label) is kept and re-mounted, never re-made. Hosts without
-`nvme_devices` are left alone (model_root on the existing filesystem).
+`nvme_devices` are left alone (model_root on the existing filesystem). Nothing is mounted over a model_root
+that holds files (they would be hidden under the mount): the host is refused, naming them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pyinfra.api import StringCommand, deploy, operation
 from modelfleet.context import HostRun
 from modelfleet.facts.host import BlockDevices
 from modelfleet.inventory import HostPlan
-from modelfleet.operations.files import directory
+from modelfleet.operations.files import MARKER, directory
 from modelfleet.operations.report import fail_host
 
 LABEL = "mf-models"  # at most 12 characters for XFS
@@ -75,6 +76,21 @@ def plan_devices(plan: HostPlan, devices: list[dict]) -> tuple[list[dict], list[
     return targets, refusals
 
 
+def mount_point_problem(plan: HostPlan, current: dict | None, mounted_at: str | None) -> str | None:
+    """Why the filesystem may not be mounted at model_root, or None. `current` is what the state read found
+    there before the mount (a directory's entries); a mount already in place is not mounted again."""
+    if mounted_at == plan.model_root or not current:
+        return None
+    if current.get("kind") != "dir":
+        return f"storage: model_root {plan.model_root} exists and is not a directory; refusing to mount over it"
+    held = [e for e in current.get("entries") or [] if e != MARKER]
+    if held:
+        shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+        return (f"storage: model_root {plan.model_root} holds files ({shown}); refusing to mount a filesystem "
+                "over them (they would be hidden). Move them away or name another model_root")
+    return None
+
+
 def _ours(dev: dict, plan: HostPlan) -> bool:
     return dev.get("fstype") == plan.model_filesystem and dev.get("label") == LABEL
 
@@ -129,11 +145,17 @@ def run(ctx: HostRun):
     raid = flat.get(RAID) or next((d for d in flat.values() if d.get("type") == "raid0"), None)
     device = targets[0]["path"] if len(targets) == 1 else RAID
     target = targets[0] if len(targets) == 1 else (raid or {})
+    over = mount_point_problem(plan, state["paths"].get(plan.model_root), target.get("mountpoint"))
+    if over:
+        fail_host(name="Storage: refuse to mount over a directory that holds files", reasons=[over])
+        return
     raid0_assembled(name=f"RAID0 of {len(targets)} NVMe device(s)", members=[t["path"] for t in targets],
                     present=bool(raid))
     filesystem_made(name=f"{plan.model_filesystem} on {device}", device=device, filesystem=plan.model_filesystem,
                     ours=_ours(target, plan), overwrite=any(holds_data(t) for t in targets))
     mounted_by_uuid(name=f"Mount {device} at {plan.model_root} (fstab, UUID, noatime)", device=device,
                     mount=plan.model_root, filesystem=plan.model_filesystem, mounted_at=target.get("mountpoint"))
+    # The filesystem there is the one this stage made (its label): what it holds is modelfleet's.
     directory(name=f"Model root {plan.model_root}", path=plan.model_root,
-              current=state["paths"].get(plan.model_root) if target.get("mountpoint") == plan.model_root else None)
+              current=state["paths"].get(plan.model_root) if target.get("mountpoint") == plan.model_root else None,
+              claimed=True)

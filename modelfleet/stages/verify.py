@@ -3,17 +3,20 @@ the pyinfra process), then smoke and the tool-call + multi-turn probe through th
 interpreter, checks/gate.py) of every endpoint this host heads; a failure stops the host (exit != 0).
 The smoke and probe run when the pool's units (re)started in this run, when the stage runs alone
 (deploys/verify.py) or with host data `verify_full`; a converge that changed nothing checks readiness only.
-Loopback-bound endpoints are reached through the host's own pyinfra SSH connection (direct-tcpip)."""
+Loopback-bound endpoints are reached through the host's own pyinfra SSH connection (direct-tcpip).
+On an endpoint with an API key, every check also asks /v1/chat/completions and the engine's non-/v1 inference
+route without the key (checks/exposure.py): an answer other than 401/403 fails the host, naming the route."""
 
 from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import replace
+from urllib.parse import urlsplit
 
 from pyinfra import host, state
 from pyinfra.api import FunctionCommand, deploy, operation
 
-from modelfleet.checks import Endpoint, endpoint, reachable_from_control_node
+from modelfleet.checks import Endpoint, endpoint, exposure, reachable_from_control_node
 from modelfleet.checks.gate import run_gate
 from modelfleet.context import HostRun
 from modelfleet.operations.report import refuse, reports_dir, save_report
@@ -39,6 +42,8 @@ def _failures(report: dict) -> list[str]:
         result = report.get(part) or {}
         if not result.get("ok"):
             out.append(f"{part}: " + "; ".join(result.get("failures") or [result.get("error") or "not run"]))
+    if not (report.get("exposure") or {"ok": True})["ok"]:  # named by the real address, not a tunnel's end
+        out += [f"exposure: {f}" for f in exposure.failures_at(report["exposure"], urlsplit(report["base_url"]).netloc)]
     return out
 
 
@@ -58,6 +63,10 @@ def endpoint_verified(ep: Endpoint, tunnel: tuple[str, int] | None, ready_timeou
         report = {**run_gate(target, ready_timeout_s, full, BENCH if with_bench else None,
                              reports_dir("bench")),
                   "endpoint": ep.name, "base_url": ep.openai_base_url, "via_ssh_tunnel": bool(tunnel)}
+        # The gate's child asks it on a full check; a readiness-only converge asks it here (standard library).
+        if ep.api_key and "exposure" not in report and report["readiness"].get("ok"):
+            report["exposure"] = exposure.check(target)
+            report["ok"] = report["ok"] and report["exposure"]["ok"]
     save_report("verify", ep.name, report)
     if report["ok"]:
         host.noop(f"{ep.name}: " + ("ready, smoke and tool-call probe pass" if full else "ready (nothing changed)"))

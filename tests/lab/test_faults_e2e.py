@@ -227,3 +227,79 @@ def test_peers_of_a_failed_source_say_so(clean):
     healed = model_run()
     assert healed.returncode == 0, output(healed)[-3000:]
     assert changed(model_run()) == 0
+
+
+def serve_run(**argv):
+    return run_pyinfra("inventories/lab.py", "deploys/serve.py", timeout=900, **argv)
+
+
+def engine_unit(spec) -> str:
+    units = ssh(spec, "systemctl list-units 'modelfleet-*.service' --all --no-legend --plain").stdout.split("\n")
+    return next(line.split()[0] for line in units if line and "fanout" not in line)
+
+
+def test_a_drop_in_on_an_engine_unit_is_removed_and_the_engine_restarted(lab_hosts):
+    spec = lab_hosts[0]
+    assert serve_run().returncode == 0
+    unit = engine_unit(spec)
+    override = f"/etc/systemd/system/{unit}.d/override.conf"
+    ssh(spec, f"mkdir -p {os.path.dirname(override)} && printf '[Service]\\nExecStart=\\nExecStart=/bin/sleep "
+              f"infinity\\nRestart=always\\n' > {override} && systemctl daemon-reload && systemctl restart {unit}")
+    assert "argv[]=/bin/sleep infinity" in ssh(spec, f"systemctl show -p ExecStart {unit}").stdout
+    # A site that keeps its own drop-ins: refused by name, the file left alone.
+    kept = serve_run(data={"unit_dropins": "keep"})
+    text = output(kept)
+    assert kept.returncode != 0 and no_traceback(text)
+    lines = [line for line in refusals(text) if spec["name"] in line]
+    assert len(lines) == 1 and override in lines[0] and "ExecStart" in lines[0] and "unit_dropins" in lines[0], text[-3000:]
+    assert ssh(spec, f"test -f {override} && echo kept").stdout.strip() == "kept"
+    # The default: removed, systemd reloaded, the engine restarted on modelfleet's unit and answering again.
+    run = serve_run()
+    text = output(run)
+    assert run.returncode == 0 and no_traceback(text), text[-3000:]
+    assert any(override in line and "removing" in line for line in refusals(text)), text[-3000:]
+    assert ssh(spec, f"test -e {os.path.dirname(override)} || echo gone").stdout.strip() == "gone"
+    show = ssh(spec, f"systemctl show -p ExecStart -p Restart -p DropInPaths {unit}").stdout
+    assert "argv[]=/usr/bin/docker run" in show and "Restart=on-failure" in show and "DropInPaths=\n" in show
+    assert ssh(spec, "pgrep -fx '/bin/sleep infinity' || echo none").stdout.strip() == "none"
+    assert changed(serve_run()) == 0
+
+
+def litter(spec) -> list[str]:
+    """Partial files, and revision directories without a manifest, under the test's model root."""
+    found = ssh(spec, f"find {ROOT} -name '*.modelfleet-partial'; for d in {ROOT}/*/*/; do "
+                      f"[ -f $d.modelfleet-manifest.json ] || echo $d; done 2>/dev/null").stdout
+    return [line for line in found.split() if "*" not in line]
+
+
+def test_a_host_restarted_mid_copy_leaves_nothing_behind(clean):
+    specs = clean
+    peer = specs[1]
+    # A slow fan-out (1 MB/s for the group), so the peer's restart lands while its partial files are written.
+    env = {**os.environ, **ENV, "MODELFLEET_LAB_FANOUT_RATE_MB_S": "1"}
+    run = subprocess.Popen(pyinfra_argv("inventories/lab.py", "deploys/model.py"), env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in run.stdout:
+        seen.append(line)
+        if "Copy modelfleet/tiny-lab@" in line:
+            for _ in range(100):
+                if any(p.endswith(".modelfleet-partial") for p in litter(peer)):
+                    break
+            subprocess.run(["docker", "restart", "-t", "0", peer["name"]], check=True, capture_output=True)
+            break
+    rest, _ = run.communicate(timeout=600)
+    text = "".join(seen) + rest
+    lab.wait_ssh(peer)
+    assert run.returncode != 0 and no_traceback(text), text[-3000:]
+    left = litter(peer)
+    assert any(p.endswith(".modelfleet-partial") for p in left), left
+    again = model_run()
+    text = output(again)
+    assert again.returncode == 0, text[-3000:]
+    said = [line for line in refusals(text) if peer["name"] in line and "partial file(s)" in line]
+    assert len(said) == 1 and "no longer running" in said[0], text[-3000:]
+    for spec in specs:
+        assert litter(spec) == [], spec["name"]
+        on_disk_matches_manifest(spec, f"{ROOT}/tiny-lab/current")
+    assert changed(model_run()) == 0

@@ -42,8 +42,10 @@ CASES = [
     ("typo", "service key", [("h1", host(model=..., engine=..., services=[svc(prot=8000)]))], "host h1", "prot"),
     ("typo", "model_roots", [("h1", host(model_roots="/srv/x"))], "host h1", "model_roots"),
     ("typo", "drvier_branch", [("h1", host(drvier_branch="580"))], "host h1", "drvier_branch"),
-    ("typo", "service key beside services", [("h1", host(model=..., engine=..., services=[svc()], port=8000))],
-     "host h1", "port"),
+    # a host-level service key is every entry's default: one pool given to two entries is one pool twice
+    ("typo", "host-level pool for two services", [("h1", host(model=..., engine=..., pool="one",
+                                                             services=[svc(), svc(port=8001)]))],
+     "host h1", "pool"),
     ("typo", "unknown model", [("h1", host(model="qwen3-8"))], "host h1", "model"),
     ("typo", "unknown engine", [("h1", host(engine="vlm"))], "host h1", "engine"),
     ("typo", "unknown hardware", [("h1", host(hardware="h20"))], "host h1", "hardware"),
@@ -83,6 +85,13 @@ CASES = [
     ("path", "model_root dotdot", [("h1", host(model_root="/srv/../etc"))], "host h1", "model_root"),
     ("path", "model_root proc", [("h1", host(model_root="/proc/models"))], "host h1", "model_root"),
     ("path", "model_root space", [("h1", host(model_root="/srv/my models"))], "host h1", "model_root"),
+    ("path", "config_dir /var/lib", [("h1", host(config_dir="/var/lib"))], "host h1", "config_dir"),
+    ("path", "config_dir /usr/bin", [("h1", host(config_dir="/usr/bin"))], "host h1", "config_dir"),
+    ("path", "config_dir /etc/ssh", [("h1", host(config_dir="/etc/ssh"))], "host h1", "config_dir"),
+    ("path", "model_root /var/lib/docker", [("h1", host(model_root="/var/lib/docker", nvme_devices=["auto"]))],
+     "host h1", "model_root"),
+    ("path", "model_root /boot/efi", [("h1", host(model_root="/boot/efi"))], "host h1", "model_root"),
+    ("path", "model_root /home", [("h1", host(model_root="/home"))], "host h1", "model_root"),
     ("path", "revision traversal", [("h1", host(revision="../../../../etc"))], "host h1", "revision"),
     ("path", "revision absolute", [("h1", host(revision="/etc"))], "host h1", "revision"),
     ("path", "revision option", [("h1", host(revision="-rf"))], "host h1", "revision"),
@@ -119,6 +128,9 @@ CASES = [
     ("cross", "ssh hostname", [("h1", host(ssh_hostname="bad host"))], "host h1", "ssh_hostname"),
     ("cross", "recipe for another model", [("h1", host(recipe="tiny-lab-llamacpp"))], "host h1", "recipe"),
     ("cross", "open endpoint without key", [("h1", host(bind_address="0.0.0.0"))], "host h1", "bind_address"),
+    # vLLM's key leaves /invocations open: off loopback it is refused even with a key.
+    ("cross", "vllm off loopback with key", [("h1", host(bind_address="0.0.0.0", api_key_env="K"))], "host h1",
+     "bind_address"),
     ("cross", "empty services", [("h1", host(model=..., engine=..., services=[]))], "host h1", "services"),
     ("cross", "service not a dict", [("h1", host(model=..., engine=..., services=["vllm"]))], "host h1",
      "services"),
@@ -254,7 +266,10 @@ VALID = [
     ("digest-pinned image", [("h1", host(image=f"vllm/vllm-openai:v0.34.0@{DIGEST}"))]),
     ("registry with port", [("h1", host(image=f"registry.example.com:5000/vllm/vllm-openai@{DIGEST}"))]),
     ("hub id as served name", [("h1", host(served_name="Qwen/Qwen3-8B"))]),
-    ("key on an open endpoint", [("h1", host(bind_address="0.0.0.0", api_key_env="K"))]),
+    # llama-server's key covers every route that serves the model.
+    ("key on an open endpoint", [("h1", host(gpu_count=8, model="kimi-k3", engine="llama.cpp",
+                                             recipe="kimi-k3-llamacpp-h200", revision="a" * 40,
+                                             bind_address="0.0.0.0", api_key_env="K"))]),
     ("pyinfra's own keys", [("h1", host(_sudo=True, ssh_strict_host_key_checking="accept-new"))]),
 ]
 

@@ -38,7 +38,7 @@ def test_unit_has_limits_timeouts_and_stop():
 
 def test_secret_goes_to_the_env_file_only(monkeypatch):
     monkeypatch.setenv("K31_KEY", "sk-test-not-a-real-key-0123")
-    svc = service(bind_address="10.1.2.3", api_key_env="K31_KEY")
+    svc = service(api_key_env="K31_KEY")
     assert "sk-test" not in render.render_unit(svc)
     assert "sk-test" not in " ".join(render.docker_run_argv(svc))
     assert "VLLM_API_KEY=sk-test-not-a-real-key-0123" in render.render_env(svc)

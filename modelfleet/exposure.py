@@ -1,0 +1,49 @@
+"""Who can reach the model: what each engine's API key protects (catalog/key_coverage.yaml) and the rule for an
+endpoint bound off loopback. Such an endpoint is accepted only when it has a key and the key covers every
+route that serves the model; an engine whose key leaves an inference route open (vLLM's /invocations) stays on
+loopback, behind a front door that authenticates every route. `modelfleet verify` proves the rule on the
+running engines (modelfleet.checks.exposure)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import yaml
+from pydantic import BaseModel, ConfigDict
+
+from modelfleet.catalog import CATALOG_DIR
+
+
+class KeyCoverage(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    source: str
+    covers: str  # in words, for messages
+    open_routes: list[str]  # routes the key leaves open
+    open_inference_routes: list[str]  # of those, the ones that run the model on a caller's input
+    probe_route: str  # a non-/v1 inference route: asked with no key, it must refuse (or be one of the open ones)
+    probe_body: dict
+
+
+@lru_cache(maxsize=None)
+def key_coverage() -> dict[str, KeyCoverage]:
+    data = yaml.safe_load((CATALOG_DIR / "key_coverage.yaml").read_text())
+    return {engine: KeyCoverage(**spec) for engine, spec in data.items()}
+
+
+def off_loopback_problem(engine: str, bind_address: str, api_key_env: str | None) -> str | None:
+    """Why an endpoint bound to `bind_address` (not loopback) would serve the model to anyone who reaches it,
+    or None when every route that serves it needs the key."""
+    if not api_key_env:
+        return (f"{bind_address} is not loopback: set `api_key_env` (name of the control-node variable holding "
+                "the API key) or bind to 127.0.0.1")
+    coverage = key_coverage().get(engine)
+    if coverage is None:
+        return (f"{bind_address} is not loopback and modelfleet does not know which routes {engine}'s API key "
+                "protects: bind to 127.0.0.1")
+    if coverage.open_inference_routes:
+        return (f"{bind_address} is not loopback, and {engine}'s API key protects {coverage.covers}: "
+                f"{', '.join(coverage.open_inference_routes)} run the model without a key (source: "
+                f"{coverage.source}). "
+                "Bind to 127.0.0.1 and put a front door that authenticates every route (a reverse proxy) in "
+                "front of it; modelfleet does not set one up yet")
+    return None

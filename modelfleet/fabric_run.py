@@ -1,0 +1,36 @@
+"""A pool's fabric as the stages use it in a run (imex, netcheck, service): from the run context, for pools
+across hosts only, and the problems that stop such a pool before anything of it starts."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from modelfleet.context import HostRun
+from modelfleet.fabric import PoolFabric
+from modelfleet.inventory import ServicePlan
+
+
+def pool_fabric(ctx: HostRun, pool: str) -> PoolFabric | None:
+    """The pool's fabric, derived from every member's facts once per run (None for a pool of one host, whose
+    containers need nothing of it)."""
+    if len(ctx.inventory.pools[pool].hosts) < 2 or not hasattr(ctx, "fabric"):
+        return None
+    return ctx.fabric(pool)
+
+
+def with_fabric(ctx: HostRun, svc: ServicePlan) -> ServicePlan:
+    """The service as its containers run: with this member's fabric, for pools across hosts."""
+    fabric = pool_fabric(ctx, svc.pool)
+    return replace(svc, fabric=fabric.hosts.get(svc.host)) if fabric else svc
+
+
+def refusals(ctx: HostRun, services) -> list[str]:
+    """One line per problem that stops a pool across hosts before anything of it starts."""
+    lines = []
+    for svc in services:
+        fabric = pool_fabric(ctx, svc.pool)
+        for where, field, message in fabric.errors if fabric else []:
+            lines.append(f"pool {svc.pool}: {where}: {field}: {message}")
+        if fabric and not fabric.errors and svc.host not in fabric.hosts:
+            lines.append(f"pool {svc.pool}: host {svc.host}: fabric: no fabric derived for this member")
+    return lines

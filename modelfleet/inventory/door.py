@@ -1,0 +1,186 @@
+"""The one door: every consumer of an inventory (validate, render, plan, show, status, verify, bench, upgrade,
+admit, converge, and the pyinfra run itself) resolves it here, with the same catalog (shipped + the site's
+`recipes/` beside the inventory) and the same data by pyinfra's own rules (its group_data folders,
+`--group-data`, `--data` and precedence). What the preview shows is what the run does.
+
+Inside `pyinfra INVENTORY DEPLOY`, `guard()` (the checkout's `config.py`, which pyinfra runs before it loads the
+inventory) resolves the inventory exactly as the run will and stops with exit 2 before any connection.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from modelfleet.catalog import CatalogError, load_catalog, with_site_recipes
+from modelfleet.inventory.plan import Resolved
+from modelfleet.inventory.resolver import resolve
+from modelfleet.loader import InventoryFileError, read_inventory
+
+_guarded: set[tuple] = set()  # invocations guard() already validated (refuse_invalid then does nothing)
+
+
+def parse_value(text: str) -> Any:
+    """A `--data key=value` value as pyinfra reads it (pyinfra_cli.util.parse_cli_arg: booleans, integers,
+    JSON, else the string); a test holds the two equal."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def parse_data(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """`--data key=value` options, as pyinfra merges them over every host's data."""
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ValueError(f"--data {pair!r}: expected key=value")
+        key, value = pair.split("=", 1)
+        out[key] = parse_value(value)
+    return out
+
+
+def site_recipes(inventory: str) -> Path:
+    """A site's own recipes: YAML files in the `recipes/` folder beside the inventory file."""
+    return Path(inventory).resolve().parent / "recipes"
+
+
+def catalog_for(inventory: str | None):
+    catalog = load_catalog()
+    if inventory and site_recipes(inventory).is_dir():
+        catalog = with_site_recipes(catalog, site_recipes(inventory))
+    return catalog
+
+
+def open_inventory(inventory: str, *, cwd: str | None = None, group_data: tuple[str, ...] = (),
+                   data: dict[str, Any] | None = None, offline: bool = False) -> Resolved:
+    """Load INVENTORY as `pyinfra INVENTORY ...` started in `cwd` (default: here) with these `--group-data`
+    folders and `--data` overrides would, and resolve it. Never raises for bad input: a file that cannot be
+    read (inventory, group_data, catalog, site recipe) is one error naming it and its line. `offline`: the
+    control node's secrets are not looked at (reported as skipped), nothing else relaxed."""
+    files: list[str] = []
+    try:
+        loaded = read_inventory(inventory, cwd=cwd, group_data=tuple(group_data), override_data=data)
+        files = loaded.files
+        catalog = catalog_for(inventory)
+        result = resolve(loaded.entries, catalog, offline=offline, sources=loaded.sources)
+    except (InventoryFileError, CatalogError) as error:
+        result = Resolved(hosts={}, pools={}, errors=[(error.where, "file", error.message)])
+        loaded = None
+    if loaded:
+        looked = ", ".join(files) if files else "none in " + ", ".join(loaded.folders)
+        result.errors = [(w, f, f"{m} (not in the inventory file, --data or group_data; group_data read: "
+                                f"{looked})" if m == "missing" else m) for w, f, m in result.errors]
+    result.group_data_files = files
+    result.groups = loaded.groups if loaded else {}
+    result.data = dict(loaded.entries) if loaded else {}
+    result.group_data_folders = loaded.folders if loaded else []
+    result.sources = loaded.sources if loaded else {}
+    recipes = site_recipes(inventory)
+    result.site_recipe_files = sorted(str(p) for p in recipes.glob("*.yaml")) if recipes.is_dir() else []
+    return result
+
+
+def invocation() -> dict[str, Any] | None:
+    """How the running `pyinfra` command was started (inventory, working directory, --group-data, --data and
+    its ssh_* options), read from pyinfra's own command-line context; None outside pyinfra's CLI."""
+    import click
+
+    context = click.get_current_context(silent=True)
+    if context is not None and {"inventory", "operations"} <= set(context.params):
+        params = context.params
+    elif getattr(sys.modules.get("pyinfra"), "is_cli", False) and "pyinfra_cli.cli" in sys.modules:
+        # Deploy files run in greenlets, where click's context (greenlet-local under gevent) is not set:
+        # parse the command line again with pyinfra's own command, callbacks off.
+        params = sys.modules["pyinfra_cli.cli"].cli.make_context("pyinfra", sys.argv[1:],
+                                                                 resilient_parsing=True).params
+    else:
+        return None
+    data = parse_data(params.get("data") or ())
+    for key in ("ssh_user", "ssh_key", "ssh_key_password", "ssh_port", "ssh_password"):
+        if params.get(key):
+            data[key] = params[key]
+    return {"inventory": params["inventory"], "cwd": os.getcwd(), "group_data": tuple(params.get("group_data") or ()),
+            "data": data}
+
+
+def for_run(entries: list[tuple[str, dict[str, Any]]]) -> Resolved:
+    """The pyinfra run's resolution: pyinfra's own merged host data (its group_data, --group-data and --data
+    rules, applied by pyinfra), with the catalog of the inventory the run was started with."""
+    run = invocation()
+    inventory = run["inventory"] if run and Path(run["inventory"]).is_file() else None
+    return resolve(entries, catalog_for(inventory))
+
+
+def guard() -> None:
+    """Refuse a `pyinfra INVENTORY ...` run whose inventory does not resolve, before pyinfra loads it or
+    connects anywhere: every error printed, grouped by host, exit 2. Call it from `config.py` beside where
+    pyinfra runs (the checkout has one); a run that is not a file inventory (`pyinfra @local ...`, a host list)
+    passes untouched."""
+    run = invocation()
+    if run is None or not Path(run["inventory"]).is_file():
+        return
+    key = (run["inventory"], run["cwd"], run["group_data"], tuple(sorted(map(str, run["data"].items()))))
+    if key in _guarded:
+        return
+    result = open_inventory(run["inventory"], cwd=run["cwd"], group_data=run["group_data"], data=run["data"])
+    if result.errors:
+        print(f"modelfleet: {run['inventory']} is not valid; nothing was touched:\n{result.error_report()}",
+              file=sys.stderr)
+        raise SystemExit(2)
+    _guarded.add(key)
+
+
+def guarded() -> bool:
+    """Whether guard() already validated the running pyinfra command's inventory."""
+    run = invocation()
+    return bool(run) and any(k[0] == run["inventory"] for k in _guarded)
+
+
+def limit(result: Resolved, patterns: tuple[str, ...] | list[str]) -> list[str]:
+    """The hosts `pyinfra --limit PATTERN ...` would pick: a group's hosts, else the host names matching the
+    glob, in inventory order; a pattern matching nothing is an error (pyinfra only warns, and would act on
+    none)."""
+    from fnmatch import fnmatch
+
+    if not patterns:
+        return list(result.hosts)
+    chosen: set[str] = set()
+    for pattern in patterns:
+        found = result.groups.get(pattern) or [name for name in result.hosts if fnmatch(name, pattern)]
+        if not found:
+            raise ValueError(f"--limit {pattern}: no host or group matches (groups: "
+                             f"{', '.join(sorted(result.groups))})")
+        chosen.update(found)
+    return [name for name in result.hosts if name in chosen]
+
+
+def whole(result: Resolved, names: list[str]) -> Resolved:
+    """The inventory cut down to `names` and every host that shares a pool or checkpoint group with one of them
+    (a pool is converged, gated and upgraded as one), for the commands that act on pools."""
+    from dataclasses import replace
+
+    keep = set(names)
+    grown = True
+    while grown:
+        grown = False
+        for name, plan in result.hosts.items():
+            if name in keep:
+                continue
+            if any(svc.pool in result.pools and set(result.pools[svc.pool].hosts) & keep or
+                   any(svc.checkpoint_group == s.checkpoint_group for k in keep for s in result.hosts[k].services)
+                   for svc in plan.services):
+                keep.add(name)
+                grown = True
+    hosts = {n: p for n, p in result.hosts.items() if n in keep}
+    pools = {n: p for n, p in result.pools.items() if set(p.hosts) & keep}
+    return replace(result, hosts=hosts, pools=pools)

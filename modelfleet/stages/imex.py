@@ -1,0 +1,118 @@
+"""Stage imex: IMEX on NVLink-domain boards (GB200/GB300) for the members of a pool across hosts, before the gate.
+
+NVIDIA's IMEX guide: the `nvidia-imex` service reads its node list (/etc/nvidia-imex/nodes_config.cfg, one IP
+address per line, the same list on every node of the domain) when it starts, so a changed list restarts it; IMEX
+channels are not created by default and do not survive a reboot, and CUDA calls that need one fail with a
+permission error. So: the list from the pool's fabric addresses in pool order, the service enabled and running,
+`NVreg_CreateImexChannel0=1` for the NVIDIA module (the driver creates channel0 whenever it loads), and channel0
+created now with mknod from the driver's major for `nvidia-caps-imex-channels` in /proc/devices (the module loaded
+now read its options before this run). The engine's and the gate's containers get the channel from the fabric's
+devices.
+
+Which hosts: those whose pool's fabric says `imex` (modelfleet.fabric: a pool across hosts on an NVLink-domain
+board); any other host gets no operation at all.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra import host
+from pyinfra.api import FactBase, StringCommand, deploy, operation
+
+from modelfleet.context import HostRun
+from modelfleet.fabric import HostFabric
+from modelfleet.fabric_run import pool_fabric
+from modelfleet.inventory import HostPlan
+from modelfleet.operations.files import content_changes, content_file, directory
+from modelfleet.operations.report import fail_host
+from modelfleet.operations.service import unit_running
+
+IMEX_DIR = "/etc/nvidia-imex"
+NODES_CONFIG = f"{IMEX_DIR}/nodes_config.cfg"
+MODPROBE_CONF = "/etc/modprobe.d/nvidia-imex-channel.conf"
+UNIT = "nvidia-imex.service"
+CHANNEL_DIR = "/dev/nvidia-caps-imex-channels"
+CHANNEL = f"{CHANNEL_DIR}/channel0"
+CHANNEL_DEVICE = "nvidia-caps-imex-channels"  # the driver's name for it in /proc/devices
+
+
+def wants(plan: HostPlan, probe: dict) -> dict:
+    if plan.hardware.vendor != "nvidia" or not any(svc.nnodes > 1 for svc in plan.services):
+        return {}
+    return {"paths": [IMEX_DIR, NODES_CONFIG, MODPROBE_CONF], "units": [UNIT]}
+
+
+class ImexChannel(FactBase):
+    """Is IMEX's default channel there? It is a character device, which DeployedState (files and directories)
+    does not report."""
+
+    @staticmethod
+    def default():
+        return False
+
+    def command(self) -> str:
+        return f"[ -c {CHANNEL} ] && echo present || echo absent"
+
+    def process(self, output) -> bool:
+        return list(output)[-1:] == ["present"]
+
+
+def nodes_config(fabric: HostFabric) -> str:
+    return "".join(f"{address}\n" for address in fabric.imex_nodes)
+
+
+def modprobe_conf() -> str:
+    return ("# Managed by modelfleet: the NVIDIA driver creates IMEX channel0 whenever it loads (NVLink-domain\n"
+            "# pools across hosts need it, and a channel made by hand does not survive a reboot).\n"
+            "options nvidia NVreg_CreateImexChannel0=1\n")
+
+
+def channel_script() -> str:
+    """mknod channel0 with the major the loaded driver registered (it can differ between nodes)."""
+    return (f"m=$(awk '$2 == \"{CHANNEL_DEVICE}\" {{print $1}}' /proc/devices); "
+            f"[ -n \"$m\" ] || {{ echo 'modelfleet: the loaded NVIDIA driver registers no {CHANNEL_DEVICE} "
+            "device (/proc/devices): is the NVIDIA driver loaded?' >&2; exit 1; }; "
+            f"mkdir -p {CHANNEL_DIR} && mknod -m 666 {CHANNEL} c \"$m\" 0")
+
+
+@operation()
+def channel_created(present: bool):
+    """IMEX's default channel, /dev/nvidia-caps-imex-channels/channel0, there now."""
+    if present:
+        host.noop(f"{CHANNEL} is there")
+        return
+    yield StringCommand("sh", "-c", shlex.quote(channel_script()))
+
+
+def imex_fabric(ctx: HostRun) -> HostFabric | None:
+    """This host's fabric where one of its pools is an NVLink domain across hosts (the first such pool: a
+    host belongs to one NVLink domain)."""
+    for svc in ctx.plan.services:
+        fabric = pool_fabric(ctx, svc.pool)
+        mine = fabric.hosts.get(ctx.plan.name) if fabric else None
+        if mine is not None and mine.imex:
+            return mine
+    return None
+
+
+@deploy("modelfleet imex")
+def run(ctx: HostRun):
+    fabric = imex_fabric(ctx)
+    if fabric is None:
+        return None
+    if not fabric.imex_nodes:
+        fail_host(name="IMEX", reasons=[f"host {ctx.plan.name}: imex_nodes: the NVLink domain's node list is empty "
+                                        "(no fabric address derived for its members)"])
+        return False
+    state = ctx.deployed()
+    at = state["paths"].get
+    content = nodes_config(fabric)
+    directory(name=f"IMEX directory {IMEX_DIR}", path=IMEX_DIR, current=at(IMEX_DIR))
+    content_file(name=f"IMEX node list {NODES_CONFIG} (the domain's fabric addresses)", dest=NODES_CONFIG,
+                 content=content, current=at(NODES_CONFIG))
+    content_file(name=f"IMEX channel0 at every driver load ({MODPROBE_CONF})", dest=MODPROBE_CONF,
+                 content=modprobe_conf(), current=at(MODPROBE_CONF))
+    channel_created(name=f"IMEX channel {CHANNEL}", present=host.get_fact(ImexChannel))
+    unit_running(name=f"Run {UNIT}", unit=UNIT, current=state["units"].get(UNIT) or {}, reload=False,
+                 restart=content_changes(at(NODES_CONFIG), content, "0644"))

@@ -1,0 +1,65 @@
+"""pyinfra's habits on modelfleet's command line: `--limit` with pyinfra's meaning, `-h`, help on every option,
+`show` (each value and its origin), `catalog`, `upgrade --dry`."""
+
+import json
+
+import click
+from click.testing import CliRunner
+
+from modelfleet.cli import main
+
+INVENTORY = "inventories/prod.py"
+
+
+def commands(group=main, prefix=()):
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            yield from commands(command, (*prefix, name))
+        else:
+            yield (*prefix, name), command
+
+
+def test_every_option_of_every_command_has_help():
+    missing = [f"{' '.join(path)} {param.opts[0]}" for path, command in commands() for param in command.params
+               if isinstance(param, click.Option) and not param.hidden and not param.help]
+    assert missing == []
+    assert all(command.help for _, command in commands())
+
+
+def test_dash_h_is_help():
+    assert CliRunner().invoke(main, ["validate", "-h"]).output.startswith("Usage:")
+
+
+def test_limit_takes_groups_globs_and_names():
+    from modelfleet.inventory.door import limit, open_inventory
+
+    result = open_inventory(INVENTORY)
+    assert limit(result, ["gb300_kimi"]) == ["gb300-tray-a", "gb300-tray-b"]  # a group
+    assert limit(result, ["*-01"]) == ["b300-01", "mi355x-01"]  # a glob, in inventory order
+    assert limit(result, ["mi355x-01", "b300_kimi"]) == ["b300-01", "mi355x-01"]
+    assert limit(result, ["prod"]) == list(result.hosts)  # pyinfra's group named after the file
+    out = CliRunner().invoke(main, ["status", INVENTORY, "--limit", "nope"])
+    assert out.exit_code == 2 and "--limit nope: no host or group matches" in out.output
+
+
+def test_upgrade_dry_takes_whole_pools():
+    out = CliRunner().invoke(main, ["upgrade", "--dry", INVENTORY, "--limit", "gb300-tray-b"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output) == {"batches": [{"batch": 1, "hosts": ["gb300-tray-a", "gb300-tray-b"]}]}
+
+
+def test_show_names_each_values_origin():
+    out = CliRunner().invoke(main, ["show", "--json", INVENTORY, "gb300-tray-a", "--data", "reboot=false"])
+    rows = {r["key"]: r for r in json.loads(out.output)}
+    assert rows["hardware"] == {"key": "hardware", "value": "gb300", "from": "inventories/group_data/gb300_kimi.py"}
+    assert rows["ssh_hostname"]["from"] == "inventories/prod.py"
+    assert rows["reboot"] == {"key": "reboot", "value": False, "from": "--data"}
+    assert rows["model_fanout_width"]["from"] == "default"
+
+
+def test_catalog_lists_recipes_by_model_board_and_engine():
+    out = json.loads(CliRunner().invoke(main, ["catalog", "--json"]).output)
+    recipe = out["recipes"]["kimi-k3.1-pro-vllm-gb300"]
+    assert (recipe["model"], recipe["engine"], recipe["hardware"], recipe["nodes"]) == (
+        "kimi-k3.1-pro", "vllm", ["gb300"], 2)
+    assert set(out["models"]) >= {"kimi-k3", "kimi-k3.1-pro"}

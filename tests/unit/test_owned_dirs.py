@@ -1,0 +1,160 @@
+"""Owned directories: the rule for what config_dir and model_root may name (grammar.owned_directory), the lab's
+own paths under it, which existing directory modelfleet may take over (operations.files.foreign_entries), and
+the stages through pyinfra's @fake connector refusing someone else's directory and a non-empty mount point."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from pyinfra.api.exceptions import PyinfraError
+
+from modelfleet.grammar import owned_directory
+from modelfleet.inventory import resolve
+from modelfleet.inventory.schema import HostData
+from modelfleet.operations.files import MARKER, foreign_entries
+from modelfleet.pipeline import run_stages
+from modelfleet.stages import preflight, service, storage
+from tests.conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "tests" / "fake"))
+from harness import H200, executed, finish, probe_reply, recorded, run_fake  # noqa: E402
+
+REFUSED = ["/", "/var/lib", "/usr/bin", "/etc/ssh", "/var/lib/docker", "/boot/efi", "/proc/x", "/home", "/etc",
+           "/usr/", "/var", "/sys/fs/cgroup", "/dev/shm", "/run/modelfleet", "/lib64/x", "/snap/x", "/srv", "/mnt",
+           "/opt", "/tmp", "/root", "/media", "/home/alice", "/root/.ssh", "/home/alice/.config/models",
+           "/opt/rocm-7.0", "/opt/nvidia/models", "/var/lib/modelfleet-other", "/etc/modelfleetx"]
+ACCEPTED = ["/srv/models", "/etc/modelfleet", "/etc/modelfleet/site-a", "/var/lib/modelfleet",
+            "/var/lib/modelfleet/models", "/data", "/data1/models", "/models", "/nvme0/models", "/raid0", "/scratch/m",
+            "/mnt/nvme0", "/opt/modelfleet", "/home/alice/models", "/root/modelfleet/models", "/tmp/ci-clone/models"]
+
+
+@pytest.mark.parametrize("path", REFUSED)
+def test_system_directories_are_refused_at_any_depth(path):
+    reason = owned_directory(path)
+    assert reason and "name a directory of its own" in reason, reason
+
+
+@pytest.mark.parametrize("path", ACCEPTED)
+def test_a_sites_own_directories_pass(path):
+    assert owned_directory(path) is None
+
+
+def test_the_message_suggests_a_directory_of_modelfleets_own():
+    assert owned_directory("/var/lib") == ("/var/lib is inside the system directory /var: modelfleet would chown, "
+                                           "chmod or mount over it; name a directory of its own (e.g. "
+                                           "/var/lib/modelfleet)")
+    assert "(e.g. /srv/models, /etc/modelfleet)" in owned_directory("/etc/ssh")
+
+
+def test_the_schema_defaults_and_the_labs_paths_pass():
+    defaults = HostData()
+    assert owned_directory(defaults.model_root) is None and owned_directory(defaults.config_dir) is None
+    # lab/__init__.py puts each lab host's directories in the lab's state folder of the checkout (wherever it
+    # is cloned: CI clones into a temporary directory) and the lab e2e tests use /srv/models-* roots.
+    for top in (ROOT, Path("/tmp/tmp.Ab12/modelfleet"), Path("/root/src/modelfleet"), Path("/home/ci/modelfleet")):
+        for state in (".lab", ".lab-test", ".lab-test2"):
+            home = top / state / "hosts" / "mflab-1"
+            for path in (home / "models", home / "etc-modelfleet"):
+                assert owned_directory(str(path)) is None, path
+    for root in ("/srv/models-nvme", "/srv/models-e2e", "/srv/models-faults", "/srv/models-small",
+                 "/srv/models-fanout"):
+        assert owned_directory(root) is None
+
+
+def test_validate_names_host_and_field():
+    result = resolve([("gpu-3", {"hardware": "h200", "model": "qwen3-8b", "engine": "vllm",
+                                 "config_dir": "/etc/ssh", "model_root": "/var/lib/docker"})])
+    found = {(w, f): m for w, f, m in result.errors}
+    assert "/etc/ssh is inside the system directory /etc" in found[("host gpu-3", "config_dir")]
+    assert "/var/lib/docker is inside the system directory /var" in found[("host gpu-3", "model_root")]
+
+
+def dir_state(*entries: str) -> dict:
+    return {"kind": "dir", "mode": "755", "user": "root", "group": "root", "sha256": None, "entries": list(entries)}
+
+
+def test_which_existing_directories_modelfleet_may_take_over():
+    assert foreign_entries(None) == []
+    assert foreign_entries(dir_state()) == []
+    assert foreign_entries(dir_state(MARKER, "sshd_config")) == []  # the marker: modelfleet made it
+    assert foreign_entries(dir_state(".cache", ".modelfleet-lock", "config.json")) == []  # a checkpoint being fetched
+    assert foreign_entries(dir_state("hf-token", "k31.auth", "k31.env", "k31.secrets.yaml",
+                                     "checkpoint-qwen3-8b-0123456789ab.json",
+                                     "checkpoint-qwen3-8b-0123456789ab.json.log", ".k31.env.modelfleet-tmp")) == []
+    assert foreign_entries(dir_state("modelfleet_fetch.py", "nccl_check.py")) == []  # the tools directory
+    assert foreign_entries(dir_state("k31.env", "sshd_config", "ssh_host_rsa_key")) == ["sshd_config",
+                                                                                       "ssh_host_rsa_key"]
+    assert foreign_entries(dir_state(".env")) == [".env"]  # a project's dotenv, not a pool's env file
+    assert foreign_entries(dir_state("lost+found", "data"), claimed=True) == []
+
+
+def test_storage_refuses_to_mount_over_a_directory_that_holds_files():
+    plan = resolve([("gpu-1", {"hardware": "h200", "model": "qwen3-8b", "engine": "vllm",
+                               "nvme_devices": ["/dev/nvme0n1"]})]).hosts["gpu-1"]
+    assert storage.mount_point_problem(plan, None, None) is None  # absent: mkdir -p makes it
+    assert storage.mount_point_problem(plan, dir_state(), None) is None
+    assert storage.mount_point_problem(plan, dir_state(MARKER), None) is None
+    assert storage.mount_point_problem(plan, dir_state("a", "b"), "/srv/models") is None  # ours, mounted there
+    assert storage.mount_point_problem(plan, dir_state("qwen3-8b", "notes.txt", "x", "y"), None) == (
+        "storage: model_root /srv/models holds files (qwen3-8b, notes.txt, x, ...); refusing to mount a "
+        "filesystem over them (they would be hidden). Move them away or name another model_root")
+
+
+def h200_probe(block_devices: list[str] | None = None) -> list[str]:
+    return probe_reply({
+        "nvidia_gpus": recorded(H200 / "nvidia-smi-query-gpu-header.txt"),
+        "nvidia_versions": recorded(H200 / "nvidia-smi-version.txt"),
+        "nvidia_module": recorded(H200 / "proc-driver-version.txt"),
+        "topology": recorded(H200 / "nvidia-smi-topo.txt"),
+        "amd_gpus": None,
+        "block_devices": block_devices or recorded(H200 / "lsblk-json.txt"),
+        "os": recorded(H200 / "os-release.txt"),
+        "ports": [], "runtime": ["docker=none", "server=none", "runtimes=", "nvidia_ctk=none"],
+        "disk": ["Filesystem 1-blocks Used Available Capacity Mounted on",
+                 "/dev/vda 270553174016 17286574080 68702363648 21% /"],
+    })
+
+
+H200_HOST = {"hardware": "h200", "gpu_count": 1, "model": "qwen3-8b", "engine": "vllm", "revision": "f" * 40,
+             "pool": "q", "image": "vllm/vllm-openai:v0.34.0@sha256:" + "f" * 64}
+
+
+def test_service_stage_refuses_someone_elses_config_dir_and_writes_nothing_into_it(caplog):
+    state_lines = ["@@modelfleet-state path /srv/app", "dir 700 root root -", "entries", "entry app.conf",
+                   "entry q.env", "entry secrets"]
+    host = {**H200_HOST, "config_dir": "/srv/app",
+            "fake_responses": {"@@modelfleet-probe": h200_probe(), "@@modelfleet-state": state_lines}}
+    state = run_fake([("h200", host)], lambda: run_stages(preflight, service), dry=True)
+    with pytest.raises(PyinfraError, match="No hosts remaining"):
+        finish(state)
+    commands = executed(state, "h200")
+    assert not any("/srv/app" in c and ("chmod" in c or "chown" in c) for c in commands), commands
+    assert not any(c.startswith("systemctl") for c in commands)  # the host stopped at the directory
+    assert "[@fake/h200] refused: /srv/app is not empty (app.conf, secrets) and modelfleet did not make it" \
+        in caplog.text
+
+
+def test_service_stage_creates_a_fresh_config_dir_with_the_marker():
+    host = {**H200_HOST, "config_dir": "/srv/mf-etc", "fake_responses": {"@@modelfleet-probe": h200_probe()}}
+    commands = executed(run_fake([("h200", host)], lambda: run_stages(preflight, service)), "h200")
+    assert ("mkdir -p /srv/mf-etc && chown root:root /srv/mf-etc && chmod 0700 /srv/mf-etc && "
+            "touch /srv/mf-etc/.modelfleet-owned") in commands
+
+
+def test_storage_stage_refuses_a_mount_point_that_holds_files(caplog):
+    devices = json.dumps({"blockdevices": [{
+        "name": "nvme0n1", "path": "/dev/nvme0n1", "size": 7681501126656, "type": "disk", "mountpoint": None,
+        "fstype": None, "pttype": None, "label": None, "uuid": None, "model": "SAMSUNG MZWLO7T6HBLA-00A07",
+        "tran": "nvme", "rota": False, "serial": "S6EYNA0W00000"}]}, indent=3).splitlines()
+    state_lines = ["@@modelfleet-state path /srv/models", "dir 755 root root -", "entries", "entry old-models"]
+    host = {**H200_HOST, "nvme_devices": ["/dev/nvme0n1"],
+            "fake_responses": {"@@modelfleet-probe": h200_probe(devices), "@@modelfleet-state": state_lines}}
+    state = run_fake([("h200", host)], lambda: run_stages(preflight, storage), dry=True)
+    with pytest.raises(PyinfraError, match="No hosts remaining"):
+        finish(state)
+    commands = executed(state, "h200")
+    assert not any(c.startswith(("mkfs", "mdadm", "sh -c")) for c in commands), commands
+    assert "refused: storage: model_root /srv/models holds files (old-models)" in caplog.text

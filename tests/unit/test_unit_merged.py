@@ -1,0 +1,52 @@
+"""What systemd merges into a unit modelfleet owns, judged from recorded DeployedState output (the fact cases):
+which files are not modelfleet's, and whether removing them must restart the engine."""
+
+from pathlib import Path
+
+import yaml
+
+from modelfleet.facts.state import DeployedState
+from modelfleet.units import merged, what_it_sets
+
+CASES = Path(__file__).resolve().parent.parent / "facts" / "state.DeployedState"
+UNIT = "modelfleet-tiny-mflab1-1.service"
+
+
+def recorded(case: str) -> dict:
+    output = yaml.safe_load((CASES / f"{case}.yaml").read_text())["output"]
+    return DeployedState().process(output.splitlines())["units"][UNIT]
+
+
+def test_a_converged_unit_has_nothing_merged():
+    assert merged(UNIT, recorded("unit_clean")).drift is False
+
+
+def test_drop_ins_are_removed_and_the_one_changing_the_service_restarts_it():
+    current = recorded("unit_dropins")
+    found = merged(UNIT, current)
+    assert found.foreign == tuple(current["DropInPaths"]) and found.reload and found.restart
+    override, note = f"/etc/systemd/system/{UNIT}.d/override.conf", f"/etc/systemd/system/{UNIT}.d/10-note.conf"
+    assert what_it_sets(UNIT, current, override) == "sets ExecStart, Restart"
+    assert what_it_sets(UNIT, current, note) == "sets no [Service] setting"
+    # A description only: removed and reloaded, the engine left running.
+    only_note = {**current, "DropInPaths": [note]}
+    assert merged(UNIT, only_note).foreign == (note,) and not merged(UNIT, only_note).restart
+
+
+def test_a_masked_unit_is_unmasked_without_a_restart_of_what_runs():
+    found = merged(UNIT, recorded("unit_masked"))
+    assert found.masked and found.reload and not found.foreign and not found.restart
+
+
+def test_a_unit_file_that_outranks_ours_and_a_pending_reload():
+    current = {**recorded("unit_clean"), "FragmentPath": f"/run/systemd/system/{UNIT}"}
+    found = merged(UNIT, current)
+    assert found.foreign == (f"/run/systemd/system/{UNIT}",) and found.restart
+    assert "instead of" in what_it_sets(UNIT, current, f"/run/systemd/system/{UNIT}")
+    pending = merged(UNIT, {**recorded("unit_clean"), "NeedDaemonReload": "yes"})
+    assert pending.reload and pending.restart and not pending.foreign
+
+
+def test_drop_ins_for_every_service_are_the_systems():
+    current = {**recorded("unit_clean"), "DropInPaths": ["/usr/lib/systemd/system/service.d/10-timeout-abort.conf"]}
+    assert merged(UNIT, current).drift is False
