@@ -12,10 +12,11 @@ from modelfleet.stages import (
     netcheck,
     os_base,
     preflight,
+    router,
     service,
     storage,
     verify,
 )
 
 run_stages(preflight, os_base, gpu_driver, container_runtime, admission, storage, model, images, imex, netcheck,
-           service, verify, exporters)
+           service, router, verify, exporters)

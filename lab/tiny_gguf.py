@@ -106,7 +106,7 @@ def write(path: Path, seed: int = 0, experts: int = 0, experts_used: int = 2, ex
     writer.add_context_length(CONTEXT)
     writer.add_embedding_length(EMBED)
     writer.add_block_count(LAYERS)
-    writer.add_feed_forward_length(FFN)
+    writer.add_feed_forward_length(expert_ffn if experts else FFN)  # llama sizes its experts by this
     writer.add_head_count(HEADS)
     writer.add_head_count_kv(HEADS)
     writer.add_rope_dimension_count(EMBED // HEADS)

@@ -13,7 +13,7 @@ from modelfleet import render
 from modelfleet.catalog import load_catalog
 from modelfleet.inventory import open_inventory
 from modelfleet.inventory.door import parse_data
-from modelfleet.planner import plan_capacity
+from modelfleet.planner import plan_capacity, split_lines
 
 
 def _emit(data, as_json: bool, text: str) -> None:
@@ -99,23 +99,44 @@ def validate(inventory: str, group_data, data, offline: bool, strict: bool, as_j
 @click.option("--nodes", type=click.IntRange(min=1, max=1024), default=1, show_default=True, help="Hosts in the pool.")
 @click.option("--keep-revisions", type=click.IntRange(min=0, max=100), default=1, show_default=True,
               help="Rollback copies kept on disk.")
+@click.option("--recipe", "recipe_id", help="Size this catalog recipe (default: the first of MODEL on HARDWARE).")
+@click.option("--quant", help="GGUF quantization, e.g. UD-IQ1_M: a llama.cpp recipe of MODEL with it on HARDWARE.")
+@click.option("--host-ram-gib", type=click.IntRange(min=1), help="Host RAM for recipes that keep MoE experts in RAM "
+              "(default: the hardware catalog's figure).")
 @click.option("--json", "as_json", is_flag=True, help="Print the full plan as JSON.")
-def plan(model: str, hardware: str, gpus: int, nodes: int, keep_revisions: int, as_json: bool) -> None:
-    """Size MODEL on GPUS x HARDWARE (x NODES): weights per GPU, KV-cache room, disk. Exit 1 if it cannot work."""
+def plan(model: str, hardware: str, gpus: int, nodes: int, keep_revisions: int, recipe_id: str | None,
+         quant: str | None, host_ram_gib: int | None, as_json: bool) -> None:
+    """Size MODEL on GPUS x HARDWARE (x NODES): weights per GPU, KV-cache room, disk; for llama.cpp recipes that
+    keep MoE experts in host RAM, the split between GPUs and RAM. Exit 1 if it cannot work."""
     cat = load_catalog()
     for kind, value, table in (("model", model, cat.models), ("hardware", hardware, cat.hardware)):
         if value not in table:
             raise click.UsageError(f"unknown {kind} {value!r} (known: {', '.join(sorted(table))})")
     recipes = [r for r in cat.recipes.values() if r.model == model and hardware in r.hardware]
-    report = plan_capacity(cat.models[model], cat.hardware[hardware], gpus, nodes,
-                           recipe=recipes[0] if recipes else None, keep_revisions=keep_revisions)
+    if recipe_id:
+        if recipe_id not in cat.recipes:
+            raise click.UsageError(f"unknown recipe {recipe_id!r}")
+        if cat.recipes[recipe_id] not in recipes:
+            raise click.UsageError(f"recipe {recipe_id} is not for {model} on {hardware} (it is for "
+                                   f"{cat.recipes[recipe_id].model} on {', '.join(cat.recipes[recipe_id].hardware)})")
+        recipes = [cat.recipes[recipe_id]]
+    if quant:
+        recipes = [r for r in recipes if r.gguf_quant == quant]
+        if not recipes:
+            raise click.UsageError(f"no recipe of {model} on {hardware} with GGUF quantization {quant!r}")
+        # of several recipes of one quantization, the one laid out for this many GPUs
+        recipes.sort(key=lambda r: r.layout.gpus_per_node != gpus)
+    recipe = recipes[0] if recipes else None
+    report = plan_capacity(cat.models[model], cat.hardware[hardware], gpus, nodes, recipe=recipe,
+                           keep_revisions=keep_revisions, host_ram_gib=host_ram_gib)
     lines = [
-        f"{report.model} on {nodes}x{gpus} {report.hardware}",
+        f"{report.model} on {nodes}x{gpus} {report.hardware}" + (f" (recipe {recipe.id})" if recipe else ""),
         "raw parameter bytes: " + ", ".join(f"{k} {v / 1e12:.2f} TB" for k, v in report.raw_bytes.items()),
         f"checkpoint: {report.checkpoint_bytes / 1e12:.3f} TB" + (" (estimated)" if report.checkpoint_estimated
                                                                   else ""),
         f"weights per GPU: {report.weights_per_gpu_bytes / 1e9:.1f} GB of "
         f"{report.usable_per_gpu_bytes / 1e9:.1f} GB usable; KV-cache room {report.kv_room_per_gpu_bytes / 1e9:.1f} GB",
+        *split_lines(report),
         f"disk needed per host: {report.disk_needed_bytes / 1e12:.3f} TB", report.reason,
     ]
     _emit(report.to_json(), as_json, "\n".join(lines))
@@ -272,9 +293,11 @@ def verify(inventory: str, limit, hosts, ready_timeout: float, group_data, data)
 @click.option("--output-len", type=int, default=128, show_default=True, help="Tokens generated per task.")
 @click.option("--retries", type=int, default=0, show_default=True, help="Re-sends of a failed task.")
 @click.option("--no-metrics", is_flag=True, help="Do not scrape the engine's /metrics during the run.")
+@click.option("--no-gpu-memory", is_flag=True, help="Do not sample the serving hosts' GPU memory (nvidia-smi over "
+                                                      "SSH) during the run.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="reports/bench", show_default=True, help="Where the JSON and PNG reports go.")
 def bench(inventory, limit, hosts, base_url, model, api_key_env, concurrency, num_prompts, input_len, output_len,
-          retries, no_metrics, out_dir) -> None:
+          retries, no_metrics, no_gpu_memory, out_dir) -> None:
     """Acceptance bench (vLLM bench serve definitions): JSON + PNG per endpoint; exit 1 on regressions."""
     import os
     from pathlib import Path
@@ -291,8 +314,15 @@ def bench(inventory, limit, hosts, base_url, model, api_key_env, concurrency, nu
             raise click.UsageError(f"--api-key-env {api_key_env} is not set")
         endpoints = [Endpoint(name=base_url.split("//")[-1], base_url=base_url.rstrip("/").removesuffix("/v1"),
                               model=model, engine="remote", api_key=key)]
+        readers = {}
     else:
-        endpoints = _inventory_endpoints(inventory, tuple(limit) + tuple(hosts))
+        from modelfleet.checks import inventory_endpoints
+        from modelfleet.checks.bench import host_gpu_memory
+
+        result = _resolved_or_exit(inventory)
+        endpoints = inventory_endpoints(result, tuple(_selected(result, limit, hosts)))
+        plans = {f"{name}/{svc.pool}": plan for name, plan in result.hosts.items() for svc in plan.services}
+        readers = {} if no_gpu_memory else {ep.name: host_gpu_memory(plans[ep.name]) for ep in endpoints}
     from modelfleet.checks.bench import bench as run_bench
 
     try:
@@ -305,7 +335,7 @@ def bench(inventory, limit, hosts, base_url, model, api_key_env, concurrency, nu
             click.echo(f"{ep.name}: concurrency {level['concurrency']}: {level['completed']}/{level['num_prompts']} ok, "
                        f"TTFT p99 {level['ttft']['p99_ms']} ms, {level['output_throughput']} tok/s", err=True)
         results.append(run_bench(ep, levels, num_prompts, input_len, output_len, Path(out_dir), retries,
-                                 not no_metrics, progress))
+                                 not no_metrics, progress, gpu_memory=readers.get(ep.name)))
     click.echo(json.dumps(results, indent=2))
     sys.exit(1 if any(r["regressions"] for r in results) else 0)
 
@@ -431,7 +461,7 @@ def upgrade(inventory: str, parallel: int, min_healthy: int, limit, dry: bool) -
                                            enumerate(batches(result, parallel), 1)]}, indent=2))
         return
     report = rollout(inventory, result, parallel, min_healthy, env=dict(os.environ),
-                     log=lambda line: click.echo(line, err=True))
+                     log=lambda line: click.echo(line, err=True), limit=tuple(limit))
     click.echo(json.dumps(report, indent=2))
     sys.exit(0 if not report["stopped"] else 1)
 

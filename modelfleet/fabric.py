@@ -26,6 +26,7 @@ class HostFabric:
     imex: bool = False  # NVLink domain: IMEX node list, service and channel on this host
     imex_nodes: tuple[str, ...] = ()  # the domain's fabric addresses, in pool order (IMEX's node list)
     reasons: dict[str, str] = field(default_factory=dict)  # value name -> why it has this value
+    distances: dict[str, dict[str, str]] = field(default_factory=dict)  # GPU PCI address -> HCA -> PIX/PXB/...
 
 
 @dataclass
@@ -38,12 +39,14 @@ class PoolFabric:
     # Why nothing was derived although nothing is wrong (a member's probe has no fabric part): same shape.
     notes: list[tuple[str, str, str]] = field(default_factory=list)
 
+
 RDMA_CM = "/dev/infiniband/rdma_cm"
 IMEX_CHANNEL = "/dev/nvidia-caps-imex-channels/channel0"
 # NCCL over a multi-node NVLink domain (the Kimi K3 recipes' GB300 NVL environment): MNNVL needs cuMem buffers.
 MNNVL_ENV = {"NCCL_MNNVL_ENABLE": "1", "NCCL_CUMEM_ENABLE": "1"}
 ROCE_V2 = "RoCE v2"
 FULL_PKEY = 0xFFFF
+HEAD_ON_SSH = " (also its SSH address: set fabric_address where the pool has a fabric network)"
 INVENTORY_KEYS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA")
 
 
@@ -160,20 +163,14 @@ def _control(plan, fact: dict, head: str, errors: list) -> tuple[str, dict] | No
     where = f"host {plan.name}"
     route = route_to(fact, head)
     interfaces = fact.get("interfaces") or {}
-    given = plan.network_env.get("NCCL_SOCKET_IFNAME") or plan.network_env.get("GLOO_SOCKET_IFNAME")
-    if given and not given.startswith("^"):
-        key = "NCCL_SOCKET_IFNAME" if plan.network_env.get("NCCL_SOCKET_IFNAME") else "GLOO_SOCKET_IFNAME"
-        exact = given.startswith("=") or key == "GLOO_SOCKET_IFNAME"
-        for name in _names(given):
-            if not any(n == name or (not exact and n.startswith(name)) for n in interfaces):
-                errors.append((where, key, f"interface {name} does not exist on this host (it has "
-                                           f"{', '.join(sorted(interfaces)) or 'none'})"))
-                return None
-        dev = route["dev"] if route else None
-        if not any(dev == n or (not exact and dev and dev.startswith(n)) for n in _names(given)):
-            via = f"its route is {route['dst']} dev {dev}" if route else "the host has no route to it"
-            errors.append((where, key, f"interface {given.lstrip('=')} does not reach head {head} ({via})"))
-            return None
+    refused = False
+    for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+        given = plan.network_env.get(key)
+        if given and not given.startswith("^") and not _given_reaches(key, given, route, interfaces, head, where,
+                                                                      errors):
+            refused = True
+    if refused:
+        return None
     if route is None:
         devs = sorted({str(r["dev"]) for r in fact.get("routes") or []})
         errors.append((where, "NCCL_SOCKET_IFNAME", f"no interface reaches head {head}: no route covers it and "
@@ -184,6 +181,24 @@ def _control(plan, fact: dict, head: str, errors: list) -> tuple[str, dict] | No
         errors.append((where, "NCCL_SOCKET_IFNAME", f"interface {route['dev']} routes to head {head} but is down"))
         return None
     return route["dev"], route
+
+
+def _given_reaches(key: str, given: str, route: dict | None, interfaces: dict, head: str, where: str,
+                   errors: list) -> bool:
+    """Does the inventory's interface list exist on the host and hold the interface that routes to the head?
+    (NCCL reads `=name` as exact and a bare name as a prefix; Gloo takes one exact name.)"""
+    exact = given.startswith("=") or key == "GLOO_SOCKET_IFNAME"
+    for name in _names(given):
+        if not any(n == name or (not exact and n.startswith(name)) for n in interfaces):
+            errors.append((where, key, f"interface {name} does not exist on this host (it has "
+                                       f"{', '.join(sorted(interfaces)) or 'none'})"))
+            return False
+    dev = route["dev"] if route else None
+    if not any(dev == n or (not exact and dev and dev.startswith(n)) for n in _names(given)):
+        via = f"its route is {route['dst']} dev {dev}" if route else "the host has no route to it"
+        errors.append((where, key, f"interface {given.lstrip('=')} does not reach head {head} ({via})"))
+        return False
+    return True
 
 
 def _route_text(route: dict) -> str:
@@ -226,7 +241,12 @@ def derive(pool_name: str, members: list[tuple]) -> PoolFabric:
         if plan.name not in controls or plan.name not in rails:
             continue
         out.hosts[plan.name] = _host(plan, fact, head, controls[plan.name], rails[plan.name], family,
-                                     given_hca[plan.name], imex, imex_nodes, out.errors)
+                                     given_hca[plan.name], imex, imex_nodes, out.errors,
+                                     head_ssh=head == head_plan.address)
+    counts = {name: len(h.hcas) for name, h in out.hosts.items()}
+    if len(set(counts.values())) > 1 and any(given_hca.values()):
+        out.errors.append((f"pool {pool_name}", "NCCL_IB_HCA", "members use different numbers of HCAs (NCCL pairs "
+                           f"them by position): {', '.join(f'{n} {c}' for n, c in counts.items())}"))
     if out.errors:
         out.hosts = {}
     return out
@@ -278,7 +298,8 @@ def _family(rails: dict[str, _Rail]) -> str | None:
         else "AF_INET"
 
 
-def _host(plan, fact, head, control, rail: _Rail, family, given_hca, imex, imex_nodes, errors) -> HostFabric:
+def _host(plan, fact, head, control, rail: _Rail, family, given_hca, imex, imex_nodes, errors,
+          head_ssh: bool = False) -> HostFabric:
     ifname, route = control
     reasons: dict[str, str] = {}
     env: dict[str, str] = {}
@@ -287,6 +308,8 @@ def _host(plan, fact, head, control, rail: _Rail, family, given_hca, imex, imex_
             f"{ifname} routes to head {head} ({_route_text(route)})")
     reasons["ifname"] = text
     reasons["head_address"] = f"the head's fabric_address, reached over {ifname}"
+    if head_ssh:
+        reasons["head_address"] += HEAD_ON_SSH
     for key, value in (("NCCL_SOCKET_IFNAME", f"={ifname}"), ("GLOO_SOCKET_IFNAME", ifname)):
         if net.get(key):
             env[key], reasons[key] = net[key], f"from the inventory; checked: {text}"
@@ -341,7 +364,7 @@ def _host(plan, fact, head, control, rail: _Rail, family, given_hca, imex, imex_
                                               "the GID index itself (differs between hosts, so none is pinned)")
             reasons["NCCL_IB_ROCE_VERSION_NUM"] = "RoCE v2 (routable) GIDs only"
         present = set(fact.get("dev_infiniband") or [])
-        wanted = ["rdma_cm"] + [hca_info[h]["uverbs"] for h in hcas if hca_info.get(h, {}).get("uverbs")]
+        wanted = [RDMA_CM.rsplit("/", 1)[1]] + [hca_info[h]["uverbs"] for h in hcas if hca_info.get(h, {}).get("uverbs")]
         missing = [h for h in hcas if not hca_info.get(h, {}).get("uverbs")]
         for name in wanted:
             if name not in present:
@@ -362,15 +385,19 @@ def _host(plan, fact, head, control, rail: _Rail, family, given_hca, imex, imex_
         devices.append(IMEX_CHANNEL)
         env.update(MNNVL_ENV)
         state = fact.get("imex") or {}
+        channels = ", ".join(state.get("channels") or []) or "none"
         reasons["imex"] = (f"{plan.hardware.id}'s NVLink domain spans trays ({plan.hardware.interconnect}): IMEX "
-                           f"over {', '.join(imex_nodes)}; now: channels {', '.join(state.get('channels') or []) or 'none'}, "
+                           f"over {', '.join(imex_nodes)}; now: channels {channels}, "
                            f"service {state.get('active') or 'absent'}")
         reasons["imex_nodes"] = "the members' fabric addresses, in pool order"
         reasons["NCCL_MNNVL_ENABLE"] = "NCCL over the multi-node NVLink domain (the IMEX channel)"
         reasons["NCCL_CUMEM_ENABLE"] = "MNNVL shares cuMem buffers across the domain"
         reasons["devices"] = (reasons.get("devices", "") + "; " if rdma else "") + "the IMEX channel"
+    distances = {gpu: {h: word for h, word in row.items() if h in hcas}
+                 for gpu, row in (fact.get("distances") or {}).items()} if hcas else {}
     return HostFabric(host=plan.name, ifname=ifname, head_address=head, hcas=hcas, env=env, devices=tuple(devices),
-                      rdma=rdma, imex=imex, imex_nodes=imex_nodes if imex else (), reasons=reasons)
+                      rdma=rdma, imex=imex, imex_nodes=imex_nodes if imex else (), reasons=reasons,
+                      distances=distances)
 
 
 def expected(pool_name: str, members: Iterable) -> PoolFabric:
@@ -413,5 +440,5 @@ def report(fabric: PoolFabric) -> dict:
             "notes": [f"{where}: {fld}: {msg}" for where, fld, msg in fabric.notes],
             "hosts": {name: {"ifname": h.ifname, "head_address": h.head_address, "hcas": list(h.hcas), "env": h.env,
                              "devices": list(h.devices), "rdma": h.rdma, "imex": h.imex,
-                             "imex_nodes": list(h.imex_nodes), "reasons": h.reasons}
+                             "imex_nodes": list(h.imex_nodes), "reasons": h.reasons, "distances": h.distances}
                       for name, h in fabric.hosts.items()}}

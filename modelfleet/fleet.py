@@ -21,6 +21,7 @@ from pathlib import Path
 import paramiko
 from fabric import Connection
 
+from modelfleet import router
 from modelfleet.health import admission_state
 from modelfleet.host_commands import boot_token_sh, driver_version_sh, journal_command, unit_show_command
 from modelfleet.inventory import HostPlan, ServicePlan
@@ -109,6 +110,9 @@ def status_script(plan: HostPlan) -> str:
             f"echo \"revision=$(readlink {parent}/current)\"; "
             + (f"echo \"health=$(curl -s -o /dev/null -m 5 -w '%{{http_code}}' {health})\"; " if health else "")
         )
+    for rp in plan.routers:  # a front door: its unit, and the replicas its router lists (and their health)
+        parts.append(f"echo '{MARK} router {rp.name}'; {unit_show_command(rp.unit_name, UNIT_PROPERTIES)}; "
+                     f"echo \"workers=$({{ {router.list_command(rp)}; }} | tr -d '\\n')\"; ")
     parts.append(f"echo '{MARK} host'; echo \"driver=$({driver_version_sh()})\"; echo \"boot=$({boot_token_sh()})\"")
     parts.append(f"echo '{MARK} gpus'; nvidia-smi --query-gpu=index,memory.used,memory.total "
                  "--format=csv,noheader,nounits 2>/dev/null || true")
@@ -116,7 +120,7 @@ def status_script(plan: HostPlan) -> str:
 
 
 def parse_status(output: str) -> dict:
-    result: dict = {"services": {}, "gpus": [], "host": {}}
+    result: dict = {"services": {}, "gpus": [], "host": {}, "routers": {}}
     section = None
     for line in output.splitlines():
         if line.startswith(MARK):
@@ -124,6 +128,12 @@ def parse_status(output: str) -> dict:
             section = words[1] if words[0] == "service" else words[0]
             if words[0] == "service":
                 result["services"][section] = {}
+            elif words[0] == "router":
+                section = ("router", words[1])
+                result["routers"][words[1]] = {}
+        elif isinstance(section, tuple) and "=" in line:
+            key, _, value = line.partition("=")
+            result["routers"][section[1]][key] = value or None
         elif section == "gpus":
             cells = [c.strip() for c in line.split(",")]
             if len(cells) == 3 and all(c.isdigit() for c in cells):
@@ -201,7 +211,41 @@ def status(plans: list[HostPlan]) -> list[dict]:
                              "health": got.get("health")})
         rows.append({"host": plan.name, "reachable": True, "services": services, "gpus": parsed["gpus"],
                      "driver": parsed["host"].get("driver"), "boot": parsed["host"].get("boot"),
-                     "admission": admission_state(plan.name)})
+                     "admission": admission_state(plan.name), "routers": _routers(plan, parsed["routers"])})
+    return _in_router(plans, rows)
+
+
+def _routers(plan: HostPlan, parsed: dict) -> list[dict]:
+    """The host's front doors: unit state, and {replica URL: healthy} as the router lists them (None: the router
+    did not answer)."""
+    out = []
+    for rp in plan.routers:
+        got = parsed.get(rp.name, {})
+        try:
+            listed = router.parse_workers(got.get("workers") or "")
+        except (ValueError, KeyError, TypeError):
+            listed = None
+        out.append({"name": rp.name, "unit": rp.unit_name, "front_door": rp.base_url,
+                    "state": f"{got.get('ActiveState')}/{got.get('SubState')}",
+                    "workers": None if listed is None else {url: w["healthy"] for url, w in listed.items()}})
+    return out
+
+
+def _in_router(plans: list[HostPlan], rows: list[dict]) -> list[dict]:
+    """Each routed replica's place in its front door, from what the router host's row says: `in`, `out`
+    (the router does not list it, or its health check took it out), or None when not known here."""
+    listed = {}
+    for row in rows:
+        for door in row.get("routers", []):
+            listed[door["name"]] = door["workers"]
+    plan_of = {plan.name: plan for plan in plans}
+    for row in rows:
+        for service in row.get("services", []):
+            svc = next(s for s in plan_of[row["host"]].services if s.pool == service["pool"])
+            workers = listed.get(router.front_door_name(svc.served_name)) if svc.router and not svc.node_rank \
+                else None
+            service["router"] = None if workers is None else (
+                "out" if workers.get(svc.base_url, False) is False else "in")
     return rows
 
 
@@ -214,8 +258,8 @@ def _admission_cell(state: dict | None) -> str:
 
 
 def status_table(rows: list[dict]) -> str:
-    lines = [f"{'HOST':<14} {'ADMITTED':<9} {'POOL':<16} {'GPUS':<8} {'STATE':<18} {'HEALTH':<6} {'RESTARTS':<8} "
-             f"{'REVISION':<12} IMAGE"]
+    lines = [f"{'HOST':<14} {'ADMITTED':<9} {'POOL':<16} {'GPUS':<8} {'STATE':<18} {'HEALTH':<6} {'ROUTER':<6} "
+             f"{'RESTARTS':<8} {'REVISION':<12} IMAGE"]
     for row in rows:
         if not row["reachable"]:
             lines.append(f"{row['host']:<14} unreachable: {row['error']}")
@@ -223,9 +267,15 @@ def status_table(rows: list[dict]) -> str:
         for s in row["services"]:
             gpus = ",".join(map(str, s["gpu_indices"])) or "-"
             lines.append(f"{row['host']:<14} {_admission_cell(row.get('admission')):<9} {s['pool']:<16} {gpus:<8} "
-                         f"{s['state']:<18} {s['health'] or '-':<6} "
+                         f"{s['state']:<18} {s['health'] or '-':<6} {s.get('router') or '-':<6} "
                          f"{s['restarts'] if s['restarts'] is not None else '-':<8} "
                          f"{(s['revision'] or '-')[:12]:<12} {s['image'] or '-'}")
+        for door in row.get("routers", []):
+            replicas = door["workers"]
+            listed = "no answer" if replicas is None else \
+                f"{sum(h is not False for h in replicas.values())}/{len(replicas)} replicas healthy"
+            lines.append(f"{row['host']:<14} {'-':<9} {'door ' + door['name']:<16} {'-':<8} {door['state']:<18} "
+                         f"{door['front_door']} ({listed})")
     return "\n".join(lines)
 
 

@@ -23,6 +23,7 @@ from modelfleet.stages import (
     netcheck,
     os_base,
     preflight,
+    router,
     service,
     storage,
     verify,
@@ -30,7 +31,7 @@ from modelfleet.stages import (
 
 STACK = (os_base, gpu_driver, container_runtime)
 # What `pyinfra INVENTORY deploys/serve.py` runs (deploys/serve.py names the same list).
-SERVE = (preflight, *STACK, admission, storage, model, images, imex, netcheck, service, verify, exporters)
+SERVE = (preflight, *STACK, admission, storage, model, images, imex, netcheck, service, router, verify, exporters)
 
 
 def gpu_stack(ctx: HostRun, serving: bool) -> bool:
@@ -90,7 +91,8 @@ class _LostHosts(BaseStateCallback):
             return
         doing = ", ".join(sorted(state.get_op_meta(op_hash).names)) or "an operation"
         host.log_styled(f"modelfleet: {host.name} went away during '{doing}' (its SSH connection closed: the host "
-                        "restarted, or lost power or network); re-run once it answers", fg="red", log_func=logger.error)
+                        "restarted, or lost power or network); re-run once it answers", fg="red",
+                        log_func=logger.error)
 
 
 _watched: weakref.WeakSet = weakref.WeakSet()

@@ -15,9 +15,9 @@ TEMP_FRACTION = 0.05
 MIN_KV_BYTES_PER_GPU = 1 * 2**30
 # What llama-server's --fit leaves free on each device by default (--fit-target, MiB).
 FIT_TARGET_MIB = 1024
-# A GGUF's layers outside the routed experts (attention, shared expert, embeddings), sized at Q8_0 (34 bytes per
-# 32 weights): dynamic quantizations keep these in higher bits than the experts, and Q8_0 is the widest they
-# commonly use, so the GPU part is not underestimated.
+# A GGUF's weights outside the routed experts (attention, shared expert, embeddings), sized at Q8_0 (34 bytes per
+# 32 weights): dynamic quantizations keep these in more bits than the experts, and the catalog does not record
+# each tensor's type, so the GPU part is sized as if all of it were 8-bit.
 DENSE_GGUF_BYTES_PER_PARAM = 34 / 32
 
 

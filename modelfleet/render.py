@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import jinja2
 import yaml
 
-from modelfleet import TEMPLATES_DIR, grammar
+from modelfleet import TEMPLATES_DIR, caches, grammar
 from modelfleet.inventory import ServicePlan
 
 if TYPE_CHECKING:
@@ -65,26 +65,19 @@ def engine_argv(svc: ServicePlan) -> list[str]:
 
 def multinode_args(svc: ServicePlan) -> list[str]:
     """
-    The engine's own multi-node flags, from the pool's ranks (the first host is the head, rank 0).
-    vLLM data parallel (+ expert parallel): each node runs its DP ranks, workers `--headless` from
-    `--data-parallel-start-rank`; vLLM TP/PP across nodes: `--nnodes/--node-rank/--master-addr`, workers
-    `--headless`; SGLang: `--nnodes/--node-rank/--dist-init-addr`.
+    The engine's own multi-node flags (`multinode` in catalog/engines.yaml), from the pool's ranks (the first
+    host is the head, rank 0): its data-parallel launch for a recipe with dp > 1 where it has one, else the
+    sharded (TP/PP) one; workers add their own flags.
     """
     if svc.nnodes == 1:
         return []
-    layout, head = svc.recipe.layout, rendezvous_address(svc)
-    if svc.engine_name == "sglang":
-        return ["--nnodes", str(svc.nnodes), "--node-rank", str(svc.node_rank),
-                "--dist-init-addr", f"{head}:{MASTER_PORT}"]
-    if layout.dp > 1:
-        local = layout.dp // svc.nnodes
-        args = ["--data-parallel-size", str(layout.dp), "--data-parallel-size-local", str(local),
-                "--data-parallel-address", head, "--data-parallel-rpc-port", str(DP_RPC_PORT)]
-        return args + (["--headless", "--data-parallel-start-rank", str(svc.node_rank * local)]
-                       if svc.node_rank else [])
-    args = ["--nnodes", str(svc.nnodes), "--node-rank", str(svc.node_rank), "--master-addr", head,
-            "--master-port", str(MASTER_PORT)]
-    return args + (["--headless"] if svc.node_rank else [])
+    layout, modes = svc.recipe.layout, svc.engine.multinode
+    flags = modes["dp"] if layout.dp > 1 and "dp" in modes else modes["tp"]
+    local = layout.dp // svc.nnodes
+    values = {"nnodes": svc.nnodes, "node_rank": svc.node_rank, "head": rendezvous_address(svc),
+              "master_port": MASTER_PORT, "dp": layout.dp, "dp_local": local, "dp_rpc_port": DP_RPC_PORT,
+              "dp_start": svc.node_rank * local}
+    return [arg.format(**values) for arg in flags.all + (flags.workers if svc.node_rank else [])]
 
 
 def rendezvous_address(svc: ServicePlan) -> str:
@@ -142,10 +135,16 @@ def docker_run_argv(svc: ServicePlan) -> list[str]:
     argv += gpu_flags(svc) + fabric_flags(svc.fabric)
     # Secrets and recipe env come from a 0600 file, never from this command line.
     argv += ["--env-file", svc.env_file, "-v", f"{svc.model_dir}:{CONTAINER_MODEL_DIR}:ro"]
+    argv += caches.docker_flags(engine_cache(svc))
     if svc.api_key_env and svc.engine.api_key_config_file:
         argv += ["-v", f"{svc.secrets_config_file}:{CONTAINER_SECRETS}:ro"]
     argv += ["--entrypoint", svc.engine.entrypoint, svc.image]
     return argv + engine_argv(svc)
+
+
+def engine_cache(svc: ServicePlan) -> caches.EngineCache | None:
+    """The service's engine cache directory, keyed by (among the rest) the engine's full argv."""
+    return caches.cache_of(svc, engine_argv(svc))
 
 
 def systemd_quote(arg: str) -> str:
@@ -198,7 +197,8 @@ def api_key(svc: ServicePlan) -> str | None:
 
 
 def env_values(svc: ServicePlan, mask: bool = False) -> dict[str, str]:
-    env = {**svc.env, **fabric_env(svc)}
+    cache = engine_cache(svc)
+    env = {**(cache.env if cache else {}), **svc.env, **fabric_env(svc)}
     key = api_key(svc)
     if key and svc.engine.api_key_env:
         env[svc.engine.api_key_env] = MASK if mask else key

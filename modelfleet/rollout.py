@@ -14,6 +14,7 @@ second throughout, so the report says how many requests failed, inside and outsi
 
 from __future__ import annotations
 
+import shlex
 import threading
 import time
 import urllib.error
@@ -109,14 +110,16 @@ def _left_drained(report: dict, entry: dict, watcher: Watcher, start: float, sto
 
 
 def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: int = 0,
-            env: dict | None = None, log=print) -> dict:
+            env: dict | None = None, log=print, limit: tuple[str, ...] = ()) -> dict:
     plans = [resolved.hosts[name] for name in resolved.hosts]
     before = {row["host"]: row for row in fleet.status(plans)}
     report = {"batches": [], "upgraded": [], "rolled_back": [], "drained": [], "stopped": None}
     watcher = Watcher(resolved)
     started = time.monotonic()
+    where = {}
     try:
-        for batch in batches(resolved, parallel):
+        for number, batch in enumerate(batches(resolved, parallel), 1):
+            where.update(batch=number, hosts=batch, step="health check")
             healthy = _healthy(fleet.status(plans))
             if len(healthy - set(batch)) < min_healthy:
                 report["stopped"] = (f"switching {batch} would leave {len(healthy - set(batch))} healthy endpoint(s), "
@@ -126,6 +129,7 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
             entry = {"hosts": batch, "driver_upgrade": bool(moving)}
             report["batches"].append(entry)
             log(f"batch {batch}: prefetch")
+            where["step"] = "prefetch"
             ok, out = _pyinfra(inventory, deploy("prefetch"), batch, {}, env or {})
             if not ok:
                 entry.update(result="prefetch failed", output=out)
@@ -140,6 +144,7 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
                                   result="drain failed", errors=refused)
                     break
             log(f"batch {batch}: switch")
+            where["step"] = "switch"
             ok, out = _pyinfra(inventory, deploy("serve"), batch, {}, env or {})
             if ok:
                 watcher.switching(batch, switch_start)
@@ -152,6 +157,7 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
                 break
             entry.update(result="gate failed: rolled back", output=out)
             log(f"batch {batch}: gate failed, rolling back")
+            where["step"] = "rollback"
             for host in batch:
                 old = next((s for s in before[host].get("services", [])), {})
                 data = {k: v for k, v in (("image", old.get("image")), ("revision", old.get("revision"))) if v}
@@ -162,9 +168,25 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
             watcher.switching(batch, switch_start)
             report["stopped"] = f"the gate failed on {batch}; rolled back to the previous image and revision"
             break
+    except KeyboardInterrupt:  # Ctrl-C: what was cut off, where each host stands, and how to finish
+        again = " ".join(["modelfleet", "upgrade", shlex.quote(inventory), "--parallel", str(parallel),
+                          "--min-healthy", str(min_healthy), *(f"--limit {shlex.quote(name)}" for name in limit)])
+        report["stopped"] = (f"interrupted in batch {where.get('batch')} {where.get('hosts')} during its "
+                             f"{where.get('step')}; finish with: {again}")
+        report["interrupted"] = {**where, "finish_with": again}
+        log(f"interrupted in batch {where.get('batch')} {where.get('hosts')} during its {where.get('step')}")
     finally:
         counts = watcher.stop()
     after = {row["host"]: row for row in fleet.status(plans)}
+    if "interrupted" in report:
+        report["interrupted"]["hosts_now"] = {
+            h: {"reachable": row.get("reachable"),
+                "services": [{k: s.get(k) for k in ("unit", "image", "revision", "health")}
+                             for s in row.get("services", [])]} for h, row in after.items()}
+        for h, row in report["interrupted"]["hosts_now"].items():
+            log(f"  {h}: " + ("unreachable" if not row["reachable"] else "; ".join(
+                f"{s['image']} health {s['health']}" for s in row["services"]) or "no service"))
+        log(f"finish with: {report['interrupted']['finish_with']}")
     report["drivers"] = {h: {"before": before[h].get("driver"), "after": after[h].get("driver")} for h in after}
     report["rebooted"] = [h for h in after if before[h].get("boot") and after[h].get("boot") != before[h]["boot"]]
     report.update(seconds=round(time.monotonic() - started, 1), **counts)

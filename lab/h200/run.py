@@ -43,7 +43,7 @@ def gguf_model(path: Path) -> Model:
     return Model(id="tiny-moe", hf_repo="modelfleet/tiny-moe", source="lab/tiny_gguf.py (random weights)",
                  architecture="moe", params_total=total, params_active=total - routed + routed * EXPERTS_USED / EXPERTS,
                  layers=tiny_gguf.LAYERS, experts={"routed": EXPERTS, "selected_per_token": EXPERTS_USED, "shared": 0},
-                 context_max=tiny_gguf.CONTEXT, modalities=["text"], weights="fp32", engines=["llama.cpp"],
+                 context_max=tiny_gguf.CONTEXT, modalities=["text"], weights="fp32",
                  gguf={"repo": "modelfleet/tiny-moe", "memory_overhead": 0.15, "quants": {"F32": path.stat().st_size}})
 
 

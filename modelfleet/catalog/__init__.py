@@ -32,7 +32,6 @@ class Model(_Strict):
     activations: str | None = None
     checkpoint_bytes: float | None = None
     trust_remote_code: bool = False
-    engines: list[str]
     gguf: dict | None = None
 
 
@@ -62,6 +61,14 @@ class Hardware(_Strict):
     host_ram_source: str | None = None
 
 
+class MultinodeFlags(_Strict):
+    """Flags every node of a multi-node pool gets, and those only the workers (rank > 0) add; `{...}` are the
+    pool's values: nnodes, node_rank, head, master_port, dp, dp_local, dp_rpc_port, dp_start."""
+
+    all: list[str]
+    workers: list[str] = []
+
+
 class Engine(_Strict):
     source: str
     entrypoint: str
@@ -82,7 +89,12 @@ class Engine(_Strict):
     several_served_names: bool = False  # the served-name flag takes more than one name (vLLM: nargs +)
     # Layout dimension (tp, pp, dp) -> the engine's flags for it; none: the engine has no such sizes (llama.cpp).
     parallel_flags: dict[str, list[str]] = Field(default_factory=dict)
-    multinode_parallel: list[str] = []  # dimensions modelfleet's multi-node flags set on multi-node pools
+    # Multi-node launch flags: "tp" for a pool that shards one model over its nodes, "dp" (when the engine has a
+    # data-parallel launch) for one whose nodes each run their share of DP ranks; none: no multi-node mode.
+    multinode: dict[Literal["tp", "dp"], "MultinodeFlags"] = Field(default_factory=dict)
+    # Compile/JIT caches kept across restarts: `source`, and `env` (variable -> subdirectory of the mounted cache
+    # directory); none: nothing worth keeping (modelfleet/caches.py).
+    caches: dict[str, str | dict[str, str]] = Field(default_factory=dict)
 
 
 class Layout(_Strict):
@@ -207,7 +219,7 @@ def layout_problems(recipe: "Recipe", engine: "Engine") -> list[str]:
         wanted, given = getattr(recipe.layout, dim), _flag_value(recipe.args, flags)
         if given is not None and given != str(wanted):
             out.append(f"args set {flags[0]} {given} but layout says {dim} {wanted}")
-        elif given is None and wanted > 1 and not (recipe.layout.nodes > 1 and dim in engine.multinode_parallel):
+        elif given is None and wanted > 1 and not (recipe.layout.nodes > 1 and dim in engine.multinode):
             out.append(f"layout says {dim} {wanted} but args set no {flags[0]}: the engine would run {dim} 1")
     return out
 

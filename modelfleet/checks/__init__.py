@@ -1,5 +1,6 @@
 """Client-side checks run from the control node through the openai SDK: readiness, smoke, tool-call probe
-(probe.py), the acceptance bench (bench.py) and cost per successful task (cost.py)."""
+(probe.py), key-less requests that every keyed endpoint must refuse (exposure.py), the acceptance bench
+(bench.py) and cost per successful task (cost.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ class Endpoint:
     pool: str | None = None
     tool_choice: str = "auto"        # the recipe's probe settings (catalog ProbeSettings)
     final_tool_choice: str = "auto"
+    refused_routes: tuple[str, ...] = ()  # a front door's inference routes: each must refuse a key-less request
+    behind_router: bool = False  # a replica behind a front door: it listens for the router only
 
     @property
     def openai_base_url(self) -> str:
@@ -36,7 +39,8 @@ def reachable_from_control_node(plan: HostPlan, svc: ServicePlan) -> bool:
 def endpoint(plan: HostPlan, svc: ServicePlan) -> Endpoint:
     return Endpoint(name=f"{plan.name}/{svc.pool}", base_url=svc.base_url, model=svc.served_name,
                     engine=svc.engine_name, api_key=render.api_key(svc), pool=svc.pool,
-                    tool_choice=svc.recipe.probe.tool_choice, final_tool_choice=svc.recipe.probe.final_tool_choice)
+                    tool_choice=svc.recipe.probe.tool_choice, final_tool_choice=svc.recipe.probe.final_tool_choice,
+                    behind_router=bool(svc.router))
 
 
 def inventory_endpoints(resolved: Resolved, hosts: tuple[str, ...] = ()) -> list[Endpoint]:

@@ -119,7 +119,10 @@ class MetricsScraper(threading.Thread):
     def run(self):
         while not self.done.is_set():
             try:
-                with urllib.request.urlopen(f"{self.ep.base_url}/metrics", timeout=5) as response:
+                # llama-server keys /metrics too; the key goes in a header, never in a URL or argv.
+                headers = {"Authorization": f"Bearer {self.ep.api_key}"} if self.ep.api_key else {}
+                request = urllib.request.Request(f"{self.ep.base_url}/metrics", headers=headers)
+                with urllib.request.urlopen(request, timeout=5) as response:
                     self.samples.append(_parse_metrics(response.read().decode()))
             except OSError:
                 pass
@@ -194,6 +197,22 @@ class GpuMemorySampler(threading.Thread):
                 "peak_mib": {str(i): max(u[i] for u in window if i in u) for i in gpus},
                 "mean_mib": {str(i): round(statistics.fmean(u[i] for u in window if i in u), 1) for i in gpus},
                 **({"errors": self.errors} if self.errors else {})}
+
+
+def host_gpu_memory(plan):
+    """A `gpu_memory` reader for the bench of a service on `plan`'s host, over the same SSH path as `modelfleet
+    status` (a local command for @local); None where there is nothing to read (no NVIDIA GPUs)."""
+    if plan.hardware.vendor != "nvidia":
+        return None
+    if plan.address == "@local":
+        import subprocess
+
+        return lambda: subprocess.run(gpu_memory_sh(), shell=True, capture_output=True, text=True,
+                                      timeout=10).stdout
+    from modelfleet import fleet
+
+    conn = fleet.connect(plan)
+    return lambda: fleet.execute(conn, plan, gpu_memory_sh())[1]
 
 
 def run_level(ep: Endpoint, concurrency: int, num_prompts: int, input_len: int, output_len: int,
@@ -281,7 +300,11 @@ def plot(result: dict, path: Path) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("concurrency")
     ax.set_ylabel("latency (ms)")
-    ax.set_title(f"{result['endpoint']} ({result['model']}), in {result['input_len']} / out {result['output_len']}")
+    title = f"{result['endpoint']} ({result['model']}), in {result['input_len']} / out {result['output_len']}"
+    peaks = (result.get("gpu_memory") or {}).get("peak_mib")
+    if peaks:
+        title += "\npeak GPU memory: " + ", ".join(f"GPU {i} {mib} MiB" for i, mib in peaks.items())
+    ax.set_title(title, fontsize=9 if peaks else None)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()

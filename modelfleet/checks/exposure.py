@@ -35,11 +35,17 @@ def ask_without_key(url: str, body: dict, timeout_s: float = 10) -> int | str:
 def routes_to_ask(ep: Endpoint) -> tuple[list[tuple[str, dict]], list[str]]:
     """([(route, body)] to ask without a key, [routes left unasked because they are open by design])."""
     chat = {"model": ep.model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 1}
+    if ep.refused_routes:  # a front door: every inference route it serves, with a body any of them would run
+        body = {**chat, "prompt": "Say hi.", "text": "Say hi.", "input": "Say hi."}
+        return [("/v1/chat/completions", chat)] + [(r, body) for r in ep.refused_routes
+                                                   if r != "/v1/chat/completions"], []
     coverage = key_coverage().get(ep.engine)
     if coverage is None:
         return [("/v1/chat/completions", chat)], []
     host = urlsplit(ep.base_url).hostname or ""
-    if coverage.probe_route in coverage.open_inference_routes and _is_loopback(host):
+    # A replica behind a front door listens for the router only (loopback, or the fabric): clients come
+    # through the front door, which is asked every route.
+    if coverage.probe_route in coverage.open_inference_routes and (_is_loopback(host) or ep.behind_router):
         return [("/v1/chat/completions", chat)], [coverage.probe_route]
     return [("/v1/chat/completions", chat), (coverage.probe_route, coverage.probe_body)], []
 

@@ -22,7 +22,8 @@ class DeployedState(FactBase):
     """
     {"paths": {path: None | {"kind": "dir"|"file", "mode": "600", "user", "group", "sha256",
                              "entries": a directory's first 64 names (LC_ALL=C order)}},
-     "units": {unit: {"ActiveState", "UnitFileState", "LoadState", "FragmentPath", "NeedDaemonReload", "Restart": ...,
+     "units": {unit: {"ActiveState", "UnitFileState", "LoadState", "FragmentPath", "NeedDaemonReload",
+                      "Restart": ...,
                       "ExecStart": [argv, ...] (systemd's effective command lines),
                       "DropInPaths": [path, ...], "dropins": {path: content}}} (what systemd merges into the unit),
      "images": {ref: None | {"id": "sha256:..."}},

@@ -3,6 +3,7 @@
 
     modelfleet_fetch.py JOB.json hub            download from the hub (huggingface_hub, in the stage's venv)
     modelfleet_fetch.py JOB.json peer URL       copy from a pool peer that already holds verified files (HTTP)
+    ... [--source-name=HOST]                    the peer's name, for the messages
     modelfleet_fetch.py JOB.json verify         verify only
     ... [--reverify]                            hash every file, even those the manifest vouches for
     modelfleet_fetch.py serve DIR ADDRESS PORT [MB_S]
@@ -118,9 +119,11 @@ def fetch_from_hub(job: dict, paths: list[str]) -> None:
                          "files already verified are kept, re-run when it answers") from error
 
 
-def fetch_from_peer(job: dict, paths: list[str], base_url: str) -> dict:
-    """Copy each file, hashing while it streams; returns {path: sha256} so no second read is needed."""
+def fetch_from_peer(job: dict, paths: list[str], base_url: str, name: str | None = None) -> dict:
+    """Copy each file, hashing while it streams; returns {path: sha256} so no second read is needed. `name`:
+    the source host's, for the messages."""
     dest = Path(job["dest"])
+    source = f"{name} ({base_url})" if name else base_url
 
     def one(rel):
         target = dest / rel
@@ -137,14 +140,14 @@ def fetch_from_peer(job: dict, paths: list[str], base_url: str) -> dict:
                     got += len(block)
         except urllib.error.URLError as error:
             partial.unlink(missing_ok=True)
-            raise FetchError(f"the source {base_url} stopped answering ({one_line(error)}): its host failed or "
+            raise FetchError(f"the source {source} stopped answering ({one_line(error)}): its host failed or "
                              "its run ended; fix the source host and re-run") from error
         except (ConnectionError, TimeoutError, http.client.HTTPException) as error:
             partial.unlink(missing_ok=True)
-            raise stopped(base_url, rel, one_line(error)) from error
+            raise stopped(source, rel, one_line(error)) from error
         if length is not None and got != int(length):  # the server closed early: a short read, not an error
             partial.unlink(missing_ok=True)
-            raise stopped(base_url, rel, f"{got} of {length} bytes")
+            raise stopped(source, rel, f"{got} of {length} bytes")
         partial.replace(target)
         return rel, digest.hexdigest()
 
@@ -152,10 +155,10 @@ def fetch_from_peer(job: dict, paths: list[str], base_url: str) -> dict:
         return dict(pool.map(one, paths))
 
 
-def stopped(base_url: str, rel: str, how: str) -> FetchError:
+def stopped(source: str, rel: str, how: str) -> FetchError:
     """The source went away in the middle of a file (connection reset, a short read): a dead source, not bad
     bytes."""
-    return FetchError(f"source {base_url} stopped during the copy ({rel}: {how}): its host failed or its run "
+    return FetchError(f"source {source} stopped during the copy ({rel}: {how}): its host failed or its run "
                       "ended; files already verified are kept, fix the source host and re-run")
 
 
@@ -243,7 +246,8 @@ def main(argv: list[str]) -> int:
     verified, missing = check(dest, files, manifest, reverify)
     report = {"commit": job["commit"], "dest": str(dest), "files": len(files), "fetched": [], "bytes_fetched": 0}
     if missing and mode != "verify":
-        streamed = fetch_from_hub(job, missing) if mode == "hub" else fetch_from_peer(job, missing, argv[2])
+        name = next((a.split("=", 1)[1] for a in argv if a.startswith("--source-name=")), None)
+        streamed = fetch_from_hub(job, missing) if mode == "hub" else fetch_from_peer(job, missing, argv[2], name)
         report["fetched"] = missing
         report["bytes_fetched"] = sum(files[rel]["size"] for rel in missing)
         again, still = check(dest, {rel: files[rel] for rel in missing}, {}, True, streamed or {})

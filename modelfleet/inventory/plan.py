@@ -45,6 +45,64 @@ STACK_KEYS = tuple(f for f in StackPlan.__dataclass_fields__ if f != "manage")
 
 
 @dataclass(frozen=True)
+class RouterChoice:
+    """A service's `router*` settings (ServiceData's fields of the same names; defaults live there)."""
+
+    host: str
+    port: int
+    bind_address: str | None
+    policy: str
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One replica behind a front door: its pool, the host serving its HTTP (a pool's head) and the URL the
+    router reaches it at."""
+
+    pool: str
+    host: str
+    url: str
+
+
+@dataclass(frozen=True)
+class RouterPlan:
+    """One model's front door: the engine's router on `host`, listing the model's replicas."""
+
+    name: str
+    host: str
+    engine_name: str
+    served_name: str
+    bind_address: str
+    port: int
+    policy: str
+    api_key_env: str
+    config_dir: str
+    workers: tuple[Worker, ...]
+
+    @property
+    def backend_port(self) -> int:
+        """Where the router itself listens on loopback when a proxy is the front door."""
+        return self.port + 1
+
+    @property
+    def metrics_port(self) -> int:
+        return self.port + 2
+
+    @property
+    def unit_name(self) -> str:
+        return f"modelfleet-router-{self.name}.service"
+
+    @property
+    def proxy_unit_name(self) -> str:
+        return f"modelfleet-door-{self.name}.service"
+
+    @property
+    def base_url(self) -> str:
+        address = f"[{self.bind_address}]" if ":" in self.bind_address else self.bind_address
+        return f"http://{address}:{self.port}"
+
+
+@dataclass(frozen=True)
 class ServicePlan:
     host: str
     pool: str
@@ -76,6 +134,8 @@ class ServicePlan:
     gpu_indices: tuple[int, ...] = ()  # this service's GPUs on its host (disjoint from the other services')
     model_file: str | None = None  # the file the engine loads, inside the checkpoint (GGUF: the first shard)
     fabric: HostFabric | None = None  # a multi-node pool member's fabric (devices, env, head address), from facts
+    router: RouterChoice | None = None  # the model's front door, when its replicas sit behind one
+    driver_branch: str = ""  # the host's (HostPlan fills it in): part of the engine cache's key
 
     def at_commit(self, commit: str, model_file: str | None = None) -> "ServicePlan":
         """The same service pinned to a resolved 40-hex commit: its own model directory, so a new revision
@@ -163,6 +223,12 @@ class HostPlan:
     ssh_key: str | None = None
     ssh_known_hosts_file: str | None = None
     ssh_strict_host_key_checking: str | None = None
+    routers: tuple[RouterPlan, ...] = ()  # the front doors this host runs (modelfleet.router)
+
+    def __post_init__(self):
+        # The engine cache's key names the driver branch; services learn it from their host, its one home.
+        object.__setattr__(self, "services", tuple(replace(s, driver_branch=self.stack.driver_branch)
+                                                   for s in self.services))
 
 
 @dataclass
@@ -177,6 +243,7 @@ class Resolved:
     hosts: dict[str, HostPlan]
     pools: dict[str, PoolPlan]
     errors: list[tuple[str, str, str]]  # (where, field, message)
+    routers: dict[str, RouterPlan] = field(default_factory=dict)  # front door name -> its plan
     warnings: list[tuple[str, str, str]] = field(default_factory=list)  # the same shape; `--strict` refuses them
     skipped: list[tuple[str, str, str]] = field(default_factory=list)  # checks `--offline` left out
     # Where the data came from (set by the door): host -> key -> file or "--data"; the files read.

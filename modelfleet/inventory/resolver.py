@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from modelfleet import grammar
+from modelfleet import grammar, router
 from modelfleet.catalog import (
     Catalog,
     Engine,
@@ -31,6 +31,7 @@ from modelfleet.inventory.plan import (
     HostPlan,
     PoolPlan,
     Resolved,
+    RouterChoice,
     ServicePlan,
     StackPlan,
     _is_loopback,
@@ -107,6 +108,9 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
     if trust and not (svc.revision and COMMIT_RE.match(svc.revision)):
         errors.append((where, "revision", f"{model.id} needs trust_remote_code: pin `revision` to a 40-hex "
                        f"commit (got {svc.revision!r}) so the code that runs is the code you reviewed"))
+    if svc.router and "bind_address" in svc.model_fields_set:
+        errors.append((where, "bind_address", f"set, but the replica is served through the front door on "
+                       f"{svc.router}: it listens where only the router reaches it (unset bind_address)"))
     exposed = None if _is_loopback(svc.bind_address) else off_loopback_problem(svc.engine, svc.bind_address,
                                                                                svc.api_key_env)
     if exposed:
@@ -147,6 +151,8 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
         netcheck_min_busbw_gbps=svc.netcheck_min_busbw_gbps, netcheck_timeout_s=svc.netcheck_timeout_s,
         recipe_params=dict(svc.recipe_params), model_file=recipe.model_file,
         gpu_indices=tuple(svc.gpu_indices or ()),
+        router=RouterChoice(host=svc.router, port=svc.router_port, bind_address=svc.router_bind_address,
+                            policy=svc.router_policy) if svc.router else None,
     )
 
 
@@ -336,7 +342,8 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
                                                                                   GPU_CHECK_IMAGES.get(hw.vendor, ""))))
     pools = _resolve_pools(hosts, errors)
     hosts = _with_ranks(hosts, pools)
-    return Resolved(hosts=hosts, pools=pools, errors=_name_sources(errors, sources or {}),
+    hosts, routers = router.resolve(hosts, pools, errors, RESERVED_PORTS, offline=offline)
+    return Resolved(hosts=hosts, pools=pools, routers=routers, errors=_name_sources(errors, sources or {}),
                     warnings=_name_sources(warnings(hosts, pools, {n: d for n, d in entries if isinstance(d, dict)}),
                                            sources or {}),
                     skipped=skipped or [])
@@ -414,9 +421,9 @@ def _resolve_pools(hosts: dict[str, HostPlan], errors: list) -> dict[str, PoolPl
                 errors.append((where, fld.removesuffix("_name"), f"{label}: {', '.join(values)}"))
         layout = head.recipe.layout
         pool_gpus = sum(s.gpus for s in pool.services)
-        if layout.nodes > 1 and head.engine_name == "llama.cpp":
-            errors.append((where, "engine", "llama.cpp has no multi-node mode: use vllm or sglang for "
-                           f"{layout.nodes} nodes"))
+        if layout.nodes > 1 and not head.engine.multinode:
+            errors.append((where, "engine", f"{head.engine_name} has no multi-node mode: use an engine that has one "
+                           f"for {layout.nodes} nodes"))
         if layout.nodes > 1 and layout.dp > 1 and layout.dp % layout.nodes:
             errors.append((where, "recipe", f"dp {layout.dp} does not split evenly over {layout.nodes} nodes"))
         if len(pool.hosts) != layout.nodes and layout.nodes == 1:

@@ -13,7 +13,8 @@ from modelfleet import grammar
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 SERVICE_KEYS = ("pool", "model", "engine", "recipe", "gpus", "served_name", "port", "bind_address",
                 "api_key_env", "revision", "trust_remote_code", "image", "extra_args", "env", "checkpoint_group",
-                "netcheck_min_busbw_gbps", "netcheck_timeout_s", "recipe_params", "gpu_indices")
+                "netcheck_min_busbw_gbps", "netcheck_timeout_s", "recipe_params", "gpu_indices", "router",
+                "router_port", "router_bind_address", "router_policy")
 
 
 def _fits(rule):
@@ -45,6 +46,11 @@ def _url(value: str) -> str | None:
 def _registry(value: str) -> str | None:
     return None if re.match(r"^[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)*/?$", value) else \
         "is not a registry prefix (host[:port][/path])"
+
+
+def _host_name(value: str) -> str | None:
+    """A host of the inventory, as pyinfra names it (`@local`, `@fake/x` for connectors)."""
+    return grammar.host_address(value.lstrip("@").replace("/", "."))
 
 
 def _bind(value: str) -> str | None:
@@ -101,6 +107,18 @@ class ServiceData(BaseModel):
     gpu_indices: Annotated[list[Annotated[int, Field(ge=0, le=71)]], _fits(_unique)] | None = Field(
         None, description="Which of the host's GPUs (nvidia-smi indices); unset: the lowest free ones, in "
         "service order.")
+    router: Annotated[str, _fits(_host_name)] | None = Field(
+        None, description="Host of this inventory that runs the model's front door (the "
+                                "engine's own router, with `api_key_env` on every route); the replicas naming it "
+                                "then listen on their fabric address, for the router only. Unset: no router.")
+    router_port: Port = Field(8800, description="Port of the front door on `router_bind_address` (the router "
+                              "host also uses the next two ports on loopback: the router behind a proxy, its "
+                              "metrics).")
+    router_bind_address: Annotated[str, _fits(grammar.address)] | None = Field(
+        None, description="Address the front door listens on, where clients reach it; unset: the router host's "
+        "SSH address.")
+    router_policy: Literal["random", "round_robin", "cache_aware", "power_of_two"] = Field(
+        "cache_aware", description="How the router picks a replica for each request (both routers' names).")
     recipe_params: dict[Name, Annotated[float | int | str, _fits(lambda v: grammar.no_control(str(v)))]] = Field(
         {}, description="Values for the recipe's required parameters (e.g. SGLang's `mamba_full_memory_ratio` "
         "for Kimi K3).")

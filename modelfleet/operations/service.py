@@ -56,21 +56,29 @@ def wait_ready(unit: str, base_url: str, served_name: str, timeout_s: int, auth_
 
 
 @operation()
-def unit_running(unit: str, current: dict, reload: bool, restart: bool, remove: list[str] | tuple = (),
-                 unmask: bool = False):
+def unit_unmasked(unit: str, masked: bool):
+    """A masked unit's links to /dev/null removed (in /etc and /run), before its file is written: an upload
+    would go through the link into /dev/null."""
+    if not masked:
+        host.noop(f"{unit} is not masked")
+        return
+    yield StringCommand("systemctl", "unmask", "--no-reload", unit)
+    yield StringCommand("systemctl", "unmask", "--runtime", "--no-reload", unit)
+
+
+@operation()
+def unit_running(unit: str, current: dict, reload: bool, restart: bool, remove: list[str] | tuple = ()):
     """
     Enabled and active, from the unit's state read before the stage. `reload`: its unit file changed;
     `restart`: something it reads changed. A unit that is started here already runs the new config.
     `remove`: files systemd merges into the unit that modelfleet did not write (drop-ins, a unit file that
-    outranks ours); `unmask`: the unit is masked. Both are followed by a daemon-reload.
+    outranks ours), followed by a daemon-reload.
     """
     if remove:
         yield StringCommand("rm", "-f", "--", *(shlex.quote(p) for p in remove))
         for directory in sorted({p.rsplit("/", 1)[0] for p in remove if p.endswith(".conf")}):
             yield StringCommand("rmdir", "--ignore-fail-on-non-empty", "--", shlex.quote(directory))
-    if unmask:
-        yield StringCommand("systemctl", "unmask", unit)
-    if reload or remove or unmask:
+    if reload or remove:
         yield StringCommand("systemctl", "daemon-reload")
     if current.get("UnitFileState") != "enabled":
         yield StringCommand("systemctl", "enable", unit)

@@ -18,10 +18,10 @@ from __future__ import annotations
 import shlex
 
 from pyinfra import host
-from pyinfra.api import FactBase, StringCommand, deploy, operation
+from pyinfra.api import StringCommand, deploy, operation
 
 from modelfleet.context import HostRun
-from modelfleet.fabric import HostFabric
+from modelfleet.fabric import IMEX_CHANNEL, HostFabric
 from modelfleet.fabric_run import pool_fabric
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.files import content_changes, content_file, directory
@@ -32,8 +32,8 @@ IMEX_DIR = "/etc/nvidia-imex"
 NODES_CONFIG = f"{IMEX_DIR}/nodes_config.cfg"
 MODPROBE_CONF = "/etc/modprobe.d/nvidia-imex-channel.conf"
 UNIT = "nvidia-imex.service"
-CHANNEL_DIR = "/dev/nvidia-caps-imex-channels"
-CHANNEL = f"{CHANNEL_DIR}/channel0"
+CHANNEL = IMEX_CHANNEL
+CHANNEL_DIR = CHANNEL.rsplit("/", 1)[0]
 CHANNEL_DEVICE = "nvidia-caps-imex-channels"  # the driver's name for it in /proc/devices
 
 
@@ -43,19 +43,11 @@ def wants(plan: HostPlan, probe: dict) -> dict:
     return {"paths": [IMEX_DIR, NODES_CONFIG, MODPROBE_CONF], "units": [UNIT]}
 
 
-class ImexChannel(FactBase):
-    """Is IMEX's default channel there? It is a character device, which DeployedState (files and directories)
-    does not report."""
-
-    @staticmethod
-    def default():
-        return False
-
-    def command(self) -> str:
-        return f"[ -c {CHANNEL} ] && echo present || echo absent"
-
-    def process(self, output) -> bool:
-        return list(output)[-1:] == ["present"]
+def channel_present(ctx: HostRun) -> bool:
+    """Is channel0 there? Read with preflight's probe (its fabric part lists the IMEX channels)."""
+    probe = ctx.probe_on(ctx.plan.name) if hasattr(ctx, "probe_on") else ctx.probe
+    imex = (probe.get("fabric") or {}).get("imex") or {}
+    return CHANNEL.rsplit("/", 1)[1] in (imex.get("channels") or [])
 
 
 def nodes_config(fabric: HostFabric) -> str:
@@ -113,6 +105,6 @@ def run(ctx: HostRun):
                  content=content, current=at(NODES_CONFIG))
     content_file(name=f"IMEX channel0 at every driver load ({MODPROBE_CONF})", dest=MODPROBE_CONF,
                  content=modprobe_conf(), current=at(MODPROBE_CONF))
-    channel_created(name=f"IMEX channel {CHANNEL}", present=host.get_fact(ImexChannel))
+    channel_created(name=f"IMEX channel {CHANNEL}", present=channel_present(ctx))
     unit_running(name=f"Run {UNIT}", unit=UNIT, current=state["units"].get(UNIT) or {}, reload=False,
                  restart=content_changes(at(NODES_CONFIG), content, "0644"))

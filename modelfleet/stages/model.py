@@ -62,6 +62,14 @@ def _group(ctx: HostRun, svc: ServicePlan) -> list[str]:
     return members
 
 
+def _downloader(ctx: HostRun, svc: ServicePlan) -> str:
+    """The host a run over the whole inventory has download from the source (the group's first member),
+    whatever --limit leaves in this run: only it keeps the hub token between runs."""
+    return next(name for name, plan in ctx.inventory.hosts.items()
+                if any(s.checkpoint_group == svc.checkpoint_group and s.model.id == svc.model.id
+                       for s in plan.services))
+
+
 def wants(plan: HostPlan, probe: dict) -> dict:
     dirs = list(_checkpoints(plan))
     return {"trees": dirs, "units": [f"{_fanout_unit(s.checkpoint_group)}.service" for s in plan.services],
@@ -80,9 +88,11 @@ def _job(plan: HostPlan, svc: ServicePlan, snap: Snapshot) -> str:
                        "files": snap.files}, indent=1, sort_keys=True) + "\n"
 
 
-def _fetch_command(job: str, mode: str, source: str | None, reverify: bool) -> StringCommand:
+def _fetch_command(job: str, mode: str, source: str | None, reverify: bool,
+                   source_host: str | None = None) -> StringCommand:
     python = f"{VENV}/bin/python" if mode == "hub" else "python3"
     argv = [python, FETCH, job, mode] + ([source] if source else []) + (["--reverify"] if reverify else [])
+    argv += [f"--source-name={source_host}"] if source_host else []
     return StringCommand(*map(shlex.quote, argv))
 
 
@@ -104,7 +114,7 @@ def checkpoint_fetched(job: str, mode: str, source: str | None, missing: list[st
         return
     if source_host:
         yield FunctionCommand(_source_alive, (source_host,), {})
-    yield _fetch_command(job, mode, source, reverify)
+    yield _fetch_command(job, mode, source, reverify, source_host)
 
 
 def _fanout_unit(group: str) -> str:
@@ -162,12 +172,17 @@ def litter_removed(parent: str, commit: str, partials: dict, unfinished: list[st
     if not partials and not unfinished:
         host.noop("no partial file or unfinished revision left behind")
         return
-    what = ([f"{len(partials)} partial file(s) ({sum(partials.values()) / 1e6:.1f} MB) in {parent}/{commit[:12]}"]
-            * bool(partials) + [f"unfinished revision(s) {', '.join(r[:12] for r in unfinished)}"] * bool(unfinished))
+    what = []
+    if partials:
+        what.append(f"{len(partials)} partial file(s) ({sum(partials.values()) / 1e6:.1f} MB) in "
+                    f"{parent}/{commit[:12]}")
+    if unfinished:
+        what.append(f"unfinished revision(s) {', '.join(r[:12] for r in unfinished)}")
     yield FunctionCommand(note, (f"modelfleet: removing {' and '.join(what)}, left by a fetch that is no longer "
                                  "running",), {})
     if partials:
-        yield StringCommand("rm", "-f", "--", *(shlex.quote(f"{parent}/{commit}/{rel}") for rel in sorted(partials)))
+        yield StringCommand("rm", "-f", "--", *(shlex.quote(f"{parent}/{commit}/{rel}")
+                                                for rel in sorted(partials)))
     if unfinished:
         yield StringCommand("rm", "-rf", "--", *(shlex.quote(f"{parent}/{r}") for r in unfinished))
 
@@ -227,7 +242,8 @@ def run(ctx: HostRun):
         busy = set(tree.get("busy", []))
         litter_removed(name=f"Leftovers of earlier fetches in {parent}", parent=parent, commit=snap.commit,
                        partials={} if snap.commit in busy else tree.get("partials", {}),
-                       unfinished=[r for r in tree.get("unfinished", []) if r not in (snap.commit, tree.get("current"))])
+                       unfinished=[r for r in tree.get("unfinished", [])
+                                   if r not in (snap.commit, tree.get("current"))])
         job = _job_path(plan, model_dir)
         content_file(name=f"Fetch job {job}", dest=job, content=_job(plan, svc, snap),
                      current=mine["paths"].get(job), mode="0600")
@@ -238,11 +254,20 @@ def run(ctx: HostRun):
         from_hub = is_seed and not source_url
         hf_client_installed(name=f"huggingface_hub in {VENV}", needed=from_hub and bool(missing),
                             present=bool(mine["paths"].get(f"{VENV}/bin/python")))
+        # Only the group's downloader keeps the token; a host a --limit run (a rolling upgrade's batch) left to
+        # download without it gets one for that download alone, as a full run would have it.
+        downloader = _downloader(ctx, svc)
+        downloads = from_hub and (host.name == downloader or bool(missing))
         hub_token_file(name=f"Hub token {plan.config_dir}/hf-token (0600)", dest=f"{plan.config_dir}/hf-token",
-                       token=os.environ.get(plan.hf_token_env) if from_hub else None, current=mine["paths"].get(f"{plan.config_dir}/hf-token"))
+                       token=os.environ.get(plan.hf_token_env) if downloads else None,
+                       current=mine["paths"].get(f"{plan.config_dir}/hf-token"))
         checkpoint_fetched(name=f"Fetch {snap.repo}@{snap.commit[:12]} from {source_url or 'the hub'}", job=job,
                            mode="peer" if source_url else "hub", source=source_url,
                            missing=missing if is_seed else [], reverify=plan.model_reverify)
+        borrowed = downloads and host.name != downloader and bool(os.environ.get(plan.hf_token_env))
+        hub_token_file(name=f"Hub token {plan.config_dir}/hf-token removed after the download "
+                       "(not the group's downloader)", dest=f"{plan.config_dir}/hf-token", token=None,
+                       current={"kind": "file"} if borrowed else None)
         waves = ctx.fanout((svc.checkpoint_group, snap.repo, snap.commit), partial(_group_waves, ctx, members, snap))
         copies = sum(len(wave) for wave in waves)
         unit_state = mine["units"].get(f"{_fanout_unit(svc.checkpoint_group)}.service") or {}

@@ -263,8 +263,8 @@ def judge(pool: str, members: list[str], reports: dict, minimum: float | None,
             per_host[name]["reach_s"] = report["reach_s"]
         if name in fabrics:
             transport = report.get("transport")
-            per_host[name].update(fabric=_where(fabrics[name]), transport=transport,
-                                  hca_loopback=report.get("hca_loopback"))
+            per_host[name].update(fabric=_where(fabrics[name]), container_env=report.get("interface"),
+                                  transport=transport, hca_loopback=report.get("hca_loopback"))
             if report.get("backend", "nccl") == "nccl":
                 problems += transport_problems(name, transport, fabrics[name])
         reduces = [r for r in results if r["op"] == "all_reduce"]

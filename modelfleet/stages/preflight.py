@@ -10,7 +10,7 @@ from modelfleet.fabric import report as pool_fabric_report
 from modelfleet.gpu_predicates import fabric_manager_needed, locality_notes, replaces_driver
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.report import fail_host, save_report
-from modelfleet.planner import plan_capacity
+from modelfleet.planner import expert_offload, plan_capacity
 
 
 def _version_tuple(text: str | None) -> tuple[int, ...]:
@@ -48,6 +48,7 @@ def evaluate(plan: HostPlan, probe: dict, defer_stack: bool = False) -> dict:
         if small:
             problems.append(f"HBM: GPU {small[0]['index']} has {small[0]['memory_total_mib']} MiB, "
                             f"catalog expects {hw.hbm_mib} MiB")
+    problems += host_ram_problems(plan, probe.get("mem_total_kib"))
     fabric = fabric_manager_problems(plan, probe)
     if defer_stack and plan.stack.manage and fabric:
         deferred += [f"{p} (gpu_driver installs it at the driver's version)" for p in fabric]
@@ -59,7 +60,8 @@ def evaluate(plan: HostPlan, probe: dict, defer_stack: bool = False) -> dict:
     disk_needed = 0.0
     for svc in plan.services:
         reasons = []
-        cap = plan_capacity(svc.model, hw, gpus=svc.gpus, nodes=svc.nnodes, recipe=svc.recipe)
+        cap = plan_capacity(svc.model, hw, gpus=svc.gpus, nodes=svc.nnodes, recipe=svc.recipe,
+                            host_ram_gib=plan.host_ram_gib)
         if hw.vendor != "none" and not cap.fits:
             reasons.append(f"planner: {cap.reason}")
         disk_needed += cap.disk_needed_bytes
@@ -88,6 +90,25 @@ def evaluate(plan: HostPlan, probe: dict, defer_stack: bool = False) -> dict:
         "os": probe.get("os"),
         "container_runtime": probe.get("runtime"), "disk": disk, "services": services,
     }
+
+
+def parse_mem_total_kib(lines) -> int | None:
+    """MemTotal from /proc/meminfo (kB, which the kernel means as KiB)."""
+    for line in lines:
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1])
+    return None
+
+
+def host_ram_problems(plan: HostPlan, mem_total_kib: int | None) -> list[str]:
+    """A host whose llama.cpp recipe keeps MoE experts in RAM must have the RAM the plan sized with."""
+    if not plan.host_ram_gib or mem_total_kib is None or not any(expert_offload(s.recipe) for s in plan.services):
+        return []
+    have = mem_total_kib / 2**20
+    if have < plan.host_ram_gib:
+        return [f"host RAM: /proc/meminfo says {have:.0f} GiB, the plan sized the experts in RAM against "
+                f"host_ram_gib {plan.host_ram_gib} GiB: set host_ram_gib to what the host has, or less"]
+    return []
 
 
 def fabric_manager_problems(plan: HostPlan, probe: dict) -> list[str]:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from pyinfra import host
 from pyinfra.api import deploy
 
-from modelfleet import fabric_run, render
+from modelfleet import caches, fabric_run, render, timeline
 from modelfleet.context import HostRun
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.files import content_file, directory
 from modelfleet.operations.report import fail_host, note_once
-from modelfleet.operations.service import unit_running, wait_ready, worker_up
+from modelfleet.operations.service import unit_running, unit_unmasked, wait_ready, worker_up
 from modelfleet.units import UNIT_DIR, edited, merged, pinned_services, unit_files, what_it_sets
 
 
@@ -19,7 +20,12 @@ def wants(plan: HostPlan, probe: dict) -> dict:
     paths = [plan.config_dir] + [svc.model_dir for svc in services]
     paths += [path for svc in services for path, *_ in unit_files(svc)]
     paths += [svc.auth_file for svc in services if render.api_key(svc)]
+    paths += [path for svc in services for path in _cache_paths(render.engine_cache(svc))]
     return {"paths": paths, "units": [svc.unit_name for svc in services]}
+
+
+def _cache_paths(cache) -> list[str]:
+    return [cache.root, cache.dir, cache.key_file] if cache else []
 
 
 
@@ -47,7 +53,17 @@ def run(ctx: HostRun):
     for svc in services:
         files_, key = unit_files(svc), render.api_key(svc)
         directory(name=f"Model directory {svc.model_dir}", path=svc.model_dir, current=at(svc.model_dir))
+        cache = render.engine_cache(svc)
+        if cache:  # before the unit that mounts it (a key change is a unit change: the engine restarts on it)
+            directory(name=f"Engine cache root {cache.root}", path=cache.root, current=at(cache.root))
+            directory(name=f"Engine cache {cache.dir}", path=cache.dir, current=at(cache.dir))
+            content_file(name=f"Engine cache key {cache.key_file}", dest=cache.key_file, content=cache.key_json,
+                         current=at(cache.key_file), mode="0644")
         changed = edited(svc, state)
+        unit = units[svc.unit_name]
+        extra = merged(svc.unit_name, unit)
+        if extra.masked:
+            unit_unmasked(name=f"Unmask {svc.unit_name}", unit=svc.unit_name, masked=True)
         for path, content, mode, secret in files_:
             content_file(name=f"File {path} ({mode})", dest=path, content=content, current=at(path), mode=mode,
                          secret=secret)
@@ -55,8 +71,6 @@ def run(ctx: HostRun):
             content_file(name=f"Client auth header {svc.auth_file} (0600)", dest=svc.auth_file,
                          content=f"Authorization: Bearer {key}\n", current=at(svc.auth_file), mode="0600",
                          secret=True)
-        unit = units[svc.unit_name]
-        extra = merged(svc.unit_name, unit)
         restart = any(changed.values()) or extra.restart
         if extra.drift:
             note_once(name=f"Unit {svc.unit_name}: only what modelfleet wrote",
@@ -67,7 +81,8 @@ def run(ctx: HostRun):
                 + ["restarting it on its own unit file"] * extra.restart))
         unit_running(name=f"Run {svc.unit_name}", unit=svc.unit_name, current=unit,
                      reload=changed[f"{UNIT_DIR}/{svc.unit_name}"] or extra.reload, restart=restart,
-                     remove=extra.foreign, unmask=extra.masked)
+                     remove=extra.foreign)
+        timeline.watch(host.name, svc.pool, svc.served_name)
         if (restart or unit.get("ActiveState") != "active") and svc.node_rank:
             worker_up(name=f"Worker {svc.unit_name} (rank {svc.node_rank} of pool {svc.pool}) stays up",
                       unit=svc.unit_name)
@@ -75,3 +90,13 @@ def run(ctx: HostRun):
             wait_ready(name=f"Wait until {svc.served_name} answers at {svc.base_url}", unit=svc.unit_name,
                        base_url=svc.base_url, served_name=svc.served_name, timeout_s=svc.recipe.ready_timeout_s,
                        auth_file=svc.auth_file if key else None)
+        if restart or unit.get("ActiveState") != "active":
+            timeline.boot_recorded(name=f"Boot timeline of {svc.container_name}", pool=svc.pool,
+                                   engine=svc.engine_name, container=svc.container_name)
+    in_use: dict[str, set[str]] = {}
+    for cache in filter(None, map(render.engine_cache, services)):
+        in_use.setdefault(cache.root, set()).add(cache.key)
+    for root, keys in in_use.items():
+        caches.caches_pruned(name=f"Prune engine cache keys in {root} beyond {plan.model_keep_revisions}",
+                             root=root, stale=caches.stale_keys((at(root) or {}).get("entries"), keys),
+                             keep=plan.model_keep_revisions)

@@ -87,6 +87,10 @@ def converged_replies(svc):
              "@@modelfleet-state path /etc/modelfleet/k31.env", file_line(render.render_env(svc), 600),
              f"@@modelfleet-state unit {svc.unit_name}", "ActiveState=active", "UnitFileState=enabled",
              f"@@modelfleet-state image {IMAGE}", "id=sha256:" + "1" * 64]
+    cache = render.engine_cache(svc)
+    state += [f"@@modelfleet-state path {cache.root}", "dir 755 root root -",
+              f"@@modelfleet-state path {cache.dir}", "dir 755 root root -",
+              f"@@modelfleet-state path {cache.key_file}", file_line(cache.key_json, 644)]
     return {
         "@@modelfleet-probe": b300_probe(),
         "@@modelfleet-state": state,

@@ -251,7 +251,8 @@ def test_a_drop_in_on_an_engine_unit_is_removed_and_the_engine_restarted(lab_hos
     text = output(kept)
     assert kept.returncode != 0 and no_traceback(text)
     lines = [line for line in refusals(text) if spec["name"] in line]
-    assert len(lines) == 1 and override in lines[0] and "ExecStart" in lines[0] and "unit_dropins" in lines[0], text[-3000:]
+    assert len(lines) == 1 and override in lines[0], text[-3000:]
+    assert "ExecStart" in lines[0] and "unit_dropins: keep" in lines[0]
     assert ssh(spec, f"test -f {override} && echo kept").stdout.strip() == "kept"
     # The default: removed, systemd reloaded, the engine restarted on modelfleet's unit and answering again.
     run = serve_run()
@@ -262,6 +263,14 @@ def test_a_drop_in_on_an_engine_unit_is_removed_and_the_engine_restarted(lab_hos
     show = ssh(spec, f"systemctl show -p ExecStart -p Restart -p DropInPaths {unit}").stdout
     assert "argv[]=/usr/bin/docker run" in show and "Restart=on-failure" in show and "DropInPaths=\n" in show
     assert ssh(spec, "pgrep -fx '/bin/sleep infinity' || echo none").stdout.strip() == "none"
+    assert changed(serve_run()) == 0
+    # A mask (the unit file replaced by a link to /dev/null): the file is written again, the unit runs.
+    ssh(spec, f"ln -sf /dev/null /etc/systemd/system/{unit} && systemctl daemon-reload")
+    assert ssh(spec, f"systemctl show -p LoadState {unit}").stdout.strip() == "LoadState=masked"
+    run = serve_run()
+    assert run.returncode == 0 and no_traceback(output(run)), output(run)[-3000:]
+    assert ssh(spec, f"systemctl show -p LoadState -p ActiveState {unit}").stdout.split() == [
+        "LoadState=loaded", "ActiveState=active"]
     assert changed(serve_run()) == 0
 
 
@@ -292,6 +301,9 @@ def test_a_host_restarted_mid_copy_leaves_nothing_behind(clean):
     text = "".join(seen) + rest
     lab.wait_ssh(peer)
     assert run.returncode != 0 and no_traceback(text), text[-3000:]
+    gone = [line for line in refusals(text) if "went away during" in line]
+    assert len(gone) == 1 and peer["name"] in gone[0] and "Copy modelfleet/tiny-lab@" in gone[0], text[-3000:]
+    assert "not loaded" not in text
     left = litter(peer)
     assert any(p.endswith(".modelfleet-partial") for p in left), left
     again = model_run()
@@ -302,4 +314,36 @@ def test_a_host_restarted_mid_copy_leaves_nothing_behind(clean):
     for spec in specs:
         assert litter(spec) == [], spec["name"]
         on_disk_matches_manifest(spec, f"{ROOT}/tiny-lab/current")
+    assert changed(model_run()) == 0
+
+
+def test_a_source_killed_during_the_fan_out_is_named_by_its_peers(clean):
+    specs = clean
+    seed = specs[0]
+    env = {**os.environ, **ENV, "MODELFLEET_LAB_FANOUT_RATE_MB_S": "1"}
+    run = subprocess.Popen(pyinfra_argv("inventories/lab.py", "deploys/model.py"), env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in run.stdout:
+        seen.append(line)
+        if "Copy modelfleet/tiny-lab@" in line:
+            for _ in range(100):
+                if any(p.endswith(".modelfleet-partial") for p in litter(specs[1])):
+                    break
+            ssh(seed, "systemctl kill --signal=KILL modelfleet-fanout-lab.service")
+            break
+    rest, _ = run.communicate(timeout=600)
+    text = "".join(seen) + rest
+    assert run.returncode != 0 and no_traceback(text), text[-3000:]
+    for spec in specs[1:]:
+        lines = [line for line in refusals(text) if spec["name"] in line]
+        assert len(lines) == 1 and f"source {seed['name']} (" in lines[0], text[-3000:]
+        assert "stopped during the copy" in lines[0] or "stopped answering" in lines[0], text[-3000:]
+        assert "do not match" not in lines[0]
+    assert not [line for line in refusals(text) if line.strip().startswith(f"[{seed['name']}]")], text[-3000:]
+    assert "not loaded" not in text and "Failed to stop" not in text
+    healed = model_run()
+    assert healed.returncode == 0, output(healed)[-3000:]
+    for spec in specs:
+        assert litter(spec) == []
     assert changed(model_run()) == 0

@@ -39,7 +39,11 @@ def test_members_reach_the_head_over_their_interface_in_seconds_before_the_colle
     run, report = gate(tmp_path)
     assert run.returncode == 0, run.stdout[-3000:]
     for spec in lab_hosts[:2]:
-        assert 0 <= report["per_host"][spec["name"]]["reach_s"] < REACH_TIMEOUT_S
+        result = report["per_host"][spec["name"]]
+        assert 0 <= result["reach_s"] < REACH_TIMEOUT_S
+        # The pool's fabric names the interface, and Gloo in the gate's container got exactly that one.
+        ifname = result["fabric"].rsplit("(interface ", 1)[1].rstrip(")")
+        assert result["container_env"]["GLOO_SOCKET_IFNAME"] == ifname == "lo"
 
 
 def test_threshold_above_what_the_lab_reaches_fails_with_the_figures(lab_hosts, tmp_path):

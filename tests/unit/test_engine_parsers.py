@@ -37,7 +37,7 @@ def run_check(*args: str, items=None) -> dict | None:
 
 def rendered(recipe_id: str, hardware: str) -> list[dict]:
     """Each host's engine command line for the recipe's pool, as the unit file runs it."""
-    result = pool(recipe_id, hardware, api_key_env=KEY_ENV, bind_address="10.0.0.1")
+    result = pool(recipe_id, hardware, api_key_env=KEY_ENV, bind_address="127.0.0.2")
     assert result.errors == [], result.errors
     items = []
     for host, plan in result.hosts.items():

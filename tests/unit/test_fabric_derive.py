@@ -56,6 +56,8 @@ def test_b300_pair_over_roce_rails():
     assert "route group routes 10.224.0.0/16" in worker.reasons["NCCL_IB_HCA"]
     assert "mlx5_bond_0:1: another route group (frontend, Ethernet)" in worker.reasons["NCCL_IB_HCA"]
     assert set(worker.env) <= set(worker.reasons)
+    assert worker.distances["0000:1a:00.0"]["mlx5_10"] == "PXB" and worker.distances["0000:1a:00.0"]["mlx5_14"] == "SYS"
+    assert "mlx5_bond_0" not in worker.distances["0000:1a:00.0"]  # only the HCAs NCCL gets
 
 
 def test_gb300_trays_get_imex_and_the_mnnvl_environment():
@@ -120,6 +122,13 @@ def test_inventory_values_override_and_are_checked():
             "mlx5_12, mlx5_13, mlx5_14, mlx5_15, mlx5_16, mlx5_17, mlx5_bond_0)") in hca
     down = b300_pool("b300-worker-port-down.txt", NCCL_IB_HCA="=mlx5_13:1").errors
     assert ("host b300-b", "NCCL_IB_HCA", "mlx5_13 port 1 is DOWN") in down
+    fewer = b300_pool(NCCL_IB_HCA="=mlx5_10:1,mlx5_11:1").errors
+    assert fewer == [("pool k31", "NCCL_IB_HCA", "members use different numbers of HCAs (NCCL pairs them by "
+                      "position): b300-a 8, b300-b 2")]
+    both = b300_pool(NCCL_SOCKET_IFNAME="=bond0", GLOO_SOCKET_IFNAME="gpu1rdma0").errors
+    assert [e[1] for e in both] == ["GLOO_SOCKET_IFNAME"]
+    prefix = b300_pool(NCCL_SOCKET_IFNAME="bond")  # NCCL's prefix form: bond0 matches
+    assert prefix.errors == [] and prefix.hosts["b300-b"].env["NCCL_SOCKET_IFNAME"] == "bond"
 
 
 def test_members_on_different_link_layers_fail_the_pool():
@@ -147,6 +156,17 @@ def test_a_member_without_a_fabric_fact_is_noted_not_guessed():
     pool = fab.derive("k31", [(plan("b300-a", "b300", "10.0.0.11"), fact("b300-head.txt")),
                               (plan("b300-b", "b300", "10.0.0.12"), None)])
     assert pool.hosts == {} and pool.errors == [] and pool.notes[0][:2] == ("host b300-b", "fabric")
+
+
+def test_a_head_on_its_ssh_address_says_so():
+    head = plan("b300-a", "b300", "10.0.0.11")
+    head = HostPlan(**{**head.__dict__, "address": "10.0.0.11"})
+    pool = fab.derive("k31", [(head, fact("b300-head.txt")),
+                              (plan("b300-b", "b300", "10.0.0.12"), fact("b300-worker.txt"))])
+    assert pool.hosts["b300-b"].reasons["head_address"] == \
+        "the head's fabric_address, reached over bond0 (also its SSH address: set fabric_address where the pool " \
+        "has a fabric network)"
+    assert b300_pool().hosts["b300-b"].reasons["head_address"] == "the head's fabric_address, reached over bond0"
 
 
 def test_a_head_without_an_ip_address_is_an_error():

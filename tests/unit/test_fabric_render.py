@@ -136,4 +136,3 @@ def test_the_imex_node_list_is_the_domains_fabric_addresses_in_pool_order():
 
     assert imex.nodes_config(tray_fabric("t2", 1)) == "192.168.40.1\n192.168.40.2\n"
     assert "options nvidia NVreg_CreateImexChannel0=1\n" in imex.modprobe_conf()
-    assert imex.ImexChannel().process(["present"]) is True and imex.ImexChannel().process(["absent"]) is False

@@ -33,20 +33,20 @@ def one_shot_server(body: bytes, length: int, reset: bool = False) -> str:
     return f"http://127.0.0.1:{listener.getsockname()[1]}/"
 
 
-def fetch(tmp_path, url):
+def fetch(tmp_path, url, *extra):
     job = tmp_path / "job.json"
     job.write_text(json.dumps({"repo": "org/m", "commit": "c" * 40, "endpoint": "", "dest": str(tmp_path / "dst"),
                                "token_file": None, "files": {"model.safetensors": {
                                    "size": len(DATA), "sha256": hashlib.sha256(DATA).hexdigest(), "blob_id": None}}}))
-    return subprocess.run([sys.executable, FETCH, str(job), "peer", url], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, FETCH, str(job), "peer", url, *extra], capture_output=True, text=True, timeout=60)
 
 
 def test_a_short_read_names_the_source_as_stopped(tmp_path):
     url = one_shot_server(DATA[:300_000], len(DATA))
-    run = fetch(tmp_path, url)
+    run = fetch(tmp_path, url, "--source-name=gpu-07")
     lines = run.stderr.strip().splitlines()
     assert run.returncode == 1 and len(lines) == 1, run.stderr
-    assert f"source {url} stopped during the copy" in lines[0] and "300000 of 1048576 bytes" in lines[0]
+    assert f"source gpu-07 ({url}) stopped during the copy" in lines[0] and "300000 of 1048576 bytes" in lines[0]
     assert "do not match" not in lines[0]
     assert not list((tmp_path / "dst").glob("*.modelfleet-partial"))
 

@@ -96,7 +96,8 @@ def report_with(log: list[str], busbw: float = 400.0, loopback: dict | None = No
     import json
 
     results = [{"op": "all_reduce", "bytes": 1 << 34, "time_us": 1.0, "algbw_gbs": busbw / 2, "busbw_gbs": busbw}]
-    stdout = [*log, json.dumps({"ok": True, "backend": "nccl", "results": results, "reach_s": 0.4})]
+    stdout = [*log, json.dumps({"ok": True, "backend": "nccl", "results": results, "reach_s": 0.4,
+                                "interface": {"NCCL_SOCKET_IFNAME": "=enP6p3s0f0np0"}})]
     if loopback is not None:
         stdout.append(json.dumps({"hca_loopback": loopback}))
     return netcheck.host_report(True, stdout, [])
@@ -114,6 +115,8 @@ def test_sockets_on_hosts_with_active_hcas_refuse_the_pool_naming_the_host():
         "active: the container lacks /dev/infiniband, IPC_LOCK or an unlimited memlock, or NCCL_IB_HCA matches "
         "none of them"]
     assert verdict["per_host"]["gpu02"]["transport"]["kind"] == "IB"
+    assert verdict["per_host"]["gpu02"]["reach_s"] == 0.4
+    assert verdict["per_host"]["gpu02"]["container_env"] == {"NCCL_SOCKET_IFNAME": "=enP6p3s0f0np0"}
 
 
 def test_roce_on_the_derived_hcas_passes_and_other_hcas_fail():
@@ -258,7 +261,8 @@ def fake_harness():
     return harness
 
 
-def trays(monkeypatch, errors=()):
+def trays(monkeypatch, errors=(), channels=()):
+    """Two GB300 trays of one pool; the run context gives their fabric, and their probes' IMEX channels."""
     from modelfleet.context import HostRun
     from modelfleet.fabric import PoolFabric
 
@@ -266,6 +270,8 @@ def trays(monkeypatch, errors=()):
     nodes = ("192.168.40.1", "192.168.40.2")
     fabrics = {n: fabric(n, imex=True, imex_nodes=nodes) for n in names}
     monkeypatch.setattr(HostRun, "fabric", lambda self, pool: PoolFabric(pool, hosts=fabrics, errors=list(errors)),
+                        raising=False)
+    monkeypatch.setattr(HostRun, "probe_on", lambda self, name: {"fabric": {"imex": {"channels": list(channels)}}},
                         raising=False)
     data = {"hardware": "gb300", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": "e" * 40, "pool": "k31"}
     return [(n.split("/")[1], {**data, "ssh_hostname": f"10.0.0.{i + 1}"}) for i, n in enumerate(names)]
@@ -277,8 +283,7 @@ def test_imex_on_fresh_trays_writes_the_node_list_makes_the_channel_and_starts_t
 
     harness = fake_harness()
     uploads = harness.Uploads(monkeypatch)
-    hosts = [(n, {**d, "fake_responses": {"nvidia-caps-imex-channels/channel0 ]": ["absent"]}})
-             for n, d in trays(monkeypatch)]
+    hosts = trays(monkeypatch)
     state = harness.run_fake(hosts, lambda: run_stages(imex))
     commands = harness.executed(state, "t2")
     assert uploads.files[imex.NODES_CONFIG] == "192.168.40.1\n192.168.40.2\n"
@@ -302,14 +307,13 @@ def test_converged_imex_trays_get_no_commands(monkeypatch):
         f"@@modelfleet-state path {imex.IMEX_DIR}", "dir 755 root root -",
         f"@@modelfleet-state path {imex.NODES_CONFIG}", file_line("192.168.40.1\n192.168.40.2\n"),
         f"@@modelfleet-state path {imex.MODPROBE_CONF}", file_line(imex.modprobe_conf()),
-        f"@@modelfleet-state unit {imex.UNIT}", "ActiveState=active", "UnitFileState=enabled"],
-        "nvidia-caps-imex-channels/channel0 ]": ["present"]}
-    hosts = [(n, {**d, "fake_responses": replies}) for n, d in trays(monkeypatch)]
+        f"@@modelfleet-state unit {imex.UNIT}", "ActiveState=active", "UnitFileState=enabled"]}
+    hosts = [(n, {**d, "fake_responses": replies}) for n, d in trays(monkeypatch, channels=["channel0"])]
     state = harness.run_fake(hosts, lambda: run_stages(imex))
     host = state.inventory.get_host("@fake/t1")
     assert [state.get_op_meta(h).names for h in state.get_op_order()
             if state.get_op_data_for_host(host, h).operation_meta.did_change()] == []
-    assert len(harness.executed(state, "t1")) == 2  # what is deployed, and the channel
+    assert len(harness.executed(state, "t1")) == 1  # what is deployed (the channel came with the probe)
 
 
 def test_a_pool_whose_fabric_has_errors_is_refused_before_the_gate_runs(monkeypatch, tmp_path, caplog):

@@ -1,0 +1,107 @@
+"""Engine caches that outlive the container (pure, but for the pruning operation): each engine's compile and JIT
+cache roots (the catalog's `caches:` per engine) point into one directory on the model filesystem,
+<model_root>/.cache/<engine>/<key>, mounted read-write at /cache. The key is a short hash of what invalidates
+those caches: the image (its digest when pinned), the GPU model, the driver branch, the model revision, the
+engine's full argument list, the parallel layout and the node's rank. A change of any of them starts a new
+directory; the inputs are written beside the caches (.modelfleet-cache-key.json) so an operator can see why a
+key changed. Old keys are pruned like old revisions: the newest `model_keep_revisions` besides those in use."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+from dataclasses import dataclass
+
+from pyinfra import host
+from pyinfra.api import StringCommand, operation
+
+from modelfleet.inventory import ServicePlan
+
+CONTAINER_DIR = "/cache"
+KEY_FILE = ".modelfleet-cache-key.json"
+KEY_LENGTH = 16
+KEY_RE = re.compile(rf"[0-9a-f]{{{KEY_LENGTH}}}")
+
+
+@dataclass(frozen=True)
+class EngineCache:
+    root: str  # <model_root>/.cache/<engine>: every key of that engine on the host
+    key: str
+    inputs: dict
+    env: dict  # variable -> path inside the container
+
+    @property
+    def dir(self) -> str:
+        return f"{self.root}/{self.key}"
+
+    @property
+    def key_file(self) -> str:
+        return f"{self.dir}/{KEY_FILE}"
+
+    @property
+    def key_json(self) -> str:
+        return json.dumps({"key": self.key, "inputs": self.inputs}, indent=1, sort_keys=True) + "\n"
+
+
+def model_root(svc: ServicePlan) -> str:
+    """The model filesystem's root: a service's model directory is <model_root>/<model>/<revision>."""
+    return svc.model_dir.rsplit("/", 2)[0]
+
+
+def image_identity(image: str) -> str:
+    """What of the image names its content: the digest when the reference is pinned, else the reference."""
+    return image.split("@", 1)[1] if "@" in image else image
+
+
+def key_inputs(svc: ServicePlan, argv: list[str]) -> dict:
+    """Everything a cached kernel or compiled graph depends on, as far as the plan knows it."""
+    hw = svc.hardware
+    return {"engine": svc.engine_name, "image": image_identity(svc.image), "gpu": hw.gpu_name or hw.id,
+            "driver_branch": svc.driver_branch, "model": svc.hf_repo, "revision": svc.revision,
+            "argv": list(argv), "layout": svc.recipe.layout.model_dump(), "nnodes": svc.nnodes,
+            "node_rank": svc.node_rank}
+
+
+def key_of(inputs: dict) -> str:
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:KEY_LENGTH]
+
+
+def cache_of(svc: ServicePlan, argv: list[str]) -> EngineCache | None:
+    """The service's cache directory for this engine argv (render.engine_cache gives the argv), or None when
+    the engine keeps nothing worth keeping (llama.cpp)."""
+    spec = svc.engine.caches
+    if not spec:
+        return None
+    inputs = key_inputs(svc, argv)
+    env = {var: f"{CONTAINER_DIR}/{sub}" for var, sub in spec["env"].items()}
+    return EngineCache(root=f"{model_root(svc)}/.cache/{svc.engine_name}", key=key_of(inputs), inputs=inputs,
+                       env=env)
+
+
+def docker_flags(cache: EngineCache | None) -> list[str]:
+    """The cache directory, read-write (the container is `--rm`: the caches live on the host)."""
+    return ["-v", f"{cache.dir}:{CONTAINER_DIR}"] if cache else []
+
+
+def stale_keys(entries: list[str] | None, in_use: set[str]) -> list[str]:
+    """The key directories of an engine's cache root that no service on the host uses now."""
+    return sorted(e for e in entries or [] if KEY_RE.fullmatch(e) and e not in in_use)
+
+
+def prune_command(root: str, stale: list[str], keep: int) -> StringCommand:
+    """Remove all but the `keep` most recently changed of `stale` (names checked by KEY_RE, all under root)."""
+    names = " ".join(shlex.quote(name) for name in stale)
+    script = (f"cd {shlex.quote(root)} && ls -dt -- {names} | tail -n +{keep + 1} | "
+              "xargs -r rm -rf --")
+    return StringCommand("sh", "-c", shlex.quote(script))
+
+
+@operation()
+def caches_pruned(root: str, stale: list[str], keep: int):
+    """Old cache keys beyond `keep` (a key in use is never among `stale`)."""
+    if len(stale) <= keep:
+        host.noop(f"{root}: {len(stale)} older cache key(s), keeping up to {keep}")
+        return
+    yield prune_command(root, stale, keep)

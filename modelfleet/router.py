@@ -1,0 +1,365 @@
+"""One front door per model: the engine's own router (catalog/routers.yaml) on a host of the inventory, in front
+of the model's replicas. Pure: the plan (from the inventory's `router*` settings), the files the router host
+gets (launcher config, unit, the proxy's config where the router cannot check keys itself), and the worker
+API's commands beside the parser of its answer. modelfleet.stages.router puts them on the host.
+
+The router is started by a launcher (templates/router_launch.py.j2) that reads its flags from a JSON file, the
+replicas from a file of URLs and the key from a 0600 file, and hands them to the router's own argument parser
+in-process: the key is never in a command line. Replicas are added and removed through the worker API of the
+running router (no restart); the URL file only says where a (re)started router begins.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import shlex
+from dataclasses import replace
+from functools import lru_cache
+from typing import Literal
+from urllib.parse import quote
+
+import yaml
+from pydantic import BaseModel, ConfigDict
+from pyinfra.api import FactBase
+
+from modelfleet import grammar, render
+from modelfleet.catalog import CATALOG_DIR
+from modelfleet.inventory.plan import HostPlan, PoolPlan, RouterPlan, Worker
+from modelfleet.stages import TOOLS_BIN
+
+UNIT_DIR = "/etc/systemd/system"
+LAUNCHER = f"{TOOLS_BIN}/modelfleet_router.py"
+NGINX = "/usr/sbin/nginx"
+# The router drops a replica after this many failed /health checks this far apart (30 s), and takes it back
+# after two good ones.
+HEALTH_INTERVAL_S = 10
+HEALTH_FAILURES = 3
+# How long a worker-API change may take to show in the router's list (SGLang's router acts in the background).
+REGISTER_WAIT_S = 60
+# What a proxy front door can hold in its config: a bearer token's characters (RFC 6750 b64token).
+PROXY_KEY = re.compile(r"^[A-Za-z0-9._~+/=-]{8,512}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WorkerCall(_Strict):
+    method: Literal["GET", "POST", "DELETE"]
+    path: str
+    body: dict[str, str] | None = None  # JSON body; `{url}` and `{model}` are the replica's URL and served name
+
+
+class RouterSpec(_Strict):
+    source: str
+    package: str
+    version: str
+    module: str
+    auth: Literal["router", "proxy"]  # who refuses a request without the key: the router, or a proxy before it
+    args: list[str]
+    worker_urls_flag: str
+    host_flag: str
+    port_flag: str
+    api_key_flag: str
+    start: Literal["flag", "api"]  # how a (re)started router gets its replicas: --worker-urls, or the worker API
+    policies: list[str]
+    inference_routes: list[str]  # what a key-less request must be refused on, at the front door
+    workers: dict[Literal["list", "add", "remove"], WorkerCall]
+
+
+@lru_cache(maxsize=1)
+def specs() -> dict[str, RouterSpec]:
+    """The routers catalog: engine -> its router."""
+    data = yaml.safe_load((CATALOG_DIR / "routers.yaml").read_text())
+    return {engine: RouterSpec(**entry) for engine, entry in data.items()}
+
+
+def spec(rp: RouterPlan) -> RouterSpec:
+    return specs()[rp.engine_name]
+
+
+# -- the plan -------------------------------------------------------------------------------------------------
+
+
+def _ip(value: str) -> bool:
+    return grammar.address(value) is None
+
+
+def _wildcard(address: str) -> bool:
+    return ipaddress.ip_address(address).is_unspecified
+
+
+def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list, reserved: dict[int, str],
+            offline: bool = False) -> tuple[dict[str, HostPlan], dict[str, RouterPlan]]:
+    """
+    The front doors the services' `router*` settings ask for (one per router host and served name), and the
+    hosts with their routed replicas bound where only the router reaches them: loopback on the router host
+    itself, the fabric address elsewhere. Problems go to `errors`, naming the host or front door and field.
+    """
+    routed: dict[tuple[str, str], list] = {}
+    for plan in hosts.values():
+        for svc in plan.services:
+            if svc.router:
+                routed.setdefault((svc.router.host, svc.served_name), []).append(svc)
+    routers: dict[str, RouterPlan] = {}
+    for (router_host, served), services in routed.items():
+        name = front_door_name(served)
+        where = f"router {name}"
+        problems = len(errors)
+        head = services[0]
+        for svc in services:
+            if not svc.api_key_env:
+                errors.append((f"host {svc.host}", "api_key_env", f"{served} is served through the front door on "
+                               f"{router_host}, which refuses requests without the model's key: set api_key_env"))
+        if router_host not in hosts:
+            errors.append((f"host {head.host}", "router", f"{router_host!r} is not a host of this inventory "
+                           f"(hosts: {', '.join(sorted(hosts))})"))
+            continue
+        if head.engine_name not in specs():
+            errors.append((f"host {head.host}", "router", f"{head.engine_name} has no router in the catalog "
+                           f"(routers: {', '.join(sorted(specs()))})"))
+            continue
+        for fld, value in (("engine", lambda s: s.engine_name), ("model", lambda s: s.model.id),
+                           ("api_key_env", lambda s: s.api_key_env or ""), ("router_port", lambda s: s.router.port),
+                           ("router_bind_address", lambda s: s.router.bind_address or ""),
+                           ("router_policy", lambda s: s.router.policy)):
+            values = sorted({str(value(s)) for s in services})
+            if len(values) > 1:
+                errors.append((where, fld, f"the replicas of {served} disagree: {', '.join(values)}"))
+        rhost = hosts[router_host]
+        rspec = specs()[head.engine_name]
+        if head.router.policy not in rspec.policies:
+            errors.append((where, "router_policy", f"{head.router.policy} is not a policy of {rspec.package} "
+                           f"(it has: {', '.join(rspec.policies)})"))
+        bind = head.router.bind_address or rhost.address
+        if not _ip(bind):
+            errors.append((where, "router_bind_address", f"unset, and the router host's address {bind!r} is not "
+                           "an IP address to listen on: set router_bind_address"))
+        taken = {**reserved, rhost.ssh_port: "SSH", **{s.port: f"pool {s.pool}" for s in rhost.services}}
+        for port, what in ((head.router.port, "the front door"), (head.router.port + 1, "the router behind it"),
+                           (head.router.port + 2, "the router's metrics")):
+            if port > 65535 or port in taken:
+                errors.append((where, "router_port", f"{head.router.port}: port {port} ({what}) is "
+                               f"{'out of range' if port > 65535 else 'used by ' + taken[port]} on {router_host}"))
+        key = os.environ.get(head.api_key_env or "")
+        if rspec.auth == "proxy" and key and not offline and not PROXY_KEY.match(key.strip()):
+            errors.append((where, "api_key_env", f"the value of {head.api_key_env} (not shown) has characters the "
+                           "proxy's config cannot hold: use 8-512 of A-Z a-z 0-9 . _ ~ + / = -"))
+        if name in routers:
+            errors.append((where, "router", f"{served} already has a front door on {routers[name].host}"))
+        if len(errors) > problems:
+            continue
+        workers = tuple(Worker(pool=s.pool, host=s.host, url=f"http://{_replica_address(hosts, s, router_host)}:"
+                               f"{s.port}") for s in services if s.node_rank == 0)
+        routers[name] = RouterPlan(name=name, host=router_host, engine_name=head.engine_name, served_name=served,
+                                   bind_address=bind, port=head.router.port, policy=head.router.policy,
+                                   api_key_env=head.api_key_env, config_dir=rhost.config_dir,
+                                   workers=tuple(sorted(workers, key=lambda w: w.url)))
+    out = {}
+    for name, plan in hosts.items():
+        services = tuple(replace(s, bind_address=_replica_address(hosts, s, s.router.host)) if s.router else s
+                         for s in plan.services)
+        out[name] = replace(plan, services=services,
+                            routers=tuple(rp for rp in routers.values() if rp.host == name))
+    return out, routers
+
+
+def front_door_name(served_name: str) -> str:
+    """A front door is named after the model it serves (its unit and files are)."""
+    return grammar.slug(served_name, "-")
+
+
+def _replica_address(hosts: dict[str, HostPlan], svc, router_host: str) -> str:
+    """Where a routed replica listens, and the router reaches it: loopback beside the router, else the fabric."""
+    if svc.host == router_host:
+        return "127.0.0.1"
+    return hosts[svc.host].fabric_address or hosts[svc.host].address
+
+
+# -- files on the router host ---------------------------------------------------------------------------------
+
+
+def venv(rp: RouterPlan) -> str:
+    """One venv per router release: a new version installs beside the old one, and the unit names it."""
+    s = spec(rp)
+    return f"/opt/modelfleet/router-{s.package}-{s.version}"
+
+
+def paths(rp: RouterPlan) -> dict[str, str]:
+    base = f"{rp.config_dir}/router-{rp.name}"
+    return {"config": f"{base}.json", "workers": f"{base}.workers", "key": f"{base}.key", "auth": f"{base}.auth",
+            "unit": f"{UNIT_DIR}/{rp.unit_name}", "proxy": f"{rp.config_dir}/door-{rp.name}.conf",
+            "proxy_key": f"{rp.config_dir}/door-{rp.name}.key.conf", "proxy_unit": f"{UNIT_DIR}/{rp.proxy_unit_name}",
+            "installed": f"{venv(rp)}/.modelfleet-installed"}
+
+
+def behind_proxy(rp: RouterPlan) -> bool:
+    return spec(rp).auth == "proxy"
+
+
+def listen(rp: RouterPlan) -> tuple[str, int]:
+    """Where the router process itself listens: on loopback behind a proxy, else at the front door."""
+    return ("127.0.0.1", rp.backend_port) if behind_proxy(rp) else (rp.bind_address, rp.port)
+
+
+def local_url(rp: RouterPlan) -> str:
+    """The router's own API as the router host reaches it (the worker API, its health)."""
+    address, port = listen(rp)
+    if _wildcard(address):
+        address = "::1" if ":" in address else "127.0.0.1"
+    return f"http://[{address}]:{port}" if ":" in address else f"http://{address}:{port}"
+
+
+def router_args(rp: RouterPlan) -> list[str]:
+    """The router's flags, but the replicas (the URL file) and the key (its file): the engine router's own."""
+    s = spec(rp)
+    address, port = listen(rp)
+    values = {"policy": rp.policy, "health_interval_s": HEALTH_INTERVAL_S, "health_failures": HEALTH_FAILURES,
+              "metrics_port": rp.metrics_port}
+    return render.one_line_each([s.host_flag, address, s.port_flag, str(port),
+                                 *(a.format(**values) for a in s.args)])
+
+
+def launcher_config(rp: RouterPlan) -> str:
+    """What the launcher reads: the router's flags, where the replicas and the key are, and how the router
+    learns of the replicas when it starts (a flag, or the worker API once it answers)."""
+    s, p = spec(rp), paths(rp)
+    start = {"worker_urls_flag": s.worker_urls_flag} if s.start == "flag" else {"register": {
+        "health": f"{local_url(rp)}/health", "url": f"{local_url(rp)}{s.workers['add'].path}",
+        "body": _body(rp, "add", "{url}")}}
+    return json.dumps({"module": s.module, "args": router_args(rp), **start, "workers_file": p["workers"],
+                       "api_key_flag": s.api_key_flag, "key_file": p["key"]}, indent=1) + "\n"
+
+
+def _body(rp: RouterPlan, call: str, url: str) -> dict[str, str] | None:
+    template = spec(rp).workers[call].body
+    return {k: v.replace("{url}", url).replace("{model}", rp.served_name) for k, v in template.items()} \
+        if template else None
+
+
+def workers_file(rp: RouterPlan) -> str:
+    return "".join(f"{w.url}\n" for w in rp.workers)
+
+
+def launcher() -> str:
+    """The launcher script (stdlib only; the same for every router)."""
+    return render.render_template("router_launch.py.j2")
+
+
+def render_unit(rp: RouterPlan) -> str:
+    s, p = spec(rp), paths(rp)
+    argv = [f"{venv(rp)}/bin/python", LAUNCHER, p["config"]]
+    return render.render_template("router.service.j2", rp=rp, spec=s, exec_start=render.exec_start(argv),
+                                  front=f"{rp.bind_address}:{rp.port}")
+
+
+def render_proxy(rp: RouterPlan, runtime: str | None = None) -> str:
+    """nginx as the front door: every route needs the key (in the 0600 file it includes); the router's worker
+    API is not served at all. `runtime`: its scratch directory (the unit's RuntimeDirectory)."""
+    return render.render_template("door.nginx.conf.j2", rp=rp, runtime=runtime or f"/run/modelfleet-door-{rp.name}",
+                                  key_conf=paths(rp)["proxy_key"], backend=f"127.0.0.1:{rp.backend_port}",
+                                  listen=f"[{rp.bind_address}]:{rp.port}" if ":" in rp.bind_address
+                                  else f"{rp.bind_address}:{rp.port}")
+
+
+def proxy_key_conf(key: str) -> str:
+    if not PROXY_KEY.match(key):
+        raise ValueError("refusing to write a key the proxy's config cannot hold (value not shown)")
+    return f'map $http_authorization $modelfleet_authorized {{\n    default 0;\n    "Bearer {key}" 1;\n}}\n'
+
+
+def render_proxy_unit(rp: RouterPlan) -> str:
+    conf = paths(rp)["proxy"]
+    return render.render_template("door.service.j2", rp=rp, nginx=NGINX, conf=conf,
+                                  front=f"{rp.bind_address}:{rp.port}")
+
+
+def key_files(rp: RouterPlan, key: str) -> dict[str, str]:
+    """The 0600 files holding the key: the launcher's, and the header curl sends to the worker API."""
+    p = paths(rp)
+    return {p["key"]: key + "\n", p["auth"]: f"Authorization: Bearer {key}\n"}
+
+
+def api_key(rp: RouterPlan) -> str | None:
+    value = os.environ.get(rp.api_key_env)
+    return value.strip() if value else None
+
+
+# -- the worker API -------------------------------------------------------------------------------------------
+
+
+def _curl(rp: RouterPlan, call: str, **values) -> str:
+    """A curl of the router's worker API on the router host; the key (SGLang's router asks for it) comes from
+    the 0600 header file, never the command line."""
+    s = spec(rp).workers[call]
+    auth = [] if behind_proxy(rp) else ["-H", f"@{paths(rp)['auth']}"]
+    data = _body(rp, call, values.get("url", ""))
+    body = ["-H", "Content-Type: application/json", "-d", json.dumps(data)] if data else []
+    path = s.path.format(**{k: _quoted(v) for k, v in values.items()})
+    return shlex.join(["curl", "-fsS", "-m", "10", "-X", s.method, *auth, *body, f"{local_url(rp)}{path}"])
+
+
+def _quoted(value: str) -> str:
+    return quote(value, safe="")
+
+
+def list_command(rp: RouterPlan) -> str:
+    """The router's workers as JSON, or nothing when the router does not answer."""
+    return f"{_curl(rp, 'list')} 2>/dev/null || true"
+
+
+def parse_workers(output: str) -> dict[str, dict] | None:
+    """url -> {"id", "healthy"} from either router's list ({"workers": [...]}: SGLang's router names each by an
+    id, vLLM's by its URL; or vLLM's /list_workers {"urls": [...]}); None when the router did not answer."""
+    output = output.strip()
+    if not output:
+        return None
+    data = json.loads(output)
+    if "urls" in data:
+        return {url: {"id": url, "healthy": None} for url in data["urls"]}
+    return {w["url"]: {"id": w.get("id", w["url"]), "healthy": w.get("is_healthy")} for w in data["workers"]}
+
+
+def _listed_wait(rp: RouterPlan, url: str, present: bool) -> str:
+    """Wait until the router's list has (or has lost) `url`: SGLang's router acts in the background."""
+    done, failure = ("&&", "does not list") if present else ("||", "still lists")
+    needle = shlex.quote(f'"{url}"')
+    return (f"for i in $(seq {REGISTER_WAIT_S}); do {_curl(rp, 'list')} | grep -qF {needle} {done} exit 0; "
+            f"sleep 1; done; echo 'modelfleet: router {rp.name} {failure} {url} after {REGISTER_WAIT_S} s' >&2; "
+            "exit 1")
+
+
+def add_script(rp: RouterPlan, url: str) -> str:
+    """Add a replica once it answers /health from the router host, then wait until the router lists it."""
+    ready = (f"for i in $(seq {REGISTER_WAIT_S}); do curl -fsS -m 5 -o /dev/null {shlex.quote(url + '/health')} "
+             f"&& break; [ $i = {REGISTER_WAIT_S} ] && {{ echo 'modelfleet: replica {url} does not answer /health "
+             f"from the router host: not added to front door {rp.name}' >&2; exit 1; }}; sleep 1; done")
+    return f"{ready}; {_curl(rp, 'add', url=url)} >/dev/null && {{ {_listed_wait(rp, url, True)}; }}"
+
+
+def remove_script(rp: RouterPlan, url: str, worker_id: str) -> str:
+    """Take a replica out of the router (in-flight requests finish on it), then wait until it is gone."""
+    return f"{_curl(rp, 'remove', url=url, id=worker_id)} >/dev/null && {{ {_listed_wait(rp, url, False)}; }}"
+
+
+def health_script(rp: RouterPlan, timeout_s: int = 60) -> str:
+    """The router answers /health on the router host."""
+    url = shlex.quote(f"{local_url(rp)}/health")
+    return (f"for i in $(seq {timeout_s}); do curl -fsS -m 5 -o /dev/null {url} && exit 0; sleep 1; done; "
+            f"echo 'modelfleet: router {rp.name} does not answer {local_url(rp)}/health' >&2; exit 1")
+
+
+class RouterWorkers(FactBase):
+    """The replicas a running router lists (parse_workers), or None when it does not answer."""
+
+    def command(self, rp: RouterPlan):
+        return list_command(rp)
+
+    def requires_command(self, *args, **kwargs):
+        return "curl"
+
+    def process(self, output):
+        return parse_workers("\n".join(output))

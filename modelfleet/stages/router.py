@@ -1,0 +1,224 @@
+"""Stage router: on a host that runs a model's front door (modelfleet.router), the engine's router from its
+wheel in a venv, its launcher, config and key files, its systemd unit (and nginx before it where the router
+cannot check keys itself), then the router's list of replicas kept equal to the inventory's through its
+worker API: a new replica is added once it answers, a removed one is taken out, and neither the router nor
+the other replicas restart; then the verify gate through the front door (every inference route of the router
+asked without the key). Runs after the service stage, so the replicas of this run are ready by then."""
+
+from __future__ import annotations
+
+import shlex
+from contextlib import nullcontext
+from dataclasses import replace
+from urllib.parse import urlsplit
+
+from pyinfra import host, state
+from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
+
+from modelfleet import router
+from modelfleet.checks import Endpoint, exposure
+from modelfleet.checks.gate import run_gate
+from modelfleet.context import HostRun
+from modelfleet.inventory import HostPlan
+from modelfleet.inventory.plan import RouterPlan, _is_loopback
+from modelfleet.operations.apt import packages
+from modelfleet.operations.files import content_changes, content_file, directory
+from modelfleet.operations.report import fail_host, note, refuse, reports_dir, save_report
+from modelfleet.operations.service import unit_running
+from modelfleet.stages import TOOLS_BIN
+
+BASE_PACKAGES = ("python3-venv", "curl")
+PROXY_PACKAGE = "nginx"
+
+
+def wanted_packages(plan: HostPlan) -> dict[str, None]:
+    names = list(BASE_PACKAGES) + [PROXY_PACKAGE] * any(router.behind_proxy(rp) for rp in plan.routers)
+    return dict.fromkeys(names)
+
+
+def wants(plan: HostPlan, probe: dict) -> dict:
+    if not plan.routers:
+        return {}
+    paths = [plan.config_dir, TOOLS_BIN, router.LAUNCHER]
+    paths += [path for rp in plan.routers for path in router.paths(rp).values()]
+    units = [unit for rp in plan.routers
+             for unit in (rp.unit_name, *([rp.proxy_unit_name] if router.behind_proxy(rp) else []))]
+    return {"paths": paths, "units": units, "packages": list(wanted_packages(plan))}
+
+
+@operation()
+def venv_installed(venv: str, requirement: str, present: bool):
+    """A venv the stage owns with one pinned requirement; marked only once pip succeeded."""
+    if present:
+        host.noop(f"{venv} has {requirement}")
+        return
+    yield StringCommand("python3", "-m", "venv", venv, "&&", f"{venv}/bin/pip", "install", "-q",
+                        "--disable-pip-version-check", shlex.quote(requirement), "&&", "touch",
+                        f"{venv}/.modelfleet-installed")
+
+
+@operation(is_idempotent=False)
+def router_answers(script: str):
+    """The router (re)started by this run answers on the router host."""
+    yield StringCommand("sh", "-c", shlex.quote(script))
+
+
+@operation()
+def proxy_reloaded(unit: str, reload: bool):
+    """nginx rereads its config (a new key): open connections are kept."""
+    if not reload:
+        host.noop(f"{unit} runs its current config")
+        return
+    yield StringCommand("systemctl", "reload", unit)
+
+
+@operation()
+def workers_registered(front_door: str, remove: dict[str, str], add: dict[str, str]):
+    """
+    The router's replicas equal to the inventory's: `remove` and `add` map a replica's URL to the worker-API
+    script that takes it out or puts it in (modelfleet.router); removals first, so a replica that moved to
+    another address is never listed twice.
+    """
+    if not remove and not add:
+        host.noop(f"router {front_door} lists every replica of the inventory, and no other")
+        return
+    for url, script in sorted(remove.items()):
+        yield FunctionCommand(note, (f"modelfleet: router {front_door}: taking {url} out (not in the inventory)",), {})
+        yield StringCommand("sh", "-c", shlex.quote(script))
+    for url, script in sorted(add.items()):
+        yield FunctionCommand(note, (f"modelfleet: router {front_door}: adding {url}",), {})
+        yield StringCommand("sh", "-c", shlex.quote(script))
+
+
+def registration(rp: RouterPlan, listed: dict[str, dict]) -> tuple[dict[str, str], dict[str, str]]:
+    """(remove, add): the worker-API scripts that make the router's list `listed` the inventory's."""
+    wanted = {w.url for w in rp.workers}
+    remove = {url: router.remove_script(rp, url, worker["id"]) for url, worker in listed.items() if url not in wanted}
+    add = {url: router.add_script(rp, url) for url in sorted(wanted - set(listed))}
+    return remove, add
+
+
+@deploy("modelfleet router")
+def run(ctx: HostRun):
+    plan = ctx.plan
+    if not plan.routers:
+        return
+    deployed = ctx.deployed()
+    at = deployed["paths"].get
+    packages(name=f"Packages for the front door ({', '.join(wanted_packages(plan))})",
+             wanted=wanted_packages(plan), current=deployed["packages"])
+    directory(name=f"Config directory {plan.config_dir} (0700)", path=plan.config_dir, current=at(plan.config_dir),
+              mode="0700")
+    directory(name=f"Tools directory {TOOLS_BIN}", path=TOOLS_BIN, current=at(TOOLS_BIN))
+    launcher = router.launcher()
+    launcher_changed = content_changes(at(router.LAUNCHER), launcher, "0755")
+    content_file(name=f"Router launcher {router.LAUNCHER}", dest=router.LAUNCHER, content=launcher,
+                 current=at(router.LAUNCHER), mode="0755")
+    for rp in plan.routers:
+        _front_door(ctx, rp, deployed, launcher_changed)
+
+
+def _front_door(ctx: HostRun, rp: RouterPlan, deployed: dict, launcher_changed: bool) -> None:
+    at, p, spec = deployed["paths"].get, router.paths(rp), router.spec(rp)
+    key = router.api_key(rp)
+    if not key:
+        fail_host(name=f"Front door {rp.name}", reasons=[f"router {rp.name}: api_key_env {rp.api_key_env} is not "
+                                                         "set on the control node: no front door without a key"])
+        return
+    installed = bool(at(p["installed"]))
+    venv_installed(name=f"{spec.package} {spec.version} in {router.venv(rp)}", venv=router.venv(rp),
+                   requirement=f"{spec.package}=={spec.version}", present=installed)
+    files = [(p["config"], router.launcher_config(rp), "0644", False),
+             *((path, content, "0600", True) for path, content in router.key_files(rp, key).items()),
+             (p["unit"], router.render_unit(rp), "0644", False)]
+    changed = {path: content_changes(at(path), content, mode) for path, content, mode, _ in files}
+    for path, content, mode, secret in files:
+        content_file(name=f"File {path} ({mode})", dest=path, content=content, current=at(path), mode=mode,
+                     secret=secret)
+    # Where a (re)started router begins; the running one learns of changes through its worker API instead.
+    content_file(name=f"Replicas of {rp.name} ({p['workers']})", dest=p["workers"], content=router.workers_file(rp),
+                 current=at(p["workers"]))
+    unit = deployed["units"].get(rp.unit_name) or {}
+    restart = any(changed.values()) or launcher_changed or not installed
+    unit_running(name=f"Run {rp.unit_name}", unit=rp.unit_name, current=unit, reload=changed[p["unit"]],
+                 restart=restart)
+    starting = restart or unit.get("ActiveState") != "active"
+    if starting:
+        router_answers(name=f"Wait until router {rp.name} answers", script=router.health_script(rp))
+    if router.behind_proxy(rp):
+        _proxy(rp, deployed, key)
+    changes = starting
+    if not starting:  # a router (re)started here begins with the URL file: nothing to register
+        listed = host.get_fact(router.RouterWorkers, rp=rp)
+        if listed is None:
+            fail_host(name=f"Router {rp.name}", reasons=[f"router {rp.name}: {rp.unit_name} is active but its "
+                                                         f"worker API at {router.local_url(rp)} does not answer"])
+            return
+        remove, add = registration(rp, listed)
+        workers_registered(name=f"Replicas of front door {rp.name}", front_door=rp.name, remove=remove, add=add)
+        changes = bool(remove or add)
+    plan = ctx.plan
+    tunnel = (rp.bind_address, rp.port) if _is_loopback(rp.bind_address) and plan.address not in (
+        rp.bind_address, "@local") else None
+    endpoint_verified(name=f"Verify {rp.served_name} through the front door {rp.base_url}",
+                      ep=front_door_endpoint(rp, key), tunnel=tunnel, full=ctx.alone or plan.verify_full or changes)
+
+
+@operation(is_idempotent=False)
+def endpoint_verified(ep: Endpoint, tunnel: tuple[str, int] | None, full: bool, ready_timeout_s: float = 120):
+    """The verify gate through the front door, while executing (after the router took its replicas): readiness,
+    and when `full` the smoke and tool-call probe; every inference route asked without the key."""
+    if not state.is_executing:
+        host.noop(f"{ep.name} is verified after its replicas are in")
+        return
+    with _tunnel(*tunnel) if tunnel else nullcontext() as port:
+        target = replace(ep, base_url=f"http://127.0.0.1:{port}") if tunnel else ep
+        report = {**run_gate(target, ready_timeout_s, full, None, reports_dir("bench")), "endpoint": ep.name,
+                  "base_url": ep.openai_base_url, "via_ssh_tunnel": bool(tunnel)}
+        if "exposure" not in report and report["readiness"].get("ok"):
+            report["exposure"] = exposure.check(target)
+            report["ok"] = report["ok"] and report["exposure"]["ok"]
+    save_report("verify", ep.name.replace("/", "-"), report)
+    if report["ok"]:
+        host.noop(f"{ep.name}: " + ("ready, smoke and tool-call probe pass" if full else "ready"))
+        return
+    failures = [f"{part}: " + "; ".join(report[part].get("failures") or [report[part].get("error") or "failed"])
+                for part in ("readiness", "smoke", "tool_probe") if part in report and not report[part].get("ok")]
+    failures += [f"exposure: {f}" for f in exposure.failures_at(report.get("exposure") or {},
+                                                                urlsplit(ep.base_url).netloc)]
+    yield FunctionCommand(refuse, ([f"verify {ep.name}: {f}" for f in failures],), {})
+
+
+def _tunnel(remote_host: str, remote_port: int):
+    """The front door on the router host's loopback, through its own SSH connection."""
+    from modelfleet.checks.tunnel import forward
+
+    client = getattr(host.connector, "client", None)
+    if client is None:
+        raise RuntimeError(f"{host.name}: {remote_host}:{remote_port} listens on the host's loopback and this "
+                           f"connector ({type(host.connector).__name__}) has no SSH transport to tunnel through")
+    return forward(client.get_transport(), remote_host, remote_port)
+
+
+def front_door_endpoint(rp: RouterPlan, key: str) -> Endpoint:
+    """The verify gate's view of the front door: the model through the router, and every inference route of
+    the router asked without the key."""
+    return Endpoint(name=f"{rp.host}/router-{rp.name}", base_url=rp.base_url, model=rp.served_name,
+                    engine=rp.engine_name, api_key=key, refused_routes=tuple(router.spec(rp).inference_routes))
+
+
+def _proxy(rp: RouterPlan, deployed: dict, key: str) -> None:
+    at, p = deployed["paths"].get, router.paths(rp)
+    files = [(p["proxy_key"], router.proxy_key_conf(key), "0600", True),
+             (p["proxy"], router.render_proxy(rp), "0644", False),
+             (p["proxy_unit"], router.render_proxy_unit(rp), "0644", False)]
+    changed = {path: content_changes(at(path), content, mode) for path, content, mode, _ in files}
+    for path, content, mode, secret in files:
+        content_file(name=f"File {path} ({mode})", dest=path, content=content, current=at(path), mode=mode,
+                     secret=secret)
+    unit = deployed["units"].get(rp.proxy_unit_name) or {}
+    unit_running(name=f"Run {rp.proxy_unit_name}", unit=rp.proxy_unit_name, current=unit,
+                 reload=changed[p["proxy_unit"]], restart=changed[p["proxy_unit"]])
+    proxy_reloaded(name=f"Reload {rp.proxy_unit_name}", unit=rp.proxy_unit_name,
+                   reload=unit.get("ActiveState") == "active" and not changed[p["proxy_unit"]]
+                   and (changed[p["proxy"]] or changed[p["proxy_key"]]))

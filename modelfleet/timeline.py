@@ -1,0 +1,248 @@
+"""Where the time to a ready endpoint goes: each stage's span on each host, from the pyinfra process's start to the
+endpoint's first verified answer, with the engine's own boot timeline (weights, torch.compile, CUDA graph
+capture) read from its log. Written as reports/timeline/<pool>.json after a run that (re)started the pool's
+engine; docs/timeline.md says how to read it."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import time
+import weakref
+from datetime import datetime, timezone
+
+from pyinfra.api import FunctionCommand, StringCommand, operation
+from pyinfra.api.state import BaseStateCallback
+from pyinfra.context import ctx_state
+
+from modelfleet.operations.report import report_path, save_json
+
+# vLLM's boot lines, as its sources print them (the `%.2f` of each format string is the group `s`):
+# model_executor/model_loader/default_loader.py, v1/worker/gpu_model_runner.py, compilation/backends.py,
+# compilation/monitor.py ("takes" before 0.11, "took" since), v1/engine/core.py, entrypoints/openai/api_server.py.
+VLLM_EVENTS = (
+    ("weights_loaded", r"Loading weights took (?P<s>[\d.]+) seconds"),
+    ("model_loaded", r"Model loading took [\d.]+ GiB (?:memory )?and (?P<s>[\d.]+) seconds"),
+    ("compile_cache_dir", r"Using cache directory: (?P<path>\S+) for vLLM's torch\.compile"),
+    ("dynamo_transform", r"Dynamo bytecode transform time: (?P<s>[\d.]+) s"),
+    ("graph_compiled", r"Compiling a graph for (?P<shape>.+?) takes (?P<s>[\d.]+) s"),
+    ("graph_loaded_from_cache", r"Directly load the compiled graph\(s\) for (?P<shape>.+?) from the cache, "
+                                r"took (?P<s>[\d.]+) s"),
+    ("compile_total", r"torch\.compile (?:takes|took) (?P<s>[\d.]+) s in total"),
+    ("profiling_warmup", r"Initial profiling/warmup run took (?P<s>[\d.]+) s"),
+    ("graphs_captured", r"Graph capturing finished in (?P<s>[\d.]+) secs"),
+    ("engine_initialized", r"init engine \(profile, create kv cache, warmup model\) took (?P<s>[\d.]+) seconds"),
+    ("api_server_started", r"Starting vLLM API server"),
+)
+# SGLang's, from python/sglang/srt/model_executor/model_runner.py ("Load weight end." has carried `elapsed=` since
+# late 2025), model_executor/cuda_graph_runner.py ("Time elapsed: %.2f s", later "elapsed=") and
+# entrypoints/http_server.py; uvicorn says when the HTTP server is up.
+SGLANG_EVENTS = (
+    ("distributed_init_begin", r"Init torch distributed begin\."),
+    ("distributed_initialized", r"Init torch distributed ends\. (?:elapsed=(?P<s>[\d.]+) s, )?mem usage"),
+    ("weights_begin", r"Load weight begin\."),
+    ("weights_loaded", r"Load weight end\.(?: elapsed=(?P<s>[\d.]+) s)?"),
+    ("graphs_captured", r"Capture (?:cuda graph|[\w ]*CUDA graph) end\. (?:Time elapsed: |elapsed=)(?P<s>[\d.]+) s"),
+    ("api_server_started", r"Application startup complete\."),
+    ("server_ready", r"The server is fired up and ready to roll!"),
+)
+# `docker logs --timestamps` prefix, then the engine's own. vLLM: an optional process tag, level, MM-DD HH:MM:SS,
+# [file:line]. SGLang: [YYYY-MM-DD HH:MM:SS, then the ranks (DP0 TP1 ...) when there are several].
+_DOCKER_TS = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z) ")
+_VLLM_HEAD = re.compile(r"^(?:\((?P<proc>[^)]*)\) )?(?:INFO|WARNING|DEBUG|ERROR) (?P<md>\d\d-\d\d) "
+                        r"(?P<hms>\d\d:\d\d:\d\d) \[(?P<where>[^\]]+)\] ")
+_SGLANG_HEAD = re.compile(r"^\[(?P<date>\d{4}-\d\d-\d\d) (?P<hms>\d\d:\d\d:\d\d)(?: (?P<proc>[^\]]+))?\] ")
+
+
+def _compiled(events) -> list:
+    return [(event, re.compile(pattern)) for event, pattern in events]
+
+
+def _vllm_time(head: re.Match) -> float:
+    """vLLM prints no year: offsets between its lines are right within a boot (a boot spanning New Year aside)."""
+    return datetime.strptime(f"2000-{head['md']} {head['hms']}", "%Y-%m-%d %H:%M:%S").timestamp()
+
+
+def _sglang_time(head: re.Match) -> float:
+    return datetime.strptime(f"{head['date']} {head['hms']}", "%Y-%m-%d %H:%M:%S").timestamp()
+
+
+# engine -> (its line head, the head's time, its boot lines); llama-server's log is not parsed.
+PARSERS = {"vllm": (_VLLM_HEAD, _vllm_time, _compiled(VLLM_EVENTS)),
+           "sglang": (_SGLANG_HEAD, _sglang_time, _compiled(SGLANG_EVENTS))}
+
+
+def _docker_time(stamp: str) -> float:
+    whole, _, fraction = stamp.rstrip("Z").partition(".")
+    base = datetime.strptime(whole, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+    return base + float(f"0.{fraction}" if fraction else 0)
+
+
+def parse_boot(engine: str, lines: list[str]) -> dict | None:
+    """
+    The engine's boot timeline from its log lines: {"events": [{"event", "seconds" (what the engine says the step
+    took), "at" (seconds since the first timestamped boot line), "process", plus the line's own values)],
+    "summary": {event: the slowest process's seconds}, "compile_cache": "warm" | "cold" | None (vLLM says which;
+    SGLang does not)}. None for an engine whose lines are not parsed (llama-server).
+    """
+    if engine not in PARSERS:
+        return None
+    head_re, engine_time, patterns = PARSERS[engine]
+    events, first = [], None
+    for raw in lines:
+        line, stamp = raw.rstrip("\n"), None
+        docker = _DOCKER_TS.match(line)
+        if docker:
+            stamp, line = _docker_time(docker["ts"]), line[docker.end():]
+        head = head_re.match(line)
+        if head is None:
+            continue
+        message = line[head.end():]
+        for event, pattern in patterns:
+            found = pattern.search(message)
+            if not found:
+                continue
+            when = stamp if stamp is not None else engine_time(head)
+            first = when if first is None else first
+            values = found.groupdict()
+            record = {"event": event, "at": round(when - first, 3), "process": head["proc"]}
+            if head.groupdict().get("where"):
+                record["where"] = head["where"]
+            if values.get("s") is not None:
+                record["seconds"] = float(values.pop("s"))
+            record.update({k: v for k, v in values.items() if v is not None and k != "s"})
+            events.append(record)
+            break
+    summary: dict[str, float] = {}
+    for record in events:
+        if "seconds" in record:
+            summary[record["event"]] = max(summary.get(record["event"], 0.0), record["seconds"])
+    kinds = {record["event"] for record in events}
+    cache = "cold" if "graph_compiled" in kinds else "warm" if "graph_loaded_from_cache" in kinds else None
+    return {"events": events, "summary": summary, "compile_cache": cache}
+
+
+def boot_log_command(container: str) -> StringCommand:
+    """The container's log since it started, timestamped by docker; only lines that may be boot lines."""
+    script = (f"docker logs --timestamps {shlex.quote(container)} 2>&1 | "
+              "grep -E ' took | takes |transform time|Starting vLLM API server|Using cache directory|"
+              "Graph capturing finished|Load weight|graph end|startup complete|fired up|Init torch distributed' | "
+              "head -n 2000")
+    return StringCommand("sh", "-c", shlex.quote(script))
+
+
+def process_start() -> float:
+    """When this process (pyinfra) started, from the kernel's own record (Linux); else now."""
+    try:
+        fields = open(f"/proc/{os.getpid()}/stat").read().rsplit(")", 1)[1].split()
+        boot = next(float(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime "))
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+def stage_of(op_names) -> str:
+    """`modelfleet service | Run ...` -> `service`: the stage is the deploy an operation was added in."""
+    name = sorted(op_names)[0] if op_names else ""
+    prefix = name.split(" | ", 1)[0] if " | " in name else ""
+    return prefix.removeprefix("modelfleet ") or "other"
+
+
+class Recorder(BaseStateCallback):
+    """Times every operation on every host while the run executes, and writes each watched pool's timeline
+    when its hosts disconnect (a `--dry` run executes nothing and writes nothing)."""
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.ops: dict[tuple[str, str], list[float | None]] = {}  # (host, op hash) -> [start, end]
+        self.pools: dict[str, dict[str, dict]] = {}  # pool -> host -> {"served_name", "boot"}
+
+    def operation_host_start(self, state, host, op_hash) -> None:
+        self.ops[(host.name, op_hash)] = [time.time(), None]
+
+    def _ended(self, host, op_hash) -> None:
+        span = self.ops.get((host.name, op_hash))
+        if span:
+            span[1] = time.time()
+
+    def operation_host_success(self, state, host, op_hash, retry_count: int = 0) -> None:
+        self._ended(host, op_hash)
+
+    def operation_host_error(self, state, host, op_hash, retry_attempt: int = 0, max_retries: int = 0) -> None:
+        self._ended(host, op_hash)
+
+    def host_disconnect(self, state, host) -> None:
+        if not state.is_executing:
+            return
+        for pool, members in self.pools.items():
+            if host.name in members and any(m.get("started") for m in members.values()):
+                save_json(str(report_path("timeline", pool)), self.pool_timeline(state, pool))
+
+    def pool_timeline(self, state, pool: str) -> dict:
+        hosts = {}
+        for name, member in self.pools[pool].items():
+            stages: dict[str, list[float]] = {}
+            ready = answer = None
+            for (op_host, op_hash), (start, end) in self.ops.items():
+                if op_host != name or end is None:
+                    continue
+                names = state.get_op_meta(op_hash).names
+                span = stages.setdefault(stage_of(names), [start, end])
+                span[0], span[1] = min(span[0], start), max(span[1], end)
+                label = sorted(names)[0] if names else ""
+                if label.startswith(f"modelfleet service | Wait until {member['served_name']} answers"):
+                    ready = end
+                elif label.startswith(f"modelfleet verify | Verify {member['served_name']} at"):
+                    answer = end
+            # Before the first operation runs, pyinfra connects, reads every fact and plans (each stage's probe
+            # and state reads): one span, the same for every host.
+            first = min((start for start, _ in self.ops.values()), default=self.started)
+            spans = [("prepare", self.started, first)] + sorted(
+                ((stage, s, e) for stage, (s, e) in stages.items()), key=lambda item: item[1])
+            hosts[name] = {
+                "stages": [{"stage": stage, "start_s": self._at(s), "end_s": self._at(e), "seconds": round(e - s, 3)}
+                           for stage, s, e in spans],
+                "ready_s": self._at(ready), "first_answer_s": self._at(answer), "engine_boot": member.get("boot")}
+        ends = [h[k] for h in hosts.values() for k in ("first_answer_s", "ready_s") if h[k] is not None]
+        return {"pool": pool, "pyinfra_started_at": round(self.started, 3),
+                "first_answer_s": max((h["first_answer_s"] for h in hosts.values() if h["first_answer_s"]),
+                                      default=None),
+                "ready_s": max(ends, default=None), "hosts": hosts}
+
+    def _at(self, when: float | None) -> float | None:
+        return None if when is None else round(when - self.started, 3)
+
+
+_recorders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # per pyinfra State
+
+
+def recorder(state=None) -> Recorder:
+    state = state or ctx_state.get()
+    if state not in _recorders:
+        _recorders[state] = Recorder(process_start())
+        state.add_callback_handler(_recorders[state])
+    return _recorders[state]
+
+
+def watch(host_name: str, pool: str, served_name: str) -> None:
+    """Time this host's part of the pool in the current run (called while the stages are added)."""
+    recorder().pools.setdefault(pool, {}).setdefault(host_name, {"served_name": served_name})
+
+
+def _read_boot(state, host, pool: str, engine: str, container: str) -> bool:
+    """FunctionCommand body, once the engine answers (or the worker is up): its boot lines. A log that cannot be
+    read leaves the boot timeline out; it never fails the host."""
+    member = recorder(state).pools.setdefault(pool, {}).setdefault(host.name, {"served_name": ""})
+    member["started"] = True
+    if engine not in PARSERS:
+        return True
+    ok, output = host.run_shell_command(boot_log_command(container), print_output=False)
+    member["boot"] = parse_boot(engine, output.stdout_lines) if ok else None
+    return True
+
+
+@operation(is_idempotent=False)
+def boot_recorded(pool: str, engine: str, container: str):
+    """The engine's own boot timeline, for reports/timeline/<pool>.json."""
+    yield FunctionCommand(_read_boot, (pool, engine, container), {})

@@ -1,0 +1,184 @@
+"""The front door (modelfleet.router): the plan from the inventory's `router*` settings, the files the router
+host gets, and the worker API's commands and parser, held to the real routers' recorded help and answers."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from modelfleet import router
+from modelfleet.inventory import resolve
+from modelfleet.inventory.plan import RouterPlan, Worker
+from modelfleet.stages.router import registration
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "router"
+KEY = "lab-front-door-key-0123"
+
+
+def recorded(name: str) -> str:
+    return (FIXTURES / name).read_text().split("# ---\n", 1)[1]
+
+
+def host(address: str, fabric: str, engine: str = "sglang", **extra) -> dict:
+    return {"hardware": "lab-cpu", "model": "tiny-lab", "engine": engine, "recipe": f"tiny-lab-{engine}",
+            "ssh_hostname": address, "fabric_address": fabric, "router": "r1", "api_key_env": "MF_ROUTER_KEY",
+            **extra}
+
+
+def fleet(engine: str = "sglang", **extra) -> list:
+    return [("r1", host("10.0.0.1", "10.1.0.1", engine, **extra)), ("a", host("10.0.0.2", "10.1.0.2", engine, **extra)),
+            ("b", host("10.0.0.3", "10.1.0.3", engine, **extra))]
+
+
+@pytest.fixture(autouse=True)
+def key(monkeypatch):
+    monkeypatch.setenv("MF_ROUTER_KEY", KEY)
+
+
+def test_replicas_sit_behind_one_front_door_and_listen_only_for_it():
+    result = resolve(fleet())
+    assert result.errors == []
+    rp = result.routers["tiny-lab"]
+    assert (rp.host, rp.engine_name, rp.bind_address, rp.port, rp.policy) == ("r1", "sglang", "10.0.0.1", 8800,
+                                                                               "cache_aware")
+    # The replica beside the router listens on loopback, the others on their fabric address.
+    assert [w.url for w in rp.workers] == ["http://10.1.0.2:30000", "http://10.1.0.3:30000", "http://127.0.0.1:30000"]
+    assert {n: h.services[0].bind_address for n, h in result.hosts.items()} == {
+        "r1": "127.0.0.1", "a": "10.1.0.2", "b": "10.1.0.3"}
+    assert result.hosts["r1"].routers == (rp,) and result.hosts["a"].routers == ()
+
+
+def test_a_front_door_is_refused_naming_host_and_field(monkeypatch):
+    monkeypatch.delenv("MF_ROUTER_KEY")
+    entries = [("r1", {"hardware": "lab-cpu", "ssh_hostname": "r1.example.org"}),
+               ("a", host("10.0.0.2", "10.1.0.2", api_key_env=None)),  # no key: the door would be open
+               ("b", host("10.0.0.3", "10.1.0.3", bind_address="10.1.0.3")),  # the router decides where it binds
+               ("c", host("10.0.0.4", "10.1.0.4", engine="llama.cpp", recipe="tiny-lab-llamacpp", router="r1",
+                          served_name="other")),  # llama.cpp has no router
+               ("d", host("10.0.0.5", "10.1.0.5", router="nowhere", served_name="third"))]
+    problems = {(where, fld) for where, fld, _ in resolve(entries, offline=True).errors}
+    assert {("host a", "api_key_env"), ("host b", "bind_address"), ("host c", "router"),
+            ("host d", "router"), ("router tiny-lab", "router_bind_address")} <= problems
+
+
+def test_replicas_must_agree_and_the_ports_be_free():
+    entries = fleet(router_port=30000)  # the replica on r1 listens there
+    entries[1] = ("a", host("10.0.0.2", "10.1.0.2", router_port=8900))
+    problems = {(where, fld) for where, fld, _ in resolve(entries).errors}
+    assert ("router tiny-lab", "router_port") in problems
+    messages = [m for _, fld, m in resolve(fleet(router_port=29999)).errors if fld == "router_port"]
+    assert messages == ["29999: port 30000 (the router behind it) is used by pool r1 on r1"]
+
+
+def test_a_key_the_proxy_cannot_hold_is_refused_before_any_host(monkeypatch):
+    monkeypatch.setenv("MF_ROUTER_KEY", 'has"quote and space')
+    errors = resolve(fleet("vllm")).errors
+    assert [(w, f) for w, f, _ in errors] == [("router tiny-lab", "api_key_env")]
+    assert 'quote' not in errors[0][2]  # the value is never echoed
+    with pytest.raises(ValueError):
+        router.proxy_key_conf('has"quote and space')
+
+
+def _options(help_text: str) -> set[str]:
+    return set(re.findall(r"(?m)^\s+(--[a-z0-9-]+)", help_text))
+
+
+@pytest.mark.parametrize("engine, help_file", [("vllm", "vllm-router-0.1.17-help.txt"),
+                                               ("sglang", "sglang-router-0.3.2-launch-help.txt")])
+def test_every_flag_is_the_real_routers(engine, help_file):
+    help_text = recorded(help_file)
+    rp = resolve(fleet(engine)).routers["tiny-lab"]
+    spec = router.spec(rp)
+    flags = [a for a in router.router_args(rp) if a.startswith("--")]
+    flags += [spec.worker_urls_flag, spec.api_key_flag]
+    assert set(flags) <= _options(help_text), set(flags) - _options(help_text)
+    choices = re.search(r"--policy \{([a-z_,]+)\}", help_text).group(1).split(",")
+    assert spec.policies == choices and rp.policy in choices
+    assert spec.version in help_file
+
+
+def test_the_key_is_in_no_unit_config_or_command():
+    for engine in ("vllm", "sglang"):
+        rp = resolve(fleet(engine)).routers["tiny-lab"]
+        rendered = [router.render_unit(rp), router.launcher_config(rp), router.workers_file(rp),
+                    router.list_command(rp), router.add_script(rp, "http://10.1.0.9:8000"),
+                    router.remove_script(rp, "http://10.1.0.2:8000", "x"), router.health_script(rp)]
+        if router.behind_proxy(rp):
+            rendered += [router.render_proxy(rp), router.render_proxy_unit(rp)]
+        assert not any(KEY in text for text in rendered), engine
+    assert KEY in router.proxy_key_conf(KEY)  # only in the 0600 file the proxy includes
+
+
+def test_sglang_router_checks_the_key_itself_at_the_front_door():
+    rp = resolve(fleet("sglang")).routers["tiny-lab"]
+    config = json.loads(router.launcher_config(rp))
+    assert config == {"module": "sglang_router.launch_router",
+                      "args": ["--host", "10.0.0.1", "--port", "8800", "--policy", "cache_aware",
+                               "--health-check-interval-secs", "10", "--health-check-endpoint", "/health",
+                               "--health-failure-threshold", "3", "--prometheus-host", "127.0.0.1",
+                               "--prometheus-port", "8802"],
+                      # Its replicas go in through the worker API, so /v1/models lists them by the served name.
+                      "register": {"health": "http://10.0.0.1:8800/health", "url": "http://10.0.0.1:8800/workers",
+                                   "body": {"url": "{url}", "model_id": "tiny-lab"}},
+                      "workers_file": "/etc/modelfleet/router-tiny-lab.workers",
+                      "api_key_flag": "--api-key", "key_file": "/etc/modelfleet/router-tiny-lab.key"}
+    assert ("ExecStart=/opt/modelfleet/router-sglang-router-0.3.2/bin/python \\\n"
+            "    /opt/modelfleet/bin/modelfleet_router.py \\\n    /etc/modelfleet/router-tiny-lab.json\n"
+            ) in router.render_unit(rp)
+    assert router.workers_file(rp) == "http://10.1.0.2:30000\nhttp://10.1.0.3:30000\nhttp://127.0.0.1:30000\n"
+    # Its worker API wants the key: from the 0600 header file.
+    assert "-H @/etc/modelfleet/router-tiny-lab.auth" in router.list_command(rp)
+
+
+def test_vllm_router_listens_on_loopback_behind_the_proxy():
+    rp = resolve(fleet("vllm")).routers["tiny-lab"]
+    assert json.loads(router.launcher_config(rp))["args"][:4] == ["--host", "127.0.0.1", "--port", "8801"]
+    proxy = router.render_proxy(rp)
+    assert "listen 10.0.0.1:8800;" in proxy and "server 127.0.0.1:8801;" in proxy
+    assert "include /etc/modelfleet/door-tiny-lab.key.conf;" in proxy
+    assert "location ~ ^/(add_worker|remove_worker|list_workers|workers) {\n            return 403;" in proxy
+    assert router.list_command(rp) == "curl -fsS -m 10 -X GET http://127.0.0.1:8801/workers 2>/dev/null || true"
+    assert "'http://127.0.0.1:8801/add_worker?url=http%3A%2F%2F10.1.0.9%3A8000'" in router.add_script(
+        rp, "http://10.1.0.9:8000")
+
+
+def test_worker_lists_parse_from_both_real_routers():
+    assert router.parse_workers(recorded("sglang-router-0.3.2-workers.json.txt")) == {
+        "http://127.0.0.1:18011": {"id": "5f82aa8a-36fe-4a6b-b293-692ef30f268b", "healthy": True},
+        "http://127.0.0.1:18012": {"id": "f258c45a-db51-4bbe-8746-d7f7b7cb5430", "healthy": True}}
+    assert router.parse_workers(recorded("vllm-router-0.1.17-list_workers.json.txt")) == {
+        "http://127.0.0.1:18002": {"id": "http://127.0.0.1:18002", "healthy": None},
+        "http://127.0.0.1:18001": {"id": "http://127.0.0.1:18001", "healthy": None}}
+    assert router.parse_workers(recorded("vllm-router-0.1.17-workers.json.txt")) == {
+        "http://127.0.0.1:18002": {"id": "http://127.0.0.1:18002", "healthy": True},
+        "http://127.0.0.1:18001": {"id": "http://127.0.0.1:18001", "healthy": True}}
+    assert router.parse_workers("") is None  # the router did not answer
+
+
+def test_registration_adds_the_new_removes_the_gone_and_leaves_the_rest():
+    rp = RouterPlan(name="tiny-lab", host="r1", engine_name="sglang", served_name="tiny-lab",
+                    bind_address="127.0.0.1", port=8800, policy="round_robin", api_key_env="MF_ROUTER_KEY",
+                    config_dir="/etc/modelfleet",
+                    workers=(Worker("a", "a", "http://127.0.0.1:18011"), Worker("c", "c", "http://127.0.0.1:18013")))
+    listed = router.parse_workers(recorded("sglang-router-0.3.2-workers.json.txt"))
+    remove, add = registration(rp, listed)
+    assert list(remove) == ["http://127.0.0.1:18012"] and list(add) == ["http://127.0.0.1:18013"]
+    assert "/workers/f258c45a-db51-4bbe-8746-d7f7b7cb5430" in remove["http://127.0.0.1:18012"]
+    converged = RouterPlan(**{**rp.__dict__, "workers": tuple(Worker(u, u, u) for u in listed)})
+    assert registration(converged, listed) == ({}, {})
+
+
+def test_the_verify_gate_asks_the_front_door_every_route_and_a_routed_replica_only_its_key_routes():
+    from modelfleet.checks import endpoint, exposure
+    from modelfleet.stages.router import front_door_endpoint
+
+    result = resolve(fleet("vllm"))
+    replica = endpoint(result.hosts["a"], result.hosts["a"].services[0])
+    asked, unasked = exposure.routes_to_ask(replica)
+    # vLLM's key leaves /invocations open: the replica listens on the fabric for the router only, and clients
+    # come through the front door, where the proxy asks every route for the key.
+    assert [route for route, _ in asked] == ["/v1/chat/completions"] and unasked == ["/invocations"]
+    door = front_door_endpoint(result.routers["tiny-lab"], KEY)
+    asked, unasked = exposure.routes_to_ask(door)
+    assert [route for route, _ in asked] == router.specs()["vllm"].inference_routes and unasked == []

@@ -1,0 +1,145 @@
+"""The router stage through pyinfra's @fake connector: a converged front door gets no command; a replica added
+to the inventory is registered through the router's worker API and a removed one taken out, with no restart
+of the router; a new front door gets its venv, files and unit."""
+
+import hashlib
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fake"))
+from harness import Uploads, executed, run_fake  # noqa: E402
+
+from modelfleet import pipeline, router  # noqa: E402
+from modelfleet.inventory import resolve  # noqa: E402
+from modelfleet.stages import TOOLS_BIN  # noqa: E402
+from modelfleet.stages import router as router_stage  # noqa: E402
+
+KEY = "stage-test-key-0123456"
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "router"
+
+
+def replica(fabric: str, port: int) -> dict:
+    return {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "sglang", "recipe": "tiny-lab-sglang",
+            "port": port, "router": "@fake/r1", "router_bind_address": "127.0.0.1", "api_key_env": "MF_STAGE_KEY",
+            "fabric_address": fabric}
+
+
+def inventory(*extra):
+    return [("r1", replica("127.0.0.1", 18011)), ("a", replica("127.0.0.2", 18012)), *extra]
+
+
+@pytest.fixture(autouse=True)
+def env(monkeypatch, tmp_path):
+    monkeypatch.setenv("MF_STAGE_KEY", KEY)
+    monkeypatch.setenv("MODELFLEET_REPORTS", str(tmp_path))
+    verified = []
+    # A @fake host has no endpoint for the verify gate to reach: record what it would be asked instead.
+    monkeypatch.setattr(router_stage, "endpoint_verified", lambda **kwargs: verified.append(kwargs))
+    return verified
+
+
+def front_door(hosts):
+    result = resolve([(f"@fake/{n}", d) for n, d in hosts])
+    assert result.errors == []
+    return result.routers["tiny-lab"]
+
+
+def state_lines(rp, units_active=True) -> list[str]:
+    """What DeployedState prints for a router host that has this front door as the stage writes it."""
+    def file_line(content, mode):
+        return f"file {mode} root root {hashlib.sha256(content.encode()).hexdigest()}"
+
+    p = router.paths(rp)
+    files = {router.LAUNCHER: (router.launcher(), 755), p["config"]: (router.launcher_config(rp), 644),
+             **{path: (content, 600) for path, content in router.key_files(rp, KEY).items()},
+             p["unit"]: (router.render_unit(rp), 644), p["workers"]: (router.workers_file(rp), 644),
+             p["installed"]: ("", 644)}
+    lines = ["@@modelfleet-state path /etc/modelfleet", "dir 700 root root -",
+             f"@@modelfleet-state path {TOOLS_BIN}", "dir 755 root root -"]
+    for path, (content, mode) in files.items():
+        lines += [f"@@modelfleet-state path {path}", file_line(content, mode)]
+    lines += [f"@@modelfleet-state unit {rp.unit_name}",
+              f"ActiveState={'active' if units_active else 'inactive'}", "UnitFileState=enabled"]
+    for package in router_stage.BASE_PACKAGES:
+        lines += [f"@@modelfleet-state package {package}", "ii  1.0-1"]
+    return lines
+
+
+def workers_json(urls) -> str:
+    rows = ",".join(f'{{"id":"00000000-0000-0000-0000-00000000000{i}","url":"{u}","is_healthy":true}}'
+                    for i, u in enumerate(urls))
+    return f'{{"workers":[{rows}],"total":{len(urls)}}}'
+
+
+def run_router_host(hosts, rp, listed, active=True):
+    replies = {"@@modelfleet-state": state_lines(rp, active), router.list_command(rp): [workers_json(listed)]}
+    data = dict(hosts)
+    data["r1"] = {**data["r1"], "fake_responses": replies}
+    return run_fake([(n, d) for n, d in data.items()], lambda: pipeline.run_stages(router_stage))
+
+
+def test_a_converged_front_door_gets_no_command(env):
+    hosts = inventory()
+    rp = front_door(hosts)
+    state = run_router_host(hosts, rp, [w.url for w in rp.workers])
+    # Two round trips: what the stage finds deployed, and what the router lists.
+    commands = executed(state, "r1")
+    assert len(commands) == 2 and router.list_command(rp) in commands[1], commands
+    assert executed(state, "a") == []  # a replica host runs no front door
+    # The verify gate goes through the front door, asking every inference route of the router without the key.
+    (call,) = env
+    # Bound on the router host's loopback: reached through its SSH connection.
+    assert (call["ep"].base_url, call["ep"].model, call["ep"].api_key, call["tunnel"]) == (
+        "http://127.0.0.1:8800", "tiny-lab", KEY, ("127.0.0.1", 8800))
+    assert call["ep"].refused_routes == tuple(router.spec(rp).inference_routes)
+
+
+def test_a_new_replica_is_registered_and_a_gone_one_taken_out_without_a_restart(env):
+    before = front_door(inventory())
+    hosts = inventory(("b", replica("127.0.0.3", 18013)))
+    rp = front_door(hosts)
+    # The router lists what the inventory had, plus a replica since removed from it.
+    listed = [w.url for w in before.workers] + ["http://127.0.0.9:18019"]
+    state = run_router_host(hosts, rp, listed)
+    commands = executed(state, "r1")
+    remove = router.remove_script(rp, "http://127.0.0.9:18019", "00000000-0000-0000-0000-000000000002")
+    add = router.add_script(rp, "http://127.0.0.3:18013")
+    sent = [c for c in commands if c.startswith("sh -c")]
+    assert [c for c in sent if "/workers" in c] == [f"sh -c {router_stage.shlex.quote(s)}" for s in (remove, add)]
+    assert not any("systemctl restart" in c or "systemctl start" in c for c in commands), commands
+    assert env[0]["full"] is True  # the front door changed: smoke and tool probe through it too
+
+
+def test_a_new_front_door_is_installed_and_started(monkeypatch, env):
+    uploads = Uploads(monkeypatch)
+    hosts = inventory()
+    rp = front_door(hosts)
+    data = dict(hosts)
+    data["r1"] = {**data["r1"], "fake_responses": {}}
+    state = run_fake(list(data.items()), lambda: pipeline.run_stages(router_stage))
+    commands = executed(state, "r1")
+    venv = router.venv(rp)
+    assert (f"python3 -m venv {venv} && {venv}/bin/pip install -q --disable-pip-version-check "
+            f"sglang-router==0.3.2 && touch {venv}/.modelfleet-installed") in commands
+    assert f"systemctl start {rp.unit_name}" in commands
+    assert not any(router.list_command(rp) in c for c in commands)  # it starts with the replicas' file
+    p = router.paths(rp)
+    assert uploads.files[p["workers"]] == "http://127.0.0.1:18011\nhttp://127.0.0.2:18012\n"
+    assert uploads.files[p["key"]] == KEY + "\n" and uploads.files[p["config"]] == router.launcher_config(rp)
+    assert not any(KEY in c for c in commands)  # the key only ever travels as a file's content
+
+
+def test_vllm_front_door_is_nginx_before_the_router_on_loopback(monkeypatch, env):
+    uploads = Uploads(monkeypatch)
+    hosts = [(n, {**d, "engine": "vllm", "recipe": "tiny-lab-vllm"}) for n, d in inventory()]
+    rp = front_door(hosts)
+    state = run_fake(hosts, lambda: pipeline.run_stages(router_stage))
+    commands = executed(state, "r1")
+    assert any("apt-get" in c and " install " in c and "nginx" in c for c in commands), commands
+    assert f"systemctl start {rp.unit_name}" in commands and f"systemctl start {rp.proxy_unit_name}" in commands
+    p = router.paths(rp)
+    assert KEY in uploads.files[p["proxy_key"]] and KEY not in uploads.files[p["proxy"]]
+    assert any(f"chmod 0600 {p['proxy_key']}" in c for c in commands)
+    assert '"--host",\n  "127.0.0.1",\n  "--port",\n  "8801"' in uploads.files[p["config"]]
