@@ -93,9 +93,12 @@ def validate(inventory: str, group_data, data, offline: bool, strict: bool, as_j
 
 
 @main.command()
-@click.option("--model", required=True, help="Catalog model id, e.g. kimi-k3.1-pro.")
-@click.option("--hardware", required=True, help="Catalog hardware id, e.g. b300.")
-@click.option("--gpus", type=click.IntRange(min=1, max=72), required=True, help="GPUs per node.")
+@click.argument("inventory", required=False, type=click.Path(exists=True, dir_okay=False))
+@click.argument("host", required=False)
+@inventory_options
+@click.option("--model", help="Catalog model id, e.g. kimi-k3.1-pro (without INVENTORY).")
+@click.option("--hardware", help="Catalog hardware id, e.g. b300 (without INVENTORY).")
+@click.option("--gpus", type=click.IntRange(min=1, max=72), help="GPUs per node (without INVENTORY).")
 @click.option("--nodes", type=click.IntRange(min=1, max=1024), default=1, show_default=True, help="Hosts in the pool.")
 @click.option("--keep-revisions", type=click.IntRange(min=0, max=100), default=1, show_default=True,
               help="Rollback copies kept on disk.")
@@ -104,10 +107,26 @@ def validate(inventory: str, group_data, data, offline: bool, strict: bool, as_j
 @click.option("--host-ram-gib", type=click.IntRange(min=1), help="Host RAM for recipes that keep MoE experts in RAM "
               "(default: the hardware catalog's figure).")
 @click.option("--json", "as_json", is_flag=True, help="Print the full plan as JSON.")
-def plan(model: str, hardware: str, gpus: int, nodes: int, keep_revisions: int, recipe_id: str | None,
-         quant: str | None, host_ram_gib: int | None, as_json: bool) -> None:
-    """Size MODEL on GPUS x HARDWARE (x NODES): weights per GPU, KV-cache room, disk; for llama.cpp recipes that
-    keep MoE experts in host RAM, the split between GPUs and RAM. Exit 1 if it cannot work."""
+def plan(inventory, host, group_data, data, model: str, hardware: str, gpus: int, nodes: int, keep_revisions: int,
+         recipe_id: str | None, quant: str | None, host_ram_gib: int | None, as_json: bool) -> None:
+    """Size MODEL on GPUS x HARDWARE (x NODES), or each service of INVENTORY's HOST as written (its recipe, GPUs,
+    pool size, host RAM and kept revisions; refused as validate refuses): weights per GPU, KV-cache room, disk;
+    for llama.cpp recipes that keep MoE experts in host RAM, the split between GPUs and RAM. Exit 1 if it
+    cannot work."""
+    if inventory:
+        if not host:
+            raise click.UsageError("give the HOST of INVENTORY to plan")
+        result = _resolved_or_exit(inventory, group_data, data)
+        if host not in result.hosts:
+            raise click.UsageError(f"no host {host!r} in {inventory} (hosts: {', '.join(result.hosts)})")
+        target = result.hosts[host]
+        reports = [(svc.recipe, plan_capacity(svc.model, svc.hardware, svc.gpus, svc.nnodes, recipe=svc.recipe,
+                                              keep_revisions=target.model_keep_revisions,
+                                              host_ram_gib=target.host_ram_gib)) for svc in target.services]
+        _emit([r.to_json() for _, r in reports], as_json, "\n\n".join(_plan_text(r, recipe) for recipe, r in reports))
+        sys.exit(0 if all(r.fits for _, r in reports) else 1)
+    if not (model and hardware and gpus):
+        raise click.UsageError("give INVENTORY HOST, or --model, --hardware and --gpus")
     cat = load_catalog()
     for kind, value, table in (("model", model, cat.models), ("hardware", hardware, cat.hardware)):
         if value not in table:
@@ -129,8 +148,13 @@ def plan(model: str, hardware: str, gpus: int, nodes: int, keep_revisions: int, 
     recipe = recipes[0] if recipes else None
     report = plan_capacity(cat.models[model], cat.hardware[hardware], gpus, nodes, recipe=recipe,
                            keep_revisions=keep_revisions, host_ram_gib=host_ram_gib)
+    _emit(report.to_json(), as_json, _plan_text(report, recipe))
+    sys.exit(0 if report.fits else 1)
+
+
+def _plan_text(report, recipe) -> str:
     lines = [
-        f"{report.model} on {nodes}x{gpus} {report.hardware}" + (f" (recipe {recipe.id})" if recipe else ""),
+        f"{report.model} on {report.nodes}x{report.gpus_per_node} {report.hardware}" + (f" (recipe {recipe.id})" if recipe else ""),
         "raw parameter bytes: " + ", ".join(f"{k} {v / 1e12:.2f} TB" for k, v in report.raw_bytes.items()),
         f"checkpoint: {report.checkpoint_bytes / 1e12:.3f} TB" + (" (estimated)" if report.checkpoint_estimated
                                                                   else ""),
@@ -139,8 +163,7 @@ def plan(model: str, hardware: str, gpus: int, nodes: int, keep_revisions: int, 
         *split_lines(report),
         f"disk needed per host: {report.disk_needed_bytes / 1e12:.3f} TB", report.reason,
     ]
-    _emit(report.to_json(), as_json, "\n".join(lines))
-    sys.exit(0 if report.fits else 1)
+    return "\n".join(lines)
 
 
 @main.command("render")

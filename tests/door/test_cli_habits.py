@@ -63,3 +63,16 @@ def test_catalog_lists_recipes_by_model_board_and_engine():
     assert (recipe["model"], recipe["engine"], recipe["hardware"], recipe["nodes"]) == (
         "kimi-k3.1-pro", "vllm", ["gb300"], 2)
     assert set(out["models"]) >= {"kimi-k3", "kimi-k3.1-pro"}
+
+
+def test_plan_of_an_inventory_host_uses_its_recipe_and_refuses_what_validate_refuses(tmp_path):
+    out = CliRunner().invoke(main, ["plan", "--json", INVENTORY, "gb300-tray-a"])
+    assert out.exit_code == 0, out.output
+    [report] = json.loads(out.output)
+    assert (report["nodes"], report["gpus_per_node"]) == (2, 4)  # the pool as written, not a flag's guess
+    inv = tmp_path / "inv.py"
+    inv.write_text("gpus = [('g1', {'hardware': 'h200', 'model': 'kimi-k3.1-pro', 'engine': 'vllm', "
+                   "'gpu_stack': False})]\n")
+    refused = CliRunner().invoke(main, ["plan", str(inv), "g1"])
+    validated = CliRunner().invoke(main, ["validate", str(inv)])
+    assert refused.exit_code == validated.exit_code == 2
