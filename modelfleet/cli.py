@@ -567,7 +567,6 @@ def converge(inventory: str, deploy: str, shards: int, dry: bool, limit, group_d
     never split); each shard's output in reports/converge/shard-<k>.log, the summary as JSON; exit 1 if a
     shard failed."""
     from modelfleet import shards as sharding
-
     from modelfleet.inventory.door import whole
 
     result = _resolved_or_exit(inventory, group_data, data)

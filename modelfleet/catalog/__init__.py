@@ -262,7 +262,7 @@ def with_site_recipes(catalog: "Catalog", folder: Path) -> "Catalog":
         if site.overrides and site.overrides != site.id:
             recipes.pop(site.overrides)
         recipes[site.id] = Recipe(**site.model_dump(exclude={"overrides"}))
-        _check_layouts({site.id: recipes[site.id]}, catalog.engines, lambda _: str(path))
+        _check_layouts({site.id: recipes[site.id]}, catalog.engines, lambda _, where=str(path): where)
     return catalog.model_copy(update={"recipes": recipes})
 
 

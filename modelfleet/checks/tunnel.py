@@ -67,3 +67,12 @@ def forward(transport: paramiko.Transport, remote_host: str, remote_port: int, l
     finally:
         stopping.set()
         server.close()
+
+
+def through_host(target, remote_host: str, remote_port: int):
+    """`forward` through pyinfra host `target`'s own SSH connection (an endpoint on that host's loopback)."""
+    client = getattr(target.connector, "client", None)
+    if client is None:
+        raise RuntimeError(f"{target.name}: {remote_host}:{remote_port} listens on the host's loopback and this "
+                           f"connector ({type(target.connector).__name__}) has no SSH transport to tunnel through")
+    return forward(client.get_transport(), remote_host, remote_port)

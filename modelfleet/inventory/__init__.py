@@ -21,8 +21,11 @@ from modelfleet.inventory.resolver import (
     resolve,
     resolve_inventory,
 )
-from modelfleet.inventory.door import guard, open_inventory
 from modelfleet.inventory.schema import COMMIT_RE, SERVICE_KEYS, HostData, ServiceData
+
+# isort: split
+# The door resolves through the modules above: imported last.
+from modelfleet.inventory.door import guard, open_inventory
 
 __all__ = ["COMMIT_RE", "GPU_CHECK_IMAGES", "RESERVED_PORTS", "SERVICE_KEYS", "STACK_KEYS", "HostData", "HostPlan",
            "InventoryError", "PoolPlan", "Resolved", "ServiceData", "ServicePlan", "StackPlan", "guard",

@@ -18,6 +18,7 @@ from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from modelfleet import router
 from modelfleet.checks import Endpoint, exposure
 from modelfleet.checks.gate import run_gate
+from modelfleet.checks.tunnel import through_host
 from modelfleet.context import HostRun
 from modelfleet.inventory import HostPlan
 from modelfleet.inventory.plan import RouterPlan, _is_loopback
@@ -171,7 +172,7 @@ def endpoint_verified(ep: Endpoint, tunnel: tuple[str, int] | None, full: bool, 
     if not state.is_executing:
         host.noop(f"{ep.name} is verified after its replicas are in")
         return
-    with _tunnel(*tunnel) if tunnel else nullcontext() as port:
+    with through_host(host, *tunnel) if tunnel else nullcontext() as port:
         target = replace(ep, base_url=f"http://127.0.0.1:{port}") if tunnel else ep
         report = {**run_gate(target, ready_timeout_s, full, None, reports_dir("bench")), "endpoint": ep.name,
                   "base_url": ep.openai_base_url, "via_ssh_tunnel": bool(tunnel)}
@@ -188,16 +189,6 @@ def endpoint_verified(ep: Endpoint, tunnel: tuple[str, int] | None, full: bool, 
                                                                 urlsplit(ep.base_url).netloc)]
     yield FunctionCommand(refuse, ([f"verify {ep.name}: {f}" for f in failures],), {})
 
-
-def _tunnel(remote_host: str, remote_port: int):
-    """The front door on the router host's loopback, through its own SSH connection."""
-    from modelfleet.checks.tunnel import forward
-
-    client = getattr(host.connector, "client", None)
-    if client is None:
-        raise RuntimeError(f"{host.name}: {remote_host}:{remote_port} listens on the host's loopback and this "
-                           f"connector ({type(host.connector).__name__}) has no SSH transport to tunnel through")
-    return forward(client.get_transport(), remote_host, remote_port)
 
 
 def front_door_endpoint(rp: RouterPlan, key: str) -> Endpoint:

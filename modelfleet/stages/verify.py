@@ -18,6 +18,7 @@ from pyinfra.api import FunctionCommand, deploy, operation
 
 from modelfleet.checks import Endpoint, endpoint, exposure, reachable_from_control_node
 from modelfleet.checks.gate import run_gate
+from modelfleet.checks.tunnel import through_host
 from modelfleet.context import HostRun
 from modelfleet.operations.report import refuse, reports_dir, save_report
 
@@ -25,15 +26,6 @@ from modelfleet.operations.report import refuse, reports_dir, save_report
 def wants(plan, probe: dict) -> dict:
     return {}
 
-
-def _tunnel(remote_host: str, remote_port: int):
-    from modelfleet.checks.tunnel import forward
-
-    client = getattr(host.connector, "client", None)
-    if client is None:
-        raise RuntimeError(f"{host.name}: {remote_host}:{remote_port} listens on the host's loopback and this "
-                           f"connector ({type(host.connector).__name__}) has no SSH transport to tunnel through")
-    return forward(client.get_transport(), remote_host, remote_port)
 
 
 def _failures(report: dict) -> list[str]:
@@ -58,7 +50,7 @@ def endpoint_verified(ep: Endpoint, tunnel: tuple[str, int] | None, ready_timeou
     if not state.is_executing:
         host.noop(f"{ep.name} is verified after the service stage")
         return
-    with _tunnel(*tunnel) if tunnel else nullcontext() as port:
+    with through_host(host, *tunnel) if tunnel else nullcontext() as port:
         target = replace(ep, base_url=f"http://127.0.0.1:{port}") if tunnel else ep
         report = {**run_gate(target, ready_timeout_s, full, BENCH if with_bench else None,
                              reports_dir("bench")),

@@ -5,9 +5,8 @@ import atexit
 import json
 import os
 
-from pyinfra_cli.main import main  # first: pyinfra's CLI patches the process with gevent on import
-
 from pyinfra.connectors.fake import FakeConnector
+from pyinfra_cli.main import main  # first: pyinfra's CLI patches the process with gevent on import
 
 uploads: dict[str, str] = {}
 

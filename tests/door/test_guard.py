@@ -2,35 +2,15 @@
 the plain pyinfra way (lists of hosts, no modelfleet line) through the real `pyinfra` command, exit 2, before
 any connection; `--data` overrides and `--group-data` folders are checked the same way."""
 
-import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
+from tests.listener import CountingListener
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class CountingListener:
-    """A TCP port that counts connections: where pyinfra's SSH would go."""
-
-    def __init__(self):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port, self.count = self.sock.getsockname()[1], 0
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.count += 1
-            conn.close()
 
 
 def good(port: int, **changes) -> dict:

@@ -6,10 +6,8 @@ against a listener that counts connections (none allowed)."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ from click.testing import CliRunner
 
 from modelfleet.cli import main
 from tests.conftest import ROOT
+from tests.listener import CountingListener
 
 BASE = {"ssh_hostname": "192.0.2.10", "hardware": "h200", "gpu_count": 2, "model": "qwen3-8b", "engine": "vllm"}
 DIGEST = "sha256:" + "a" * 64
@@ -284,26 +283,6 @@ def test_plan_refuses_nonsense_arguments():
     for argv in (["--gpus", "-1"], ["--gpus", "8", "--nodes", "0"], ["--gpus", "8", "--keep-revisions", "-2"]):
         result = CliRunner().invoke(main, ["plan", "--model", "kimi-k3", "--hardware", "b300", *argv])
         assert result.exit_code == 2 and "Invalid value" in result.output
-
-
-class CountingListener:
-    """An SSH port that counts the connections it is offered (and accepts none of the protocol)."""
-
-    def __init__(self):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port, self.count = self.sock.getsockname()[1], 0
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.count += 1
-            conn.close()
 
 
 REAL = [
