@@ -113,7 +113,7 @@ def status_script(plan: HostPlan) -> str:
     for rp in plan.routers:  # a front door: its unit, and the replicas its router lists (and their health)
         parts.append(f"echo '{MARK} router {rp.name}'; {unit_show_command(rp.unit_name, UNIT_PROPERTIES)}; "
                      f"echo \"workers=$({{ {router.list_command(rp)}; }} | tr -d '\\n')\"; ")
-    parts.append(f"echo '{MARK} host'; echo \"driver=$({driver_version_sh()})\"; echo \"boot=$({boot_token_sh()})\"")
+    parts.append(f"echo '{MARK} host'; echo \"driver=$({driver_version_sh()})\"; echo \"boot=$({boot_token_sh()})\";")
     parts.append(f"echo '{MARK} gpus'; nvidia-smi --query-gpu=index,memory.used,memory.total "
                  "--format=csv,noheader,nounits 2>/dev/null || true")
     return " ".join(parts)
