@@ -118,3 +118,21 @@ class ContainerRuntime(FactBase):
         return {"docker": raw.get("docker") not in none, "server_version": None
                 if raw.get("server") in none else raw.get("server"),
                 "nvidia_runtime": '"nvidia"' in runtimes, "nvidia_ctk": raw.get("nvidia_ctk") not in none}
+
+
+def parse_mem_total_kib(lines) -> int | None:
+    """MemTotal from /proc/meminfo (kB, which the kernel means as KiB)."""
+    for line in lines:
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1])
+    return None
+
+
+class MemTotal(FactBase):
+    """The host's RAM (KiB), what llama.cpp recipes that keep MoE experts in RAM are sized against."""
+
+    def command(self) -> str:
+        return "grep '^MemTotal:' /proc/meminfo"
+
+    def process(self, output):
+        return parse_mem_total_kib(output)

@@ -14,13 +14,21 @@ from modelfleet.facts.gpu import (
     NvidiaVersions,
 )
 from modelfleet.facts.health import GpuHealth
-from modelfleet.facts.host import BlockDevices, ContainerRuntime, DiskFree, ListeningPorts, OsRelease
+from modelfleet.facts.host import (
+    BlockDevices,
+    ContainerRuntime,
+    DiskFree,
+    ListeningPorts,
+    MemTotal,
+    OsRelease,
+)
 
 MARK = "@@modelfleet-probe"
 PARTS = {
     "nvidia_gpus": NvidiaGpus, "nvidia_versions": NvidiaVersions, "nvidia_module": NvidiaKernelModule,
     "topology": NvidiaTopology, "amd_gpus": AmdGpus, "block_devices": BlockDevices, "os": OsRelease,
     "ports": ListeningPorts, "runtime": ContainerRuntime, "disk": DiskFree, "fabric_manager": FabricManager,
+    "mem_total_kib": MemTotal,
     "gpu_health": GpuHealth,  # only when asked: admission's read (nvidia-smi -q -x, Xid lines) rides along
     "fabric": HostFabricFact,  # only when asked: a multi-node pool member's network and RDMA view
 }

@@ -92,14 +92,6 @@ def evaluate(plan: HostPlan, probe: dict, defer_stack: bool = False) -> dict:
     }
 
 
-def parse_mem_total_kib(lines) -> int | None:
-    """MemTotal from /proc/meminfo (kB, which the kernel means as KiB)."""
-    for line in lines:
-        if line.startswith("MemTotal:"):
-            return int(line.split()[1])
-    return None
-
-
 def host_ram_problems(plan: HostPlan, mem_total_kib: int | None) -> list[str]:
     """A host whose llama.cpp recipe keeps MoE experts in RAM must have the RAM the plan sized with."""
     if not plan.host_ram_gib or mem_total_kib is None or not any(expert_offload(s.recipe) for s in plan.services):

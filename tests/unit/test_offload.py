@@ -17,6 +17,7 @@ from lab.engine_parsers.llama_server import option_table
 from modelfleet import render
 from modelfleet.checks.bench import GpuMemorySampler, gpu_memory_sh, parse_gpu_memory
 from modelfleet.cli import main
+from modelfleet.facts.host import parse_mem_total_kib
 from modelfleet.inventory import resolve
 from modelfleet.planner import (
     DENSE_GGUF_BYTES_PER_PARAM,
@@ -29,7 +30,7 @@ from modelfleet.planner import (
     routed_expert_params,
     split_lines,
 )
-from modelfleet.stages.preflight import host_ram_problems, parse_mem_total_kib
+from modelfleet.stages.preflight import host_ram_problems
 from tests.recipe_pools import CATALOG, PIN, pool
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -258,3 +259,13 @@ def test_gpu_memory_is_read_on_nvidia_hosts_only():
     assert lab.errors == [] and host_gpu_memory(lab.hosts["lab1"]) is None
     local = resolve([("@local", host("kimi-k3-llamacpp-iq1-m-1gpu-ram"))]).hosts["@local"]
     assert callable(host_gpu_memory(local))
+
+
+def test_the_probe_reads_memtotal_for_preflight():
+    """The RAM check is fed by the one probe: its MemTotal part, on the real H200's /proc/meminfo."""
+    from modelfleet.facts.probe import MARK, HostProbe
+
+    meminfo = (FIXTURES / "gpu-hosts" / "h200x1-ubuntu2404" / "meminfo.txt").read_text().splitlines()
+    assert "grep '^MemTotal:' /proc/meminfo" in HostProbe().command()
+    lines = [f"{MARK} mem_total_kib", *[line for line in meminfo if line.startswith("MemTotal:")], f"{MARK} rc=0"]
+    assert HostProbe().process(lines)["mem_total_kib"] == 131961788
