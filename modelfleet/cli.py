@@ -478,7 +478,7 @@ def upgrade(inventory: str, parallel: int, min_healthy: int, limit, dry: bool) -
     from modelfleet.rollout import batches, rollout
 
     result = _resolved_or_exit(inventory)
-    result = whole(result, _selected(result, limit))
+    result = whole(result, _selected(result, limit), checkpoint_groups=False)
     if dry:
         click.echo(json.dumps({"batches": [{"batch": n, "hosts": hosts} for n, hosts in
                                            enumerate(batches(result, parallel), 1)]}, indent=2))

@@ -164,9 +164,10 @@ def limit(result: Resolved, patterns: tuple[str, ...] | list[str]) -> list[str]:
     return [name for name in result.hosts if name in chosen]
 
 
-def whole(result: Resolved, names: list[str]) -> Resolved:
-    """The inventory cut down to `names` and every host that shares a pool or checkpoint group with one of them
-    (a pool is converged, gated and upgraded as one), for the commands that act on pools."""
+def whole(result: Resolved, names: list[str], checkpoint_groups: bool = True) -> Resolved:
+    """The inventory cut down to `names` and every host that shares a pool with one of them (a pool is converged,
+    gated and upgraded as one) or, with `checkpoint_groups`, a checkpoint group (a converge copies from the
+    group's first host; an upgrade prefetches batch by batch from whichever peer holds the revision)."""
     from dataclasses import replace
 
     keep = set(names)
@@ -177,7 +178,8 @@ def whole(result: Resolved, names: list[str]) -> Resolved:
             if name in keep:
                 continue
             if any(svc.pool in result.pools and set(result.pools[svc.pool].hosts) & keep or
-                   any(svc.checkpoint_group == s.checkpoint_group for k in keep for s in result.hosts[k].services)
+                   checkpoint_groups and any(svc.checkpoint_group == s.checkpoint_group
+                                             for k in keep for s in result.hosts[k].services)
                    for svc in plan.services):
                 keep.add(name)
                 grown = True

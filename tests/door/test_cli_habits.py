@@ -76,3 +76,17 @@ def test_plan_of_an_inventory_host_uses_its_recipe_and_refuses_what_validate_ref
     refused = CliRunner().invoke(main, ["plan", str(inv), "g1"])
     validated = CliRunner().invoke(main, ["validate", str(inv)])
     assert refused.exit_code == validated.exit_code == 2
+
+
+def test_upgrade_limit_takes_the_host_not_its_checkpoint_peers(tmp_path):
+    """Replicas that share a checkpoint group are separate pools: upgrading one leaves the others alone (their
+    copy of the revision comes from the prefetch of their own batch)."""
+    inv = tmp_path / "inv.py"
+    inv.write_text("b300 = [('r1', {}), ('r2', {}), ('r3', {})]\n")
+    (tmp_path / "group_data").mkdir()
+    (tmp_path / "group_data" / "b300.py").write_text(
+        "hardware = 'b300'\nmodel = 'kimi-k3.1-pro'\nengine = 'vllm'\ncheckpoint_group = 'kimi'\n"
+        "revision = '0123456789abcdef0123456789abcdef01234567'\n")
+    out = CliRunner().invoke(main, ["upgrade", "--dry", str(inv), "--limit", "r2"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output) == {"batches": [{"batch": 1, "hosts": ["r2"]}]}
