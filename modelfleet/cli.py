@@ -464,13 +464,14 @@ def tunnel(inventory: str, host: str, pool: str | None, local_port: int | None) 
 @main.command()
 @click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
 @click.option("--parallel", type=int, default=1, show_default=True, help="Single-node hosts switched at once.")
-@click.option("--min-healthy", type=int, default=0, show_default=True,
-              help="Never leave fewer healthy endpoints than this while a batch switches.")
+@click.option("--min-healthy", type=click.IntRange(min=0),
+              help="Never leave fewer healthy endpoints than this while a batch switches (default: every model "
+                   "served by hosts outside the batch keeps one of them healthy).")
 @click.option("--limit", "limit", multiple=True, metavar="HOST|GROUP",
               help="Only these hosts (a name, a glob or a group, as pyinfra's --limit), with the rest of their "
                    "pools (repeatable).")
 @click.option("--dry", is_flag=True, help="Print the batches (JSON) and run nothing.")
-def upgrade(inventory: str, parallel: int, min_healthy: int, limit, dry: bool) -> None:
+def upgrade(inventory: str, parallel: int, min_healthy: int | None, limit, dry: bool) -> None:
     """Rolling upgrade to what INVENTORY now says (image, revision, driver release): batch by batch (JSON)."""
     import os
 

@@ -109,8 +109,21 @@ def _left_drained(report: dict, entry: dict, watcher: Watcher, start: float, sto
     report["stopped"] = stopped
 
 
-def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: int = 0,
+def unserved(resolved: Resolved, batch: list[str], healthy: set[str]) -> list[str]:
+    """Models that switching `batch` would leave with no healthy endpoint although they have hosts outside it
+    (the default guard: a model served twice is never taken down whole by a rollout)."""
+    def models(name: str) -> set[str]:
+        return {svc.model.id for svc in resolved.hosts[name].services}
+
+    inside = set().union(*(models(h) for h in batch))
+    outside = [h for h in resolved.hosts if h not in batch]
+    return sorted(m for m in inside if any(m in models(h) for h in outside)
+                  and not any(m in models(h) for h in outside if h in healthy))
+
+
+def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: int | None = None,
             env: dict | None = None, log=print, limit: tuple[str, ...] = ()) -> dict:
+    """`min_healthy` None: each model keeps a healthy endpoint outside the switching batch where it has one."""
     plans = [resolved.hosts[name] for name in resolved.hosts]
     before = {row["host"]: row for row in fleet.status(plans)}
     report = {"batches": [], "upgraded": [], "rolled_back": [], "drained": [], "stopped": None}
@@ -121,9 +134,14 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
         for number, batch in enumerate(batches(resolved, parallel), 1):
             where.update(batch=number, hosts=batch, step="health check")
             healthy = _healthy(fleet.status(plans))
-            if len(healthy - set(batch)) < min_healthy:
+            if min_healthy is not None and len(healthy - set(batch)) < min_healthy:
                 report["stopped"] = (f"switching {batch} would leave {len(healthy - set(batch))} healthy endpoint(s), "
                                      f"fewer than min_healthy {min_healthy}")
+                break
+            down = [] if min_healthy is not None else unserved(resolved, batch, healthy)
+            if down:
+                report["stopped"] = (f"switching {batch} would leave {', '.join(down)} with no healthy endpoint "
+                                     "(its other hosts are not healthy); fix them first, or set --min-healthy 0")
                 break
             moving = [h for h in batch if driver_moves(resolved.hosts[h], before[h])]
             entry = {"hosts": batch, "driver_upgrade": bool(moving)}
@@ -170,7 +188,8 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
             break
     except KeyboardInterrupt:  # Ctrl-C: what was cut off, where each host stands, and how to finish
         again = " ".join(["modelfleet", "upgrade", shlex.quote(inventory), "--parallel", str(parallel),
-                          "--min-healthy", str(min_healthy), *(f"--limit {shlex.quote(name)}" for name in limit)])
+                          *(["--min-healthy", str(min_healthy)] if min_healthy is not None else []),
+                          *(f"--limit {shlex.quote(name)}" for name in limit)])
         report["stopped"] = (f"interrupted in batch {where.get('batch')} {where.get('hosts')} during its "
                              f"{where.get('step')}; finish with: {again}")
         report["interrupted"] = {**where, "finish_with": again}

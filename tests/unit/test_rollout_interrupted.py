@@ -34,3 +34,21 @@ def test_an_interrupted_switch_reports_batch_hosts_and_the_finishing_command(mon
     assert "batch 2 ['b'] during its switch" in report["stopped"]
     assert set(report["interrupted"]["hosts_now"]) == {"a", "b", "c"}
     assert "  b: img:1 health 200" in lines and lines[-1].startswith("finish with: modelfleet upgrade")
+
+
+def test_by_default_a_model_keeps_a_healthy_endpoint_outside_the_switching_batch(monkeypatch):
+    resolved = resolve([(name, {**ONE, "pool": name}) for name in ("a", "b")])
+    rows = [{"host": "a", "reachable": True, "services": [{"health": "200", "endpoint": "x"}]},
+            {"host": "b", "reachable": True, "services": [{"health": "000", "endpoint": "x"}]}]
+    monkeypatch.setattr(rollout.fleet, "status", lambda plans: rows)
+    calls = []
+    monkeypatch.setattr(rollout, "_pyinfra", lambda *args: calls.append(args) or (True, ""))
+    report = rollout.rollout("inv.py", resolved, log=lambda line: None)
+    assert calls == [] and report["upgraded"] == []  # b is down: switching a would leave tiny-lab unserved
+    assert "would leave tiny-lab with no healthy endpoint" in report["stopped"]
+    rows[1]["services"][0]["health"] = "200"
+    report = rollout.rollout("inv.py", resolved, log=lambda line: None)
+    assert report["upgraded"] == ["a", "b"] and not report["stopped"]
+    alone = resolve([("a", {**ONE, "pool": "a"})])  # one host: nothing else can serve, the switch goes on
+    rows.pop()
+    assert rollout.rollout("inv.py", alone, log=lambda line: None)["upgraded"] == ["a"]
