@@ -319,8 +319,9 @@ def verify(inventory: str, limit, hosts, ready_timeout: float, group_data, data)
 @click.option("--no-gpu-memory", is_flag=True, help="Do not sample the serving hosts' GPU memory (nvidia-smi over "
                                                       "SSH) during the run.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="reports/bench", show_default=True, help="Where the JSON and PNG reports go.")
+@inventory_options
 def bench(inventory, limit, hosts, base_url, model, api_key_env, concurrency, num_prompts, input_len, output_len,
-          retries, no_metrics, no_gpu_memory, out_dir) -> None:
+          retries, no_metrics, no_gpu_memory, out_dir, group_data, data) -> None:
     """Acceptance bench (vLLM bench serve definitions): JSON + PNG per endpoint; exit 1 on regressions."""
     import os
     from pathlib import Path
@@ -342,7 +343,7 @@ def bench(inventory, limit, hosts, base_url, model, api_key_env, concurrency, nu
         from modelfleet.checks import inventory_endpoints
         from modelfleet.checks.bench import host_gpu_memory
 
-        result = _resolved_or_exit(inventory)
+        result = _resolved_or_exit(inventory, group_data, data)
         endpoints = inventory_endpoints(result, tuple(_selected(result, limit, hosts)))
         plans = {f"{name}/{svc.pool}": plan for name, plan in result.hosts.items() for svc in plan.services}
         readers = {} if no_gpu_memory else {ep.name: host_gpu_memory(plans[ep.name]) for ep in endpoints}
@@ -432,14 +433,15 @@ def logs(inventory: str, patterns, limit, lines: int, follow: bool, group_data, 
 @click.argument("host")
 @click.option("--pool", help="Which of the host's services (default: its first).")
 @click.option("--local-port", type=int, help="Local port (default: the endpoint's own port).")
-def tunnel(inventory: str, host: str, pool: str | None, local_port: int | None) -> None:
+@inventory_options
+def tunnel(inventory: str, host: str, pool: str | None, local_port: int | None, group_data, data) -> None:
     """Forward a local port to HOST's loopback-bound endpoint (ssh -N -L) and print the base_url to use."""
     import time
 
     from modelfleet import fleet
     from modelfleet.checks.tunnel import port_free
 
-    [plan] = _plans(inventory, (host,))
+    [plan] = _plans(inventory, (host,), group_data, data)
     services = [s for s in plan.services if pool in (None, s.pool)]
     if not services:
         raise click.UsageError(f"{host} serves no pool {pool!r}")
@@ -471,21 +473,24 @@ def tunnel(inventory: str, host: str, pool: str | None, local_port: int | None) 
               help="Only these hosts (a name, a glob or a group, as pyinfra's --limit), with the rest of their "
                    "pools (repeatable).")
 @click.option("--dry", is_flag=True, help="Print the batches (JSON) and run nothing.")
-def upgrade(inventory: str, parallel: int, min_healthy: int | None, limit, dry: bool) -> None:
+@inventory_options
+def upgrade(inventory: str, parallel: int, min_healthy: int | None, limit, dry: bool, group_data, data) -> None:
     """Rolling upgrade to what INVENTORY now says (image, revision, driver release): batch by batch (JSON)."""
     import os
 
     from modelfleet.inventory.door import whole
     from modelfleet.rollout import batches, rollout
 
-    result = _resolved_or_exit(inventory)
+    result = _resolved_or_exit(inventory, group_data, data)
     result = whole(result, _selected(result, limit), checkpoint_groups=False)
     if dry:
         click.echo(json.dumps({"batches": [{"batch": n, "hosts": hosts} for n, hosts in
                                            enumerate(batches(result, parallel), 1)]}, indent=2))
         return
     report = rollout(inventory, result, parallel, min_healthy, env=dict(os.environ),
-                     log=lambda line: click.echo(line, err=True), limit=tuple(limit))
+                     log=lambda line: click.echo(line, err=True), limit=tuple(limit),
+                     inventory_args=[arg for folder in group_data for arg in ("--group-data", folder)] +
+                     [arg for pair in data for arg in ("--data", pair)])
     click.echo(json.dumps(report, indent=2))
     sys.exit(0 if not report["stopped"] else 1)
 

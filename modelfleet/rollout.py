@@ -84,8 +84,11 @@ class Watcher:
         return {"endpoint_requests": requests, "endpoint_failures": failures, "failures_outside_batch": outside}
 
 
-def _pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict[str, str], env: dict) -> tuple[bool, str]:
-    run = run_pyinfra(inventory, deploy, limit=hosts, data=data, env=env, timeout=None)
+def _pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict[str, str], env: dict,
+             inventory_args: list[str] = ()) -> tuple[bool, str]:
+    # The rollout's own data (a rollback's image and revision) comes last: it wins over the operator's --data.
+    run = run_pyinfra(inventory, deploy, limit=hosts, env=env, timeout=None,
+                      extra=[*inventory_args, *(arg for k, v in data.items() for arg in ("--data", f"{k}={v}"))])
     return run.returncode == 0, (run.stdout + run.stderr)[-3000:]
 
 
@@ -122,8 +125,9 @@ def unserved(resolved: Resolved, batch: list[str], healthy: set[str]) -> list[st
 
 
 def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: int | None = None,
-            env: dict | None = None, log=print, limit: tuple[str, ...] = ()) -> dict:
-    """`min_healthy` None: each model keeps a healthy endpoint outside the switching batch where it has one."""
+            env: dict | None = None, log=print, limit: tuple[str, ...] = (), inventory_args: list[str] = ()) -> dict:
+    """`inventory_args`: the `--group-data` / `--data` arguments every pyinfra run of the rollout gets.
+    `min_healthy` None: each model keeps a healthy endpoint outside the switching batch where it has one."""
     plans = [resolved.hosts[name] for name in resolved.hosts]
     before = {row["host"]: row for row in fleet.status(plans)}
     report = {"batches": [], "upgraded": [], "rolled_back": [], "drained": [], "stopped": None}
@@ -148,7 +152,7 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
             report["batches"].append(entry)
             log(f"batch {batch}: prefetch")
             where["step"] = "prefetch"
-            ok, out = _pyinfra(inventory, deploy("prefetch"), batch, {}, env or {})
+            ok, out = _pyinfra(inventory, deploy("prefetch"), batch, {}, env or {}, inventory_args)
             if not ok:
                 entry.update(result="prefetch failed", output=out)
                 report["stopped"] = f"prefetch failed on {batch}: the old version keeps serving"
@@ -163,7 +167,7 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
                     break
             log(f"batch {batch}: switch")
             where["step"] = "switch"
-            ok, out = _pyinfra(inventory, deploy("serve"), batch, {}, env or {})
+            ok, out = _pyinfra(inventory, deploy("serve"), batch, {}, env or {}, inventory_args)
             if ok:
                 watcher.switching(batch, switch_start)
                 entry["result"] = "upgraded"
@@ -179,7 +183,7 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
             for host in batch:
                 old = next((s for s in before[host].get("services", [])), {})
                 data = {k: v for k, v in (("image", old.get("image")), ("revision", old.get("revision"))) if v}
-                back, back_out = _pyinfra(inventory, deploy("serve"), [host], data, env or {})
+                back, back_out = _pyinfra(inventory, deploy("serve"), [host], data, env or {}, inventory_args)
                 report["rolled_back"].append({"host": host, **data, "ok": back})
                 if not back:
                     entry["rollback_output"] = back_out
@@ -189,7 +193,8 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
     except KeyboardInterrupt:  # Ctrl-C: what was cut off, where each host stands, and how to finish
         again = " ".join(["modelfleet", "upgrade", shlex.quote(inventory), "--parallel", str(parallel),
                           *(["--min-healthy", str(min_healthy)] if min_healthy is not None else []),
-                          *(f"--limit {shlex.quote(name)}" for name in limit)])
+                          *(f"--limit {shlex.quote(name)}" for name in limit),
+                          *(shlex.quote(arg) for arg in inventory_args)])
         report["stopped"] = (f"interrupted in batch {where.get('batch')} {where.get('hosts')} during its "
                              f"{where.get('step')}; finish with: {again}")
         report["interrupted"] = {**where, "finish_with": again}

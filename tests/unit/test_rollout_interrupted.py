@@ -1,6 +1,8 @@
 """Ctrl-C during a rolling upgrade: the report names the batch and step it cut off, where each host stands, and
 the command that finishes the rollout."""
 
+import subprocess
+
 from modelfleet import rollout
 from modelfleet.inventory import resolve
 
@@ -16,7 +18,7 @@ def test_an_interrupted_switch_reports_batch_hosts_and_the_finishing_command(mon
     monkeypatch.setattr(rollout.fleet, "status", lambda plans: rows)
     calls = []
 
-    def pyinfra(inventory, deploy, hosts, data, env):
+    def pyinfra(inventory, deploy, hosts, data, env, inventory_args=()):
         calls.append((deploy, hosts))
         if len(calls) == 4:  # batch 2's switch
             raise KeyboardInterrupt
@@ -52,3 +54,25 @@ def test_by_default_a_model_keeps_a_healthy_endpoint_outside_the_switching_batch
     alone = resolve([("a", {**ONE, "pool": "a"})])  # one host: nothing else can serve, the switch goes on
     rows.pop()
     assert rollout.rollout("inv.py", alone, log=lambda line: None)["upgraded"] == ["a"]
+
+
+def test_every_pyinfra_run_of_the_rollout_gets_the_operators_data_and_a_rollback_wins_over_it(monkeypatch):
+    resolved = resolve([("a", {**ONE, "pool": "a"})])
+    rows = [{"host": "a", "reachable": True, "services": [{"image": "img:1", "revision": "r1", "health": "200",
+                                                          "endpoint": "x"}]}]
+    monkeypatch.setattr(rollout.fleet, "status", lambda plans: rows)
+    argvs = []
+
+    def run_pyinfra(inventory, deploy, **argv):
+        from modelfleet.commands import pyinfra_argv
+
+        argvs.append(pyinfra_argv(inventory, deploy, **{k: v for k, v in argv.items() if k not in ("env", "timeout")}))
+        return subprocess.CompletedProcess([], 0 if len(argvs) < 2 else 1, "", "")  # the switch fails
+
+    monkeypatch.setattr(rollout, "run_pyinfra", run_pyinfra)
+    args = ["--group-data", "site/gd", "--data", "image=img:2"]
+    report = rollout.rollout("inv.py", resolved, log=lambda line: None, inventory_args=args)
+    assert [b["result"] for b in report["batches"]] == ["gate failed: rolled back"]
+    assert all(argv[argv.index("--group-data"):][:4] == args for argv in argvs)
+    rollback = argvs[-1]
+    assert rollback.index("image=img:1") > rollback.index("image=img:2")  # pyinfra's last --data wins
