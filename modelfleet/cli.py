@@ -123,7 +123,7 @@ def plan(inventory, host, group_data, data, model: str, hardware: str, gpus: int
         reports = [(svc.recipe, plan_capacity(svc.model, svc.hardware, svc.gpus, svc.nnodes, recipe=svc.recipe,
                                               keep_revisions=target.model_keep_revisions,
                                               host_ram_gib=target.host_ram_gib)) for svc in target.services]
-        _emit([r.to_json() for _, r in reports], as_json, "\n\n".join(_plan_text(r, recipe) for recipe, r in reports))
+        _emit([{**r.to_json(), "recipe": recipe.id if recipe else None} for recipe, r in reports], as_json, "\n\n".join(_plan_text(r, recipe) for recipe, r in reports))
         sys.exit(0 if all(r.fits for _, r in reports) else 1)
     if not (model and hardware and gpus):
         raise click.UsageError("give INVENTORY HOST, or --model, --hardware and --gpus")
@@ -143,12 +143,20 @@ def plan(inventory, host, group_data, data, model: str, hardware: str, gpus: int
         recipes = [r for r in recipes if r.gguf_quant == quant]
         if not recipes:
             raise click.UsageError(f"no recipe of {model} on {hardware} with GGUF quantization {quant!r}")
-        # of several recipes of one quantization, the one laid out for this many GPUs
-        recipes.sort(key=lambda r: r.layout.gpus_per_node != gpus)
-    recipe = recipes[0] if recipes else None
+    # A recipe sizes only the layout it was written for; any other layout is an estimate without one.
+    laid_out = [r for r in recipes if (r.layout.nodes, r.layout.gpus_per_node) == (nodes, gpus)]
+    if recipe_id and not laid_out:
+        r = recipes[0]
+        raise click.UsageError(f"recipe {recipe_id} is laid out for {r.layout.nodes}x{r.layout.gpus_per_node} GPUs, "
+                               f"not {nodes}x{gpus}")
+    if recipes and not laid_out:
+        click.echo(f"note: no recipe of {model} on {hardware} is laid out for {nodes}x{gpus} GPUs (recipes: " +
+                   ", ".join(f"{r.id} {r.layout.nodes}x{r.layout.gpus_per_node}" for r in recipes) +
+                   "); this is an estimate at the default memory fraction, nothing can deploy it", err=True)
+    recipe = laid_out[0] if laid_out else None
     report = plan_capacity(cat.models[model], cat.hardware[hardware], gpus, nodes, recipe=recipe,
                            keep_revisions=keep_revisions, host_ram_gib=host_ram_gib)
-    _emit(report.to_json(), as_json, _plan_text(report, recipe))
+    _emit({**report.to_json(), "recipe": recipe.id if recipe else None}, as_json, _plan_text(report, recipe))
     sys.exit(0 if report.fits else 1)
 
 

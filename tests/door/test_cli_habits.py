@@ -90,3 +90,16 @@ def test_upgrade_limit_takes_the_host_not_its_checkpoint_peers(tmp_path):
     out = CliRunner().invoke(main, ["upgrade", "--dry", str(inv), "--limit", "r2"])
     assert out.exit_code == 0, out.output
     assert json.loads(out.output) == {"batches": [{"batch": 1, "hosts": ["r2"]}]}
+
+
+def test_plan_by_flags_sizes_with_a_recipe_only_for_the_layout_it_was_written_for():
+    one = CliRunner().invoke(main, ["plan", "--json", "--model", "kimi-k3", "--hardware", "h200", "--gpus", "2",
+                                    "--quant", "UD-IQ1_M"])
+    assert json.loads(one.stdout)["recipe"] == "kimi-k3-llamacpp-iq1-m-2gpu-ram", one.output
+    wide = CliRunner().invoke(main, ["plan", "--json", "--model", "kimi-k3", "--hardware", "h100", "--gpus", "8",
+                                     "--nodes", "4"])
+    assert json.loads(wide.stdout)["recipe"] is None
+    assert "no recipe of kimi-k3 on h100 is laid out for 4x8 GPUs" in wide.stderr
+    named = CliRunner().invoke(main, ["plan", "--model", "kimi-k3", "--hardware", "h200", "--gpus", "8",
+                                      "--recipe", "kimi-k3-llamacpp-iq1-m-1gpu-ram"])
+    assert named.exit_code == 2 and "laid out for 1x1 GPUs, not 1x8" in named.output
