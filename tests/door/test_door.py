@@ -145,3 +145,29 @@ def test_site_recipe_whose_args_contradict_its_layout_is_refused(tmp_path, monke
     assert "args set --data-parallel-size 4 but layout says dp 8" in message
     (tmp_path / "recipes" / "dp8.yaml").write_text(dp8.replace("args: [", 'args: [--data-parallel-size, "8", '))
     assert open_inventory(str(inv)).errors == []
+
+
+def test_warnings_for_images_recipes_and_multi_node_pools(tmp_path, monkeypatch):
+    """Each warning from its own cause: an image of another engine version than the recipe's flags were checked
+    with, an image naming no version, a recipe's notes, and a multi-node pool without `fabric_address`."""
+    inv = tmp_path / "inv.py"
+    inv.write_text(
+        f"odd = [('g1', {{**{HOST!r}, 'gpus': 1, 'gpu_count': 1, 'image': 'vllm/vllm-openai:v0.30.1'}})]\n"
+        f"untagged = [('g2', {{**{HOST!r}, 'gpus': 1, 'gpu_count': 1, 'image': 'vllm/vllm-openai:latest'}})]\n"
+        "trays = [('t1', {'ssh_hostname': '192.0.2.21'}), ('t2', {'ssh_hostname': '192.0.2.22', "
+        "'fabric_address': '10.0.0.2'})]\n")
+    (tmp_path / "group_data").mkdir()
+    (tmp_path / "group_data" / "trays.py").write_text(
+        "hardware = 'gb300'\nmodel = 'kimi-k3.1-pro'\nengine = 'vllm'\npool = 'k'\ngpu_stack = False\n"
+        "revision = '0123456789abcdef0123456789abcdef01234567'\n")
+    monkeypatch.chdir(tmp_path)
+    out = CliRunner().invoke(main, ["validate", "--offline", "--json", str(inv)])
+    assert out.exit_code == 0, out.output
+    got = {(w["where"], w["field"]): w["message"] for w in json.loads(out.output)["warnings"]}
+    recipe = open_inventory(str(inv)).hosts["g1"].services[0].recipe
+    assert got[("pool g1", "image")] == (f"vllm/vllm-openai:v0.30.1 is vllm 0.30.1, but recipe {recipe.id}'s flags "
+                                         f"were checked with {recipe.engine_version}")
+    assert got[("pool g2", "image")].startswith("vllm/vllm-openai:latest names no engine version")
+    assert got[("pool k", "fabric_address")].startswith("multi-node pool on the SSH address of t1:")
+    assert "modelfleet's, not the guide's" in got[("pool k", "recipe")]
+    assert CliRunner().invoke(main, ["validate", "--offline", "--strict", str(inv)]).exit_code == 2
