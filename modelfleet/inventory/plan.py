@@ -9,9 +9,16 @@ from typing import TYPE_CHECKING
 
 from modelfleet import grammar
 from modelfleet.catalog import Engine, Hardware, Model, Recipe
+from modelfleet.inventory.schema import HUB_ENDPOINT, HostData, ServiceData
 
 if TYPE_CHECKING:
     from modelfleet.fabric import HostFabric
+
+
+def _default(name: str, model=HostData):
+    """A setting's default, from the schema (its one home); lists as tuples, as the plans hold them."""
+    value = model.model_fields[name].default
+    return tuple(value) if isinstance(value, list) else value
 
 
 @dataclass(frozen=True)
@@ -123,13 +130,13 @@ class ServicePlan:
     env: dict[str, str]
     model_dir: str
     gpu_passthrough: bool
-    config_dir: str = "/etc/modelfleet"
+    config_dir: str = _default("config_dir")
     node_rank: int = 0
     nnodes: int = 1
     head_address: str = ""
     checkpoint_group: str = ""
-    netcheck_min_busbw_gbps: float | None = None
-    netcheck_timeout_s: int = 120
+    netcheck_min_busbw_gbps: float | None = _default("netcheck_min_busbw_gbps", ServiceData)
+    netcheck_timeout_s: int = _default("netcheck_timeout_s", ServiceData)
     recipe_params: dict = field(default_factory=dict)  # values for the recipe's required parameters
     gpu_indices: tuple[int, ...] = ()  # this service's GPUs on its host (disjoint from the other services')
     model_file: str | None = None  # the file the engine loads, inside the checkpoint (GGUF: the first shard)
@@ -195,34 +202,34 @@ class HostPlan:
     hf_token_env: str
     services: tuple[ServicePlan, ...]
     stack: StackPlan
-    assess_models: tuple[str, ...] = ()
-    host_ram_gib: int | None = None  # the host's setting, else the hardware catalog's figure
-    hf_endpoint: str = "https://huggingface.co"
-    model_source: str | None = None
-    model_keep_revisions: int = 1
-    model_reverify: bool = False
-    model_fanout_width: int = 8
-    model_fanout_rate_mb_s: int | None = None
+    assess_models: tuple[str, ...] = _default("assess_models")
+    host_ram_gib: int | None = _default("host_ram_gib")  # the host's setting, else the hardware catalog's figure
+    hf_endpoint: str = HUB_ENDPOINT
+    model_source: str | None = _default("model_source")
+    model_keep_revisions: int = _default("model_keep_revisions")
+    model_reverify: bool = _default("model_reverify")
+    model_fanout_width: int = _default("model_fanout_width")
+    model_fanout_rate_mb_s: int | None = _default("model_fanout_rate_mb_s")
     fabric_address: str = ""
     network_env: dict = field(default_factory=dict)
-    nvme_devices: tuple[str, ...] = ()
-    model_filesystem: str = "xfs"
-    format_allow_serials: tuple[str, ...] = ()
-    verify_bench: bool = False
-    verify_full: bool = False
-    admission: bool = True
-    admission_valid_h: int = 24
-    admission_h2d: bool = False
-    admission_dcgm_level: int = 0
-    dcgm_exporter: bool = False
-    unit_dropins: str = "remove"
-    dcgm_exporter_image: str = ""
+    nvme_devices: tuple[str, ...] = _default("nvme_devices")
+    model_filesystem: str = _default("model_filesystem")
+    format_allow_serials: tuple[str, ...] = _default("format_allow_serials")
+    verify_bench: bool = _default("verify_bench")
+    verify_full: bool = _default("verify_full")
+    admission: bool = _default("admission")
+    admission_valid_h: int = _default("admission_valid_h")
+    admission_h2d: bool = _default("admission_h2d")
+    admission_dcgm_level: int = _default("admission_dcgm_level")
+    dcgm_exporter: bool = _default("dcgm_exporter")
+    unit_dropins: str = _default("unit_dropins")
+    dcgm_exporter_image: str = _default("dcgm_exporter_image")
     # pyinfra's SSH settings, for the client commands (status, logs, tunnel) that reach hosts without pyinfra
-    ssh_port: int = 22
-    ssh_user: str | None = None
-    ssh_key: str | None = None
-    ssh_known_hosts_file: str | None = None
-    ssh_strict_host_key_checking: str | None = None
+    ssh_port: int = _default("ssh_port")
+    ssh_user: str | None = _default("ssh_user")
+    ssh_key: str | None = _default("ssh_key")
+    ssh_known_hosts_file: str | None = _default("ssh_known_hosts_file")
+    ssh_strict_host_key_checking: str | None = _default("ssh_strict_host_key_checking")
     routers: tuple[RouterPlan, ...] = ()  # the front doors this host runs (modelfleet.router)
 
     def __post_init__(self):

@@ -37,7 +37,7 @@ from modelfleet.inventory.plan import (
     _is_loopback,
     _slug,
 )
-from modelfleet.inventory.schema import COMMIT_RE, SERVICE_KEYS, HostData, ServiceData
+from modelfleet.inventory.schema import COMMIT_RE, HUB_ENDPOINT, SERVICE_KEYS, HostData, ServiceData
 from modelfleet.loader import LOADING
 from modelfleet.planner import plan_capacity
 
@@ -321,7 +321,7 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
                                    services=tuple(services), assess_models=tuple(host.assess_models),
                                    host_ram_gib=host.host_ram_gib or hw.host_ram_gib,
                                    hf_endpoint=(host.hf_endpoint or os.environ.get("HF_ENDPOINT")
-                                                or "https://huggingface.co").rstrip("/"),
+                                                or HUB_ENDPOINT).rstrip("/"),
                                    model_source=host.model_source, model_keep_revisions=host.model_keep_revisions,
                                    model_reverify=host.model_reverify, model_fanout_width=host.model_fanout_width,
                                    model_fanout_rate_mb_s=host.model_fanout_rate_mb_s,

@@ -11,10 +11,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from modelfleet import grammar
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-SERVICE_KEYS = ("pool", "model", "engine", "recipe", "gpus", "served_name", "port", "bind_address",
-                "api_key_env", "revision", "trust_remote_code", "image", "extra_args", "env", "checkpoint_group",
-                "netcheck_min_busbw_gbps", "netcheck_timeout_s", "recipe_params", "gpu_indices", "router",
-                "router_port", "router_bind_address", "router_policy")
+HUB_ENDPOINT = "https://huggingface.co"
 
 
 def _fits(rule):
@@ -124,6 +121,10 @@ class ServiceData(BaseModel):
         "for Kimi K3).")
 
 
+# The keys a host, its group or a `services` entry may set for a service.
+SERVICE_KEYS = tuple(ServiceData.model_fields)
+
+
 class HostData(BaseModel):
     """Host-level settings; `services` (or the top-level service keys) say what the host serves."""
 
@@ -166,7 +167,7 @@ class HostData(BaseModel):
         "sizes them against it and preflight checks it against /proc/meminfo. Unset: the hardware catalog's "
         "typical figure for the board.")
     hf_endpoint: Url | None = Field(None, description="Hugging Face hub to fetch from; unset: the control "
-                                    "node's HF_ENDPOINT, else https://huggingface.co.")
+                                    f"node's HF_ENDPOINT, else {HUB_ENDPOINT}.")
     model_source: Url | None = Field(None, description="Air-gapped sites: a mirror URL or file:// directory "
                                      "holding `<repo>/<commit>/` with its manifest, used instead of the hub.")
     model_keep_revisions: int = Field(1, ge=0, description="Older revisions kept on disk for rollback beside the "
