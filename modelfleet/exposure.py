@@ -44,6 +44,6 @@ def off_loopback_problem(engine: str, bind_address: str, api_key_env: str | None
         return (f"{bind_address} is not loopback, and {engine}'s API key protects {coverage.covers}: "
                 f"{', '.join(coverage.open_inference_routes)} run the model without a key (source: "
                 f"{coverage.source}). "
-                "Bind to 127.0.0.1 and put a front door that authenticates every route (a reverse proxy) in "
-                "front of it; modelfleet does not set one up yet")
+                "Leave `bind_address` unset (127.0.0.1); for clients on the network set `router` (and "
+                "`api_key_env`): the model's front door authenticates every route, the replicas listen for it only")
     return None
