@@ -54,7 +54,8 @@ def test_vllm_off_loopback_is_refused_even_with_a_key(monkeypatch):
     where, field, message = errors[0]
     assert (where, field) == ("host gpu-7", "bind_address")
     assert message.startswith("10.0.0.7 is not loopback")
-    assert "/invocations" in message and "Bind to 127.0.0.1" in message and "front door" in message
+    assert "/invocations" in message and "Leave `bind_address` unset (127.0.0.1)" in message
+    assert "set `router`" in message and "front door" in message
     assert KEY not in message
 
 
