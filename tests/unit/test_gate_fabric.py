@@ -18,6 +18,7 @@ from modelfleet.catalog import load_catalog
 from modelfleet.fabric import HostFabric
 from modelfleet.inventory import resolve
 from modelfleet.stages import netcheck
+from tests.public_samples import public_sample_lines
 
 NCCL = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
 IMAGE = "vllm/vllm-openai@sha256:" + "0" * 64
@@ -175,12 +176,33 @@ def test_thresholds_come_from_the_fabric_catalog_only_for_the_hcas_they_were_mea
     assert netcheck.threshold(replace(h100, fabric=fabric("t2", hcas=HCAS))) == 375.0
     assert netcheck.loopback_threshold(replace(h100, fabric=fabric("t2", hcas=HCAS))) == 40.0
     assert netcheck.threshold(replace(h100, fabric=fabric("t2", hcas=HCAS[:4]))) is None
-    assert netcheck.threshold(worker) is None  # gb300: no sourced figure
+    assert netcheck.threshold(worker) is None  # gb300: no sourced figure (docs/multi-node.md says what was looked at)
     assert netcheck.threshold(replace(h100, netcheck_min_busbw_gbps=300.0)) == 300.0
     catalog = netcheck.fabric_catalog()
     assert catalog["median_floor"] == 0.7
     for board in catalog["boards"].values():
         assert "issues/309" in board["multinode_source"] and "nd96isr_h100_v5" in board["hca_loopback_source"]
+
+
+def test_the_h100_multinode_figure_is_four_fifths_of_the_published_16_gib_busbw():
+    rows = [line.split() for line in public_sample_lines("h100x16-all_reduce_perf-2node.txt")]
+    published = float(next(row for row in rows if row[:1] == ["17179869184"])[7])  # out-of-place busbw
+    assert published == 469.21
+    board = netcheck.fabric_catalog()["boards"]["h100"]
+    assert board["multinode_allreduce_busbw_gbps"] == pytest.approx(0.8 * published, abs=1.0)
+    assert board["multinode_hcas"] == 8 and "469.21" in board["multinode_source"]
+
+
+def test_boards_without_a_sourced_figure_are_judged_on_correctness_transport_and_the_median_alone():
+    hardware = load_catalog().hardware
+    boards = netcheck.fabric_catalog()["boards"]
+    assert set(boards) <= set(hardware)
+    _, worker = pool()
+    for board in ("h200", "b200", "b300", "gb300"):
+        assert board not in boards
+        for hcas in (HCAS[:4], HCAS):
+            member = replace(worker, hardware=hardware[board], fabric=fabric("t2", hcas=hcas))
+            assert netcheck.threshold(member) is None and netcheck.loopback_threshold(member) is None
 
 
 # The reachability check itself, on real sockets (before torch is imported, so it runs here).
