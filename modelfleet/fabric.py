@@ -407,8 +407,9 @@ def expected(pool_name: str, members: Iterable) -> PoolFabric:
     out = PoolFabric(pool=pool_name)
     if not plans:
         return out
-    head = plans[0].fabric_address or plans[0].address
-    imex = nvlink_domain(plans[0].hardware)
+    first = plans[0]
+    head = first.fabric_address or first.address
+    imex = nvlink_domain(first.hardware)
     nodes = tuple(p.fabric_address or p.address for p in plans)
     later = "derived on the hosts at run time"
     for plan in plans:
@@ -417,7 +418,11 @@ def expected(pool_name: str, members: Iterable) -> PoolFabric:
         given = plan.network_env.get("NCCL_SOCKET_IFNAME", "")
         ifname = given[1:] if given.startswith("=") and "," not in given else None
         reasons["ifname"] = "from the inventory" if ifname else later
-        reasons["head_address"] = "the head's fabric_address (from the inventory)"
+        reasons["head_address"] = (
+            f"{head}: {first.name}'s fabric_address (from the inventory)" if first.fabric_address != first.address
+            else f"{head}: {first.name}'s SSH address (the inventory sets no fabric_address); the hosts keep it and "
+                 "derive only the interface that reaches it: set fabric_address to the head's address on the pool "
+                 "network")
         for key in INVENTORY_KEYS + ("VLLM_HOST_IP", "SGLANG_HOST_IP"):
             reasons.setdefault(key, later)
         reasons["devices"] = later + ("; the IMEX channel" if imex else "")

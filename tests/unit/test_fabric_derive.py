@@ -185,6 +185,13 @@ def test_expected_without_facts():
     assert t1.reasons["NCCL_SOCKET_IFNAME"] == t1.reasons["NCCL_IB_HCA"] == "derived on the hosts at run time"
     assert t1.devices == (fab.IMEX_CHANNEL,) and t1.imex_nodes == ("10.1.0.21", "10.1.0.22")
     assert t1.head_address == "10.1.0.21"
+    assert t1.reasons["head_address"] == "10.1.0.21: tray0's fabric_address (from the inventory)"
+    from dataclasses import replace
+
+    on_ssh = fab.expected("k3", [replace(p, fabric_address=p.address) for p in trays]).hosts["tray1"]
+    assert on_ssh.head_address == "ssh-tray0.example"
+    assert on_ssh.reasons["head_address"].startswith("ssh-tray0.example: tray0's SSH address (the inventory sets "
+                                                     "no fabric_address)")
     b300 = fab.expected("k31", [plan("b300-a", "b300", "10.0.0.11")]).hosts["b300-a"]
     assert b300.env == {} and b300.devices == () and not b300.imex
 
