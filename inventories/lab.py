@@ -34,6 +34,17 @@ _checkpoint_group = os.environ.get("MODELFLEET_LAB_CHECKPOINT_GROUP", "lab") or 
 # pair-b, one GPU each; MODELFLEET_LAB_PAIR_B_ENV (JSON) changes only pair-b's unit.
 _two_pools = os.environ.get("MODELFLEET_LAB_TWO_POOLS")
 _pair_b_env = json.loads(os.environ.get("MODELFLEET_LAB_PAIR_B_ENV", "{}"))
+# MODELFLEET_LAB_MOE=mflab-3: that host serves the tiny mixture-of-experts GGUF (the hub double's revision `moe`)
+# with the real llama-server, its experts kept in host RAM (recipe tiny-lab-llamacpp-moe: --cpu-moe); a checkpoint
+# group of its own, as no other host holds that revision, and the RAM it really has as host_ram_gib (the lab's
+# hosts are containers on this machine: their /proc/meminfo is its own), which preflight holds the plan to.
+_moe = os.environ.get("MODELFLEET_LAB_MOE")
+
+
+def _machine_ram_gib() -> int:
+    with open("/proc/meminfo") as meminfo:
+        kib = next(int(line.split()[1]) for line in meminfo if line.startswith("MemTotal:"))
+    return max(1, kib // 2**20)
 
 
 
@@ -41,6 +52,9 @@ def _pool(index: int, spec: dict) -> dict:
     if index < _gate_hosts:
         return {"pool": "gate", "recipe": f"tiny-lab-vllm-dp{_gate_hosts}", "engine": "vllm", "port": 8100, "netcheck_min_busbw_gbps": _gate_min,
                 "netcheck_timeout_s": 15, **_gate_faults.get(index, {})}
+    if spec["name"] == _moe:
+        return {"pool": f"tiny-{spec['name']}", "engine": "llama.cpp", "recipe": "tiny-lab-llamacpp-moe",
+                "revision": "moe", "checkpoint_group": None}
     engine = os.environ.get("MODELFLEET_LAB_ENGINE") or spec["engine"]  # e.g. vllm everywhere, for a rollout
     return {"pool": f"tiny-{spec['name']}", "engine": engine, "recipe": f"tiny-lab-{engine.replace('.', '')}",
             **({"image": os.environ["MODELFLEET_LAB_IMAGE"]} if os.environ.get("MODELFLEET_LAB_IMAGE") else {})}
@@ -97,6 +111,7 @@ lab_hosts = [
         **({"model_fanout_rate_mb_s": int(os.environ["MODELFLEET_LAB_FANOUT_RATE_MB_S"])}
            if os.environ.get("MODELFLEET_LAB_FANOUT_RATE_MB_S") else {}),
         "gloo_socket_ifname": "lo",
+        **({"host_ram_gib": _machine_ram_gib()} if spec["name"] == _moe else {}),
         **_serves(index, spec),
     })
     for index, spec in enumerate(_lab["hosts"])

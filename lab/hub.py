@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import sys
 import urllib.request
 from pathlib import Path
@@ -20,6 +21,10 @@ ENDPOINT = f"http://{LISTEN}"
 # repo=revisions:shards:MiB per shard. Two revisions, so upgrades and pinning have something to tell apart;
 # `bench-64m` (8 x 8 MiB) gives `make bench-fanout` enough bytes to time.
 REPOS = ("modelfleet/tiny-lab=main,v1.0:4:{mib}", "modelfleet/tiny-lab=bench-64m:8:8")
+# Revision `moe` holds the tiny mixture-of-experts GGUF alone (lab/tiny_gguf.py with experts: 8 per layer, 2 per
+# token, ~3.3 MiB), for the recipe that keeps its experts in host RAM (tiny-lab-llamacpp-moe,
+# MODELFLEET_LAB_MOE in inventories/lab.py). The double serves every folder under its data's files/ as a commit.
+MOE_REVISION, MOE_FILE, MOE_EXPERTS, MOE_EXPERT_FFN = "moe", "tiny-lab-moe.gguf", 8, 256
 
 
 def token_file(state: Path) -> Path:
@@ -43,6 +48,15 @@ def ensure(state: Path, lab_dir: Path) -> dict:
 
         tiny_gguf.write(gguf)
     argv += ["--extra-file", f"tiny-lab.gguf={gguf}"]
+    moe = state / MOE_FILE
+    if not moe.exists():
+        from lab import tiny_gguf
+
+        tiny_gguf.write(moe, experts=MOE_EXPERTS, expert_ffn=MOE_EXPERT_FFN)
+    revision = state / "hub" / "files" / "modelfleet" / "tiny-lab" / MOE_REVISION
+    if not (revision / MOE_FILE).exists():
+        revision.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(moe, revision / MOE_FILE)
     daemons.start(state, "hub", argv, LISTEN)
     return {"endpoint": ENDPOINT, "token_file": str(token_file(state))}
 
