@@ -11,7 +11,7 @@ from modelfleet import render
 from modelfleet.context import HostRun
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.files import content_changes, content_file
-from modelfleet.operations.service import unit_running
+from modelfleet.operations.owned_unit import owned_running, refused_when_kept, unmasked
 from modelfleet.prometheus import DCGM_PORT
 from modelfleet.registry import pinned
 
@@ -42,8 +42,12 @@ def run(ctx: HostRun):
     if not enabled(plan):
         return
     state = ctx.deployed()
+    current = state["units"].get(UNIT) or {}
+    if refused_when_kept(plan.unit_dropins == "keep", {UNIT: current}, name="Exporter unit: files modelfleet did "
+                         "not write"):
+        return
     content = dcgm_unit(plan)
     edited = content_changes(state["paths"].get(UNIT_PATH), content, "0644")
+    extra = unmasked(UNIT, current)
     content_file(name=f"Unit {UNIT}", dest=UNIT_PATH, content=content, current=state["paths"].get(UNIT_PATH))
-    unit_running(name=f"Run {UNIT}", unit=UNIT, current=state["units"].get(UNIT) or {}, reload=edited,
-                 restart=edited)
+    owned_running(UNIT, current, extra, reload=edited, restart=edited)

@@ -24,8 +24,8 @@ from modelfleet.inventory import HostPlan
 from modelfleet.inventory.plan import RouterPlan, _is_loopback
 from modelfleet.operations.apt import packages
 from modelfleet.operations.files import content_changes, content_file, directory
+from modelfleet.operations.owned_unit import owned_running, refused_when_kept, unmasked
 from modelfleet.operations.report import fail_host, note, refuse, reports_dir, save_report
-from modelfleet.operations.service import unit_running
 from modelfleet.stages import TOOLS_BIN
 
 BASE_PACKAGES = ("python3-venv", "curl")
@@ -106,6 +106,9 @@ def run(ctx: HostRun):
         return
     deployed = ctx.deployed()
     at = deployed["paths"].get
+    if refused_when_kept(plan.unit_dropins == "keep", {u: deployed["units"].get(u) or {} for u in wants(plan, {})[
+            "units"]}, name="Front door units: files modelfleet did not write"):
+        return
     packages(name=f"Packages for the front door ({', '.join(wanted_packages(plan))})",
              wanted=wanted_packages(plan), current=deployed["packages"])
     directory(name=f"Config directory {plan.config_dir} (0700)", path=plan.config_dir, current=at(plan.config_dir),
@@ -133,6 +136,7 @@ def _front_door(ctx: HostRun, rp: RouterPlan, deployed: dict, launcher_changed: 
              *((path, content, "0600", True) for path, content in router.key_files(rp, key).items()),
              (p["unit"], router.render_unit(rp), "0644", False)]
     changed = {path: content_changes(at(path), content, mode) for path, content, mode, _ in files}
+    extra = unmasked(rp.unit_name, deployed["units"].get(rp.unit_name) or {})
     for path, content, mode, secret in files:
         content_file(name=f"File {path} ({mode})", dest=path, content=content, current=at(path), mode=mode,
                      secret=secret)
@@ -140,10 +144,8 @@ def _front_door(ctx: HostRun, rp: RouterPlan, deployed: dict, launcher_changed: 
     content_file(name=f"Replicas of {rp.name} ({p['workers']})", dest=p["workers"], content=router.workers_file(rp),
                  current=at(p["workers"]))
     unit = deployed["units"].get(rp.unit_name) or {}
-    restart = any(changed.values()) or launcher_changed or not installed
-    unit_running(name=f"Run {rp.unit_name}", unit=rp.unit_name, current=unit, reload=changed[p["unit"]],
-                 restart=restart)
-    starting = restart or unit.get("ActiveState") != "active"
+    starting = owned_running(rp.unit_name, unit, extra, reload=changed[p["unit"]],
+                             restart=any(changed.values()) or launcher_changed or not installed)
     if starting:
         router_answers(name=f"Wait until router {rp.name} answers", script=router.health_script(rp))
     if router.behind_proxy(rp):
@@ -204,12 +206,12 @@ def _proxy(rp: RouterPlan, deployed: dict, key: str) -> None:
              (p["proxy"], router.render_proxy(rp), "0644", False),
              (p["proxy_unit"], router.render_proxy_unit(rp), "0644", False)]
     changed = {path: content_changes(at(path), content, mode) for path, content, mode, _ in files}
+    unit = deployed["units"].get(rp.proxy_unit_name) or {}
+    extra = unmasked(rp.proxy_unit_name, unit)
     for path, content, mode, secret in files:
         content_file(name=f"File {path} ({mode})", dest=path, content=content, current=at(path), mode=mode,
                      secret=secret)
-    unit = deployed["units"].get(rp.proxy_unit_name) or {}
-    unit_running(name=f"Run {rp.proxy_unit_name}", unit=rp.proxy_unit_name, current=unit,
-                 reload=changed[p["proxy_unit"]], restart=changed[p["proxy_unit"]])
+    owned_running(rp.proxy_unit_name, unit, extra, reload=changed[p["proxy_unit"]], restart=changed[p["proxy_unit"]])
     proxy_reloaded(name=f"Reload {rp.proxy_unit_name}", unit=rp.proxy_unit_name,
                    reload=unit.get("ActiveState") == "active" and not changed[p["proxy_unit"]]
                    and (changed[p["proxy"]] or changed[p["proxy_key"]]))

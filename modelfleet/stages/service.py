@@ -9,9 +9,10 @@ from modelfleet import caches, fabric_run, render, timeline
 from modelfleet.context import HostRun
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.files import content_file, directory
-from modelfleet.operations.report import fail_host, note_once
-from modelfleet.operations.service import unit_running, unit_unmasked, wait_ready, worker_up
-from modelfleet.units import UNIT_DIR, edited, merged, pinned_services, unit_files, what_it_sets
+from modelfleet.operations.owned_unit import owned_running, refused_when_kept, unmasked
+from modelfleet.operations.report import fail_host
+from modelfleet.operations.service import wait_ready, worker_up
+from modelfleet.units import UNIT_DIR, edited, pinned_services, unit_files
 
 
 def wants(plan: HostPlan, probe: dict) -> dict:
@@ -40,12 +41,7 @@ def run(ctx: HostRun):
     state = ctx.deployed()
     at = state["paths"].get
     units = {svc.unit_name: state["units"].get(svc.unit_name) or {} for svc in services}
-    foreign = [(u, path) for u, current in units.items() for path in merged(u, current).foreign]
-    if foreign and plan.unit_dropins == "keep":  # the site's own: refused by name, nothing touched
-        fail_host(name="Units: files modelfleet did not write", reasons=[
-            f"{u}: {path} {what_it_sets(u, units[u], path)}; this host keeps its own drop-ins (unit_dropins: "
-            "keep), so modelfleet will not run the unit it would not own: move the setting into the inventory or "
-            "remove the file" for u, path in foreign])
+    if refused_when_kept(plan.unit_dropins == "keep", units):  # the site's own: refused by name, nothing touched
         return
 
     directory(name=f"Config directory {plan.config_dir} (0700)", path=plan.config_dir,
@@ -61,9 +57,7 @@ def run(ctx: HostRun):
                          current=at(cache.key_file), mode="0644")
         changed = edited(svc, state)
         unit = units[svc.unit_name]
-        extra = merged(svc.unit_name, unit)
-        if extra.masked:
-            unit_unmasked(name=f"Unmask {svc.unit_name}", unit=svc.unit_name, masked=True)
+        extra = unmasked(svc.unit_name, unit)
         for path, content, mode, secret in files_:
             content_file(name=f"File {path} ({mode})", dest=path, content=content, current=at(path), mode=mode,
                          secret=secret)
@@ -71,26 +65,17 @@ def run(ctx: HostRun):
             content_file(name=f"Client auth header {svc.auth_file} (0600)", dest=svc.auth_file,
                          content=f"Authorization: Bearer {key}\n", current=at(svc.auth_file), mode="0600",
                          secret=True)
-        restart = any(changed.values()) or extra.restart
-        if extra.drift:
-            note_once(name=f"Unit {svc.unit_name}: only what modelfleet wrote",
-                      message=f"modelfleet: {svc.unit_name}: " + "; ".join(
-                [f"removing {path}, not written by modelfleet ({what_it_sets(svc.unit_name, unit, path)})"
-                 for path in extra.foreign] + ["unmasking it"] * extra.masked
-                + ["systemd had not loaded its unit file"] * (unit.get("NeedDaemonReload") == "yes")
-                + ["restarting it on its own unit file"] * extra.restart))
-        unit_running(name=f"Run {svc.unit_name}", unit=svc.unit_name, current=unit,
-                     reload=changed[f"{UNIT_DIR}/{svc.unit_name}"] or extra.reload, restart=restart,
-                     remove=extra.foreign)
+        starts = owned_running(svc.unit_name, unit, extra, reload=changed[f"{UNIT_DIR}/{svc.unit_name}"],
+                               restart=any(changed.values()))
         timeline.watch(host.name, svc.pool, svc.served_name)
-        if (restart or unit.get("ActiveState") != "active") and svc.node_rank:
+        if starts and svc.node_rank:
             worker_up(name=f"Worker {svc.unit_name} (rank {svc.node_rank} of pool {svc.pool}) stays up",
                       unit=svc.unit_name)
-        elif restart or unit.get("ActiveState") != "active":
+        elif starts:
             wait_ready(name=f"Wait until {svc.served_name} answers at {svc.base_url}", unit=svc.unit_name,
                        base_url=svc.base_url, served_name=svc.served_name, timeout_s=svc.recipe.ready_timeout_s,
                        auth_file=svc.auth_file if key else None)
-        if restart or unit.get("ActiveState") != "active":
+        if starts:
             timeline.boot_recorded(name=f"Boot timeline of {svc.container_name}", pool=svc.pool,
                                    engine=svc.engine_name, container=svc.container_name)
     in_use: dict[str, set[str]] = {}

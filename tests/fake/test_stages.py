@@ -168,6 +168,47 @@ def test_dcgm_exporter_unit_on_an_nvidia_host_when_asked(monkeypatch):
     assert "systemctl start modelfleet-dcgm-exporter.service" in commands
 
 
+EXPORTER = "modelfleet-dcgm-exporter.service"
+OVERRIDE = f"/etc/systemd/system/{EXPORTER}.d/override.conf"
+
+
+def exporter_with_a_drop_in(monkeypatch, **data):
+    """The DCGM exporter's unit as modelfleet wrote it, active, plus a drop-in that replaces its command; the
+    commands the run sent, what it uploaded, and whether it failed."""
+    uploads = Uploads(monkeypatch)
+    host = {**b300_host(), "dcgm_exporter": True, "fabric_address": "10.0.0.7", **data,
+            "dcgm_exporter_image": "nvcr.io/nvidia/k8s/dcgm-exporter:4.4.2-4.7.1-ubuntu22.04@sha256:" + "d" * 64}
+    plan = resolve([("b300-01", host)]).hosts["b300-01"]
+    unit = exporters.dcgm_unit(plan)
+    state_reply = [
+        f"@@modelfleet-state path {exporters.UNIT_PATH}",
+        f"file 644 root root {hashlib.sha256(unit.encode()).hexdigest()}",
+        f"@@modelfleet-state unit {EXPORTER}", "LoadState=loaded", "ActiveState=active", "UnitFileState=enabled",
+        f"FragmentPath={exporters.UNIT_PATH}", f"DropInPaths={OVERRIDE}", "NeedDaemonReload=no",
+        f"@@modelfleet-state dropin {EXPORTER} {OVERRIDE}", "= [Service]", "= ExecStart=", "= ExecStart=/bin/true"]
+    host["fake_responses"] = {"@@modelfleet-probe": b300_probe(), "@@modelfleet-state": state_reply}
+    state = run_fake([("b300-01", host)], lambda: run_stages(preflight, exporters), dry=True)
+    try:
+        finish(state)
+        failed = False
+    except PyinfraError:
+        failed = True
+    return executed(state, "b300-01"), uploads, failed
+
+
+def test_a_drop_in_on_the_exporter_unit_is_removed_and_the_exporter_restarted(monkeypatch):
+    commands, uploads, failed = exporter_with_a_drop_in(monkeypatch)
+    assert not failed and exporters.UNIT_PATH not in uploads.files  # its own file is unchanged
+    removed = commands.index(f"rm -f -- {OVERRIDE}")
+    assert removed < commands.index("systemctl daemon-reload") < commands.index(f"systemctl restart {EXPORTER}")
+
+
+def test_a_drop_in_on_the_exporter_unit_is_refused_where_the_host_keeps_its_own(monkeypatch):
+    commands, uploads, failed = exporter_with_a_drop_in(monkeypatch, unit_dropins="keep")
+    assert failed and not uploads.files
+    assert not [c for c in commands if c.startswith(("systemctl", "rm "))], commands  # only the reads ran
+
+
 @pytest.mark.parametrize("fm, problem", [
     (["nvswitches=4"], "Fabric Manager: not installed; b300 with NVSwitch needs nvidia-fabricmanager at the driver's version (580.95.05)"),
     (["nvswitches=4", "Fabric Manager version is : 590.48.01"],

@@ -143,3 +143,23 @@ def test_vllm_front_door_is_nginx_before_the_router_on_loopback(monkeypatch, env
     assert KEY in uploads.files[p["proxy_key"]] and KEY not in uploads.files[p["proxy"]]
     assert any(f"chmod 0600 {p['proxy_key']}" in c for c in commands)
     assert '"--host",\n  "127.0.0.1",\n  "--port",\n  "8801"' in uploads.files[p["config"]]
+
+
+def test_a_drop_in_on_the_router_unit_is_removed_and_the_router_restarted(env):
+    hosts = inventory()
+    rp = front_door(hosts)
+    override = f"/etc/systemd/system/{rp.unit_name}.d/override.conf"
+    lines = state_lines(rp)
+    at = lines.index(f"@@modelfleet-state unit {rp.unit_name}") + 1
+    lines[at:at] = [f"DropInPaths={override}", f"FragmentPath=/etc/systemd/system/{rp.unit_name}"]
+    lines += [f"@@modelfleet-state dropin {rp.unit_name} {override}", "= [Service]", "= Environment=ROUTER_EXTRA=1"]
+    data = dict(hosts)
+    data["r1"] = {**data["r1"], "fake_responses": {"@@modelfleet-state": lines,
+                                                   router.list_command(rp): [workers_json(rp_urls(rp))]}}
+    commands = executed(run_fake(list(data.items()), lambda: pipeline.run_stages(router_stage)), "r1")
+    assert commands.index(f"rm -f -- {override}") < commands.index("systemctl daemon-reload") < commands.index(
+        f"systemctl restart {rp.unit_name}")
+
+
+def rp_urls(rp):
+    return [w.url for w in rp.workers]
