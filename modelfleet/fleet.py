@@ -188,6 +188,54 @@ def drain(plans: list[HostPlan]) -> dict[str, str | None]:
     return out
 
 
+def behind_front_doors(resolved, hosts: list[str]) -> list[tuple]:
+    """(front door, replica) for every replica served from `hosts` that sits behind a front door."""
+    return [(rp, w) for rp in resolved.routers.values() for w in rp.workers if w.host in hosts]
+
+
+def front_doors(resolved, hosts: list[str], present: bool) -> dict[str, str | None]:
+    """Take the replicas served from `hosts` out of their front doors (`present` False: in-flight requests end
+    on them, no new one reaches them), or put them back once they answer; two round trips per router host (its
+    list, then the calls). "<front door> <url>" -> error or None."""
+    from modelfleet import router
+
+    pairs = behind_front_doors(resolved, hosts)
+    doors = {rp.name: rp for rp, _ in pairs}
+    if not doors:
+        return {}
+    plans = {rp.host: resolved.hosts[rp.host] for rp in doors.values()}
+    listed = on_hosts(list(plans.values()), lambda plan: "; ".join(
+        f"echo {shlex.quote(rp.name)}; {router.list_command(rp)}; echo" for rp in doors.values()
+        if rp.host == plan.name))
+    out: dict[str, str | None] = {}
+    calls: dict[str, list[str]] = {}
+    for rp, worker in pairs:
+        where = f"{rp.name} {worker.url}"
+        outcome = listed[rp.host]
+        if isinstance(outcome, Exception):
+            out[where] = f"router host {rp.host}: {_unreachable(outcome)}"
+            continue
+        lines = outcome[1].splitlines()
+        workers = router.parse_workers(lines[lines.index(rp.name) + 1] if rp.name in lines[:-1] else "")
+        if workers is None:
+            out[where] = f"router {rp.name} on {rp.host} does not answer its worker API"
+        elif present and worker.url not in workers:
+            calls.setdefault(rp.host, []).append(router.add_script(rp, worker.url))
+        elif not present and worker.url in workers:
+            calls.setdefault(rp.host, []).append(router.remove_script(rp, worker.url, workers[worker.url]["id"]))
+    done = on_hosts([plans[h] for h in calls], lambda plan: " && ".join(f"( {c} )" for c in calls[plan.name]))
+    for rp, worker in pairs:
+        where = f"{rp.name} {worker.url}"
+        outcome = done.get(rp.host)
+        if where in out or outcome is None:
+            out.setdefault(where, None)
+        elif isinstance(outcome, Exception):
+            out[where] = f"router host {rp.host}: {_unreachable(outcome)}"
+        else:
+            out[where] = None if outcome[0] == 0 else (outcome[2] or outcome[1]).strip()[-500:] or f"exit {outcome[0]}"
+    return out
+
+
 def status(plans: list[HostPlan]) -> list[dict]:
     """Every host at once; a host that cannot be reached is reported as such, not skipped."""
     results = on_hosts(plans, status_script)

@@ -124,10 +124,26 @@ def unserved(resolved: Resolved, batch: list[str], healthy: set[str]) -> list[st
                   and not any(m in models(h) for h in outside if h in healthy))
 
 
+def _back_in(everything: Resolved, batch: list[str], report: dict, log) -> bool:
+    """The batch's replicas back in their front doors once they answer; False (and the rollout stopped) if not."""
+    if not fleet.behind_front_doors(everything, batch):
+        return True
+    log(f"batch {batch}: back into the front door")
+    refused = {k: e for k, e in fleet.front_doors(everything, batch, present=True).items() if e}
+    if refused:
+        report["stopped"] = (report["stopped"] + "; " if report["stopped"] else "") + (
+            f"putting {batch} back into the front door failed: {refused}")
+    return not refused
+
+
 def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: int | None = None,
-            env: dict | None = None, log=print, limit: tuple[str, ...] = (), inventory_args: list[str] = ()) -> dict:
+            env: dict | None = None, log=print, limit: tuple[str, ...] = (), inventory_args: list[str] = (),
+            everything: Resolved | None = None) -> dict:
     """`inventory_args`: the `--group-data` / `--data` arguments every pyinfra run of the rollout gets.
+    `everything`: the whole inventory when `resolved` is cut down by --limit (the front doors' hosts).
+    A replica behind a front door is taken out of it before its batch switches and put back after its gate.
     `min_healthy` None: each model keeps a healthy endpoint outside the switching batch where it has one."""
+    everything = everything or resolved
     plans = [resolved.hosts[name] for name in resolved.hosts]
     before = {row["host"]: row for row in fleet.status(plans)}
     report = {"batches": [], "upgraded": [], "rolled_back": [], "drained": [], "stopped": None}
@@ -165,6 +181,15 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
                     _left_drained(report, entry, watcher, switch_start, f"draining {batch} failed: {refused}",
                                   result="drain failed", errors=refused)
                     break
+            if fleet.behind_front_doors(everything, batch):
+                log(f"batch {batch}: out of the front door")
+                where["step"] = "front door"
+                refused = {k: e for k, e in fleet.front_doors(everything, batch, present=False).items() if e}
+                if refused:
+                    entry.update(result="front door refused", errors=refused)
+                    report["stopped"] = f"taking {batch} out of the front door failed: {refused}; nothing switched"
+                    _back_in(everything, batch, report, log)
+                    break
             log(f"batch {batch}: switch")
             where["step"] = "switch"
             ok, out = _pyinfra(inventory, deploy("serve"), batch, {}, env or {}, inventory_args)
@@ -172,6 +197,8 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
                 watcher.switching(batch, switch_start)
                 entry["result"] = "upgraded"
                 report["upgraded"] += batch
+                if not _back_in(everything, batch, report, log):
+                    break
                 continue
             if moving:
                 _left_drained(report, entry, watcher, switch_start, f"the driver upgrade failed on {batch}; the batch "
@@ -189,6 +216,7 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
                     entry["rollback_output"] = back_out
             watcher.switching(batch, switch_start)
             report["stopped"] = f"the gate failed on {batch}; rolled back to the previous image and revision"
+            _back_in(everything, batch, report, log)
             break
     except KeyboardInterrupt:  # Ctrl-C: what was cut off, where each host stands, and how to finish
         again = " ".join(["modelfleet", "upgrade", shlex.quote(inventory), "--parallel", str(parallel),
