@@ -490,7 +490,7 @@ def upgrade(inventory: str, parallel: int, min_healthy: int | None, limit, dry: 
     from modelfleet.rollout import batches, rollout
 
     result = _resolved_or_exit(inventory, group_data, data)
-    result = whole(result, _selected(result, limit), checkpoint_groups=False)
+    everything, result = result, whole(result, _selected(result, limit), checkpoint_groups=False)
     if dry:
         click.echo(json.dumps({"batches": [{"batch": n, "hosts": hosts} for n, hosts in
                                            enumerate(batches(result, parallel), 1)]}, indent=2))
@@ -498,7 +498,7 @@ def upgrade(inventory: str, parallel: int, min_healthy: int | None, limit, dry: 
     report = rollout(inventory, result, parallel, min_healthy, env=dict(os.environ),
                      log=lambda line: click.echo(line, err=True), limit=tuple(limit),
                      inventory_args=[arg for folder in group_data for arg in ("--group-data", folder)] +
-                     [arg for pair in data for arg in ("--data", pair)])
+                     [arg for pair in data for arg in ("--data", pair)], everything=everything)
     click.echo(json.dumps(report, indent=2))
     sys.exit(0 if not report["stopped"] else 1)
 
