@@ -155,6 +155,10 @@ class HostData(BaseModel):
     image_registry: Annotated[str, _fits(_registry)] | None = Field(
         None, description="Registry prefix put before every image (site mirror, lab registry); unset: images "
         "as named.")
+    insecure_registries: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9.-]+(:[0-9]+)?$")]] = Field(
+        [], description="Registries (host[:port], as the images name them) the control node reaches over plain "
+        "HTTP to pin digests, as Docker's insecure-registries (the hosts' dockerd must name them too); loopback "
+        "always is.")
     gpu_passthrough: bool = Field(True, description="Hand the service's GPUs to its container (False on the "
                                   "lab's hosts, which have none).")
     services: Annotated[list[dict[str, Any]], Field(min_length=1)] | None = Field(
