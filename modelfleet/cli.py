@@ -1,5 +1,5 @@
 """modelfleet command line: validate, plan, render, admit, converge, verify, bench, cost, status, logs, tunnel,
-prometheus (and the lab)."""
+prometheus, mirror, urls (and the lab)."""
 
 from __future__ import annotations
 
@@ -594,6 +594,65 @@ def converge(inventory: str, deploy: str, shards: int, dry: bool, limit, group_d
                                          *[a for pair in data for a in ("--data", pair)]])
     click.echo(json.dumps(summary, indent=2))
     sys.exit(0 if summary["ok"] else 1)
+
+
+@main.command()
+@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
+@click.argument("dest", type=click.Path(file_okay=False))
+@click.option("--limit", "limit", multiple=True, metavar="HOST|GROUP",
+              help="Only the revisions these hosts serve: a name, a glob or a group, as pyinfra's --limit "
+                   "(repeatable; default: every host).")
+@click.option("--from-host", "from_host", metavar="HOST",
+              help="Copy from this host of INVENTORY, which holds the revisions verified (SFTP over the "
+                   "inventory's SSH settings), instead of the hub.")
+@inventory_options
+def mirror(inventory: str, dest: str, limit, from_host: str | None, group_data, data) -> None:
+    """Write into DEST the checkpoint mirror that `model_source` reads: every revision INVENTORY's hosts serve,
+    as DEST/<hub repo>/<commit>/ with its manifest, each file verified before it is renamed into place. From
+    the hub (hf_endpoint, the token hf_token_env names), or --from-host. A re-run copies nothing already
+    verified. Progress on stderr, a JSON summary on stdout; exit 1 on failure."""
+    from pathlib import Path
+
+    from modelfleet.mirror import MirrorError, build
+
+    result = _resolved_or_exit(inventory, group_data, data)
+    try:
+        summary = build(result, _selected(result, limit), Path(dest), from_host,
+                        log=lambda line: click.echo(line, err=True))
+    except MirrorError as error:
+        click.echo(f"modelfleet mirror: {error}", err=True)
+        sys.exit(1)
+    click.echo(json.dumps(summary, indent=2))
+
+
+@main.command()
+@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
+@limit_option
+@click.option("--os", "only_os", multiple=True, metavar="ID-VERSION",
+              help="Only hosts running this release, e.g. ubuntu-24.04 (repeatable; default: every release the "
+                   "GPU stack supports, as nothing is asked of the hosts).")
+@click.option("--arch", "arches", multiple=True, type=click.Choice(["x86_64", "aarch64"]),
+              help="Only this architecture (repeatable; default: both).")
+@click.option("--json", "as_json", is_flag=True, help="Print the URLs as JSON.")
+@inventory_options
+def urls(inventory: str, limit, hosts, only_os, arches, as_json: bool, group_data, data) -> None:
+    """Every outside URL a run over INVENTORY will use, without connecting to anything: the GPU stack's apt
+    repositories, packages and keys, the images' registries, the hub or the checkpoint mirror, pip's index;
+    and the origins (scheme://host:port) a firewall must let through."""
+    from modelfleet.mirror import origins, outside_urls
+
+    result = _resolved_or_exit(inventory, group_data, data)
+    entries = outside_urls(result, _selected(result, limit, hosts), tuple(only_os), tuple(arches))
+    allowed = origins(entries)
+    lines = []
+    for e in entries:
+        where = f"; on {', '.join(e['os'])}" if e["os"] else ""
+        lines.append(f"{e['url'] or '(no URL: ' + e['used_by'] + ')'}\n    {e['kind']}: {'; '.join(e['what'])}\n"
+                     f"    used by {e['used_by']}: {', '.join(e['hosts'])}{where}")
+    lines.append("origins to allow: " + (", ".join(allowed) or "none"))
+    lines.append("note: a registry may send clients on to its token service and blob storage, and the hub to "
+                 "its file storage; those hosts are named only when asked")
+    _emit({"urls": entries, "origins": allowed}, as_json, "\n".join(lines))
 
 
 @main.group()
