@@ -195,6 +195,10 @@ def render_cmd(inventory: str, host: str, group_data, data, as_json: bool) -> No
                     else f"{svc.recipe.memory_fraction} (planning only: {svc.engine_name} has no such flag)")
         notes.append(f"memory fraction the plan sized with: {fraction}; clients call it: "
                      f"{', '.join(render.served_names(svc))}; GPUs: {', '.join(map(str, svc.gpu_indices)) or 'none'}")
+        if svc.model_file and any(c in svc.model_file for c in "*?["):
+            notes.append(f"model file {svc.model_file} is a pattern: the run names the revision's first matching "
+                         "file (sorted, e.g. the GGUF's -00001-of- shard) in the unit; systemd and docker never "
+                         "expand it")
         svc = _with_expected_fabric(result, svc, notes)
         files.append({"path": f"/etc/systemd/system/{svc.unit_name}", "mode": "0644",
                       "content": render.render_unit(svc)})

@@ -103,3 +103,17 @@ def test_plan_by_flags_sizes_with_a_recipe_only_for_the_layout_it_was_written_fo
     named = CliRunner().invoke(main, ["plan", "--model", "kimi-k3", "--hardware", "h200", "--gpus", "8",
                                       "--recipe", "kimi-k3-llamacpp-iq1-m-1gpu-ram"])
     assert named.exit_code == 2 and "laid out for 1x1 GPUs, not 1x8" in named.output
+
+
+def test_render_says_a_gguf_model_file_pattern_is_resolved_by_the_run(tmp_path):
+    inv = tmp_path / "inv.py"
+    inv.write_text("ws = [('ws1', {'hardware': 'h200', 'model': 'kimi-k3', 'engine': 'llama.cpp', 'gpu_stack': False, "
+                   "'recipe': 'kimi-k3-llamacpp-iq1-m-1gpu-ram', 'gpu_count': 1, 'host_ram_gib': 1024, "
+                   "'revision': '0123456789abcdef0123456789abcdef01234567'})]\n")
+    out = CliRunner().invoke(main, ["render", "--json", str(inv), "ws1"])
+    assert out.exit_code == 0, out.output
+    rendered = json.loads(out.output)
+    [unit] = [f["content"] for f in rendered["files"] if f["path"].endswith(".service")]
+    [note] = [n for n in rendered["notes"] if n.startswith("model file ")]
+    pattern = note.split()[2]
+    assert "*" in pattern and pattern in unit and "the run names the revision's first matching file" in note
