@@ -22,7 +22,6 @@ fetch script's own (files/modelfleet_fetch.py).
 
 from __future__ import annotations
 
-import fcntl
 import importlib.util
 import json
 import os
@@ -191,18 +190,10 @@ class HostSource:
 # --- the mirror -------------------------------------------------------------------------------------------------
 
 def _locked(dest: Path):
-    handle = (dest / LOCK).open("a+")
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        raise MirrorError(f"another `modelfleet mirror` into {dest} is running (pid {handle.read().strip() or '?'}); "
-                          "wait for it, then re-run") from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(str(os.getpid()))
-    handle.flush()
-    return handle
+        return fetch.locked(dest, LOCK, "`modelfleet mirror`")
+    except fetch.FetchError as error:
+        raise MirrorError(str(error)) from None
 
 
 def _sweep(dest: Path) -> list[str]:

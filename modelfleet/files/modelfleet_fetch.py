@@ -214,14 +214,14 @@ def one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
 
 
-def locked(dest: Path):
-    """This destination's fetch lock, or a FetchError naming the process that holds it."""
-    handle = (dest / ".modelfleet-lock").open("a+")
+def locked(dest: Path, name: str = ".modelfleet-lock", what: str = "fetch"):
+    """This destination's lock (`name`), or a FetchError naming the process that holds it."""
+    handle = (dest / name).open("a+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.seek(0)
-        raise FetchError(f"another fetch into {dest} is running (pid {handle.read().strip() or '?'}); "
+        raise FetchError(f"another {what} into {dest} is running (pid {handle.read().strip() or '?'}); "
                          "wait for it or stop it, then re-run") from None
     handle.seek(0)
     handle.truncate()
