@@ -16,6 +16,7 @@ from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.api.state import BaseStateCallback
 from pyinfra.context import ctx_state
 
+from modelfleet.catalog import CATALOG_DIR, CatalogError, load_catalog
 from modelfleet.operations.report import report_path, save_json
 
 # vLLM's boot lines, as its sources print them (the `%.2f` of each format string is the group `s`):
@@ -68,9 +69,19 @@ def _sglang_time(head: re.Match) -> float:
     return datetime.strptime(f"{head['date']} {head['hms']}", "%Y-%m-%d %H:%M:%S").timestamp()
 
 
-# engine -> (its line head, the head's time, its boot lines); llama-server's log is not parsed.
+# boot-line family (an engine's `boot_log` in catalog/engines.yaml) -> (its line head, the head's time, its boot
+# lines). One entry per name of catalog.BootLog.
 PARSERS = {"vllm": (_VLLM_HEAD, _vllm_time, _compiled(VLLM_EVENTS)),
            "sglang": (_SGLANG_HEAD, _sglang_time, _compiled(SGLANG_EVENTS))}
+
+
+def boot_log(engine: str) -> str | None:
+    """The engine's boot-line family, from its catalog entry; None when its log is not read. An engine the
+    catalog does not know is an error (its log format cannot be guessed)."""
+    entry = load_catalog().engines.get(engine)
+    if entry is None:
+        raise CatalogError(str(CATALOG_DIR / "engines.yaml"), f"no engine {engine!r}: its boot log cannot be read")
+    return entry.boot_log
 
 
 def _docker_time(stamp: str) -> float:
@@ -84,11 +95,12 @@ def parse_boot(engine: str, lines: list[str]) -> dict | None:
     The engine's boot timeline from its log lines: {"events": [{"event", "seconds" (what the engine says the step
     took), "at" (seconds since the first timestamped boot line), "process", plus the line's own values)],
     "summary": {event: the slowest process's seconds}, "compile_cache": "warm" | "cold" | None (vLLM says which;
-    SGLang does not)}. None for an engine whose lines are not parsed (llama-server).
+    SGLang does not)}. None for an engine whose lines are not read (`boot_log: null`: llama-server).
     """
-    if engine not in PARSERS:
+    family = boot_log(engine)
+    if family is None:
         return None
-    head_re, engine_time, patterns = PARSERS[engine]
+    head_re, engine_time, patterns = PARSERS[family]
     events, first = [], None
     for raw in lines:
         line, stamp = raw.rstrip("\n"), None
@@ -235,7 +247,7 @@ def _read_boot(state, host, pool: str, engine: str, container: str) -> bool:
     read leaves the boot timeline out; it never fails the host."""
     member = recorder(state).pools.setdefault(pool, {}).setdefault(host.name, {"served_name": ""})
     member["started"] = True
-    if engine not in PARSERS:
+    if boot_log(engine) is None:
         return True
     ok, output = host.run_shell_command(boot_log_command(container), print_output=False)
     member["boot"] = parse_boot(engine, output.stdout_lines) if ok else None

@@ -69,6 +69,30 @@ class MultinodeFlags(_Strict):
     workers: list[str] = []
 
 
+class EngineMetrics(_Strict):
+    """The series of the engine's /metrics the bench samples while a level runs (modelfleet/checks/bench.py):
+    queue depth, KV-cache use (0..1), and the prefix cache's hits either as a rate gauge or as hits and queries
+    counters. A series left out is not measured; `{}` says the engine has none of them."""
+
+    queue: str | None = None
+    kv: str | None = None
+    prefix_hits: str | None = None
+    prefix_queries: str | None = None
+    prefix_hit_rate: str | None = None
+
+    @model_validator(mode="after")
+    def _one_way_to_hits(self):
+        if bool(self.prefix_hits) != bool(self.prefix_queries):
+            raise ValueError("prefix_hits and prefix_queries go together (the rate is hits / queries)")
+        if self.prefix_hits and self.prefix_hit_rate:
+            raise ValueError("give prefix_hit_rate or prefix_hits with prefix_queries, not both")
+        return self
+
+
+# The families of boot lines modelfleet/timeline.py reads from an engine's log (its line head and its messages).
+BootLog = Literal["vllm", "sglang"]
+
+
 class Engine(_Strict):
     source: str
     entrypoint: str
@@ -95,6 +119,11 @@ class Engine(_Strict):
     # Compile/JIT caches kept across restarts: `source`, and `env` (variable -> subdirectory of the mounted cache
     # directory); none: nothing worth keeping (modelfleet/caches.py).
     caches: dict[str, str | dict[str, str]] = Field(default_factory=dict)
+    # What the bench reads from /metrics (EngineMetrics), and which boot-line family the timeline reads from the
+    # engine's log (null: its log is not read). Both required: a new engine says what it has, or that it has
+    # none, rather than inheriting another engine's.
+    metrics: EngineMetrics
+    boot_log: BootLog | None
 
 
 class Layout(_Strict):
@@ -266,9 +295,24 @@ def with_site_recipes(catalog: "Catalog", folder: Path) -> "Catalog":
     return catalog.model_copy(update={"recipes": recipes})
 
 
+def _load_engines(path: Path) -> dict[str, Engine]:
+    """engines.yaml: engine name -> its entry; a bad entry is named with the field at fault."""
+    engines = {}
+    for name, spec in (yaml.safe_load(path.read_text()) or {}).items():
+        if not isinstance(spec, dict):
+            raise CatalogError(str(path), f"engine {name}: must be a mapping of fields, got {type(spec).__name__}")
+        try:
+            engines[name] = Engine(**spec)
+        except ValidationError as error:
+            first = error.errors()[0]
+            raise CatalogError(str(path), f"engine {name}: {'.'.join(map(str, first['loc']))}: "
+                                          f"{first['msg']}") from None
+    return engines
+
+
 @lru_cache(maxsize=None)
 def load_catalog(root: Path = CATALOG_DIR) -> Catalog:
-    engines = {name: Engine(**spec) for name, spec in yaml.safe_load((root / "engines.yaml").read_text()).items()}
+    engines = _load_engines(root / "engines.yaml")
     recipes = _load_dir(root / "recipes", Recipe)
     _check_layouts(recipes, engines, lambda recipe: next(
         str(p) for p in sorted((root / "recipes").glob("*.yaml")) if _read(p, Recipe).id == recipe.id))

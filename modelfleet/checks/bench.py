@@ -22,17 +22,13 @@ from pathlib import Path
 
 from openai import APIError, OpenAI
 
+from modelfleet.catalog import EngineMetrics, load_catalog
 from modelfleet.checks import Endpoint
 from modelfleet.checks.probe import client
 from modelfleet.grammar import slug
 
-# Per engine: queue depth, KV-cache use (0..1), prefix-cache hit (rate gauge, or hits/queries counters).
-METRICS = {
-    "vllm": {"queue": "vllm:num_requests_waiting", "kv": "vllm:kv_cache_usage_perc",
-             "hits": "vllm:prefix_cache_hits_total", "queries": "vllm:prefix_cache_queries_total"},
-    "sglang": {"queue": "sglang:num_queue_reqs", "kv": "sglang:token_usage", "hit_rate": "sglang:cache_hit_rate"},
-    "llama.cpp": {"queue": "llamacpp:requests_deferred"},
-}
+# Each engine's /metrics series (queue depth, KV-cache use, prefix-cache hits) are its `metrics` in
+# catalog/engines.yaml.
 # Regression thresholds against the previous result at the same concurrency.
 WORSE_TTFT_P99 = 1.20
 WORSE_OUTPUT_THROUGHPUT = 0.90
@@ -108,16 +104,24 @@ def _parse_metrics(text: str) -> dict[str, float]:
     return values
 
 
+def engine_metrics(engine: str) -> EngineMetrics | None:
+    """The series the bench samples for `engine` (catalog/engines.yaml); None for an endpoint whose engine the
+    catalog does not know (a --base-url bench): nothing of it is measured."""
+    entry = load_catalog().engines.get(engine)
+    return entry.metrics if entry else None
+
+
 class MetricsScraper(threading.Thread):
     """Samples the engine's /metrics while a level runs: peak and mean queue depth and KV use, prefix hits."""
 
     def __init__(self, ep: Endpoint, interval_s: float = 0.5):
         super().__init__(daemon=True)
         self.ep, self.interval_s, self.samples = ep, interval_s, []
+        self.names = engine_metrics(ep.engine)
         self.done = threading.Event()
 
     def run(self):
-        while not self.done.is_set():
+        while self.names not in (None, EngineMetrics()) and not self.done.is_set():
             try:
                 # llama-server keys /metrics too; the key goes in a header, never in a URL or argv.
                 headers = {"Authorization": f"Bearer {self.ep.api_key}"} if self.ep.api_key else {}
@@ -129,21 +133,25 @@ class MetricsScraper(threading.Thread):
             self.done.wait(self.interval_s)
 
     def summary(self) -> dict | None:
-        names = METRICS.get(self.ep.engine)
-        if not names or not self.samples:
+        names = self.names
+        if names is None or names == EngineMetrics():
+            why = ("not an engine of the catalog" if names is None
+                   else "its catalog entry names no /metrics series")
+            return {"not_measured": f"engine {self.ep.engine}: {why}"}
+        if not self.samples:
             return None
         out = {}
         for key in ("queue", "kv"):
-            series = [s[names[key]] for s in self.samples if names.get(key) in s]
+            series = [s[getattr(names, key)] for s in self.samples if getattr(names, key) in s]
             if series:
                 out[f"{key}_max"], out[f"{key}_mean"] = max(series), round(statistics.fmean(series), 4)
-        if "hits" in names:
+        if names.prefix_hits:
             first, last = self.samples[0], self.samples[-1]
-            queries = last.get(names["queries"], 0) - first.get(names["queries"], 0)
-            out["prefix_cache_hit_rate"] = round((last.get(names["hits"], 0) - first.get(names["hits"], 0))
+            queries = last.get(names.prefix_queries, 0) - first.get(names.prefix_queries, 0)
+            out["prefix_cache_hit_rate"] = round((last.get(names.prefix_hits, 0) - first.get(names.prefix_hits, 0))
                                                  / queries, 4) if queries else None
-        elif "hit_rate" in names:
-            out["prefix_cache_hit_rate"] = self.samples[-1].get(names["hit_rate"])
+        elif names.prefix_hit_rate:
+            out["prefix_cache_hit_rate"] = self.samples[-1].get(names.prefix_hit_rate)
         out["samples"] = len(self.samples)
         return out
 
