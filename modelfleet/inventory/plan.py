@@ -143,6 +143,8 @@ class ServicePlan:
     fabric: HostFabric | None = None  # a multi-node pool member's fabric (devices, env, head address), from facts
     router: RouterChoice | None = None  # the model's front door, when its replicas sit behind one
     driver_branch: str = ""  # the host's (HostPlan fills it in): part of the engine cache's key
+    # A replica (no `pool` given) names its unit after what it serves, so every replica has the same unit name.
+    unit_stem: str = ""
 
     def at_commit(self, commit: str, model_file: str | None = None) -> "ServicePlan":
         """The same service pinned to a resolved 40-hex commit: its own model directory, so a new revision
@@ -162,7 +164,13 @@ class ServicePlan:
 
     @property
     def unit_name(self) -> str:
-        return f"modelfleet-{self.pool}.service"
+        return f"modelfleet-{self.unit_stem or self.pool}.service"
+
+    @property
+    def legacy_unit_name(self) -> str | None:
+        """The name a replica's unit had when units were named after the host's implicit pool: retired when
+        found."""
+        return f"modelfleet-{self.pool}.service" if self.unit_stem and self.unit_stem != self.pool else None
 
     @property
     def container_name(self) -> str:

@@ -140,7 +140,8 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
     image = _from_registry(host, svc.image or recipe.image)
     revision_dir = svc.revision or "main"
     return ServicePlan(
-        host=name, pool=svc.pool or _slug(name), model=model, engine_name=svc.engine, engine=engine,
+        host=name, pool=svc.pool or _slug(name), unit_stem="" if svc.pool else _slug(svc.served_name or model.id),
+        model=model, engine_name=svc.engine, engine=engine,
         recipe=recipe, hardware=hw, gpus=gpus, served_name=svc.served_name or model.id, port=port,
         bind_address=svc.bind_address, api_key_env=svc.api_key_env, revision=svc.revision,
         trust_remote_code=trust, image=image, extra_args=tuple(svc.extra_args),
@@ -310,6 +311,9 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
         pools_here = [s.pool for s in services]
         if len(set(pools_here)) != len(pools_here):
             errors.append((where, "pool", "two services of this host name the same pool"))
+        elif len({s.unit_name for s in services}) != len(services):
+            errors.append((where, "pool", "two services of this host would share a unit name: give each its own "
+                                          "`pool`"))
         wanted = sum(s.gpus for s in services)
         if len(services) > 1 and hw and hw.vendor != "none" and wanted > gpu_count:
             errors.append((where, "gpus", f"its services want {wanted} GPUs together, host has {gpu_count}"))

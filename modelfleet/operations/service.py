@@ -55,6 +55,14 @@ def wait_ready(unit: str, base_url: str, served_name: str, timeout_s: int, auth_
                                                                  auth_file)))
 
 
+@operation(is_idempotent=False)
+def unit_retired(unit: str, path: str):
+    """A unit modelfleet wrote under a name it no longer uses: stopped, disabled, its file removed."""
+    yield StringCommand("systemctl", "disable", "--now", unit)
+    yield StringCommand("rm", "-f", "--", shlex.quote(path))
+    yield StringCommand("systemctl", "daemon-reload")
+
+
 @operation()
 def unit_unmasked(unit: str, masked: bool):
     """A masked unit's links to /dev/null removed (in /etc and /run), before its file is written: an upload

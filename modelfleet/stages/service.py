@@ -10,8 +10,8 @@ from modelfleet.context import HostRun
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.files import content_file, directory
 from modelfleet.operations.owned_unit import owned_running, refused_when_kept, unmasked
-from modelfleet.operations.report import fail_host
-from modelfleet.operations.service import wait_ready, worker_up
+from modelfleet.operations.report import fail_host, note_once
+from modelfleet.operations.service import unit_retired, wait_ready, worker_up
 from modelfleet.units import UNIT_DIR, edited, pinned_services, unit_files
 
 
@@ -22,7 +22,9 @@ def wants(plan: HostPlan, probe: dict) -> dict:
     paths += [path for svc in services for path, *_ in unit_files(svc)]
     paths += [svc.auth_file for svc in services if render.api_key(svc)]
     paths += [path for svc in services for path in _cache_paths(render.engine_cache(svc))]
-    return {"paths": paths, "units": [svc.unit_name for svc in services]}
+    legacy = [svc.legacy_unit_name for svc in services if svc.legacy_unit_name]
+    return {"paths": paths + [f"{UNIT_DIR}/{u}" for u in legacy],
+            "units": [svc.unit_name for svc in services] + legacy}
 
 
 def _cache_paths(cache) -> list[str]:
@@ -55,6 +57,11 @@ def run(ctx: HostRun):
             directory(name=f"Engine cache {cache.dir}", path=cache.dir, current=at(cache.dir))
             content_file(name=f"Engine cache key {cache.key_file}", dest=cache.key_file, content=cache.key_json,
                          current=at(cache.key_file), mode="0644")
+        old = svc.legacy_unit_name
+        if old and at(f"{UNIT_DIR}/{old}"):  # the same replica under its former name: stopped, then replaced
+            note_once(name=f"Unit {old}: renamed", message=f"modelfleet: {old} is now {svc.unit_name} (replicas of "
+                      "a model share one unit name): stopping and removing the old unit")
+            unit_retired(name=f"Retire {old}", unit=old, path=f"{UNIT_DIR}/{old}")
         changed = edited(svc, state)
         unit = units[svc.unit_name]
         extra = unmasked(svc.unit_name, unit)

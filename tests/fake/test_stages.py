@@ -106,6 +106,28 @@ def test_converged_b300_host_gets_no_commands():
     assert len(executed(state, "b300-01")) == 2, executed(state, "b300-01")
 
 
+def test_replicas_share_one_unit_name_and_a_replicas_unit_under_its_former_name_is_retired(monkeypatch):
+    """Replicas (no `pool`) are pools of their own named after their host, but their units are named after
+    what they serve; a unit left under the former host-named name is stopped and removed before the new one."""
+    replica = {k: v for k, v in b300_host().items() if k != "pool"}
+    plans = resolve([("@fake/r1", replica), ("@fake/r2", replica)]).hosts
+    assert {p.services[0].unit_name for p in plans.values()} == {"modelfleet-kimi-local.service"}
+    assert len({p.services[0].pool for p in plans.values()}) == 2  # each replica its own pool
+    uploads = Uploads(monkeypatch)
+    first = plans["@fake/r1"].services[0]
+    old = first.legacy_unit_name
+    assert old == f"modelfleet-{first.pool}.service"
+    replies = {"@@modelfleet-probe": b300_probe(),
+               "@@modelfleet-state": [f"@@modelfleet-state path /etc/systemd/system/{old}", "file 644 root root " + "0" * 64,
+                                      f"@@modelfleet-state unit {old}", "ActiveState=active", "UnitFileState=enabled"]}
+    state = run_fake([("r1", {**replica, "fake_responses": replies})], serve)
+    commands = executed(state, "r1")
+    assert "/etc/systemd/system/modelfleet-kimi-local.service" in uploads.files
+    retired = commands.index(f"systemctl disable --now {old}")
+    assert commands[retired + 1] == f"rm -f -- /etc/systemd/system/{old}"
+    assert retired < commands.index("systemctl start modelfleet-kimi-local.service")
+
+
 def test_preflight_refuses_a_host_with_too_few_gpus_and_old_driver(reports):
     old = [line.replace("580.95.05", "570.158.01") for line in B300_VERSIONS]
     host = {**b300_host(), "fake_responses": {"@@modelfleet-probe": b300_probe(B300_GPUS[:7], old)}}
