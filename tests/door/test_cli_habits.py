@@ -117,3 +117,28 @@ def test_render_says_a_gguf_model_file_pattern_is_resolved_by_the_run(tmp_path):
     [note] = [n for n in rendered["notes"] if n.startswith("model file ")]
     pattern = note.split()[2]
     assert "*" in pattern and pattern in unit and "the run names the revision's first matching file" in note
+
+
+def test_limit_with_a_group_picks_its_hosts_on_every_command_that_acts_on_hosts(monkeypatch):
+    """status, logs, verify, bench (through the hosts they reach) and upgrade take pyinfra's --limit GROUP."""
+    from modelfleet import fleet
+    from modelfleet.checks import bench, probe
+
+    group = ["gb300-tray-a", "gb300-tray-b"]
+    seen = {}
+    monkeypatch.setattr(fleet, "status", lambda plans: seen.setdefault("status", [p.name for p in plans]) and [])
+    monkeypatch.setattr(fleet, "status_table", lambda rows: "")
+    monkeypatch.setattr(fleet, "logs", lambda plans, *a, **k: seen.setdefault("logs", [p.name for p in plans]))
+    monkeypatch.setattr(probe, "verify", lambda ep, timeout: seen.setdefault("verify", []).append(ep.name) or
+                        {"ok": True})
+    monkeypatch.setattr(bench, "bench", lambda ep, *a, **k: seen.setdefault("bench", []).append(ep.name) or
+                        {"regressions": []})
+    monkeypatch.setenv("KIMI_API_KEY", "k" * 32)
+    for command in (["status"], ["logs"], ["verify"], ["bench", "--no-gpu-memory"]):
+        out = CliRunner().invoke(main, [*command, INVENTORY, "--limit", "gb300_kimi"])
+        assert out.exit_code == 0, (command, out.output)
+    assert seen["status"] == seen["logs"] == group
+    # a multi-node pool has one endpoint, at its head
+    assert seen["verify"] == seen["bench"] == ["gb300-tray-a/kimi-k31-gb300"]
+    dry = CliRunner().invoke(main, ["upgrade", "--dry", INVENTORY, "--limit", "gb300_kimi"])
+    assert json.loads(dry.output)["batches"][0]["hosts"] == group
