@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from lab import apt, daemons, hub
+from lab import apt, daemons, fabric, hub
 
 LAB_DIR = Path(__file__).resolve().parent
 REPO_ROOT = LAB_DIR.parent
@@ -48,6 +48,9 @@ PERSONAS = {"h200x1": ("h200", 1, "h200x1", False), "b300x8-synthetic": ("b300",
 # Fault personas (lab/personas/faults.yaml): a base persona's recordings with one fault each, for admission.
 FAULTS = yaml.safe_load((LAB_DIR / "personas" / "faults.yaml").read_text())
 PERSONAS.update({name: (*PERSONAS[fault["base"]][:2], name, False) for name, fault in FAULTS.items()})
+# Fabric personas (lab/fabric.py): hosts whose /sys/class/infiniband, netdevs, routes and IMEX state are a
+# synthetic B300 (RoCE, two route groups; its worker also with one fault each), GB300 tray or InfiniBand H100.
+PERSONAS.update({name: (p.hardware, p.gpus, name, False) for name, p in fabric.PERSONAS.items()})
 # The real images the lab's recipes name: the registry serves the engine double under the vLLM and SGLang tags,
 # and the real llama-server (Debian's build, lab/build-llama-server.sh) under the llama.cpp one.
 ENGINE_IMAGES = ("vllm/vllm-openai:v0.34.0", "lmsysorg/sglang:v0.5.18", "ghcr.io/ggml-org/llama.cpp:server-cuda")
@@ -111,7 +114,10 @@ def _keys() -> None:
 
 
 def persona_dir(recordings: str) -> Path:
-    """A persona's recordings: in lab/personas, or built under the lab's state for a fault persona."""
+    """A persona's recordings: in lab/personas, or built under the lab's state for a fault or fabric persona."""
+    if recordings in fabric.PERSONAS:
+        base = fabric.PERSONAS[recordings].recordings
+        return fabric.build(recordings, STATE / "personas" / recordings, base and LAB_DIR / "personas" / base)
     if recordings not in FAULTS:
         return LAB_DIR / "personas" / recordings
     fault, out = FAULTS[recordings], STATE / "personas" / recordings
@@ -172,7 +178,10 @@ def _host_files(index: int, persona: str) -> dict:
     return {"name": name, "address": address(index), "persona": persona, "hardware": hardware,
             "gpu_count": gpus, "recordings": recordings, "bare": bare, "admission": admission,
             "model_root": str(models), "config_dir": str(config), "home": str(home),
-            "host_key_pub": (home / "ssh_host_ed25519_key.pub").read_text().split()[:2]}
+            "host_key_pub": (home / "ssh_host_ed25519_key.pub").read_text().split()[:2],
+            # A fabric persona's address on its pool network and its pool's first member (inventories/lab.py).
+            **({"fabric": {"address": fabric.PERSONAS[persona].address, "head": fabric.PERSONAS[persona].head}}
+               if persona in fabric.PERSONAS else {})}
 
 
 def _host_mounts(spec: dict) -> list[str]:
@@ -221,6 +230,8 @@ def start_host(spec: dict) -> None:
         f"{persona_dir(spec['recordings'])}:/opt/modelfleet-lab/persona:ro",
         f"{LAB_DIR / 'personas' / 'journalctl'}:/usr/local/bin/journalctl:ro",
         *_host_mounts(spec),
+        *(fabric.mounts(persona_dir(spec["recordings"]), LAB_DIR / "personas")
+          if spec["recordings"] in fabric.PERSONAS else []),
         # Same path inside and out: the machine's dockerd resolves the unit's -v mounts on the machine.
         f"{spec['model_root']}:{spec['model_root']}",
         f"{spec['config_dir']}:{spec['config_dir']}",
