@@ -25,6 +25,19 @@ _gate_hosts = int(os.environ.get("MODELFLEET_LAB_GATE_HOSTS", "0"))
 _gate_min = float(os.environ.get("MODELFLEET_LAB_GATE_MIN_BUSBW", "0.01"))
 # Fault switch: MODELFLEET_LAB_GATE_BAD_IFNAME=1 gives the second gate host an interface that does not exist.
 _gate_faults = {1: {"gloo_socket_ifname": "mfl-noif0"}} if os.environ.get("MODELFLEET_LAB_GATE_BAD_IFNAME") else {}
+# MODELFLEET_LAB_FABRIC=PERSONA (a fabric persona, lab/fabric.py: e.g. b300x8-roce-1 or b300x8-roce-1-port-down):
+# the inventory is one two-node pool, `gate`, of the lab's first host of that persona's pool head and its first host
+# of PERSONA, each on the fabric address its persona's tree holds; no gloo_socket_ifname: the fabric derives it.
+_fabric = os.environ.get("MODELFLEET_LAB_FABRIC")
+if _fabric:
+    _by_persona = {}
+    for _spec in _lab["hosts"]:
+        _by_persona.setdefault(_spec["persona"], _spec)
+    _head = (_by_persona.get(_fabric) or {}).get("fabric", {}).get("head")
+    if not _head or _head == _fabric or _head not in _by_persona:
+        raise SystemExit(f"MODELFLEET_LAB_FABRIC={_fabric}: the lab needs a host of that fabric persona and one of "
+                         f"its pool head's ({_head or 'none: not a fabric persona, or no such host'})")
+    _lab["hosts"], _gate_hosts = [_by_persona[_head], _by_persona[_fabric]], 2
 # MODELFLEET_LAB_ONLY=mflab-4,mflab-5: only these hosts (a rehearsal on some hosts of a running lab).
 _only = {n for n in os.environ.get("MODELFLEET_LAB_ONLY", "").split(",") if n}
 # All lab hosts serve the same checkpoint: one hub download, the others copy from the first host.
@@ -110,7 +123,7 @@ lab_hosts = [
         "model_fanout_width": int(os.environ.get("MODELFLEET_LAB_FANOUT_WIDTH", "8")),
         **({"model_fanout_rate_mb_s": int(os.environ["MODELFLEET_LAB_FANOUT_RATE_MB_S"])}
            if os.environ.get("MODELFLEET_LAB_FANOUT_RATE_MB_S") else {}),
-        "gloo_socket_ifname": "lo",
+        **({"fabric_address": spec["fabric"]["address"]} if _fabric else {"gloo_socket_ifname": "lo"}),
         **({"host_ram_gib": _machine_ram_gib()} if spec["name"] == _moe else {}),
         **_serves(index, spec),
     })
