@@ -12,7 +12,7 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.context import ctx_state
 
-from modelfleet import op_order, pins, pipeline, runlock
+from modelfleet import pins, pipeline, runlock
 from modelfleet.operations.report import fail_host, note_once
 from modelfleet.stages import admission as admission_stage
 from modelfleet.stages import container_runtime, gpu_driver, images, os_base, service
@@ -21,8 +21,6 @@ from modelfleet.stages import netcheck as netcheck_stage
 from modelfleet.stages import preflight as preflight_stage
 from modelfleet.stages import storage as storage_stage
 from modelfleet.stages import verify as verify_stage
-
-op_order.install()  # pyinfra's operation order without reading source files per frame (see op_order.py)
 
 # Stages whose operations use the pins: image digests, checkpoint commits.
 NEEDS_IMAGE = {images, netcheck_stage, service}

@@ -6,11 +6,15 @@ frame's source file and lines: twice per frame, for every operation on every hos
 under the pipeline and a stage's @deploy, about 23 frames deep, so this was the largest per-host cost of a
 no-op converge on the control node. Frames carry the file name and line number themselves; this returns the
 same list (tests/unit/test_op_order.py holds it to pyinfra's own on real stacks) without reading a file.
+
+`pipeline.run_stages` installs it for the run, and only over pyinfra releases whose function it was held to
+(CHECKED_PYINFRA); under any other release pyinfra's own function stays in place: slower, never wrong.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import sys
 
 import pyinfra
@@ -39,7 +43,26 @@ def operation_order_from_stack(state) -> list[int]:
     return line_numbers
 
 
-def install() -> None:
-    """Use it for the operations of this process (where pyinfra's own function is the one expected)."""
-    if getattr(_operation, "get_operation_order_from_stack", None) is _util.get_operation_order_from_stack:
-        _operation.get_operation_order_from_stack = operation_order_from_stack
+# pyinfra releases (major.minor) whose get_operation_order_from_stack this reproduces: the pin's range in
+# pyproject.toml may admit newer ones, which keep pyinfra's own until they are checked and added here.
+CHECKED_PYINFRA = ("3.10",)
+
+
+def pyinfra_series() -> str:
+    try:
+        version = importlib.metadata.version("pyinfra")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+    return ".".join(version.split(".")[:2])
+
+
+def install() -> bool:
+    """Use it for the operations of this process, where pyinfra's own function is the one in place and this
+    pyinfra release is one it was checked against; True when it is in use."""
+    current = getattr(_operation, "get_operation_order_from_stack", None)
+    if current is operation_order_from_stack:
+        return True
+    if current is not _util.get_operation_order_from_stack or pyinfra_series() not in CHECKED_PYINFRA:
+        return False
+    _operation.get_operation_order_from_stack = operation_order_from_stack
+    return True

@@ -9,6 +9,7 @@ from pyinfra import host, logger, state
 from pyinfra.api.state import BaseStateCallback
 from pyinfra.context import ctx_state
 
+from modelfleet import op_order
 from modelfleet.context import HostRun, host_run
 from modelfleet.operations.apt import missing
 from modelfleet.operations.report import fail_host, report_path, save_report, write_report
@@ -117,7 +118,9 @@ def run_stages(*stages, ctx: HostRun | None = None) -> None:
     The stages, in the order given: preflight first when listed (a refused host gets nothing more, and --dry
     shows nothing more), the GPU host stack (os_base, gpu_driver, container_runtime, always the three) next,
     then the others. Each gets the host's run context; what they find on the host is read once for all.
+    Operations are ordered by modelfleet.op_order where this pyinfra release is one it was checked against.
     """
+    op_order.install()
     stack = tuple(s for s in stages if s in STACK)
     if stack and stack != STACK:
         raise ValueError("the GPU host stack runs as os_base, gpu_driver, container_runtime, in that order")

@@ -35,3 +35,49 @@ def test_installed_only_over_pyinfras_own():
     module = importlib.import_module("pyinfra.api.operation")
     op_order.install()
     assert module.get_operation_order_from_stack is op_order.operation_order_from_stack
+
+
+@pytest.fixture
+def stock(monkeypatch):
+    """pyinfra's own function in place for the test, whatever an earlier test installed."""
+    import importlib
+    module = importlib.import_module("pyinfra.api.operation")
+    monkeypatch.setattr(module, "get_operation_order_from_stack", util.get_operation_order_from_stack)
+    return module
+
+
+def test_an_unchecked_pyinfra_release_keeps_its_own(monkeypatch, stock):
+    monkeypatch.setattr(op_order, "pyinfra_series", lambda: "3.99")
+    assert op_order.install() is False
+    assert stock.get_operation_order_from_stack is util.get_operation_order_from_stack
+
+
+def test_the_installed_pyinfra_is_a_checked_release(stock):
+    """The suite's pyinfra is one the order was held to above: a new release fails here until it is added."""
+    assert op_order.pyinfra_series() in op_order.CHECKED_PYINFRA
+    assert op_order.install() is True and op_order.install() is True  # idempotent
+    assert stock.get_operation_order_from_stack is op_order.operation_order_from_stack
+
+
+def test_importing_the_deploys_patches_nothing():
+    import subprocess
+    import sys
+    code = ("import importlib, modelfleet.deploys, modelfleet.pipeline; from pyinfra.api import util; "
+            "print(importlib.import_module('pyinfra.api.operation').get_operation_order_from_stack "
+            "is util.get_operation_order_from_stack)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True"
+
+
+def test_run_stages_installs_it_first(monkeypatch):
+    from modelfleet import pipeline
+
+    class Installed(Exception):
+        pass
+
+    def install():
+        raise Installed
+
+    monkeypatch.setattr(op_order, "install", install)
+    with pytest.raises(Installed):
+        pipeline.run_stages()
