@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import shlex
 import statistics
 import zlib
@@ -319,7 +318,7 @@ def gate_passed(pool: str, members: list[str], minimum: float | None, needed: bo
 def _needed(ctx: HostRun, svc: ServicePlan) -> bool:
     if not collective(svc) and not ctx.plan.admission_h2d:
         return False  # one GPU and no copy check: nothing to measure
-    if ctx.alone or os.environ.get("MODELFLEET_NETCHECK") == "always":
+    if ctx.alone:  # `pyinfra INVENTORY deploys/netcheck.py`: the gate on demand, whether or not a unit restarts
         return True
     return ctx.pool_starts(svc.pool)
 
