@@ -13,6 +13,7 @@ from fnmatch import fnmatch
 
 from gevent.lock import Semaphore
 
+from modelfleet.errors import ModelfleetError
 from modelfleet.inventory import COMMIT_RE
 
 MANIFEST = ".modelfleet-manifest.json"
@@ -21,7 +22,7 @@ _snapshots: dict[tuple, Snapshot] = {}
 _lock = Semaphore()
 
 
-class ModelSourceError(RuntimeError):
+class ModelSourceError(ModelfleetError, RuntimeError):
     pass
 
 

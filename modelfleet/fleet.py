@@ -22,6 +22,7 @@ import paramiko
 from fabric import Connection
 
 from modelfleet import router
+from modelfleet.errors import ModelfleetError
 from modelfleet.health import admission_state
 from modelfleet.host_commands import boot_token_sh, driver_version_sh, journal_command, unit_show_command
 from modelfleet.inventory import HostPlan, ServicePlan
@@ -29,7 +30,7 @@ from modelfleet.inventory import HostPlan, ServicePlan
 MARK = "@@modelfleet-status"
 
 
-class HostKeyError(paramiko.SSHException):
+class HostKeyError(ModelfleetError, paramiko.SSHException):
     pass
 
 

@@ -21,10 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from modelfleet.errors import ModelfleetError
+
 LOADING = contextvars.ContextVar("modelfleet_loading_inventory", default=False)
 
 
-class InventoryFileError(Exception):
+class InventoryFileError(ModelfleetError):
     """A file that could not be read as an inventory: `where` is `path:line`."""
 
     def __init__(self, where: str, message: str):

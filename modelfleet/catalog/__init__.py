@@ -9,6 +9,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from modelfleet.errors import ModelfleetError
+
 CATALOG_DIR = Path(__file__).parent
 
 
@@ -208,7 +210,7 @@ class Catalog(_Strict):
                 if r.model == model and r.engine == engine and hardware in r.hardware]
 
 
-class CatalogError(Exception):
+class CatalogError(ModelfleetError):
     """A catalog (or site recipe) file that cannot be used: `where` is `path[:line]`."""
 
     def __init__(self, where: str, message: str):

@@ -17,10 +17,12 @@ from pathlib import Path
 
 import yaml
 
+from modelfleet.errors import ModelfleetError
+
 PERIOD_COSTS = ("storage_network_usd", "operations_usd", "human_correction_usd")
 
 
-class PriceError(ValueError):
+class PriceError(ModelfleetError, ValueError):
     pass
 
 

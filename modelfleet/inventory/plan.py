@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from modelfleet import grammar
 from modelfleet.catalog import Engine, Hardware, Model, Recipe
+from modelfleet.errors import ModelfleetError
 from modelfleet.inventory.schema import HUB_ENDPOINT, HostData, ServiceData
 
 if TYPE_CHECKING:
@@ -280,7 +281,7 @@ class Resolved:
         return "\n".join(f"{where}:\n" + "\n".join(lines) for where, lines in groups.items())
 
 
-class InventoryError(Exception):
+class InventoryError(ModelfleetError):
     def __init__(self, errors: list[tuple[str, str, str]]):
         self.errors = errors
         super().__init__("\n".join(f"{w}: {f}: {m}" for w, f, m in errors))
