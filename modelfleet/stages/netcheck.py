@@ -45,8 +45,9 @@ from modelfleet.render import fabric_env, fabric_flags, gpu_flags, rendezvous_ad
 from modelfleet.stages import TOOLS_BIN
 
 SCRIPT = f"{TOOLS_BIN}/nccl_check.py"
-# Largest message of the sweep: nccl-tests' health checks read busbw at the top of -b 1M -e 16G on GPUs;
-# the lab's Gloo over loopback stops at 64M to stay quick on two cores.
+# Largest message of the sweep: nccl-tests' health checks read busbw at the top of -b 1M -e 16G on GPUs.
+# Gloo (containers without a GPU) moves every byte through CPU memory: its sweep stops at 64M so the gate
+# stays short on hosts with few cores.
 MAX_BYTES = {"nccl": "16G", "gloo": "64M"}
 H2D_BYTES = "1G"  # one copy per timing: 1 GiB takes ~20 ms at PCIe Gen5 x16, well above launch noise
 # Every member must reach the head's rendezvous port within this: containers of a pool start within seconds of
