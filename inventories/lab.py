@@ -98,7 +98,9 @@ lab_hosts = [
         # Same path on the lab host and the machine: the machine's dockerd resolves the unit's mounts.
         "config_dir": spec["config_dir"],
         "image_registry": _lab["registry"],
-        "gpu_passthrough": False,
+        # A host made with MODELFLEET_LAB_CDI has a Docker with CDI and its GPUs' device nodes (lab/cdi.py): its
+        # containers get their GPUs as the units ask for them; the others' Docker (20.10) has no CDI.
+        "gpu_passthrough": bool(spec.get("cdi")),
         # Admission judges the persona's recorded `nvidia-smi -q -x` (and kernel log) where it has one.
         "admission": spec.get("admission", False),
         # MODELFLEET_LAB_ADMISSION_H2D=1: the gate also asks for copy bandwidth (the lab's containers have no GPU)

@@ -7,6 +7,10 @@ Not part of the shipped package: it runs from a checkout (`modelfleet lab ...`, 
 A second lab can run beside the first: MODELFLEET_LAB_STATE names its folder and MODELFLEET_LAB_NET=N (1-9)
 gives it its own addresses (127.0.(1+N).x), ports and container names; the test suite uses N=1 so it never
 touches the lab a user (or `make demo`) started.
+
+MODELFLEET_LAB_CDI=mflab-4,... (or `all`) at `lab up`: those pre-built NVIDIA hosts get a Docker with CDI of their
+own (lab/cdi.py: Debian forky's dockerd 28 beside the machine's 20.10), their GPUs as device nodes and the CDI
+spec nvidia-ctk writes for them; the inventory then hands their services the GPUs (gpu_passthrough).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from lab import apt, daemons, fabric, hub
+from lab import apt, cdi, daemons, fabric, hub
 
 LAB_DIR = Path(__file__).resolve().parent
 REPO_ROOT = LAB_DIR.parent
@@ -37,6 +41,7 @@ REGISTRY = f"127.0.0.1:{5000 + NET}"
 PREFIX = f"mflab{NET or ''}-"
 INSTANCE_LABEL = f"modelfleet-lab.net={NET}"
 HOME_LABEL = "modelfleet-lab.home"  # the host's folder under the lab state that started it
+DOCKER_LABEL = "modelfleet-lab.docker"  # whose dockerd the host's engines run on: the machine's, or its own (cdi)
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 TORCH = "torch==2.13.0"  # the CPU build pip installs on these machines (DESIGN.md 5)
 # persona -> (hardware, GPUs, recorded outputs, bare). A bare host has the GPUs but no driver, Docker or
@@ -195,6 +200,8 @@ def _host_mounts(spec: dict) -> list[str]:
                 f"{STATE / 'apt-archive-keyring.gpg'}:/usr/share/keyrings/modelfleet-lab-archive.gpg:ro",
                 f"{STATE / 'debian-lab.list'}:/etc/apt/sources.list.d/debian-lab.list:ro"]
     recordings = persona_dir(spec["recordings"])
+    if spec.get("cdi"):  # its own dockerd, forky's CLI, nvidia-ctk, /etc/cdi and the GPUs' nodes (lab/cdi.py)
+        docker_cli = str(cdi.cli(STATE))
     if (recordings / "amd-smi-static.json").exists():  # a pre-built AMD host: ROCm's tool
         return [f"{docker_cli}:/usr/bin/docker:ro", f"{persona / 'amd-smi'}:/usr/local/bin/amd-smi:ro"]
     dcgm = ([f"{persona / 'dcgmi'}:/usr/local/bin/dcgmi:ro"]
@@ -207,26 +214,42 @@ def _claim(spec: dict) -> bool:
     """Is the host's container already running for this lab? One left by another lab state (another checkout,
     an earlier CI clone, brought back by dockerd's restart policy) has other host keys and mounts: it is
     replaced, with its engine containers, rather than trusted."""
-    owner = sh("docker", "container", "inspect", "-f", '{{index .Config.Labels "%s"}}' % HOME_LABEL, spec["name"],
-               check=False, capture=True)
-    if owner.returncode != 0:
+    labels = sh("docker", "container", "inspect", "-f",
+                '{{index .Config.Labels "%s"}}\n{{index .Config.Labels "%s"}}' % (HOME_LABEL, DOCKER_LABEL),
+                spec["name"], check=False, capture=True)
+    if labels.returncode != 0:
         return False
-    if owner.stdout.strip() == spec["home"]:
+    owner, docker = (labels.stdout.splitlines() + ["", ""])[:2]
+    docker = "cdi" if docker == "cdi" else "machine"  # hosts made before the label ran on the machine's
+    if owner == spec["home"] and docker == _docker(spec):
         return True
-    print(f"lab: {spec['name']} belonged to another lab ({owner.stdout.strip() or 'unlabelled'}); replacing it",
-          file=sys.stderr)
+    if owner == spec["home"]:
+        print(f"lab: {spec['name']} ran its engines on the {docker} dockerd, now on the {_docker(spec)} one; "
+              "replacing it", file=sys.stderr)
+    else:
+        print(f"lab: {spec['name']} belonged to another lab ({owner or 'unlabelled'}); replacing it",
+              file=sys.stderr)
     sh("docker", "rm", "-f", spec["name"], *engine_containers([spec["name"]]), capture=True)
     return False
 
 
+def _docker(spec: dict) -> str:
+    return "cdi" if spec.get("cdi") else "machine"
+
+
 def start_host(spec: dict) -> None:
     home = Path(spec["home"])
+    devices, socket, cdi_mounts = list(spec.get("disks", [])), "/var/run/docker.sock", []
+    if spec.get("cdi"):  # the host's own dockerd's socket, and its GPUs (lab/cdi.py)
+        socket = str(cdi.socket_path(home))
+        cdi_mounts, gpu_devices = cdi.host_args(STATE, home, spec["gpu_count"])
+        devices += gpu_devices
     mounts = [
         f"{home / 'sshd.conf'}:/etc/ssh/sshd_config.d/modelfleet-lab.conf:ro",
         f"{home / 'ssh_host_ed25519_key'}:/etc/ssh/ssh_host_ed25519_key:ro",
         f"{home / 'ssh_host_ed25519_key.pub'}:/etc/ssh/ssh_host_ed25519_key.pub:ro",
         f"{STATE / 'id_ed25519.pub'}:/root/.ssh/authorized_keys:ro",
-        "/var/run/docker.sock:/var/run/docker.sock",
+        f"{socket}:/var/run/docker.sock",
         f"{persona_dir(spec['recordings'])}:/opt/modelfleet-lab/persona:ro",
         f"{LAB_DIR / 'personas' / 'journalctl'}:/usr/local/bin/journalctl:ro",
         *_host_mounts(spec),
@@ -236,6 +259,7 @@ def start_host(spec: dict) -> None:
         f"{spec['model_root']}:{spec['model_root']}",
         f"{spec['config_dir']}:{spec['config_dir']}",
         "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+        *cdi_mounts,
     ]
     # The machine's trust store (it may hold a site's proxy CA) and a pip.conf that uses it, as a site image
     # would: the model stage's venv pip reaches PyPI through whatever the machine goes through.
@@ -245,11 +269,11 @@ def start_host(spec: dict) -> None:
     argv = ["docker", "run", "-d", "--name", spec["name"], "--hostname", spec["name"], "--network", "host",
             "--restart", "always", "--cap-add", "SYS_ADMIN", "--tmpfs", "/run", "--tmpfs", "/run/lock",
             "-e", "container=docker", "--label", "modelfleet-lab=host", "--label", INSTANCE_LABEL,
-            "--label", f"{HOME_LABEL}={home}"]
+            "--label", f"{HOME_LABEL}={home}", "--label", f"{DOCKER_LABEL}={_docker(spec)}"]
     for mount in mounts:
         argv += ["-v", mount]
-    for disk in spec.get("disks", []):
-        argv += ["--device", disk]
+    for device in devices:
+        argv += ["--device", device]
     sh(*argv, BASE_IMAGE, "/sbin/init", capture=True)
 
 
@@ -284,21 +308,51 @@ def _detach_disks(pattern: str = "*") -> None:
             sh("losetup", "-d", line.split(":")[0], check=False, capture=True)
 
 
-def up(hosts: int = 3, personas: list[str] | None = None, disks: int = 0) -> list[dict]:
+def _cdi_hosts(cdi_hosts: list[str] | None) -> set[str]:
+    """The hosts to get a Docker with CDI: `cdi_hosts`, else MODELFLEET_LAB_CDI (names, or `all`)."""
+    if cdi_hosts is None:
+        cdi_hosts = [n for n in os.environ.get("MODELFLEET_LAB_CDI", "").split(",") if n]
+    return set(cdi_hosts)
+
+
+def _cdi_capable(spec: dict) -> bool:
+    """A pre-built NVIDIA host: its toolkit is there to write the spec (bare hosts install theirs; AMD has none)."""
+    return not spec["bare"] and spec["hardware"] != "mi355x"
+
+
+def up(hosts: int = 3, personas: list[str] | None = None, disks: int = 0,
+       cdi_hosts: list[str] | None = None) -> list[dict]:
+    """`cdi_hosts`: the hosts (names, or ["all"]) that get a Docker with CDI (default: MODELFLEET_LAB_CDI)."""
     _keys()
     ensure_registry()
     ensure_images()
     apt_repo = apt.ensure(STATE, LAB_DIR)
     hub_double = hub.ensure(STATE, LAB_DIR)
     personas = personas or ["h200x1"]
+    wanted_cdi = _cdi_hosts(cdi_hosts)
     specs = []
     for i in range(1, hosts + 1):
         spec = _host_files(i, personas[(i - 1) % len(personas)])
         # The lab's SGLang and llama.cpp recipes are NVIDIA-only; an AMD persona serves with vLLM.
         spec["engine"] = "vllm" if spec["hardware"] == "mi355x" else ENGINES[(i - 1) % len(ENGINES)]
         spec["disks"] = _disks(spec, disks)
-        if not _claim(spec):
+        spec["cdi"] = spec["name"] in wanted_cdi or ("all" in wanted_cdi and _cdi_capable(spec))
+        if spec["cdi"] and not _cdi_capable(spec):
+            raise ValueError(f"lab: {spec['name']} ({spec['persona']}) cannot have CDI: only pre-built NVIDIA "
+                             "personas carry the container toolkit")
+        home, fresh = Path(spec["home"]), False
+        if spec["cdi"]:
+            spec["docker_version"] = cdi.ensure_docker(STATE)
+            fresh = cdi.start(STATE, spec["name"], home)
+            spec["docker_host"] = f"unix://{cdi.socket_path(home)}"
+        if fresh or not _claim(spec):
+            # A host whose dockerd started now is made again: its container holds the old socket.
+            sh("docker", "rm", "-f", spec["name"], check=False, capture=True)
+            if not spec["cdi"]:
+                cdi.stop(STATE, spec["name"], home)  # one it had before, with its engines
             start_host(spec)
+        if spec["cdi"] and not (home / "cdi" / "nvidia.yaml").exists():
+            cdi.generate_spec(spec["name"], home)
         specs.append(spec)
     known = [f"{s['address']} {' '.join(s['host_key_pub'])}" for s in specs]
     (STATE / "known_hosts").write_text("\n".join(known) + "\n")
@@ -316,6 +370,7 @@ def remove(names: list[str]) -> None:
     data = json.loads((STATE / "hosts.json").read_text())
     sh("docker", "rm", "-f", *names, *engine_containers(names), check=False, capture=True)
     for spec in [s for s in data["hosts"] if s["name"] in names]:
+        cdi.stop(STATE, spec["name"], Path(spec["home"]))  # a CDI host's dockerd, with its engine containers
         _detach_disks(spec["name"])
         shutil.rmtree(spec["home"], ignore_errors=True)
     data["hosts"] = [s for s in data["hosts"] if s["name"] not in names]
@@ -352,12 +407,14 @@ def down() -> dict:
     hosts = _containers("modelfleet-lab=host", INSTANCE_LABEL)
     if engines or hosts:
         sh("docker", "rm", "-f", *engines, *hosts, capture=True)
+    cdi_dockerds = cdi.stop_all(STATE)  # CDI hosts' own dockerds, with their engine containers
     services = daemons.stop_all(STATE)
     _detach_disks()
     shutil.rmtree(STATE / "hosts", ignore_errors=True)
     shutil.rmtree(STATE / "personas", ignore_errors=True)
     (STATE / "hosts.json").unlink(missing_ok=True)
-    return {"removed_hosts": len(hosts), "removed_engines": len(engines), "stopped_services": services}
+    return {"removed_hosts": len(hosts), "removed_engines": len(engines), "stopped_services": services,
+            "stopped_cdi_dockerds": cdi_dockerds}
 
 
 def status() -> dict:
@@ -369,6 +426,7 @@ def status() -> dict:
         state = sh("docker", "inspect", "-f", "{{.State.Status}}", spec["name"], check=False, capture=True)
         rows.append({"name": spec["name"], "address": spec["address"], "persona": spec["persona"],
                      "engine": spec["engine"], "container": state.stdout.strip() or "absent",
+                     "docker": _docker(spec),
                      "ssh": daemons.port_open(f"{spec['address']}:22")})
     return {"up": True, "registry": daemons.port_open(REGISTRY),
             "apt": daemons.port_open(apt.LISTEN), "hub": daemons.port_open(hub.LISTEN),

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Make this machine able to run the lab (Debian 12, root): Debian packages, then dockerd if none answers.
+# containerd and runc (docker.io's) also run the dockerd with CDI that `lab up` gives MODELFLEET_LAB_CDI hosts
+# (lab/cdi.py: forky's docker.io, fetched into the lab state, never installed on the machine).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 need=()
-for cmd in dockerd:docker.io mmdebstrap:mmdebstrap docker-registry:docker-registry ssh-keygen:openssh-client \
-           make:make curl:curl \
+for cmd in dockerd:docker.io containerd:containerd runc:runc mmdebstrap:mmdebstrap docker-registry:docker-registry \
+           ssh-keygen:openssh-client make:make curl:curl \
            apt-ftparchive:apt-utils gpg:gnupg losetup:mount mkfs.ext4:e2fsprogs; do
   command -v "${cmd%%:*}" >/dev/null 2>&1 || need+=("${cmd##*:}")
 done
