@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from modelfleet.catalog import BYTES_PER_PARAM, Hardware, Model, Recipe
+from modelfleet.catalog import BYTES_PER_PARAM, Hardware, Model, Recipe, load_catalog
 
 MIB = 2**20
 GIB = 2**30
@@ -55,10 +55,11 @@ def checkpoint_size(model: Model, recipe: Recipe | None = None) -> tuple[float, 
 
 
 def expert_offload(recipe: Recipe | None) -> tuple[str, int] | None:
-    """How a llama.cpp recipe keeps MoE experts in host RAM, from llama-server's own flags: ("all", 0) for
-    --cpu-moe, ("layers", N) for --n-cpu-moe N (the experts of the first N layers), ("fit", 0) for --fit on
-    (llama-server moves what the GPUs cannot hold); None when every weight stays on the GPUs."""
-    if recipe is None or recipe.engine != "llama.cpp":
+    """How a recipe keeps MoE experts in host RAM, from its engine's offload flags (the catalog's
+    `expert_offload`): ("all", 0) for every layer's, ("layers", N) for the first N layers', ("fit", 0) for what
+    the GPUs cannot hold; None when every weight stays on the GPUs."""
+    flags = load_catalog().engines[recipe.engine].expert_offload if recipe is not None else None
+    if flags is None:
         return None
     args = list(recipe.args)
 
@@ -69,12 +70,12 @@ def expert_offload(recipe: Recipe | None) -> tuple[str, int] | None:
                 return inline if eq else (args[i + 1] if i + 1 < len(args) else "")
         return None
 
-    if any(a in ("--cpu-moe", "-cmoe") for a in args):
+    if any(a in flags.all for a in args):
         return ("all", 0)
-    layers = value("--n-cpu-moe", "-ncmoe")
+    layers = value(*flags.layers)
     if layers is not None:
         return ("layers", int(layers))
-    if value("--fit", "-fit") == "on":
+    if flags.fit and value(*flags.fit) == "on":
         return ("fit", 0)
     return None
 

@@ -91,6 +91,16 @@ class EngineMetrics(_Strict):
         return self
 
 
+class ExpertOffload(_Strict):
+    """The engine's flags that keep MoE experts in host RAM (modelfleet/planner.py sizes GPUs and RAM from them):
+    `all` every layer's experts, `layers` (a count) those of the first N layers, `fit` with the value `on` what
+    the GPUs cannot hold."""
+
+    all: list[str]
+    layers: list[str] = []
+    fit: list[str] = []
+
+
 # The families of boot lines modelfleet/timeline.py reads from an engine's log (its line head and its messages).
 BootLog = Literal["vllm", "sglang"]
 
@@ -126,6 +136,7 @@ class Engine(_Strict):
     # none, rather than inheriting another engine's.
     metrics: EngineMetrics
     boot_log: BootLog | None
+    expert_offload: ExpertOffload | None = None  # none: every weight stays on the GPUs
 
 
 class Layout(_Strict):

@@ -96,3 +96,22 @@ def test_an_engine_whose_log_is_not_read_says_so():
 def test_an_unknown_engine_has_no_boot_log_to_guess():
     with pytest.raises(CatalogError, match="no engine 'trtllm'"):
         timeline.parse_boot("trtllm", ["[TensorRT-LLM] ready"])
+
+
+def test_expert_offload_flags_are_the_real_llama_servers_and_only_an_engine_with_them_offloads():
+    """The flags the planner reads as "experts in RAM" are flags the lab's real llama-server lists in its
+    --help; a recipe of an engine without `expert_offload` keeps every weight on the GPUs, whatever its args."""
+    import json
+
+    from modelfleet.planner import expert_offload
+
+    listed = json.loads((Path(__file__).resolve().parents[2] / "lab/engine_double/flags.json").read_text())
+    real = set(listed["llama.cpp"]["flags"]) | set(listed["llama.cpp"]["aliases"])
+    offload = ENGINES["llama.cpp"].expert_offload
+    assert set(offload.all + offload.layers + offload.fit) <= real
+    assert [name for name, e in ENGINES.items() if e.expert_offload] == ["llama.cpp"]
+    recipes = load_catalog().recipes
+    ram = recipes["kimi-k3-llamacpp-iq1-m-1gpu-ram"]
+    assert expert_offload(ram) == ("all", 0)
+    vllm = next(r for r in recipes.values() if r.engine == "vllm")
+    assert expert_offload(vllm.model_copy(update={"args": [*vllm.args, "--cpu-moe"]})) is None
