@@ -35,6 +35,7 @@ from typing import Callable
 
 from modelfleet import FILES_DIR
 from modelfleet.checkpoint import MANIFEST, ModelSourceError, snapshot
+from modelfleet.errors import ModelfleetError
 from modelfleet.inventory import COMMIT_RE, Resolved
 
 LOCK = ".modelfleet-mirror-lock"
@@ -52,7 +53,7 @@ def _fetch_module():
 fetch = _fetch_module()
 
 
-class MirrorError(Exception):
+class MirrorError(ModelfleetError):
     """A failure, as one line saying what failed and what to do."""
 
 

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from modelfleet.errors import ModelfleetError
+
 DOCKER_HUB = "registry-1.docker.io"
 # How Docker's config.json names Docker Hub (`docker login` writes the first).
 DOCKER_HUB_KEYS = ("https://index.docker.io/v1/", "index.docker.io", "docker.io", DOCKER_HUB)
@@ -43,7 +45,7 @@ TIMEOUT_S = 30
 HELPER_TIMEOUT_S = 30
 
 
-class RegistryError(Exception):
+class RegistryError(ModelfleetError):
     pass
 
 
