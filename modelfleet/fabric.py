@@ -9,6 +9,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from modelfleet.catalog import load_catalog
 from modelfleet.facts.fabric import natural_key, route_to
 
 
@@ -298,6 +299,12 @@ def _family(rails: dict[str, _Rail]) -> str | None:
         else "AF_INET"
 
 
+def host_ip_envs() -> list[tuple[str, str]]:
+    """(variable, engine) for every engine that reads its node's address from the environment (the catalog's
+    `host_ip_env`): a pool's members get each, whatever engine the pool runs."""
+    return [(e.host_ip_env, name) for name, e in load_catalog().engines.items() if e.host_ip_env]
+
+
 def _host(plan, fact, head, control, rail: _Rail, family, given_hca, imex, imex_nodes, errors,
           head_ssh: bool = False) -> HostFabric:
     ifname, route = control
@@ -317,11 +324,11 @@ def _host(plan, fact, head, control, rail: _Rail, family, given_hca, imex, imex_
             env[key], reasons[key] = value, text
     src = route.get("src")
     if src:
-        for key, engine in (("VLLM_HOST_IP", "vLLM"), ("SGLANG_HOST_IP", "SGLang")):
+        for key, engine in host_ip_envs():
             env[key] = src
             reasons[key] = f"{engine}'s own address: {ifname}'s source address towards head {head}"
     else:
-        errors.append((f"host {plan.name}", "VLLM_HOST_IP", f"interface {ifname} has no address towards head {head}"))
+        errors.append((f"host {plan.name}", "host address", f"interface {ifname} has no address towards head {head}"))
     hcas: tuple[str, ...] = ()
     devices: list[str] = []
     hca_info = fact.get("hcas") or {}
@@ -423,7 +430,7 @@ def expected(pool_name: str, members: Iterable) -> PoolFabric:
             else f"{head}: {first.name}'s SSH address (the inventory sets no fabric_address); the hosts keep it and "
                  "derive only the interface that reaches it: set fabric_address to the head's address on the pool "
                  "network")
-        for key in INVENTORY_KEYS + ("VLLM_HOST_IP", "SGLANG_HOST_IP"):
+        for key in INVENTORY_KEYS + tuple(key for key, _ in host_ip_envs()):
             reasons.setdefault(key, later)
         reasons["devices"] = later + ("; the IMEX channel" if imex else "")
         devices: tuple[str, ...] = ()

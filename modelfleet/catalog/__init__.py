@@ -137,6 +137,8 @@ class Engine(_Strict):
     metrics: EngineMetrics
     boot_log: BootLog | None
     expert_offload: ExpertOffload | None = None  # none: every weight stays on the GPUs
+    # The variable naming the address a node of a multi-node pool advertises (set from the pool's fabric).
+    host_ip_env: str | None = None
 
 
 class Layout(_Strict):
