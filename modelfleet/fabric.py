@@ -273,9 +273,11 @@ def _check_rails(members, rails: dict[str, _Rail], given: dict, errors: list) ->
         elif rail.key != ref.key:
             errors.append((where, "NCCL_IB_HCA", f"HCAs on route group {rail.key}, {top}'s on {ref.key}"))
         if len(rail.hcas) < most:
+            missing = sorted({h for h, _ in ref.hcas} - {h for h, _ in rail.hcas}, key=natural_key)
             errors.append((where, "NCCL_IB_HCA", f"{len(rail.hcas)} usable HCAs "
-                                                 f"({', '.join(h for h, _ in rail.hcas)}), {top} has {most}: "
-                                                 f"{_left(rail, rail_only=True)}"))
+                                                 f"({', '.join(h for h, _ in rail.hcas)}), {top} has {most}"
+                                                 + (f" (not usable here: {', '.join(missing)})" if missing else "")
+                                                 + f": {_left(rail, rail_only=True)}"))
         if rail.link_layer == "Ethernet":
             for hca, port in rail.hcas:
                 if not rail.family[f"{hca}:{port}"]:

@@ -25,12 +25,12 @@ RAILS = "=" + ",".join(f"mlx5_{i}:1" for i in range(10, 18))
 # fault persona -> the one line the pool's fabric report refuses it with ({worker}, {head}: the lab hosts' names)
 FAULTS = {
     "b300x8-roce-1-port-down": "host {worker}: NCCL_IB_HCA: 7 usable HCAs (mlx5_10, mlx5_11, mlx5_12, mlx5_14, "
-                               "mlx5_15, mlx5_16, mlx5_17), {head} has 8: mlx5_13:1: port 1 is DOWN (physical state "
-                               "Disabled)",
+                               "mlx5_15, mlx5_16, mlx5_17), {head} has 8 (not usable here: mlx5_13): mlx5_13:1: port 1 is DOWN "
+                               "(physical state Disabled)",
     "b300x8-roce-1-no-rocev2": "host {worker}: NCCL_IB_HCA: mlx5_12 port 1 has no RoCE v2 GID (NCCL needs one on "
                                "every HCA of the rail)",
     "b300x8-roce-1-7hca": "host {worker}: NCCL_IB_HCA: 7 usable HCAs (mlx5_10, mlx5_11, mlx5_12, mlx5_13, mlx5_14, "
-                          "mlx5_15, mlx5_16), {head} has 8: no other HCA on this rail",
+                          "mlx5_15, mlx5_16), {head} has 8 (not usable here: mlx5_17): no other HCA on this rail",
     "b300x8-roce-1-no-route": "host {worker}: NCCL_SOCKET_IFNAME: no interface reaches head 10.0.0.11: no route "
                               "covers it and there is no default route (routes on "
                               + ", ".join(f"gpu{i}rdma0" for i in range(8)) + ")",

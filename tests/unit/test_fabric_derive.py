@@ -93,8 +93,8 @@ def test_infiniband_h100_pair_read_without_iproute2():
      ["7 usable HCAs", "b300-a has 8", "mlx5_13:1: port 1 is DOWN (physical state Disabled)"]),
     ("b300-worker-no-rocev2.txt", "NCCL_IB_HCA", ["mlx5_12 port 1 has no RoCE v2 GID"]),
     ("b300-worker-no-route.txt", "NCCL_SOCKET_IFNAME", ["no interface reaches head 10.0.0.11"]),
-    ("b300-worker-7hca.txt", "NCCL_IB_HCA", ["7 usable HCAs", "mlx5_10, mlx5_11", "b300-a has 8",
-                                             "no other HCA on this rail"]),
+    ("b300-worker-7hca.txt", "NCCL_IB_HCA", ["7 usable HCAs", "mlx5_10, mlx5_11", "b300-a has 8 (not usable here: "
+                                             "mlx5_17)", "no other HCA on this rail"]),
 ])
 def test_faults_fail_the_pool_naming_host_and_device(worker, field, words):
     pool = b300_pool(worker)
