@@ -48,12 +48,23 @@ SGLANG_EVENTS = (
     ("api_server_started", r"Application startup complete\."),
     ("server_ready", r"The server is fired up and ready to roll!"),
 )
+# llama-server's, from tools/server/server.cpp (load_model, and the server's own "model loaded" / "listening on",
+# printed by `main` in older builds and `llama_server` in newer ones).
+LLAMA_EVENTS = (
+    ("weights_begin", r"load_model: loading model '(?P<path>[^']+)'"),
+    ("context_initialized", r"load_model: initializing, n_slots = (?P<slots>\d+)"),
+    ("model_loaded", r"(?:main|llama_server): model loaded"),
+    ("api_server_started", r"(?:main|llama_server): (?:server is )?listening on (?P<url>\S+)"),
+)
 # `docker logs --timestamps` prefix, then the engine's own. vLLM: an optional process tag, level, MM-DD HH:MM:SS,
 # [file:line]. SGLang: [YYYY-MM-DD HH:MM:SS, then the ranks (DP0 TP1 ...) when there are several].
 _DOCKER_TS = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z) ")
 _VLLM_HEAD = re.compile(r"^(?:\((?P<proc>[^)]*)\) )?(?:INFO|WARNING|DEBUG|ERROR) (?P<md>\d\d-\d\d) "
                         r"(?P<hms>\d\d:\d\d:\d\d) \[(?P<where>[^\]]+)\] ")
 _SGLANG_HEAD = re.compile(r"^\[(?P<date>\d{4}-\d\d-\d\d) (?P<hms>\d\d:\d\d:\d\d)(?: (?P<proc>[^\]]+))?\] ")
+# llama.cpp: with its log timestamps, minutes.seconds.milliseconds.microseconds since start and a level letter, then
+# the module (srv, cmn, ...); without them, the message alone.
+_LLAMA_HEAD = re.compile(r"^(?:(?P<rel>\d+\.\d\d\.\d{3}\.\d{3}) [IWED] )?(?:(?P<proc>srv|cmn)\s+)?")
 
 
 def _compiled(events) -> list:
@@ -69,10 +80,19 @@ def _sglang_time(head: re.Match) -> float:
     return datetime.strptime(f"{head['date']} {head['hms']}", "%Y-%m-%d %H:%M:%S").timestamp()
 
 
+def _llama_time(head: re.Match) -> float | None:
+    """Seconds since the server started, from llama.cpp's own stamp; None when its log carries none."""
+    if not head["rel"]:
+        return None
+    minutes, seconds, ms, us = head["rel"].split(".")
+    return int(minutes) * 60 + int(seconds) + int(ms) / 1e3 + int(us) / 1e6
+
+
 # boot-line family (an engine's `boot_log` in catalog/engines.yaml) -> (its line head, the head's time, its boot
 # lines). One entry per name of catalog.BootLog.
 PARSERS = {"vllm": (_VLLM_HEAD, _vllm_time, _compiled(VLLM_EVENTS)),
-           "sglang": (_SGLANG_HEAD, _sglang_time, _compiled(SGLANG_EVENTS))}
+           "sglang": (_SGLANG_HEAD, _sglang_time, _compiled(SGLANG_EVENTS)),
+           "llama.cpp": (_LLAMA_HEAD, _llama_time, _compiled(LLAMA_EVENTS))}
 
 
 def boot_log(engine: str) -> str | None:
@@ -95,7 +115,7 @@ def parse_boot(engine: str, lines: list[str]) -> dict | None:
     The engine's boot timeline from its log lines: {"events": [{"event", "seconds" (what the engine says the step
     took), "at" (seconds since the first timestamped boot line), "process", plus the line's own values)],
     "summary": {event: the slowest process's seconds}, "compile_cache": "warm" | "cold" | None (vLLM says which;
-    SGLang does not)}. None for an engine whose lines are not read (`boot_log: null`: llama-server).
+    SGLang does not)}. None for an engine whose lines are not read (`boot_log: null`).
     """
     family = boot_log(engine)
     if family is None:
@@ -116,9 +136,11 @@ def parse_boot(engine: str, lines: list[str]) -> dict | None:
             if not found:
                 continue
             when = stamp if stamp is not None else engine_time(head)
-            first = when if first is None else first
             values = found.groupdict()
-            record = {"event": event, "at": round(when - first, 3), "process": head["proc"]}
+            record = {"event": event, "process": head["proc"]}
+            if when is not None:  # a line with no time (llama.cpp without its stamps) still says what happened
+                first = when if first is None else first
+                record["at"] = round(when - first, 3)
             if head.groupdict().get("where"):
                 record["where"] = head["where"]
             if values.get("s") is not None:
@@ -139,7 +161,8 @@ def boot_log_command(container: str) -> StringCommand:
     """The container's log since it started, timestamped by docker; only lines that may be boot lines."""
     script = (f"docker logs --timestamps {shlex.quote(container)} 2>&1 | "
               "grep -E ' took | takes |transform time|Starting vLLM API server|Using cache directory|"
-              "Graph capturing finished|Load weight|graph end|startup complete|fired up|Init torch distributed' | "
+              "Graph capturing finished|Load weight|graph end|startup complete|fired up|Init torch distributed|"
+              "loading model|n_slots|model loaded|listening on' | "
               "head -n 2000")
     return StringCommand("sh", "-c", shlex.quote(script))
 

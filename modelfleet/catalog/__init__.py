@@ -102,7 +102,7 @@ class ExpertOffload(_Strict):
 
 
 # The families of boot lines modelfleet/timeline.py reads from an engine's log (its line head and its messages).
-BootLog = Literal["vllm", "sglang"]
+BootLog = Literal["vllm", "sglang", "llama.cpp"]
 
 
 class Engine(_Strict):

@@ -88,9 +88,24 @@ def test_boot_log_family_reads_the_engines_real_logs(engine):
         assert timeline.parse_boot(engine, lines)["events"], path.name
 
 
-def test_an_engine_whose_log_is_not_read_says_so():
-    assert [e for e in ENGINES if ENGINES[e].boot_log is None] == ["llama.cpp"]
+def test_an_engine_whose_log_is_not_read_says_so(monkeypatch):
+    silent = {**ENGINES, "llama.cpp": ENGINES["llama.cpp"].model_copy(update={"boot_log": None})}
+    monkeypatch.setattr(timeline, "load_catalog", lambda: SimpleNamespace(engines=silent))
     assert timeline.parse_boot("llama.cpp", ["main: server is listening on http://127.0.0.1:8080"]) is None
+
+
+def test_llama_servers_boot_on_the_h200_in_its_own_time():
+    """The recorded llama-server boot: the model's load, its context, loaded, listening, at llama.cpp's own
+    seconds; an older build's lines without stamps still name the events."""
+    path = LOGS / "llama.cpp-h200-b11434.txt"
+    boot = timeline.parse_boot("llama.cpp", path.read_text().split("# ---\n", 1)[1].splitlines())
+    assert [(e["event"], e["at"]) for e in boot["events"]] == [
+        ("weights_begin", 0.0), ("context_initialized", 0.466), ("model_loaded", 0.474),
+        ("api_server_started", 0.474)]
+    assert boot["events"][0]["path"] == "/model/tiny-moe.gguf" and boot["events"][-1]["url"] == "http://127.0.0.1:8080"
+    old = timeline.parse_boot("llama.cpp", ["main: model loaded", "main: server is listening on http://0.0.0.0:8080"])
+    assert [e["event"] for e in old["events"]] == ["model_loaded", "api_server_started"]
+    assert all("at" not in e for e in old["events"])
 
 
 def test_an_unknown_engine_has_no_boot_log_to_guess():

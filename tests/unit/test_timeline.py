@@ -73,10 +73,6 @@ def test_docker_timestamps_take_over_the_engines_own():
     assert boot["events"][1]["at"] == pytest.approx(2.831, abs=0.001)
 
 
-def test_engines_without_a_parser_give_none():
-    assert timeline.parse_boot("llama.cpp", ["main: server is listening on http://127.0.0.1:8080"]) is None
-
-
 def test_stage_of_an_operation_is_its_deploy():
     assert timeline.stage_of({"modelfleet service | Run modelfleet-k31.service"}) == "service"
     assert timeline.stage_of({"modelfleet model | Fetch x"}) == "model"
