@@ -179,14 +179,31 @@ def _plan_text(report, recipe) -> str:
 @click.argument("host")
 @inventory_options
 @click.option("--json", "as_json", is_flag=True, help="Print the files (path, mode, content) and notes as JSON.")
-def render_cmd(inventory: str, host: str, group_data, data, as_json: bool) -> None:
-    """Print HOST's systemd unit(s) and env file(s) as the run writes them, secrets masked (images shown by
-    tag: the run pins them to digests)."""
+@click.option("--pin", is_flag=True, help="Ask the registry for each image's digest and the hub (or mirror) for "
+              "the revision's commit, as the run does, so the files shown are byte for byte the run's.")
+def render_cmd(inventory: str, host: str, group_data, data, as_json: bool, pin: bool) -> None:
+    """Print HOST's systemd unit(s) and env file(s) as the run writes them, secrets masked. Without --pin, images
+    by tag and the revision as written (the run pins them, and the engine cache directory is named after the
+    pins); with --pin, as pinned."""
+    from modelfleet.errors import ModelfleetError
+    from modelfleet.pins import pinned_service
+
     result = _resolved_or_exit(inventory, group_data, data)
     if host not in result.hosts:
         raise click.UsageError(f"no host {host!r} in {inventory} (hosts: {', '.join(sorted(result.hosts))})")
     files, notes = [], []
-    for svc in result.hosts[host].services:
+    plan = result.hosts[host]
+    for svc in plan.services:
+        if pin:
+            try:
+                svc = pinned_service(plan, svc)
+            except ModelfleetError as error:
+                click.echo(f"modelfleet render --pin: {host}: pool {svc.pool}: {error}", err=True)
+                sys.exit(1)
+        else:
+            notes.append(f"image {svc.image} and revision {svc.revision or 'main'} as written: the run pins them "
+                         "(digest, commit) and names the engine cache directory after the pins (render --pin "
+                         "shows them pinned)")
         notes.append(f"recipe {svc.recipe.id} ({'verified' if svc.recipe.verified else 'not verified'} by "
                      f"modelfleet; source: {svc.recipe.source})")
         notes.append(f"image {svc.image}: {svc.engine_name} flags checked with {svc.engine_name} "
@@ -195,7 +212,7 @@ def render_cmd(inventory: str, host: str, group_data, data, as_json: bool) -> No
                     else f"{svc.recipe.memory_fraction} (planning only: {svc.engine_name} has no such flag)")
         notes.append(f"memory fraction the plan sized with: {fraction}; clients call it: "
                      f"{', '.join(render.served_names(svc))}; GPUs: {', '.join(map(str, svc.gpu_indices)) or 'none'}")
-        if svc.model_file and any(c in svc.model_file for c in "*?["):
+        if not pin and svc.model_file and any(c in svc.model_file for c in "*?["):
             notes.append(f"model file {svc.model_file} is a pattern: the run names the revision's first matching "
                          "file (sorted, e.g. the GGUF's -00001-of- shard) in the unit; systemd and docker never "
                          "expand it")

@@ -142,3 +142,16 @@ def test_limit_with_a_group_picks_its_hosts_on_every_command_that_acts_on_hosts(
     assert seen["verify"] == seen["bench"] == ["gb300-tray-a/kimi-k31-gb300"]
     dry = CliRunner().invoke(main, ["upgrade", "--dry", INVENTORY, "--limit", "gb300_kimi"])
     assert json.loads(dry.output)["batches"][0]["hosts"] == group
+
+
+def test_render_says_what_the_run_pins_and_render_pin_fails_in_one_line_when_it_cannot(tmp_path):
+    inv = tmp_path / "inv.py"
+    inv.write_text("gpus = [('g1', {'hardware': 'h200', 'model': 'qwen3-8b', 'engine': 'vllm', 'gpu_stack': False, "
+                   "'gpu_count': 1, 'image_registry': '127.0.0.1:1', "
+                   "'revision': '0123456789abcdef0123456789abcdef01234567'})]\n")
+    plain = CliRunner().invoke(main, ["render", "--json", str(inv), "g1"])
+    assert plain.exit_code == 0, plain.output
+    assert any("the run pins them" in n and "render --pin" in n for n in json.loads(plain.output)["notes"])
+    pinned = CliRunner().invoke(main, ["render", "--pin", str(inv), "g1"])
+    assert pinned.exit_code == 1 and "Traceback" not in pinned.output
+    assert pinned.stderr.startswith("modelfleet render --pin: g1: pool g1: ") and "127.0.0.1:1" in pinned.stderr
