@@ -10,6 +10,7 @@ import sys
 import urllib.request
 from dataclasses import dataclass, replace
 from fnmatch import fnmatch
+from pathlib import Path
 
 from gevent.lock import Semaphore
 
@@ -95,15 +96,26 @@ def _from_mirror(repo: str, revision: str, source: str) -> Snapshot:
     return Snapshot(repo=repo, revision=revision, commit=revision, files=files)
 
 
+def inside(rel: str) -> bool:
+    """A listed file's path stays below the revision's folder (no `..`, not absolute)."""
+    return bool(Path(rel).parts) and not Path(rel).is_absolute() and ".." not in Path(rel).parts
+
+
 def snapshot(repo: str, revision: str | None, endpoint: str, token_env: str, source: str | None = None) -> Snapshot:
-    """Resolve once per run (all hosts of a pool share the answer)."""
+    """Resolve once per run (all hosts of a pool share the answer). A listing that names a file outside the
+    revision's folder is refused: the hosts would write it wherever it points."""
     key = (repo, revision or "main", source or endpoint)
     with _lock:
         if key not in _snapshots:
             if source:
-                _snapshots[key] = _from_mirror(repo, revision or "", source)
+                snap = _from_mirror(repo, revision or "", source)
             else:
-                _snapshots[key] = _from_hub(repo, revision or "main", endpoint, os.environ.get(token_env))
+                snap = _from_hub(repo, revision or "main", endpoint, os.environ.get(token_env))
+            outside = sorted(rel for rel in snap.files if not inside(rel))
+            if outside:
+                raise ModelSourceError(f"{repo}@{snap.commit[:12]} on {source or endpoint} lists files outside its "
+                                       f"folder ({', '.join(outside[:3])}): refused")
+            _snapshots[key] = snap
         return _snapshots[key]
 
 

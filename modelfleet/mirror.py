@@ -26,6 +26,7 @@ import importlib.util
 import json
 import os
 import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Callable
 
 from modelfleet import FILES_DIR
-from modelfleet.checkpoint import MANIFEST, ModelSourceError, snapshot
+from modelfleet.checkpoint import MANIFEST, ModelSourceError, inside, snapshot
 from modelfleet.errors import ModelfleetError
 from modelfleet.inventory import COMMIT_RE, Resolved
 
@@ -230,6 +231,10 @@ def _with_sha256(folder: Path, rel: str, entry: dict) -> dict:
 
 def _one(want: Wanted, dest: Path, source, staging_root: Path, log: Callable[[str], None]) -> dict:
     commit, files = source.listing(want)
+    outside = sorted(rel for rel in files if not inside(rel))
+    if outside:
+        raise MirrorError(f"{want.repo}@{commit[:12]} on {source.describe(want)} lists files outside its folder "
+                          f"({', '.join(outside[:3])}): refused, nothing of it written")
     if not files:
         raise MirrorError(f"{want.repo}@{commit[:12]} on {source.describe(want)} has no file the services need "
                           f"({', '.join(want.patterns or ())})")
@@ -251,6 +256,7 @@ def _one(want: Wanted, dest: Path, source, staging_root: Path, log: Callable[[st
     staging.mkdir(parents=True, exist_ok=True)
     failed: list[str] = []
     done = [0]
+    counted = threading.Lock()
 
     def one(rel: str) -> None:
         source.copy(want, commit, rel, staging)
@@ -266,8 +272,10 @@ def _one(want: Wanted, dest: Path, source, staging_root: Path, log: Callable[[st
         (staging / rel).replace(final)
         st = final.stat()
         verified[rel] = _with_sha256(target, rel, {**good[rel], "size": st.st_size, "mtime": st.st_mtime})
-        done[0] += 1
-        log(f"mirror: {label}: {rel} ({files[rel]['size'] / 1e6:.1f} MB) verified [{done[0]}/{len(missing)}]")
+        with counted:
+            done[0] += 1
+            count = done[0]
+        log(f"mirror: {label}: {rel} ({files[rel]['size'] / 1e6:.1f} MB) verified [{count}/{len(missing)}]")
 
     workers = fetch.WORKERS if isinstance(source, HubSource) else 1  # one SFTP channel: prefetch fills it
     with ThreadPoolExecutor(workers) as pool:

@@ -248,3 +248,21 @@ def test_the_command_prints_json_on_stdout_and_progress_on_stderr(hub, tmp_path)
                              capture_output=True, text=True, env=env, cwd=REPO_ROOT)
     assert refused.returncode == 1 and refused.stdout == ""
     assert refused.stderr.startswith("modelfleet mirror: ") and len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_a_listing_that_names_a_file_outside_its_folder_is_refused_before_anything_is_written(inventory, tmp_path,
+                                                                                               monkeypatch):
+    """A manifest (or file list) naming `../x` or an absolute path could put files anywhere on the control node:
+    the revision is refused whole, nothing of it copied."""
+    dest = tmp_path / "mirror"
+    real = mirror.HubSource.listing
+
+    def hostile(self, want):
+        commit, files = real(self, want)
+        return commit, {**files, "../../escaped.txt": next(iter(files.values()))}
+
+    monkeypatch.setattr(mirror.HubSource, "listing", hostile)
+    with pytest.raises(mirror.MirrorError, match=r"lists files outside its folder \(\.\./\.\./escaped\.txt\)"):
+        mirror.build(inventory, ["h1"], dest, log=quiet)
+    assert not (tmp_path / "escaped.txt").exists() and not (dest / "escaped.txt").exists()
+    assert not [p for p in files_in(dest) if p.endswith(".safetensors")]
