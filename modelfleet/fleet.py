@@ -113,7 +113,7 @@ def status_script(plan: HostPlan) -> str:
         )
     for rp in plan.routers:  # a front door: its unit, and the replicas its router lists (and their health)
         parts.append(f"echo '{MARK} router {rp.name}'; {unit_show_command(rp.unit_name, UNIT_PROPERTIES)}; "
-                     f"echo \"workers=$({{ {router.list_command(rp)}; }} | tr -d '\\n')\"; ")
+                     f"{router.workers_echo(rp)}; ")
     parts.append(f"echo '{MARK} host'; echo \"driver=$({driver_version_sh()})\"; echo \"boot=$({boot_token_sh()})\";")
     parts.append(f"echo '{MARK} gpus'; nvidia-smi --query-gpu=index,memory.used,memory.total "
                  "--format=csv,noheader,nounits 2>/dev/null || true")
@@ -206,7 +206,7 @@ def front_doors(resolved, hosts: list[str], present: bool) -> dict[str, str | No
         return {}
     plans = {rp.host: resolved.hosts[rp.host] for rp in doors.values()}
     listed = on_hosts(list(plans.values()), lambda plan: "; ".join(
-        f"echo {shlex.quote(rp.name)}; {router.list_command(rp)}; echo" for rp in doors.values()
+        f"echo {shlex.quote(f'{MARK} router {rp.name}')}; {router.workers_echo(rp)}" for rp in doors.values()
         if rp.host == plan.name))
     out: dict[str, str | None] = {}
     calls: dict[str, list[str]] = {}
@@ -217,7 +217,9 @@ def front_doors(resolved, hosts: list[str], present: bool) -> dict[str, str | No
             out[where] = f"router host {rp.host}: {_unreachable(outcome)}"
             continue
         lines = outcome[1].splitlines()
-        workers = router.parse_workers(lines[lines.index(rp.name) + 1] if rp.name in lines[:-1] else "")
+        mark = f"{MARK} router {rp.name}"
+        after = lines[lines.index(mark) + 1] if mark in lines[:-1] else ""
+        workers = router.listed(after.removeprefix("workers=")) if after.startswith("workers=") else None
         if workers is None:
             out[where] = f"router {rp.name} on {rp.host} does not answer its worker API"
         elif present and worker.url not in workers:
@@ -270,10 +272,7 @@ def _routers(plan: HostPlan, parsed: dict) -> list[dict]:
     out = []
     for rp in plan.routers:
         got = parsed.get(rp.name, {})
-        try:
-            listed = router.parse_workers(got.get("workers") or "")
-        except (ValueError, KeyError, TypeError):
-            listed = None
+        listed = router.listed(got.get("workers") or "")
         out.append({"name": rp.name, "unit": rp.unit_name, "front_door": rp.base_url,
                     "state": f"{got.get('ActiveState')}/{got.get('SubState')}",
                     "workers": None if listed is None else {url: w["healthy"] for url, w in listed.items()}})

@@ -174,13 +174,6 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
                 report["stopped"] = f"prefetch failed on {batch}: the old version keeps serving"
                 break
             switch_start = time.time()
-            if moving:
-                log(f"batch {batch}: drain for the driver upgrade ({', '.join(moving)})")
-                refused = {h: e for h, e in fleet.drain([resolved.hosts[h] for h in batch]).items() if e}
-                if refused:
-                    _left_drained(report, entry, watcher, switch_start, f"draining {batch} failed: {refused}",
-                                  result="drain failed", errors=refused)
-                    break
             if fleet.behind_front_doors(everything, batch):
                 log(f"batch {batch}: out of the front door")
                 where["step"] = "front door"
@@ -189,6 +182,13 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
                     entry.update(result="front door refused", errors=refused)
                     report["stopped"] = f"taking {batch} out of the front door failed: {refused}; nothing switched"
                     _back_in(everything, batch, report, log)
+                    break
+            if moving:
+                log(f"batch {batch}: drain for the driver upgrade ({', '.join(moving)})")
+                refused = {h: e for h, e in fleet.drain([resolved.hosts[h] for h in batch]).items() if e}
+                if refused:
+                    _left_drained(report, entry, watcher, switch_start, f"draining {batch} failed: {refused}",
+                                  result="drain failed", errors=refused)
                     break
             log(f"batch {batch}: switch")
             where["step"] = "switch"

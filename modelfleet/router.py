@@ -311,6 +311,20 @@ def list_command(rp: RouterPlan) -> str:
     return f"{_curl(rp, 'list')} 2>/dev/null || true"
 
 
+def workers_echo(rp: RouterPlan) -> str:
+    """Shell: `workers=<the router's list on one line>` (nothing after `=` when the router does not answer)."""
+    return f"echo \"workers=$({{ {list_command(rp)}; }} | tr -d '\\n')\""
+
+
+def listed(value: str) -> dict[str, dict] | None:
+    """The replicas a `workers=` value lists (parse_workers); None when the router did not answer or answered
+    something that is not its list."""
+    try:
+        return parse_workers(value)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def parse_workers(output: str) -> dict[str, dict] | None:
     """url -> {"id", "healthy"} from either router's list ({"workers": [...]}: SGLang's router names each by an
     id, vLLM's by its URL; or vLLM's /list_workers {"urls": [...]}); None when the router did not answer."""

@@ -3,6 +3,8 @@ and comes back after its gate; a router that cannot take it out stops the rollou
 
 import json
 
+import pytest
+
 from modelfleet import fleet, rollout, router
 from modelfleet.inventory import resolve
 
@@ -29,8 +31,8 @@ def setup(monkeypatch, list_answers=True, remove_ok=True):
             script = script_of(plan)
             if router.list_command(rp) in script:
                 rows = [{"id": f"id-{n}", "url": u, "is_healthy": True} for n, u in enumerate(sorted(listed))]
-                body = json.dumps({"workers": rows}) if list_answers else ""
-                out[plan.name] = (0, f"{rp.name}\n{body}\n", "")
+                body = json.dumps({"workers": rows}) if list_answers is True else (list_answers or "")
+                out[plan.name] = (0, f"{fleet.MARK} router {rp.name}\nworkers={body}\n", "")
                 continue
             for worker in rp.workers:
                 if router.remove_script(rp, worker.url, f"id-{sorted(listed).index(worker.url)}"
@@ -61,8 +63,9 @@ def test_each_replica_leaves_the_front_door_before_its_switch_and_returns_after_
                      ("in", "a")]
 
 
-def test_a_front_door_that_does_not_answer_stops_the_rollout_before_any_switch(monkeypatch):
-    resolved, steps = setup(monkeypatch, list_answers=False)
+@pytest.mark.parametrize("answer", [False, "<html>502 Bad Gateway</html>"])
+def test_a_front_door_that_does_not_answer_stops_the_rollout_before_any_switch(monkeypatch, answer):
+    resolved, steps = setup(monkeypatch, list_answers=answer)
     report = rollout.rollout("inv.py", resolved, log=lambda line: None)
     assert report["upgraded"] == [] and "out of the front door failed" in report["stopped"]
     assert "does not answer its worker API" in report["stopped"]
