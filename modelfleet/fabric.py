@@ -47,7 +47,22 @@ IMEX_CHANNEL = "/dev/nvidia-caps-imex-channels/channel0"
 MNNVL_ENV = {"NCCL_MNNVL_ENABLE": "1", "NCCL_CUMEM_ENABLE": "1"}
 ROCE_V2 = "RoCE v2"
 FULL_PKEY = 0xFFFF
-HEAD_ON_SSH = " (also its SSH address: set fabric_address where the pool has a fabric network)"
+
+
+def head_of(first) -> tuple[str, bool]:
+    """The pool's head address (its first host's fabric_address), and whether that is its SSH address (the
+    inventory set no fabric_address)."""
+    head = first.fabric_address or first.address
+    return head, head == first.address
+
+
+def head_reason(first, head: str, on_ssh: bool, over: str | None = None) -> str:
+    """Where the head address comes from, and the interface that reaches it once the facts are read."""
+    reached = f", reached over {over}" if over else ""
+    if on_ssh:
+        return (f"{head}: {first.name}'s SSH address (the inventory sets no fabric_address){reached}: set "
+                "fabric_address to the head's address on the pool network where it has one")
+    return f"{head}: {first.name}'s fabric_address (from the inventory){reached}"
 INVENTORY_KEYS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA")
 
 
@@ -214,7 +229,7 @@ def derive(pool_name: str, members: list[tuple]) -> PoolFabric:
     if not members:
         return out
     head_plan = members[0][0]
-    head = head_plan.fabric_address or head_plan.address
+    head, head_ssh = head_of(head_plan)
     try:
         ipaddress.ip_address(head)
     except ValueError:
@@ -243,7 +258,7 @@ def derive(pool_name: str, members: list[tuple]) -> PoolFabric:
             continue
         out.hosts[plan.name] = _host(plan, fact, head, controls[plan.name], rails[plan.name], family,
                                      given_hca[plan.name], imex, imex_nodes, out.errors,
-                                     head_ssh=head == head_plan.address)
+                                     head_reason(head_plan, head, head_ssh, controls[plan.name][0]))
     counts = {name: len(h.hcas) for name, h in out.hosts.items()}
     if len(set(counts.values())) > 1 and any(given_hca.values()):
         out.errors.append((f"pool {pool_name}", "NCCL_IB_HCA", "members use different numbers of HCAs (NCCL pairs "
@@ -308,7 +323,7 @@ def host_ip_envs() -> list[tuple[str, str]]:
 
 
 def _host(plan, fact, head, control, rail: _Rail, family, given_hca, imex, imex_nodes, errors,
-          head_ssh: bool = False) -> HostFabric:
+          head_text: str) -> HostFabric:
     ifname, route = control
     reasons: dict[str, str] = {}
     env: dict[str, str] = {}
@@ -316,9 +331,7 @@ def _host(plan, fact, head, control, rail: _Rail, family, given_hca, imex, imex_
     text = (f"{ifname} holds the head's address {head} (this host is the head)" if route.get("src") == head else
             f"{ifname} routes to head {head} ({_route_text(route)})")
     reasons["ifname"] = text
-    reasons["head_address"] = f"the head's fabric_address, reached over {ifname}"
-    if head_ssh:
-        reasons["head_address"] += HEAD_ON_SSH
+    reasons["head_address"] = head_text
     for key, value in (("NCCL_SOCKET_IFNAME", f"={ifname}"), ("GLOO_SOCKET_IFNAME", ifname)):
         if net.get(key):
             env[key], reasons[key] = net[key], f"from the inventory; checked: {text}"
@@ -417,7 +430,7 @@ def expected(pool_name: str, members: Iterable) -> PoolFabric:
     if not plans:
         return out
     first = plans[0]
-    head = first.fabric_address or first.address
+    head, head_ssh = head_of(first)
     imex = nvlink_domain(first.hardware)
     nodes = tuple(p.fabric_address or p.address for p in plans)
     later = "derived on the hosts at run time"
@@ -427,11 +440,7 @@ def expected(pool_name: str, members: Iterable) -> PoolFabric:
         given = plan.network_env.get("NCCL_SOCKET_IFNAME", "")
         ifname = given[1:] if given.startswith("=") and "," not in given else None
         reasons["ifname"] = "from the inventory" if ifname else later
-        reasons["head_address"] = (
-            f"{head}: {first.name}'s fabric_address (from the inventory)" if first.fabric_address != first.address
-            else f"{head}: {first.name}'s SSH address (the inventory sets no fabric_address); the hosts keep it and "
-                 "derive only the interface that reaches it: set fabric_address to the head's address on the pool "
-                 "network")
+        reasons["head_address"] = head_reason(first, head, head_ssh)
         for key in INVENTORY_KEYS + tuple(key for key, _ in host_ip_envs()):
             reasons.setdefault(key, later)
         reasons["devices"] = later + ("; the IMEX channel" if imex else "")

@@ -111,7 +111,7 @@ def plain(value):
     return sorted(value) if isinstance(value, set) else str(value)
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True, type=Path)
     out = parser.parse_args().out
@@ -183,7 +183,12 @@ def main() -> None:
         print(f"reach {case} (worker over {ifname}): rc {[r['rc'] for r in ranks]} in "
               f"{[r['seconds'] for r in ranks]} s; ok={judged['ok']} problems={judged['problems']}", flush=True)
     (out / "results.json").write_text(json.dumps(result, indent=1, default=plain) + "\n")
+    # The run passes when the member passes, the reachability check over the derived interface passes and the
+    # one over a down interface fails (where the host has one).
+    reach = result["reach"]
+    down = reach["down"].get("verdict")
+    return 0 if (verdict["ok"] and reach["derived"]["verdict"]["ok"] and not (down and down["ok"])) else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -159,8 +159,8 @@ class HostData(BaseModel):
         [], description="Registries (host[:port], as the images name them) the control node reaches over plain "
         "HTTP to pin digests, as Docker's insecure-registries (the hosts' dockerd must name them too); loopback "
         "always is.")
-    gpu_passthrough: bool = Field(True, description="Hand the service's GPUs to its container (False on the "
-                                  "lab's hosts, which have none).")
+    gpu_passthrough: bool = Field(True, description="Hand the service's GPUs to its container (NVIDIA: CDI "
+                                  "devices; AMD: /dev/kfd and its render nodes); False: the container gets none.")
     services: Annotated[list[dict[str, Any]], Field(min_length=1)] | None = Field(
         None, description="Several services on one host, each entry a set of service settings; unset: the "
         "host's own service settings are its one service.")

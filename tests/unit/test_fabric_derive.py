@@ -164,9 +164,10 @@ def test_a_head_on_its_ssh_address_says_so():
     pool = fab.derive("k31", [(head, fact("b300-head.txt")),
                               (plan("b300-b", "b300", "10.0.0.12"), fact("b300-worker.txt"))])
     assert pool.hosts["b300-b"].reasons["head_address"] == \
-        "the head's fabric_address, reached over bond0 (also its SSH address: set fabric_address where the pool " \
-        "has a fabric network)"
-    assert b300_pool().hosts["b300-b"].reasons["head_address"] == "the head's fabric_address, reached over bond0"
+        "10.0.0.11: b300-a's SSH address (the inventory sets no fabric_address), reached over bond0: set " \
+        "fabric_address to the head's address on the pool network where it has one"
+    assert b300_pool().hosts["b300-b"].reasons["head_address"] == \
+        "10.0.0.11: b300-a's fabric_address (from the inventory), reached over bond0"
 
 
 def test_a_head_without_an_ip_address_is_an_error():
