@@ -11,6 +11,7 @@ import click
 
 from modelfleet import render
 from modelfleet.catalog import load_catalog
+from modelfleet.commands import inventory_args
 from modelfleet.inventory import open_inventory
 from modelfleet.inventory.door import parse_data
 from modelfleet.planner import plan_capacity, split_lines
@@ -518,8 +519,7 @@ def upgrade(inventory: str, parallel: int, min_healthy: int | None, limit, dry: 
         return
     report = rollout(inventory, result, parallel, min_healthy, env=dict(os.environ),
                      log=lambda line: click.echo(line, err=True), limit=tuple(limit),
-                     inventory_args=[arg for folder in group_data for arg in ("--group-data", folder)] +
-                     [arg for pair in data for arg in ("--data", pair)], everything=everything)
+                     inventory_args=inventory_args(group_data, data), everything=everything)
     click.echo(json.dumps(report, indent=2))
     sys.exit(0 if not report["stopped"] else 1)
 
@@ -563,8 +563,7 @@ def admit(inventory: str, limit, hosts, group_data, data) -> None:
     chosen = _selected(result, limit, hosts)
     started = time.time()
     run = run_pyinfra(inventory, deploy("admission"), limit=chosen if (limit or hosts) else (), timeout=600,
-                      group_data=group_data,
-                      extra=[arg for pair in data for arg in ("--data", pair)])
+                      extra=inventory_args(group_data, data))
 
     def this_runs(kind: str, name: str) -> dict | None:
         """The host's report of this run (an older one says nothing about this run)."""
@@ -611,8 +610,7 @@ def converge(inventory: str, deploy: str, shards: int, dry: bool, limit, group_d
                               indent=2))
         return
     summary = sharding.converge(inventory, deploy, split, progress=lambda line: click.echo(line, err=True),
-                                options=[*[a for f in group_data for a in ("--group-data", f)],
-                                         *[a for pair in data for a in ("--data", pair)]])
+                                options=inventory_args(group_data, data))
     click.echo(json.dumps(summary, indent=2))
     sys.exit(0 if summary["ok"] else 1)
 

@@ -22,12 +22,17 @@ def deploy(name: str) -> str:
     return f"modelfleet.deploys.{name}"
 
 
+def inventory_args(group_data: Iterable[str] = (), data: Iterable[str] = ()) -> list[str]:
+    """pyinfra's `--group-data FOLDER` and `--data KEY=VALUE` arguments, in that order."""
+    return [*[arg for folder in group_data for arg in ("--group-data", folder)],
+            *[arg for pair in data for arg in ("--data", pair)]]
+
+
 def pyinfra_argv(inventory: str, deploy: str, *, limit: Iterable[str] = (), data: Mapping[str, object] = {},
                  group_data: Iterable[str] = (), extra: Iterable[str] = (), yes: bool = True) -> list[str]:
     return [sys.executable, "-m", "pyinfra", *(["-y"] if yes else []),
             *[arg for name in limit for arg in ("--limit", name)],
-            *[arg for key, value in data.items() for arg in ("--data", f"{key}={value}")],
-            *[arg for folder in group_data for arg in ("--group-data", folder)],
+            *inventory_args(group_data, (f"{key}={value}" for key, value in data.items())),
             *extra, inventory, deploy]
 
 

@@ -370,11 +370,6 @@ def _apt_line(line: str, deb_arch: str) -> tuple[str, str]:
     return url.replace("$(ARCH)", deb_arch), suite.replace("$(ARCH)", deb_arch)
 
 
-def _site_insecure(result: Resolved) -> frozenset[str]:
-    """As digest pinning reads it in a run: every registry any host of the inventory names."""
-    return frozenset(r for data in result.data.values() for r in (data.get("insecure_registries") or ()))
-
-
 def outside_urls(result: Resolved, names: list[str], only_os: tuple[str, ...] = (),
                  arches: tuple[str, ...] = ()) -> list[dict]:
     """Every outside URL a run over the named hosts uses, without connecting to anything: asked of the stages'
@@ -382,7 +377,7 @@ def outside_urls(result: Resolved, names: list[str], only_os: tuple[str, ...] = 
     checks run, and the checkpoint source. Each entry: url (None for what the hosts' own configuration names),
     kind, what, used_by, hosts, os."""
     from modelfleet import router
-    from modelfleet.registry import base_url, split_reference
+    from modelfleet.registry import base_url, insecure_of, split_reference
     from modelfleet.stages import container_runtime, exporters, gpu_driver, os_base
     from modelfleet.stages import model as model_stage
     from modelfleet.stages import router as router_stage
@@ -400,7 +395,7 @@ def outside_urls(result: Resolved, names: list[str], only_os: tuple[str, ...] = 
         if label and label not in entry["os"]:
             entry["os"].append(label)
 
-    insecure = _site_insecure(result)
+    insecure = insecure_of(result.data.values())
     chosen = set(names)
     for name in names:
         plan = result.hosts[name]

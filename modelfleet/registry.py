@@ -103,9 +103,15 @@ def base_url(registry: str, insecure: frozenset[str] = frozenset()) -> str:
     return f"{scheme(registry, insecure)}://{registry}/v2/"
 
 
+def insecure_of(hosts_data) -> frozenset[str]:
+    """The registries any host names in `insecure_registries` (one site-wide set: the control node pins for
+    all hosts at once), from each host's data."""
+    return frozenset(r for data in hosts_data for r in (data.get("insecure_registries") or ()))
+
+
 def site_insecure() -> frozenset[str]:
-    """Inside a pyinfra run: the registries any host of the inventory names in `insecure_registries` (the
-    inventory has been checked against the schema before the run connects). Empty outside a run."""
+    """Inside a pyinfra run: insecure_of the inventory's hosts (checked against the schema before the run
+    connects). Empty outside a run."""
     try:
         from pyinfra.context import ctx_state
     except ImportError:  # pragma: no cover - pyinfra is a dependency
@@ -113,10 +119,7 @@ def site_insecure() -> frozenset[str]:
     state = ctx_state.get()
     if state is None or getattr(state, "inventory", None) is None:
         return frozenset()
-    names: set[str] = set()
-    for host in state.inventory:
-        names.update(host.data.get("insecure_registries") or ())
-    return frozenset(names)
+    return insecure_of(host.data for host in state.inventory)
 
 
 # --- Docker's config.json -------------------------------------------------------------------------------------
