@@ -43,7 +43,7 @@ INSTANCE_LABEL = f"modelfleet-lab.net={NET}"
 HOME_LABEL = "modelfleet-lab.home"  # the host's folder under the lab state that started it
 DOCKER_LABEL = "modelfleet-lab.docker"  # whose dockerd the host's engines run on: the machine's, or its own (cdi)
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
-TORCH = "torch==2.13.0"  # the CPU build pip installs on these machines (DESIGN.md 5)
+TORCH = "torch==2.13.0"  # the engine double's PyTorch (a CPU build), downloaded as a wheel for its image
 # persona -> (hardware, GPUs, recorded outputs, bare). A bare host has the GPUs but no driver, Docker or
 # toolkit: the GPU stack stages install them from the lab's apt repositories. The others come pre-built.
 PERSONAS = {"h200x1": ("h200", 1, "h200x1", False), "b300x8-synthetic": ("b300", 8, "b300x8-synthetic", False),
@@ -220,7 +220,7 @@ def _claim(spec: dict) -> bool:
     if labels.returncode != 0:
         return False
     owner, docker = (labels.stdout.splitlines() + ["", ""])[:2]
-    docker = "cdi" if docker == "cdi" else "machine"  # hosts made before the label ran on the machine's
+    docker = "cdi" if docker == "cdi" else "machine"  # a host without the label runs on the machine's
     if owner == spec["home"] and docker == _docker(spec):
         return True
     if owner == spec["home"]:

@@ -1,4 +1,4 @@
-"""Fabric personas: the network and RDMA view of hosts no one here has recorded (an 8x B300 with ConnectX RoCE
+"""Fabric personas: the network and RDMA view of hosts with no recording (an 8x B300 with ConnectX RoCE
 HCAs in two route groups and that board's worker with one fault each, a GB300 tray with IMEX, an InfiniBand
 H100 host), each built from a public output (tests/fixtures/fabric/SOURCE says which).
 

@@ -43,8 +43,8 @@ def operation_order_from_stack(state) -> list[int]:
     return line_numbers
 
 
-# pyinfra releases (major.minor) whose get_operation_order_from_stack this reproduces: the pin's range in
-# pyproject.toml may admit newer ones, which keep pyinfra's own until they are checked and added here.
+# pyinfra releases (major.minor) whose get_operation_order_from_stack this reproduces; any other release that
+# pyproject.toml's range admits runs pyinfra's own.
 CHECKED_PYINFRA = ("3.10",)
 
 

@@ -169,8 +169,7 @@ class ServicePlan:
 
     @property
     def legacy_unit_name(self) -> str | None:
-        """The name a replica's unit had when units were named after the host's implicit pool: retired when
-        found."""
+        """A replica's unit named after its pool (the host): found on a host, it is retired for `unit_name`."""
         return f"modelfleet-{self.pool}.service" if self.unit_stem and self.unit_stem != self.pool else None
 
     @property

@@ -57,8 +57,8 @@ def wait_ready(unit: str, base_url: str, served_name: str, timeout_s: int, auth_
 
 @operation(is_idempotent=False)
 def unit_retired(unit: str, path: str):
-    """A unit modelfleet wrote under a name it no longer uses: stopped, disabled, its file removed."""
-    yield StringCommand("systemctl", "disable", "--now", unit)
+    """A unit modelfleet wrote under a name its plan does not use: stopped, disabled, its file removed."""
+    yield StringCommand("systemctl", "disable", "--now", shlex.quote(unit))
     yield StringCommand("rm", "-f", "--", shlex.quote(path))
     yield StringCommand("systemctl", "daemon-reload")
 

@@ -58,9 +58,9 @@ def run(ctx: HostRun):
             content_file(name=f"Engine cache key {cache.key_file}", dest=cache.key_file, content=cache.key_json,
                          current=at(cache.key_file), mode="0644")
         old = svc.legacy_unit_name
-        if old and at(f"{UNIT_DIR}/{old}"):  # the same replica under its former name: stopped, then replaced
-            note_once(name=f"Unit {old}: renamed", message=f"modelfleet: {old} is now {svc.unit_name} (replicas of "
-                      "a model share one unit name): stopping and removing the old unit")
+        if old and at(f"{UNIT_DIR}/{old}"):  # the same replica under its pool's name: stopped, then replaced
+            note_once(name=f"Unit {old}: replaced", message=f"modelfleet: {old} serves as {svc.unit_name} (replicas "
+                      "of a model share one unit name): stopping and removing it")
             unit_retired(name=f"Retire {old}", unit=old, path=f"{UNIT_DIR}/{old}")
         changed = edited(svc, state)
         unit = units[svc.unit_name]

@@ -106,9 +106,10 @@ def test_converged_b300_host_gets_no_commands():
     assert len(executed(state, "b300-01")) == 2, executed(state, "b300-01")
 
 
-def test_replicas_share_one_unit_name_and_a_replicas_unit_under_its_former_name_is_retired(monkeypatch):
+def test_replicas_share_one_unit_name_and_a_replicas_unit_under_its_pool_name_is_retired(monkeypatch):
     """Replicas (no `pool`) are pools of their own named after their host, but their units are named after
-    what they serve; a unit left under the former host-named name is stopped and removed before the new one."""
+    what they serve; a unit of the replica under its pool's (host's) name is stopped and removed before the new
+    one starts."""
     replica = {k: v for k, v in b300_host().items() if k != "pool"}
     plans = resolve([("@fake/r1", replica), ("@fake/r2", replica)]).hosts
     assert {p.services[0].unit_name for p in plans.values()} == {"modelfleet-kimi-local.service"}

@@ -1,4 +1,5 @@
-"""Every exception class modelfleet defines derives from ModelfleetError, and keeps the base it had."""
+"""Every exception class modelfleet defines derives from ModelfleetError and from the builtin or library exception
+of its kind."""
 
 from __future__ import annotations
 
@@ -45,11 +46,11 @@ def test_each_derives_from_the_one_base(name):
 @pytest.mark.parametrize("name, base", [("modelfleet.checks.cost.PriceError", ValueError),
                                         ("modelfleet.checkpoint.ModelSourceError", RuntimeError),
                                         ("modelfleet.fleet.HostKeyError", paramiko.SSHException)])
-def test_each_keeps_the_base_it_had(name, base):
+def test_each_is_also_the_exception_of_its_kind(name, base):
     assert issubclass(EXCEPTIONS[name], base)
 
 
-def test_messages_and_fields_are_unchanged():
+def test_messages_and_fields():
     from modelfleet.catalog import CatalogError
     from modelfleet.inventory.plan import InventoryError
 
