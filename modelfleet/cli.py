@@ -213,6 +213,9 @@ def render_cmd(inventory: str, host: str, group_data, data, as_json: bool, pin: 
                     else f"{svc.recipe.memory_fraction} (planning only: {svc.engine_name} has no such flag)")
         notes.append(f"memory fraction the plan sized with: {fraction}; clients call it: "
                      f"{', '.join(render.served_names(svc))}; GPUs: {', '.join(map(str, svc.gpu_indices)) or 'none'}")
+        if svc.hardware.vendor == "amd" and svc.gpu_passthrough:
+            notes.append("the run adds the host's render group by number (`getent group render` on the host, read "
+                         "with preflight's probe) after `--group-add video`: a name would resolve in the image")
         if not pin and svc.model_file and any(c in svc.model_file for c in "*?["):
             notes.append(f"model file {svc.model_file} is a pattern: the run names the revision's first matching "
                          "file (sorted, e.g. the GGUF's -00001-of- shard) in the unit; systemd and docker never "

@@ -149,10 +149,11 @@ class HostRun:
         """Will this run (re)start a unit of `pool` on any of its hosts? (Each host's state read once.)"""
         cache = self._cache
         if pool not in cache.pool_starts:
+            from modelfleet.fabric_run import as_run
+
             members = cache.inventory.pools[pool].hosts
-            fabric = self.fabric(pool).hosts if len(members) > 1 else {}
             cache.pool_starts[pool] = any(starts(cache.inventory.hosts[name], self.deployed_on(name), pool,
-                                                 fabric.get(name)) for name in members)
+                                                 lambda svc: as_run(self, svc)) for name in members)
         return cache.pool_starts[pool]
 
 

@@ -1,5 +1,6 @@
 """A pool's fabric as the stages use it in a run (imex, netcheck, service): from the run context, for pools
-across hosts only, and the problems that stop such a pool before anything of it starts."""
+across hosts only, and the problems that stop such a pool before anything of it starts; and a service as its
+containers run on its host (as_run)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,15 @@ def pool_fabric(ctx: HostRun, pool: str) -> PoolFabric | None:
     return ctx.fabric(pool)
 
 
-def with_fabric(ctx: HostRun, svc: ServicePlan) -> ServicePlan:
-    """The service as its containers run: with this member's fabric, for pools across hosts."""
+def as_run(ctx: HostRun, svc: ServicePlan) -> ServicePlan:
+    """The service as its containers run on its host: with the member's fabric (pools across hosts) and, on
+    AMD, the host's render group by number (from the host's probe)."""
     fabric = pool_fabric(ctx, svc.pool)
-    return replace(svc, fabric=fabric.hosts.get(svc.host)) if fabric else svc
+    if fabric:
+        svc = replace(svc, fabric=fabric.hosts.get(svc.host))
+    if svc.hardware.vendor == "amd":
+        svc = replace(svc, render_gid=ctx.probe_on(svc.host).get("render_gid"))
+    return svc
 
 
 def refusals(ctx: HostRun, services) -> list[str]:

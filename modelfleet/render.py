@@ -116,13 +116,15 @@ def gpu_flags(svc: ServicePlan) -> list[str]:
     The service's own GPUs, by index. NVIDIA: CDI device requests (`--device nvidia.com/gpu=N`, from the spec
     container_runtime generates): the devices are in the container's OCI spec, so a `systemctl daemon-reload`
     re-applies them instead of dropping them (NVIDIA container toolkit issue #48, which `--gpus` hits under
-    the systemd cgroup driver). AMD: /dev/kfd and the service's render nodes.
+    the systemd cgroup driver). AMD: /dev/kfd and the service's render nodes, the video group by name (every
+    image has it) and the host's render group by number (read on the host).
     """
     if not svc.gpu_passthrough or svc.hardware.vendor == "none":
         return []
     if svc.hardware.vendor == "amd":
         nodes = [arg for i in svc.gpu_indices for arg in ("--device", f"/dev/dri/renderD{AMD_FIRST_RENDER_NODE + i}")]
-        return ["--device", "/dev/kfd", *nodes, "--group-add", "video", "--group-add", "render"]
+        render_group = ["--group-add", str(svc.render_gid)] if svc.render_gid is not None else []
+        return ["--device", "/dev/kfd", *nodes, "--group-add", "video", *render_group]
     return [arg for i in svc.gpu_indices for arg in ("--device", f"nvidia.com/gpu={i}")]
 
 

@@ -4,7 +4,7 @@ context's `pool_starts` by the netcheck gate and the verify stage, which act onl
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from modelfleet import render
 from modelfleet.inventory import HostPlan, ServicePlan
@@ -85,13 +85,14 @@ def what_it_sets(unit: str, current: dict, path: str) -> str:
     return f"sets {', '.join(dict.fromkeys(keys))}" if keys else "sets no [Service] setting"
 
 
-def starts(plan: HostPlan, state: dict, pool: str, fabric=None) -> bool:
-    """Will this run (re)start the host's unit of `pool`? (What the netcheck gate must clear first.) `fabric`:
-    the host's HostFabric in a pool across hosts, so its unit is compared as the service stage renders it."""
+def starts(plan: HostPlan, state: dict, pool: str, as_run=None) -> bool:
+    """Will this run (re)start the host's unit of `pool`? (What the netcheck gate must clear first.) `as_run`:
+    the service as its containers run on the host (fabric_run.as_run), so its unit is compared as the service
+    stage renders it."""
     for svc in pinned_services(plan):
         if svc.pool == pool:
-            if fabric is not None:
-                svc = replace(svc, fabric=fabric)
+            if as_run is not None:
+                svc = as_run(svc)
             unit = state["units"].get(svc.unit_name) or {}
             return (any(edited(svc, state).values()) or unit.get("ActiveState") != "active"
                     or merged(svc.unit_name, unit).restart)

@@ -136,3 +136,15 @@ class MemTotal(FactBase):
 
     def process(self, output):
         return parse_mem_total_kib(output)
+
+
+class RenderGroup(FactBase):
+    """The host's `render` group id: AMD containers get it by number (`--group-add N`, as vLLM's ROCm CI runs
+    them), since a name resolves inside the image, whose /etc/group may not have it. None: no such group."""
+
+    def command(self) -> str:
+        return "getent group render | cut -d: -f3"
+
+    def process(self, output):
+        value = "".join(output).strip()
+        return int(value) if value.isdigit() else None

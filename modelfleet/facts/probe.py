@@ -21,6 +21,7 @@ from modelfleet.facts.host import (
     ListeningPorts,
     MemTotal,
     OsRelease,
+    RenderGroup,
 )
 
 MARK = "@@modelfleet-probe"
@@ -28,7 +29,7 @@ PARTS = {
     "nvidia_gpus": NvidiaGpus, "nvidia_versions": NvidiaVersions, "nvidia_module": NvidiaKernelModule,
     "topology": NvidiaTopology, "amd_gpus": AmdGpus, "block_devices": BlockDevices, "os": OsRelease,
     "ports": ListeningPorts, "runtime": ContainerRuntime, "disk": DiskFree, "fabric_manager": FabricManager,
-    "mem_total_kib": MemTotal,
+    "mem_total_kib": MemTotal, "render_gid": RenderGroup,
     "gpu_health": GpuHealth,  # only when asked: admission's read (nvidia-smi -q -x, Xid lines) rides along
     "fabric": HostFabricFact,  # only when asked: a multi-node pool member's network and RDMA view
 }

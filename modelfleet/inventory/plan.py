@@ -146,6 +146,7 @@ class ServicePlan:
     driver_branch: str = ""  # the host's (HostPlan fills it in): part of the engine cache's key
     # A replica (no `pool` given) names its unit after what it serves, so every replica has the same unit name.
     unit_stem: str = ""
+    render_gid: int | None = None  # AMD: the host's render group (read with the probe), added by number
 
     def at_commit(self, commit: str, model_file: str | None = None) -> "ServicePlan":
         """The same service pinned to a resolved 40-hex commit: its own model directory, so a new revision

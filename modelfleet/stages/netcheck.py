@@ -36,7 +36,7 @@ from modelfleet import FILES_DIR, nccl_log
 from modelfleet.catalog import CATALOG_DIR
 from modelfleet.context import HostRun
 from modelfleet.fabric import HostFabric
-from modelfleet.fabric_run import pool_fabric, refusals, with_fabric
+from modelfleet.fabric_run import as_run, pool_fabric, refusals
 from modelfleet.inventory import HostPlan, ServicePlan
 from modelfleet.operations.files import content_file, directory
 from modelfleet.operations.report import fail_host, save_report
@@ -342,7 +342,7 @@ def run(ctx: HostRun):
         fail_host(name="Pool fabric", reasons=refused)
         return False
     for svc in plan.services:
-        needed, svc = _needed(ctx, svc), with_fabric(ctx, svc)
+        needed, svc = _needed(ctx, svc), as_run(ctx, svc)
         pool, fabric = ctx.inventory.pools[svc.pool], pool_fabric(ctx, svc.pool)
         collective_check(name=f"Collective check for pool {svc.pool} ({backend(svc)})", pool=svc.pool,
                          command=check_command(svc, pinned_image(svc), h2d=plan.admission_h2d), needed=needed,

@@ -39,7 +39,7 @@ def run(ctx: HostRun):
     if refused:  # a pool across hosts whose fabric is wrong: no unit of it starts
         fail_host(name="Pool fabric", reasons=refused)
         return
-    services = [fabric_run.with_fabric(ctx, svc) for svc in pinned_services(plan)]
+    services = [fabric_run.as_run(ctx, svc) for svc in pinned_services(plan)]
     state = ctx.deployed()
     at = state["paths"].get
     units = {svc.unit_name: state["units"].get(svc.unit_name) or {} for svc in services}

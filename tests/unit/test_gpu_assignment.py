@@ -49,6 +49,25 @@ def test_amd_services_get_their_own_render_nodes():
     assert "/dev/dri" not in flags  # not every render node of the host
 
 
+def test_amd_containers_get_the_hosts_render_group_by_number():
+    """The render group's id is the host's (its probe reads `getent group render`): by name it would resolve in
+    the image, whose /etc/group may not have it. A host without the group gets video only."""
+    from types import SimpleNamespace
+
+    from modelfleet.fabric_run import as_run
+
+    result = resolve([("m1", {"ssh_hostname": "192.0.2.2", "hardware": "mi355x", "model": "kimi-k3",
+                              "engine": "vllm", "revision": "d" * 40})])
+    svc = result.hosts["m1"].services[0]
+    for gid, tail in ((992, ["--group-add", "video", "--group-add", "992"]), (None, ["--device",
+                                                                                  "/dev/dri/renderD135",
+                                                                                  "--group-add", "video"])):
+        ctx = SimpleNamespace(inventory=result, probe_on=lambda name, gid=gid: {"render_gid": gid})
+        flags = render.gpu_flags(as_run(ctx, svc))
+        assert flags[-len(tail):] == tail and "render" not in flags
+    assert "render" not in render.gpu_flags(svc)  # before the probe: no group by name
+
+
 def test_preflight_names_a_driver_changed_under_the_loaded_module():
     from modelfleet.stages.preflight import evaluate
 
