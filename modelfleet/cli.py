@@ -510,9 +510,14 @@ def tunnel(inventory: str, host: str, pool: str | None, local_port: int | None, 
 def upgrade(inventory: str, parallel: int, min_healthy: int | None, limit, dry: bool, group_data, data) -> None:
     """Rolling upgrade to what INVENTORY now says (image, revision, driver release): batch by batch (JSON)."""
     import os
+    import signal
 
     from modelfleet.inventory.door import whole
     from modelfleet.rollout import batches, rollout
+
+    # Ctrl-C or `kill -INT` stops the rollout where it is and reports how to finish it, also when a shell
+    # started this command in the background (which starts it with SIGINT ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     result = _resolved_or_exit(inventory, group_data, data)
     everything, result = result, whole(result, _selected(result, limit), checkpoint_groups=False)

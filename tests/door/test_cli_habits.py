@@ -155,3 +155,42 @@ def test_render_says_what_the_run_pins_and_render_pin_fails_in_one_line_when_it_
     pinned = CliRunner().invoke(main, ["render", "--pin", str(inv), "g1"])
     assert pinned.exit_code == 1 and "Traceback" not in pinned.output
     assert pinned.stderr.startswith("modelfleet render --pin: g1: pool g1: ") and "127.0.0.1:1" in pinned.stderr
+
+
+def test_upgrade_stops_on_sigint_even_when_started_with_it_ignored(tmp_path):
+    """A shell without job control starts background commands with SIGINT ignored; `kill -INT` still stops the
+    rollout where it is (the rollout reports it)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    inv = tmp_path / "inv.py"
+    inv.write_text("b300 = [('r1', {})]\n")
+    (tmp_path / "group_data").mkdir()
+    (tmp_path / "group_data" / "b300.py").write_text(
+        "hardware = 'b300'\nmodel = 'kimi-k3.1-pro'\nengine = 'vllm'\n"
+        "revision = '0123456789abcdef0123456789abcdef01234567'\n")
+    script = f"""
+import signal, sys, time
+from modelfleet import cli, rollout
+
+def slow(*args, **kwargs):
+    print("rolling", flush=True)
+    try:
+        time.sleep(60)
+        return {{"stopped": None}}
+    except KeyboardInterrupt:
+        return {{"stopped": "interrupted"}}
+
+rollout.rollout = slow
+cli.main(["upgrade", {str(inv)!r}])
+"""
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert child.stdout.readline().strip() == "rolling"
+    started = time.monotonic()
+    child.send_signal(signal.SIGINT)
+    out, _ = child.communicate(timeout=30)
+    assert '"stopped": "interrupted"' in out and child.returncode == 1
+    assert time.monotonic() - started < 10
