@@ -5,7 +5,9 @@ The machine's Docker (Debian 12's docker.io 20.10) has no CDI, so a unit's `--de
 there. A host made with MODELFLEET_LAB_CDI gets its own dockerd 28: the .debs fetched once with apt from forky
 into the lab state (their declared dependencies, containerd and runc, are the machine's bookworm packages),
 its own data root (.lab/hosts/<host>/docker), exec root and socket (/run/modelfleet-lab/<id>: a unix socket's
-path must stay under 108 bytes), no bridge and no iptables rules (lab engines use the host network), CDI on, and the host's
+path must stay under 108 bytes), no iptables rules or forwarding (lab engines use the host network) and the
+default bridge left to the machine's dockerd (a dockerd told `bridge: none` deletes docker0 at start, which the
+machine's dockerd and its containers use), CDI on, and the host's
 /etc/cdi (.lab/hosts/<host>/cdi) as its spec directory. The host's GPUs are character device nodes in
 .lab/hosts/<host>/dev (NVIDIA's majors and minors: 195:N per GPU, 195:255 nvidiactl; no driver answers them, so
 an open that the device cgroup allows fails with ENXIO and one it refuses with EPERM). The host sees them in
@@ -146,8 +148,8 @@ def start(state: Path, name: str, home: Path) -> bool:
         "data-root": str(home / "docker"), "exec-root": str(run), "pidfile": str(run / "docker.pid"),
         "hosts": [f"unix://{socket_path(home)}"], "features": {"cdi": True},
         "cdi-spec-dirs": [str(home / "cdi")],
-        "init-path": str(root / "usr" / "bin" / "tini-static"), "bridge": "none", "iptables": False,
-        "ip6tables": False, "storage-driver": "overlay2", "log-level": "warn"}, indent=2) + "\n")
+        "init-path": str(root / "usr" / "bin" / "tini-static"), "iptables": False, "ip-forward": False,
+        "ip-masq": False, "ip6tables": False, "storage-driver": "overlay2", "log-level": "warn"}, indent=2) + "\n")
     log = open(state / f"dockerd-{name}.log", "a")
     # Its own session (stopped by process group); containerd, runc and their shims are the machine's.
     path = f"{root / 'usr' / 'sbin'}:{root / 'usr' / 'bin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
