@@ -28,6 +28,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from lab import daemons
+
 SUITE = "forky"
 MIRROR = "http://deb.debian.org/debian"
 PACKAGES = ("docker.io", "docker-cli", "tini-static")
@@ -181,7 +183,8 @@ def stop(state: Path, name: str, home: Path) -> bool:
         pid = int(pidfile.read_text())
         os.killpg(pid, signal.SIGTERM)
         was = True
-        _wait_gone(pid)
+        # dockerd stops its containers (SIGTERM, then SIGKILL after its own timeout) before it exits
+        daemons.wait_gone(pid, timeout_s=30)
     except (FileNotFoundError, ValueError, ProcessLookupError):
         pass
     pidfile.unlink(missing_ok=True)
@@ -195,22 +198,6 @@ def stop(state: Path, name: str, home: Path) -> bool:
     except OSError:
         pass
     return was
-
-
-def _wait_gone(pid: int, timeout_s: float = 30) -> None:
-    """dockerd stops its containers (SIGTERM, then SIGKILL after its own timeout) before it exits."""
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        try:
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                return
-        except ChildProcessError:
-            try:
-                os.killpg(pid, 0)
-            except ProcessLookupError:
-                return
-        time.sleep(0.1)
-    os.killpg(pid, signal.SIGKILL)
 
 
 def stop_all(state: Path) -> list[str]:

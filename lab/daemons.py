@@ -61,14 +61,14 @@ def stop_all(state: Path) -> list[str]:
             pid = int(pidfile.read_text())
             os.killpg(pid, signal.SIGTERM)
             stopped.append(pidfile.stem)
-            _wait_gone(pid)
+            wait_gone(pid)
         except (ProcessLookupError, ValueError):
             pass
         pidfile.unlink()
     return stopped
 
 
-def _wait_gone(pid: int, timeout_s: float = 5) -> None:
+def wait_gone(pid: int, timeout_s: float = 5) -> None:
     """Reap it if it is our child; SIGKILL its group if it outlives the timeout."""
     deadline = time.time() + timeout_s
     while time.time() < deadline:

@@ -19,6 +19,26 @@ def commands(group=main, prefix=()):
             yield (*prefix, name), command
 
 
+def one_host(tmp_path, name: str, **data):
+    """An inventory of one pre-built 1x H200 host, its revision pinned; `data` adds to or replaces its data."""
+    inv = tmp_path / "inv.py"
+    host = {"hardware": "h200", "model": "qwen3-8b", "engine": "vllm", "gpu_stack": False, "gpu_count": 1,
+            "revision": "0123456789abcdef0123456789abcdef01234567", **data}
+    inv.write_text(f"gpus = [({name!r}, {host!r})]\n")
+    return inv
+
+
+def b300_replicas(tmp_path, names: list[str], **group):
+    """Replicas of Kimi K3.1 Pro on 8x B300 hosts of group b300, set in its group_data (`group` adds to it)."""
+    inv = tmp_path / "inv.py"
+    inv.write_text(f"b300 = {[(n, {}) for n in names]!r}\n")
+    (tmp_path / "group_data").mkdir()
+    settings = {"hardware": "b300", "model": "kimi-k3.1-pro", "engine": "vllm",
+                "revision": "0123456789abcdef0123456789abcdef01234567", **group}
+    (tmp_path / "group_data" / "b300.py").write_text("".join(f"{k} = {v!r}\n" for k, v in settings.items()))
+    return inv
+
+
 def test_every_option_of_every_command_has_help():
     missing = [f"{' '.join(path)} {param.opts[0]}" for path, command in commands() for param in command.params
                if isinstance(param, click.Option) and not param.hidden and not param.help]
@@ -81,12 +101,7 @@ def test_plan_of_an_inventory_host_uses_its_recipe_and_refuses_what_validate_ref
 def test_upgrade_limit_takes_the_host_not_its_checkpoint_peers(tmp_path):
     """Replicas that share a checkpoint group are separate pools: upgrading one leaves the others alone (their
     copy of the revision comes from the prefetch of their own batch)."""
-    inv = tmp_path / "inv.py"
-    inv.write_text("b300 = [('r1', {}), ('r2', {}), ('r3', {})]\n")
-    (tmp_path / "group_data").mkdir()
-    (tmp_path / "group_data" / "b300.py").write_text(
-        "hardware = 'b300'\nmodel = 'kimi-k3.1-pro'\nengine = 'vllm'\ncheckpoint_group = 'kimi'\n"
-        "revision = '0123456789abcdef0123456789abcdef01234567'\n")
+    inv = b300_replicas(tmp_path, ["r1", "r2", "r3"], checkpoint_group="kimi")
     out = CliRunner().invoke(main, ["upgrade", "--dry", str(inv), "--limit", "r2"])
     assert out.exit_code == 0, out.output
     assert json.loads(out.output) == {"batches": [{"batch": 1, "hosts": ["r2"]}]}
@@ -106,10 +121,8 @@ def test_plan_by_flags_sizes_with_a_recipe_only_for_the_layout_it_was_written_fo
 
 
 def test_render_says_a_gguf_model_file_pattern_is_resolved_by_the_run(tmp_path):
-    inv = tmp_path / "inv.py"
-    inv.write_text("ws = [('ws1', {'hardware': 'h200', 'model': 'kimi-k3', 'engine': 'llama.cpp', 'gpu_stack': False, "
-                   "'recipe': 'kimi-k3-llamacpp-iq1-m-1gpu-ram', 'gpu_count': 1, 'host_ram_gib': 1024, "
-                   "'revision': '0123456789abcdef0123456789abcdef01234567'})]\n")
+    inv = one_host(tmp_path, "ws1", model="kimi-k3", engine="llama.cpp", recipe="kimi-k3-llamacpp-iq1-m-1gpu-ram",
+                   host_ram_gib=1024)
     out = CliRunner().invoke(main, ["render", "--json", str(inv), "ws1"])
     assert out.exit_code == 0, out.output
     rendered = json.loads(out.output)
@@ -145,10 +158,7 @@ def test_limit_with_a_group_picks_its_hosts_on_every_command_that_acts_on_hosts(
 
 
 def test_render_says_what_the_run_pins_and_render_pin_fails_in_one_line_when_it_cannot(tmp_path):
-    inv = tmp_path / "inv.py"
-    inv.write_text("gpus = [('g1', {'hardware': 'h200', 'model': 'qwen3-8b', 'engine': 'vllm', 'gpu_stack': False, "
-                   "'gpu_count': 1, 'image_registry': '127.0.0.1:1', "
-                   "'revision': '0123456789abcdef0123456789abcdef01234567'})]\n")
+    inv = one_host(tmp_path, "g1", image_registry="127.0.0.1:1")
     plain = CliRunner().invoke(main, ["render", "--json", str(inv), "g1"])
     assert plain.exit_code == 0, plain.output
     assert any("the run pins them" in n and "render --pin" in n for n in json.loads(plain.output)["notes"])
@@ -165,12 +175,7 @@ def test_upgrade_stops_on_sigint_even_when_started_with_it_ignored(tmp_path):
     import sys
     import time
 
-    inv = tmp_path / "inv.py"
-    inv.write_text("b300 = [('r1', {})]\n")
-    (tmp_path / "group_data").mkdir()
-    (tmp_path / "group_data" / "b300.py").write_text(
-        "hardware = 'b300'\nmodel = 'kimi-k3.1-pro'\nengine = 'vllm'\n"
-        "revision = '0123456789abcdef0123456789abcdef01234567'\n")
+    inv = b300_replicas(tmp_path, ["r1"])
     script = f"""
 import signal, sys, time
 from modelfleet import cli, rollout

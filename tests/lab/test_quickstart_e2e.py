@@ -42,8 +42,8 @@ def test_the_quickstart_ends_with_an_answering_endpoint(own_host, tmp_path):
     text = (site / "prod.py").read_text()
     groups = re.compile(r"^(\w+) = \[\n.*?^\]\n", re.S | re.M)
     assert {m.group(1) for m in groups.finditer(text)} == {"b300_kimi", "gb300_kimi", "mi355x"}
-    host_data = {"ssh_hostname": address, "bind_address": address, "config_dir": own_host["config_dir"],
-                 "model_root": own_host["model_root"]}
+    host_data = {"ssh_hostname": address, "gpu_count": own_host["gpu_count"], "bind_address": address,
+                 "config_dir": own_host["config_dir"], "model_root": own_host["model_root"]}
     text = groups.sub(lambda m: f"b300_kimi = [\n    ({name!r}, {host_data!r}),\n]\n"
                       if m.group(1) == "b300_kimi" else "", text)
     (site / "prod.py").write_text(text)
@@ -54,7 +54,7 @@ def test_the_quickstart_ends_with_an_answering_endpoint(own_host, tmp_path):
     for key, value in (("hardware", own_host["hardware"]), ("model", "tiny-lab"), ("engine", "vllm")):
         served, count = re.subn(rf'^{key} = ".*"$', f"{key} = {value!r}", served, flags=re.M)
         assert count == 1, key
-    group.write_text(served)
+    group.write_text(served + 'recipe = "tiny-lab-vllm"  # several recipes serve the model on this board\n')
     with open(site / "group_data" / "all.py", "a") as all_py:
         all_py.write(f"ssh_key = {state['key']!r}\nssh_known_hosts_file = {state['known_hosts']!r}\n"
                      f"image_registry = {state['registry']!r}\nhf_endpoint = {state['hub']['endpoint']!r}\n"
@@ -93,5 +93,5 @@ def test_the_quickstart_ends_with_an_answering_endpoint(own_host, tmp_path):
     [row] = json.loads(status.stdout)
     assert [s["health"] for s in row["services"]] == ["200"], row
     reply = OpenAI(base_url=f"http://{address}:8000/v1", api_key="unused").chat.completions.create(
-        model="kimi-local", messages=[{"role": "user", "content": "hello"}], max_tokens=8)
+        model="kimi-local", messages=[{"role": "user", "content": "hello"}], max_tokens=64)
     assert reply.choices[0].message.content
