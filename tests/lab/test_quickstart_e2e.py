@@ -22,7 +22,7 @@ pytestmark = pytest.mark.lab
 def own_host(lab_hosts):
     """A bare-of-services host of the lab (a pre-built H200), as a site's own server."""
     personas = [s["persona"] for s in lab_hosts] + ["h200x1"]
-    spec = lab.up(len(personas), personas=personas)[-1]
+    spec = lab.up(len(personas), personas=personas, disks=1)[-1]  # the session's hosts keep their disks
     yield spec
     lab.remove([spec["name"]])
 
