@@ -198,8 +198,6 @@ def front_doors(resolved, hosts: list[str], present: bool) -> dict[str, str | No
     """Take the replicas served from `hosts` out of their front doors (`present` False: in-flight requests end
     on them, no new one reaches them), or put them back once they answer; two round trips per router host (its
     list, then the calls). "<front door> <url>" -> error or None."""
-    from modelfleet import router
-
     pairs = behind_front_doors(resolved, hosts)
     doors = {rp.name: rp for rp, _ in pairs}
     if not doors:

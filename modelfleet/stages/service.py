@@ -22,9 +22,9 @@ def wants(plan: HostPlan, probe: dict) -> dict:
     paths += [path for svc in services for path, *_ in unit_files(svc)]
     paths += [svc.auth_file for svc in services if render.api_key(svc)]
     paths += [path for svc in services for path in _cache_paths(render.engine_cache(svc))]
-    legacy = [svc.legacy_unit_name for svc in services if svc.legacy_unit_name]
-    return {"paths": paths + [f"{UNIT_DIR}/{u}" for u in legacy],
-            "units": [svc.unit_name for svc in services] + legacy}
+    # A replica's unit under its pool's name: only whether its file is there (it is retired if so).
+    paths += [f"{UNIT_DIR}/{svc.legacy_unit_name}" for svc in services if svc.legacy_unit_name]
+    return {"paths": paths, "units": [svc.unit_name for svc in services]}
 
 
 def _cache_paths(cache) -> list[str]:
