@@ -187,6 +187,7 @@ def render_cmd(inventory: str, host: str, group_data, data, as_json: bool, pin: 
     by tag and the revision as written (the run pins them, and the engine cache directory is named after the
     pins); with --pin, as pinned."""
     from modelfleet.errors import ModelfleetError
+    from modelfleet.inventory import COMMIT_RE
     from modelfleet.pins import pinned_service
 
     result = _resolved_or_exit(inventory, group_data, data)
@@ -201,7 +202,7 @@ def render_cmd(inventory: str, host: str, group_data, data, as_json: bool, pin: 
             except ModelfleetError as error:
                 click.echo(f"modelfleet render --pin: {host}: pool {svc.pool}: {error}", err=True)
                 sys.exit(1)
-        else:
+        elif "@sha256:" not in svc.image or not COMMIT_RE.match(svc.revision or ""):
             notes.append(f"image {svc.image} and revision {svc.revision or 'main'} as written: the run pins them "
                          "(digest, commit) and names the engine cache directory after the pins (render --pin "
                          "shows them pinned)")

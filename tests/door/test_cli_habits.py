@@ -162,6 +162,10 @@ def test_render_says_what_the_run_pins_and_render_pin_fails_in_one_line_when_it_
     plain = CliRunner().invoke(main, ["render", "--json", str(inv), "g1"])
     assert plain.exit_code == 0, plain.output
     assert any("the run pins them" in n and "render --pin" in n for n in json.loads(plain.output)["notes"])
+    digest = one_host(tmp_path, "g1", image="vllm/vllm-openai:v0.34.0@sha256:" + "e" * 64)
+    as_run = CliRunner().invoke(main, ["render", "--json", str(digest), "g1"])
+    assert not any("the run pins them" in n for n in json.loads(as_run.output)["notes"])  # nothing left to pin
+    inv = one_host(tmp_path, "g1", image_registry="127.0.0.1:1")
     pinned = CliRunner().invoke(main, ["render", "--pin", str(inv), "g1"])
     assert pinned.exit_code == 1 and "Traceback" not in pinned.output
     assert pinned.stderr.startswith("modelfleet render --pin: g1: pool g1: ") and "127.0.0.1:1" in pinned.stderr
