@@ -3,14 +3,50 @@ side by side. Facts, check scripts, fleet commands and lab scripts take them fro
 its output (R610's `KMD version`) is taught in one place.
 
 `*_sh()` functions return shell snippets that print one value, for scripts that judge on the host itself;
-`parse_*` functions read the same command's output in Python.
+`parse_*` functions read the same command's output in Python. Programs longer than a line live as files in
+modelfleet/shell/ (linted by shellcheck) and reach a host through `program()`, their values as arguments.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+SHELL_DIR = Path(__file__).parent / "shell"
+
+
+def program(name: str, *args: object, env: Mapping[str, object] | None = None,
+            functions: Mapping[str, str] | None = None) -> str:
+    """`sh -c '<modelfleet/shell/NAME.sh>' NAME ARGS...`: one command line, so a program still costs one round
+    trip. `env` become variables (upper case) and `functions` shell functions (`gpu_count() { ...; }`) set
+    before the program: the names and host vocabulary a program speaks keep their one home in Python, and the
+    file uses them by name. Comment lines stay in the file."""
+    lines = [line for line in (SHELL_DIR / f"{name}.sh").read_text().splitlines()
+             if line.strip() and not line.lstrip().startswith("#")]
+    prelude = [f"{key}={shlex.quote(str(value))}" for key, value in (env or {}).items()]
+    prelude += [f"{fn}() {{ {sh}; }}" for fn, sh in (functions or {}).items()]
+    return " ".join(["sh", "-c", shlex.quote("\n".join(prelude + lines)), name, *(shlex.quote(str(a)) for a in args)])
+
+
+# A checkpoint on a host: <model_root>/<model id>/<commit>/ (revisions_dir holds a model's revisions and the
+# `current` link to the one served); in a revision, modelfleet's own files are named .modelfleet-*: the
+# manifest of a verified copy, the lock a running fetch holds, a fetch's partial files.
+MANIFEST = ".modelfleet-manifest.json"
+FETCH_LOCK = ".modelfleet-lock"
+PARTIAL = ".modelfleet-partial"
+CURRENT = "current"
+
+
+def model_dir(model_root: str, model_id: str, revision: str) -> str:
+    return f"{model_root.rstrip('/')}/{model_id}/{revision}"
+
+
+def revisions_dir(model_dir: str) -> str:
+    """The model's directory: its revisions and the `current` link."""
+    return model_dir.rstrip("/").rsplit("/", 1)[0]
+
 
 NVIDIA_VERSIONS = "nvidia-smi --version"
 FABRIC_MANAGER_VERSION = "nv-fabricmanager --version"

@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 
 from pyinfra.api import FactBase
 
-from modelfleet.host_commands import parse_unit_show, unit_show_command
+from modelfleet.host_commands import (
+    CURRENT,
+    FETCH_LOCK,
+    MANIFEST,
+    PARTIAL,
+    parse_unit_show,
+    program,
+    unit_show_command,
+)
 
 MARK = "@@modelfleet-state"
 # What systemd makes of a unit: its state, where its file and drop-ins are, and the effective command and restart
@@ -43,48 +50,11 @@ class DeployedState(FactBase):
 
     def command(self, paths: tuple[str, ...] = (), units: tuple[str, ...] = (), images: tuple[str, ...] = (),
                 trees: tuple[str, ...] = (), packages: tuple[str, ...] = (), texts: tuple[str, ...] = ()) -> str:
-        quoted_paths = " ".join(shlex.quote(p) for p in paths)
-        quoted_units = " ".join(shlex.quote(u) for u in units)
-        quoted_images = " ".join(shlex.quote(i) for i in images)
-        quoted_trees = " ".join(shlex.quote(t) for t in trees)
-        quoted_packages = " ".join(shlex.quote(k) for k in packages)
-        # Installed packages only ("ii"); a hold shows as "hi".
-        package_part = (
-            f"for k in {quoted_packages}; do echo \"{MARK} package $k\"; "
-            "dpkg-query -W -f='${db:Status-Abbrev} ${Version}\\n' -- \"$k\" 2>/dev/null | grep -E '^[hi]i '; "
-            "done; ") if packages else ""
-        unit_show = unit_show_command('"$u"', UNIT_PROPERTIES)
-        text_part = "".join(f"echo \"{MARK} text {shlex.quote(t)}\"; [ -f {shlex.quote(t)} ] && sed 's/^/= /' "
-                            f"{shlex.quote(t)}; " for t in texts)
-        return (
-            f"for p in {quoted_paths}; do echo \"{MARK} path $p\"; "
-            'if [ -d "$p" ]; then stat -c "dir %a %U %G -" -- "$p"; '
-            # A directory's first entries by name: whether modelfleet may take it over (operations.files).
-            'echo entries; LC_ALL=C ls -A -- "$p" | head -n 64 | sed "s/^/entry /"; '
-            'elif [ -f "$p" ]; then echo "file $(stat -c "%a %U %G" -- "$p") $(sha256sum < "$p" | cut -c1-64)"; '
-            "fi; done; "
-            f"for u in {quoted_units}; do echo \"{MARK} unit $u\"; "
-            f"s=$({unit_show} 2>/dev/null); echo \"$s\"; "
-            # Each drop-in's text, so a stage can tell what it changes (one systemctl call per unit).
-            'for d in $(echo "$s" | sed -n "s/^DropInPaths=//p"); do echo "' + MARK + ' dropin $u $d"; '
-            '[ -f "$d" ] && sed "s/^/= /" -- "$d"; done; done; '
-            f"for i in {quoted_images}; do echo \"{MARK} image $i\"; "
-            'docker image inspect --format "id={{.Id}}" -- "$i" 2>/dev/null; done; '
-            f"for t in {quoted_trees}; do echo \"{MARK} tree $t\"; "
-            'p="$t"; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; '
-            'echo "free $(df -B1 -P "$p" | awk \'NR==2 {print $4}\')"; '
-            '[ -f "$t/.modelfleet-manifest.json" ] && echo "manifest $(tr -d \'\\n\' < "$t/.modelfleet-manifest.json")"; '
-            '[ -d "$t" ] && find "$t" -type f ! -path "*/.cache/*" \\( -name "*.modelfleet-partial" '
-            '-printf "partial %s %P\\n" -o ! -name ".modelfleet-*" -printf "file %s %T@ %P\\n" \\); '
-            'echo "current $(readlink "$(dirname "$t")/current")"; '
-            'echo "revisions $(ls -t "$(dirname "$t")" 2>/dev/null | grep -Ex "[0-9a-f]{40}" | tr "\\n" " ")"; '
-            # A fetch holds its destination's lock while it runs: partial files and unmanifested revision
-            # directories without one are left over from a fetch that died (or a host that restarted).
-            'for r in $(ls "$(dirname "$t")" 2>/dev/null | grep -Ex "[0-9a-f]{40}"); do d="$(dirname "$t")/$r"; '
-            '[ -f "$d/.modelfleet-lock" ] && ! flock -n "$d/.modelfleet-lock" true 2>/dev/null && echo "busy $r" '
-            '&& continue; [ -f "$d/.modelfleet-manifest.json" ] || echo "unfinished $r"; done; '
-            "done; " + package_part + text_part + "true"
-        )
+        kinds = {"path": paths, "unit": units, "image": images, "tree": trees, "package": packages, "text": texts}
+        return program("deployed_state", *(f"{kind}={value}" for kind, values in kinds.items() for value in values),
+                       env={"MARK": MARK, "MANIFEST": MANIFEST, "FETCH_LOCK": FETCH_LOCK, "PARTIAL": PARTIAL,
+                            "CURRENT": CURRENT},
+                       functions={"unit_show": unit_show_command('"$1"', UNIT_PROPERTIES)})
 
     def process(self, output):
         result = self.default()

@@ -1,0 +1,59 @@
+#!/bin/sh
+# What a stage has already put on a host, for modelfleet.facts.state.DeployedState. Arguments are KIND=VALUE
+# (path, unit, image, tree, package, text); each answer starts with a "$MARK KIND VALUE" line.
+# Set by the caller: MARK, MANIFEST, FETCH_LOCK, PARTIAL, CURRENT, unit_show (systemctl show for unit "$1").
+for arg; do
+  kind=${arg%%=*}
+  value=${arg#*=}
+  echo "$MARK $kind $value"
+  case $kind in
+  path)
+    if [ -d "$value" ]; then
+      stat -c "dir %a %U %G -" -- "$value"
+      # A directory's first entries by name: whether modelfleet may take it over (operations.files).
+      echo entries
+      # shellcheck disable=SC2012 # names one a line, as ls sorts them; a stage reads only whether any is foreign
+      LC_ALL=C ls -A -- "$value" | head -n 64 | sed "s/^/entry /"
+    elif [ -f "$value" ]; then
+      echo "file $(stat -c "%a %U %G" -- "$value") $(sha256sum < "$value" | cut -c1-64)"
+    fi ;;
+  unit)
+    s=$(unit_show "$value" 2>/dev/null)
+    echo "$s"
+    # Each drop-in's text, so a stage can tell what it changes (one systemctl call per unit).
+    for d in $(echo "$s" | sed -n "s/^DropInPaths=//p"); do
+      echo "$MARK dropin $value $d"
+      [ -f "$d" ] && sed "s/^/= /" -- "$d"
+    done ;;
+  image)
+    docker image inspect --format "id={{.Id}}" -- "$value" 2>/dev/null ;;
+  tree)
+    parent=$(dirname "$value")
+    p=$value
+    while [ ! -e "$p" ]; do p=$(dirname "$p"); done
+    echo "free $(df -B1 -P "$p" | awk 'NR==2 {print $4}')"
+    [ -f "$value/$MANIFEST" ] && echo "manifest $(tr -d '\n' < "$value/$MANIFEST")"
+    [ -d "$value" ] && find "$value" -type f ! -path "*/.cache/*" \( -name "*$PARTIAL" -printf "partial %s %P\n" \
+      -o ! -name ".modelfleet-*" -printf "file %s %T@ %P\n" \)
+    echo "current $(readlink "$parent/$CURRENT")"
+    # shellcheck disable=SC2010,SC2012 # commit directories: 40 hex digits, newest first
+    echo "revisions $(ls -t "$parent" 2>/dev/null | grep -Ex "[0-9a-f]{40}" | tr "\n" " ")"
+    # A fetch holds its destination's lock while it runs: partial files and unmanifested revision directories
+    # without one are left over from a fetch that died (or a host that restarted).
+    # shellcheck disable=SC2010
+    for r in $(ls "$parent" 2>/dev/null | grep -Ex "[0-9a-f]{40}"); do
+      d="$parent/$r"
+      if [ -f "$d/$FETCH_LOCK" ] && ! flock -n "$d/$FETCH_LOCK" true 2>/dev/null; then
+        echo "busy $r"
+        continue
+      fi
+      [ -f "$d/$MANIFEST" ] || echo "unfinished $r"
+    done ;;
+  package)
+    # Installed packages only ("ii"); a hold shows as "hi".
+    dpkg-query -W -f='${db:Status-Abbrev} ${Version}\n' -- "$value" 2>/dev/null | grep -E '^[hi]i ' ;;
+  text)
+    [ -f "$value" ] && sed 's/^/= /' -- "$value" ;;
+  esac
+done
+true
