@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import socket
 import subprocess
 import time
 import weakref
 from pathlib import Path
+
+from modelfleet.host_commands import program
 
 LOCK = "/run/lock/modelfleet.lock"
 HOLDER = f"{LOCK}.holder"
@@ -38,12 +39,9 @@ def holder_record() -> dict:
 
 
 def hold_script(record: dict) -> str:
-    """Take the lock or say who has it (`busy <remote pid> <json>`); then keep it, as the same process (`exec`,
-    so killing the recorded pid frees it), until stdin closes at the run's end."""
-    return (f"command -v flock >/dev/null || {{ echo 'no flock(1) on this host (util-linux)'; exit 0; }}; "
-            f"mkdir -p /run/lock 2>/dev/null; exec 9>>{LOCK}; if ! flock -n 9; then echo \"busy $(tr '\\n' ' ' < {HOLDER} 2>/dev/null)\"; "
-            f"exit 0; fi; {{ echo $$; printf '%s\\n' {shlex.quote(json.dumps(record))}; }} > {HOLDER}; "
-            "echo locked; exec cat >/dev/null")
+    """Take the lock or say who has it (`busy <remote pid> <json>`), then keep it until stdin closes
+    (modelfleet/shell/run_lock.sh)."""
+    return program("run_lock", LOCK, HOLDER, json.dumps(record))
 
 
 def parse_busy(reply: str) -> dict:
