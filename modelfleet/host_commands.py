@@ -48,6 +48,16 @@ def revisions_dir(model_dir: str) -> str:
     return model_dir.rstrip("/").rsplit("/", 1)[0]
 
 
+def deb_upstream(deb_version: str) -> str:
+    """'1:580.159.04-1ubuntu1' -> '580.159.04' (no epoch, no Debian revision)."""
+    return re.sub(r"-[^-]*$", "", deb_version.split(":", 1)[-1])
+
+
+def deb_upstream_sh(package: str) -> str:
+    """Prints the installed `package`'s upstream version, as deb_upstream reads it (fails when not installed)."""
+    return (f"dpkg-query -W -f='${{Version}}' {shlex.quote(package)} | sed 's/^[0-9]*://; s/-[^-]*$//'")
+
+
 NVIDIA_VERSIONS = "nvidia-smi --version"
 FABRIC_MANAGER_VERSION = "nv-fabricmanager --version"
 

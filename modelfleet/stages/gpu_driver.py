@@ -25,12 +25,15 @@ from modelfleet.context import HostRun
 from modelfleet.gpu_predicates import branch_of, fabric_manager_needed, loaded_driver, replaces_driver
 from modelfleet.host_commands import (
     amd_gpu_count_sh,
+    deb_upstream,
+    deb_upstream_sh,
     driver_version_sh,
     fabric_manager_version_sh,
     nvidia_gpu_count_sh,
+    program,
 )
 from modelfleet.inventory import HostPlan
-from modelfleet.operations.apt import apt_get, deb_from_url, held, missing, packages, upstream
+from modelfleet.operations.apt import apt_get, deb_from_url, held, missing, packages
 from modelfleet.operations.files import content_file
 from modelfleet.operations.reboot import reboot_and_wait
 from modelfleet.operations.report import fail_host
@@ -132,7 +135,7 @@ def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
         out.packages.update({**({pinning: None} if pinning else {}), out.driver_package: stack.driver_version})
         out.reboot = out.builds_module = True
         have = installed.get(out.driver_package)
-        target = stack.driver_version or (upstream(have["version"]) if have else f"branch {branch}")
+        target = stack.driver_version or (deb_upstream(have["version"]) if have else f"branch {branch}")
         out.reboot_reason = f"driver {target} installed, {loaded or 'no driver'} loaded"
     if stack.cuda_toolkit:
         out.packages[f"cuda-toolkit-{stack.cuda_toolkit}"] = None
@@ -212,12 +215,10 @@ def in_groups(user: str, groups: list[str], group_file: str | None):
 
 def exact_install_script(names: list[str], driver_package: str) -> str:
     """Install `names` at the installed driver package's upstream version (read on the host after the driver
-    was installed in this run: the sed is operations.apt.upstream), allowing a downgrade and a held package
-    to move."""
+    was installed in this run), allowing a downgrade and a held package to move."""
     install = apt_get("install", "--allow-downgrades", "--allow-change-held-packages",
                       *[f"{shlex.quote(n)}=\"$v-*\"" for n in names]).get_raw_value()
-    return (f"v=$(dpkg-query -W -f='${{Version}}' {shlex.quote(driver_package)} | sed 's/^[0-9]*://; s/-[^-]*$//') "
-            f"&& [ -n \"$v\" ] && {install}")
+    return f"v=$({deb_upstream_sh(driver_package)}) && [ -n \"$v\" ] && {install}"
 
 
 @operation()
@@ -252,24 +253,16 @@ def units_enabled(units: list[str], current: dict, start: bool, restart: list[st
 
 def stack_check_script(plan: HostPlan, fabric: bool) -> str:
     """After the driver work: the GPUs answer at the wanted branch, and Fabric Manager matches the driver."""
-    count, wanted = plan.gpu_count, plan.stack.driver_version or f"{plan.stack.driver_branch}.*"
-    script = (
-        f"n=$({nvidia_gpu_count_sh()}) || {{ nvidia-smi; exit 1; }}; "
-        f"[ \"$n\" -eq {count} ] || {{ echo \"nvidia-smi lists $n GPUs, inventory says {count}\"; exit 1; }}; "
-        f"d=$({driver_version_sh()}); "
-        f"case \"$d\" in {wanted}) ;; *) echo \"driver $d is not {wanted}\"; exit 1;; esac"
-    )
-    if fabric:
-        script += (f"; f=$({fabric_manager_version_sh()}); "
-                   "[ \"$f\" = \"$d\" ] || { echo \"Fabric Manager $f does not match driver $d (CUDA error 802)\"; "
-                   "exit 1; }")
-    return script
+    return program("gpu_stack_check", plan.gpu_count, plan.stack.driver_version or f"{plan.stack.driver_branch}.*",
+                   "fabric" if fabric else "",
+                   functions={"gpu_count": nvidia_gpu_count_sh(), "driver_version": driver_version_sh(),
+                              "fabric_manager_version": fabric_manager_version_sh()})
 
 
 def amd_check_script(plan: HostPlan) -> str:
     """After the driver work: amd-smi lists the inventory's GPU count."""
-    return (f"n=$({amd_gpu_count_sh()}); [ \"$n\" -eq {plan.gpu_count} ] || "
-            f"{{ echo \"amd-smi lists $n GPUs, inventory says {plan.gpu_count}\"; exit 1; }}")
+    return "sh -c " + shlex.quote(f"n=$({amd_gpu_count_sh()}); [ \"$n\" -eq {plan.gpu_count} ] || "
+                                  f"{{ echo \"amd-smi lists $n GPUs, inventory says {plan.gpu_count}\"; exit 1; }}")
 
 
 @operation(is_idempotent=False)
@@ -278,7 +271,7 @@ def stack_checked(needed: bool, script: str):
     if not needed:
         host.noop("driver unchanged: preflight's view stands")
         return
-    yield StringCommand("sh", "-c", shlex.quote(script))
+    yield StringCommand(script)
 
 
 def wants(plan: HostPlan, probe: dict) -> dict:
