@@ -95,13 +95,57 @@ def fabric_manager_version_sh() -> str:
     return f"{FABRIC_MANAGER_VERSION} 2>/dev/null | sed -n 's/^Fabric Manager version is *: *//p'"
 
 
+# One line per GPU ("GPU 0: NVIDIA H200 (UUID: GPU-...)"): the same on the host and in a container given the GPUs.
+NVIDIA_GPU_LIST = "nvidia-smi -L"
+# One dict per GPU from CSV without a header: modelfleet.facts.gpu.NvidiaGpus reads these columns in this order.
+NVIDIA_GPU_QUERY = "index,name,uuid,pci.bus_id,memory.total,driver_version,compute_cap"
+NVIDIA_GPU_QUERY_COMMAND = f"nvidia-smi --query-gpu={NVIDIA_GPU_QUERY} --format=csv,noheader"
+# The link matrix between GPUs and NICs, read by modelfleet.facts.gpu.NvidiaTopology.
+NVIDIA_TOPOLOGY = "nvidia-smi topo -m"
+# An AMD GPU as a container gets it: a render node under /dev/dri.
+AMD_RENDER_NODES_SH = "ls /dev/dri | grep -c renderD"
+
+
+# What admission judges, read by modelfleet.health: each GPU's state as XML, the NVLink links' status, and
+# AMD's ECC and PCIe metrics as JSON.
+NVIDIA_HEALTH_XML = "nvidia-smi -q -x"
+NVIDIA_NVLINK_STATUS = "nvidia-smi nvlink -s"
+AMD_METRICS = "amd-smi metric --ecc --pcie --json"
+AMD_GPUS = "amd-smi static --asic --vram --json"
+
+
+def gpu_memory_sh() -> str:
+    """Each GPU's memory in use (MiB), one `index, used` line per GPU, on the serving host."""
+    return "nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits"
+
+
+def parse_gpu_memory(text: str) -> dict[int, int]:
+    used = {}
+    for line in text.splitlines():
+        index, sep, mib = line.partition(",")
+        if sep and index.strip().isdigit() and mib.strip().isdigit():
+            used[int(index)] = int(mib)
+    return used
+
+
 def nvidia_gpu_count_sh() -> str:
     """Prints how many GPUs nvidia-smi lists (fails when it cannot talk to the driver)."""
-    return "nvidia-smi -L | grep -c '^GPU '"
+    return f"{NVIDIA_GPU_LIST} | grep -c '^GPU '"
 
 
 def amd_gpu_count_sh() -> str:
     return "amd-smi list 2>/dev/null | grep -c '^GPU:'"
+
+
+def container_gpu_check(vendor: str, image: str) -> str:
+    """The GPUs a container of `image` sees must be the host's: same `nvidia-smi -L` lines, given the GPUs through
+    CDI as the engines get theirs (AMD: same number of render nodes, given /dev/kfd and /dev/dri)."""
+    if vendor == "amd":
+        host_side = AMD_RENDER_NODES_SH
+        container_side = f'docker run --rm --device /dev/kfd --device /dev/dri "$1" sh -c {shlex.quote(host_side)}'
+    else:
+        host_side, container_side = NVIDIA_GPU_LIST, f'docker run --rm --device nvidia.com/gpu=all "$1" {NVIDIA_GPU_LIST}'
+    return program("container_gpu_check", image, functions={"host_gpus": host_side, "container_gpus": container_side})
 
 
 def boot_token_sh() -> str:

@@ -26,6 +26,7 @@ from modelfleet.catalog import EngineMetrics, load_catalog
 from modelfleet.checks import Endpoint
 from modelfleet.checks.probe import client
 from modelfleet.grammar import slug
+from modelfleet.host_commands import gpu_memory_sh, parse_gpu_memory
 
 # Each engine's /metrics series (queue depth, KV-cache use, prefix-cache hits) are its `metrics` in
 # catalog/engines.yaml.
@@ -154,20 +155,6 @@ class MetricsScraper(threading.Thread):
             out["prefix_cache_hit_rate"] = self.samples[-1].get(names.prefix_hit_rate)
         out["samples"] = len(self.samples)
         return out
-
-
-def gpu_memory_sh() -> str:
-    """Each GPU's memory in use (MiB), one `index, used` line per GPU, on the serving host."""
-    return "nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits"
-
-
-def parse_gpu_memory(text: str) -> dict[int, int]:
-    used = {}
-    for line in text.splitlines():
-        index, sep, mib = line.partition(",")
-        if sep and index.strip().isdigit() and mib.strip().isdigit():
-            used[int(index)] = int(mib)
-    return used
 
 
 class GpuMemorySampler(threading.Thread):

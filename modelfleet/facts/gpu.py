@@ -8,13 +8,14 @@ import re
 from pyinfra.api import FactBase
 
 from modelfleet.host_commands import (
+    AMD_GPUS,
     FABRIC_MANAGER_VERSION,
+    NVIDIA_GPU_QUERY_COMMAND,
+    NVIDIA_TOPOLOGY,
     NVIDIA_VERSIONS,
     parse_fabric_manager_version,
     parse_nvidia_versions,
 )
-
-NVIDIA_QUERY = "index,name,uuid,pci.bus_id,memory.total,driver_version,compute_cap"
 
 
 def _mib(text: str) -> int:
@@ -27,7 +28,7 @@ class NvidiaGpus(FactBase):
     requires_command = "nvidia-smi"
 
     def command(self) -> str:
-        return f"nvidia-smi --query-gpu={NVIDIA_QUERY} --format=csv,noheader"
+        return NVIDIA_GPU_QUERY_COMMAND
 
     def process(self, output):
         gpus = []
@@ -87,7 +88,7 @@ class NvidiaTopology(FactBase):
     requires_command = "nvidia-smi"
 
     def command(self) -> str:
-        return "nvidia-smi topo -m"
+        return NVIDIA_TOPOLOGY
 
     def process(self, output):
         lines = [re.sub(r"\x1b?\[[0-9;]*m", "", line) for line in output]
@@ -122,7 +123,7 @@ class AmdGpus(FactBase):
     requires_command = "amd-smi"
 
     def command(self) -> str:
-        return "amd-smi static --asic --vram --json"
+        return AMD_GPUS
 
     def process(self, output):
         data = json.loads("\n".join(output))

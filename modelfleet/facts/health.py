@@ -17,6 +17,7 @@ from modelfleet.health import (
     parse_nvlink,
     parse_xids,
 )
+from modelfleet.host_commands import AMD_METRICS, NVIDIA_HEALTH_XML, NVIDIA_NVLINK_STATUS
 
 MARK = "@@modelfleet-health"
 
@@ -24,8 +25,8 @@ MARK = "@@modelfleet-health"
 class GpuHealth(FactBase):
     def command(self) -> str:
         # Both vendors' tools are asked; the one the host lacks prints nothing.
-        return (f"echo '{MARK} smi'; nvidia-smi -q -x 2>/dev/null; echo '{MARK} nvlink'; "
-                f"nvidia-smi nvlink -s 2>/dev/null; echo '{MARK} amd'; amd-smi metric --ecc --pcie --json 2>/dev/null; "
+        return (f"echo '{MARK} smi'; {NVIDIA_HEALTH_XML} 2>/dev/null; echo '{MARK} nvlink'; "
+                f"{NVIDIA_NVLINK_STATUS} 2>/dev/null; echo '{MARK} amd'; {AMD_METRICS} 2>/dev/null; "
                 f"echo '{MARK} kernel'; {{ journalctl -k -b --no-pager -q 2>/dev/null || dmesg 2>/dev/null; }} "
                 f"| grep -E '{KERNEL_LOG_PATTERN}' | tail -n 500; "
                 f"echo '{MARK} id'; uname -r; cat /proc/sys/kernel/random/boot_id; true")

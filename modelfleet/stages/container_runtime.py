@@ -11,13 +11,13 @@ the engines get theirs; AMD: /dev/kfd and /dev/dri).
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import dataclass, field
 
 from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
 
 from modelfleet.context import HostRun
+from modelfleet.host_commands import container_gpu_check
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.apt import held, key_fetched, missing, packages
 from modelfleet.operations.files import content_file
@@ -103,25 +103,12 @@ def nvidia_runtime(configure: bool, cdi: bool):
                             "nvidia-ctk", "cdi", "generate", f"--output={CDI_SPEC}")
 
 
-def container_gpu_check_script(vendor: str, image: str) -> str:
-    """The GPUs a container sees must be the host's (same `nvidia-smi -L` lines; AMD: same render nodes)."""
-    img = shlex.quote(image)
-    if vendor == "amd":
-        host_side, container_side = "ls /dev/dri | grep -c renderD", (
-            f"docker run --rm --device /dev/kfd --device /dev/dri {img} sh -c 'ls /dev/dri | grep -c renderD'")
-    else:
-        host_side, container_side = "nvidia-smi -L", f"docker run --rm --device nvidia.com/gpu=all {img} nvidia-smi -L"
-    return (f"h=$({host_side}) && c=$({container_side}) || exit 1; "
-            "[ \"$h\" = \"$c\" ] || { echo \"host sees:\"; echo \"$h\"; echo \"a container sees:\"; echo \"$c\"; "
-            "exit 1; }; echo \"a container sees the host's GPUs\"")
-
-
 @operation(is_idempotent=False)
 def container_sees_gpus(needed: bool, reason: str, vendor: str, image: str):
     if not needed:
         host.noop(reason)
         return
-    yield StringCommand("sh", "-c", shlex.quote(container_gpu_check_script(vendor, image)))
+    yield StringCommand(container_gpu_check(vendor, image))
 
 
 def wants(plan: HostPlan, probe: dict) -> dict:
