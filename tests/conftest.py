@@ -41,3 +41,29 @@ def installed(tmp_path_factory):
     work = top / "site"
     shutil.copytree(ROOT / "inventories", work / "inventories")
     return venv / "bin", work
+
+
+def _fake_harness():
+    """tests/fake/harness.py, loaded once by its path: the test modules reach it through the fixtures below."""
+    import importlib.util
+
+    name = "modelfleet_fake_harness"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "fake" / "harness.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@pytest.fixture
+def fake():
+    """Stages run through pyinfra's @fake connector (tests/fake/harness.py): run_fake, executed, planned, finish,
+    probe_reply, recorded and the recorded H200 host's directory."""
+    return _fake_harness()
+
+
+@pytest.fixture
+def uploads(monkeypatch):
+    """What the stages of a @fake run would have uploaded, by remote path."""
+    return _fake_harness().Uploads(monkeypatch)

@@ -8,22 +8,20 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fake"))
-from harness import probe_reply  # noqa: E402
-
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 PIN = "e" * 40
 IMAGE = "vllm/vllm-openai:v0.34.0@sha256:" + "f" * 64
 B300_GPUS = [f"{i}, NVIDIA B300 SXM6 AC, GPU-0000000{i}-synthetic, 00000000:{i:02X}:00.0, 275040 MiB, 580.95.05, 10.3"
              for i in range(8)]
-PROBE = probe_reply({
+# What the probe finds on the host, part by part (the harness's probe_reply prints it as the host would).
+PROBE_PARTS = {
     "nvidia_gpus": B300_GPUS,
     "nvidia_versions": ["NVIDIA-SMI version  : 580.95.05", "DRIVER version      : 580.95.05",
                         "CUDA Version        : 13.0"],
     "disk": ["Filesystem 1-blocks Used Available Capacity Mounted on",
              "/dev/md0 30000000000000 1000000000 29000000000000 1% /srv"],
-    "ports": [], "fabric_manager": ["nvswitches=0", "Fabric Manager version is : 580.95.05"]})
+    "ports": [], "fabric_manager": ["nvswitches=0", "Fabric Manager version is : 580.95.05"]}
 GROUP = {"hardware": "b300", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": PIN, "pool": "k31",
          "image": IMAGE, "gpu_stack": False}
 SITE_RECIPE = (ROOT / "modelfleet/catalog/recipes/kimi-k3.1-pro-vllm-b300.yaml").read_text()
@@ -33,9 +31,9 @@ def py(data: dict) -> str:
     return "".join(f"{key} = {value!r}\n" for key, value in data.items())
 
 
-def inventory(path: Path, host_data: dict | None = None) -> Path:
+def inventory(path: Path, probe: list[str], host_data: dict | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"fake_responses": {"@@modelfleet-probe": PROBE}, "fake_delay": 0, "fake_delay_jitter": 0,
+    data = {"fake_responses": {"@@modelfleet-probe": probe}, "fake_delay": 0, "fake_delay_jitter": 0,
             **(host_data or {})}
     path.write_text(f"gpus = [('@fake/b300-01', {data!r})]\n")
     return path
@@ -59,35 +57,35 @@ def site_new_id(folder: Path) -> None:
     (folder / "site.yaml").write_text(text.replace('--max-model-len, "32768"', '--max-model-len, "4096"'))
 
 
-def case_site_override(tmp):
-    inv = inventory(tmp / "inv.py")
+def case_site_override(tmp, probe):
+    inv = inventory(tmp / "inv.py", probe)
     group_data(tmp / "group_data", GROUP)
     site_override(tmp / "recipes")
     return tmp, inv, [], "--max-model-len 8192"
 
 
-def case_site_new_id(tmp):
-    inv = inventory(tmp / "inv.py", {"recipe": "site-k31-short"})
+def case_site_new_id(tmp, probe):
+    inv = inventory(tmp / "inv.py", probe, {"recipe": "site-k31-short"})
     group_data(tmp / "group_data", GROUP)
     site_new_id(tmp / "recipes")
     return tmp, inv, [], "--max-model-len 4096"
 
 
-def case_group_data_beside_cwd(tmp):
+def case_group_data_beside_cwd(tmp, probe):
     work = tmp / "work"
     group_data(work / "group_data", GROUP)  # beside the working directory, not the inventory
-    inv = inventory(tmp / "elsewhere" / "inv.py")
+    inv = inventory(tmp / "elsewhere" / "inv.py", probe)
     return work, inv, [], "--served-model-name kimi-k3.1-pro"
 
 
-def case_two_folders_deep(tmp):
-    inv = inventory(tmp / "sites" / "dc1" / "inv.py")
+def case_two_folders_deep(tmp, probe):
+    inv = inventory(tmp / "sites" / "dc1" / "inv.py", probe)
     group_data(tmp / "sites" / "dc1" / "group_data", {**GROUP, "served_name": "dc1-kimi"})
     return tmp, inv, [], "--served-model-name dc1-kimi"
 
 
-def case_data_and_group_data_option(tmp):
-    inv = inventory(tmp / "inv.py")
+def case_data_and_group_data_option(tmp, probe):
+    inv = inventory(tmp / "inv.py", probe)
     group_data(tmp / "shared-data", GROUP)
     return tmp, inv, ["--group-data", str(tmp / "shared-data"), "--data", "port=8123"], "--port 8123"
 
@@ -97,8 +95,8 @@ CASES = [case_site_override, case_site_new_id, case_group_data_beside_cwd, case_
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.__name__.removeprefix("case_") for c in CASES])
-def test_render_equals_what_the_run_uploads(tmp_path, case, monkeypatch):
-    cwd, inv, options, expected = case(tmp_path)
+def test_render_equals_what_the_run_uploads(fake, tmp_path, case, monkeypatch):
+    cwd, inv, options, expected = case(tmp_path, fake.probe_reply(PROBE_PARTS))
     shown = subprocess.run([sys.executable, "-m", "modelfleet.cli", "render", "--json", str(inv), "@fake/b300-01",
                             *options], cwd=cwd, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stdout + shown.stderr

@@ -2,13 +2,9 @@
 endpoint answers, and the engine's boot lines read from its container (a verbatim public vLLM log)."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-from harness import executed, run_fake  # noqa: E402
 from pyinfra.api.connect import disconnect_all  # noqa: E402
 from test_stages import b300_host, b300_probe, converged_replies, serve  # noqa: E402
 
@@ -23,12 +19,12 @@ def reports(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_a_started_engine_gets_a_timeline_with_its_boot(reports):
+def test_a_started_engine_gets_a_timeline_with_its_boot(fake, reports):
     log = (LOGS / "vllm-warm-graph-capture-glm-v-204.txt").read_text().split("# ---\n", 1)[1].splitlines()
-    host = {**b300_host(), "fake_responses": {"@@modelfleet-probe": b300_probe(), "docker logs --timestamps": log}}
-    state = run_fake([("b300-01", host)], serve)
+    host = {**b300_host(), "fake_responses": {"@@modelfleet-probe": b300_probe(fake), "docker logs --timestamps": log}}
+    state = fake.run_fake([("b300-01", host)], serve)
     assert any(c.startswith("sh -c 'docker logs --timestamps modelfleet-k31--fake-b300-01 2>&1") for c in
-               executed(state, "b300-01"))
+               fake.executed(state, "b300-01"))
     report = json.loads((reports / "timeline" / "k31.json").read_text())
     member = report["hosts"]["@fake/b300-01"]
     stages = [s["stage"] for s in member["stages"]]
@@ -42,14 +38,14 @@ def test_a_started_engine_gets_a_timeline_with_its_boot(reports):
     assert member["engine_boot"]["summary"]["graphs_captured"] == 7.0
 
 
-def test_a_dry_run_writes_no_timeline(reports):
-    host = {**b300_host(), "fake_responses": {"@@modelfleet-probe": b300_probe()}}
-    state = run_fake([("b300-01", host)], serve, dry=True)
+def test_a_dry_run_writes_no_timeline(fake, reports):
+    host = {**b300_host(), "fake_responses": {"@@modelfleet-probe": b300_probe(fake)}}
+    state = fake.run_fake([("b300-01", host)], serve, dry=True)
     disconnect_all(state)
     assert not (reports / "timeline").exists()
 
 
-def test_a_converged_run_keeps_the_last_timeline(reports):
+def test_a_converged_run_keeps_the_last_timeline(fake, reports):
     svc = resolve([("@fake/b300-01", b300_host())]).hosts["@fake/b300-01"].services[0]
-    run_fake([("b300-01", {**b300_host(), "fake_responses": converged_replies(svc)})], serve)
+    fake.run_fake([("b300-01", {**b300_host(), "fake_responses": converged_replies(fake, svc)})], serve)
     assert not (reports / "timeline").exists()

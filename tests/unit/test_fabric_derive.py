@@ -5,7 +5,6 @@ the same fabric in the preflight report through pyinfra's @fake connector."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -197,11 +196,8 @@ def test_expected_without_facts():
     assert b300.env == {} and b300.devices == () and not b300.imex
 
 
-def test_preflight_reports_the_pool_fabric_in_its_one_probe(tmp_path, monkeypatch):
+def test_preflight_reports_the_pool_fabric_in_its_one_probe(fake, tmp_path, monkeypatch):
     """Two hosts of one pool: each probe carries its fabric part, and the preflight report the pool's fabric."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fake"))
-    from harness import executed, probe_reply, run_fake
-
     from modelfleet.pipeline import run_stages
     from modelfleet.stages import preflight
 
@@ -211,12 +207,12 @@ def test_preflight_reports_the_pool_fabric_in_its_one_probe(tmp_path, monkeypatc
     def host(address, dump):
         lines = (FABRIC / dump).read_text().splitlines()
         return {**pool, "ssh_hostname": f"192.0.2.{address[-2:]}", "fabric_address": address,
-                "fake_responses": {"@@modelfleet-probe": probe_reply({"fabric": lines})}}
+                "fake_responses": {"@@modelfleet-probe": fake.probe_reply({"fabric": lines})}}
 
-    state = run_fake([("b300-a", host("10.0.0.11", "b300-head.txt")), ("b300-b", host("10.0.0.12", "b300-worker.txt"))],
+    state = fake.run_fake([("b300-a", host("10.0.0.11", "b300-head.txt")), ("b300-b", host("10.0.0.12", "b300-worker.txt"))],
                      lambda: run_stages(preflight))
     for name in ("b300-a", "b300-b"):
-        probes = [c for c in executed(state, name) if "@@modelfleet-probe" in c]
+        probes = [c for c in fake.executed(state, name) if "@@modelfleet-probe" in c]
         assert len(probes) == 1 and "@@modelfleet-fabric" in probes[0]  # one read, fabric included
     report = json.loads((tmp_path / "preflight" / "_fake_b300-b.json").read_text())
     fabric = report["fabric"]["pair"]

@@ -3,17 +3,13 @@ fabric like the engine's, members reach the head in seconds or the pair is named
 transport ran (verbatim public logs, tests/fixtures/nccl), and HCA loopback figures are held to the catalog and
 to the pool's median."""
 
-import importlib.util
 import shlex
-import socket
-import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from modelfleet import FILES_DIR, render
+from modelfleet import render
 from modelfleet.catalog import load_catalog
 from modelfleet.fabric import HostFabric
 from modelfleet.inventory import resolve
@@ -205,82 +201,7 @@ def test_boards_without_a_sourced_figure_are_judged_on_correctness_transport_and
             assert netcheck.threshold(member) is None and netcheck.loopback_threshold(member) is None
 
 
-# The reachability check itself, on real sockets (before torch is imported, so it runs here).
-spec = importlib.util.spec_from_file_location("nccl_check", FILES_DIR / "nccl_check.py")
-check = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(check)
-
-
-class Refused(Exception):
-    pass
-
-
-@pytest.fixture
-def refusing(monkeypatch):
-    def fail(report, message, code=1):
-        raise Refused(message)
-
-    monkeypatch.setattr(check, "fail", fail)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def args(rank: int, port: int, timeout: int = 5, ifname: str | None = "lo", addr: str = "127.0.0.1", nnodes=2):
-    import argparse
-
-    return argparse.Namespace(nnodes=nnodes, node_rank=rank, master_addr=addr, master_port=port,
-                              reach_timeout=timeout, ifname=ifname, backend="gloo")
-
-
-def test_every_member_reaches_the_head_and_the_port_is_free_for_the_rendezvous(refusing):
-    port, out = free_port(), {}
-    threads = [threading.Thread(target=lambda r=r: out.__setitem__(r, check.reach(args(r, port, nnodes=3))))
-               for r in (0, 1, 2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
-    assert set(out) == {0, 1, 2} and all(s < 5 for s in out.values())
-    with socket.create_server(("127.0.0.1", port)):  # what the rendezvous binds next
-        pass
-
-
-def test_an_interface_that_is_not_there_fails_at_once_naming_it(refusing):
-    started = time.monotonic()
-    with pytest.raises(Refused, match="interface nosuch0: No such device"):
-        check.reach(args(1, free_port(), ifname="nosuch0", nnodes=2))
-    assert time.monotonic() - started < 1
-
-
-def test_a_member_that_cannot_reach_the_head_fails_within_the_timeout_naming_the_pair(refusing):
-    port, started = free_port(), time.monotonic()
-    with pytest.raises(Refused, match=rf"node rank 1 cannot reach the head at 127.0.0.1:{port} over lo within 2 s "
-                                      r"\(ConnectionRefusedError"):
-        check.reach(args(1, port, timeout=2, nnodes=2))
-    assert 2 <= time.monotonic() - started < 4
-
-
-def test_a_head_nobody_reaches_names_the_missing_ranks_and_a_foreign_address_is_refused(refusing):
-    with pytest.raises(Refused, match="node rank\\(s\\) 1, 2 did not reach the head at 127.0.0.1:.* within 1 s"):
-        check.reach(args(0, free_port(), timeout=1, nnodes=3))
-    with pytest.raises(Refused, match="the head cannot listen on 192.0.2.7:"):
-        check.reach(args(0, free_port(), addr="192.0.2.7"))
-
-
-# The IMEX stage through pyinfra's @fake connector, with the pool's fabric the run context would derive.
-
-
-def fake_harness():
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fake"))
-    import harness
-
-    return harness
+# The gate stage through pyinfra's @fake connector, with the pool's fabric the run context would derive.
 
 
 def trays(monkeypatch, errors=(), channels=()):
@@ -299,58 +220,18 @@ def trays(monkeypatch, errors=(), channels=()):
     return [(n.split("/")[1], {**data, "ssh_hostname": f"10.0.0.{i + 1}"}) for i, n in enumerate(names)]
 
 
-def test_imex_on_fresh_trays_writes_the_node_list_makes_the_channel_and_starts_the_service(monkeypatch):
-    from modelfleet.pipeline import run_stages
-    from modelfleet.stages import imex
-
-    harness = fake_harness()
-    uploads = harness.Uploads(monkeypatch)
-    hosts = trays(monkeypatch)
-    state = harness.run_fake(hosts, lambda: run_stages(imex))
-    commands = harness.executed(state, "t2")
-    assert uploads.files[imex.NODES_CONFIG] == "192.168.40.1\n192.168.40.2\n"
-    assert "options nvidia NVreg_CreateImexChannel0=1" in uploads.files[imex.MODPROBE_CONF]
-    assert any("mknod -m 666 /dev/nvidia-caps-imex-channels/channel0" in c for c in commands)
-    assert commands[-2:] == ["systemctl enable nvidia-imex.service", "systemctl start nvidia-imex.service"]
-
-
-def test_converged_imex_trays_get_no_commands(monkeypatch):
-    import hashlib
-
-    from modelfleet.pipeline import run_stages
-    from modelfleet.stages import imex
-
-    harness = fake_harness()
-
-    def file_line(content):
-        return f"file 644 root root {hashlib.sha256(content.encode()).hexdigest()}"
-
-    replies = {"@@modelfleet-state": [
-        f"@@modelfleet-state path {imex.IMEX_DIR}", "dir 755 root root -",
-        f"@@modelfleet-state path {imex.NODES_CONFIG}", file_line("192.168.40.1\n192.168.40.2\n"),
-        f"@@modelfleet-state path {imex.MODPROBE_CONF}", file_line(imex.modprobe_conf()),
-        f"@@modelfleet-state unit {imex.UNIT}", "ActiveState=active", "UnitFileState=enabled"]}
-    hosts = [(n, {**d, "fake_responses": replies}) for n, d in trays(monkeypatch, channels=["channel0"])]
-    state = harness.run_fake(hosts, lambda: run_stages(imex))
-    host = state.inventory.get_host("@fake/t1")
-    assert [state.get_op_meta(h).names for h in state.get_op_order()
-            if state.get_op_data_for_host(host, h).operation_meta.did_change()] == []
-    assert len(harness.executed(state, "t1")) == 1  # what is deployed (the channel came with the probe)
-
-
-def test_a_pool_whose_fabric_has_errors_is_refused_before_the_gate_runs(monkeypatch, tmp_path, caplog):
+def test_a_pool_whose_fabric_has_errors_is_refused_before_the_gate_runs(fake, monkeypatch, tmp_path, caplog):
     from pyinfra.api.exceptions import PyinfraError
 
     from modelfleet.pipeline import run_stages
     from modelfleet.stages import netcheck as netcheck_stage
 
     monkeypatch.setenv("MODELFLEET_REPORTS", str(tmp_path))
-    harness = fake_harness()
     errors = [("host t2", "NCCL_IB_HCA", "mlx5_4 has no RoCE v2 GID on the rail"),
               ("pool k31", "hcas", "t1 has 4 active HCAs, t2 has 3")]
     hosts = trays(monkeypatch, errors)
     with pytest.raises(PyinfraError):
-        harness.run_fake(hosts, lambda: run_stages(netcheck_stage))
+        fake.run_fake(hosts, lambda: run_stages(netcheck_stage))
     refused = [r.getMessage() for r in caplog.records if "refused:" in r.getMessage()]
     for line in ("refused: pool k31: host t2: NCCL_IB_HCA: mlx5_4 has no RoCE v2 GID on the rail",
                  "refused: pool k31: pool k31: hcas: t1 has 4 active HCAs, t2 has 3"):
@@ -361,36 +242,6 @@ def test_a_pool_whose_fabric_has_errors_is_refused_before_the_gate_runs(monkeypa
     assert report["ok"] is False and report["hosts"] == ["@fake/t1", "@fake/t2"] and report["stage"] == "fabric"
     assert report["problems"] == ["pool k31: host t2: NCCL_IB_HCA: mlx5_4 has no RoCE v2 GID on the rail",
                                   "pool k31: pool k31: hcas: t1 has 4 active HCAs, t2 has 3"]
-    state = harness.run_fake(hosts, lambda: run_stages(netcheck_stage), dry=True)
-    assert not any("docker run" in c for c in harness.planned(state, "t1"))
-    assert "<refuse>" in harness.planned(state, "t1")
-
-
-def test_the_hca_loopback_runs_this_host_alone_with_shm_p2p_and_nvls_off(monkeypatch, tmp_path):
-    """The child run's command line and environment, and what comes back from its output (a stand-in for
-    python3 prints what the check prints: NCCL's lines and the JSON report)."""
-    child = tmp_path / "child.sh"
-    child.write_text("#!/bin/sh\n"
-                     f'echo "$@" > {tmp_path}/argv\n'
-                     f'env | grep -E "^NCCL_(SHM|P2P|NVLS|MNNVL)" | sort > {tmp_path}/env\n'
-                     "echo 'h:1:2 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/RoCE [1]mlx5_1:1/RoCE [RO]; OOB eth0:10.0.0.1<0>'\n"
-                     "echo 'h:1:2 [0] NCCL INFO Using network IB'\n"
-                     'echo \'{"ok": true, "results": [{"op": "all_reduce", "bytes": 17179869184, "busbw_gbs": 41.2}]}\'\n')
-    monkeypatch.setattr(check.sys, "executable", "/bin/sh")
-    monkeypatch.setattr(check.sys, "argv", [str(child)])
-    import argparse
-
-    args = argparse.Namespace(master_port=29411, local_procs=8, max_bytes=1 << 34, warmup=5, iters=20, timeout=120)
-    result = check.hca_loopback(args)
-    assert result["ok"] and result["busbw_gbs"] == 41.2 and result["bytes"] == 1 << 34
-    assert [line.split("NCCL INFO ")[1] for line in result["net_lines"]] == [
-        "NET/IB : Using [0]mlx5_0:1/RoCE [1]mlx5_1:1/RoCE [RO]; OOB eth0:10.0.0.1<0>", "Using network IB"]
-    assert (tmp_path / "env").read_text() == ("NCCL_MNNVL_ENABLE=0\nNCCL_NVLS_ENABLE=0\nNCCL_P2P_DISABLE=1\n"
-                                              "NCCL_SHM_DISABLE=1\n")
-    argv = (tmp_path / "argv").read_text().split()
-    assert argv[argv.index("--nnodes") + 1] == "1" and argv[argv.index("--master-addr") + 1] == "127.0.0.1"
-    assert argv[argv.index("--min-bytes") + 1] == argv[argv.index("--max-bytes") + 1] == str(1 << 34)
-    assert argv[argv.index("--local-procs") + 1] == "8" and argv[argv.index("--master-port") + 1] == "29412"
-    child.write_text("#!/bin/sh\necho '{\"ok\": false, \"error\": \"rank 2: NCCL error: unhandled system error\"}'\n")
-    assert check.hca_loopback(args) == {"ok": False, "error": "HCA loopback: rank 2: NCCL error: unhandled system "
-                                        "error", "net_lines": []}
+    state = fake.run_fake(hosts, lambda: run_stages(netcheck_stage), dry=True)
+    assert not any("docker run" in c for c in fake.planned(state, "t1"))
+    assert "<refuse>" in fake.planned(state, "t1")

@@ -5,7 +5,6 @@ the stages through pyinfra's @fake connector refusing someone else's directory a
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,9 +17,6 @@ from modelfleet.operations.files import MARKER, foreign_entries
 from modelfleet.pipeline import run_stages
 from modelfleet.stages import preflight, service, storage
 from tests.conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "tests" / "fake"))
-from harness import H200, executed, finish, probe_reply, recorded, run_fake  # noqa: E402
 
 REFUSED = ["/", "/var/lib", "/usr/bin", "/etc/ssh", "/var/lib/docker", "/boot/efi", "/proc/x", "/home", "/etc",
            "/usr/", "/var", "/sys/fs/cgroup", "/dev/shm", "/run/modelfleet", "/lib64/x", "/snap/x", "/srv", "/mnt",
@@ -103,15 +99,15 @@ def test_storage_refuses_to_mount_over_a_directory_that_holds_files():
         "filesystem over them (they would be hidden). Move them away or name another model_root")
 
 
-def h200_probe(block_devices: list[str] | None = None) -> list[str]:
-    return probe_reply({
-        "nvidia_gpus": recorded(H200 / "nvidia-smi-query-gpu-header.txt"),
-        "nvidia_versions": recorded(H200 / "nvidia-smi-version.txt"),
-        "nvidia_module": recorded(H200 / "proc-driver-version.txt"),
-        "topology": recorded(H200 / "nvidia-smi-topo.txt"),
+def h200_probe(fake, block_devices: list[str] | None = None) -> list[str]:
+    return fake.probe_reply({
+        "nvidia_gpus": fake.recorded(fake.H200 / "nvidia-smi-query-gpu-header.txt"),
+        "nvidia_versions": fake.recorded(fake.H200 / "nvidia-smi-version.txt"),
+        "nvidia_module": fake.recorded(fake.H200 / "proc-driver-version.txt"),
+        "topology": fake.recorded(fake.H200 / "nvidia-smi-topo.txt"),
         "amd_gpus": None,
-        "block_devices": block_devices or recorded(H200 / "lsblk-json.txt"),
-        "os": recorded(H200 / "os-release.txt"),
+        "block_devices": block_devices or fake.recorded(fake.H200 / "lsblk-json.txt"),
+        "os": fake.recorded(fake.H200 / "os-release.txt"),
         "ports": [], "runtime": ["docker=none", "server=none", "runtimes=", "nvidia_ctk=none"],
         "disk": ["Filesystem 1-blocks Used Available Capacity Mounted on",
                  "/dev/vda 270553174016 17286574080 68702363648 21% /"],
@@ -122,39 +118,39 @@ H200_HOST = {"hardware": "h200", "gpu_count": 1, "model": "qwen3-8b", "engine": 
              "pool": "q", "image": "vllm/vllm-openai:v0.34.0@sha256:" + "f" * 64}
 
 
-def test_service_stage_refuses_someone_elses_config_dir_and_writes_nothing_into_it(caplog):
+def test_service_stage_refuses_someone_elses_config_dir_and_writes_nothing_into_it(fake, caplog):
     state_lines = ["@@modelfleet-state path /srv/app", "dir 700 root root -", "entries", "entry app.conf",
                    "entry q.env", "entry secrets"]
     host = {**H200_HOST, "config_dir": "/srv/app",
-            "fake_responses": {"@@modelfleet-probe": h200_probe(), "@@modelfleet-state": state_lines}}
-    state = run_fake([("h200", host)], lambda: run_stages(preflight, service), dry=True)
+            "fake_responses": {"@@modelfleet-probe": h200_probe(fake), "@@modelfleet-state": state_lines}}
+    state = fake.run_fake([("h200", host)], lambda: run_stages(preflight, service), dry=True)
     with pytest.raises(PyinfraError, match="No hosts remaining"):
-        finish(state)
-    commands = executed(state, "h200")
+        fake.finish(state)
+    commands = fake.executed(state, "h200")
     assert not any("/srv/app" in c and ("chmod" in c or "chown" in c) for c in commands), commands
     assert not any(c.startswith("systemctl") for c in commands)  # the host stopped at the directory
     assert "[@fake/h200] refused: /srv/app is not empty (app.conf, secrets) and modelfleet did not make it" \
         in caplog.text
 
 
-def test_service_stage_creates_a_fresh_config_dir_with_the_marker():
-    host = {**H200_HOST, "config_dir": "/srv/mf-etc", "fake_responses": {"@@modelfleet-probe": h200_probe()}}
-    commands = executed(run_fake([("h200", host)], lambda: run_stages(preflight, service)), "h200")
+def test_service_stage_creates_a_fresh_config_dir_with_the_marker(fake):
+    host = {**H200_HOST, "config_dir": "/srv/mf-etc", "fake_responses": {"@@modelfleet-probe": h200_probe(fake)}}
+    commands = fake.executed(fake.run_fake([("h200", host)], lambda: run_stages(preflight, service)), "h200")
     assert ("mkdir -p /srv/mf-etc && chown root:root /srv/mf-etc && chmod 0700 /srv/mf-etc && "
             "touch /srv/mf-etc/.modelfleet-owned") in commands
 
 
-def test_storage_stage_refuses_a_mount_point_that_holds_files(caplog):
+def test_storage_stage_refuses_a_mount_point_that_holds_files(fake, caplog):
     devices = json.dumps({"blockdevices": [{
         "name": "nvme0n1", "path": "/dev/nvme0n1", "size": 7681501126656, "type": "disk", "mountpoint": None,
         "fstype": None, "pttype": None, "label": None, "uuid": None, "model": "SAMSUNG MZWLO7T6HBLA-00A07",
         "tran": "nvme", "rota": False, "serial": "S6EYNA0W00000"}]}, indent=3).splitlines()
     state_lines = ["@@modelfleet-state path /srv/models", "dir 755 root root -", "entries", "entry old-models"]
     host = {**H200_HOST, "nvme_devices": ["/dev/nvme0n1"],
-            "fake_responses": {"@@modelfleet-probe": h200_probe(devices), "@@modelfleet-state": state_lines}}
-    state = run_fake([("h200", host)], lambda: run_stages(preflight, storage), dry=True)
+            "fake_responses": {"@@modelfleet-probe": h200_probe(fake, devices), "@@modelfleet-state": state_lines}}
+    state = fake.run_fake([("h200", host)], lambda: run_stages(preflight, storage), dry=True)
     with pytest.raises(PyinfraError, match="No hosts remaining"):
-        finish(state)
-    commands = executed(state, "h200")
+        fake.finish(state)
+    commands = fake.executed(state, "h200")
     assert not any(c.startswith(("mkfs", "mdadm", "sh -c")) for c in commands), commands
     assert "refused: storage: model_root /srv/models holds files (old-models)" in caplog.text

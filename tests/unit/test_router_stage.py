@@ -3,13 +3,9 @@ to the inventory is registered through the router's worker API and a removed one
 of the router; a new front door gets its venv, files and unit."""
 
 import hashlib
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fake"))
-from harness import Uploads, executed, run_fake  # noqa: E402
 
 from modelfleet import pipeline, router  # noqa: E402
 from modelfleet.inventory import resolve  # noqa: E402
@@ -73,21 +69,21 @@ def workers_json(urls) -> str:
     return f'{{"workers":[{rows}],"total":{len(urls)}}}'
 
 
-def run_router_host(hosts, rp, listed, active=True):
+def run_router_host(fake, hosts, rp, listed, active=True):
     replies = {"@@modelfleet-state": state_lines(rp, active), router.list_command(rp): [workers_json(listed)]}
     data = dict(hosts)
     data["r1"] = {**data["r1"], "fake_responses": replies}
-    return run_fake([(n, d) for n, d in data.items()], lambda: pipeline.run_stages(router_stage))
+    return fake.run_fake([(n, d) for n, d in data.items()], lambda: pipeline.run_stages(router_stage))
 
 
-def test_a_converged_front_door_gets_no_command(env):
+def test_a_converged_front_door_gets_no_command(fake, env):
     hosts = inventory()
     rp = front_door(hosts)
-    state = run_router_host(hosts, rp, [w.url for w in rp.workers])
+    state = run_router_host(fake, hosts, rp, [w.url for w in rp.workers])
     # Two round trips: what the stage finds deployed, and what the router lists.
-    commands = executed(state, "r1")
+    commands = fake.executed(state, "r1")
     assert len(commands) == 2 and router.list_command(rp) in commands[1], commands
-    assert executed(state, "a") == []  # a replica host runs no front door
+    assert fake.executed(state, "a") == []  # a replica host runs no front door
     # The verify gate goes through the front door, asking every inference route of the router without the key.
     (call,) = env
     # Bound on the router host's loopback: reached through its SSH connection.
@@ -96,14 +92,14 @@ def test_a_converged_front_door_gets_no_command(env):
     assert call["ep"].refused_routes == tuple(router.spec(rp).inference_routes)
 
 
-def test_a_new_replica_is_registered_and_a_gone_one_taken_out_without_a_restart(env):
+def test_a_new_replica_is_registered_and_a_gone_one_taken_out_without_a_restart(fake, env):
     before = front_door(inventory())
     hosts = inventory(("b", replica("127.0.0.3", 18013)))
     rp = front_door(hosts)
     # The router lists what the inventory had, plus a replica since removed from it.
     listed = [w.url for w in before.workers] + ["http://127.0.0.9:18019"]
-    state = run_router_host(hosts, rp, listed)
-    commands = executed(state, "r1")
+    state = run_router_host(fake, hosts, rp, listed)
+    commands = fake.executed(state, "r1")
     remove = router.remove_script(rp, "http://127.0.0.9:18019", "00000000-0000-0000-0000-000000000002")
     add = router.add_script(rp, "http://127.0.0.3:18013")
     sent = [c for c in commands if c.startswith("sh -c")]
@@ -112,14 +108,13 @@ def test_a_new_replica_is_registered_and_a_gone_one_taken_out_without_a_restart(
     assert env[0]["full"] is True  # the front door changed: smoke and tool probe through it too
 
 
-def test_a_new_front_door_is_installed_and_started(monkeypatch, env):
-    uploads = Uploads(monkeypatch)
+def test_a_new_front_door_is_installed_and_started(fake, uploads, monkeypatch, env):
     hosts = inventory()
     rp = front_door(hosts)
     data = dict(hosts)
     data["r1"] = {**data["r1"], "fake_responses": {}}
-    state = run_fake(list(data.items()), lambda: pipeline.run_stages(router_stage))
-    commands = executed(state, "r1")
+    state = fake.run_fake(list(data.items()), lambda: pipeline.run_stages(router_stage))
+    commands = fake.executed(state, "r1")
     venv = router.venv(rp)
     assert (f"python3 -m venv {venv} && {venv}/bin/pip install -q --disable-pip-version-check "
             f"sglang-router==0.3.2 && touch {venv}/.modelfleet-installed") in commands
@@ -131,12 +126,11 @@ def test_a_new_front_door_is_installed_and_started(monkeypatch, env):
     assert not any(KEY in c for c in commands)  # the key only ever travels as a file's content
 
 
-def test_vllm_front_door_is_nginx_before_the_router_on_loopback(monkeypatch, env):
-    uploads = Uploads(monkeypatch)
+def test_vllm_front_door_is_nginx_before_the_router_on_loopback(fake, uploads, monkeypatch, env):
     hosts = [(n, {**d, "engine": "vllm", "recipe": "tiny-lab-vllm"}) for n, d in inventory()]
     rp = front_door(hosts)
-    state = run_fake(hosts, lambda: pipeline.run_stages(router_stage))
-    commands = executed(state, "r1")
+    state = fake.run_fake(hosts, lambda: pipeline.run_stages(router_stage))
+    commands = fake.executed(state, "r1")
     assert any("apt-get" in c and " install " in c and "nginx" in c for c in commands), commands
     assert f"systemctl start {rp.unit_name}" in commands and f"systemctl start {rp.proxy_unit_name}" in commands
     p = router.paths(rp)
@@ -145,7 +139,7 @@ def test_vllm_front_door_is_nginx_before_the_router_on_loopback(monkeypatch, env
     assert '"--host",\n  "127.0.0.1",\n  "--port",\n  "8801"' in uploads.files[p["config"]]
 
 
-def test_a_drop_in_on_the_router_unit_is_removed_and_the_router_restarted(env):
+def test_a_drop_in_on_the_router_unit_is_removed_and_the_router_restarted(fake, env):
     hosts = inventory()
     rp = front_door(hosts)
     override = f"/etc/systemd/system/{rp.unit_name}.d/override.conf"
@@ -156,7 +150,7 @@ def test_a_drop_in_on_the_router_unit_is_removed_and_the_router_restarted(env):
     data = dict(hosts)
     data["r1"] = {**data["r1"], "fake_responses": {"@@modelfleet-state": lines,
                                                    router.list_command(rp): [workers_json(rp_urls(rp))]}}
-    commands = executed(run_fake(list(data.items()), lambda: pipeline.run_stages(router_stage)), "r1")
+    commands = fake.executed(fake.run_fake(list(data.items()), lambda: pipeline.run_stages(router_stage)), "r1")
     assert commands.index(f"rm -f -- {override}") < commands.index("systemctl daemon-reload") < commands.index(
         f"systemctl restart {rp.unit_name}")
 

@@ -8,12 +8,8 @@ import re
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fake"))
-from harness import H200, probe_reply, recorded, run_fake  # noqa: E402
 
 from modelfleet import checkpoint, mirror, pins, registry  # noqa: E402
 from modelfleet.checkpoint import Snapshot  # noqa: E402
@@ -33,10 +29,10 @@ def reports(tmp_path, monkeypatch):
     monkeypatch.setenv("MODELFLEET_REPORTS", str(tmp_path))
 
 
-def os_release(system: dict) -> list[str]:
+def os_release(fake, system: dict) -> list[str]:
     """/etc/os-release as the release writes it (the recorded H200 host for Ubuntu 24.04)."""
     if (system["id"], system["version_id"]) == ("ubuntu", "24.04"):
-        return recorded(H200 / "os-release.txt")
+        return fake.recorded(fake.H200 / "os-release.txt")
     return [f'PRETTY_NAME="{system["pretty_name"]}"', f"ID={system['id']}", f'VERSION_ID="{system["version_id"]}"',
             f"VERSION_CODENAME={system['codename']}"]
 
@@ -70,11 +66,11 @@ SYSTEMS = [(vendor, system) for vendor in ("nvidia", "amd") for system in mirror
 
 @pytest.mark.parametrize("vendor,system", SYSTEMS, ids=[f"{v}-{s['id']}{s['version_id']}-{s['arch']}"
                                                         for v, s in SYSTEMS])
-def test_the_gpu_stack_uses_exactly_the_urls_the_preview_lists(vendor, system):
+def test_the_gpu_stack_uses_exactly_the_urls_the_preview_lists(fake, vendor, system):
     data = {**HOSTS[vendor], "pool": "p", "revision": "e" * 40}
-    os_lines = os_release(system) + ["KERNEL_RELEASE=6.8.0-87-generic", f"MACHINE_ARCH={system['arch']}"]
-    probe = probe_reply({"os": os_lines, "disk": DF, "ports": []})
-    state = run_fake([("n1", {**data, "fake_responses": {"@@modelfleet-probe": probe}})], stack_only, dry=True)
+    os_lines = os_release(fake, system) + ["KERNEL_RELEASE=6.8.0-87-generic", f"MACHINE_ARCH={system['arch']}"]
+    probe = fake.probe_reply({"os": os_lines, "disk": DF, "ports": []})
+    state = fake.run_fake([("n1", {**data, "fake_responses": {"@@modelfleet-probe": probe}})], stack_only, dry=True)
     deb_arch = container_runtime.DEB_ARCHES[system["arch"]]
     used, commands = stage_urls(state, "n1", deb_arch)
     assert used, "the dry run used no URL: the fake host was not bare"
