@@ -81,8 +81,12 @@ engine-flags: engine-parsers lab-setup
 test: install engine-parsers
 	MODELFLEET_REQUIRE_ENGINE_PARSERS=1 $(PYTHON) -m pytest -q tests
 
+# shellcheck on the programs a host receives (modelfleet/shell), and on the lab's scripts at warning level (their
+# mmdebstrap hooks quote "$1" for the hook's own shell on purpose).
 lint: install
 	$(PYTHON) -m ruff check modelfleet tests deploys inventories
+	$(VENV)/bin/shellcheck modelfleet/shell/*.sh
+	$(VENV)/bin/shellcheck --severity=warning lab/*.sh
 
 # On a GPU host (Ubuntu, pyinfra installed): preflight through pyinfra's @local connector.
 hw-preflight:

