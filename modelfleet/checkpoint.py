@@ -15,9 +15,9 @@ from pathlib import Path
 from gevent.lock import Semaphore
 
 from modelfleet.errors import ModelfleetError
+from modelfleet.host_commands import MANIFEST
 from modelfleet.inventory import COMMIT_RE
 
-MANIFEST = ".modelfleet-manifest.json"
 HUB_TIMEOUT_S = 120
 _snapshots: dict[tuple, Snapshot] = {}
 _lock = Semaphore()

@@ -23,6 +23,7 @@ from modelfleet import FILES_DIR
 from modelfleet.checkpoint import Snapshot, missing_files
 from modelfleet.context import HostRun
 from modelfleet.grammar import slug
+from modelfleet.host_commands import CURRENT, revisions_dir
 from modelfleet.inventory import HostPlan, ServicePlan
 from modelfleet.operations.files import content_file, directory
 from modelfleet.operations.report import fail_host, note, refuse
@@ -152,9 +153,9 @@ def fanout_serving(group: str, directory_: str, address: str, port: int, serve: 
 @operation()
 def current_pointer(parent: str, commit: str, current: str | None):
     if current == commit:
-        host.noop(f"{parent}/current -> {commit[:12]}")
+        host.noop(f"{parent}/{CURRENT} -> {commit[:12]}")
         return
-    yield StringCommand("ln", "-sfn", commit, shlex.quote(f"{parent}/current"))
+    yield StringCommand("ln", "-sfn", commit, shlex.quote(f"{parent}/{CURRENT}"))
 
 
 @operation()
@@ -237,7 +238,7 @@ def run(ctx: HostRun):
                 f"disk: {model_dir} needs {needed / 1e9:.3f} GB for {len(missing)} file(s) of {snap.repo}@"
                 f"{snap.commit[:12]}, {tree['free_bytes'] / 1e9:.3f} GB free"])
             continue
-        parent = model_dir.rsplit("/", 1)[0]
+        parent = revisions_dir(model_dir)
         directory(name=f"Revision directory {model_dir}", path=model_dir, current=mine["paths"].get(model_dir))
         busy = set(tree.get("busy", []))
         litter_removed(name=f"Leftovers of earlier fetches in {parent}", parent=parent, commit=snap.commit,
@@ -290,7 +291,7 @@ def run(ctx: HostRun):
                                reverify=plan.model_reverify, source_host=source)
         fanout_serving(name="Stop serving to peers", group=svc.checkpoint_group, directory_=model_dir,
                        address=plan.address, port=FANOUT_PORT, serve=False, needed=served)
-        current_pointer(name=f"{parent}/current -> {snap.commit[:12]}", parent=parent, commit=snap.commit,
+        current_pointer(name=f"{parent}/{CURRENT} -> {snap.commit[:12]}", parent=parent, commit=snap.commit,
                         current=tree.get("current"))
         revisions_pruned(name=f"Prune revisions of {svc.model.id} beyond {plan.model_keep_revisions}",
                          parent=parent, remove=_to_prune(_finished(tree), snap.commit, plan.model_keep_revisions))
