@@ -1,59 +1,44 @@
-"""Bench statistics, regression flags and the cost formula, on hand-computed numbers."""
+"""The endpoints the client-side checks talk to (checks/__init__.py), from resolved inventories: one per service,
+the head node only for a multi-node pool, the key the host's engine was given, and whether this machine reaches
+a loopback-bound engine directly or through a tunnel."""
 
-import pytest
-import yaml
+from modelfleet.checks import endpoint, inventory_endpoints, reachable_from_control_node
+from modelfleet.inventory import resolve
 
-from modelfleet.checks.bench import _stats, regressions
-from modelfleet.checks.cost import PriceError, cost_per_task, load_prices
-
-
-def level(c, duration, tasks, attempts, failed, tin, tout, ttft_p99=100.0, throughput=1000.0):
-    return {"concurrency": c, "duration_s": duration, "successful_tasks": tasks, "attempts": attempts,
-            "failed_attempts": failed, "total_input_tokens": tin, "total_output_tokens": tout,
-            "ttft": {"p99_ms": ttft_p99}, "output_throughput": throughput}
+PIN = "e" * 40
+KIMI = {"hardware": "b300", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": PIN}
 
 
-BENCH = {"endpoint": "b300-01/k31", "model": "kimi-local",
-         "levels": [level(1, 1800, 100, 104, 4, 200_000, 300_000), level(8, 1800, 40, 40, 0, 80_000, 100_000)]}
+def test_a_host_gives_its_served_name_url_and_engine():
+    plan = resolve([("b300-01", {**KIMI, "pool": "k31", "served_name": "kimi-local"})]).hosts["b300-01"]
+    point = endpoint(plan, plan.services[0])
+    assert (point.name, point.model, point.engine, point.pool) == ("b300-01/k31", "kimi-local", "vllm", "k31")
+    assert point.base_url == "http://127.0.0.1:8000" and point.openai_base_url == "http://127.0.0.1:8000/v1"
+    assert point.api_key is None and not point.behind_router
 
 
-def test_self_hosted_cost_per_successful_task_matches_the_hand_computation(tmp_path):
-    prices = tmp_path / "p.yaml"
-    prices.write_text(yaml.safe_dump({"compute": {"gpu_hour_usd": 6.5, "gpus": 8}, "storage_network_usd": 0.4,
-                                      "operations_usd": 1.0, "human_correction_usd": 2.6}))
-    result = cost_per_task(BENCH, load_prices(prices))
-    # 1 h x 8 GPUs x $6.5 = $52; + 0.4 + 1.0 + 2.6 = $56; 140 unique completed tasks -> $0.40 per task.
-    assert result["compute_or_api_usd"] == 52.0 and result["total_usd"] == 56.0
-    assert result["successful_tasks"] == 140 and result["cost_per_successful_task_usd"] == 0.4
-    assert result["attempts"] == 144 and result["failed_attempts"] == 4  # counted in the hour, not the divisor
+def test_a_keyed_service_gives_the_key_its_engine_was_started_with(monkeypatch):
+    monkeypatch.setenv("SITE_KIMI_KEY", "sk-site-key")
+    plan = resolve([("b300-01", {**KIMI, "api_key_env": "SITE_KIMI_KEY"})]).hosts["b300-01"]
+    assert endpoint(plan, plan.services[0]).api_key == "sk-site-key"
 
 
-def test_api_cost_counts_every_attempt_once():
-    prices = {"api": {"input_per_mtok_usd": 0.6, "output_per_mtok_usd": 2.5}}
-    result = cost_per_task(BENCH, prices)
-    # 280k input x 0.6/M = 0.168; 400k output x 2.5/M = 1.0 -> 1.168 / 140 tasks
-    assert result["compute_or_api_usd"] == pytest.approx(1.168)
-    assert result["cost_per_successful_task_usd"] == pytest.approx(1.168 / 140, abs=1e-6)
+def test_a_multi_node_pool_is_one_endpoint_at_its_head_and_hosts_narrow_the_list():
+    trays = {"hardware": "gb300", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": PIN, "pool": "k31"}
+    resolved = resolve([("t1", {**trays, "ssh_hostname": "10.0.0.1"}), ("t2", {**trays, "ssh_hostname": "10.0.0.2"}),
+                        ("b300-01", {**KIMI, "pool": "solo"})])
+    assert not resolved.errors, resolved.errors
+    assert [p.name for p in inventory_endpoints(resolved)] == ["t1/k31", "b300-01/solo"]
+    assert [p.name for p in inventory_endpoints(resolved, hosts=("b300-01",))] == ["b300-01/solo"]
+    assert inventory_endpoints(resolved, hosts=("t2",)) == []  # a member serves nothing of its own
 
 
-def test_prices_must_say_compute_or_api_and_numbers(tmp_path):
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("storage_network_usd: 1\n")
-    with pytest.raises(PriceError, match="exactly one of"):
-        load_prices(bad)
-    bad.write_text("compute: {gpu_hour_usd: -1, gpus: 8}\n")
-    with pytest.raises(PriceError, match="compute.gpu_hour_usd"):
-        load_prices(bad)
-
-
-def test_stats_p99_interpolates_like_numpy_percentile():
-    values = [i / 1000 for i in range(1, 101)]  # 1..100 ms; numpy.percentile(values, 99) = 99.01 ms
-    assert _stats(values) == {"mean_ms": 50.5, "median_ms": 50.5, "p99_ms": 99.01}
-
-
-def test_regressions_flag_worse_ttft_throughput_and_failures():
-    before = {"levels": [level(4, 1, 1, 1, 0, 0, 0, ttft_p99=100.0, throughput=1000.0)]}
-    now = {"levels": [level(4, 1, 1, 2, 1, 0, 0, ttft_p99=130.0, throughput=850.0)]}
-    flags = regressions(now, before)
-    assert len(flags) == 3 and "TTFT p99 130.0 ms vs 100.0 ms" in flags[0]
-    assert regressions(before, before) == [] and regressions(now, None) == []
+def test_a_loopback_engine_is_reached_directly_only_on_a_shared_loopback(monkeypatch):
+    monkeypatch.setenv("SITE_KIMI_KEY", "sk-site-key")
+    remote = resolve([("gpu-01", {**KIMI, "ssh_hostname": "10.0.0.9"})]).hosts["gpu-01"]
+    assert remote.services[0].loopback and not reachable_from_control_node(remote, remote.services[0])
+    local = resolve([("@local", KIMI)]).hosts["@local"]
+    assert reachable_from_control_node(local, local.services[0])
+    opened = resolve([("gpu-01", {**KIMI, "ssh_hostname": "10.0.0.9", "bind_address": "0.0.0.0",
+                                  "api_key_env": "SITE_KIMI_KEY"})]).hosts["gpu-01"]
+    assert reachable_from_control_node(opened, opened.services[0])
