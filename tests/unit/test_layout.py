@@ -1,0 +1,82 @@
+"""Tests mirror the package: every module of modelfleet has a test module of its own, found by its name, so a
+reader looking for how a module behaves knows where to look and a new module cannot arrive untested.
+
+Where a module's tests live:
+- modelfleet/<name>.py and modelfleet/<pkg>/<name>.py: tests/unit/test_<name>.py, test_<pkg>_<name>.py (a
+  package's __init__ with code of its own: test_<pkg>.py);
+- a stage, modelfleet/stages/<name>.py: tests/stages/test_<name>.py;
+- a fact module, modelfleet/facts/<name>.py: pyinfra-testing cases, tests/facts/<name>.<Fact>/, or tests/unit;
+- an operation module, modelfleet/operations/<name>.py: pyinfra-testing cases,
+  tests/operations/operations.<name>.<operation>/, or tests/unit;
+- a program copied to hosts, modelfleet/files/<name>.py: tests/unit/test_<name>.py.
+"""
+
+from pathlib import Path
+
+from modelfleet import PACKAGE_DIR
+
+TESTS = Path(__file__).resolve().parents[1]
+
+# Modules that are pure data (constants, re-exports, a docstring): nothing to run, so nothing to test.
+PURE_DATA = {
+    "",                # modelfleet/__init__.py: the version and the package's directories
+    "facts",           # empty
+    "operations",      # empty
+    "inventory",       # re-exports of inventory.plan, .resolver, .schema and .door
+    "stages",          # the tools directory on hosts
+}
+
+# Modules whose tests still live with a concern (tests/fake/test_stages.py, tests/door, test_exposure.py, ...) or
+# that have none yet. This set may only shrink: a module leaves it when its test module lands, and the last test
+# below fails while a module here has one.
+AWAITING = {
+    "checks.exposure", "checks.gate", "checks.probe", "checks.tunnel", "cli", "commands", "context", "deploys",
+    "fabric_run", "facts.probe", "inventory.plan", "inventory.schema", "loader", "operations.owned_unit",
+    "operations.reboot", "operations.report", "pins", "stages.exporters", "stages.images", "stages.os_base",
+    "stages.preflight", "stages.service", "stages.verify",
+}
+
+
+def package_modules() -> list[str]:
+    """Every module of the package, dotted below modelfleet ("checks.bench"; a package's __init__ as "checks")."""
+    out = []
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE_DIR).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out.append(".".join(parts))
+    return out
+
+
+def has_tests(module: str) -> bool:
+    pkg, _, leaf = module.rpartition(".")
+    if any((TESTS / d / f"test_{module.replace('.', '_')}.py").is_file() for d in ("unit", "door")):
+        return True
+    if pkg == "stages":
+        return (TESTS / "stages" / f"test_{leaf}.py").is_file()
+    if pkg == "files":
+        return (TESTS / "unit" / f"test_{leaf}.py").is_file()
+    if pkg == "facts":
+        return any((TESTS / "facts").glob(f"{leaf}.*/*"))
+    if pkg == "operations":
+        return any((TESTS / "operations").glob(f"operations.{leaf}.*/*"))
+    return False
+
+
+def test_the_walk_finds_the_package():
+    modules = package_modules()
+    assert {"render", "checks", "checks.bench", "stages.model", "facts.gpu", "files.nccl_check"} <= set(modules)
+
+
+def test_every_package_module_has_a_test_module():
+    missing = [m for m in package_modules() if m not in PURE_DATA | AWAITING and not has_tests(m)]
+    assert missing == [], "modules without a test module of their own (see this file's docstring for where): " + \
+        ", ".join(f"modelfleet/{m.replace('.', '/')}" for m in missing)
+
+
+def test_the_lists_name_only_modules_that_exist():
+    assert PURE_DATA | AWAITING <= set(package_modules())
+
+
+def test_a_module_leaves_the_awaiting_list_when_its_test_module_lands():
+    assert sorted(m for m in AWAITING if has_tests(m)) == []
