@@ -53,7 +53,8 @@ def engine_argv(svc: ServicePlan) -> list[str]:
     argv += [a for a in engine.metrics_args if grammar.flag_name(a) not in in_recipe]
     if engine.memory_fraction_flag and engine.memory_fraction_flag not in in_recipe:
         argv += [engine.memory_fraction_flag, str(recipe.memory_fraction)]
-    argv += list(recipe.args) + multinode_args(svc)
+    argv += list(recipe.args) + multinode_args(svc) + [a for flag, value in pd_values(svc, "engine_args").items()
+                                                       for a in (flag, value)]
     for name, parameter in recipe.parameters.items():
         if name in svc.recipe_params:
             argv += [parameter.flag, str(svc.recipe_params[name])]
@@ -78,6 +79,25 @@ def multinode_args(svc: ServicePlan) -> list[str]:
               "master_port": MASTER_PORT, "dp": layout.dp, "dp_local": local, "dp_rpc_port": DP_RPC_PORT,
               "dp_start": svc.node_rank * local}
     return [arg.format(**values) for arg in flags.all + (flags.workers if svc.node_rank else [])]
+
+
+def pd_values(svc: ServicePlan, kind: str) -> dict[str, str]:
+    """The fabric's values a server of a prefill/decode layout gets (`engine_args` or `engine_env` of its router's
+    PD mode, catalog/routers.yaml): its own address, the derived HCAs. A value the fabric does not give (a pool of
+    one host has no derived fabric; a member but the head has no known address without one) is left to the
+    engine's own choice."""
+    from modelfleet import router
+
+    pd = router.pd_spec(svc.engine_name)
+    if pd is None or router.pd_role(svc.recipe, svc.engine_name) is None:
+        return {}
+    fabric = svc.fabric
+    own = (fabric.env.get(svc.engine.host_ip_env or "") if fabric else None) or \
+        (svc.head_address if svc.node_rank == 0 and not fabric else None)
+    listed = fabric.env.get("NCCL_IB_HCA", "") if fabric else ""  # NCCL's exact-match form; `^` excludes
+    known = {"address": own, "hcas": ",".join(fabric.hcas) if fabric and fabric.hcas else None,
+             "hca_ports": listed.lstrip("=") if listed and not listed.startswith("^") else None}
+    return {name: known[source] for name, source in getattr(pd, kind).items() if known[source]}
 
 
 def rendezvous_address(svc: ServicePlan) -> str:
@@ -200,7 +220,7 @@ def api_key(svc: ServicePlan) -> str | None:
 
 def env_values(svc: ServicePlan, mask: bool = False) -> dict[str, str]:
     cache = engine_cache(svc)
-    env = {**(cache.env if cache else {}), **svc.env, **fabric_env(svc)}
+    env = {**(cache.env if cache else {}), **pd_values(svc, "engine_env"), **svc.env, **fabric_env(svc)}
     key = api_key(svc)
     if key and svc.engine.api_key_env:
         env[svc.engine.api_key_env] = MASK if mask else key

@@ -53,6 +53,38 @@ class WorkerCall(_Strict):
     body: dict[str, str] | None = None  # JSON body; `{url}` and `{model}` are the replica's URL and served name
 
 
+class PdRole(_Strict):
+    """How a recipe says which part of a PD layout its server plays: the value of `flag` (or of `key` in that
+    flag's JSON) is `prefill` or `decode`'s."""
+
+    flag: str
+    key: str | None = None
+    prefill: str
+    decode: str
+
+
+class PdBootstrap(_Strict):
+    """A prefill server's bootstrap port (the engine's flag, and its default), which the router is told."""
+
+    flag: str
+    default: int
+
+
+class PdSpec(_Strict):
+    """The router's prefill/decode mode, and what the engine's servers get from the pool's fabric: `engine_env`
+    and `engine_args` map a variable or flag to `address` (the member's own address), `hcas` (the derived
+    HCAs, comma-separated) or `hca_ports` (the same with their ports, as NCCL_IB_HCA names them)."""
+
+    source: str
+    flag: str
+    prefill_flag: str
+    decode_flag: str
+    role: PdRole
+    bootstrap: PdBootstrap | None = None
+    engine_env: dict[str, Literal["address", "hcas", "hca_ports"]] = {}
+    engine_args: dict[str, Literal["address", "hcas", "hca_ports"]] = {}
+
+
 class RouterSpec(_Strict):
     source: str
     package: str
@@ -68,6 +100,7 @@ class RouterSpec(_Strict):
     policies: list[str]
     inference_routes: list[str]  # what a key-less request must be refused on, at the front door
     workers: dict[Literal["list", "add", "remove"], WorkerCall]
+    pd: PdSpec | None = None  # none: the router has no prefill/decode mode
 
 
 @lru_cache(maxsize=1)
@@ -79,6 +112,40 @@ def specs() -> dict[str, RouterSpec]:
 
 def spec(rp: RouterPlan) -> RouterSpec:
     return specs()[rp.engine_name]
+
+
+def pd_spec(engine_name: str) -> PdSpec | None:
+    entry = specs().get(engine_name)
+    return entry.pd if entry else None
+
+
+def _flag_value(args, flag: str) -> str | None:
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name == flag:
+            return value if eq else (args[i + 1] if i + 1 < len(args) else None)
+    return None
+
+
+def pd_role(recipe, engine_name: str) -> str | None:
+    """`prefill` or `decode` when the recipe's own flags make its server one part of a PD layout, else None."""
+    pd = pd_spec(engine_name)
+    value = _flag_value(recipe.args, pd.role.flag) if pd else None
+    if value is not None and pd.role.key:
+        try:
+            value = json.loads(value).get(pd.role.key)
+        except (ValueError, AttributeError):
+            value = None
+    return {pd.role.prefill: "prefill", pd.role.decode: "decode"}.get(value) if pd and value else None
+
+
+def bootstrap_port(recipe, engine_name: str) -> int | None:
+    """A prefill server's bootstrap port: the recipe's, else the engine's default (None: the engine has none)."""
+    pd = pd_spec(engine_name)
+    if not (pd and pd.bootstrap):
+        return None
+    given = _flag_value(recipe.args, pd.bootstrap.flag)
+    return int(given) if given else pd.bootstrap.default
 
 
 # -- the plan -------------------------------------------------------------------------------------------------
@@ -104,6 +171,7 @@ def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list
         for svc in plan.services:
             if svc.router:
                 routed.setdefault((svc.router.host, svc.served_name), []).append(svc)
+    errors += pd_pairs(pools)
     routers: dict[str, RouterPlan] = {}
     for (router_host, served), services in routed.items():
         name = front_door_name(served)
@@ -131,6 +199,14 @@ def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list
                 errors.append((where, fld, f"the replicas of {served} disagree: {', '.join(values)}"))
         rhost = hosts[router_host]
         rspec = specs()[head.engine_name]
+        roles = {s.pool: pd_role(s.recipe, s.engine_name) for s in services}
+        if any(roles.values()) and not all(roles.values()):
+            plain = sorted(p for p, role in roles.items() if not role)
+            errors.append((where, "recipe", f"the front door of {served} pairs prefill and decode pools, but "
+                           f"{', '.join(plain)} run a recipe of neither part: serve it under another name"))
+        elif any(roles.values()) and set(roles.values()) != {"prefill", "decode"}:
+            errors.append((where, "router", f"the front door of {served} on {router_host} has only "
+                           f"{next(iter(set(roles.values())))} pools: its prefill and decode pools name one router"))
         if head.router.policy not in rspec.policies:
             errors.append((where, "router_policy", f"{head.router.policy} is not a policy of {rspec.package} "
                            f"(it has: {', '.join(rspec.policies)})"))
@@ -153,11 +229,13 @@ def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list
         if len(errors) > problems:
             continue
         workers = tuple(Worker(pool=s.pool, host=s.host, url=f"http://{_replica_address(hosts, s, router_host)}:"
-                               f"{s.port}") for s in services if s.node_rank == 0)
+                               f"{s.port}", role=roles[s.pool],
+                               bootstrap_port=bootstrap_port(s.recipe, s.engine_name) if roles[s.pool] == "prefill"
+                               else None) for s in services if s.node_rank == 0)
         routers[name] = RouterPlan(name=name, host=router_host, engine_name=head.engine_name, served_name=served,
                                    bind_address=bind, port=head.router.port, policy=head.router.policy,
                                    api_key_env=head.api_key_env, config_dir=rhost.config_dir,
-                                   workers=tuple(sorted(workers, key=lambda w: w.url)))
+                                   workers=tuple(sorted(workers, key=lambda w: w.url)), pd=any(roles.values()))
     out = {}
     for name, plan in hosts.items():
         services = tuple(replace(s, bind_address=_replica_address(hosts, s, s.router.host)) if s.router else s
@@ -165,6 +243,26 @@ def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list
         out[name] = replace(plan, services=services,
                             routers=tuple(rp for rp in routers.values() if rp.host == name))
     return out, routers
+
+
+def pd_pairs(pools: dict[str, PoolPlan]) -> list[tuple[str, str, str]]:
+    """A prefill pool serves nothing without a decode pool of the same model (the KV it computes has nowhere to
+    go), and a decode pool nothing without a prefill pool: one error per model that has one part only."""
+    parts: dict[tuple[str, str], dict[str, list[str]]] = {}
+    for pool in pools.values():
+        head = pool.services[0]
+        role = pd_role(head.recipe, head.engine_name)
+        if role:
+            parts.setdefault((head.model.id, head.served_name), {"prefill": [], "decode": []})[role].append(
+                f"{pool.name} ({head.recipe.id})")
+    out = []
+    for (model, served), found in parts.items():
+        for have, lacks in (("prefill", "decode"), ("decode", "prefill")):
+            if found[have] and not found[lacks]:
+                out.append((f"model {model}", "recipe", f"{served}: {', '.join(found[have])} run the {have} part of "
+                            f"a prefill/decode layout, but no pool serving {served} runs its {lacks} part: add one "
+                            f"with a {lacks} recipe (both behind one router)"))
+    return out
 
 
 def front_door_name(served_name: str) -> str:
@@ -220,14 +318,28 @@ def router_args(rp: RouterPlan) -> list[str]:
     values = {"policy": rp.policy, "health_interval_s": HEALTH_INTERVAL_S, "health_failures": HEALTH_FAILURES,
               "metrics_port": rp.metrics_port}
     return render.one_line_each([s.host_flag, address, s.port_flag, str(port),
-                                 *(a.format(**values) for a in s.args)])
+                                 *(a.format(**values) for a in s.args), *pd_args(rp)])
+
+
+def pd_args(rp: RouterPlan) -> list[str]:
+    """A PD front door's servers, as the router's flags: every prefill server (with its bootstrap port where
+    the engine has one), then every decode server."""
+    if not rp.pd:
+        return []
+    pd = spec(rp).pd
+    argv = [pd.flag]
+    for w in rp.workers:
+        if w.role == "prefill":
+            argv += [pd.prefill_flag, w.url, *([str(w.bootstrap_port)] if w.bootstrap_port else [])]
+    return argv + [arg for w in rp.workers if w.role == "decode" for arg in (pd.decode_flag, w.url)]
 
 
 def launcher_config(rp: RouterPlan) -> str:
     """What the launcher reads: the router's flags, where the replicas and the key are, and how the router
     learns of the replicas when it starts (a flag, or the worker API once it answers)."""
     s, p = spec(rp), paths(rp)
-    start = {"worker_urls_flag": s.worker_urls_flag} if s.start == "flag" else {"register": {
+    # A PD front door's servers are in its flags already (router_args).
+    start = {} if rp.pd else {"worker_urls_flag": s.worker_urls_flag} if s.start == "flag" else {"register": {
         "health": f"{local_url(rp)}/health", "url": f"{local_url(rp)}{s.workers['add'].path}",
         "body": _body(rp, "add", "{url}")}}
     return json.dumps({"module": s.module, "args": router_args(rp), **start, "workers_file": p["workers"],
@@ -346,8 +458,15 @@ def _listed_wait(rp: RouterPlan, url: str, present: bool) -> str:
             "exit 1")
 
 
+def _pd_refused(rp: RouterPlan, url: str, what: str) -> str:
+    return (f"echo 'modelfleet: front door {rp.name} pairs prefill and decode servers given when it starts: "
+            f"{what} {url} through its worker API would lose its part; converge to restart the router' >&2; exit 1")
+
+
 def add_script(rp: RouterPlan, url: str) -> str:
     """Add a replica once it answers /health from the router host, then wait until the router lists it."""
+    if rp.pd:
+        return _pd_refused(rp, url, "adding")
     ready = (f"for i in $(seq {REGISTER_WAIT_S}); do curl -fsS -m 5 -o /dev/null {shlex.quote(url + '/health')} "
              f"&& break; [ $i = {REGISTER_WAIT_S} ] && {{ echo 'modelfleet: replica {url} does not answer /health "
              f"from the router host: not added to front door {rp.name}' >&2; exit 1; }}; sleep 1; done")
@@ -356,6 +475,8 @@ def add_script(rp: RouterPlan, url: str) -> str:
 
 def remove_script(rp: RouterPlan, url: str, worker_id: str) -> str:
     """Take a replica out of the router (in-flight requests finish on it), then wait until it is gone."""
+    if rp.pd:
+        return _pd_refused(rp, url, "taking out")
     return f"{_curl(rp, 'remove', url=url, id=worker_id)} >/dev/null && {{ {_listed_wait(rp, url, False)}; }}"
 
 

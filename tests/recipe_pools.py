@@ -3,6 +3,7 @@ render recipes (tests/unit/test_recipes.py, tests/unit/test_engine_parsers.py)."
 
 from __future__ import annotations
 
+from modelfleet import router
 from modelfleet.catalog import load_catalog
 from modelfleet.inventory import resolve
 
@@ -13,13 +14,23 @@ RECIPE_BOARDS = [(r.id, hw) for r in CATALOG.recipes.values() for hw in r.hardwa
 
 
 def pool(recipe_id: str, hardware: str, **extra):
-    """The recipe's pool on `hardware`: as many hosts as its layout has nodes, each with `extra` inventory keys."""
+    """The recipe's pool on `hardware`: as many hosts as its layout has nodes, each with `extra` inventory keys.
+    One part of a prefill/decode layout gets a pool of the other part beside it (hosts m0...), as it must."""
     recipe = CATALOG.recipes[recipe_id]
-    hosts = [(f"n{i}", {"ssh_hostname": f"192.0.2.{20 + i}", "hardware": hardware,
-                        "gpu_count": CATALOG.hardware[hardware].gpus_per_node or None, "model": recipe.model,
-                        "engine": recipe.engine, "recipe": recipe.id, "pool": "p", "revision": PIN,
-                        "gpus": recipe.layout.gpus_per_node,
-                        "recipe_params": {k: v for k, v in PARAMS.items() if k in recipe.parameters}, **extra})
-             for i in range(recipe.layout.nodes)]
+    hosts = _hosts(recipe, hardware, "n", "p", 20, extra)
+    role = router.pd_role(recipe, recipe.engine)
+    if role:
+        other = next(r for r in CATALOG.recipes.values() if (r.model, r.engine) == (recipe.model, recipe.engine)
+                     and hardware in r.hardware and router.pd_role(r, r.engine) not in (None, role))
+        hosts += _hosts(other, hardware, "m", "q", 40, extra)
     hosts = [(name, {k: v for k, v in data.items() if v is not None}) for name, data in hosts]
     return resolve(hosts)
+
+
+def _hosts(recipe, hardware: str, prefix: str, pool_name: str, first: int, extra: dict) -> list:
+    return [(f"{prefix}{i}", {"ssh_hostname": f"192.0.2.{first + i}", "hardware": hardware,
+                              "gpu_count": CATALOG.hardware[hardware].gpus_per_node or None, "model": recipe.model,
+                              "engine": recipe.engine, "recipe": recipe.id, "pool": pool_name, "revision": PIN,
+                              "gpus": recipe.layout.gpus_per_node,
+                              "recipe_params": {k: v for k, v in PARAMS.items() if k in recipe.parameters}, **extra})
+            for i in range(recipe.layout.nodes)]

@@ -70,6 +70,8 @@ class Worker:
     pool: str
     host: str
     url: str
+    role: str | None = None  # prefill or decode behind a PD front door (read from its recipe's flags)
+    bootstrap_port: int | None = None  # a prefill server's, where the router's engine has one (SGLang)
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,7 @@ class RouterPlan:
     api_key_env: str
     config_dir: str
     workers: tuple[Worker, ...]
+    pd: bool = False  # prefill/decode mode: the router pairs its prefill and decode servers
 
     @property
     def backend_port(self) -> int:

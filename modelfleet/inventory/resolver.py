@@ -61,7 +61,8 @@ def _pick_recipe(cat: Catalog, svc: ServiceData, hardware: str, where: str, erro
                            f"{', '.join(recipe.hardware)}, not {svc.model}/{svc.engine} on {hardware}"))
             return None
         return recipe
-    found = cat.recipes_for(svc.model, svc.engine, hardware)
+    # One part of a prefill/decode layout is only ever named: its pool is half of a pair.
+    found = [r for r in cat.recipes_for(svc.model, svc.engine, hardware) if not router.pd_role(r, svc.engine)]
     if not found:
         errors.append((where, "recipe", f"no recipe for model {svc.model} with engine {svc.engine} on "
                        f"{hardware}"))
@@ -397,6 +398,10 @@ def warnings(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], data: dict[
                                         f"{head.recipe.id}'s flags were checked with {head.recipe.engine_version}"))
         if head.recipe.notes:
             out.append((where, "recipe", f"{head.recipe.id}: {' '.join(head.recipe.notes.split())}"))
+        role = router.pd_role(head.recipe, head.engine_name)
+        if role and not head.router:
+            out.append((where, "router", f"unset: the {role} part of {head.served_name} is reached only through "
+                                         "its router in PD mode (set `router` on its prefill and decode pools)"))
         if len(pool.hosts) > 1:
             on_ssh = [h for h in pool.hosts if "fabric_address" not in data.get(h, {})]
             if on_ssh:

@@ -33,7 +33,7 @@ def test_recipe_renders_the_plans_memory_fraction_and_no_flag_twice(recipe_id, h
         docker = [f for f in flags(render.docker_run_argv(svc)[:render.docker_run_argv(svc).index(svc.image)])
                   if f not in repeatable]
         assert len(docker) == len(set(docker)), docker
-        report = plan_capacity(svc.model, svc.hardware, gpus=svc.gpus, nodes=svc.nnodes, recipe=recipe)
+        report = plan_capacity(svc.model, svc.hardware, gpus=svc.gpus, nodes=svc.nnodes, recipe=svc.recipe)
         flag = svc.engine.memory_fraction_flag
         if flag:
             assert float(engine_argv[engine_argv.index(flag) + 1]) == report.memory_fraction
