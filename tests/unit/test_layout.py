@@ -4,7 +4,8 @@ reader looking for how a module behaves knows where to look and a new module can
 Where a module's tests live:
 - modelfleet/<name>.py and modelfleet/<pkg>/<name>.py: tests/unit/test_<name>.py, test_<pkg>_<name>.py (a
   package's __init__ with code of its own: test_<pkg>.py);
-- a stage, modelfleet/stages/<name>.py: tests/stages/test_<name>.py;
+- a stage, modelfleet/stages/<name>.py: tests/stages/test_<name>.py, or test_stages_<name>.py where a module of the
+  package's top shares the name (pytest imports test modules by their file name: two test_router.py collide);
 - a fact module, modelfleet/facts/<name>.py: pyinfra-testing cases, tests/facts/<name>.<Fact>/, or tests/unit;
 - an operation module, modelfleet/operations/<name>.py: pyinfra-testing cases,
   tests/operations/operations.<name>.<operation>/, or tests/unit;
@@ -50,7 +51,7 @@ def package_modules() -> list[str]:
 
 def has_tests(module: str) -> bool:
     pkg, _, leaf = module.rpartition(".")
-    if any((TESTS / d / f"test_{module.replace('.', '_')}.py").is_file() for d in ("unit", "door")):
+    if any((TESTS / d / f"test_{module.replace('.', '_')}.py").is_file() for d in ("unit", "door", "stages")):
         return True
     if pkg == "stages":
         return (TESTS / "stages" / f"test_{leaf}.py").is_file()
