@@ -271,8 +271,10 @@ def front_door_name(served_name: str) -> str:
 
 
 def _replica_address(hosts: dict[str, HostPlan], svc, router_host: str) -> str:
-    """Where a routed replica listens, and the router reaches it: loopback beside the router, else the fabric."""
-    if svc.host == router_host:
+    """Where a routed replica listens, and the router reaches it: loopback beside the router, else the fabric.
+    A prefill/decode server always on the fabric: the router hands its address to the other part (SGLang's
+    decode side fetches the KV from the bootstrap server at the prefill URL's host)."""
+    if svc.host == router_host and not pd_role(svc.recipe, svc.engine_name):
         return "127.0.0.1"
     return hosts[svc.host].fabric_address or hosts[svc.host].address
 

@@ -151,7 +151,9 @@ def _front_door(ctx: HostRun, rp: RouterPlan, deployed: dict, launcher_changed: 
     if router.behind_proxy(rp):
         _proxy(rp, deployed, key)
     changes = starting
-    if not starting:  # a router (re)started here begins with the URL file: nothing to register
+    # A router (re)started here begins with the URL file: nothing to register. A PD front door's servers are
+    # its flags (a change rewrote its config and restarted it): its worker API is left alone.
+    if not starting and not rp.pd:
         listed = host.get_fact(router.RouterWorkers, rp=rp)
         if listed is None:
             fail_host(name=f"Router {rp.name}", reasons=[f"router {rp.name}: {rp.unit_name} is active but its "
