@@ -116,6 +116,18 @@ def test_sockets_on_hosts_with_active_hcas_refuse_the_pool_naming_the_host():
     assert verdict["per_host"]["gpu02"]["container_env"] == {"NCCL_SOCKET_IFNAME": "=enP6p3s0f0np0"}
 
 
+def test_the_h200_recording_passes_on_its_socket_fabric_and_would_fail_a_member_with_hcas():
+    # The real gate output of the 1x H200 VM (NCCL 2.28.9, sockets on eth0): right for a member without HCAs,
+    # refused had the same log come from a member whose HCAs are active.
+    report = report_with(nccl_lines("h200x1-socket-eth0-nccl-2.28.9.txt"))
+    sockets = fabric("h200", rdma=False, hcas=(), ifname="eth0")
+    assert netcheck.judge("p", ["h200"], {"h200": report}, None, fabrics={"h200": sockets})["ok"]
+    with_hcas = fabric("h200", hcas=("mlx5_0", "mlx5_1"), ifname="eth0")
+    assert netcheck.judge("p", ["h200"], {"h200": report}, None, fabrics={"h200": with_hcas})["problems"] == [
+        "h200: NCCL used sockets (eth0) although its HCAs mlx5_0,mlx5_1 (interface eth0) are active: the "
+        "container lacks /dev/infiniband, IPC_LOCK or an unlimited memlock, or NCCL_IB_HCA matches none of them"]
+
+
 def test_roce_on_the_derived_hcas_passes_and_other_hcas_fail():
     log = nccl_lines("roce-2node-dgxh100.txt")
     right = {h: fabric(h, hcas=("mlx5_10", "mlx5_11")) for h in ("a", "b")}

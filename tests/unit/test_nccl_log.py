@@ -1,10 +1,12 @@
-"""The NCCL INFO log parser (modelfleet.nccl_log) on verbatim public logs (tests/fixtures/nccl, see SOURCE)."""
+"""The NCCL INFO log parser (modelfleet.nccl_log) on verbatim public logs and this project's own H200 recording
+(tests/fixtures/nccl, see SOURCE)."""
 
 from pathlib import Path
 
 from modelfleet import nccl_log
 
-FOLDER = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
+ROOT = Path(__file__).resolve().parents[2]
+FOLDER = ROOT / "tests" / "fixtures" / "nccl"
 
 
 def log(name: str) -> list[str]:
@@ -14,7 +16,10 @@ def log(name: str) -> list[str]:
 def test_every_fixture_names_its_source():
     listed = (FOLDER / "SOURCE").read_text()
     for path in FOLDER.glob("*.txt"):
-        assert path.name in listed and "# source: https://github.com/" in path.read_text().split("# ---\n")[0]
+        header = path.read_text().split("# ---\n")[0]
+        recorded = header.split("# source: recorded by this project, ", 1)[-1].split()[0]
+        assert path.name in listed
+        assert "# source: https://github.com/" in header or (ROOT / recorded).is_file(), path.name
 
 
 def test_roce_over_ib_verbs_on_two_dgx_h100():
@@ -36,6 +41,15 @@ def test_a_socket_fallback_on_a_host_with_hcas_is_seen():
     assert t["kind"] == "Socket" and nccl_log.over_sockets(t) and t["ib"] == []
     assert t["sockets"] == [{"ifname": "enp225s0f1", "address": "10.10.10.2"}]
     assert t["version"] == "2.11.4+cuda11.4"
+
+
+def test_the_h200_vm_without_hcas_uses_sockets_on_its_derived_interface():
+    # Recorded: NCCL loads its IB plugin, finds no device ("NET/IB : Using [RO]" with nothing in it) and falls
+    # back to sockets on eth0, the interface NCCL_SOCKET_IFNAME==eth0 named.
+    t = nccl_log.parse(log("h200x1-socket-eth0-nccl-2.28.9.txt"))
+    assert t["network"] == "Socket" and t["kind"] == "Socket" and nccl_log.over_sockets(t)
+    assert t["ib"] == [] and t["ib_none"] and nccl_log.hcas_used(t) == []
+    assert t["sockets"] == [{"ifname": "eth0", "address": "192.0.2.2"}] and t["version"] == "2.28.9+cuda13.0"
 
 
 def test_sockets_on_loopback_with_ib_disabled():
