@@ -172,6 +172,7 @@ def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list
             if svc.router:
                 routed.setdefault((svc.router.host, svc.served_name), []).append(svc)
     errors += pd_pairs(pools)
+    lone = {served for (_, served), found in _pd_parts(pools).items() if not all(found.values())}
     routers: dict[str, RouterPlan] = {}
     for (router_host, served), services in routed.items():
         name = front_door_name(served)
@@ -204,7 +205,7 @@ def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list
             plain = sorted(p for p, role in roles.items() if not role)
             errors.append((where, "recipe", f"the front door of {served} pairs prefill and decode pools, but "
                            f"{', '.join(plain)} run a recipe of neither part: serve it under another name"))
-        elif any(roles.values()) and set(roles.values()) != {"prefill", "decode"}:
+        elif any(roles.values()) and set(roles.values()) != {"prefill", "decode"} and served not in lone:
             errors.append((where, "router", f"the front door of {served} on {router_host} has only "
                            f"{next(iter(set(roles.values())))} pools: its prefill and decode pools name one router"))
         if head.router.policy not in rspec.policies:
@@ -245,9 +246,8 @@ def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list
     return out, routers
 
 
-def pd_pairs(pools: dict[str, PoolPlan]) -> list[tuple[str, str, str]]:
-    """A prefill pool serves nothing without a decode pool of the same model (the KV it computes has nowhere to
-    go), and a decode pool nothing without a prefill pool: one error per model that has one part only."""
+def _pd_parts(pools: dict[str, PoolPlan]) -> dict[tuple[str, str], dict[str, list[str]]]:
+    """(model, served name) -> part -> its pools ("name (recipe)"), for the models served by a PD layout."""
     parts: dict[tuple[str, str], dict[str, list[str]]] = {}
     for pool in pools.values():
         head = pool.services[0]
@@ -255,13 +255,19 @@ def pd_pairs(pools: dict[str, PoolPlan]) -> list[tuple[str, str, str]]:
         if role:
             parts.setdefault((head.model.id, head.served_name), {"prefill": [], "decode": []})[role].append(
                 f"{pool.name} ({head.recipe.id})")
+    return parts
+
+
+def pd_pairs(pools: dict[str, PoolPlan]) -> list[tuple[str, str, str]]:
+    """A prefill pool serves nothing without a decode pool of the same model (the KV it computes has nowhere to
+    go), and a decode pool nothing without a prefill pool: one error per model that has one part only."""
     out = []
-    for (model, served), found in parts.items():
+    for (model, served), found in _pd_parts(pools).items():
         for have, lacks in (("prefill", "decode"), ("decode", "prefill")):
             if found[have] and not found[lacks]:
-                out.append((f"model {model}", "recipe", f"{served}: {', '.join(found[have])} run the {have} part of "
-                            f"a prefill/decode layout, but no pool serving {served} runs its {lacks} part: add one "
-                            f"with a {lacks} recipe (both behind one router)"))
+                out.append((f"model {model}", "recipe", f"{served}: the {have} part of a prefill/decode layout "
+                            f"runs on {', '.join(found[have])}, but no pool serving {served} runs its {lacks} "
+                            f"part: add one with a {lacks} recipe (both behind one router)"))
     return out
 
 

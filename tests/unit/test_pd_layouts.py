@@ -97,11 +97,17 @@ def test_the_real_router_parses_the_pd_front_doors_launch(engine, module):
 def test_a_model_with_one_part_only_is_refused_naming_model_and_field(engine):
     prefill, decode = pd_pair(engine)
     for alone, part, lacks in ((prefill, "prefill", "decode"), (decode, "decode", "prefill")):
-        errors = resolve([alone], offline=True).errors
-        [(where, fld, message)] = [e for e in errors if e[1] == "recipe"]
+        errors = resolve([(alone[0], {**alone[1], "router": alone[0]})], offline=True).errors
+        [(where, fld, message)] = errors  # the model's error only, not again for its router
         assert (where, fld) == ("model kimi-k3", "recipe")
-        assert f"run the {part} part" in message and f"runs its {lacks} part" in message
-        assert f"kimi-k3-{engine}-pd-{part}-b300" in message
+        assert f"the {part} part of a prefill/decode layout runs on k3-{part} (kimi-k3-{engine}-pd-{part}-b300)" \
+            in message and f"no pool serving kimi-k3 runs its {lacks} part" in message
+
+
+def test_each_part_behind_another_router_is_refused_for_the_router():
+    prefill, (name, decode) = pd_pair("sglang")
+    problems = [(w, f) for w, f, _ in resolve([prefill, (name, {**decode, "router": "d1"})]).errors]
+    assert problems == [("router kimi-k3", "router"), ("router kimi-k3", "router")]
 
 
 def test_a_front_door_does_not_mix_pd_pools_with_plain_replicas():
