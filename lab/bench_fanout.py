@@ -5,6 +5,10 @@ download per group). fanout_vs_copy: the group's copy rate (bytes the peers rece
 wall time, peers in parallel, each verifying sha256) ÷ the raw copy rate of the same bytes on the same machine
 (`cp` of the checkpoint to as many directories at once, on the seed host, page cache warm for both).
 
+receiver: lab/fanout_compare.py on this machine (loopback, the peer server as the fan-out runs it): the fetch
+script beside curl with as many streams, curl + sha256sum, aria2c where installed, and cp, with each client's CPU
+per GB; on a machine of few cores the receiver's CPU per byte (hashing while it receives) sets its rate.
+
 tree: the same checkpoint to 12 hosts with each server capped at TREE_RATE_MB_S (a link the fan-out shares),
 once as a star (model_fanout_width 11: the seed serves everyone) and once as a tree (width TREE_WIDTH: hosts
 that got their copy serve the next ones); copy wall time = last peer's finish - first peer's start.
@@ -12,6 +16,7 @@ that got their copy serve the next ones); copy wall time = last peer's finish - 
 
 import json
 import re
+import subprocess
 import sys
 import time
 
@@ -90,11 +95,16 @@ def main() -> None:
     star, tree = tree_run(specs, TREE_HOSTS - 1), tree_run(specs, TREE_WIDTH)
     for spec in specs:
         ssh(spec, f"rm -rf {ROOT}")
+    compare = subprocess.run([sys.executable, "lab/fanout_compare.py", "--work", f"{lab.STATE}/fanout-compare",
+                              "--files", "8", "--size-mib", "256", "--runs", "3"], capture_output=True, text=True)
+    if compare.returncode:
+        sys.exit(compare.stdout[-2000:] + compare.stderr[-2000:])
     print(json.dumps({"revision": REVISION, "date": time.strftime("%Y-%m-%d"), "groups": list(figures.values()),
                       "hub_egress_ratio": {n: f["hub_egress_ratio"] for n, f in figures.items()},
                       "fanout_vs_copy": {n: f.get("fanout_vs_copy") for n, f in figures.items() if n > 1},
                       "tree": {"hosts": TREE_HOSTS, "server_cap_mb_s": TREE_RATE_MB_S, "star": star, "tree": tree,
-                               "copy_wall_ratio_tree_vs_star": round(tree["copy_wall_s"] / star["copy_wall_s"], 3)}},
+                               "copy_wall_ratio_tree_vs_star": round(tree["copy_wall_s"] / star["copy_wall_s"], 3)},
+                      "receiver": json.loads(compare.stdout)},
                      indent=2))
 
 

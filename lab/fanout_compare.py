@@ -9,7 +9,8 @@ by, in turn, each run:
   fetch        modelfleet_fetch.py JOB peer URL: streams, sha256 while the bytes arrive, verifies, writes its manifest
   curl         one `curl -s -o` per file, --workers at a time (the same number of streams), no check
   curl+sha256  the same, then `sha256sum` of every file, --workers at a time (the same trust as fetch)
-  aria2c       `aria2c -x4 -s4 -j --workers --checksum=sha-256=...` from an input file, when aria2c is installed
+  aria2c       `aria2c -x1 -s1 -j --workers` with each file's sha-256 from an input file, when aria2c is installed
+               (one stream per file: the peer server answers no range requests)
   cp           `cp` of every file, --workers at a time (no network, no check)
 Each method's time ends after `sync` of the destination's filesystem, so bytes still in the page cache are not
 counted as written. The source is read once first, so every method reads it from the page cache.
@@ -100,7 +101,8 @@ def main() -> int:
     subprocess.run(f"cat {src}/* > /dev/null", shell=True, check=True)  # the source in the page cache
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, str(FETCH), "serve", str(src), "127.0.0.1", str(port)])
+    server = subprocess.Popen([sys.executable, str(FETCH), "serve", str(src), "127.0.0.1", str(port)],
+                              stderr=subprocess.DEVNULL)
     for _ in range(100):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
@@ -126,7 +128,7 @@ def main() -> int:
         "cp": lambda: parallel(f"cp {src}/{{}} {dest}/{{}}", rels, w),
     }
     if shutil.which("aria2c"):
-        methods["aria2c"] = lambda: ["aria2c", "-q", "-x4", "-s4", "-j", str(w), "--file-allocation=none",
+        methods["aria2c"] = lambda: ["aria2c", "-q", "-x1", "-s1", "-j", str(w), "--file-allocation=none",
                                      "-d", str(dest), "-i", str(aria_input)]
     runs: dict[str, list[float]] = {name: [] for name in methods}
     cpu: dict[str, list[float]] = {name: [] for name in methods}
