@@ -139,13 +139,15 @@ def amd_gpu_count_sh() -> str:
 
 def container_gpu_check(vendor: str, image: str) -> str:
     """The GPUs a container of `image` sees must be the host's: same `nvidia-smi -L` lines, given the GPUs through
-    CDI as the engines get theirs (AMD: same number of render nodes, given /dev/kfd and /dev/dri)."""
+    CDI as the engines get theirs (AMD: same number of render nodes, given /dev/kfd and /dev/dri). The docker
+    command is spelled out whole, so a dry run shows what will run."""
+    img = shlex.quote(image)
     if vendor == "amd":
         host_side = AMD_RENDER_NODES_SH
-        container_side = f'docker run --rm --device /dev/kfd --device /dev/dri "$1" sh -c {shlex.quote(host_side)}'
+        container_side = f"docker run --rm --device /dev/kfd --device /dev/dri {img} sh -c {shlex.quote(host_side)}"
     else:
-        host_side, container_side = NVIDIA_GPU_LIST, f'docker run --rm --device nvidia.com/gpu=all "$1" {NVIDIA_GPU_LIST}'
-    return program("container_gpu_check", image, functions={"host_gpus": host_side, "container_gpus": container_side})
+        host_side, container_side = NVIDIA_GPU_LIST, f"docker run --rm --device nvidia.com/gpu=all {img} {NVIDIA_GPU_LIST}"
+    return program("container_gpu_check", functions={"host_gpus": host_side, "container_gpus": container_side})
 
 
 def boot_token_sh() -> str:

@@ -1,9 +1,7 @@
 #!/bin/sh
-# The GPUs a container sees must be the host's (modelfleet.stages.container_runtime). Argument: IMAGE.
-# host_gpus lists the host's GPUs; container_gpus IMAGE lists them from a container of IMAGE that was handed
-# the GPUs as the engines get theirs.
-image=$1
-h=$(host_gpus) && c=$(container_gpus "$image") || exit 1
+# The GPUs a container sees must be the host's (modelfleet.stages.container_runtime): host_gpus lists the
+# host's GPUs, container_gpus lists them from a container handed the GPUs as the engines get theirs.
+h=$(host_gpus) && c=$(container_gpus) || exit 1
 if [ "$h" != "$c" ]; then
   echo "host sees:"
   echo "$h"
