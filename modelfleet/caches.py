@@ -2,8 +2,8 @@
 cache roots (the catalog's `caches:` per engine) point into one directory on the model filesystem,
 <model_root>/.cache/<engine>/<key>, mounted read-write at /cache. The key is a short hash of what invalidates
 those caches: the image (its digest when pinned), the GPU model, the driver branch, the model revision, the
-engine's full argument list, the parallel layout and the node's rank. A change of any of them starts a new
-directory; the inputs are written beside the caches (.modelfleet-cache-key.json) so an operator can see why a
+engine's full argument list (but where it listens and where its pool meets), the parallel layout and the node's
+rank. A change of any of them starts a new directory; the inputs are written beside the caches (.modelfleet-cache-key.json) so an operator can see why a
 key changed. Old keys are pruned like old revisions: the newest `model_keep_revisions` besides those in use."""
 
 from __future__ import annotations
@@ -55,12 +55,34 @@ def image_identity(image: str) -> str:
     return image.split("@", 1)[1] if "@" in image else image
 
 
+PLACEMENT = "<placement>"
+
+
+def placement_flags(engine) -> set[str]:
+    """The engine's flags whose value says where it listens or where its pool meets (its host and port flags,
+    and the multi-node flags given the head's address): nothing compiled depends on them, and they differ
+    between hosts that could share one cache."""
+    flags = {engine.host_flag, engine.port_flag}
+    for mode in engine.multinode.values():
+        for part in (mode.all, mode.workers):
+            flags |= {flag for flag, value in zip(part, part[1:], strict=False) if "{head}" in value}
+    return flags
+
+
+def key_argv(svc: ServicePlan, argv: list[str]) -> list[str]:
+    """The argv as the key sees it: the values of placement flags replaced by one word."""
+    placed, out = placement_flags(svc.engine), []
+    for arg in argv:
+        out.append(PLACEMENT if out and out[-1] in placed else arg)
+    return out
+
+
 def key_inputs(svc: ServicePlan, argv: list[str]) -> dict:
     """Everything a cached kernel or compiled graph depends on, as far as the plan knows it."""
     hw = svc.hardware
     return {"engine": svc.engine_name, "image": image_identity(svc.image), "gpu": hw.gpu_name or hw.id,
             "driver_branch": svc.driver_branch, "model": svc.hf_repo, "revision": svc.revision,
-            "argv": list(argv), "layout": svc.recipe.layout.model_dump(), "nnodes": svc.nnodes,
+            "argv": key_argv(svc, argv), "layout": svc.recipe.layout.model_dump(), "nnodes": svc.nnodes,
             "node_rank": svc.node_rank}
 
 

@@ -102,7 +102,10 @@ def test_the_key_file_says_why_and_holds_no_secret(monkeypatch):
     cache = render.engine_cache(svc)
     written = json.loads(cache.key_json)
     assert written["key"] == cache.key == caches.key_of(written["inputs"])
-    assert written["inputs"]["argv"] == render.engine_argv(svc)
+    argv = render.engine_argv(svc)
+    assert len(written["inputs"]["argv"]) == len(argv)
+    assert [a for a in written["inputs"]["argv"] if a != caches.PLACEMENT] == [
+        a for i, a in enumerate(argv) if argv[i - 1] not in ("--host", "--port")]
     assert written["inputs"]["image"] == DIGEST and written["inputs"]["revision"] == PIN
     assert written["inputs"]["gpu"] == "NVIDIA B300 SXM6 AC" and written["inputs"]["layout"]["tp"] == 8
     assert "sk-test" not in cache.key_json
@@ -121,6 +124,25 @@ def test_multinode_ranks_get_their_own_keys():
     head, worker = (resolved.hosts[h].services[0] for h in ("t1", "t2"))
     assert key(head) != key(worker)
     assert render.engine_cache(worker).inputs["node_rank"] == 1
+
+
+def test_replicas_on_other_addresses_and_pools_share_a_key_and_other_flags_still_change_it():
+    # Where an engine listens, and where its pool meets, never reach a compiled kernel: two replicas of one
+    # recipe on two hosts, or the same rank of two pools, can use each other's caches.
+    a = host("b300-01", pool="k31-a", port=8001).services[0]
+    b = host("b300-02", pool="k31-b", port=8002).services[0]
+    assert render.engine_argv(a) != render.engine_argv(b) and key(a) == key(b)
+    assert key(host("b300-03", pool="k31-c", extra_args=["--max-num-seqs", "64"]).services[0]) != key(a)
+    data = {"hardware": "gb300", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": "e" * 40}
+    pools = resolve([(f"t{i}", {**data, "pool": f"p{i // 2}", "fabric_address": f"10.0.{i // 2}.{i % 2 + 1}"})
+                     for i in range(4)])
+    assert not pools.errors, pools.errors
+    ranks = [pools.hosts[f"t{i}"].services[0] for i in range(4)]
+    assert "10.0.0.1" in render.engine_argv(ranks[0]) and "10.0.1.1" in render.engine_argv(ranks[2])
+    assert key(ranks[0]) == key(ranks[2]) and key(ranks[1]) == key(ranks[3]) and key(ranks[0]) != key(ranks[1])
+    assert caches.placement_flags(load_catalog().engines["vllm"]) >= {"--host", "--port", "--master-addr",
+                                                                     "--data-parallel-address"}
+    assert caches.placement_flags(load_catalog().engines["sglang"]) >= {"--host", "--port", "--dist-init-addr"}
 
 
 def test_stale_keys_are_only_key_directories_not_in_use():
