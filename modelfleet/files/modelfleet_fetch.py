@@ -9,6 +9,11 @@
     modelfleet_fetch.py serve DIR ADDRESS PORT [MB_S]
                                                 serve a verified copy to peers (read-only, sendfile),
                                                 at most MB_S megabytes per second in all
+    modelfleet_fetch.py index DIR NAME          write DIR's manifest from what is there (an engine cache the
+                                                engine filled): every file's size, mtime and sha256
+
+A job whose `files` is null (an engine cache) takes them from the peer's manifest (URL/.modelfleet-manifest.json),
+so every file is still checked against a sha256 and a torn copy is never kept.
 
 JOB.json (written by the control node): repo, commit, endpoint, dest, token_file, and the hub's metadata for
 every file: {path: {size, sha256 (LFS files) | null, blob_id (git's blob sha1) | null}}. A file counts as
@@ -232,9 +237,53 @@ def locked(dest: Path, name: str = ".modelfleet-lock", what: str = "fetch"):
     return handle
 
 
+def own_files(directory: Path) -> list[str]:
+    """What an index covers: every regular file but modelfleet's own (.modelfleet-*) and partial copies."""
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*")
+                  if p.is_file() and not p.is_symlink() and not p.name.startswith(".modelfleet-")
+                  and not p.name.endswith(".modelfleet-partial"))
+
+
+def index(directory: Path, name: str) -> dict:
+    """DIR's manifest from its files as they are now, written whole or not at all."""
+    lock = locked(directory)  # noqa: F841 (no fetch into it meanwhile)
+    start = time.monotonic()
+    files = {rel: {"size": (directory / rel).stat().st_size, "sha256": None} for rel in own_files(directory)}
+    verified, _ = check(directory, files, {}, True)
+    temp = directory / f".modelfleet-manifest.{os.getpid()}.tmp"
+    temp.write_text(json.dumps({"repo": name, "commit": directory.name, "files": verified,
+                                "verified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1) + "\n")
+    temp.replace(directory / MANIFEST)
+    return {"indexed": str(directory), "files": len(verified), "bytes": sum(e["size"] for e in verified.values()),
+            "seconds": round(time.monotonic() - start, 3)}
+
+
+def files_from_source(base_url: str) -> dict:
+    """The peer's manifest as a job's files; a path that would leave the destination is refused."""
+    url = f"{base_url.rstrip('/')}/{MANIFEST}"
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response:
+            listed = json.loads(response.read())["files"]
+    except (OSError, ValueError, KeyError, http.client.HTTPException) as error:
+        raise FetchError(f"the source {base_url} has no readable manifest ({one_line(error)}): nothing it serves "
+                         "can be checked, so nothing is copied; re-run once its cache is indexed") from error
+    files = {}
+    for rel, entry in listed.items():
+        parts = Path(rel).parts
+        if Path(rel).is_absolute() or ".." in parts or not parts or parts[-1].startswith(".modelfleet-") \
+                or not isinstance(entry.get("sha256"), str) or not isinstance(entry.get("size"), int):
+            raise FetchError(f"the source {base_url} lists {rel!r} without a size and sha256 or outside its "
+                             "directory: refusing its copy")
+        files[rel] = {"size": entry["size"], "sha256": entry["sha256"], "blob_id": None}
+    return files
+
+
 def main(argv: list[str]) -> int:
     if argv[0] == "serve":
         serve(argv[1], argv[2], int(argv[3]), float(argv[4]) if len(argv) > 4 else None)
+        return 0
+    if argv[0] == "index":
+        print(json.dumps(index(Path(argv[1]), argv[2])))
         return 0
     job = json.loads(Path(argv[0]).read_text())
     mode, reverify = argv[1], "--reverify" in argv
@@ -243,7 +292,7 @@ def main(argv: list[str]) -> int:
     lock = locked(dest)  # noqa: F841 (held until the process exits)
     manifest_path = dest / MANIFEST
     manifest = json.loads(manifest_path.read_text()).get("files", {}) if manifest_path.exists() else {}
-    files = job["files"]
+    files = job["files"] if job["files"] is not None else files_from_source(argv[2])
     start = time.monotonic()
     verified, missing = check(dest, files, manifest, reverify)
     report = {"commit": job["commit"], "dest": str(dest), "files": len(files), "fetched": [], "bytes_fetched": 0}
@@ -255,6 +304,8 @@ def main(argv: list[str]) -> int:
         again, still = check(dest, {rel: files[rel] for rel in missing}, {}, True, streamed or {})
         verified.update(again)
         missing = still
+        for rel in missing:  # what failed its check goes: an engine reads its cache directory as it finds it
+            (dest / rel).unlink(missing_ok=True)
     report.update(ok=not missing, missing_or_corrupt=missing, seconds=round(time.monotonic() - start, 3),
                   finished_at=round(time.time(), 3))
     if missing:
@@ -271,7 +322,7 @@ def main(argv: list[str]) -> int:
 def run(argv: list[str]) -> int:
     """main(), with every failure as one line on stderr: what else the libraries print (progress bars,
     warnings) and the traceback go to a log beside the job (JOB.json.log)."""
-    if not argv or argv[0] == "serve":
+    if not argv or argv[0] in ("serve", "index"):
         return main(argv)
     log = Path(f"{argv[0]}.log")
     real_stderr = sys.stderr

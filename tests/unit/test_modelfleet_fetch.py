@@ -86,3 +86,75 @@ def test_the_server_queues_every_peer_stream_connecting_at_once(source):
         proc.kill()
         for s in sockets:
             s.close()
+
+
+def cache_job(tmp_path, dest):
+    job = tmp_path / "cache-job.json"
+    job.write_text(json.dumps({"repo": "engine-cache/vllm", "commit": "0123456789abcdef", "endpoint": None,
+                               "dest": str(dest), "token_file": None, "files": None}))
+    return job
+
+
+def test_an_indexed_cache_reaches_a_peer_checked_and_a_changed_file_is_never_kept(tmp_path):
+    # An engine cache as an engine leaves it: nested files of any name; modelfleet's own files stay out.
+    seed = tmp_path / "seed" / "0123456789abcdef"
+    (seed / "vllm" / "torch_compile_cache" / "ab12" / "rank_0_0").mkdir(parents=True)
+    (seed / "vllm" / "torch_compile_cache" / "ab12" / "rank_0_0" / "model.bin").write_bytes(os.urandom(3 << 20))
+    (seed / "triton").mkdir()
+    (seed / "triton" / "kernel.cubin").write_bytes(b"cubin" * 1000)
+    (seed / ".modelfleet-cache-key.json").write_text("{}")
+    indexed = subprocess.run([sys.executable, FETCH, "index", str(seed), "engine-cache/vllm"],
+                             capture_output=True, text=True)
+    assert indexed.returncode == 0, indexed.stderr
+    assert json.loads(indexed.stdout)["files"] == 2
+    listed = json.loads((seed / ".modelfleet-manifest.json").read_text())["files"]
+    assert sorted(listed) == ["triton/kernel.cubin", "vllm/torch_compile_cache/ab12/rank_0_0/model.bin"]
+    assert listed["triton/kernel.cubin"]["sha256"] == hashlib.sha256(b"cubin" * 1000).hexdigest()
+    proc, url = serving(seed)
+    try:
+        dest = tmp_path / "peer" / "0123456789abcdef"
+        run = subprocess.run([sys.executable, FETCH, str(cache_job(tmp_path, dest)), "peer", url],
+                             capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        for rel in listed:
+            assert (dest / rel).read_bytes() == (seed / rel).read_bytes()
+        assert sorted(json.loads((dest / ".modelfleet-manifest.json").read_text())["files"]) == sorted(listed)
+        assert not (dest / ".modelfleet-cache-key.json").exists()  # each host writes its own
+        # The engine rewrote a file after the index: the copy no longer matches the manifest, and is refused.
+        (seed / "triton" / "kernel.cubin").write_bytes(b"CUBIN" * 1000)
+        other = tmp_path / "peer2" / "0123456789abcdef"
+        run = subprocess.run([sys.executable, FETCH, str(cache_job(tmp_path, other)), "peer", url],
+                             capture_output=True, text=True)
+        assert run.returncode == 1 and "do not match" in run.stderr
+        assert not (other / "triton" / "kernel.cubin").exists() and not (other / ".modelfleet-manifest.json").exists()
+    finally:
+        proc.kill()
+
+
+@pytest.mark.parametrize("rel", ["../escape", "/etc/cron.d/x", ".modelfleet-manifest.json"])
+def test_a_source_manifest_naming_a_path_outside_the_cache_is_refused(tmp_path, rel):
+    seed = tmp_path / "seed"
+    seed.mkdir()
+    (seed / ".modelfleet-manifest.json").write_text(json.dumps({"files": {rel: {"size": 1, "sha256": "0" * 64}}}))
+    proc, url = serving(seed)
+    try:
+        dest = tmp_path / "peer"
+        run = subprocess.run([sys.executable, FETCH, str(cache_job(tmp_path, dest)), "peer", url],
+                             capture_output=True, text=True)
+        assert run.returncode == 1 and "refusing its copy" in run.stderr
+        assert list(dest.iterdir()) == [dest / ".modelfleet-lock"]
+    finally:
+        proc.kill()
+
+
+def test_a_source_without_a_manifest_gives_nothing(tmp_path):
+    (tmp_path / "seed").mkdir()
+    (tmp_path / "seed" / "kernel.cubin").write_bytes(b"x")
+    proc, url = serving(tmp_path / "seed")
+    try:
+        run = subprocess.run([sys.executable, FETCH, str(cache_job(tmp_path, tmp_path / "peer")), "peer", url],
+                             capture_output=True, text=True)
+        assert run.returncode == 1 and "has no readable manifest" in run.stderr
+        assert not (tmp_path / "peer" / "kernel.cubin").exists()
+    finally:
+        proc.kill()
