@@ -124,16 +124,51 @@ def unserved(resolved: Resolved, batch: list[str], healthy: set[str]) -> list[st
                   and not any(m in models(h) for h in outside if h in healthy))
 
 
-def _back_in(everything: Resolved, batch: list[str], report: dict, log) -> bool:
-    """The batch's replicas back in their front doors once they answer; False (and the rollout stopped) if not."""
+def _back_in(everything: Resolved, batch: list[str], log) -> dict[str, str]:
+    """The batch's replicas back in their front doors once they answer; what refused (nothing: all back in)."""
     if not fleet.behind_front_doors(everything, batch):
-        return True
+        return {}
     log(f"batch {batch}: back into the front door")
-    refused = {k: e for k, e in fleet.front_doors(everything, batch, present=True).items() if e}
+    return {k: e for k, e in fleet.front_doors(everything, batch, present=True).items() if e}
+
+
+def switch_batch(everything: Resolved, batch: list[str], switch, drain=None, log=print,
+                 step=lambda name: None) -> tuple[str, object]:
+    """
+    One batch's switch, in the rollout's order: its replicas out of their front doors (requests in flight end on
+    them, no new one reaches them), drained where `drain` is given (() -> host -> error or None), `switch()`
+    (-> (ok, output): the batch restarts on the new version and passes its gate), then back into the front doors.
+    `step(name)` hears each step as it starts. Returns (outcome, detail):
+    ("upgraded", None); ("back in failed", errors) after an upgrade; ("front door refused", errors), with what
+    was taken out put back (errors then name what stayed out too); ("drain failed", errors); ("switch failed",
+    output), still out of its front doors (whoever rolls back puts it back with `_back_in`).
+    """
+    if fleet.behind_front_doors(everything, batch):
+        log(f"batch {batch}: out of the front door")
+        step("front door")
+        refused = {k: e for k, e in fleet.front_doors(everything, batch, present=False).items() if e}
+        if refused:
+            stayed_out = _back_in(everything, batch, log)
+            return "front door refused", {**refused, **{f"{k} (putting back)": e for k, e in stayed_out.items()}}
+    if drain:
+        step("drain")
+        refused = {h: e for h, e in drain().items() if e}
+        if refused:
+            return "drain failed", refused
+    log(f"batch {batch}: switch")
+    step("switch")
+    ok, out = switch()
+    if not ok:
+        return "switch failed", out
+    step("front door")
+    refused = _back_in(everything, batch, log)
+    return ("back in failed", refused) if refused else ("upgraded", None)
+
+
+def _back_in_failed(report: dict, batch: list[str], refused: dict) -> None:
     if refused:
         report["stopped"] = (report["stopped"] + "; " if report["stopped"] else "") + (
             f"putting {batch} back into the front door failed: {refused}")
-    return not refused
 
 
 def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: int | None = None,
@@ -174,30 +209,29 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
                 report["stopped"] = f"prefetch failed on {batch}: the old version keeps serving"
                 break
             switch_start = time.time()
-            if fleet.behind_front_doors(everything, batch):
-                log(f"batch {batch}: out of the front door")
-                where["step"] = "front door"
-                refused = {k: e for k, e in fleet.front_doors(everything, batch, present=False).items() if e}
-                if refused:
-                    entry.update(result="front door refused", errors=refused)
-                    report["stopped"] = f"taking {batch} out of the front door failed: {refused}; nothing switched"
-                    _back_in(everything, batch, report, log)
-                    break
-            if moving:
+
+            def drain(batch=batch, moving=moving):
                 log(f"batch {batch}: drain for the driver upgrade ({', '.join(moving)})")
-                refused = {h: e for h, e in fleet.drain([resolved.hosts[h] for h in batch]).items() if e}
-                if refused:
-                    _left_drained(report, entry, watcher, switch_start, f"draining {batch} failed: {refused}",
-                                  result="drain failed", errors=refused)
-                    break
-            log(f"batch {batch}: switch")
-            where["step"] = "switch"
-            ok, out = _pyinfra(inventory, deploy("serve"), batch, {}, env or {}, inventory_args)
-            if ok:
+                return fleet.drain([resolved.hosts[h] for h in batch])
+
+            outcome, out = switch_batch(
+                everything, batch, lambda batch=batch: _pyinfra(inventory, deploy("serve"), batch, {}, env or {},
+                                                                inventory_args),
+                drain=drain if moving else None, log=log, step=lambda name: where.update(step=name))
+            if outcome == "front door refused":
+                entry.update(result="front door refused", errors=out)
+                report["stopped"] = f"taking {batch} out of the front door failed: {out}; nothing switched"
+                break
+            if outcome == "drain failed":
+                _left_drained(report, entry, watcher, switch_start, f"draining {batch} failed: {out}",
+                              result="drain failed", errors=out)
+                break
+            if outcome in ("upgraded", "back in failed"):
                 watcher.switching(batch, switch_start)
                 entry["result"] = "upgraded"
                 report["upgraded"] += batch
-                if not _back_in(everything, batch, report, log):
+                if outcome == "back in failed":
+                    _back_in_failed(report, batch, out)
                     break
                 continue
             if moving:
@@ -216,7 +250,7 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
                     entry["rollback_output"] = back_out
             watcher.switching(batch, switch_start)
             report["stopped"] = f"the gate failed on {batch}; rolled back to the previous image and revision"
-            _back_in(everything, batch, report, log)
+            _back_in_failed(report, batch, _back_in(everything, batch, log))
             break
     except KeyboardInterrupt:  # Ctrl-C: what was cut off, where each host stands, and how to finish
         again = " ".join(["modelfleet", "upgrade", shlex.quote(inventory), "--parallel", str(parallel),
