@@ -14,6 +14,7 @@ it in that file: first contact is an explicit choice.
 from __future__ import annotations
 
 import shlex
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -150,11 +151,19 @@ def parse_status(output: str) -> dict:
 
 
 def on_hosts(plans: list[HostPlan], script_of) -> dict[str, tuple[int, str, str] | Exception]:
-    """`script_of(plan)` on every host at once, one round trip each: (exit status, stdout, stderr), or the
-    error that kept it from running (unreachable, auth refused, host key unknown or changed)."""
+    """`script_of(plan)` on every host at once, one round trip each (a local command for @local): (exit status,
+    stdout, stderr), or the error that kept it from running (unreachable, auth refused, host key unknown or
+    changed)."""
     results: dict[str, tuple[int, str, str] | Exception] = {}
 
     def one(plan: HostPlan) -> None:
+        if plan.address == "@local":  # pyinfra's local connector: the command runs on this machine
+            try:
+                done = subprocess.run(["bash", "-c", script_of(plan)], capture_output=True, text=True, timeout=600)
+                results[plan.name] = (done.returncode, done.stdout, done.stderr)
+            except Exception as error:
+                results[plan.name] = error
+            return
         conn = connect(plan)
         try:
             results[plan.name] = execute(conn, plan, script_of(plan))
@@ -278,8 +287,9 @@ def _routers(plan: HostPlan, parsed: dict) -> list[dict]:
 
 
 def _in_router(plans: list[HostPlan], rows: list[dict]) -> list[dict]:
-    """Each routed replica's place in its front door, from what the router host's row says: `in`, `out`
-    (the router does not list it, or its health check took it out), or None when not known here."""
+    """Each routed replica's place in its front door, from what the router host's row says: `in`, `out` (the
+    router does not list it), `unhealthy` (listed, but the router's health check took it out: it gets no
+    requests until two checks pass), or None when not known here."""
     listed = {}
     for row in rows:
         for door in row.get("routers", []):
@@ -290,8 +300,8 @@ def _in_router(plans: list[HostPlan], rows: list[dict]) -> list[dict]:
             svc = next(s for s in plan_of[row["host"]].services if s.pool == service["pool"])
             workers = listed.get(router.front_door_name(svc.served_name)) if svc.router and not svc.node_rank \
                 else None
-            service["router"] = None if workers is None else (
-                "out" if workers.get(svc.base_url, False) is False else "in")
+            service["router"] = None if workers is None else "out" if svc.base_url not in workers else (
+                "unhealthy" if workers[svc.base_url] is False else "in")
     return rows
 
 
@@ -304,7 +314,7 @@ def _admission_cell(state: dict | None) -> str:
 
 
 def status_table(rows: list[dict]) -> str:
-    lines = [f"{'HOST':<14} {'ADMITTED':<9} {'POOL':<16} {'GPUS':<8} {'STATE':<18} {'HEALTH':<6} {'ROUTER':<6} "
+    lines = [f"{'HOST':<14} {'ADMITTED':<9} {'POOL':<16} {'GPUS':<8} {'STATE':<18} {'HEALTH':<6} {'ROUTER':<9} "
              f"{'RESTARTS':<8} {'REVISION':<12} IMAGE"]
     for row in rows:
         if not row["reachable"]:
@@ -313,7 +323,7 @@ def status_table(rows: list[dict]) -> str:
         for s in row["services"]:
             gpus = ",".join(map(str, s["gpu_indices"])) or "-"
             lines.append(f"{row['host']:<14} {_admission_cell(row.get('admission')):<9} {s['pool']:<16} {gpus:<8} "
-                         f"{s['state']:<18} {s['health'] or '-':<6} {s.get('router') or '-':<6} "
+                         f"{s['state']:<18} {s['health'] or '-':<6} {s.get('router') or '-':<9} "
                          f"{s['restarts'] if s['restarts'] is not None else '-':<8} "
                          f"{(s['revision'] or '-')[:12]:<12} {s['image'] or '-'}")
         for door in row.get("routers", []):

@@ -70,3 +70,13 @@ def test_a_front_door_that_does_not_answer_stops_the_rollout_before_any_switch(m
     assert report["upgraded"] == [] and "out of the front door failed" in report["stopped"]
     assert "does not answer its worker API" in report["stopped"]
     assert steps == [("modelfleet.deploys.prefetch", "r1")]
+
+
+def test_a_local_router_host_runs_the_calls_on_this_machine(tmp_path):
+    """A host named @local (pyinfra's local connector) is not reached over SSH: the script runs here."""
+    resolved = resolve([("@local", {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "sglang",
+                                    "recipe": "tiny-lab-sglang"})])
+    plan = resolved.hosts["@local"]
+    marker = tmp_path / "ran-here"
+    out = fleet.on_hosts([plan], lambda p: f"touch {marker}; echo {p.name}; echo refused >&2; exit 3")
+    assert out == {"@local": (3, "@local\n", "refused\n")} and marker.exists()

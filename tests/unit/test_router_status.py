@@ -1,5 +1,6 @@
 """`modelfleet status` with a front door: the router host's row lists what its router says of the replicas,
-and each routed replica says whether it is in the router (listed and healthy) or out of it."""
+and each routed replica says whether it is in the router (listed and healthy), out of it (not listed), or
+unhealthy (listed, and the router's health check took it out)."""
 
 from pathlib import Path
 
@@ -56,7 +57,7 @@ def test_status_says_which_replicas_the_router_has(plans, monkeypatch):
     assert "door tiny-lab" in table and "(2/2 replicas healthy)" in table
 
 
-def test_a_replica_the_health_check_took_out_is_out(plans, monkeypatch):
+def test_a_replica_the_health_check_took_out_is_unhealthy(plans, monkeypatch):
     failed = WORKERS.replace('"url":"http://127.0.0.1:18012","model_id":"unknown","priority":50,"cost":1.0,'
                              '"worker_type":"regular","is_healthy":true',
                              '"url":"http://127.0.0.1:18012","model_id":"unknown","priority":50,"cost":1.0,'
@@ -64,8 +65,10 @@ def test_a_replica_the_health_check_took_out_is_out(plans, monkeypatch):
     assert failed != WORKERS
     monkeypatch.setattr(fleet, "on_hosts", lambda plans_, script: answers(plans_, failed))
     rows = fleet.status(plans)
-    assert [s["router"] for s in rows[0]["services"]] == ["in", "out"]
-    assert "(1/2 replicas healthy)" in fleet.status_table(rows)
+    assert [s["router"] for s in rows[0]["services"]] == ["in", "unhealthy"]
+    table = fleet.status_table(rows)
+    assert "(1/2 replicas healthy)" in table
+    assert [line.split()[6] for line in table.splitlines() if " p2 " in line] == ["unhealthy"]
 
 
 def test_a_router_that_does_not_answer_leaves_the_replicas_unknown(plans, monkeypatch):
