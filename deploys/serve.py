@@ -4,6 +4,7 @@ from modelfleet.deploys import run_stages
 from modelfleet.stages import (
     admission,
     container_runtime,
+    engine_cache,
     exporters,
     gpu_driver,
     images,
@@ -18,5 +19,5 @@ from modelfleet.stages import (
     verify,
 )
 
-run_stages(preflight, os_base, gpu_driver, container_runtime, admission, storage, model, images, imex, netcheck,
-           service, router, verify, exporters)
+run_stages(preflight, os_base, gpu_driver, container_runtime, admission, storage, model, engine_cache, images, imex,
+           netcheck, service, router, verify, exporters)

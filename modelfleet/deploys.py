@@ -15,7 +15,7 @@ from pyinfra.context import ctx_state
 from modelfleet import pins, pipeline, runlock
 from modelfleet.operations.report import fail_host, note_once
 from modelfleet.stages import admission as admission_stage
-from modelfleet.stages import container_runtime, gpu_driver, images, os_base, service
+from modelfleet.stages import container_runtime, engine_cache, gpu_driver, images, os_base, service
 from modelfleet.stages import model as model_stage
 from modelfleet.stages import netcheck as netcheck_stage
 from modelfleet.stages import preflight as preflight_stage
@@ -23,8 +23,8 @@ from modelfleet.stages import storage as storage_stage
 from modelfleet.stages import verify as verify_stage
 
 # Stages whose operations use the pins: image digests, checkpoint commits.
-NEEDS_IMAGE = {images, netcheck_stage, service}
-NEEDS_REVISION = {model_stage, netcheck_stage, service}
+NEEDS_IMAGE = {images, netcheck_stage, engine_cache, service}  # an engine cache's key holds both
+NEEDS_REVISION = {model_stage, netcheck_stage, engine_cache, service}
 
 
 def run_stages(*stages) -> None:

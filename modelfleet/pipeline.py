@@ -16,6 +16,7 @@ from modelfleet.operations.report import fail_host, report_path, save_report, wr
 from modelfleet.stages import (
     admission,
     container_runtime,
+    engine_cache,
     exporters,
     gpu_driver,
     images,
@@ -32,7 +33,8 @@ from modelfleet.stages import (
 
 STACK = (os_base, gpu_driver, container_runtime)
 # What `pyinfra INVENTORY deploys/serve.py` runs (deploys/serve.py names the same list).
-SERVE = (preflight, *STACK, admission, storage, model, images, imex, netcheck, service, router, verify, exporters)
+SERVE = (preflight, *STACK, admission, storage, model, engine_cache, images, imex, netcheck, service, router, verify,
+         exporters)
 
 
 def gpu_stack(ctx: HostRun, serving: bool) -> bool:

@@ -22,22 +22,25 @@ from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from modelfleet import FILES_DIR
 from modelfleet.checkpoint import Snapshot, missing_files
 from modelfleet.context import HostRun
-from modelfleet.grammar import slug
 from modelfleet.host_commands import CURRENT, revisions_dir
 from modelfleet.inventory import HostPlan, ServicePlan
 from modelfleet.operations.files import content_file, directory
-from modelfleet.operations.report import fail_host, note, refuse
+from modelfleet.operations.report import fail_host, note
 from modelfleet.pins import checkpoint_of, pinned_revision
 from modelfleet.stages import TOOLS_BIN
+from modelfleet.transfer import (
+    FANOUT_FLOOR_BYTES_S,
+    FANOUT_MARGIN_S,
+    FANOUT_PORT,
+    FETCH,
+    VENV,
+    checkpoint_fetched,
+    fanout_serving,
+    fanout_unit,
+    fanout_waves,
+)
 
-FETCH = f"{TOOLS_BIN}/modelfleet_fetch.py"
-VENV = "/opt/modelfleet/hf-venv"
 HF_CLIENT = "huggingface_hub[hf_xet]>=0.34,<3"
-FANOUT_PORT = 18431
-# The peer server's lifetime: the group's missing bytes at this floor rate, plus a margin. A control node
-# killed mid-copy cannot stop it; this bounds it, and the next run stops a leftover before starting its own.
-FANOUT_FLOOR_BYTES_S = 25e6
-FANOUT_MARGIN_S = 300
 TEMP_FACTOR = 1.05  # partial files beside the ones being replaced
 
 
@@ -73,7 +76,7 @@ def _downloader(ctx: HostRun, svc: ServicePlan) -> str:
 
 def wants(plan: HostPlan, probe: dict) -> dict:
     dirs = list(_checkpoints(plan))
-    return {"trees": dirs, "units": [f"{_fanout_unit(s.checkpoint_group)}.service" for s in plan.services],
+    return {"trees": dirs, "units": [f"{fanout_unit(s.checkpoint_group)}.service" for s in plan.services],
             "paths": [TOOLS_BIN, FETCH, f"{VENV}/bin/python", plan.config_dir,
                                      f"{plan.config_dir}/hf-token", *dirs, *(_job_path(plan, d) for d in dirs)]}
 
@@ -87,67 +90,6 @@ def _job(plan: HostPlan, svc: ServicePlan, snap: Snapshot) -> str:
     return json.dumps({"repo": snap.repo, "commit": snap.commit, "endpoint": plan.hf_endpoint,
                        "dest": svc.model_dir, "token_file": f"{plan.config_dir}/hf-token",
                        "files": snap.files}, indent=1, sort_keys=True) + "\n"
-
-
-def _fetch_command(job: str, mode: str, source: str | None, reverify: bool,
-                   source_host: str | None = None) -> StringCommand:
-    python = f"{VENV}/bin/python" if mode == "hub" else "python3"
-    argv = [python, FETCH, job, mode] + ([source] if source else []) + (["--reverify"] if reverify else [])
-    argv += [f"--source-name={source_host}"] if source_host else []
-    return StringCommand(*map(shlex.quote, argv))
-
-
-def _source_alive(state, host, source: str) -> bool:
-    """FunctionCommand body, at execution time: a peer whose source host already failed in this run says so
-    in one line instead of timing out against a server that never started."""
-    if any(failed.name == source for failed in state.failed_hosts):
-        return refuse(state, host, [f"checkpoint source {source} failed earlier in this run (see its error): "
-                                    "nothing to copy from; fix it and re-run"])
-    return True
-
-
-@operation(is_idempotent=False)
-def checkpoint_fetched(job: str, mode: str, source: str | None, missing: list[str], reverify: bool,
-                       source_host: str | None = None):
-    """Run the fetch script: it re-checks what is present, fetches `missing` and what fails its hash."""
-    if not missing:
-        host.noop("checkpoint complete (manifest, sizes and mtimes match)")
-        return
-    if source_host:
-        yield FunctionCommand(_source_alive, (source_host,), {})
-    yield _fetch_command(job, mode, source, reverify, source_host)
-
-
-def _fanout_unit(group: str) -> str:
-    return f"modelfleet-fanout-{slug(group, '-')}"
-
-
-@operation(is_idempotent=False)
-def fanout_serving(group: str, directory_: str, address: str, port: int, serve: bool, needed: bool,
-                   lifetime_s: int = 0, leftover: bool = False, rate_mb_s: int | None = None):
-    """A transient unit serving the verified copy to the group's peers (read-only HTTP) for at most
-    `lifetime_s`, or stop it. A unit left running by an earlier run that died is stopped first."""
-    unit = _fanout_unit(group)
-    if serve and leftover:  # whether or not this run serves: the run that started it is gone (the run lock)
-        yield FunctionCommand(note, (f"stopping {unit}, left running by an earlier run that did not finish",), {})
-        yield StringCommand("systemctl", "stop", shlex.quote(unit), "||", "true")
-        yield StringCommand("systemctl", "reset-failed", shlex.quote(unit), "2>/dev/null", "||", "true")
-    if not needed:
-        if not (serve and leftover):
-            host.noop("no peer needs a copy from this host")
-        return
-    if serve:
-        argv = ["systemd-run", f"--unit={unit}", f"--property=RuntimeMaxSec={lifetime_s}", "--collect",
-                "python3", FETCH, "serve", directory_, address, str(port), *([str(rate_mb_s)] if rate_mb_s else [])]
-        yield StringCommand(*map(shlex.quote, argv))
-        url = shlex.quote(f"http://{address}:{port}/")
-        wait = (f"for i in $(seq 50); do curl -fsS -o /dev/null {url} && exit 0; sleep 0.2; done; "
-                f"echo 'fan-out server did not start' >&2; exit 1")
-        yield StringCommand("sh", "-c", shlex.quote(wait))
-    else:
-        # A server that already ended (its lifetime, its host restarted) left nothing to stop: say nothing.
-        yield StringCommand("sh", "-c", shlex.quote(f"systemctl is-active --quiet {shlex.quote(unit)} || exit 0; "
-                                                    f"systemctl stop {shlex.quote(unit)}"))
 
 
 @operation()
@@ -271,7 +213,7 @@ def run(ctx: HostRun):
                        current={"kind": "file"} if borrowed else None)
         waves = ctx.fanout((svc.checkpoint_group, snap.repo, snap.commit), partial(_group_waves, ctx, members, snap))
         copies = sum(len(wave) for wave in waves)
-        unit_state = mine["units"].get(f"{_fanout_unit(svc.checkpoint_group)}.service") or {}
+        unit_state = mine["units"].get(f"{fanout_unit(svc.checkpoint_group)}.service") or {}
         leftover = unit_state.get("ActiveState") in ("active", "activating", "failed")
         served = False
         # One serve + copy pair per wave (at least one, so a leftover server is always looked at); every host
@@ -300,25 +242,6 @@ def run(ctx: HostRun):
 def _finished(tree: dict) -> dict:
     """The tree with unfinished revisions left out of its revisions (never kept for rollback; removed instead)."""
     return {**tree, "revisions": [r for r in tree.get("revisions", []) if r not in tree.get("unfinished", [])]}
-
-
-def fanout_waves(members: list[str], holders: set[str], width: int) -> list[dict[str, str]]:
-    """Who copies from whom, wave by wave ({target: source} each): every holder serves at most `width` of the
-    members still missing per wave, and those served become holders for the next wave. Wave k reaches
-    (1 + width)^k holders, so N hosts take about log(N) waves and no host serves more than `width` at once.
-    The newest holders are asked first: a short last wave spares the seed, which also fetched from the hub."""
-    sources = [name for name in members if name in holders]
-    waiting = [name for name in members if name not in holders]
-    waves = []
-    while waiting and sources:
-        wave = {}
-        for source in reversed(sources):
-            for target in waiting[:width]:
-                wave[target] = source
-            waiting = waiting[width:]
-        waves.append(wave)
-        sources += list(wave)
-    return waves
 
 
 def _group_waves(ctx: HostRun, members: list[str], snap: Snapshot) -> list[dict[str, str]]:

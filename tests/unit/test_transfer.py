@@ -1,0 +1,39 @@
+"""Moving verified files between hosts (modelfleet.transfer): who copies from whom, wave by wave, the peer
+server's transient unit, and the fetch command a host runs."""
+
+from modelfleet.transfer import FETCH, VENV, _fetch_command, fanout_unit, fanout_waves
+
+
+def test_fanout_waves_serve_at_most_width_peers_per_holder_and_grow_as_a_tree():
+    members = [f"h{i}" for i in range(12)]
+    waves = fanout_waves(members, {"h0"}, 2)
+    assert waves[0] == {"h1": "h0", "h2": "h0"}
+    assert waves[1] == {"h3": "h2", "h4": "h2", "h5": "h1", "h6": "h1", "h7": "h0", "h8": "h0"}
+    assert waves[2] == {"h9": "h8", "h10": "h8", "h11": "h7"}  # the newest holders: the seed rests
+    copied = [target for wave in waves for target in wave]
+    assert sorted(copied) == sorted(members[1:])  # each missing host exactly once
+    for number, wave in enumerate(waves):
+        holders = {"h0"} | {t for earlier in waves[:number] for t in earlier}
+        assert set(wave.values()) <= holders  # a source holds a verified copy before its wave
+        assert max(list(wave.values()).count(s) for s in set(wave.values())) <= 2
+
+
+def test_fanout_waves_take_log_n_waves_and_the_width_of_a_star_takes_one():
+    members = [f"h{i}" for i in range(1000)]
+    assert len(fanout_waves(members, {"h0"}, 8)) == 4  # 9, 81, 729, then the rest
+    assert len(fanout_waves(members, {"h0"}, 999)) == 1
+    assert fanout_waves(members[:5], set(members[:5]), 8) == []  # nothing missing: no wave
+
+
+def test_hosts_that_already_hold_the_checkpoint_serve_from_the_first_wave():
+    waves = fanout_waves(["a", "b", "c", "d", "e"], {"a", "c"}, 1)
+    assert waves == [{"b": "c", "d": "a"}, {"e": "d"}]
+
+
+def test_each_group_gets_its_own_server_unit_and_the_hub_fetch_runs_in_the_hub_clients_venv():
+    assert fanout_unit("kimi-k3") == "modelfleet-fanout-kimi-k3"
+    assert fanout_unit("cache-0123456789abcdef") != fanout_unit("kimi-k3")
+    hub = str(_fetch_command("/etc/modelfleet/job.json", "hub", None, False))
+    assert hub.startswith(f"{VENV}/bin/python {FETCH} /etc/modelfleet/job.json hub")
+    peer = str(_fetch_command("/j.json", "peer", "http://10.0.0.1:18431/", True, "b300-01"))
+    assert peer == f"python3 {FETCH} /j.json peer http://10.0.0.1:18431/ --reverify --source-name=b300-01"
