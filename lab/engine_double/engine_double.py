@@ -10,16 +10,22 @@ MODELFLEET_DOUBLE_NEVER_READY=1, MODELFLEET_DOUBLE_CRASH_AFTER=N (exit after N c
 MODELFLEET_DOUBLE_SLOW_FIRST_TOKEN_S, MODELFLEET_DOUBLE_MALFORMED_TOOL_CALLS=1 (raw markup in content).
 The lab's "-broken" image tags have MODELFLEET_DOUBLE_NEVER_READY=1 baked in.
 MODELFLEET_DOUBLE_TOKEN_INTERVAL_S paces streamed tokens (default 0.002 s), so a bench has something to measure.
+MODELFLEET_DOUBLE_VERSION: the image version the replica says it runs, as every chat reply's `system_fingerprint`
+(the field llama-server fills with its build), so a rolling upgrade can tell which replicas run the new one.
 The API key covers what the played engine's key covers (KEY_FREE; modelfleet/catalog/key_coverage.yaml names
 the sources): vLLM's only the /v1, /v2 and /inference routes, so its /invocations runs the model without a key;
 SGLang's every route but /health*, /ready* and /metrics*; llama-server's every route but its public ones. Each
 engine's own non-/v1 inference route is served too (NATIVE_ROUTES).
+As vLLM, with VLLM_CACHE_ROOT set (modelfleet's mounted engine cache), it compiles on its first start
+(MODELFLEET_DOUBLE_COMPILE_S, default 2 s) and writes its artifacts under the cache roots, and on a later start
+with the same flags loads them instead; it says which in vLLM's own log lines, which the boot timeline reads.
 Like the Kimi chat templates, a tool result is refused (400) unless the assistant turn before it came back
 whole: its tool_calls and its reasoning_content.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -107,6 +113,7 @@ class Engine:
         self.slow_first_token = float(os.environ.get("MODELFLEET_DOUBLE_SLOW_FIRST_TOKEN_S", "0"))
         self.malformed_tools = os.environ.get("MODELFLEET_DOUBLE_MALFORMED_TOOL_CALLS") == "1"
         self.token_interval = float(os.environ.get("MODELFLEET_DOUBLE_TOKEN_INTERVAL_S", "0.002"))
+        self.version = os.environ.get("MODELFLEET_DOUBLE_VERSION")
 
     def _api_key(self, args: dict) -> str | None:
         if args.get("--api-key"):
@@ -360,6 +367,8 @@ class Handler(BaseHTTPRequestHandler):
                     "predicted_per_token_ms": elapsed_ms / max(1, len(out_words)),
                     "predicted_per_second": len(out_words) / max(elapsed_ms / 1000, 1e-6)})
                 usage["prompt_tokens_details"] = {"cached_tokens": 0}
+            if self.eng.version:
+                reply["system_fingerprint"] = self.eng.version
             return self._send(200, reply)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -369,6 +378,8 @@ class Handler(BaseHTTPRequestHandler):
         def chunk(delta, finish=None, usage_=None):
             data = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.eng.served,
                     "choices": [] if usage_ else [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            if self.eng.version:
+                data["system_fingerprint"] = self.eng.version
             if usage_:
                 data["usage"] = usage_
             self.wfile.write(f"data: {json.dumps(data)}\n\n".encode())
@@ -398,6 +409,42 @@ class Handler(BaseHTTPRequestHandler):
             COUNTERS["ttft_count"] += 1
 
 
+def _vllm_log(where: str, message: str) -> None:
+    print(f"INFO {time.strftime('%m-%d %H:%M:%S')} [{where}] {message}", flush=True)
+
+
+def compile_cache(engine: str, args: dict) -> None:
+    """vLLM's torch.compile cache, as the real engine keeps it: a directory per hash of what the compiled graph
+    depends on (where the server listens is not part of it), under VLLM_CACHE_ROOT, with Triton's kernels under
+    TRITON_CACHE_DIR."""
+    root = os.environ.get("VLLM_CACHE_ROOT")
+    if engine != "vllm" or not root:
+        return
+    flags = {k: v for k, v in args.items() if k not in ("--host", "--port", "--api-key")}
+    digest = hashlib.sha256(json.dumps(flags, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    graph = Path(root) / "torch_compile_cache" / digest / "rank_0_0" / "backbone"
+    kernels = Path(os.environ.get("TRITON_CACHE_DIR") or Path(root) / "triton") / digest
+    _vllm_log("backends.py:648", f"Using cache directory: {graph} for vLLM's torch.compile")
+    artifacts = [graph / "vllm_compile_cache.py", graph / "computation_graph.py", kernels / "triton_poi_fused.cubin"]
+    start = time.monotonic()
+    if all(p.is_file() for p in artifacts):
+        for path in artifacts:
+            path.read_bytes()
+        took = time.monotonic() - start
+        _vllm_log("backends.py:164", f"Directly load the compiled graph(s) for dynamic shape from the cache, took "
+                                     f"{took:.3f} s")
+    else:
+        time.sleep(float(os.environ.get("MODELFLEET_DOUBLE_COMPILE_S", "2")))
+        for path in artifacts:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(f".{path.name}.tmp")
+            partial.write_bytes(hashlib.sha256(f"{digest}/{path.name}".encode()).digest() * 4096)
+            partial.replace(path)  # whole or not at all, as Inductor and Triton write theirs
+        took = time.monotonic() - start
+        _vllm_log("backends.py:286", f"Compiling a graph for dynamic shape takes {took:.2f} s")
+    _vllm_log("monitor.py:34", f"torch.compile takes {time.monotonic() - start:.2f} s in total")
+
+
 def main() -> None:
     engine = engine_name()
     if engine not in FLAGS:
@@ -410,6 +457,7 @@ def main() -> None:
               flush=True)
         while True:
             time.sleep(3600)
+    compile_cache(engine, args)
     eng = Engine(engine, args)
     Handler.eng = eng
     # A listen backlog of 5 (the stdlib default) drops SYNs at bench concurrency: 1 s retransmits, not the engine.

@@ -33,7 +33,9 @@ for arg; do
     while [ ! -e "$p" ]; do p=$(dirname "$p"); done
     echo "free $(df -B1 -P "$p" | awk 'NR==2 {print $4}')"
     [ -f "$value/$MANIFEST" ] && echo "manifest $(tr -d '\n' < "$value/$MANIFEST")"
-    [ -d "$value" ] && find "$value" -type f ! -path "*/.cache/*" \( -name "*$PARTIAL" -printf "partial %s %P\n" \
+    # huggingface_hub keeps its own .cache inside a download directory: not part of the tree (an engine cache
+    # directory lies under another .cache, so the pattern is anchored at the tree)
+    [ -d "$value" ] && find "$value" -type f ! -path "$value/.cache/*" \( -name "*$PARTIAL" -printf "partial %s %P\n" \
       -o ! -name ".modelfleet-*" -printf "file %s %T@ %P\n" \)
     echo "current $(readlink "$parent/$CURRENT")"
     # shellcheck disable=SC2010,SC2012 # commit directories: 40 hex digits, newest first
