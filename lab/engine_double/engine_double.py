@@ -17,7 +17,7 @@ the sources): vLLM's only the /v1, /v2 and /inference routes, so its /invocation
 SGLang's every route but /health*, /ready* and /metrics*; llama-server's every route but its public ones. Each
 engine's own non-/v1 inference route is served too (NATIVE_ROUTES).
 As vLLM, with VLLM_CACHE_ROOT set (modelfleet's mounted engine cache), it compiles on its first start
-(MODELFLEET_DOUBLE_COMPILE_S, default 2 s) and writes its artifacts under the cache roots, and on a later start
+(MODELFLEET_DOUBLE_COMPILE_S, default 1 s) and writes its artifacts under the cache roots, and on a later start
 with the same flags loads them instead; it says which in vLLM's own log lines, which the boot timeline reads.
 Like the Kimi chat templates, a tool result is refused (400) unless the assistant turn before it came back
 whole: its tool_calls and its reasoning_content.
@@ -434,7 +434,7 @@ def compile_cache(engine: str, args: dict) -> None:
         _vllm_log("backends.py:164", f"Directly load the compiled graph(s) for dynamic shape from the cache, took "
                                      f"{took:.3f} s")
     else:
-        time.sleep(float(os.environ.get("MODELFLEET_DOUBLE_COMPILE_S", "2")))
+        time.sleep(float(os.environ.get("MODELFLEET_DOUBLE_COMPILE_S", "1")))
         for path in artifacts:
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_name(f".{path.name}.tmp")
