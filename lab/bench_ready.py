@@ -1,0 +1,134 @@
+"""`make bench-ready`: time from `pyinfra` start to the first answer for a cold deploy, a restart and a member joining,
+each split by stage from its run's reports/timeline/<pool>.json, on the lab's real llama-server, in one run, JSON.
+
+- cold: a fresh host (empty model root) gets the checkpoint from the hub double, its unit, and answers;
+- restart: the same host, a changed value in its engine's env file: serve.py restarts the unit, nothing else;
+- join: a second fresh host added to the inventory in the same checkpoint group: its checkpoint comes from the
+  first host (the hub serves it no bytes), then its unit starts.
+
+Each is one `pyinfra inventories/lab.py deploys/serve.py` over the bench's hosts (MODELFLEET_LAB_ONLY), every
+host on llama.cpp, whose boot lines the timeline reads. `first_answer_s` is the verify stage's answer, in seconds
+since the bench spawned pyinfra; each stage's span is the timeline's; `between_stages_s` is what no stage's span
+covers before the answer. Medians over ROUNDS rounds (argument; default 3), each on hosts made afresh; ratios of the medians.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import lab
+from lab import hub
+from modelfleet.commands import run_pyinfra
+
+ENGINE = "llama.cpp"  # the lab's real server: the other engines are the double, which prints no boot lines
+HOSTS = 2
+CASES = ("cold", "restart", "join")
+
+
+def deploy(specs: list[dict], pool_host: str, reports: Path, mark: str) -> dict:
+    """One serve.py run over `specs`; `pool_host`'s timeline and the hub's bytes served during the run."""
+    reports.mkdir(parents=True, exist_ok=True)
+    timeline = reports / "timeline" / f"tiny-{pool_host}.json"
+    timeline.unlink(missing_ok=True)
+    hub.reset_stats()
+    spawned, start = time.time(), time.perf_counter()
+    run = run_pyinfra("inventories/lab.py", "deploys/serve.py", env={
+        "MODELFLEET_LAB_ONLY": ",".join(s["name"] for s in specs), "MODELFLEET_LAB_ENGINE": ENGINE,
+        # A value the engine ignores: a change rewrites the env file, so the unit restarts.
+        "MODELFLEET_LAB_ENGINE_ENV": json.dumps({"MODELFLEET_BENCH_MARK": mark}),
+        "MODELFLEET_REPORTS": str(reports)})
+    wall = time.perf_counter() - start
+    if run.returncode:
+        sys.exit(run.stdout[-4000:] + run.stderr[-2000:])
+    if not timeline.exists():
+        sys.exit(f"the run wrote no {timeline}: {pool_host}'s engine did not (re)start\n{run.stdout[-3000:]}")
+    return {"wall_s": wall, "spawned_at": spawned, "hub_bytes": hub.stats()["bytes_served"],
+            "timeline": json.loads(timeline.read_text())}
+
+
+def split(run: dict, host: str) -> dict:
+    """The case's figures: first answer, readiness and each stage's seconds on `host`, with the engine's boot."""
+    report = run["timeline"]
+    member = report["hosts"][host]
+    # The report's zero is the process's start as the kernel records it, on a boot time in whole seconds: its
+    # figures move onto the bench's clock, started when it spawned pyinfra. Spans keep their length, except
+    # prepare, which begins at that zero.
+    off = report["pyinfra_started_at"] - run["spawned_at"]
+    answer = member["first_answer_s"] + off
+    stages = {s["stage"]: round(s["seconds"] + (off if s["start_s"] == 0 else 0.0), 3)
+              for s in member["stages"] if s["start_s"] < member["first_answer_s"]}
+    service = next(s for s in member["stages"] if s["stage"] == "service")
+    events = {e["event"]: e["at"] for e in (member["engine_boot"] or {}).get("events", []) if "at" in e}
+    boot = max(events.values(), default=0.0) - min(events.values(), default=0.0)
+    return {
+        "first_answer_s": round(answer, 3),
+        "ready_s": round(member["ready_s"] + off, 3),
+        "pyinfra_wall_s": round(run["wall_s"], 3),
+        "timeline_start_off_s": round(off, 3),  # the report's zero less the spawn: below 0, it starts early
+        "hub_bytes_served": run["hub_bytes"],
+        "stages_s": stages,
+        "between_stages_s": round(answer - sum(stages.values()), 3),
+        # The service stage's start to readiness: the unit's (re)start, the container's start, the engine's boot
+        # (its own log's span, first boot line to listening) and the readiness poll.
+        "service_to_ready_s": round(member["ready_s"] - service["start_s"], 3),
+        "engine_log_span_s": round(boot, 3),
+        "engine_boot_at_s": events,
+    }
+
+
+def measure(specs: list[dict], reports: Path, round_: int = 0) -> dict:
+    """The three cases on two fresh lab hosts: the first deployed cold, then restarted; the second joins."""
+    first, joiner = specs
+    cold = deploy([first], first["name"], reports, f"{round_}-a")
+    restart = deploy([first], first["name"], reports, f"{round_}-b")
+    join = deploy([first, joiner], joiner["name"], reports, f"{round_}-b")  # the first host's value unchanged
+    return {"cold": split(cold, first["name"]), "restart": split(restart, first["name"]),
+            "join": split(join, joiner["name"])}
+
+
+def fresh_hosts() -> list[dict]:
+    """The lab's first HOSTS hosts made again from nothing (empty model roots, no units); other hosts of a lab
+    that is up are kept as they are and left out of the runs."""
+    state = lab.STATE / "hosts.json"
+    kept = json.loads(state.read_text())["hosts"] if state.exists() else []
+    if kept:
+        lab.remove([s["name"] for s in kept[:HOSTS]])
+    personas = ["h200x1"] * HOSTS + [s["persona"] for s in kept[HOSTS:]]
+    return lab.up(len(personas), personas=personas)[:HOSTS]
+
+
+def summary(rounds: list[dict]) -> dict:
+    """Each case's medians over the rounds (each stage's too), and the ratios of the medians to cold's."""
+    cases = {}
+    for case in CASES:
+        runs = [r[case] for r in rounds]
+        median = {key: round(statistics.median(r[key] for r in runs), 3)
+                  for key in ("first_answer_s", "ready_s", "pyinfra_wall_s", "between_stages_s",
+                              "service_to_ready_s", "engine_log_span_s", "timeline_start_off_s")}
+        stages = dict.fromkeys(s for r in runs for s in r["stages_s"])
+        median["stages_s"] = {s: round(statistics.median(r["stages_s"].get(s, 0.0) for r in runs), 3)
+                              for s in stages}
+        median["hub_bytes_served"] = max(r["hub_bytes_served"] for r in runs)
+        cases[case] = median
+    cold = cases["cold"]["first_answer_s"]
+    return {**cases, "ratios": {"restart_over_cold": round(cases["restart"]["first_answer_s"] / cold, 3),
+                                "join_over_cold": round(cases["join"]["first_answer_s"] / cold, 3)}}
+
+
+def main() -> None:
+    count = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    rounds = []
+    with tempfile.TemporaryDirectory(prefix="bench-ready-") as reports:
+        for n in range(count):
+            rounds.append(measure(fresh_hosts(), Path(reports) / str(n), n))
+    print(json.dumps({"date": time.strftime("%Y-%m-%d"), "engine": f"{ENGINE} (the lab's llama-server)",
+                      "rounds": count, **summary(rounds), "runs": rounds}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
