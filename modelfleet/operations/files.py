@@ -21,7 +21,8 @@ MARKER = ".modelfleet-owned"
 # secrets_config_file and auth_file; the model stage's hub token, fetch jobs and their logs) and the tools it
 # copies.
 OWN_NAMES = (".modelfleet-*", ".*.modelfleet-tmp", "[A-Za-z0-9]*.env", "[A-Za-z0-9]*.secrets.yaml",
-             "[A-Za-z0-9]*.auth", "hf-token", "checkpoint-*.json", "checkpoint-*.json.log",
+             "[A-Za-z0-9]*.auth", "hf-token", "checkpoint-*.json", "checkpoint-*.json.log", "engine-cache-*.json",
+             "engine-cache-*.json.log",
              *sorted(p.name for p in FILES_DIR.glob("*.py")))
 
 
