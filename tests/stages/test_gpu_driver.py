@@ -227,7 +227,7 @@ def test_a_new_driver_version_installs_that_release_with_fabric_manager_and_rebo
     assert steps.count("systemctl reboot") == 1
     from modelfleet.inventory import resolve
     plan = resolve([("n1", {k: v for k, v in host.items() if k != "fake_responses"})]).hosts["n1"]
-    assert "driver $d is not 580.95.05" in gpu_driver.stack_check_script(plan, fabric=True)  # after the reboot
+    assert "gpu_stack_check 8 580.95.05 fabric" in gpu_driver.stack_check_script(plan, fabric=True)  # after the reboot
     host["driver_version"] = "580.159.04"  # the loaded release: nothing to do
     state = fake.run_fake([("n1", host)], stack_only, dry=True)
     assert not [s for s in fake.planned(state, "n1") if "apt-get" in s or "reboot" in s]
