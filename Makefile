@@ -6,7 +6,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 PYINFRA := $(PYTHON) -m pyinfra
 
-.PHONY: install lock lab-setup demo bench-converge bench-fanout lab-gate lab-verify lab-rollout lab-driver-upgrade lab-rebuild lab-down engine-parsers engine-flags test lint hw-preflight hw-admit hw-nccl
+.PHONY: install lock lab-setup demo bench-converge bench-fanout bench-ready lab-gate lab-verify lab-rollout lab-driver-upgrade lab-rebuild lab-down engine-parsers engine-flags test lint hw-preflight hw-admit hw-nccl
 
 # The versions that passed (requirements.lock, from `make lock`) installed into .venv; re-run when either
 # file changes.
@@ -35,9 +35,15 @@ demo: install lab-setup
 bench-converge: install lab-setup
 	$(PYTHON) -m lab.bench_converge 16 48
 
-# Checkpoint distribution on 1, 3 and 6 lab hosts: hub egress ratio and fan-out vs raw copy rate (JSON).
+# Checkpoint distribution on 1, 3 and 6 lab hosts: hub egress ratio and fan-out vs raw copy rate, and the
+# receiver beside curl, curl + sha256sum, aria2c and cp on this machine (JSON).
 bench-fanout: install lab-setup
 	$(PYTHON) -m lab.bench_fanout
+
+# Time from `pyinfra` start to the first answer for a cold deploy, a restart and a member joining, each split by
+# stage from its timeline report, on the lab's llama-server; ratios restart/cold and join/cold (JSON).
+bench-ready: install lab-setup
+	$(PYTHON) -m lab.bench_ready
 
 # The NCCL/Gloo gate on a 2-host lab pool (Gloo inside the serving image); prints the pool report (JSON).
 lab-gate: install lab-setup

@@ -15,7 +15,15 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 if ! docker info >/dev/null 2>&1; then
-  nohup dockerd --storage-driver=overlay2 >/var/log/modelfleet-dockerd.log 2>&1 &
+  # The daemon outlives this script: it keeps no descriptor but its log (a lock held by whoever ran
+  # this, flock's for one, would stay held as long as dockerd runs).
+  (
+    for fd in /proc/self/fd/*; do
+      fd=${fd##*/}
+      [ "$fd" -gt 2 ] && eval "exec $fd>&-"
+    done
+    exec nohup dockerd --storage-driver=overlay2 </dev/null >/var/log/modelfleet-dockerd.log 2>&1
+  ) &
   for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
   docker info >/dev/null 2>&1 || { echo "dockerd did not start; see /var/log/modelfleet-dockerd.log" >&2; exit 1; }
 fi
