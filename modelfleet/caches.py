@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
+from modelfleet.host_commands import revisions_dir
 from modelfleet.inventory import ServicePlan
 
 CONTAINER_DIR = "/cache"
@@ -46,8 +47,8 @@ class EngineCache:
 
 
 def model_root(svc: ServicePlan) -> str:
-    """The model filesystem's root: a service's model directory is <model_root>/<model>/<revision>."""
-    return svc.model_dir.rsplit("/", 2)[0]
+    """The model filesystem's root: the parent of the model's revisions directory (host_commands' layout)."""
+    return revisions_dir(svc.model_dir).rsplit("/", 1)[0]
 
 
 def image_identity(image: str) -> str:

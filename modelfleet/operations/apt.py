@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import posixpath
-import re
 import shlex
 
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
+
+from modelfleet.host_commands import deb_upstream as upstream
 
 
 def apt_get(*args: str) -> StringCommand:
     """Every apt-get call: never prompts, keeps config files an admin changed."""
     return StringCommand("env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "-y", "-q",
                          "-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold", *args)
-
-
-def upstream(deb_version: str) -> str:
-    """'1:580.159.04-1ubuntu1' -> '580.159.04' (no epoch, no Debian revision)."""
-    return re.sub(r"-[^-]*$", "", deb_version.split(":", 1)[-1])
 
 
 def missing(wanted: dict[str, str | None], current: dict) -> dict[str, str | None]:

@@ -158,3 +158,11 @@ def test_a_source_without_a_manifest_gives_nothing(tmp_path):
         assert not (tmp_path / "peer" / "kernel.cubin").exists()
     finally:
         proc.kill()
+
+
+def test_the_script_names_the_checkpoint_layout_as_the_package_does():
+    # It runs alone on hosts (nothing of the package there), so it keeps its own copy of these names.
+    from modelfleet import host_commands
+    text = (FILES_DIR / "modelfleet_fetch.py").read_text()
+    assert f'MANIFEST = "{host_commands.MANIFEST}"' in text
+    assert f'"{host_commands.FETCH_LOCK}"' in text and f'{host_commands.PARTIAL}")' in text
