@@ -53,13 +53,16 @@ LLAMA_HOST = "c"
 def llama_server_missing() -> str | None:
     """Why the real llama-server cannot serve a replica here (None: it can)."""
     try:
-        info = subprocess.run(["docker", "image", "inspect", lab.LLAMA_SERVER_IMAGE], capture_output=True,
-                              text=True, timeout=30)
+        daemon = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=30)
+        image = subprocess.run(["docker", "image", "inspect", lab.LLAMA_SERVER_IMAGE], capture_output=True,
+                               text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as error:
         return f"no docker here ({error})"
-    if info.returncode:
-        return (f"the lab's llama-server image {lab.LLAMA_SERVER_IMAGE} is not in the machine's dockerd "
-                f"({(info.stderr or info.stdout).strip()[-200:]}); `make lab-up` builds it")
+    if daemon.returncode:
+        return f"the machine's dockerd does not answer ({daemon.stderr.strip()[-200:]}); `make lab-setup` starts it"
+    if image.returncode:
+        return f"the lab's llama-server image {lab.LLAMA_SERVER_IMAGE} is not in the machine's dockerd " \
+               "(lab/build-llama-server.sh builds it)"
     return None
 
 
@@ -71,11 +74,12 @@ class LlamaServer:
         self.name = f"modelfleet-router-e2e-{address.replace('.', '-')}-{port}-{revision}"
         self.model = f"/models/{revision}/tiny.gguf"
         subprocess.run(["docker", "rm", "-f", self.name], capture_output=True)
-        subprocess.run(["docker", "run", "-d", "--rm", "--network", "host", "--name", self.name, "-v",
-                        f"{workdir / 'models'}:/models:ro", "--entrypoint", "/app/llama-server",
-                        lab.LLAMA_SERVER_IMAGE, "--model", self.model, "--alias", SERVED, "--host", address,
-                        "--port", str(port), "--ctx-size", "4096", "--jinja", "--metrics", "--api-key", KEY],
-                       check=True, capture_output=True)
+        run = subprocess.run(["docker", "run", "-d", "--rm", "--network", "host", "--name", self.name, "-v",
+                              f"{workdir / 'models'}:/models:ro", "--entrypoint", "/app/llama-server",
+                              lab.LLAMA_SERVER_IMAGE, "--model", self.model, "--alias", SERVED, "--host", address,
+                              "--port", str(port), "--ctx-size", "4096", "--jinja", "--metrics", "--api-key", KEY],
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, f"docker run {self.name}: {run.stderr.strip()[-500:]}"
         wait_for(lambda: http("GET", f"{self.url}/health", timeout=2)[0] == 200, 60, f"llama-server {self.url}")
 
     def version(self) -> str:
