@@ -71,7 +71,7 @@ def test_a_restart_loads_its_cache_and_a_joining_replica_gets_a_peers_copy(lab_h
 
 
 def operation_results(output: str) -> dict[str, dict[str, str]]:
-    """{operation name: {host: its result line}} from pyinfra's output."""
+    """{operation name (without its deploy's): {host: its result line}} from pyinfra's output."""
     results: dict[str, dict[str, str]] = {}
     for part in output.split("--> Starting operation: ")[1:]:
         name, *lines = part.splitlines()
@@ -79,5 +79,5 @@ def operation_results(output: str) -> dict[str, dict[str, str]]:
             line = line.strip()
             if line.startswith("[") and "] " in line:
                 host, _, said = line[1:].partition("] ")
-                results.setdefault(name.strip(), {})[host] = said.strip()
+                results.setdefault(name.split(" | ", 1)[-1].strip(), {})[host] = said.strip()
     return results
