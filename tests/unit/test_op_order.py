@@ -81,3 +81,25 @@ def test_run_stages_installs_it_first(monkeypatch):
     monkeypatch.setattr(op_order, "install", install)
     with pytest.raises(Installed):
         pipeline.run_stages()
+
+
+def test_global_arguments_are_pyinfras_own():
+    """The list read once equals pyinfra's, names, types and order; callers may change their copy."""
+    from pyinfra.api import arguments
+
+    theirs = op_order._PYINFRA_GLOBAL_ARGUMENTS()
+    assert op_order.global_arguments() == theirs and {"_sudo", "_env", "_run_once"} <= dict(theirs).keys()
+    mine = op_order.global_arguments()
+    mine.clear()
+    assert op_order.global_arguments() == theirs
+    op_order.install()
+    assert arguments.all_global_arguments is op_order.global_arguments
+
+
+def test_an_unchecked_pyinfra_release_keeps_its_global_arguments(monkeypatch, stock):
+    from pyinfra.api import arguments
+
+    monkeypatch.setattr(arguments, "all_global_arguments", op_order._PYINFRA_GLOBAL_ARGUMENTS)
+    monkeypatch.setattr(op_order, "pyinfra_series", lambda: "3.99")
+    assert op_order.install() is False
+    assert arguments.all_global_arguments is op_order._PYINFRA_GLOBAL_ARGUMENTS

@@ -50,3 +50,34 @@ def test_a_unit_file_that_outranks_ours_and_a_pending_reload():
 def test_drop_ins_for_every_service_are_the_systems():
     current = {**recorded("unit_clean"), "DropInPaths": ["/usr/lib/systemd/system/service.d/10-timeout-abort.conf"]}
     assert merged(UNIT, current).drift is False
+
+
+def test_a_runs_pinned_services_are_worked_out_once_per_host(monkeypatch):
+    """The same services as outside a run; the registry and the hub are asked once per host and run."""
+    from pyinfra.api import Config, Inventory, State
+    from pyinfra.context import ctx_state
+
+    from modelfleet import pins, registry, units
+    from modelfleet.checkpoint import Snapshot
+    from modelfleet.inventory import resolve
+
+    asked = []
+
+    def resolve_(image, insecure, config):
+        asked.append(image)
+        return "sha256:" + "1" * 64
+
+    monkeypatch.setattr(registry, "_resolve", resolve_)
+    monkeypatch.setattr(pins, "snapshot", lambda repo, revision, *_: Snapshot(repo=repo, revision=revision,
+                                                                              commit="e" * 40, files={}))
+    data = {"hardware": "h200", "gpu_count": 1, "model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm"}
+    result = resolve([("h1", data), ("h2", data)])
+    outside = {name: units.pinned_services(plan) for name, plan in result.hosts.items()}
+    assert len(asked) == 2 and all(s.image.endswith("@sha256:" + "1" * 64) for v in outside.values() for s in v)
+    for _ in range(2):  # a new run asks again
+        asked.clear()
+        state = State(Inventory(([(name, data) for name in result.hosts], {})), Config())
+        with ctx_state.use(state):
+            for _again in range(3):
+                assert {name: units.pinned_services(plan) for name, plan in result.hosts.items()} == outside
+        assert len(asked) == 2  # once per host in each run
