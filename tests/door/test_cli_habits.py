@@ -185,8 +185,8 @@ import signal, sys, time
 from modelfleet import cli, rollout
 
 def slow(*args, **kwargs):
-    print("rolling", flush=True)
-    try:
+    try:  # the signal may come as soon as the line is out
+        print("rolling", flush=True)
         time.sleep(60)
         return {{"stopped": None}}
     except KeyboardInterrupt:
