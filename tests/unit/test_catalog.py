@@ -41,3 +41,23 @@ def test_model_facts_from_the_guides():
     assert (k31.params_total, k31.params_active, k31.layers, k31.context_max) == (2.8e12, 104e9, 93, 1048576)
     assert k31.experts == dict(routed=896, selected_per_token=16, shared=2)
     assert re.fullmatch(r"moonshotai/Kimi-K3\.1-Pro", k31.hf_repo)
+
+
+
+def test_the_catalog_reads_the_same_as_pyyamls_safe_loader(tmp_path):
+    """Every shipped file gives the data PyYAML's own safe loader gives; broken YAML is named with its line."""
+    from pathlib import Path
+
+    import pytest
+    import yaml
+
+    from modelfleet import catalog
+
+    files = sorted(Path(catalog.__file__).parent.rglob("*.yaml"))
+    assert len(files) > 20
+    for path in files:
+        assert catalog._yaml(path.read_text()) == yaml.safe_load(path.read_text()), path
+    broken = tmp_path / "site.yaml"
+    broken.write_text("id: a\nargs: [1\n")
+    with pytest.raises(catalog.CatalogError, match=r"site\.yaml:3: not valid YAML"):
+        catalog._read(broken, catalog.SiteRecipe)
