@@ -73,7 +73,7 @@ def indexed(tree: dict | None) -> bool:
 
 
 def _members(ctx: HostRun, key: str) -> list[str]:
-    """This run's hosts with a service of this key, in inventory order, and their cache trees."""
+    """This run's hosts with a service of this key, in inventory order (those failed already left out)."""
     active = {h.name for h in state.inventory.get_active_hosts()}
     return [name for name, plan in ctx.inventory.hosts.items()
             if name in active and key in _caches(plan, ctx) and name not in {h.name for h in state.failed_hosts}]
