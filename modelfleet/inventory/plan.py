@@ -109,8 +109,7 @@ class RouterPlan:
 
     @property
     def base_url(self) -> str:
-        address = f"[{self.bind_address}]" if ":" in self.bind_address else self.bind_address
-        return f"http://{address}:{self.port}"
+        return f"http://{_url_host(self.bind_address)}:{self.port}"
 
 
 @dataclass(frozen=True)
@@ -200,7 +199,7 @@ class ServicePlan:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.bind_address}:{self.port}"
+        return f"http://{_url_host(self.bind_address)}:{self.port}"
 
 
 @dataclass(frozen=True)
@@ -292,6 +291,11 @@ class InventoryError(ModelfleetError):
 
 def _slug(text: str) -> str:
     return grammar.slug(text, "-")
+
+
+def _url_host(address: str) -> str:
+    """An address as a URL's host: an IPv6 address in brackets."""
+    return f"[{address}]" if ":" in address else address
 
 
 def _is_loopback(address: str) -> bool:

@@ -41,8 +41,7 @@ def test_a_service_on_loopback_is_told_apart(address, loopback):
     # (the resolver refuses an engine off loopback without a front door: the plan alone decides here)
     svc = replace(hosts(("h1", TINY)).hosts["h1"].services[0], bind_address=address)
     assert svc.loopback is loopback
-    if ":" not in address:
-        assert svc.base_url == f"http://{address}:8000"
+    assert svc.base_url == (f"http://[{address}]:8000" if ":" in address else f"http://{address}:8000")
 
 
 def test_a_commit_gives_the_service_its_own_model_directory_beside_the_others():
