@@ -3,34 +3,9 @@ would derive: fresh trays get the node list, the channel and the service; conver
 
 import hashlib
 
-from modelfleet.context import HostRun
-from modelfleet.fabric import HostFabric, PoolFabric
 from modelfleet.pipeline import run_stages
 from modelfleet.stages import imex
-
-HCAS = tuple(f"mlx5_{i}" for i in range(4))
-
-
-def fabric(host: str, **extra) -> HostFabric:
-    """A tray's RDMA fabric as the run context derives it (four HCAs on the rail's interface)."""
-    ifname = "enP6p3s0f0np0"
-    return HostFabric(host=host, ifname=ifname, head_address="192.168.40.1", hcas=HCAS, rdma=True,
-                      env={"NCCL_SOCKET_IFNAME": f"={ifname}", "GLOO_SOCKET_IFNAME": ifname,
-                           "NCCL_IB_HCA": "=" + ",".join(HCAS)},
-                      devices=(*(f"/dev/infiniband/uverbs{i}" for i in range(4)), "/dev/infiniband/rdma_cm"), **extra)
-
-
-def trays(monkeypatch, errors=(), channels=()):
-    """Two GB300 trays of one pool; the run context gives their fabric, and their probes' IMEX channels."""
-    names = ("@fake/t1", "@fake/t2")
-    nodes = ("192.168.40.1", "192.168.40.2")
-    fabrics = {n: fabric(n, imex=True, imex_nodes=nodes) for n in names}
-    monkeypatch.setattr(HostRun, "fabric", lambda self, pool: PoolFabric(pool, hosts=fabrics, errors=list(errors)),
-                        raising=False)
-    monkeypatch.setattr(HostRun, "probe_on", lambda self, name: {"fabric": {"imex": {"channels": list(channels)}}},
-                        raising=False)
-    data = {"hardware": "gb300", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": "e" * 40, "pool": "k31"}
-    return [(n.split("/")[1], {**data, "ssh_hostname": f"10.0.0.{i + 1}"}) for i, n in enumerate(names)]
+from tests.fabric_doubles import trays
 
 
 def test_imex_on_fresh_trays_writes_the_node_list_makes_the_channel_and_starts_the_service(fake, uploads, monkeypatch):

@@ -11,14 +11,13 @@ import pytest
 
 from modelfleet import render
 from modelfleet.catalog import load_catalog
-from modelfleet.fabric import HostFabric
 from modelfleet.inventory import resolve
 from modelfleet.stages import netcheck
+from tests.fabric_doubles import HCAS, fabric, trays
 from tests.public_samples import public_sample_lines
 
 NCCL = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
 IMAGE = "vllm/vllm-openai@sha256:" + "0" * 64
-HCAS = tuple(f"mlx5_{i}" for i in range(8))
 
 
 def nccl_lines(name: str) -> list[str]:
@@ -31,14 +30,6 @@ def pool(hosts=("t1", "t2"), **extra):
     resolved = resolve([(h, {**data, "ssh_hostname": f"10.0.0.{i + 1}"}) for i, h in enumerate(hosts)])
     assert not resolved.errors, resolved.errors
     return [resolved.hosts[h].services[0] for h in hosts]
-
-
-def fabric(host: str, rdma: bool = True, hcas=HCAS[:4], ifname: str = "enP6p3s0f0np0", **extra) -> HostFabric:
-    devices = (*(f"/dev/infiniband/uverbs{i}" for i in range(len(hcas))), "/dev/infiniband/rdma_cm") if rdma else ()
-    env = {"NCCL_SOCKET_IFNAME": f"={ifname}", "GLOO_SOCKET_IFNAME": ifname,
-           **({"NCCL_IB_HCA": "=" + ",".join(hcas)} if rdma else {})}
-    return HostFabric(host=host, ifname=ifname, head_address="192.168.40.1", hcas=hcas if rdma else (),
-                      env=env, devices=devices, rdma=rdma, **extra)
 
 
 def argv_of(command: str) -> list[str]:
@@ -214,22 +205,6 @@ def test_boards_without_a_sourced_figure_are_judged_on_correctness_transport_and
 
 
 # The gate stage through pyinfra's @fake connector, with the pool's fabric the run context would derive.
-
-
-def trays(monkeypatch, errors=(), channels=()):
-    """Two GB300 trays of one pool; the run context gives their fabric, and their probes' IMEX channels."""
-    from modelfleet.context import HostRun
-    from modelfleet.fabric import PoolFabric
-
-    names = ("@fake/t1", "@fake/t2")
-    nodes = ("192.168.40.1", "192.168.40.2")
-    fabrics = {n: fabric(n, imex=True, imex_nodes=nodes) for n in names}
-    monkeypatch.setattr(HostRun, "fabric", lambda self, pool: PoolFabric(pool, hosts=fabrics, errors=list(errors)),
-                        raising=False)
-    monkeypatch.setattr(HostRun, "probe_on", lambda self, name: {"fabric": {"imex": {"channels": list(channels)}}},
-                        raising=False)
-    data = {"hardware": "gb300", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": "e" * 40, "pool": "k31"}
-    return [(n.split("/")[1], {**data, "ssh_hostname": f"10.0.0.{i + 1}"}) for i, n in enumerate(names)]
 
 
 def test_a_pool_whose_fabric_has_errors_is_refused_before_the_gate_runs(fake, monkeypatch, tmp_path, caplog):
