@@ -8,7 +8,8 @@ directory is empty (a new pool member, a new replica, the next host of a rolling
 checkpoint fan-out's server and receiver, in the same waves (model_fanout_width): every file is checked against
 the source's manifest, a file that fails is removed and the host stops with the reason. A host that compiled for
 itself keeps its own. Only hosts of this run give (`--limit` leaves the others unreached); a key no host of the
-run holds is compiled where its engine first starts.
+run holds is compiled where its engine first starts. The model stage, which runs first, has made the config
+directory and put the fetch script there.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def _job_path(plan: HostPlan, cache: EngineCache) -> str:
 def wants(plan: HostPlan, probe: dict) -> dict:
     caches = _caches(plan).values()
     return {"trees": [c.dir for c in caches], "units": [f"{fanout_unit(f'cache-{c.key}')}.service" for c in caches],
-            "paths": [p for c in caches for p in (plan.config_dir, c.root, c.dir, _job_path(plan, c))]}
+            "paths": [p for c in caches for p in (c.root, c.dir, _job_path(plan, c))]}
 
 
 def warm(tree: dict | None) -> bool:
@@ -111,8 +112,6 @@ def run(ctx: HostRun):
         waves = ctx.fanout(("engine-cache", key), partial(_waves, ctx, key))
         sources = {source for wave in waves for source in wave.values()}
         name = f"engine-cache/{cache.inputs['engine']}"
-        directory(name=f"Config directory {plan.config_dir} (0700)", path=plan.config_dir,
-                  current=at(plan.config_dir), mode="0700")
         directory(name=f"Engine cache root {cache.root}", path=cache.root, current=at(cache.root))
         directory(name=f"Engine cache {cache.dir}", path=cache.dir, current=at(cache.dir))
         job = _job_path(plan, cache)
