@@ -15,14 +15,13 @@ board); any other host gets no operation at all.
 
 from __future__ import annotations
 
-import shlex
-
 from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
 
 from modelfleet.context import HostRun
 from modelfleet.fabric import IMEX_CHANNEL, HostFabric
 from modelfleet.fabric_run import pool_fabric
+from modelfleet.host_commands import program
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.files import content_changes, content_file, directory
 from modelfleet.operations.report import fail_host
@@ -62,10 +61,7 @@ def modprobe_conf() -> str:
 
 def channel_script() -> str:
     """mknod channel0 with the major the loaded driver registered (it can differ between nodes)."""
-    return (f"m=$(awk '$2 == \"{CHANNEL_DEVICE}\" {{print $1}}' /proc/devices); "
-            f"[ -n \"$m\" ] || {{ echo 'modelfleet: the loaded NVIDIA driver registers no {CHANNEL_DEVICE} "
-            "device (/proc/devices): is the NVIDIA driver loaded?' >&2; exit 1; }; "
-            f"mkdir -p {CHANNEL_DIR} && mknod -m 666 {CHANNEL} c \"$m\" 0")
+    return program("imex_channel", CHANNEL_DEVICE, CHANNEL)
 
 
 @operation()
@@ -74,7 +70,7 @@ def channel_created(present: bool):
     if present:
         host.noop(f"{CHANNEL} is there")
         return
-    yield StringCommand("sh", "-c", shlex.quote(channel_script()))
+    yield StringCommand(channel_script())
 
 
 def imex_fabric(ctx: HostRun) -> HostFabric | None:

@@ -18,6 +18,7 @@ from pyinfra.api import StringCommand, deploy, operation
 
 from modelfleet.context import HostRun
 from modelfleet.facts.host import BlockDevices
+from modelfleet.host_commands import program
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.files import MARKER, directory
 from modelfleet.operations.report import fail_host
@@ -119,12 +120,7 @@ def mounted_by_uuid(device: str, mount: str, filesystem: str, mounted_at: str | 
     if mounted_at == mount:
         host.noop(f"{device} is mounted at {mount}")
         return
-    script = (f"uuid=$(blkid -s UUID -o value {shlex.quote(device)}) && [ -n \"$uuid\" ] && "
-              f"mkdir -p {shlex.quote(mount)} && "
-              f"(grep -q \"^UUID=$uuid \" /etc/fstab || "
-              f"echo \"UUID=$uuid {mount} {filesystem} noatime,nofail 0 2\" >> /etc/fstab) && "
-              f"(mountpoint -q {shlex.quote(mount)} || mount {shlex.quote(mount)})")
-    yield StringCommand("sh", "-c", shlex.quote(script))
+    yield StringCommand(program("mounted_by_uuid", device, mount, filesystem))
 
 
 @deploy("modelfleet storage")

@@ -150,3 +150,25 @@ def test_container_gpu_check_compares_what_the_host_and_a_container_list(tmp_pat
     assert (ok.returncode, ok.stdout.strip()) == (0, "a container sees the host's GPUs")
     bad = sh(hc.container_gpu_check(vendor, "other"), tools)
     assert bad.returncode == 1 and "a container sees:\nNo devices were found" in bad.stdout
+
+
+def test_mounted_by_uuid_adds_one_fstab_line_and_mounts_once(tmp_path):
+    """Stand-in blkid, mountpoint and mount; fstab a file of our own. A second run adds no line and mounts
+    nothing (the mount is there); a device without a UUID stops the chain before anything is written."""
+    tools, fstab, mounts = tmp_path / "bin", tmp_path / "fstab", tmp_path / "mounts"
+    fstab.write_text("# static\n")
+    tool(tools, "blkid", 'case "$*" in *nvme1n1) echo 1234-abcd;; esac')
+    tool(tools, "mountpoint", f'grep -qx "$2" {mounts} 2>/dev/null')
+    tool(tools, "mount", f'echo "$1" >> {mounts}')
+
+    def mount(device):
+        return sh(hc.program("mounted_by_uuid", device, str(tmp_path / "models"), "xfs").replace(
+            "/etc/fstab", str(fstab)), tools)
+
+    for _ in range(2):
+        run = mount("/dev/nvme1n1")
+        assert run.returncode == 0, run.stderr
+    assert fstab.read_text() == f"# static\nUUID=1234-abcd {tmp_path}/models xfs noatime,nofail 0 2\n"
+    assert mounts.read_text() == f"{tmp_path}/models\n" and (tmp_path / "models").is_dir()
+    assert mount("/dev/nvme9n1").returncode == 1
+    assert fstab.read_text().count("UUID=") == 1
