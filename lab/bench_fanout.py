@@ -29,9 +29,10 @@ REVISION = "bench-64m"
 TREE_HOSTS, TREE_WIDTH, TREE_RATE_MB_S = 12, 2, 100
 
 
-def run_model(limit: list[str], env: dict | None = None) -> str:
-    run = run_pyinfra("inventories/lab.py", "deploys/model.py", limit=limit, extra=["-vvv"],
-                      env={"MODELFLEET_LAB_MODEL_ROOT": ROOT, "MODELFLEET_LAB_REVISION": REVISION, **(env or {})})
+def run_model(limit: list[str], **fields) -> str:
+    """deploys/model.py over `limit`, the bench's root and revision (and the scenario's other `fields`)."""
+    with lab.scenario.applied(model_root=ROOT, revision=REVISION, **fields):
+        run = run_pyinfra("inventories/lab.py", "deploys/model.py", limit=limit, extra=["-vvv"])
     if run.returncode:
         sys.exit(run.stdout[-4000:] + run.stderr[-2000:])
     return run.stdout + run.stderr
@@ -47,8 +48,7 @@ def tree_run(specs: list[dict], width: int) -> dict:
     for spec in specs[1:]:
         ssh(spec, f"rm -rf {ROOT}")
     start = time.perf_counter()
-    out = run_model([s["name"] for s in specs], env={"MODELFLEET_LAB_FANOUT_WIDTH": str(width),
-                                                    "MODELFLEET_LAB_FANOUT_RATE_MB_S": str(TREE_RATE_MB_S)})
+    out = run_model([s["name"] for s in specs], fanout_width=width, fanout_rate_mb_s=TREE_RATE_MB_S)
     wall = time.perf_counter() - start
     peers = [r for name, r in fetch_reports(out).items() if name != specs[0]["name"]]
     copy_s = max(r["finished_at"] for r in peers) - min(r["finished_at"] - r["seconds"] for r in peers)
