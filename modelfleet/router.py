@@ -27,6 +27,7 @@ from pyinfra.api import FactBase
 
 from modelfleet import grammar, render
 from modelfleet.catalog import CATALOG_DIR
+from modelfleet.host_commands import program
 from modelfleet.inventory.plan import HostPlan, PoolPlan, RouterPlan, Worker
 from modelfleet.stages import TOOLS_BIN
 
@@ -457,42 +458,33 @@ def parse_workers(output: str) -> dict[str, dict] | None:
     return {w["url"]: {"id": w.get("id", w["url"]), "healthy": w.get("is_healthy")} for w in data["workers"]}
 
 
-def _listed_wait(rp: RouterPlan, url: str, present: bool) -> str:
-    """Wait until the router's list has (or has lost) `url`: SGLang's router acts in the background."""
-    done, failure = ("&&", "does not list") if present else ("||", "still lists")
-    needle = shlex.quote(f'"{url}"')
-    return (f"for i in $(seq {REGISTER_WAIT_S}); do {_curl(rp, 'list')} | grep -qF {needle} {done} exit 0; "
-            f"sleep 1; done; echo 'modelfleet: router {rp.name} {failure} {url} after {REGISTER_WAIT_S} s' >&2; "
-            "exit 1")
-
-
 def _pd_refused(rp: RouterPlan, url: str, what: str) -> str:
     return (f"echo 'modelfleet: front door {rp.name} pairs prefill and decode servers given when it starts: "
             f"{what} {url} through its worker API would lose its part; converge to restart the router' >&2; exit 1")
+
+
+def _worker_program(rp: RouterPlan, action: str, url: str, call: str) -> str:
+    return program("router_worker", action, rp.name, url, REGISTER_WAIT_S,
+                   functions={"worker_call": call, "list_workers": _curl(rp, "list")})
 
 
 def add_script(rp: RouterPlan, url: str) -> str:
     """Add a replica once it answers /health from the router host, then wait until the router lists it."""
     if rp.pd:
         return _pd_refused(rp, url, "adding")
-    ready = (f"for i in $(seq {REGISTER_WAIT_S}); do curl -fsS -m 5 -o /dev/null {shlex.quote(url + '/health')} "
-             f"&& break; [ $i = {REGISTER_WAIT_S} ] && {{ echo 'modelfleet: replica {url} does not answer /health "
-             f"from the router host: not added to front door {rp.name}' >&2; exit 1; }}; sleep 1; done")
-    return f"{ready}; {_curl(rp, 'add', url=url)} >/dev/null && {{ {_listed_wait(rp, url, True)}; }}"
+    return _worker_program(rp, "add", url, _curl(rp, "add", url=url))
 
 
 def remove_script(rp: RouterPlan, url: str, worker_id: str) -> str:
     """Take a replica out of the router (in-flight requests finish on it), then wait until it is gone."""
     if rp.pd:
         return _pd_refused(rp, url, "taking out")
-    return f"{_curl(rp, 'remove', url=url, id=worker_id)} >/dev/null && {{ {_listed_wait(rp, url, False)}; }}"
+    return _worker_program(rp, "remove", url, _curl(rp, "remove", url=url, id=worker_id))
 
 
 def health_script(rp: RouterPlan, timeout_s: int = 60) -> str:
     """The router answers /health on the router host."""
-    url = shlex.quote(f"{local_url(rp)}/health")
-    return (f"for i in $(seq {timeout_s}); do curl -fsS -m 5 -o /dev/null {url} && exit 0; sleep 1; done; "
-            f"echo 'modelfleet: router {rp.name} does not answer {local_url(rp)}/health' >&2; exit 1")
+    return program("router_health", rp.name, f"{local_url(rp)}/health", timeout_s)
 
 
 class RouterWorkers(FactBase):
