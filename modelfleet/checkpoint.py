@@ -12,15 +12,12 @@ from dataclasses import dataclass, replace
 from fnmatch import fnmatch
 from pathlib import Path
 
-from gevent.lock import Semaphore
-
+from modelfleet import runscope
 from modelfleet.errors import ModelfleetError
 from modelfleet.host_commands import MANIFEST
 from modelfleet.inventory import COMMIT_RE
 
 HUB_TIMEOUT_S = 120
-_snapshots: dict[tuple, Snapshot] = {}
-_lock = Semaphore()
 
 
 class ModelSourceError(ModelfleetError, RuntimeError):
@@ -105,8 +102,9 @@ def snapshot(repo: str, revision: str | None, endpoint: str, token_env: str, sou
     """Resolve once per run (all hosts of a pool share the answer). A listing that names a file outside the
     revision's folder is refused: the hosts would write it wherever it points."""
     key = (repo, revision or "main", source or endpoint)
-    with _lock:
-        if key not in _snapshots:
+    known = runscope.slot("snapshots", dict)
+    with runscope.lock("snapshots"):
+        if key not in known:
             if source:
                 snap = _from_mirror(repo, revision or "", source)
             else:
@@ -115,8 +113,8 @@ def snapshot(repo: str, revision: str | None, endpoint: str, token_env: str, sou
             if outside:
                 raise ModelSourceError(f"{repo}@{snap.commit[:12]} on {source or endpoint} lists files outside its "
                                        f"folder ({', '.join(outside[:3])}): refused")
-            _snapshots[key] = snap
-        return _snapshots[key]
+            known[key] = snap
+        return known[key]
 
 
 def missing_files(tree: dict, snap: Snapshot, reverify: bool = False) -> list[str]:

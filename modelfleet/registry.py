@@ -27,9 +27,9 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
+from modelfleet import runscope
 from modelfleet.errors import ModelfleetError
 
 DOCKER_HUB = "registry-1.docker.io"
@@ -111,15 +111,11 @@ def insecure_of(hosts_data) -> frozenset[str]:
 
 def site_insecure() -> frozenset[str]:
     """Inside a pyinfra run: insecure_of the inventory's hosts (checked against the schema before the run
-    connects). Empty outside a run."""
-    try:
-        from pyinfra.context import ctx_state
-    except ImportError:  # pragma: no cover - pyinfra is a dependency
-        return frozenset()
-    state = ctx_state.get()
+    connects), read once per run. Empty outside a run."""
+    state = runscope.current()
     if state is None or getattr(state, "inventory", None) is None:
         return frozenset()
-    return insecure_of(host.data for host in state.inventory)
+    return runscope.slot("insecure registries", lambda: insecure_of(host.data for host in state.inventory))
 
 
 # --- Docker's config.json -------------------------------------------------------------------------------------
@@ -276,7 +272,6 @@ def _answer(registry: str, challenge: str, repo: str, insecure: frozenset[str], 
     raise RegistryError(f"{registry}: unsupported authentication scheme {kind or '(none)'!r}")
 
 
-@lru_cache(maxsize=None)
 def _resolve(image: str, insecure: frozenset[str], config: Path) -> str:
     registry, repo, tag = split_reference(image)
     url = f"{base_url(registry, insecure)}{repo}/manifests/{tag}"
@@ -315,7 +310,11 @@ def resolve_digest(image: str, insecure: frozenset[str] | None = None) -> str:
     """The manifest digest of `image`'s tag; `insecure`: plain-HTTP registries (default: the run's inventory's)."""
     if "@sha256:" in image:
         return image.split("@", 1)[1]
-    return _resolve(image, frozenset(site_insecure() if insecure is None else insecure), docker_config_path())
+    key = (image, frozenset(site_insecure() if insecure is None else insecure), docker_config_path())
+    known = runscope.slot("digests", dict)  # once per run: every host of a pool names the same images
+    if key not in known:
+        known[key] = _resolve(*key)
+    return known[key]
 
 
 def pinned(image: str, insecure: frozenset[str] | None = None) -> str:
@@ -323,8 +322,3 @@ def pinned(image: str, insecure: frozenset[str] | None = None) -> str:
     if "@sha256:" in image:
         return image
     return f"{image}@{resolve_digest(image, insecure)}"
-
-
-def cache_clear() -> None:
-    """Forget the digests resolved so far (a new run, a test)."""
-    _resolve.cache_clear()

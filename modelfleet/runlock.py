@@ -16,14 +16,13 @@ import os
 import socket
 import subprocess
 import time
-import weakref
 from pathlib import Path
 
+from modelfleet import runscope
 from modelfleet.host_commands import program
 
 LOCK = "/run/lock/modelfleet.lock"
 HOLDER = f"{LOCK}.holder"
-_held: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # State -> {host name: channel or process}
 
 
 def _boot_id() -> str:
@@ -97,9 +96,14 @@ def _release(handle) -> None:
         handle.close()
 
 
+def holding(run_state) -> dict:
+    """The locks this run holds: host name -> the channel or process that holds it (it goes with the run)."""
+    return runscope.slot("run locks", dict, run=run_state)
+
+
 def acquire(run_state, host) -> tuple[bool, str]:
     """(taken, message) for `host` in this run; hosts with no shell of their own (@fake) need no lock."""
-    held = _held.setdefault(run_state, {})
+    held = holding(run_state)
     if host.name in held:
         return True, ""
     connector = type(host.connector).__name__

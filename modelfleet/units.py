@@ -4,12 +4,9 @@ context's `pool_starts` by the netcheck gate and the verify stage, which act onl
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
-from pyinfra.context import ctx_state
-
-from modelfleet import render
+from modelfleet import render, runscope
 from modelfleet.inventory import HostPlan, ServicePlan
 from modelfleet.operations.files import content_changes
 from modelfleet.pins import pinned_service
@@ -27,18 +24,11 @@ def unit_files(svc: ServicePlan) -> list[tuple[str, str, str, bool]]:
     return out
 
 
-# pyinfra State -> {id(plan): (plan, its pinned services)}: a run's plans live as long as the run
-_pinned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def pinned_services(plan: HostPlan) -> list[ServicePlan]:
     """The host's services as their units run them. Inside a pyinfra run, worked out once per host: the run's
     pins do not change while it runs, and each look-up reads every host's data (the registries named plain-HTTP),
     while the stages ask for a host's services, and the engine cache stage for each peer's, many times a run."""
-    run = ctx_state.get()
-    if run is None:
-        return [pinned_service(plan, svc) for svc in plan.services]
-    known = _pinned.setdefault(run, {})
+    known = runscope.slot("pinned services", dict)  # id(plan) -> (plan, its pinned services)
     held = known.get(id(plan))
     if held is None or held[0] is not plan:
         held = known[id(plan)] = (plan, [pinned_service(plan, svc) for svc in plan.services])

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import weakref
 from pathlib import Path
 
 from pyinfra import logger
@@ -13,6 +12,7 @@ from pyinfra.api import FunctionCommand, operation
 from pyinfra.api.state import BaseStateCallback
 from pyinfra.context import ctx_host, ctx_state
 
+from modelfleet import runscope
 from modelfleet.grammar import slug
 
 
@@ -67,8 +67,11 @@ class _WrittenAfterExecution(BaseStateCallback):
             if state.is_executing:
                 save_json(str(path), report)
 
-
-_held: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # per pyinfra State
+    @classmethod
+    def attached(cls, state) -> _WrittenAfterExecution:
+        handler = cls()
+        state.add_callback_handler(handler)
+        return handler
 
 
 def save_report(kind: str, name: str, report: dict) -> Path:
@@ -77,10 +80,8 @@ def save_report(kind: str, name: str, report: dict) -> Path:
     if state.is_executing:
         save_json(str(path), report)
     else:
-        if state not in _held:
-            _held[state] = _WrittenAfterExecution()
-            state.add_callback_handler(_held[state])
-        _held[state].pending.setdefault(ctx_host.get().name, []).append((path, report))
+        runscope.slot("held reports", lambda: _WrittenAfterExecution.attached(state)).pending.setdefault(
+            ctx_host.get().name, []).append((path, report))
     return path
 
 

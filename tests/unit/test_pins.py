@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from modelfleet import checkpoint, pins, registry
+from modelfleet import checkpoint, pins, registry, runscope
 from modelfleet.checkpoint import ModelSourceError
 from modelfleet.inventory import resolve
 from modelfleet.registry import RegistryError
@@ -29,8 +29,8 @@ def asked(monkeypatch):
         return DIGEST
 
     monkeypatch.setattr(registry, "_resolve", resolve_)
-    monkeypatch.setattr(checkpoint, "_snapshots", {})  # each test resolves its own checkpoints
-    return images
+    with runscope.scope():  # each test resolves its own checkpoints
+        yield images
 
 
 def mirror(tmp_path, repo: str, commit: str, files: list[str]) -> str:
@@ -69,7 +69,7 @@ def test_a_revision_already_a_commit_is_not_asked_about(asked, monkeypatch):
 def test_a_branch_resolves_to_the_commit_the_source_answers(asked, tmp_path):
     plan, svc = one({**TINY, "revision": "main"})
     commit = "e" * 40
-    checkpoint._snapshots[(svc.hf_repo, "main", plan.hf_endpoint)] = checkpoint.Snapshot(
+    runscope.slot("snapshots", dict)[(svc.hf_repo, "main", plan.hf_endpoint)] = checkpoint.Snapshot(
         repo=svc.hf_repo, revision="main", commit=commit, files={"config.json": {"size": 2}})
     pinned = pins.pinned_service(plan, svc)
     assert (pinned.revision, pinned.image) == (commit, f"{svc.image}@{DIGEST}")

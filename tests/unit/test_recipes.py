@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from modelfleet import checkpoint, grammar, render
+from modelfleet import grammar, render, runscope
 from modelfleet.checkpoint import Snapshot
 from modelfleet.cli import main
 from modelfleet.inventory import resolve
@@ -90,7 +90,7 @@ def test_a_required_recipe_parameter_is_named_with_where_to_get_it():
     assert any(f == "recipe_params.nope" for _, f, _ in unknown.errors)
 
 
-def test_gguf_recipe_fetches_only_its_quantization_and_loads_the_first_shard(monkeypatch):
+def test_gguf_recipe_fetches_only_its_quantization_and_loads_the_first_shard():
     from modelfleet.pins import checkpoint_of, pinned_revision
 
     result = pool("kimi-k3-llamacpp-ud-iq1-m", "h200")
@@ -101,8 +101,10 @@ def test_gguf_recipe_fetches_only_its_quantization_and_loads_the_first_shard(mon
              for quant in ("UD-IQ1_M", "UD-IQ1_S", "UD-Q4_K_XL") for i in (2, 1, 3)}
     files["README.md"] = {"size": 1, "sha256": None, "blob_id": "1" * 40}
     key = (svc.hf_repo, PIN, plan.model_source or plan.hf_endpoint)
-    monkeypatch.setitem(checkpoint._snapshots, key, Snapshot(repo=svc.hf_repo, revision=PIN, commit=PIN, files=files))
-    assert sorted(checkpoint_of(plan, svc).files) == [f"UD-IQ1_M/Kimi-K3-UD-IQ1_M-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
-    pinned = pinned_revision(plan, svc)
+    with runscope.scope():  # the hub's answer, as a run that resolved it holds it
+        runscope.slot("snapshots", dict)[key] = Snapshot(repo=svc.hf_repo, revision=PIN, commit=PIN, files=files)
+        assert sorted(checkpoint_of(plan, svc).files) == [f"UD-IQ1_M/Kimi-K3-UD-IQ1_M-0000{i}-of-00003.gguf"
+                                                          for i in (1, 2, 3)]
+        pinned = pinned_revision(plan, svc)
     assert pinned.model_file == "UD-IQ1_M/Kimi-K3-UD-IQ1_M-00001-of-00003.gguf"
     assert "/model/UD-IQ1_M/Kimi-K3-UD-IQ1_M-00001-of-00003.gguf" in render.engine_argv(pinned)

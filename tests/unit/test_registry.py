@@ -110,11 +110,9 @@ class Registry:
 
 @pytest.fixture()
 def reg():
-    registry.cache_clear()
     server = Registry()
     yield server
     server.close()
-    registry.cache_clear()
 
 
 @pytest.fixture()
@@ -247,7 +245,6 @@ def test_plain_http_only_for_loopback_and_registries_named_insecure(monkeypatch)
         raise OSError("no network in this test")
 
     monkeypatch.setattr(registry.urllib.request, "urlopen", urlopen)
-    registry.cache_clear()
     with pytest.raises(RegistryError, match="insecure_registries"):
         registry.resolve_digest("reg.site:5000/team/engine:v1", insecure=frozenset())
     with pytest.raises(RegistryError):

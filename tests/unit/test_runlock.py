@@ -30,11 +30,10 @@ def test_a_second_run_is_refused_naming_the_holder_and_the_lock_goes_with_the_ru
     assert runlock.acquire(first, lock_in) == (True, "")
     taken, message = runlock.acquire(second, lock_in)
     assert not taken and f"pid {os.getpid()}" in message and "holds this host" in message
-    for handle in runlock._held.pop(first).values():  # the first run ends: its holder process goes
+    for handle in runlock.holding(first).values():  # the first run ends: its holder process goes
         handle.stdin.close()
         handle.wait(timeout=10)
     assert runlock.acquire(second, lock_in) == (True, "")
-    runlock._held.pop(second)
 
 
 def test_a_dead_run_of_this_control_node_is_taken_over(lock_in, monkeypatch):
@@ -49,6 +48,6 @@ def test_a_dead_run_of_this_control_node_is_taken_over(lock_in, monkeypatch):
     taken, message = runlock.acquire(fresh, lock_in)
     assert taken and "took over" in message, message
     for run in (orphan, fresh):
-        for handle in runlock._held.pop(run).values():
+        for handle in runlock.holding(run).values():
             handle.stdin.close()
             handle.wait(timeout=10)

@@ -53,7 +53,8 @@ def test_drop_ins_for_every_service_are_the_systems():
 
 
 def test_a_runs_pinned_services_are_worked_out_once_per_host(monkeypatch):
-    """The same services as outside a run; the registry and the hub are asked once per host and run."""
+    """The same services as outside a run; in a run the registry is asked once per image (both hosts name the
+    same), outside one once per look-up."""
     from pyinfra.api import Config, Inventory, State
     from pyinfra.context import ctx_state
 
@@ -80,4 +81,4 @@ def test_a_runs_pinned_services_are_worked_out_once_per_host(monkeypatch):
         with ctx_state.use(state):
             for _again in range(3):
                 assert {name: units.pinned_services(plan) for name, plan in result.hosts.items()} == outside
-        assert len(asked) == 2  # once per host in each run
+        assert len(asked) == 1  # once per image in each run
