@@ -7,52 +7,34 @@ import shlex
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
-from modelfleet.host_commands import journal_command
+from modelfleet.host_commands import journal_command, program
 
 JOURNAL_LINES = 40
 
 
 def readiness_script(unit: str, base_url: str, served_name: str, timeout_s: int, auth_file: str | None) -> str:
-    auth = f"-H @{shlex.quote(auth_file)}" if auth_file else ""
-    journal = journal_command(unit, JOURNAL_LINES)
-    name = shlex.quote(f'"{served_name}"')
-    return (
-        f"deadline=$(( $(date +%s) + {int(timeout_s)} )); "
-        f"while :; do "
-        f"if systemctl is-failed --quiet {shlex.quote(unit)}; then "
-        f"echo 'modelfleet: {unit} failed (start limit reached or engine exited)' >&2; {journal} >&2; exit 1; fi; "
-        f"if curl -fsS -m 5 {base_url}/health >/dev/null 2>&1 && "
-        f"curl -fsS -m 5 {auth} {base_url}/v1/models 2>/dev/null | grep -qF {name}; then "
-        f"echo 'modelfleet: {unit} ready at {base_url}'; exit 0; fi; "
-        f"if [ $(date +%s) -ge $deadline ]; then "
-        f"echo 'modelfleet: {unit} not ready after {int(timeout_s)} s' >&2; {journal} >&2; exit 1; fi; "
-        f"sleep 2; done"
-    )
+    auth = f" -H @{shlex.quote(auth_file)}" if auth_file else ""
+    return program("wait_ready", unit, base_url, served_name, int(timeout_s), functions={
+        "health": f"curl -fsS -m 5 {shlex.quote(base_url + '/health')}",
+        "models": f"curl -fsS -m 5{auth} {shlex.quote(base_url + '/v1/models')}",
+        "journal": journal_command(unit, JOURNAL_LINES)})
 
 
 def worker_script(unit: str, settle_s: int = 10) -> str:
     """A headless worker has no endpoint: it must come up and stay up while the head judges readiness."""
-    journal = journal_command(unit, JOURNAL_LINES)
-    return (
-        f"for i in $(seq {settle_s}); do "
-        f"if systemctl is-failed --quiet {shlex.quote(unit)}; then "
-        f"echo 'modelfleet: worker {unit} failed' >&2; {journal} >&2; exit 1; fi; sleep 1; done; "
-        f"systemctl is-active --quiet {shlex.quote(unit)} || {{ echo 'modelfleet: worker {unit} is not active' >&2; "
-        f"{journal} >&2; exit 1; }}"
-    )
+    return program("worker_up", unit, int(settle_s), functions={"journal": journal_command(unit, JOURNAL_LINES)})
 
 
 @operation(is_idempotent=False)
 def worker_up(unit: str):
     """A pool worker's unit started and stayed up (a unit failing on any node fails the pool)."""
-    yield StringCommand("sh", "-c", shlex.quote(worker_script(unit)))
+    yield StringCommand(worker_script(unit))
 
 
 @operation(is_idempotent=False)
 def wait_ready(unit: str, base_url: str, served_name: str, timeout_s: int, auth_file: str | None = None):
     """Poll the engine on the host itself (the endpoint is loopback-bound by default)."""
-    yield StringCommand("sh", "-c", shlex.quote(readiness_script(unit, base_url, served_name, timeout_s,
-                                                                 auth_file)))
+    yield StringCommand(readiness_script(unit, base_url, served_name, timeout_s, auth_file))
 
 
 @operation(is_idempotent=False)

@@ -172,3 +172,128 @@ def test_mounted_by_uuid_adds_one_fstab_line_and_mounts_once(tmp_path):
     assert mounts.read_text() == f"{tmp_path}/models\n" and (tmp_path / "models").is_dir()
     assert mount("/dev/nvme9n1").returncode == 1
     assert fstab.read_text().count("UUID=") == 1
+
+
+def engine_host(tools: Path, unit_state: str, answers: str = "") -> None:
+    """Stand-in systemctl (the unit in `unit_state`), journalctl, sleep, and an engine's curl: `answers` holds
+    "health" when /health answers and the /v1/models body; "-H @file" is recorded."""
+    tool(tools, "systemctl", f'case "$1" in is-failed) [ {unit_state} = failed ];; '
+                             f'is-active) [ {unit_state} = active ];; esac')
+    tool(tools, "journalctl", 'echo "journal of $2: $*"')
+    tool(tools, "sleep", "true")
+    (tools / "answers").write_text(answers)
+    tool(tools, "curl", f'for a; do url=$a; case $a in @*) echo "$a" >> {tools}/auth;; esac; done\n'
+                        f'case $url in */health) grep -qx health {tools}/answers || exit 7;; '
+                        f'*/v1/models) grep -q data {tools}/answers || exit 7; grep data {tools}/answers;; esac')
+
+
+@pytest.mark.parametrize("unit_state,answers,timeout,rc,stdout,stderr", [
+    ("active", 'health\n{"data": [{"id": "tiny"}]}', 5, 0, "modelfleet: e.service ready at http://127.0.0.1:8000", ""),
+    ("active", 'health\n{"data": [{"id": "tiny-other"}]}', 0, 1, "",
+     "modelfleet: e.service not ready after 0 s\njournal of e.service: -u e.service -n 40 --no-pager"),
+    ("active", "", 0, 1, "", "modelfleet: e.service not ready after 0 s"),
+    ("failed", "", 5, 1, "", "modelfleet: e.service failed (start limit reached or engine exited)\njournal of"),
+])
+def test_wait_ready_judges_the_unit_and_the_endpoint(tmp_path, unit_state, answers, timeout, rc, stdout, stderr):
+    from modelfleet.operations.service import readiness_script
+
+    tools = tmp_path / "bin"
+    engine_host(tools, unit_state, answers)
+    run = sh(readiness_script("e.service", "http://127.0.0.1:8000", "tiny", timeout, "/etc/mf/e.auth"), tools)
+    assert (run.returncode, run.stdout.strip()) == (rc, stdout) and run.stderr.startswith(stderr), run.stderr
+    if rc == 0:
+        assert (tools / "auth").read_text() == "@/etc/mf/e.auth\n"  # /v1/models is asked with the key
+
+
+@pytest.mark.parametrize("unit_state,rc,stderr", [
+    ("active", 0, ""),
+    ("failed", 1, "modelfleet: worker w.service failed\njournal of w.service"),
+    ("inactive", 1, "modelfleet: worker w.service is not active\njournal of w.service"),
+])
+def test_worker_up_wants_the_unit_to_stay_up(tmp_path, unit_state, rc, stderr):
+    from modelfleet.operations.service import worker_script
+
+    tools = tmp_path / "bin"
+    engine_host(tools, unit_state)
+    run = sh(worker_script("w.service"), tools)
+    assert run.returncode == rc and run.stderr.startswith(stderr) and (stderr or not run.stderr), run.stderr
+
+
+def front_door(tmp_path: Path, monkeypatch):
+    """The lab's SGLang front door (tiny-lab, key in a header file) and a stand-in curl for its worker API and
+    the replicas: `listed` holds the router's list, `up` the replicas (and router) that answer /health,
+    `lazy` makes the router accept a call and change nothing."""
+    from modelfleet.inventory import resolve
+
+    monkeypatch.setenv("MF_KEY", "shell-programs-key-0123")
+    hosts = [(f"@fake/{name}", {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "sglang",
+                                "recipe": "tiny-lab-sglang", "port": port, "router": "@fake/r1",
+                                "router_bind_address": "127.0.0.1", "api_key_env": "MF_KEY",
+                                "fabric_address": address})
+             for name, address, port in (("r1", "127.0.0.1", 18011), ("a", "127.0.0.2", 18012))]
+    tools = tmp_path / "bin"
+    for name in ("listed", "up", "calls"):
+        (tmp_path / name).write_text("")
+    tool(tools, "sleep", "true")
+    t = tmp_path
+    tool(tools, "curl", f'm=GET; for a; do case $p in -X) m=$a;; -d) d=$a;; esac; p=$a; url=$a; done\n'
+                        f'echo "$m $url" >> {t}/calls\n'
+                        f'case "$m $url" in *" "*/health) grep -qxF "${{url%/health}}" {t}/up || exit 7;; '
+                        f'GET*) printf \'{{"workers": [\'; sed \'s/.*/{{"url": "&"}}/\' {t}/listed | paste -sd,; '
+                        f'echo "]}}";; '
+                        f'*) [ -e {t}/lazy ] && exit 0; [ -e {t}/refuse ] && exit 22;; esac\n'
+                        f'case $m in POST) echo "$d" | sed \'s/.*"url": "\\([^"]*\\)".*/\\1/\' >> {t}/listed;; '
+                        f'DELETE) : > {t}/listed;; esac')
+    return resolve(hosts).routers["tiny-lab"], tools
+
+
+def test_a_replica_is_added_once_it_answers_and_taken_out(tmp_path, monkeypatch):
+    from modelfleet import router
+
+    rp, tools = front_door(tmp_path, monkeypatch)
+    new = "http://127.0.0.3:18013"
+    (tmp_path / "up").write_text(f"{new}\n")
+    added = sh(router.add_script(rp, new), tools)
+    assert added.returncode == 0, added.stderr
+    assert (tmp_path / "listed").read_text() == f"{new}\n"
+    assert (tmp_path / "calls").read_text().splitlines()[:2] == [f"GET {new}/health", f"POST {router.local_url(rp)}/workers"]
+    removed = sh(router.remove_script(rp, new, "id-1"), tools)
+    assert removed.returncode == 0 and (tmp_path / "listed").read_text() == ""
+
+
+def test_a_replica_that_does_not_answer_is_not_added(tmp_path, monkeypatch):
+    from modelfleet import router
+
+    rp, tools = front_door(tmp_path, monkeypatch)
+    run = sh(router.add_script(rp, "http://127.0.0.3:18013"), tools)
+    assert run.returncode == 1 and run.stderr == ("modelfleet: replica http://127.0.0.3:18013 does not answer /health "
+                                                  "from the router host: not added to front door tiny-lab\n")
+    assert "POST" not in (tmp_path / "calls").read_text()
+
+
+def test_a_router_that_does_not_act_or_refuses_fails_the_call(tmp_path, monkeypatch):
+    from modelfleet import router
+
+    rp, tools = front_door(tmp_path, monkeypatch)
+    new = "http://127.0.0.3:18013"
+    (tmp_path / "up").write_text(f"{new}\n")
+    (tmp_path / "lazy").touch()
+    run = sh(router.add_script(rp, new), tools)
+    assert run.returncode == 1 and run.stderr == f"modelfleet: router tiny-lab does not list {new} after 60 s\n"
+    (tmp_path / "listed").write_text(f"{new}\n")
+    run = sh(router.remove_script(rp, new, "id-1"), tools)
+    assert run.returncode == 1 and run.stderr == f"modelfleet: router tiny-lab still lists {new} after 60 s\n"
+    (tmp_path / "lazy").unlink()
+    (tmp_path / "refuse").touch()
+    assert sh(router.remove_script(rp, new, "id-1"), tools).returncode == 22  # curl's own exit status
+
+
+def test_router_health_waits_for_the_router(tmp_path, monkeypatch):
+    from modelfleet import router
+
+    rp, tools = front_door(tmp_path, monkeypatch)
+    down = sh(router.health_script(rp, timeout_s=3), tools)
+    assert down.returncode == 1 and down.stderr == f"modelfleet: router tiny-lab does not answer {router.local_url(rp)}/health\n"
+    assert (tmp_path / "calls").read_text().count("/health") == 3
+    (tmp_path / "up").write_text(f"{router.local_url(rp)}\n")
+    assert sh(router.health_script(rp, timeout_s=3), tools).returncode == 0
