@@ -187,6 +187,9 @@ def dcgm_diag_sh(level: int) -> str:
 
 
 FABRIC_MARK = "@@modelfleet-fabric"
+# The modules the fabric view lists: RDMA's, GPUDirect's peer memory, NVIDIA's.
+FABRIC_MODULES = ("nvidia_peermem", "ib_uverbs", "ib_core", "mlx5_ib", "rdma_ucm", "nvidia")
+ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"  # a GID table slot not in use
 
 
 def fabric_command() -> str:
@@ -195,26 +198,4 @@ def fabric_command() -> str:
     the sysfs links of netdevs, HCAs, their uverbs nodes and NVIDIA GPUs (their PCI paths); one `grep -H` over the sysfs values
     (netdev address/MTU/state, HCA ports, partition keys, non-empty GIDs with their types and netdevs, NUMA
     nodes); IMEX channels, service and node list; the RDMA modules loaded; /dev/infiniband."""
-    ib = "/sys/class/infiniband/*"
-    port = f"{ib}/ports/*"
-    values = " ".join([
-        "/sys/class/net/*/address", "/sys/class/net/*/mtu", "/sys/class/net/*/operstate",
-        "/sys/bus/pci/drivers/nvidia/*/numa_node", f"{ib}/device/numa_node",
-        *(f"{port}/{name}" for name in ("state", "phys_state", "link_layer", "rate", "pkeys/0")),
-        f"{port}/gid_attrs/types/*", f"{port}/gid_attrs/ndevs/*"])
-    modules = "|".join(("nvidia_peermem", "ib_uverbs", "ib_core", "mlx5_ib", "rdma_ucm", "nvidia"))
-    m = FABRIC_MARK
-    return "; ".join([
-        f"if ip -j addr >/dev/null 2>&1; then echo '{m} ip-addr'; ip -j addr; echo '{m} ip-route'; ip -j route; "
-        f"echo '{m} ip-route6'; ip -j -6 route; else echo '{m} proc-route'; cat /proc/net/route; "
-        f"echo '{m} proc-route6'; cat /proc/net/ipv6_route; echo '{m} fib-trie'; cat /proc/net/fib_trie; "
-        f"echo '{m} if-inet6'; cat /proc/net/if_inet6; fi",
-        f"echo '{m} links'", "ls -l /sys/class/net/ /sys/class/infiniband/ /sys/class/infiniband_verbs/ /sys/bus/pci/drivers/nvidia/",
-        f"echo '{m} values'", f"grep -Hs . {values}",
-        f"grep -Hsvx '0000:0000:0000:0000:0000:0000:0000:0000' {port}/gids/*",
-        f"echo '{m} imex'",
-        'for c in /dev/nvidia-caps-imex-channels/*; do [ -e "$c" ] && echo "channel ${c##*/}"; done',
-        'echo "service $(systemctl is-active nvidia-imex 2>/dev/null) $(systemctl is-enabled nvidia-imex 2>/dev/null)"',
-        f"echo '{m} imex-nodes'", "cat /etc/nvidia-imex/nodes_config.cfg",
-        f"echo '{m} modules'", f"cut -d' ' -f1 /proc/modules | grep -E '^({modules})$'",
-        f"echo '{m} dev-infiniband'", "ls /dev/infiniband", "true"])
+    return program("fabric", env={"MARK": FABRIC_MARK, "MODULES": "|".join(FABRIC_MODULES), "ZERO_GID": ZERO_GID})
