@@ -23,6 +23,7 @@ import time
 import lab
 from lab import hub, ssh
 from modelfleet.commands import run_pyinfra
+from modelfleet.host_commands import CURRENT, MANIFEST
 
 ROOT = "/srv/models-fanout"
 REVISION = "bench-64m"
@@ -71,7 +72,7 @@ def main() -> None:
         hub.reset_stats()
         out = run_model([s["name"] for s in group])
         served = hub.stats()["bytes_served"]
-        shown = ssh(group[0], f"cat {ROOT}/tiny-lab/current/.modelfleet-manifest.json")
+        shown = ssh(group[0], f"cat {ROOT}/tiny-lab/{CURRENT}/{MANIFEST}")
         if shown.returncode:
             sys.exit(f"no manifest on {group[0]['name']}: {shown.stderr}\n{out[-3000:]}")
         manifest = json.loads(shown.stdout)

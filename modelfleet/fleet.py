@@ -25,7 +25,16 @@ from fabric import Connection
 from modelfleet import router
 from modelfleet.errors import ModelfleetError
 from modelfleet.health import admission_state
-from modelfleet.host_commands import boot_token_sh, driver_version_sh, journal_command, unit_show_command
+from modelfleet.host_commands import (
+    CURRENT,
+    GPU_MEMORY_STATUS,
+    boot_token_sh,
+    driver_version_sh,
+    journal_command,
+    parse_gpu_memory_status,
+    revisions_dir,
+    unit_show_command,
+)
 from modelfleet.inventory import HostPlan, ServicePlan
 
 MARK = "@@modelfleet-status"
@@ -102,22 +111,21 @@ def status_script(plan: HostPlan) -> str:
     parts = []
     for svc in plan.services:
         container = shlex.quote(svc.container_name)
-        parent = shlex.quote(svc.model_dir.rsplit("/", 1)[0])
+        current = shlex.quote(f"{revisions_dir(svc.model_dir)}/{CURRENT}")
         health = shlex.quote(f"{svc.base_url}/health") if svc.node_rank == 0 else ""
         parts.append(
             f"echo '{MARK} service {svc.pool}'; "
             f"{unit_show_command(svc.unit_name, UNIT_PROPERTIES)}; "
             f"echo \"image=$(docker inspect --format '{{{{.Config.Image}}}}' {container} 2>/dev/null)\"; "
             f"echo \"image_id=$(docker inspect --format '{{{{.Image}}}}' {container} 2>/dev/null)\"; "
-            f"echo \"revision=$(readlink {parent}/current)\"; "
+            f"echo \"revision=$(readlink {current})\"; "
             + (f"echo \"health=$(curl -s -o /dev/null -m 5 -w '%{{http_code}}' {health})\"; " if health else "")
         )
     for rp in plan.routers:  # a front door: its unit, and the replicas its router lists (and their health)
         parts.append(f"echo '{MARK} router {rp.name}'; {unit_show_command(rp.unit_name, UNIT_PROPERTIES)}; "
                      f"{router.workers_echo(rp)}; ")
     parts.append(f"echo '{MARK} host'; echo \"driver=$({driver_version_sh()})\"; echo \"boot=$({boot_token_sh()})\";")
-    parts.append(f"echo '{MARK} gpus'; nvidia-smi --query-gpu=index,memory.used,memory.total "
-                 "--format=csv,noheader,nounits 2>/dev/null || true")
+    parts.append(f"echo '{MARK} gpus'; {GPU_MEMORY_STATUS} 2>/dev/null || true")
     return " ".join(parts)
 
 
@@ -137,10 +145,9 @@ def parse_status(output: str) -> dict:
             key, _, value = line.partition("=")
             result["routers"][section[1]][key] = value or None
         elif section == "gpus":
-            cells = [c.strip() for c in line.split(",")]
-            if len(cells) == 3 and all(c.isdigit() for c in cells):
-                result["gpus"].append({"index": int(cells[0]), "memory_used_mib": int(cells[1]),
-                                       "memory_total_mib": int(cells[2])})
+            gpu = parse_gpu_memory_status(line)
+            if gpu:
+                result["gpus"].append(gpu)
         elif section == "host" and "=" in line:
             key, _, value = line.partition("=")
             result["host"][key] = value.strip() or None

@@ -128,6 +128,18 @@ def parse_gpu_memory(text: str) -> dict[int, int]:
     return used
 
 
+# Each GPU's memory in use and in all (MiB), one `index, used, total` line per GPU: what `modelfleet status` shows.
+GPU_MEMORY_STATUS = "nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader,nounits"
+
+
+def parse_gpu_memory_status(line: str) -> dict | None:
+    """One GPU_MEMORY_STATUS line as {"index", "memory_used_mib", "memory_total_mib"}; None for any other line."""
+    cells = [c.strip() for c in line.split(",")]
+    if len(cells) != 3 or not all(c.isdigit() for c in cells):
+        return None
+    return {"index": int(cells[0]), "memory_used_mib": int(cells[1]), "memory_total_mib": int(cells[2])}
+
+
 def nvidia_gpu_count_sh() -> str:
     """Prints how many GPUs nvidia-smi lists (fails when it cannot talk to the driver)."""
     return f"{NVIDIA_GPU_LIST} | grep -c '^GPU '"

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from modelfleet import grammar
 from modelfleet.catalog import Engine, Hardware, Model, Recipe
 from modelfleet.errors import ModelfleetError
+from modelfleet.host_commands import revisions_dir
 from modelfleet.inventory.schema import HUB_ENDPOINT, HostData, ServiceData
 
 if TYPE_CHECKING:
@@ -153,7 +154,7 @@ class ServicePlan:
     def at_commit(self, commit: str, model_file: str | None = None) -> "ServicePlan":
         """The same service pinned to a resolved 40-hex commit: its own model directory, so a new revision
         changes the unit (and restarts the engine) while the old one stays on disk for rollback."""
-        return replace(self, revision=commit, model_dir=f"{self.model_dir.rsplit('/', 1)[0]}/{commit}",
+        return replace(self, revision=commit, model_dir=f"{revisions_dir(self.model_dir)}/{commit}",
                        model_file=model_file or self.model_file)
 
     @property

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from modelfleet import grammar, router
+from modelfleet import grammar, host_commands, router
 from modelfleet.catalog import (
     Catalog,
     Engine,
@@ -147,7 +147,7 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
         bind_address=svc.bind_address, api_key_env=svc.api_key_env, revision=svc.revision,
         trust_remote_code=trust, image=image, extra_args=tuple(svc.extra_args),
         env={**recipe.env, **_network_env(host), **svc.env},
-        model_dir=f"{host.model_root.rstrip('/')}/{model.id}/{revision_dir}",
+        model_dir=host_commands.model_dir(host.model_root, model.id, revision_dir),
         gpu_passthrough=host.gpu_passthrough, config_dir=host.config_dir.rstrip("/"),
         checkpoint_group=svc.checkpoint_group or svc.pool or _slug(name),
         netcheck_min_busbw_gbps=svc.netcheck_min_busbw_gbps, netcheck_timeout_s=svc.netcheck_timeout_s,
