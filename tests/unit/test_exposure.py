@@ -1,6 +1,6 @@
 """Exposure: an endpoint off loopback is accepted only when every route that serves the model needs the key
-(the resolver, from catalog/key_coverage.yaml), and verify's key-less probe (checks/exposure.py) against real
-HTTP servers on loopback: the lab's engine double playing each engine, and a server that answers everything."""
+(the resolver, from catalog/key_coverage.yaml), and the lab's engine double keys the routes each engine keys (the
+key-less probe itself, checks/exposure.py, is tested in test_checks_exposure.py)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,11 @@ import json
 import threading
 import urllib.error
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
 from modelfleet.catalog import load_catalog
-from modelfleet.checks import Endpoint, exposure, probe
 from modelfleet.exposure import key_coverage, off_loopback_problem
 from modelfleet.inventory import resolve
 from modelfleet.stages.verify import _failures
@@ -129,10 +128,6 @@ def post(url: str, body: dict, key: str | None = None) -> tuple[int, dict]:
         return error.code, {}
 
 
-def endpoint(url: str, engine: str, key: str | None = KEY) -> Endpoint:
-    return Endpoint(name="h/p", base_url=url, model="tiny-lab", engine=engine, api_key=key)
-
-
 @pytest.mark.parametrize("engine, open_without_key", [("vllm", True), ("sglang", False), ("llama.cpp", False)])
 def test_the_double_serves_its_engines_native_route_keyed_as_the_engine_does(serve, monkeypatch, engine,
                                                                             open_without_key):
@@ -143,57 +138,6 @@ def test_the_double_serves_its_engines_native_route_keyed_as_the_engine_does(ser
     status, reply = post(url + cov.probe_route, cov.probe_body, key=KEY)
     assert status == 200 and "Hello" in json.dumps(reply)
     assert post(url + "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})[0] == 401
-
-
-@pytest.mark.parametrize("engine", ["sglang", "llama.cpp"])
-def test_probe_passes_where_every_route_refuses_a_keyless_request(serve, monkeypatch, engine):
-    result = exposure.check(endpoint(double(serve, monkeypatch, engine), engine))
-    assert result["ok"], result
-    assert [(r["route"], r["status"]) for r in result["routes"]] == [
-        ("/v1/chat/completions", 401), (key_coverage()[engine].probe_route, 401)]
-
-
-def test_probe_leaves_vllms_open_route_unasked_on_loopback_only(serve, monkeypatch):
-    url = double(serve, monkeypatch, "vllm")
-    result = exposure.check(endpoint(url, "vllm"))
-    assert result["ok"] and result["open_by_design_on_loopback"] == ["/invocations"]
-    assert [r["route"] for r in result["routes"]] == ["/v1/chat/completions"]
-    # Off loopback the same engine is asked on /invocations (the resolver never lets it get there).
-    asked, unasked = exposure.routes_to_ask(endpoint("http://10.0.0.7:8000", "vllm"))
-    assert [route for route, _ in asked] == ["/v1/chat/completions", "/invocations"] and unasked == []
-
-
-def test_probe_fails_naming_host_port_and_route_when_the_engine_answers_without_the_key(serve, monkeypatch):
-    url = double(serve, monkeypatch, "sglang", key=None)  # started without its key: everything answers
-    result = exposure.check(endpoint(url, "sglang"))
-    where = url.removeprefix("http://")
-    assert not result["ok"] and [r["status"] for r in result["routes"]] == [200, 200]
-    assert result["failures"][1].startswith(f"{where}/generate answered 200 to a request without the API key")
-
-
-def test_probe_fails_on_a_server_that_answers_every_route(serve):
-    class Open(BaseHTTPRequestHandler):
-        def do_POST(self):
-            self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            self.send_response(200)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"{}")
-
-        def log_message(self, *args):
-            pass
-
-    url = serve(Open)
-    result = exposure.check(endpoint(url, "llama.cpp"))
-    assert not result["ok"] and {r["route"] for r in result["routes"]} == {"/v1/chat/completions", "/completion"}
-
-
-def test_verify_reports_exposure_on_keyed_endpoints_only(serve, monkeypatch):
-    url = double(serve, monkeypatch, "llama.cpp")
-    keyed = probe.verify(endpoint(url, "llama.cpp"), ready_timeout_s=5, full=False)
-    assert keyed["ok"] and keyed["exposure"]["ok"]
-    open_url = double(serve, monkeypatch, "llama.cpp", key=None)
-    assert "exposure" not in probe.verify(endpoint(open_url, "llama.cpp", key=None), ready_timeout_s=5, full=False)
 
 
 def test_the_verify_stage_names_the_real_address_not_a_tunnels_end():
