@@ -48,7 +48,7 @@ bench-ready: install lab-setup
 # The NCCL/Gloo gate on a 2-host lab pool (Gloo inside the serving image); prints the pool report (JSON).
 lab-gate: install lab-setup
 	$(PYTHON) -c "import lab; lab.up(2)" >/dev/null
-	MODELFLEET_LAB_GATE_HOSTS=2 $(PYINFRA) -y inventories/lab.py deploys/netcheck.py >&2
+	$(PYTHON) lab/scenario.py gate_hosts=2 -- $(PYINFRA) -y inventories/lab.py deploys/netcheck.py >&2
 	@cat reports/netcheck/gate.json
 
 # Verify gate + a short bench + cost per successful task (self-hosted vs API prices) on the lab (JSON).

@@ -6,9 +6,10 @@ the registry's config and data, and hosts.json, which inventories/lab.py reads.
 Not part of the shipped package: it runs from a checkout (`modelfleet lab ...`, `make demo`, the tests).
 A second lab can run beside the first: MODELFLEET_LAB_STATE names its folder and MODELFLEET_LAB_NET=N (1-9)
 gives it its own addresses (127.0.(1+N).x), ports and container names; the test suite uses N=1 so it never
-touches the lab a user (or `make demo`) started.
+touches the lab a user (or `make demo`) started. Everything else the lab's runs vary is its scenario
+(lab/scenario.py, scenario.json in the state folder).
 
-MODELFLEET_LAB_CDI=mflab-4,... (or `all`) at `lab up`: those pre-built NVIDIA hosts get a Docker with CDI of their
+The scenario's cdi (mflab-4,... or `all`) at `lab up`: those pre-built NVIDIA hosts get a Docker with CDI of their
 own (lab/cdi.py: Debian forky's dockerd 28 beside the machine's 20.10), their GPUs as device nodes and the CDI
 spec nvidia-ctk writes for them; the inventory then hands their services the GPUs (gpu_passthrough).
 """
@@ -27,11 +28,11 @@ from pathlib import Path
 
 import yaml
 
-from lab import apt, cdi, daemons, fabric, hub
+from lab import apt, cdi, daemons, fabric, hub, scenario
 
 LAB_DIR = Path(__file__).resolve().parent
 REPO_ROOT = LAB_DIR.parent
-STATE = Path(os.environ.get("MODELFLEET_LAB_STATE", REPO_ROOT / ".lab"))
+STATE = scenario.STATE
 # Tagged with the build script's hash: a changed package list builds a new base (and engine double) image.
 BASE_IMAGE = "modelfleet-lab/base:bookworm-" + hashlib.sha256((LAB_DIR / "build-base.sh").read_bytes()).hexdigest()[:10]
 LLAMA_SERVER_IMAGE = ("modelfleet-lab/llama-server:forky-"
@@ -309,9 +310,9 @@ def _detach_disks(pattern: str = "*") -> None:
 
 
 def _cdi_hosts(cdi_hosts: list[str] | None) -> set[str]:
-    """The hosts to get a Docker with CDI: `cdi_hosts`, else MODELFLEET_LAB_CDI (names, or `all`)."""
+    """The hosts to get a Docker with CDI: `cdi_hosts`, else the scenario's cdi (names, or `all`)."""
     if cdi_hosts is None:
-        cdi_hosts = [n for n in os.environ.get("MODELFLEET_LAB_CDI", "").split(",") if n]
+        cdi_hosts = scenario.load().cdi
     return set(cdi_hosts)
 
 
@@ -322,7 +323,7 @@ def _cdi_capable(spec: dict) -> bool:
 
 def up(hosts: int = 3, personas: list[str] | None = None, disks: int = 0,
        cdi_hosts: list[str] | None = None) -> list[dict]:
-    """`cdi_hosts`: the hosts (names, or ["all"]) that get a Docker with CDI (default: MODELFLEET_LAB_CDI)."""
+    """`cdi_hosts`: the hosts (names, or ["all"]) that get a Docker with CDI (default: the scenario's cdi)."""
     _keys()
     ensure_registry()
     ensure_images()
@@ -359,6 +360,7 @@ def up(hosts: int = 3, personas: list[str] | None = None, disks: int = 0,
     (STATE / "hosts.json").write_text(json.dumps({"key": str(STATE / "id_ed25519"),
                                                   "known_hosts": str(STATE / "known_hosts"),
                                                   "registry": REGISTRY, "apt": apt_repo, "hub": hub_double,
+                                                  "scenario_module": scenario.__file__,
                                                   "hosts": specs}, indent=2))
     for spec in specs:
         wait_ssh(spec)

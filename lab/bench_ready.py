@@ -6,7 +6,7 @@ each split by stage from its run's reports/timeline/<pool>.json, on the lab's re
 - join: a second fresh host added to the inventory in the same checkpoint group: its checkpoint comes from the
   first host (the hub serves it no bytes), then its unit starts.
 
-Each is one `pyinfra inventories/lab.py deploys/serve.py` over the bench's hosts (MODELFLEET_LAB_ONLY), every
+Each is one `pyinfra inventories/lab.py deploys/serve.py` over the bench's hosts (the scenario's only), every
 host on llama.cpp, whose boot lines the timeline reads. `first_answer_s` is the verify stage's answer, in seconds
 since the bench spawned pyinfra; each stage's span is the timeline's; `between_stages_s` is what no stage's span
 covers before the answer. Medians over ROUNDS rounds (argument; default 3), each on hosts made afresh; ratios of the medians.
@@ -37,11 +37,10 @@ def deploy(specs: list[dict], pool_host: str, reports: Path, mark: str) -> dict:
     timeline.unlink(missing_ok=True)
     hub.reset_stats()
     spawned, start = time.time(), time.perf_counter()
-    run = run_pyinfra("inventories/lab.py", "deploys/serve.py", env={
-        "MODELFLEET_LAB_ONLY": ",".join(s["name"] for s in specs), "MODELFLEET_LAB_ENGINE": ENGINE,
-        # A value the engine ignores: a change rewrites the env file, so the unit restarts.
-        "MODELFLEET_LAB_ENGINE_ENV": json.dumps({"MODELFLEET_BENCH_MARK": mark}),
-        "MODELFLEET_REPORTS": str(reports)})
+    # A value the engine ignores in its environment: a change rewrites the env file, so the unit restarts.
+    with lab.scenario.applied(only=[s["name"] for s in specs], engine=ENGINE,
+                              engine_env={"MODELFLEET_BENCH_MARK": mark}):
+        run = run_pyinfra("inventories/lab.py", "deploys/serve.py", env={"MODELFLEET_REPORTS": str(reports)})
     wall = time.perf_counter() - start
     if run.returncode:
         sys.exit(run.stdout[-4000:] + run.stderr[-2000:])

@@ -2,7 +2,7 @@
 per CDI host beside the machine's, which it never touches.
 
 The machine's Docker (Debian 12's docker.io 20.10) has no CDI, so a unit's `--device nvidia.com/gpu=N` never ran
-there. A host made with MODELFLEET_LAB_CDI gets its own dockerd 28: the .debs fetched once with apt from forky
+there. A host the scenario's cdi names at `lab up` gets its own dockerd 28: the .debs fetched once with apt from forky
 into the lab state (their declared dependencies, containerd and runc, are the machine's bookworm packages),
 its own data root (.lab/hosts/<host>/docker), exec root and socket (/run/modelfleet-lab/<id>: a unix socket's
 path must stay under 108 bytes), no iptables rules or forwarding (lab engines use the host network) and the

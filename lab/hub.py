@@ -14,7 +14,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from lab import daemons
+from lab import daemons, scenario
 
 LISTEN = f"127.0.0.1:{5070 + daemons.NET}"
 ENDPOINT = f"http://{LISTEN}"
@@ -23,7 +23,7 @@ ENDPOINT = f"http://{LISTEN}"
 REPOS = ("modelfleet/tiny-lab=main,v1.0:4:{mib}", "modelfleet/tiny-lab=bench-64m:8:8")
 # Revision `moe` holds the tiny mixture-of-experts GGUF alone (lab/tiny_gguf.py with experts: 8 per layer, 2 per
 # token, ~3.3 MiB), for the recipe that keeps its experts in host RAM (tiny-lab-llamacpp-moe,
-# MODELFLEET_LAB_MOE in inventories/lab.py). The double serves every folder under its data's files/ as a commit.
+# the scenario's moe, lab/scenario.py). The double serves every folder under its data's files/ as a commit.
 MOE_REVISION, MOE_FILE, MOE_EXPERTS, MOE_EXPERT_FFN = "moe", "tiny-lab-moe.gguf", 8, 256
 
 
@@ -37,7 +37,7 @@ def token_file(state: Path) -> Path:
 
 
 def ensure(state: Path, lab_dir: Path) -> dict:
-    mib = os.environ.get("MODELFLEET_LAB_HUB_SHARD_MIB", "2")
+    mib = scenario.load(state / "scenario.json").hub_shard_mib
     argv = [sys.executable, str(lab_dir / "hub_double" / "hub_double.py"), "--data", str(state / "hub"),
             "--listen", LISTEN, "--token-file", str(token_file(state))]
     for repo in REPOS:

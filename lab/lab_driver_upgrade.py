@@ -18,14 +18,14 @@ OLD, NEW = "580.95.05", "580.159.04"
 def rehearse(specs: list[dict], old: str = OLD, new: str = NEW) -> dict:
     """Build `specs` (bare lab hosts) at driver `old`, then roll them to `new`; the summary of both runs."""
     names = [s["name"] for s in specs]
-    base = {"MODELFLEET_LAB_ENGINE": "vllm", "MODELFLEET_LAB_ONLY": ",".join(names),
-            "MODELFLEET_LAB_DRIVER_VERSION": old}
-    built = run_pyinfra("inventories/lab.py", "deploys/serve.py", env=base, timeout=1200, cwd=REPO_ROOT)
+    with lab.scenario.applied(engine="vllm", only=names, driver_version=old):
+        built = run_pyinfra("inventories/lab.py", "deploys/serve.py", timeout=1200, cwd=REPO_ROOT)
     if built.returncode:
         raise RuntimeError(f"building at {old} failed:\n{(built.stdout + built.stderr)[-4000:]}")
     restarts_before = {name: lab.restarts(name) for name in names}
-    upgrade = run_modelfleet("upgrade", "inventories/lab.py", "--min-healthy", str(len(names) - 1),
-                             env={**base, "MODELFLEET_LAB_DRIVER_VERSION": new}, timeout=1800, cwd=REPO_ROOT)
+    with lab.scenario.applied(engine="vllm", only=names, driver_version=new):
+        upgrade = run_modelfleet("upgrade", "inventories/lab.py", "--min-healthy", str(len(names) - 1),
+                                 timeout=1800, cwd=REPO_ROOT)
     report = json.loads(upgrade.stdout)
     failures = sum(report["endpoint_failures"].values())
     return {"exit": upgrade.returncode, "from": old, "to": new,

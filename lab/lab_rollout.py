@@ -11,14 +11,14 @@ from modelfleet.commands import run_modelfleet, run_pyinfra
 
 def main() -> int:
     lab.up(3)
-    base = {"MODELFLEET_LAB_ENGINE": "vllm", "MODELFLEET_LAB_CHECKPOINT_GROUP": "lab"}
-    first = run_pyinfra("inventories/lab.py", "deploys/serve.py", env=base)
+    with lab.scenario.applied(engine="vllm"):
+        first = run_pyinfra("inventories/lab.py", "deploys/serve.py")
     if first.returncode:
         sys.exit(first.stdout[-3000:] + first.stderr[-2000:])
-    good = run_modelfleet("upgrade", "inventories/lab.py", "--min-healthy", "2",
-                          env={**base, "MODELFLEET_LAB_IMAGE": lab.UPGRADE_IMAGE}, timeout=1800)
-    bad = run_modelfleet("upgrade", "inventories/lab.py", "--min-healthy", "2",
-                         env={**base, "MODELFLEET_LAB_IMAGE": lab.BROKEN_IMAGE}, timeout=1800)
+    with lab.scenario.applied(engine="vllm", image=lab.UPGRADE_IMAGE):
+        good = run_modelfleet("upgrade", "inventories/lab.py", "--min-healthy", "2", timeout=1800)
+    with lab.scenario.applied(engine="vllm", image=lab.BROKEN_IMAGE):
+        bad = run_modelfleet("upgrade", "inventories/lab.py", "--min-healthy", "2", timeout=1800)
     summary = {}
     for label, result in (("upgrade", good), ("broken_upgrade", bad)):
         report = json.loads(result.stdout)

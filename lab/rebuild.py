@@ -26,8 +26,9 @@ SKEWED_FABRIC_MANAGER = "580.95.05"  # an older release in the lab's CUDA reposi
 
 def pyinfra(names: list[str], deploy: str, reports: Path, *extra: str, yes: bool = True) -> subprocess.CompletedProcess:
     """`yes=False` with `--dry`: pyinfra then prints the operations it detects would change."""
-    return run_pyinfra("inventories/lab.py", f"deploys/{deploy}", yes=yes, extra=extra, cwd=REPO_ROOT,
-                       env={"MODELFLEET_LAB_ONLY": ",".join(names), "MODELFLEET_REPORTS": str(reports)})
+    with lab.scenario.applied(only=names):
+        return run_pyinfra("inventories/lab.py", f"deploys/{deploy}", yes=yes, extra=extra, cwd=REPO_ROOT,
+                           env={"MODELFLEET_REPORTS": str(reports)})
 
 
 def table(output: str, title: str) -> dict[str, list[str]]:

@@ -2,10 +2,10 @@
 revision, pools and fault switches), and two knobs of `lab up`, as one typed JSON file in the lab's state folder.
 No file: every field's default, the lab's ordinary serving fleet. Tests and lab scripts write it before a run.
 
-    python -m lab.scenario                                   # the scenario now (JSON)
-    python -m lab.scenario gate_hosts=2 only=mflab-1,mflab-2 # write it
-    python -m lab.scenario --defaults                        # back to the defaults: no file
-    python -m lab.scenario gate_hosts=2 -- pyinfra -y inventories/lab.py deploys/netcheck.py
+    python lab/scenario.py                                   # the scenario now (JSON)
+    python lab/scenario.py gate_hosts=2 only=mflab-1,mflab-2 # write it
+    python lab/scenario.py --defaults                        # back to the defaults: no file
+    python lab/scenario.py gate_hosts=2 -- pyinfra -y inventories/lab.py deploys/netcheck.py
                                                              # one command under it, the previous file restored
 
 Where the lab lives stays in the environment, set once for all its commands: MODELFLEET_LAB_STATE (its folder,
@@ -14,8 +14,6 @@ token, a secret: hosts read it from the control node's MODELFLEET_LAB_HF_TOKEN (
 
 Loaded by its path from inventories/lab.py, so it imports nothing of the lab package.
 """
-
-from __future__ import annotations
 
 import contextlib
 import dataclasses
@@ -116,7 +114,7 @@ def _fits(value: object, kind: object) -> bool:
 
 
 def _name(kind: object) -> str:
-    return getattr(kind, "__name__", None) or str(kind).replace("typing.", "")
+    return kind.__name__ if typing.get_origin(kind) is None else str(kind)
 
 
 def make(source: str = "scenario", **fields) -> Scenario:
@@ -206,7 +204,7 @@ def main(argv: list[str]) -> int:
             write(**fields)
         print(json.dumps(dataclasses.asdict(load()), indent=2))
     except ValueError as error:
-        print(f"lab.scenario: {error}", file=sys.stderr)
+        print(f"lab/scenario.py: {error}", file=sys.stderr)
         return 2
     return 0
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Make this machine able to run the lab (Debian 12, root): Debian packages, then dockerd if none answers.
-# containerd and runc (docker.io's) also run the dockerd with CDI that `lab up` gives MODELFLEET_LAB_CDI hosts
+# containerd and runc (docker.io's) also run the dockerd with CDI that `lab up` gives the scenario's cdi hosts
 # (lab/cdi.py: forky's docker.io, fetched into the lab state, never installed on the machine).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
