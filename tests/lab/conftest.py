@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 import lab
+from lab import scenario as lab_scenario
 
 
 def dockerd_answers() -> bool:
@@ -35,3 +36,12 @@ def lab_hosts():
     assert str(lab.STATE / "hosts") not in mounts
     loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
     assert str(lab.STATE) not in loops, loops
+
+
+@pytest.fixture(autouse=True)
+def scenario():
+    """scenario(**fields): the lab's scenario (lab/scenario.py) for the runs that follow in the test; every test
+    starts on the defaults and leaves none behind, whether it wrote one through this or lab.scenario."""
+    lab_scenario.clear()
+    yield lab_scenario.write
+    lab_scenario.clear()

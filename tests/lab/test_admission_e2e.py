@@ -31,21 +31,20 @@ def judged(lab_hosts, tmp_path_factory):
     started = lab.up(len(personas), personas=personas, disks=1)[len(lab_hosts):]
     boards, faulty = started[:len(HEALTHY_BOARDS)], started[len(HEALTHY_BOARDS):]
     healthy = lab_hosts[0]
-    env = {**os.environ, "MODELFLEET_LAB_ONLY": ",".join([healthy["name"], *(s["name"] for s in started)]),
-           "MODELFLEET_REPORTS": str(tmp_path_factory.mktemp("reports"))}
-    started_at = time.monotonic()
-    admit = run_modelfleet("admit", "inventories/lab.py", env=env, cwd=REPO_ROOT, timeout=600)
-    admit_s = time.monotonic() - started_at
-    status = run_modelfleet("status", "inventories/lab.py", "--json", env=env, cwd=REPO_ROOT, timeout=120)
+    env = {**os.environ, "MODELFLEET_REPORTS": str(tmp_path_factory.mktemp("reports"))}
+    with lab.scenario.applied(only=[healthy["name"], *(s["name"] for s in started)]):
+        started_at = time.monotonic()
+        admit = run_modelfleet("admit", "inventories/lab.py", env=env, cwd=REPO_ROOT, timeout=600)
+        admit_s = time.monotonic() - started_at
+        status = run_modelfleet("status", "inventories/lab.py", "--json", env=env, cwd=REPO_ROOT, timeout=120)
     # DCGM's diagnostic at level 1: the H200 passes, the DCGM fault persona fails its memory test, and the B300
     # board (no dcgmi recorded) is refused for lacking dcgmi
     dcgm_fault = lab.up(len(personas) + 1, personas=personas + ["h200x1-dcgm-memory"], disks=1)[-1]
-    dcgm_env = {**env, "MODELFLEET_LAB_DCGM_LEVEL": "1",
-                "MODELFLEET_LAB_ONLY": ",".join([healthy["name"], dcgm_fault["name"], boards[0]["name"]])}
-    dcgm = run_modelfleet("admit", "inventories/lab.py", env=dcgm_env, cwd=REPO_ROOT, timeout=600)
+    with lab.scenario.applied(dcgm_level=1, only=[healthy["name"], dcgm_fault["name"], boards[0]["name"]]):
+        dcgm = run_modelfleet("admit", "inventories/lab.py", env=env, cwd=REPO_ROOT, timeout=600)
     xid_host = next(s for s in faulty if s["persona"] == "h200x1-xid79")
-    serve = run_pyinfra("inventories/lab.py", "deploys/serve.py", cwd=REPO_ROOT, timeout=600,
-                        env={**env, "MODELFLEET_LAB_ONLY": xid_host["name"]})
+    with lab.scenario.applied(only=[xid_host["name"]]):
+        serve = run_pyinfra("inventories/lab.py", "deploys/serve.py", cwd=REPO_ROOT, timeout=600, env=env)
     yield {"admit": admit, "admit_s": admit_s, "dcgm": dcgm, "dcgm_fault": dcgm_fault, "status": status, "serve": serve, "healthy": healthy, "boards": boards, "faulty": faulty,
            "xid_host": xid_host}
     lab.remove([s["name"] for s in started] + [dcgm_fault["name"]])

@@ -51,11 +51,11 @@ def served(lab_hosts, tmp_path_factory):
     personas = [s["persona"] for s in lab_hosts] + ["b300x8-synthetic"]
     name = f"{lab.PREFIX}{len(personas)}"
     spec = lab.up(len(personas), personas=personas, disks=1, cdi_hosts=[name])[-1]
-    env = {**os.environ, "MODELFLEET_LAB_ONLY": name, "MODELFLEET_LAB_TWO_POOLS": name,
-           "MODELFLEET_REPORTS": str(tmp_path_factory.mktemp("cdi") / "reports")}
-    run = run_pyinfra("inventories/lab.py", "deploys/serve.py", cwd=REPO_ROOT, env=env, timeout=600)
-    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
-    status = run_modelfleet("status", "inventories/lab.py", "--json", cwd=REPO_ROOT, env=env)
+    env = {**os.environ, "MODELFLEET_REPORTS": str(tmp_path_factory.mktemp("cdi") / "reports")}
+    with lab.scenario.applied(only=[name], two_pools=name):
+        run = run_pyinfra("inventories/lab.py", "deploys/serve.py", cwd=REPO_ROOT, env=env, timeout=600)
+        assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+        status = run_modelfleet("status", "inventories/lab.py", "--json", cwd=REPO_ROOT, env=env)
     row = next(r for r in json.loads(status.stdout) if r["host"] == name)
     yield spec, env, {s["pool"]: s for s in row["services"]}
     lab.remove([name])

@@ -9,16 +9,16 @@ import os
 
 import pytest
 
-from lab import ssh
+from lab import scenario, ssh
 from modelfleet import REPO_ROOT
 from modelfleet.commands import run_pyinfra
 
 pytestmark = pytest.mark.lab
 
 
-def serve(names: list[str], tmp_path, **extra) -> str:
-    env = {**os.environ, "MODELFLEET_LAB_ONLY": ",".join(names), "MODELFLEET_LAB_ENGINE": "vllm",
-           "MODELFLEET_REPORTS": str(tmp_path / "reports"), **extra}
+def serve(names: list[str], tmp_path, **fields) -> str:
+    scenario.write(only=names, engine="vllm", **fields)
+    env = {**os.environ, "MODELFLEET_REPORTS": str(tmp_path / "reports")}
     run = run_pyinfra("inventories/lab.py", "deploys/serve.py", cwd=REPO_ROOT, env=env, timeout=900)
     assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]
     return run.stdout + run.stderr
@@ -49,12 +49,12 @@ def test_a_restart_loads_its_cache_and_a_joining_replica_gets_a_peers_copy(lab_h
     assert any("/torch_compile_cache/" in p for p in warm) and any("/triton/" in p for p in warm), warm
 
     # A changed environment value restarts the engine on the same key: it loads what it compiled.
-    serve([first["name"]], tmp_path, MODELFLEET_LAB_ENGINE_ENV='{"MODELFLEET_LAB_NOTE": "restart"}')
+    serve([first["name"]], tmp_path, engine_env={"LAB_NOTE": "restart"})
     assert compile_cache(tmp_path, first) == "warm"
 
     # The second replica (same recipe, image and GPU: the same key) joins: the first is indexed and serves it.
     out = serve([first["name"], second["name"]], tmp_path,
-                MODELFLEET_LAB_ENGINE_ENV='{"MODELFLEET_LAB_NOTE": "restart"}')
+                engine_env={"LAB_NOTE": "restart"})
     key = next(iter(warm)).split("/", 1)[0]
     assert f"Index engine cache {key}" in out and f"Copy engine cache {key} from a peer" in out
     assert cache_files(second) == cache_files(first) == warm
@@ -64,7 +64,7 @@ def test_a_restart_loads_its_cache_and_a_joining_replica_gets_a_peers_copy(lab_h
 
     # Converged: nothing is indexed or copied again.
     again = serve([first["name"], second["name"]], tmp_path,
-                  MODELFLEET_LAB_ENGINE_ENV='{"MODELFLEET_LAB_NOTE": "restart"}')
+                  engine_env={"LAB_NOTE": "restart"})
     results = operation_results(again)
     ours = [op for op in results if op.startswith(("Index engine cache", "Copy engine cache"))]
     assert ours and all(set(results[op].values()) == {"No changes"} for op in ours), {op: results[op] for op in ours}

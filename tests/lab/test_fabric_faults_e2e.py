@@ -1,7 +1,7 @@
 """Fabric personas on the lab (lab/fabric.py): hosts whose /sys/class/infiniband, netdevs, routes, /dev/infiniband
 and IMEX state are a synthetic 8x B300 with RoCE rails (and its worker with one fault each), a GB300 tray with
 IMEX and an InfiniBand H100 host. The real fabric command on those hosts reads what tests/fixtures/fabric's dumps
-say (one model writes both); a two-host pool of the B300 and its worker (MODELFLEET_LAB_FABRIC) derives the rails
+say (one model writes both); a two-host pool of the B300 and its worker (the scenario's fabric) derives the rails
 and the control interface; with each fault persona as the second member, serve.py is refused in preflight, before
 any unit is written, within 60 s, with the member and its device named."""
 
@@ -69,7 +69,8 @@ def test_the_fabric_command_on_each_persona_reads_its_fixture(fabric_hosts):
 
 
 def pair(tmp_path, deploy: str, persona: str):
-    env = {**os.environ, "MODELFLEET_LAB_FABRIC": persona, "MODELFLEET_REPORTS": str(tmp_path)}
+    lab.scenario.write(fabric=persona)
+    env = {**os.environ, "MODELFLEET_REPORTS": str(tmp_path)}
     start = time.monotonic()
     run = run_pyinfra("inventories/lab.py", deploy, env=env, timeout=300)
     return run, time.monotonic() - start, json.loads((tmp_path / "fabric" / "gate.json").read_text())

@@ -17,11 +17,12 @@ from modelfleet.commands import modelfleet_argv, pyinfra_argv, run_pyinfra
 
 pytestmark = pytest.mark.lab
 ROOT = "/srv/models-faults"
-ENV = {"MODELFLEET_LAB_MODEL_ROOT": ROOT}
 
 
-def model_run(**env):
-    return run_pyinfra("inventories/lab.py", "deploys/model.py", env={**ENV, **env}, timeout=600)
+def model_run(**fields):
+    """deploys/model.py on the lab under the scenario of `fields`, its model root this module's."""
+    lab.scenario.write(model_root=ROOT, **fields)
+    return run_pyinfra("inventories/lab.py", "deploys/model.py", timeout=600)
 
 
 def output(run) -> str:
@@ -63,8 +64,9 @@ def clean(lab_hosts):
 def test_a_second_run_is_refused_while_the_first_holds_the_host(clean):
     specs = clean
     # The first run waits at pyinfra's confirmation prompt (no -y) with its lock held; the second starts then.
+    lab.scenario.write(model_root=ROOT)
     first = subprocess.Popen(pyinfra_argv("inventories/lab.py", "deploys/model.py", yes=False),
-                             env={**os.environ, **ENV}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
     seen = []
     for line in first.stdout:
@@ -98,7 +100,7 @@ def test_a_small_file_changed_on_the_hub_is_refused_and_current_stays(clean):
     assert len(altered) == len(original) and altered != original
     config.write_bytes(altered)  # the hub's metadata still describes the original (git blob id)
     try:
-        run = model_run(MODELFLEET_LAB_REVISION="v1.0")
+        run = model_run(revision="v1.0")
         text = output(run)
         assert run.returncode != 0 and no_traceback(text)
         for spec in specs:
@@ -106,10 +108,10 @@ def test_a_small_file_changed_on_the_hub_is_refused_and_current_stays(clean):
         assert any("config.json" in line and "do not match" in line for line in refusals(text)), text[-3000:]
     finally:
         config.write_bytes(original)
-    healed = model_run(MODELFLEET_LAB_REVISION="v1.0")
+    healed = model_run(revision="v1.0")
     assert healed.returncode == 0, output(healed)[-3000:]
     assert ssh(specs[0], f"readlink {ROOT}/tiny-lab/current").stdout.strip() != before
-    assert changed(model_run(MODELFLEET_LAB_REVISION="v1.0")) == 0
+    assert changed(model_run(revision="v1.0")) == 0
 
 
 def fanout_state(spec) -> dict:
@@ -119,7 +121,8 @@ def fanout_state(spec) -> dict:
 
 def test_control_node_killed_during_the_peer_copy_leaves_no_unit_for_long(clean):
     specs = clean
-    run = subprocess.Popen(pyinfra_argv("inventories/lab.py", "deploys/model.py"), env={**os.environ, **ENV},
+    lab.scenario.write(model_root=ROOT)
+    run = subprocess.Popen(pyinfra_argv("inventories/lab.py", "deploys/model.py"),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in run.stdout:
         if "Copy modelfleet/tiny-lab@" in line:  # the seed serves now; the peers copy
@@ -167,8 +170,8 @@ def test_status_refuses_a_host_whose_key_changed(lab_hosts):
 
 
 def test_registry_failure_is_one_line_per_host(lab_hosts):
-    run = run_pyinfra("inventories/lab.py", "deploys/serve.py",
-                      env={"MODELFLEET_LAB_IMAGE": "vllm/vllm-openai:no-such-tag", "MODELFLEET_LAB_ENGINE": "vllm"})
+    lab.scenario.write(image="vllm/vllm-openai:no-such-tag", engine="vllm")
+    run = run_pyinfra("inventories/lab.py", "deploys/serve.py")
     text = output(run)
     assert run.returncode != 0 and no_traceback(text)
     for spec in lab_hosts:
@@ -178,7 +181,7 @@ def test_registry_failure_is_one_line_per_host(lab_hosts):
 
 
 def test_hub_unreachable_is_one_line_per_host(clean):
-    run = model_run(MODELFLEET_LAB_HF_ENDPOINT="http://127.0.0.1:9", MODELFLEET_LAB_REVISION="v1.0")
+    run = model_run(hf_endpoint="http://127.0.0.1:9", revision="v1.0")
     text = output(run)
     assert run.returncode != 0 and no_traceback(text)
     for spec in clean:
@@ -285,8 +288,8 @@ def test_a_host_restarted_mid_copy_leaves_nothing_behind(clean):
     specs = clean
     peer = specs[1]
     # A slow fan-out (1 MB/s for the group), so the peer's restart lands while its partial files are written.
-    env = {**os.environ, **ENV, "MODELFLEET_LAB_FANOUT_RATE_MB_S": "1"}
-    run = subprocess.Popen(pyinfra_argv("inventories/lab.py", "deploys/model.py"), env=env,
+    lab.scenario.write(model_root=ROOT, fanout_rate_mb_s=1)
+    run = subprocess.Popen(pyinfra_argv("inventories/lab.py", "deploys/model.py"),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
     for line in run.stdout:
@@ -320,8 +323,8 @@ def test_a_host_restarted_mid_copy_leaves_nothing_behind(clean):
 def test_a_source_killed_during_the_fan_out_is_named_by_its_peers(clean):
     specs = clean
     seed = specs[0]
-    env = {**os.environ, **ENV, "MODELFLEET_LAB_FANOUT_RATE_MB_S": "1"}
-    run = subprocess.Popen(pyinfra_argv("inventories/lab.py", "deploys/model.py"), env=env,
+    lab.scenario.write(model_root=ROOT, fanout_rate_mb_s=1)
+    run = subprocess.Popen(pyinfra_argv("inventories/lab.py", "deploys/model.py"),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
     for line in run.stdout:

@@ -14,18 +14,17 @@ from lab import ssh
 from modelfleet.commands import modelfleet_argv, run_pyinfra
 
 pytestmark = pytest.mark.lab
-ENV = {**os.environ, "MODELFLEET_LAB_API_KEY_ENV": ""}
 
 
 @pytest.fixture(scope="module")
 def served(lab_hosts):
-    run = run_pyinfra("inventories/lab.py", "deploys/serve.py", env=ENV, timeout=600)
+    run = run_pyinfra("inventories/lab.py", "deploys/serve.py", timeout=600)
     assert run.returncode == 0, run.stdout[-3000:]
     return lab_hosts
 
 
 def test_status_reports_every_host_in_one_table_and_json(served):
-    run = subprocess.run(modelfleet_argv("status", "inventories/lab.py", "--json"), env=ENV, capture_output=True,
+    run = subprocess.run(modelfleet_argv("status", "inventories/lab.py", "--json"), capture_output=True,
                          text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     rows = json.loads(run.stdout)
@@ -34,7 +33,7 @@ def test_status_reports_every_host_in_one_table_and_json(served):
         [svc] = row["services"]
         assert svc["state"] == "active/running" and svc["health"] == "200"
         assert "@sha256:" in svc["image"] and len(svc["revision"]) == 40 and svc["restarts"] == 0
-    table = subprocess.run(modelfleet_argv("status", "inventories/lab.py"), env=ENV, capture_output=True,
+    table = subprocess.run(modelfleet_argv("status", "inventories/lab.py"), capture_output=True,
                            text=True, timeout=120).stdout
     header = ["HOST", "ADMITTED", "POOL", "GPUS", "STATE"]
     assert table.splitlines()[0].split()[:5] == header and len(table.splitlines()) == 4
@@ -43,7 +42,7 @@ def test_status_reports_every_host_in_one_table_and_json(served):
 def test_status_names_an_unreachable_host(served):
     ssh(served[2], "systemctl stop ssh.socket ssh.service 2>/dev/null; systemctl stop ssh")
     try:
-        run = subprocess.run(modelfleet_argv("status", "inventories/lab.py", "--json"), env=ENV,
+        run = subprocess.run(modelfleet_argv("status", "inventories/lab.py", "--json"),
                              capture_output=True, text=True, timeout=120)
         rows = {r["host"]: r for r in json.loads(run.stdout)}
         assert run.returncode == 1 and not rows[served[2]["name"]]["reachable"]
@@ -55,7 +54,7 @@ def test_status_names_an_unreachable_host(served):
 
 def test_logs_prefix_every_line_with_its_host(served):
     run = subprocess.run(modelfleet_argv("logs", "inventories/lab.py", served[0]["name"], served[1]["name"], "-n",
-                          "5"), env=ENV, capture_output=True, text=True, timeout=120)
+                          "5"), capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     lines = [line for line in run.stdout.splitlines() if line]
     prefixes = {line.split(" ", 1)[0] for line in lines}
@@ -66,7 +65,7 @@ def test_logs_prefix_every_line_with_its_host(served):
 def test_tunnel_forwards_a_local_port_to_the_endpoint_and_refuses_a_busy_one(served):
     spec = served[0]
     proc = subprocess.Popen(modelfleet_argv("tunnel", "inventories/lab.py", spec["name"], "--local-port", "18777"),
-                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
         if not line:
@@ -79,7 +78,7 @@ def test_tunnel_forwards_a_local_port_to_the_endpoint_and_refuses_a_busy_one(ser
         reply = client.chat.completions.create(model="tiny-lab", messages=[{"role": "user", "content": "hi"}])
         assert reply.choices[0].finish_reason == "stop" and "tiny-lab" in reply.choices[0].message.content
         busy = subprocess.run(modelfleet_argv("tunnel", "inventories/lab.py", spec["name"], "--local-port", "18777"),
-                              env=ENV, capture_output=True, text=True, timeout=60)
+                              capture_output=True, text=True, timeout=60)
         assert busy.returncode == 2 and "local port 18777 is already in use" in busy.stderr
     finally:
         proc.terminate()
@@ -89,7 +88,7 @@ def test_tunnel_forwards_a_local_port_to_the_endpoint_and_refuses_a_busy_one(ser
 def test_prometheus_config_labels_every_engine(served, tmp_path):
     out = tmp_path / "prometheus.yml"
     run = subprocess.run(modelfleet_argv("prometheus", "inventories/lab.py", "--node-exporter", "-o", str(out)),
-                         env=ENV, capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     config = yaml.safe_load(out.read_text())
     engines = config["scrape_configs"][0]["static_configs"]
@@ -103,8 +102,9 @@ def test_prometheus_config_labels_every_engine(served, tmp_path):
     assert config["scrape_configs"][1]["job_name"] == "modelfleet-node"
 
 
-def test_converge_in_shards_runs_whole_pools_in_parallel_processes_with_one_summary(served, tmp_path):
-    env = {**ENV, "MODELFLEET_LAB_CHECKPOINT_GROUP": "", "MODELFLEET_REPORTS": str(tmp_path)}
+def test_converge_in_shards_runs_whole_pools_in_parallel_processes_with_one_summary(served, tmp_path, scenario):
+    scenario(checkpoint_group=None)  # each pool its own group: shards hold whole pools
+    env = {**os.environ, "MODELFLEET_REPORTS": str(tmp_path)}
     converge = modelfleet_argv("converge", "inventories/lab.py", "deploys/serve.py", "--shards", "2")
     dry = subprocess.run([*converge, "--dry"], env=env, capture_output=True, text=True, timeout=120)
     planned = json.loads(dry.stdout)["shards"]

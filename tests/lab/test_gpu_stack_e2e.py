@@ -23,8 +23,10 @@ def rebuilt(lab_hosts, tmp_path_factory):
     specs = lab.up(len(personas), personas=personas, disks=1)
     bare, skewed = specs[-3:], specs[-2]["name"]
     reports = tmp_path_factory.mktemp("reports")
-    env = {**os.environ, "MODELFLEET_LAB_ONLY": bare[0]["name"], "MODELFLEET_REPORTS": str(reports / "no-reboot")}
-    no_reboot = run_pyinfra("inventories/lab.py", "deploys/gpu_stack.py", extra=["--data", "reboot=false"], cwd=REPO_ROOT, env=env, timeout=600)
+    env = {**os.environ, "MODELFLEET_REPORTS": str(reports / "no-reboot")}
+    with lab.scenario.applied(only=[bare[0]["name"]]):
+        no_reboot = run_pyinfra("inventories/lab.py", "deploys/gpu_stack.py", extra=["--data", "reboot=false"],
+                                cwd=REPO_ROOT, env=env, timeout=600)
     pending = json.loads((reports / "no-reboot" / "gpu_stack" / f"{bare[0]['name']}.json").read_text())
     smi_pending = lab.ssh(bare[0], "nvidia-smi -L")
     rows = {row["host"]: row for row in rehearse(bare, skewed=skewed, reports=reports)}
@@ -95,12 +97,12 @@ def test_amd_host_gets_rocm_through_amdgpu_install_with_one_reboot(rebuilt):
     assert {"render", "video"} <= set(groups)
 
 
-def test_rebuilt_host_serves_with_the_same_command(rebuilt):
+def test_rebuilt_host_serves_with_the_same_command(rebuilt, scenario):
     """serve.py on the rebuilt H200: the stack is converged (no change, no reboot), the serving stages run on the
     Docker and runtime the stack installed, and the endpoint answers."""
     spec = rebuilt["bare"][0]
-    env = {**os.environ, "MODELFLEET_LAB_ONLY": spec["name"]}
-    served = run_pyinfra("inventories/lab.py", "deploys/serve.py", cwd=REPO_ROOT, env=env, timeout=600)
+    scenario(only=[spec["name"]])
+    served = run_pyinfra("inventories/lab.py", "deploys/serve.py", cwd=REPO_ROOT, timeout=600)
     assert served.returncode == 0, served.stdout[-4000:] + served.stderr[-2000:]
     assert lab.restarts(spec["name"]) == 1  # still the one reboot of the rebuild
     models = lab.ssh(spec, f"curl -fsS http://{spec['address']}:8000/v1/models")

@@ -3,7 +3,6 @@ lab host, huggingface_hub against the hub double, and validate refusing an open 
 
 import hashlib
 import json
-import os
 import socket
 import subprocess
 import urllib.request
@@ -105,13 +104,12 @@ def test_hub_double_is_gated_without_the_token(hub_env, tmp_path):
         snapshot_download(REPO, local_dir=tmp_path, endpoint=hub_env["endpoint"], token=False)
 
 
-def test_validate_refuses_an_open_endpoint_without_a_key_before_touching_a_host(lab_hosts):
-    env = {**os.environ, "MODELFLEET_LAB_BIND_ADDRESS": "0.0.0.0"}
-    env.pop("MODELFLEET_LAB_API_KEY_ENV", None)
-    check = subprocess.run(modelfleet_argv("validate", "inventories/lab.py"), env=env, capture_output=True, text=True)
+def test_validate_refuses_an_open_endpoint_without_a_key_before_touching_a_host(lab_hosts, scenario):
+    scenario(bind_address="0.0.0.0")
+    check = subprocess.run(modelfleet_argv("validate", "inventories/lab.py"), capture_output=True, text=True)
     assert check.returncode == 2
     assert f"{lab_hosts[0]['name']}" in check.stdout + check.stderr and "bind_address" in check.stdout + check.stderr
-    run = run_pyinfra("inventories/lab.py", "deploys/serve.py", env=env, timeout=300)
+    run = run_pyinfra("inventories/lab.py", "deploys/serve.py", timeout=300)
     assert run.returncode != 0 and "bind_address" in run.stdout + run.stderr
     assert "Starting operation" not in run.stdout + run.stderr  # refused while preparing: nothing ran
 

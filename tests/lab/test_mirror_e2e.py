@@ -55,27 +55,27 @@ def files_of(manifest_path: Path | str, text: str | None = None) -> dict:
     return {path: entry["sha256"] for path, entry in manifest["files"].items()}
 
 
-def test_a_fresh_host_fetches_the_revision_from_the_mirror_with_the_hub_stopped(lab_hosts, tmp_path):
+def test_a_fresh_host_fetches_the_revision_from_the_mirror_with_the_hub_stopped(lab_hosts, tmp_path, scenario):
     spec = lab_hosts[0]
     ssh(spec, f"rm -rf {ROOT}")
-    env = {"MODELFLEET_LAB_MODEL_ROOT": ROOT}
+    scenario(model_root=ROOT)
     built = run_modelfleet("mirror", "inventories/lab.py", str(tmp_path / "mirror"), "--limit", spec["name"],
-                           env=env, timeout=300)
+                           timeout=300)
     assert built.returncode == 0, built.stderr[-3000:]
     [revision] = json.loads(built.stdout)["revisions"]
     commit = revision["commit"]
     mirrored = files_of(tmp_path / "mirror" / "modelfleet/tiny-lab" / commit / MANIFEST)
     assert revision["copied"] == len(mirrored) > 4 and "verified" in built.stderr
     again = run_modelfleet("mirror", "inventories/lab.py", str(tmp_path / "mirror"), "--limit", spec["name"],
-                           env=env, timeout=300)
+                           timeout=300)
     assert again.returncode == 0 and json.loads(again.stdout)["copied"] == 0, again.stderr[-2000:]
 
     server, url = serving(tmp_path / "mirror")
     hub_stopped()
     try:
-        env["MODELFLEET_LAB_REVISION"] = commit  # a mirror has commits, not branches
+        scenario(model_root=ROOT, revision=commit)  # a mirror has commits, not branches
         run = run_pyinfra("inventories/lab.py", "deploys/model.py", limit=[spec["name"]],
-                          data={"model_source": url}, env=env, timeout=600)
+                          data={"model_source": url}, timeout=600)
         out = run.stdout + run.stderr
         assert run.returncode == 0, out[-4000:]
         assert f"from {url}/modelfleet/tiny-lab/{commit}/" in out
@@ -86,7 +86,7 @@ def test_a_fresh_host_fetches_the_revision_from_the_mirror_with_the_hub_stopped(
 
         # The host now holds the revision verified: a mirror source of its own, over SSH, with no hub.
         copied = run_modelfleet("mirror", "inventories/lab.py", str(tmp_path / "from-host"), "--limit", spec["name"],
-                                "--from-host", spec["name"], env=env, timeout=300)
+                                "--from-host", spec["name"], timeout=300)
         assert copied.returncode == 0, copied.stderr[-3000:]
         summary = json.loads(copied.stdout)
         assert summary["source"] == f"host {spec['name']}" and summary["copied"] == len(mirrored)

@@ -3,7 +3,6 @@ nothing, a lost shard is fetched alone, a corrupt one is caught and re-copied, r
 check, and the hub token kept to one 0600 file. Checkpoints go to /srv/models-e2e inside each lab host."""
 
 import json
-import os
 import re
 import subprocess
 
@@ -17,9 +16,10 @@ pytestmark = pytest.mark.lab
 ROOT = "/srv/models-e2e"
 
 
-def model_run(*extra, **env):
-    full = {**os.environ, "MODELFLEET_LAB_MODEL_ROOT": ROOT, **env}
-    return run_pyinfra("inventories/lab.py", "deploys/model.py", extra=extra, env=full, timeout=600)
+def model_run(*extra, **fields):
+    """deploys/model.py on the lab under the scenario of `fields`, its model root this module's unless given."""
+    lab.scenario.write(**{"model_root": ROOT, **fields})
+    return run_pyinfra("inventories/lab.py", "deploys/model.py", extra=extra, timeout=600)
 
 
 def changed(run) -> int:
@@ -94,7 +94,7 @@ def test_a_tree_fan_out_has_hosts_that_just_got_their_copy_serve_the_next(checkp
     for spec in specs[1:]:
         ssh(spec, f"rm -rf {ROOT}")
     hub.reset_stats()
-    run = model_run("-vvv", MODELFLEET_LAB_FANOUT_WIDTH="1", MODELFLEET_LAB_FANOUT_RATE_MB_S="500")
+    run = model_run("-vvv", fanout_width=1, fanout_rate_mb_s=500)
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-3000:]
     assert hub.stats()["bytes_served"] == 0  # the seed kept its copy: nothing from the hub
@@ -110,14 +110,14 @@ def test_a_tree_fan_out_has_hosts_that_just_got_their_copy_serve_the_next(checkp
 def test_new_revision_switches_current_and_pruning_keeps_what_is_asked(checkpoint):
     specs = checkpoint[0]
     main = manifest(specs[0])["commit"]
-    run = model_run(MODELFLEET_LAB_REVISION="v1.0")
+    run = model_run(revision="v1.0")
     assert run.returncode == 0, run.stdout[-2000:]
     v1 = manifest(specs[0])["commit"]
     assert v1 != main
     listing = ssh(specs[1], f"ls {ROOT}/tiny-lab").stdout.split()
     assert {main, v1, "current"} <= set(listing)  # the previous revision is kept for rollback
     # keep 0: the previous revision goes, once it is no longer the current one.
-    pruned = model_run(MODELFLEET_LAB_REVISION="v1.0", MODELFLEET_LAB_KEEP_REVISIONS="0")
+    pruned = model_run(revision="v1.0", keep_revisions=0)
     assert pruned.returncode == 0
     assert set(ssh(specs[1], f"ls {ROOT}/tiny-lab").stdout.split()) == {v1, "current"}
 
@@ -140,7 +140,7 @@ def test_disk_too_small_is_refused_before_a_byte_moves(lab_hosts):
     ssh(spec, f"mkdir -p {small} && mount -t tmpfs -o size=4m tmpfs {small}")
     try:
         hub.reset_stats()
-        run = model_run("--limit", spec["name"], MODELFLEET_LAB_MODEL_ROOT=small)
+        run = model_run("--limit", spec["name"], model_root=small)
         assert run.returncode != 0
         assert re.search(r"disk: .* needs 0\.00\d+ GB for \d+ file\(s\) of modelfleet/tiny-lab@\w+, 0\.00\d+ GB free",
                          run.stdout + run.stderr), run.stdout[-2000:]

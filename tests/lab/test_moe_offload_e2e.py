@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from lab import ssh
+from lab import scenario, ssh
 from lab.hub import MOE_EXPERTS, MOE_FILE
 from lab.tiny_gguf import LAYERS
 from modelfleet import REPO_ROOT
@@ -33,10 +33,10 @@ OVERRIDE = re.compile(r"tensor (\S+) \(.*\) buffer type overridden to (\S+)")
 def moe(lab_hosts, tmp_path_factory):
     spec = next(s for s in lab_hosts if s["engine"] == "llama.cpp")
     reports = tmp_path_factory.mktemp("moe") / "reports"
-    env = {**os.environ, "MODELFLEET_LAB_ONLY": spec["name"], "MODELFLEET_LAB_MOE": spec["name"],
-           "MODELFLEET_LAB_EXTRA_ARGS": json.dumps(["--log-verbosity", "5"]), "MODELFLEET_REPORTS": str(reports)}
+    env = {**os.environ, "MODELFLEET_REPORTS": str(reports)}
     start = time.monotonic()
-    served = run_pyinfra("inventories/lab.py", "deploys/serve.py", env=env, cwd=REPO_ROOT, timeout=600)
+    with scenario.applied(only=[spec["name"]], moe=spec["name"], extra_args=["--log-verbosity", "5"]):
+        served = run_pyinfra("inventories/lab.py", "deploys/serve.py", env=env, cwd=REPO_ROOT, timeout=600)
     assert served.returncode == 0, (served.stdout + served.stderr)[-4000:]
     print(f"serve.py with the MoE recipe: {time.monotonic() - start:.1f} s")
     unit = f"modelfleet-tiny-{spec['name']}.service"

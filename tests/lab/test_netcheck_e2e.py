@@ -7,15 +7,17 @@ import time
 
 import pytest
 
-from lab import ssh
+from lab import scenario, ssh
 from modelfleet.commands import run_pyinfra
 
 pytestmark = pytest.mark.lab
 
 
-def gate(tmp_path, **env):
-    full = {**os.environ, "MODELFLEET_LAB_GATE_HOSTS": "2", "MODELFLEET_REPORTS": str(tmp_path), **env}
-    run = run_pyinfra("inventories/lab.py", "deploys/netcheck.py", env=full, timeout=600)
+def gate(tmp_path, **fields):
+    """deploys/netcheck.py on the lab's first two hosts as one pool (and the scenario's other `fields`)."""
+    scenario.write(gate_hosts=2, **fields)
+    run = run_pyinfra("inventories/lab.py", "deploys/netcheck.py", env={"MODELFLEET_REPORTS": str(tmp_path)},
+                      timeout=600)
     report = json.loads((tmp_path / "netcheck" / "gate.json").read_text())
     return run, report
 
@@ -47,7 +49,7 @@ def test_members_reach_the_head_over_their_interface_in_seconds_before_the_colle
 
 
 def test_threshold_above_what_the_lab_reaches_fails_with_the_figures(lab_hosts, tmp_path):
-    run, report = gate(tmp_path, MODELFLEET_LAB_GATE_MIN_BUSBW="1000")
+    run, report = gate(tmp_path, gate_min_busbw=1000)
     assert run.returncode != 0 and not report["ok"]
     assert len(report["problems"]) == 2
     assert all("GB/s at 67108864 B < 1000.0 GB/s required" in p for p in report["problems"])
@@ -57,15 +59,15 @@ def test_threshold_above_what_the_lab_reaches_fails_with_the_figures(lab_hosts, 
 def test_copy_bandwidth_asked_where_the_container_sees_no_gpu_fails_the_pool_saying_so(lab_hosts, tmp_path):
     """The wiring of admission_h2d: the gate runs on the two hosts, the check script refuses to measure copies
     with no GPU in the container, and the pool fails with that reason (real figures: docs/hw-runs)."""
-    run, report = gate(tmp_path, MODELFLEET_LAB_ADMISSION_H2D="1")
+    run, report = gate(tmp_path, admission_h2d=True)
     assert run.returncode != 0 and not report["ok"]
     assert report["problems"] == [f"{spec['name']}: the host-to-device check needs a GPU in the container: none is "
                                   "visible" for spec in lab_hosts[:2]]
 
 
 def test_a_host_on_a_wrong_interface_fails_the_pool_and_no_unit_starts(lab_hosts, tmp_path):
-    env = {**os.environ, "MODELFLEET_LAB_GATE_HOSTS": "2", "MODELFLEET_REPORTS": str(tmp_path),
-           "MODELFLEET_LAB_GATE_BAD_IFNAME": "1"}
+    scenario.write(gate_hosts=2, gate_bad_ifname=True)
+    env = {**os.environ, "MODELFLEET_REPORTS": str(tmp_path)}
     start = time.monotonic()
     run = run_pyinfra("inventories/lab.py", "deploys/serve.py", env=env, timeout=600)
     assert run.returncode != 0
@@ -82,8 +84,9 @@ def test_a_host_on_a_wrong_interface_fails_the_pool_and_no_unit_starts(lab_hosts
         assert ssh(spec, "test -e /etc/systemd/system/modelfleet-gate.service || echo none").stdout.strip() == "none"
 
 
-def serve(tmp_path, gate_hosts: str):
-    env = {**os.environ, "MODELFLEET_LAB_GATE_HOSTS": gate_hosts, "MODELFLEET_REPORTS": str(tmp_path)}
+def serve(tmp_path, gate_hosts: int):
+    scenario.write(gate_hosts=gate_hosts)
+    env = {**os.environ, "MODELFLEET_REPORTS": str(tmp_path)}
     return run_pyinfra("inventories/lab.py", "deploys/serve.py", env=env, timeout=900)
 
 
@@ -92,7 +95,7 @@ def unit_of(spec):
 
 
 def test_pool_launches_multi_node_after_the_gate_then_grows_to_three_hosts(lab_hosts, tmp_path):
-    run = serve(tmp_path, "2")
+    run = serve(tmp_path, 2)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert json.loads((tmp_path / "netcheck" / "gate.json").read_text())["ok"]
     head, worker = unit_of(lab_hosts[0]), unit_of(lab_hosts[1])
@@ -103,7 +106,7 @@ def test_pool_launches_multi_node_after_the_gate_then_grows_to_three_hosts(lab_h
         assert ssh(spec, "systemctl is-active modelfleet-gate.service").stdout.strip() == "active"
     assert json.loads((tmp_path / "verify" / f"{lab_hosts[0]['name']}_gate.json").read_text())["ok"]
 
-    grown = serve(tmp_path, "3")  # the third host joins the pool in the inventory
+    grown = serve(tmp_path, 3)  # the third host joins the pool in the inventory
     assert grown.returncode == 0, grown.stdout[-3000:] + grown.stderr[-2000:]
     report = json.loads((tmp_path / "netcheck" / "gate.json").read_text())
     assert report["ok"] and report["hosts"] == [s["name"] for s in lab_hosts]

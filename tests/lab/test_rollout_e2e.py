@@ -11,11 +11,10 @@ from lab import ssh
 from modelfleet.commands import run_modelfleet, run_pyinfra
 
 pytestmark = pytest.mark.lab
-BASE = {"MODELFLEET_LAB_ENGINE": "vllm"}
-
-
-def run(*argv, **env):
-    return run_modelfleet(*argv, env={**BASE, **env}, timeout=1200)
+def run(*argv, **fields):
+    """A modelfleet command on the lab with vLLM on every host (and the scenario's other `fields`)."""
+    lab.scenario.write(engine="vllm", **fields)
+    return run_modelfleet(*argv, timeout=1200)
 
 
 def image_of(spec):
@@ -23,11 +22,12 @@ def image_of(spec):
 
 
 def test_upgrade_then_a_broken_image_is_rolled_back(lab_hosts):
-    first = run_pyinfra("inventories/lab.py", "deploys/serve.py", env=BASE, timeout=1200)
+    lab.scenario.write(engine="vllm")
+    first = run_pyinfra("inventories/lab.py", "deploys/serve.py", timeout=1200)
     assert first.returncode == 0, first.stdout[-3000:]
     before = {s["name"]: image_of(s) for s in lab_hosts}
     good = run("upgrade", "inventories/lab.py", "--min-healthy", "2",
-               MODELFLEET_LAB_IMAGE=lab.UPGRADE_IMAGE)
+               image=lab.UPGRADE_IMAGE)
     report = json.loads(good.stdout)
     assert good.returncode == 0, report
     assert report["upgraded"] == [s["name"] for s in lab_hosts] and report["failures_outside_batch"] == 0
@@ -39,7 +39,7 @@ def test_upgrade_then_a_broken_image_is_rolled_back(lab_hosts):
     assert set(report["endpoint_failures"]) <= set(report["upgraded"]) and report["failures_outside_batch"] == 0
 
     bad = run("upgrade", "inventories/lab.py", "--min-healthy", "2",
-              MODELFLEET_LAB_IMAGE=lab.BROKEN_IMAGE)
+              image=lab.BROKEN_IMAGE)
     report = json.loads(bad.stdout)
     first_host = lab_hosts[0]["name"]
     assert bad.returncode == 1 and report["upgraded"] == []

@@ -1,7 +1,5 @@
 """End to end on the lab: real sshd, systemd, dockerd, registry and the openai SDK against engine doubles."""
 
-import json
-import os
 import re
 import secrets
 import subprocess
@@ -9,17 +7,19 @@ import subprocess
 import pytest
 from openai import AuthenticationError, OpenAI
 
-from lab import ssh
+from lab import scenario, ssh
 from modelfleet.commands import run_pyinfra
 
 pytestmark = pytest.mark.lab
 
 KEY = "lab-" + secrets.token_hex(16)
-ENV = {**os.environ, "MODELFLEET_LAB_API_KEY_ENV": "LAB_API_KEY", "LAB_API_KEY": KEY}
 
 
-def pyinfra(*extra, env=ENV):
-    return run_pyinfra("inventories/lab.py", "deploys/serve.py", extra=extra, env=env, timeout=600)
+def pyinfra(*extra, **fields):
+    """serve.py with every service's key in the control node's LAB_API_KEY (and the scenario's other `fields`)."""
+    with scenario.applied(api_key_env="LAB_API_KEY", **fields):
+        return run_pyinfra("inventories/lab.py", "deploys/serve.py", extra=extra, env={"LAB_API_KEY": KEY},
+                           timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +69,7 @@ def test_key_is_in_no_command_line_unit_output_or_readable_file(fleet):
 
 def test_crash_looping_engine_hits_start_limits_and_fails_with_journal(fleet):
     specs, _, _ = fleet
-    bad = {**ENV, "MODELFLEET_LAB_EXTRA_ARGS": json.dumps(["--no-such-engine-flag"])}
-    run = pyinfra("--limit", specs[0]["name"], env=bad)
+    run = pyinfra("--limit", specs[0]["name"], extra_args=["--no-such-engine-flag"])
     assert run.returncode != 0
     assert "unrecognized arguments: --no-such-engine-flag" in run.stdout + run.stderr
     unit = f"modelfleet-tiny-{specs[0]['name']}.service"

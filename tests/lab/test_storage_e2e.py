@@ -3,14 +3,13 @@ becomes XFS at model_root by UUID with noatime and stays untouched on a re-run; 
 filesystem is refused before anything is written to it."""
 
 import hashlib
-import os
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from lab import ssh
+from lab import scenario, ssh
 from modelfleet.commands import run_pyinfra
 
 pytestmark = pytest.mark.lab
@@ -18,8 +17,8 @@ ROOT = "/srv/models-nvme"
 
 
 def storage(limit: str):
-    env = {**os.environ, "MODELFLEET_LAB_NVME": "1", "MODELFLEET_LAB_MODEL_ROOT": ROOT}
-    return run_pyinfra("inventories/lab.py", "deploys/storage.py", extra=["--limit", limit], env=env, timeout=300)
+    scenario.write(nvme=True, model_root=ROOT)
+    return run_pyinfra("inventories/lab.py", "deploys/storage.py", extra=["--limit", limit], timeout=300)
 
 
 def image_of(spec) -> Path:

@@ -25,9 +25,8 @@ def pair_host(lab_hosts):
     lab.remove([spec["name"]])
 
 
-def env_for(spec: dict, tmp_path, **extra) -> dict:
-    return {**os.environ, "MODELFLEET_LAB_ONLY": spec["name"], "MODELFLEET_LAB_TWO_POOLS": spec["name"],
-            "MODELFLEET_REPORTS": str(tmp_path / "reports"), **extra}
+def env_for(tmp_path) -> dict:
+    return {**os.environ, "MODELFLEET_REPORTS": str(tmp_path / "reports")}
 
 
 def container(pool: str, host: str) -> dict:
@@ -39,24 +38,25 @@ def container(pool: str, host: str) -> dict:
             "devices": [data["HostConfig"].get("Devices"), data["HostConfig"].get("DeviceRequests")]}
 
 
-def test_two_pools_get_disjoint_gpus_and_a_change_to_one_leaves_the_other_running(pair_host, tmp_path):
+def test_two_pools_get_disjoint_gpus_and_a_change_to_one_leaves_the_other_running(pair_host, tmp_path, scenario):
     name = pair_host["name"]
-    first = run_pyinfra("inventories/lab.py", "deploys/serve.py", cwd=REPO_ROOT, env=env_for(pair_host, tmp_path),
+    scenario(only=[name], two_pools=name)
+    first = run_pyinfra("inventories/lab.py", "deploys/serve.py", cwd=REPO_ROOT, env=env_for(tmp_path),
                         timeout=600)
     assert first.returncode == 0, (first.stdout + first.stderr)[-4000:]
-    status = run_modelfleet("status", "inventories/lab.py", "--json", cwd=REPO_ROOT, env=env_for(pair_host, tmp_path))
+    status = run_modelfleet("status", "inventories/lab.py", "--json", cwd=REPO_ROOT, env=env_for(tmp_path))
     row = next(r for r in json.loads(status.stdout) if r["host"] == name)
     assert {s["pool"]: s["gpu_indices"] for s in row["services"]} == {"pair-a": [0], "pair-b": [1]}
     assert {s["pool"]: s["state"] for s in row["services"]} == {"pair-a": "active/running",
                                                                 "pair-b": "active/running"}
     rendered = run_modelfleet("render", "inventories/lab.py", name, cwd=REPO_ROOT,
-                              env=env_for(pair_host, tmp_path))
+                              env=env_for(tmp_path))
     assert rendered.returncode == 0 and "--gpus" not in rendered.stdout
     a_before, b_before = container("pair-a", name), container("pair-b", name)
 
+    scenario(only=[name], two_pools=name, pair_b_env={"LAB_NOTE": "b"})
     changed = run_pyinfra("inventories/lab.py", "deploys/serve.py", cwd=REPO_ROOT,
-                          env=env_for(pair_host, tmp_path, MODELFLEET_LAB_PAIR_B_ENV='{"MODELFLEET_LAB_NOTE": "b"}'),
-                          timeout=600)
+                          env=env_for(tmp_path), timeout=600)
     assert changed.returncode == 0, (changed.stdout + changed.stderr)[-4000:]
     assert container("pair-a", name) == a_before  # not restarted, not recreated, same devices
     b_after = container("pair-b", name)

@@ -15,7 +15,7 @@ import lab
 from modelfleet.commands import modelfleet_argv, run_modelfleet, run_pyinfra
 
 pytestmark = pytest.mark.lab
-BASE = {"MODELFLEET_LAB_ENGINE": "vllm"}
+BASE = {"engine": "vllm"}  # the scenario: vLLM on every host
 
 
 def changed(run) -> int:
@@ -23,25 +23,26 @@ def changed(run) -> int:
     return 0 if total and total.group(2) == "-" else int(total.group(2)) if total else -1
 
 
-def test_a_plain_converge_after_an_upgrade_changes_nothing(lab_hosts):
-    first = run_pyinfra("inventories/lab.py", "deploys/serve.py", env=BASE, timeout=1200)
+def test_a_plain_converge_after_an_upgrade_changes_nothing(lab_hosts, scenario):
+    scenario(**BASE)
+    first = run_pyinfra("inventories/lab.py", "deploys/serve.py", timeout=1200)
     assert first.returncode == 0, first.stdout[-3000:]
-    env = {**BASE, "MODELFLEET_LAB_IMAGE": lab.UPGRADE_IMAGE, "MODELFLEET_LAB_REVISION": "v1.0"}
-    upgrade = run_modelfleet("upgrade", "inventories/lab.py", "--min-healthy", "2", env=env, timeout=1200)
+    scenario(**BASE, image=lab.UPGRADE_IMAGE, revision="v1.0")
+    upgrade = run_modelfleet("upgrade", "inventories/lab.py", "--min-healthy", "2", timeout=1200)
     report = json.loads(upgrade.stdout)
     assert upgrade.returncode == 0, report
     assert report["upgraded"] == [s["name"] for s in lab_hosts]
     tokens = [s["name"] for s in lab_hosts if lab.ssh(s, f"test -e {s['config_dir']}/hf-token && echo yes")
               .stdout.strip() == "yes"]
     assert tokens == [lab_hosts[0]["name"]], tokens  # the group's downloader only, as a full run leaves it
-    converge = run_pyinfra("inventories/lab.py", "deploys/serve.py", env=env, timeout=1200)
+    converge = run_pyinfra("inventories/lab.py", "deploys/serve.py", timeout=1200)
     assert converge.returncode == 0 and changed(converge) == 0, converge.stdout[-4000:]
 
 
-def test_an_interrupted_upgrade_says_where_it_stopped_and_its_command_finishes_it(lab_hosts):
-    env = {**os.environ, **BASE, "MODELFLEET_LAB_IMAGE": lab.ENGINE_IMAGES[0]}  # back to v0.34.0
+def test_an_interrupted_upgrade_says_where_it_stopped_and_its_command_finishes_it(lab_hosts, scenario):
+    scenario(**BASE, image=lab.ENGINE_IMAGES[0])  # back to v0.34.0
     second = lab_hosts[1]["name"]
-    upgrade = subprocess.Popen(modelfleet_argv("upgrade", "inventories/lab.py", "--min-healthy", "2"), env=env,
+    upgrade = subprocess.Popen(modelfleet_argv("upgrade", "inventories/lab.py", "--min-healthy", "2"),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     for line in upgrade.stderr:
         if f"batch ['{second}']: switch" in line:
@@ -56,7 +57,7 @@ def test_an_interrupted_upgrade_says_where_it_stopped_and_its_command_finishes_i
     assert set(stopped["hosts_now"]) == {s["name"] for s in lab_hosts}
     assert f"finish with: {stopped['finish_with']}" in err
     assert stopped["finish_with"].startswith("modelfleet upgrade inventories/lab.py ")
-    finish = run_modelfleet(*shlex.split(stopped["finish_with"])[1:], env=env, timeout=1200)
+    finish = run_modelfleet(*shlex.split(stopped["finish_with"])[1:], timeout=1200)
     assert finish.returncode == 0, finish.stdout[-3000:]
-    converge = run_pyinfra("inventories/lab.py", "deploys/serve.py", env=env, timeout=1200)
+    converge = run_pyinfra("inventories/lab.py", "deploys/serve.py", timeout=1200)
     assert converge.returncode == 0 and changed(converge) == 0, converge.stdout[-4000:]

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.lab
 
 
 def serve(limit: str, engine_env: dict | None = None, reports=None, *data: str):
-    env = {**os.environ, "MODELFLEET_LAB_ENGINE_ENV": json.dumps(engine_env or {})}
+    lab.scenario.write(engine_env=engine_env or {})
+    env = dict(os.environ)
     if reports:
         env["MODELFLEET_REPORTS"] = str(reports)
     extra = [arg for item in data for arg in ("--data", item)]
@@ -104,8 +105,8 @@ def test_verify_bench_when_asked_and_a_slower_engine_fails_the_gate(lab_hosts, t
     host = lab_hosts[0]["name"]  # the engine double: its tokens can be slowed down
 
     def run(engine_env=None):
-        env = {**os.environ, "MODELFLEET_REPORTS": str(tmp_path),
-               "MODELFLEET_LAB_ENGINE_ENV": json.dumps(engine_env or {})}
+        lab.scenario.write(engine_env=engine_env or {})
+        env = {**os.environ, "MODELFLEET_REPORTS": str(tmp_path)}
         return run_pyinfra("inventories/lab.py", "deploys/serve.py", extra=["--limit", host, "--data", "verify_bench=true"], env=env, timeout=600)
 
     first = run()
