@@ -67,3 +67,14 @@ def fake():
 def uploads(monkeypatch):
     """What the stages of a @fake run would have uploaded, by remote path."""
     return _fake_harness().Uploads(monkeypatch)
+
+
+@pytest.fixture(autouse=True)
+def no_run_left_current():
+    """pyinfra's ctx_state.use() does not restore the outer state when the block raises (a refused @fake run
+    raising PyinfraError), so a later test would read that run's store as its own: each test starts outside one."""
+    from pyinfra.context import ctx_host, ctx_state
+
+    ctx_state.reset()
+    ctx_host.reset()
+    yield
