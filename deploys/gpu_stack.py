@@ -1,7 +1,8 @@
-"""The GPU host stack alone (preflight, os_base, gpu_driver, container_runtime): `pyinfra INVENTORY deploys/gpu_stack.py`.
-Rebuilds a bare-metal node up to a GPU-visible container runtime; serve.py runs the same stages first."""
+"""The GPU host stack alone (preflight, then the gpu_stack stage: os_base, gpu_driver, container_runtime):
+`pyinfra INVENTORY deploys/gpu_stack.py`. Rebuilds a bare-metal node up to a GPU-visible container runtime;
+serve.py runs the same stages first."""
 
 from modelfleet.deploys import run_stages
-from modelfleet.stages import container_runtime, gpu_driver, os_base, preflight
+from modelfleet.stages import gpu_stack, preflight
 
-run_stages(preflight, os_base, gpu_driver, container_runtime)
+run_stages(preflight, gpu_stack)

@@ -3,15 +3,13 @@
 from modelfleet.deploys import run_stages
 from modelfleet.stages import (
     admission,
-    container_runtime,
     engine_cache,
     exporters,
-    gpu_driver,
+    gpu_stack,
     images,
     imex,
     model,
     netcheck,
-    os_base,
     preflight,
     router,
     service,
@@ -19,5 +17,5 @@ from modelfleet.stages import (
     verify,
 )
 
-run_stages(preflight, os_base, gpu_driver, container_runtime, admission, storage, model, engine_cache, images, imex,
-           netcheck, service, router, verify, exporters)
+run_stages(preflight, gpu_stack, admission, storage, model, engine_cache, images, imex, netcheck, service, router,
+           verify, exporters)

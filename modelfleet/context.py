@@ -10,7 +10,10 @@ pyinfra's State, so a new run (or a new test) never sees an older inventory or h
   probes, computed once per pool.
 - `deployed()`: what the run's stages find on the host, one DeployedState round trip per host per run, read
   before anything runs (the union of the stages' `wants(plan, probe)`); `deployed_on(peer)` for stages that
-  coordinate hosts (the model fan-out, the pool gates), so no host is asked twice.
+  coordinate hosts (the model fan-out, the pool gates), so no host is asked twice. Each stage sees only what
+  its own `wants` declared: reading anything else raises UndeclaredRead, naming the stage and the item, where
+  it would otherwise read as "absent" and silently redo its work on every run.
+- `stage` / `followed()`: the stage running now, and whether stages follow it in this run.
 - `alone`: the stage runs on its own (`pyinfra INV deploys/verify.py`) and acts on everything it covers.
 - `pool_starts(pool)`: will this run (re)start a unit of the pool on any of its hosts; computed once per pool.
 - `pool_checks(pool)`: the pool's collective-check reports, filled while executing, judged by its gate.
@@ -20,21 +23,26 @@ pyinfra's State, so a new run (or a new test) never sees an older inventory or h
 
 from __future__ import annotations
 
-import weakref
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from gevent.lock import Semaphore
 from pyinfra import state as pyinfra_state
-from pyinfra.api import State
-from pyinfra.context import ctx_host, ctx_state
+from pyinfra.context import ctx_host
 
+from modelfleet import runscope
+from modelfleet.errors import ModelfleetError
 from modelfleet.fabric import PoolFabric, derive
 from modelfleet.facts.probe import HostProbe
 from modelfleet.facts.state import DeployedState
 from modelfleet.inventory import HostPlan, InventoryError, Resolved, door
+from modelfleet.stages import STATE_KINDS
 from modelfleet.units import starts
 
-KINDS = ("paths", "units", "images", "trees", "packages", "texts")
+
+class UndeclaredRead(ModelfleetError):
+    """A stage read part of a host's deployed state its wants() does not declare: a fault of that stage."""
 
 
 @dataclass
@@ -54,17 +62,53 @@ class _RunCache:
     fabrics: dict[str, PoolFabric] = field(default_factory=dict)  # pool -> its fabric
 
 
-_runs: weakref.WeakKeyDictionary[State, _RunCache] = weakref.WeakKeyDictionary()
+def _resolved() -> _RunCache:
+    result = door.for_run([(h.name, h.data.dict()) for h in runscope.current().inventory])
+    if result.errors:
+        raise InventoryError(result.errors)
+    return _RunCache(inventory=result)
 
 
 def _cache() -> _RunCache:
-    run = ctx_state.get()  # the State itself: pyinfra's `state` is a context proxy
-    if run not in _runs:
-        result = door.for_run([(h.name, h.data.dict()) for h in run.inventory])
-        if result.errors:
-            raise InventoryError(result.errors)
-        _runs[run] = _RunCache(inventory=result)
-    return _runs[run]
+    return runscope.slot("context", _resolved)
+
+
+class _Declared(Mapping):
+    """One kind of a host's DeployedState as one stage declared it."""
+
+    def __init__(self, found: dict, declared: set, stage: str, kind: str, host: str) -> None:
+        self._found, self._declared, self._where = found, declared, (stage, kind, host)
+
+    def _check(self, key: Any) -> None:
+        if key not in self._declared:
+            stage, kind, host = self._where
+            raise UndeclaredRead(f"stage {stage} reads {kind} {key!r} of host {host} without declaring it in its "
+                                 "wants(): a read it does not declare is not made, and would look absent")
+
+    def __getitem__(self, key: Any) -> Any:
+        self._check(key)
+        return self._found.get(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self._check(key)
+        value = self._found.get(key)
+        return default if value is None else value
+
+    def __contains__(self, key: object) -> bool:
+        self._check(key)
+        return key in self._found
+
+    def __iter__(self) -> Iterator:
+        return (key for key in self._found if key in self._declared)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+def _declared(stage, plan: HostPlan, probe: dict) -> dict[str, set]:
+    """What `stage` declares it reads from the host of `plan`, by kind."""
+    wants = stage.wants(plan, probe)
+    return {kind: set(wants.get(kind, ())) for kind in STATE_KINDS}
 
 
 @dataclass
@@ -73,6 +117,23 @@ class HostRun:
     inventory: Resolved
     alone: bool
     _cache: _RunCache
+    stage: Any = None  # the stage module running now (the pipeline sets it)
+
+    @property
+    def stages(self) -> tuple:
+        """The stages of this run, in order."""
+        return self._cache.stages
+
+    def runs(self, name: str) -> bool:
+        """Does a stage of this name run after the current one?"""
+        stages = self._cache.stages
+        after = stages[stages.index(self.stage) + 1:] if self.stage in stages else stages
+        return any(stage.NAME == name for stage in after)
+
+    def followed(self) -> bool:
+        """Do stages follow the current one in this run?"""
+        stages = self._cache.stages
+        return self.stage in stages and stages.index(self.stage) < len(stages) - 1
 
     @property
     def probe(self) -> dict:
@@ -110,19 +171,39 @@ class HostRun:
                                                     for n in names])
         return cache.fabrics[pool]
 
+    def as_run(self, svc):
+        """fabric_run.as_run, once per service per run: the same object each time, so what is rendered from it
+        (units.unit_files) is rendered once."""
+        from modelfleet.fabric_run import as_run
+
+        known = runscope.slot("services as run", dict)  # (host, unit) -> (the pinned service, as run)
+        held = known.get((svc.host, svc.unit_name))
+        if held is None or held[0] is not svc:
+            held = known[(svc.host, svc.unit_name)] = (svc, as_run(self, svc))
+        return held[1]
+
     def deployed(self) -> dict:
         return self.deployed_on(self.plan.name)
 
     def deployed_on(self, name: str) -> dict:
+        """What host `name` holds of what the current stage declares for it (its `wants` of that host's plan);
+        the host is read once per run, for all stages."""
+        if self.stage is None:
+            raise UndeclaredRead("a deployed-state read outside a stage: only the pipeline's stages read it")
+        found = self._read(name)
+        declared = _declared(self.stage, self._cache.inventory.hosts[name], self._cache.probes.get(name, {}))
+        return {kind: _Declared(found[kind], declared[kind], self.stage.NAME, kind, name) for kind in STATE_KINDS}
+
+    def _read(self, name: str) -> dict:
         """What this run's stages find on host `name`: one DeployedState read per host per run."""
         cache = self._cache
         with cache.locks.setdefault(name, Semaphore()):
             if name not in cache.deployed:
                 plan, probe = cache.inventory.hosts[name], cache.probes.get(name, {})
-                merged: dict[str, list[str]] = {kind: [] for kind in KINDS}
+                merged: dict[str, list[str]] = {kind: [] for kind in STATE_KINDS}
                 for stage in cache.stages:
-                    for kind, items in stage.wants(plan, probe).items():
-                        merged[kind] += [item for item in items if item not in merged[kind]]
+                    for kind, items in _declared(stage, plan, probe).items():
+                        merged[kind] += sorted(item for item in items if item not in merged[kind])
                 target = pyinfra_state.inventory.get_host(name)
                 with ctx_host.use(target):
                     cache.deployed[name] = target.get_fact(DeployedState, **{k: tuple(v) for k, v in merged.items()})
@@ -149,11 +230,10 @@ class HostRun:
         """Will this run (re)start a unit of `pool` on any of its hosts? (Each host's state read once.)"""
         cache = self._cache
         if pool not in cache.pool_starts:
-            from modelfleet.fabric_run import as_run
-
             members = cache.inventory.pools[pool].hosts
+            # Read through the asking stage's view: a stage that asks declares units.start_reads in its wants.
             cache.pool_starts[pool] = any(starts(cache.inventory.hosts[name], self.deployed_on(name), pool,
-                                                 lambda svc: as_run(self, svc)) for name in members)
+                                                 self.as_run) for name in members)
         return cache.pool_starts[pool]
 
 

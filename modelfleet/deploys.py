@@ -15,16 +15,13 @@ from pyinfra.context import ctx_state
 from modelfleet import pins, pipeline, runlock
 from modelfleet.operations.report import fail_host, note_once
 from modelfleet.stages import admission as admission_stage
-from modelfleet.stages import container_runtime, engine_cache, gpu_driver, images, os_base, service
+from modelfleet.stages import gpu_stack as gpu_stack_stage
+from modelfleet.stages import images
 from modelfleet.stages import model as model_stage
 from modelfleet.stages import netcheck as netcheck_stage
 from modelfleet.stages import preflight as preflight_stage
 from modelfleet.stages import storage as storage_stage
 from modelfleet.stages import verify as verify_stage
-
-# Stages whose operations use the pins: image digests, checkpoint commits.
-NEEDS_IMAGE = {images, netcheck_stage, engine_cache, service}  # an engine cache's key holds both
-NEEDS_REVISION = {model_stage, netcheck_stage, engine_cache, service}
 
 
 def run_stages(*stages) -> None:
@@ -39,9 +36,8 @@ def run_stages(*stages) -> None:
         return
     if message:
         note_once(name="Run lock", message=message)
-    wanted, ctx = set(stages), pipeline.context(stages)
-    unpinned = pins.problems(ctx.plan, images=bool(wanted & NEEDS_IMAGE),
-                             revisions=bool(wanted & NEEDS_REVISION))
+    ctx, needed = pipeline.context(stages), {pin for stage in stages for pin in stage.PINS}
+    unpinned = pins.problems(ctx.plan, images="images" in needed, revisions="revisions" in needed)
     if unpinned:
         fail_host(name="Pins", reasons=unpinned)
         return
@@ -55,7 +51,7 @@ def serve() -> None:
 
 def gpu_stack() -> None:
     """Preflight and the host stack: a bare node to GPU-visible containers, nothing that serves."""
-    run_stages(preflight_stage, os_base, gpu_driver, container_runtime)
+    run_stages(preflight_stage, gpu_stack_stage)
 
 
 def prefetch() -> None:

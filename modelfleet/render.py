@@ -233,9 +233,12 @@ def render_env(svc: ServicePlan, mask: bool = False) -> str:
     return _env.get_template("engine.env.j2").render(svc=svc, env=env)
 
 
+def secrets_in_config(svc: ServicePlan) -> bool:
+    """Does the engine read the service's key from a config file (SGLang: it has no environment variable)?"""
+    return bool(api_key(svc) and svc.engine.api_key_config_file)
+
+
 def render_secrets_config(svc: ServicePlan, mask: bool = False) -> str | None:
-    """SGLang reads its key from a --config YAML file (it has no environment variable for it)."""
-    key = api_key(svc)
-    if not (key and svc.engine.api_key_config_file):
+    if not secrets_in_config(svc):
         return None
-    return yaml.safe_dump({"api-key": MASK if mask else key})
+    return yaml.safe_dump({"api-key": MASK if mask else api_key(svc)})

@@ -14,14 +14,30 @@ from modelfleet.pins import pinned_service
 UNIT_DIR = "/etc/systemd/system"
 
 
+def unit_paths(svc: ServicePlan) -> list[str]:
+    """Where unit_files puts the service's files (known without rendering them)."""
+    paths = [f"{UNIT_DIR}/{svc.unit_name}", svc.env_file]
+    return paths + ([svc.secrets_config_file] if render.secrets_in_config(svc) else [])
+
+
 def unit_files(svc: ServicePlan) -> list[tuple[str, str, str, bool]]:
-    """(path, content, mode, secret) for everything the service's unit depends on."""
-    out = [(f"{UNIT_DIR}/{svc.unit_name}", render.render_unit(svc), "0644", False),
-           (svc.env_file, render.render_env(svc), "0600", True)]
-    secrets_yaml = render.render_secrets_config(svc)
-    if secrets_yaml:
-        out.append((svc.secrets_config_file, secrets_yaml, "0600", True))
-    return out
+    """(path, content, mode, secret) for everything the service's unit depends on; rendered once per run for
+    each form of the service (as pinned, as its host runs it), however many stages and peers ask."""
+    known = runscope.slot("unit files", dict)  # id(svc) -> (svc, its files)
+    held = known.get(id(svc))
+    if held is None or held[0] is not svc:
+        unit, env, *secrets = unit_paths(svc)
+        files = [(unit, render.render_unit(svc), "0644", False), (env, render.render_env(svc), "0600", True)]
+        files += [(path, render.render_secrets_config(svc), "0600", True) for path in secrets]
+        held = known[id(svc)] = (svc, files)
+    return list(held[1])
+
+
+def start_reads(plan: HostPlan) -> dict[str, list[str]]:
+    """What starts() reads of a host: declared by every stage that asks whether a pool (re)starts (names and
+    paths only: no pin is needed to know them)."""
+    return {"paths": [path for svc in plan.services for path in unit_paths(svc)],
+            "units": [svc.unit_name for svc in plan.services]}
 
 
 def pinned_services(plan: HostPlan) -> list[ServicePlan]:

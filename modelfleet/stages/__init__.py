@@ -1,5 +1,39 @@
-"""Stages, one @deploy per module, run in pipeline order by deploys/serve.py. Each stage's `run(ctx)` takes the
-host's run context (modelfleet.context.HostRun) and its `wants(plan, probe)` says what it reads from the host."""
+"""Stages, one @deploy per module, run in the order a deploy lists them (modelfleet.pipeline.SERVE for
+serve.py). Every stage module keeps the contract below; modelfleet.pipeline runs them as a plain loop."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from modelfleet.context import HostRun
+    from modelfleet.inventory import HostPlan
 
 # Where stages put the scripts they run on hosts (the fetch script, the NCCL check).
 TOOLS_BIN = "/opt/modelfleet/bin"
+
+# What a stage may declare in wants(): the parts of the host's DeployedState it reads (modelfleet.facts.state),
+# and `probe`, the parts of preflight's HostProbe that preflight must read for it (e.g. the GPUs' health).
+STATE_KINDS = ("paths", "units", "images", "trees", "packages", "texts")
+WANT_KINDS = (*STATE_KINDS, "probe")
+
+
+@runtime_checkable
+class Stage(Protocol):
+    """A stage module.
+
+    NAME: how reports, errors and the pins name it.
+    PINS: the pins its operations use, of "images" (digests) and "revisions" (checkpoint commits); a host whose
+          pins do not resolve gets no stage of a run that needs them.
+    wants(plan, probe): what it reads from the host, by kind (WANT_KINDS): the one declaration its operations
+          derive from; the run context reads the union once per host, and a stage that reads anything it did
+          not declare fails, naming itself and what it read.
+    run(ctx): its operations for the context's host; False when the host must go no further in this run.
+    """
+
+    NAME: str
+    PINS: frozenset[str]
+
+    def wants(self, plan: HostPlan, probe: dict) -> dict[str, list[str]]: ...
+
+    def run(self, ctx: HostRun) -> bool | None: ...

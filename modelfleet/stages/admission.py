@@ -21,13 +21,17 @@ from modelfleet.health import admission_state, amd_verdict, dcgm_check, verdict
 from modelfleet.host_commands import DCGM_MISSING, dcgm_diag_sh
 from modelfleet.operations.report import fail_host, refuse, save_report
 
+NAME = "admission"
+PINS: frozenset[str] = frozenset()
+
 # How long DCGM's diagnostic may run per level (NVIDIA's guide: level 1 seconds, 2 about 2 minutes, 3 about
 # 30 minutes, 4 1-2 hours on a large board).
 DCGM_TIMEOUT_S = {1: 300, 2: 900, 3: 3600, 4: 3 * 3600}
 
 
 def wants(plan, probe: dict) -> dict:
-    return {}
+    """Preflight's probe reads the GPUs' health where the verdict can come from it (NVIDIA; AMD asks itself)."""
+    return {"probe": ["gpu_health"]} if plan.admission and plan.hardware.vendor == "nvidia" else {}
 
 
 def judge(plan, health: dict, probe: dict, dcgm: dict | None = None) -> dict:

@@ -23,6 +23,8 @@ from modelfleet.operations.apt import held, key_fetched, missing, packages
 from modelfleet.operations.files import content_file
 from modelfleet.operations.service import unit_running
 
+NAME = "container_runtime"  # a part of the gpu_stack stage
+
 DAEMON_JSON = "/etc/docker/daemon.json"
 CDI_SPEC = "/etc/cdi/nvidia.yaml"
 KEYRINGS = "/etc/apt/keyrings"

@@ -21,7 +21,7 @@ from functools import partial
 from pyinfra import host, state
 from pyinfra.api import StringCommand, deploy, operation
 
-from modelfleet import fabric_run, render
+from modelfleet import render
 from modelfleet.caches import EngineCache
 from modelfleet.context import HostRun
 from modelfleet.inventory import HostPlan
@@ -38,13 +38,16 @@ from modelfleet.transfer import (
 )
 from modelfleet.units import pinned_services
 
+NAME = "engine_cache"
+PINS: frozenset[str] = frozenset({"images", "revisions"})
+
 
 def _caches(plan: HostPlan, ctx: HostRun | None = None) -> dict[str, EngineCache]:
     """key -> the host's cache directory for it (services with one key share it); with the run context, as the
     service stage renders them (the pool's fabric applied)."""
     out = {}
     for svc in pinned_services(plan):
-        cache = render.engine_cache(fabric_run.as_run(ctx, svc) if ctx else svc)
+        cache = render.engine_cache(ctx.as_run(svc) if ctx else svc)
         if cache:
             out.setdefault(cache.key, cache)
     return out

@@ -15,6 +15,9 @@ from modelfleet.operations.owned_unit import owned_running, refused_when_kept, u
 from modelfleet.prometheus import DCGM_PORT
 from modelfleet.registry import pinned
 
+NAME = "exporters"
+PINS: frozenset[str] = frozenset()
+
 UNIT = "modelfleet-dcgm-exporter.service"
 CONTAINER = "modelfleet-dcgm-exporter"
 UNIT_PATH = f"/etc/systemd/system/{UNIT}"

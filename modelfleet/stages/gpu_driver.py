@@ -38,6 +38,8 @@ from modelfleet.operations.files import content_file
 from modelfleet.operations.reboot import reboot_and_wait
 from modelfleet.operations.report import fail_host
 
+NAME = "gpu_driver"  # a part of the gpu_stack stage
+
 # NVIDIA's repository names (https://developer.download.nvidia.com/compute/cuda/repos/)
 CUDA_DISTROS = {("ubuntu", "22.04"): "ubuntu2204", ("ubuntu", "24.04"): "ubuntu2404", ("debian", "12"): "debian12"}
 CUDA_ARCHES = {"x86_64": "x86_64", "aarch64": "sbsa"}

@@ -9,6 +9,9 @@ from modelfleet.context import HostRun
 from modelfleet.inventory import HostPlan
 from modelfleet.pins import pinned_image
 
+NAME = "images"
+PINS: frozenset[str] = frozenset({"images"})
+
 
 @operation()
 def image_present(image: str, current: dict | None):

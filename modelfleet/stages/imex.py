@@ -27,6 +27,9 @@ from modelfleet.operations.files import content_changes, content_file, directory
 from modelfleet.operations.report import fail_host
 from modelfleet.operations.service import unit_running
 
+NAME = "imex"
+PINS: frozenset[str] = frozenset()
+
 IMEX_DIR = "/etc/nvidia-imex"
 NODES_CONFIG = f"{IMEX_DIR}/nodes_config.cfg"
 MODPROBE_CONF = "/etc/modprobe.d/nvidia-imex-channel.conf"

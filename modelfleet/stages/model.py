@@ -40,6 +40,9 @@ from modelfleet.transfer import (
     fanout_waves,
 )
 
+NAME = "model"
+PINS: frozenset[str] = frozenset({"revisions"})
+
 HF_CLIENT = "huggingface_hub[hf_xet]>=0.34,<3"
 TEMP_FACTOR = 1.05  # partial files beside the ones being replaced
 

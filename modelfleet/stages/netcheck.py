@@ -36,13 +36,17 @@ from modelfleet import FILES_DIR, nccl_log
 from modelfleet.catalog import CATALOG_DIR
 from modelfleet.context import HostRun
 from modelfleet.fabric import HostFabric
-from modelfleet.fabric_run import as_run, pool_fabric, refusals
+from modelfleet.fabric_run import pool_fabric, refusals
 from modelfleet.inventory import HostPlan, ServicePlan
 from modelfleet.operations.files import content_file, directory
 from modelfleet.operations.report import fail_host, save_report
 from modelfleet.pins import pinned_image
 from modelfleet.render import fabric_env, fabric_flags, gpu_flags, rendezvous_address
 from modelfleet.stages import TOOLS_BIN
+from modelfleet.units import start_reads
+
+NAME = "netcheck"
+PINS: frozenset[str] = frozenset({"images", "revisions"})
 
 SCRIPT = f"{TOOLS_BIN}/nccl_check.py"
 # Largest message of the sweep: nccl-tests' health checks read busbw at the top of -b 1M -e 16G on GPUs.
@@ -59,7 +63,9 @@ FABRIC_CATALOG = CATALOG_DIR / "fabric.yaml"
 
 
 def wants(plan: HostPlan, probe: dict) -> dict:
-    return {"paths": [TOOLS_BIN, SCRIPT]}
+    """Its script, and what deciding whether a pool (re)starts reads (the gate runs only then)."""
+    unit_reads = start_reads(plan)
+    return {"paths": [TOOLS_BIN, SCRIPT, *unit_reads["paths"]], "units": unit_reads["units"]}
 
 
 def backend(svc: ServicePlan) -> str:
@@ -342,7 +348,7 @@ def run(ctx: HostRun):
         fail_host(name="Pool fabric", reasons=refused)
         return False
     for svc in plan.services:
-        needed, svc = _needed(ctx, svc), as_run(ctx, svc)
+        needed, svc = _needed(ctx, svc), ctx.as_run(svc)
         pool, fabric = ctx.inventory.pools[svc.pool], pool_fabric(ctx, svc.pool)
         collective_check(name=f"Collective check for pool {svc.pool} ({backend(svc)})", pool=svc.pool,
                          command=check_command(svc, pinned_image(svc), h2d=plan.admission_h2d), needed=needed,

@@ -13,6 +13,8 @@ from modelfleet.facts.host import OsRelease
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.apt import packages
 
+NAME = "os_base"  # a part of the gpu_stack stage
+
 BASE_PACKAGES = ("ca-certificates", "curl")
 
 

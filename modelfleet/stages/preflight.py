@@ -12,6 +12,9 @@ from modelfleet.inventory import HostPlan
 from modelfleet.operations.report import fail_host, save_report
 from modelfleet.planner import expert_offload, plan_capacity
 
+NAME = "preflight"
+PINS: frozenset[str] = frozenset()
+
 
 def _version_tuple(text: str | None) -> tuple[int, ...]:
     return tuple(int(p) for p in (text or "0").split(".") if p.isdigit())
@@ -131,12 +134,17 @@ def assess(plan: HostPlan, gpus: list[dict]) -> list[dict]:
     return out
 
 
+def wants(plan: HostPlan, probe: dict) -> dict:
+    return {}  # it reads the probe itself, with what the stages after it declare of it
+
+
 @deploy("modelfleet preflight")
-def run(ctx: HostRun, defer_stack: bool = False, health: bool = False) -> bool:
-    """`health`: the admission stage follows; its read rides in this probe (no round trip of its own)."""
+def run(ctx: HostRun) -> bool:
+    """The probe carries what the stages of the run declare of it (the GPUs' health for admission: no round
+    trip of its own); what the GPU stack stage will fix is deferred to it when it follows."""
     plan = ctx.plan
-    probe = ctx.read_probe(health=health)
-    report = evaluate(plan, probe, defer_stack=defer_stack)
+    probe = ctx.read_probe(health=any("gpu_health" in stage.wants(plan, {}).get("probe", ()) for stage in ctx.stages))
+    report = evaluate(plan, probe, defer_stack=ctx.runs("gpu_stack"))
     report["fabric"] = {}
     for svc in plan.services:
         if svc.nnodes > 1:

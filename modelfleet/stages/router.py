@@ -28,6 +28,9 @@ from modelfleet.operations.owned_unit import owned_running, refused_when_kept, u
 from modelfleet.operations.report import fail_host, note, refuse, reports_dir, save_report
 from modelfleet.stages import TOOLS_BIN
 
+NAME = "router"
+PINS: frozenset[str] = frozenset()
+
 BASE_PACKAGES = ("python3-venv", "curl")
 PROXY_PACKAGE = "nginx"
 

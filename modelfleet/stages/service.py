@@ -12,19 +12,21 @@ from modelfleet.operations.files import content_file, directory
 from modelfleet.operations.owned_unit import owned_running, refused_when_kept, unmasked
 from modelfleet.operations.report import fail_host, note_once
 from modelfleet.operations.service import unit_retired, wait_ready, worker_up
-from modelfleet.units import UNIT_DIR, edited, pinned_services, unit_files
+from modelfleet.units import UNIT_DIR, edited, pinned_services, start_reads, unit_files
+
+NAME = "service"
+PINS: frozenset[str] = frozenset({"images", "revisions"})
 
 
 def wants(plan: HostPlan, probe: dict) -> dict:
     """What this stage reads from the host's DeployedState."""
-    services = pinned_services(plan)
-    paths = [plan.config_dir] + [svc.model_dir for svc in services]
-    paths += [path for svc in services for path, *_ in unit_files(svc)]
+    services, unit_reads = pinned_services(plan), start_reads(plan)
+    paths = [plan.config_dir] + [svc.model_dir for svc in services] + unit_reads["paths"]
     paths += [svc.auth_file for svc in services if render.api_key(svc)]
     paths += [path for svc in services for path in _cache_paths(render.engine_cache(svc))]
     # A replica's unit under its pool's name: only whether its file is there (it is retired if so).
     paths += [f"{UNIT_DIR}/{svc.legacy_unit_name}" for svc in services if svc.legacy_unit_name]
-    return {"paths": paths, "units": [svc.unit_name for svc in services]}
+    return {"paths": paths, "units": unit_reads["units"]}
 
 
 def _cache_paths(cache) -> list[str]:
@@ -39,7 +41,7 @@ def run(ctx: HostRun):
     if refused:  # a pool across hosts whose fabric is wrong: no unit of it starts
         fail_host(name="Pool fabric", reasons=refused)
         return
-    services = [fabric_run.as_run(ctx, svc) for svc in pinned_services(plan)]
+    services = [ctx.as_run(svc) for svc in pinned_services(plan)]
     state = ctx.deployed()
     at = state["paths"].get
     units = {svc.unit_name: state["units"].get(svc.unit_name) or {} for svc in services}

@@ -23,6 +23,9 @@ from modelfleet.inventory import HostPlan
 from modelfleet.operations.files import MARKER, directory
 from modelfleet.operations.report import fail_host
 
+NAME = "storage"
+PINS: frozenset[str] = frozenset()
+
 LABEL = "mf-models"  # at most 12 characters for XFS
 RAID = "/dev/md/modelfleet"
 

@@ -21,10 +21,15 @@ from modelfleet.checks.gate import run_gate
 from modelfleet.checks.tunnel import through_host
 from modelfleet.context import HostRun
 from modelfleet.operations.report import refuse, reports_dir, save_report
+from modelfleet.units import start_reads
+
+NAME = "verify"
+PINS: frozenset[str] = frozenset()
 
 
 def wants(plan, probe: dict) -> dict:
-    return {}
+    """What deciding whether a pool (re)starts reads (a pool that does is verified in full)."""
+    return start_reads(plan)
 
 
 

@@ -7,12 +7,12 @@ import json
 import pytest
 
 from modelfleet.pipeline import run_stages  # noqa: E402
-from modelfleet.stages import container_runtime, gpu_driver, os_base, preflight  # noqa: E402
+from modelfleet.stages import gpu_driver, gpu_stack, preflight  # noqa: E402
 
 
 def stack_only():
     """deploys/gpu_stack.py's pipeline (the run lock and pins belong to the real connectors' entry points)."""
-    run_stages(preflight, os_base, gpu_driver, container_runtime)
+    run_stages(preflight, gpu_stack)
 
 KERNELS = {"ubuntu2204": "5.15.0-140-generic", "ubuntu2404": "6.8.0-87-generic", "debian12": "6.1.0-40-amd64"}
 OS_RELEASE = {
@@ -238,7 +238,7 @@ def test_admission_after_a_driver_change_reads_the_gpus_after_the_stack_not_befo
     from modelfleet.stages import admission
 
     host = bare(fake, "nvidia", "ubuntu2404")
-    state = fake.run_fake([("n1", host)], lambda: run_stages(preflight, os_base, gpu_driver, container_runtime,
+    state = fake.run_fake([("n1", host)], lambda: run_stages(preflight, gpu_stack,
                                                         admission), dry=True)
     steps = fake.planned(state, "n1")
     assert "<_judged_now>" in steps and "<refuse>" not in steps

@@ -14,7 +14,8 @@ def test_imex_on_fresh_trays_writes_the_node_list_makes_the_channel_and_starts_t
     commands = fake.executed(state, "t2")
     assert uploads.files[imex.NODES_CONFIG] == "192.168.40.1\n192.168.40.2\n"
     assert "options nvidia NVreg_CreateImexChannel0=1" in uploads.files[imex.MODPROBE_CONF]
-    assert any("mknod -m 666 /dev/nvidia-caps-imex-channels/channel0" in c for c in commands)
+    assert any(c.endswith("imex_channel nvidia-caps-imex-channels /dev/nvidia-caps-imex-channels/channel0")
+               for c in commands)
     assert commands[-2:] == ["systemctl enable nvidia-imex.service", "systemctl start nvidia-imex.service"]
 
 

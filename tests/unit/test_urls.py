@@ -15,7 +15,7 @@ from modelfleet import checkpoint, mirror, pins, registry  # noqa: E402
 from modelfleet.checkpoint import Snapshot  # noqa: E402
 from modelfleet.inventory import open_inventory, resolve  # noqa: E402
 from modelfleet.pipeline import run_stages  # noqa: E402
-from modelfleet.stages import container_runtime, gpu_driver, os_base, preflight  # noqa: E402
+from modelfleet.stages import container_runtime, gpu_stack, preflight  # noqa: E402
 
 URL = re.compile(r"(?:https?|file)://[^\s'\"]+")
 STACK_KINDS = ("package", "apt repository", "signing key")
@@ -38,7 +38,7 @@ def os_release(fake, system: dict) -> list[str]:
 
 
 def stack_only():
-    run_stages(preflight, os_base, gpu_driver, container_runtime)
+    run_stages(preflight, gpu_stack)
 
 
 def stage_urls(state, name: str, deb_arch: str) -> tuple[set[str], list[str]]:
