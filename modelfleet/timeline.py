@@ -9,13 +9,13 @@ import os
 import re
 import shlex
 import time
-import weakref
 from datetime import datetime, timezone
 
 from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.api.state import BaseStateCallback
 from pyinfra.context import ctx_state
 
+from modelfleet import runscope
 from modelfleet.catalog import CATALOG_DIR, CatalogError, load_catalog
 from modelfleet.operations.report import report_path, save_json
 
@@ -249,15 +249,15 @@ class Recorder(BaseStateCallback):
         return None if when is None else round(when - self.started, 3)
 
 
-_recorders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # per pyinfra State
-
-
 def recorder(state=None) -> Recorder:
     state = state or ctx_state.get()
-    if state not in _recorders:
-        _recorders[state] = Recorder(process_start())
-        state.add_callback_handler(_recorders[state])
-    return _recorders[state]
+    return runscope.slot("timeline", lambda: _attached(state), run=state)
+
+
+def _attached(state) -> Recorder:
+    held = Recorder(process_start())
+    state.add_callback_handler(held)
+    return held
 
 
 def watch(host_name: str, pool: str, served_name: str) -> None:

@@ -6,7 +6,6 @@ gets nothing from os_base either, and writes one report of all three: reports/gp
 from __future__ import annotations
 
 from pyinfra import host, state
-from pyinfra.api import deploy
 
 from modelfleet.context import HostRun
 from modelfleet.inventory import HostPlan
@@ -32,10 +31,10 @@ def wants(plan: HostPlan, probe: dict) -> dict:
     return out
 
 
-@deploy("modelfleet gpu_stack")
 def run(ctx: HostRun) -> bool:
     """True when the host can go on (no refusal, no reboot pending). A pending reboot stops the host when
-    serving stages follow (they fail it, saying why); on its own the stack just reports it."""
+    serving stages follow (they fail it, saying why); on its own the stack just reports it. Not a @deploy of its
+    own: its parts are, so their operations keep their names (`modelfleet gpu_driver | ...`)."""
     plan = ctx.plan
     if not managed(plan):
         return True

@@ -3,10 +3,10 @@ nothing when converged, and old keys pruned beyond model_keep_revisions (through
 
 
 import pytest
-from test_stages import b300_host, changed_ops, converged_replies, serve  # noqa: E402
 
 from modelfleet import render  # noqa: E402
 from modelfleet.inventory import resolve  # noqa: E402
+from tests.fake.hosts import b300_host, changed_ops, converged_replies, serve  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
