@@ -9,7 +9,7 @@ import time
 
 import click
 
-from modelfleet import render
+from modelfleet import render, runscope
 from modelfleet.catalog import load_catalog
 from modelfleet.commands import inventory_args
 from modelfleet.inventory import open_inventory
@@ -56,8 +56,10 @@ def _open(inventory: str, group_data=(), data=(), offline: bool = False):
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option()
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """Turn GPU servers into serving nodes for open-weight models (pyinfra stages + checks)."""
+    ctx.with_resource(runscope.scope())  # a command resolves each digest and checkpoint once, like a run
 
 
 @main.command()
