@@ -37,7 +37,8 @@ def run_stages(*stages) -> None:
     if message:
         note_once(name="Run lock", message=message)
     ctx, needed = pipeline.context(stages), {pin for stage in stages for pin in stage.PINS}
-    unpinned = pins.problems(ctx.plan, images="images" in needed, revisions="revisions" in needed)
+    unpinned = pins.problems(ctx.plan, images="images" in needed, revisions="revisions" in needed,
+                             listings="listings" in needed)
     if unpinned:
         fail_host(name="Pins", reasons=unpinned)
         return

@@ -45,8 +45,9 @@ def pinned_service(plan: HostPlan, svc: ServicePlan) -> ServicePlan:
     return replace(pinned_revision(plan, svc), image=pinned_image(svc))
 
 
-def problems(plan: HostPlan, images: bool = True, revisions: bool = True) -> list[str]:
-    """Each pin this host needs that cannot be resolved, as one line saying what to do."""
+def problems(plan: HostPlan, images: bool = True, revisions: bool = True, listings: bool = False) -> list[str]:
+    """Each pin this host needs that cannot be resolved, as one line saying what to do. `listings`: the
+    checkpoint's file list too (what the model stage fetches), asked even where the revision is a commit."""
     out = []
     for svc in plan.services:
         if images:
@@ -54,9 +55,11 @@ def problems(plan: HostPlan, images: bool = True, revisions: bool = True) -> lis
                 pinned_image(svc)
             except RegistryError as error:
                 out.append(f"image digest: {error}; check the registry (image_registry / network) and re-run")
-        if revisions:
+        if revisions or listings:
             try:
                 pinned_revision(plan, svc)
+                if listings:
+                    checkpoint_of(plan, svc)
             except ModelSourceError as error:
                 out.append(f"checkpoint revision: {error}; check hf_endpoint / model_source and the token, "
                            "then re-run")

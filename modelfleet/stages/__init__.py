@@ -23,8 +23,8 @@ class Stage(Protocol):
     """A stage module.
 
     NAME: how reports, errors and the pins name it.
-    PINS: the pins its operations use, of "images" (digests) and "revisions" (checkpoint commits); a host whose
-          pins do not resolve gets no stage of a run that needs them.
+    PINS: the pins its operations use, of "images" (digests), "revisions" (checkpoint commits) and "listings"
+          (a checkpoint's file list); a host whose pins do not resolve gets no stage of a run that needs them.
     wants(plan, probe): what it reads from the host, by kind (WANT_KINDS): the one declaration its operations
           derive from; the run context reads the union once per host, and a stage that reads anything it did
           not declare fails, naming itself and what it read.

@@ -41,7 +41,7 @@ from modelfleet.transfer import (
 )
 
 NAME = "model"
-PINS: frozenset[str] = frozenset({"revisions"})
+PINS: frozenset[str] = frozenset({"revisions", "listings"})
 
 HF_CLIENT = "huggingface_hub[hf_xet]>=0.34,<3"
 TEMP_FACTOR = 1.05  # partial files beside the ones being replaced

@@ -12,7 +12,6 @@ import pytest
 from pyinfra.api.exceptions import PyinfraError
 
 from modelfleet import deploys
-from modelfleet.checkpoint import ModelSourceError
 
 
 @pytest.fixture(autouse=True)
@@ -82,10 +81,6 @@ def test_entry_points_that_use_no_pin_run_with_the_registry_and_mirror_out_of_re
         assert len(sent) == 1 and sent[0].startswith("echo '@@modelfleet-probe ")  # its one round trip
 
 
-@pytest.mark.xfail(strict=True, raises=ModelSourceError, reason=(
-    "a revision pinned to a commit passes the pins check without asking the hub or mirror, but the model stage then "
-    "asks for the checkpoint's file list while planning: the run dies with ModelSourceError instead of refusing the "
-    "host with a `checkpoint revision:` line (deploys.run_stages' promise: refused by the pins, no stage at all)"))
 def test_a_missing_checkpoint_refuses_the_host_also_when_the_revision_is_a_commit(fake, caplog, closed_port,
                                                                                  mirror):
     lines, sent = refusals(fake, caplog, h200(fake, closed_port, mirror, revision="c" * 40), deploys.model)
