@@ -176,11 +176,7 @@ class HostRun:
         (units.unit_files) is rendered once."""
         from modelfleet.fabric_run import as_run
 
-        known = runscope.slot("services as run", dict)  # (host, unit) -> (the pinned service, as run)
-        held = known.get((svc.host, svc.unit_name))
-        if held is None or held[0] is not svc:
-            held = known[(svc.host, svc.unit_name)] = (svc, as_run(self, svc))
-        return held[1]
+        return runscope.memo("services as run", svc, lambda: as_run(self, svc))
 
     def deployed(self) -> dict:
         return self.deployed_on(self.plan.name)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import jinja2
 import yaml
 
-from modelfleet import TEMPLATES_DIR, caches, grammar
+from modelfleet import TEMPLATES_DIR, caches, grammar, runscope
 from modelfleet.inventory import ServicePlan
 
 if TYPE_CHECKING:
@@ -165,8 +165,9 @@ def docker_run_argv(svc: ServicePlan) -> list[str]:
 
 
 def engine_cache(svc: ServicePlan) -> caches.EngineCache | None:
-    """The service's engine cache directory, keyed by (among the rest) the engine's full argv."""
-    return caches.cache_of(svc, engine_argv(svc))
+    """The service's engine cache directory, keyed by (among the rest) the engine's full argv; worked out once
+    per run for each form of the service (the stages, its unit and its env file all ask)."""
+    return runscope.memo("engine caches", svc, lambda: caches.cache_of(svc, engine_argv(svc)))
 
 
 def systemd_quote(arg: str) -> str:

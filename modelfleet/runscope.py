@@ -48,6 +48,16 @@ def slot(name: str, factory: Callable[[], T], run: State | None = None) -> T:
     return held[name]
 
 
+def memo(name: str, of: object, compute: Callable[[], T]) -> T:
+    """compute(), once per run for the object `of` (by identity); the slot holds `of` too, so its id is not
+    reused for another object while the run lasts."""
+    known = slot(name, dict)
+    held = known.get(id(of))
+    if held is None or held[0] is not of:
+        held = known[id(of)] = (of, compute())
+    return held[1]
+
+
 def lock(name: str) -> Semaphore:
     """A lock of the run's (greenlets of one run share it); a fresh one where nothing is kept."""
     return slot(f"lock {name}", Semaphore)

@@ -23,14 +23,13 @@ def unit_paths(svc: ServicePlan) -> list[str]:
 def unit_files(svc: ServicePlan) -> list[tuple[str, str, str, bool]]:
     """(path, content, mode, secret) for everything the service's unit depends on; rendered once per run for
     each form of the service (as pinned, as its host runs it), however many stages and peers ask."""
-    known = runscope.slot("unit files", dict)  # id(svc) -> (svc, its files)
-    held = known.get(id(svc))
-    if held is None or held[0] is not svc:
-        unit, env, *secrets = unit_paths(svc)
-        files = [(unit, render.render_unit(svc), "0644", False), (env, render.render_env(svc), "0600", True)]
-        files += [(path, render.render_secrets_config(svc), "0600", True) for path in secrets]
-        held = known[id(svc)] = (svc, files)
-    return list(held[1])
+    return list(runscope.memo("unit files", svc, lambda: _rendered(svc)))
+
+
+def _rendered(svc: ServicePlan) -> list[tuple[str, str, str, bool]]:
+    unit, env, *secrets = unit_paths(svc)
+    files = [(unit, render.render_unit(svc), "0644", False), (env, render.render_env(svc), "0600", True)]
+    return files + [(path, render.render_secrets_config(svc), "0600", True) for path in secrets]
 
 
 def start_reads(plan: HostPlan) -> dict[str, list[str]]:
@@ -41,14 +40,9 @@ def start_reads(plan: HostPlan) -> dict[str, list[str]]:
 
 
 def pinned_services(plan: HostPlan) -> list[ServicePlan]:
-    """The host's services as their units run them. Inside a pyinfra run, worked out once per host: the run's
-    pins do not change while it runs, and each look-up reads every host's data (the registries named plain-HTTP),
-    while the stages ask for a host's services, and the engine cache stage for each peer's, many times a run."""
-    known = runscope.slot("pinned services", dict)  # id(plan) -> (plan, its pinned services)
-    held = known.get(id(plan))
-    if held is None or held[0] is not plan:
-        held = known[id(plan)] = (plan, [pinned_service(plan, svc) for svc in plan.services])
-    return list(held[1])
+    """The host's services as their units run them, worked out once per host per run (the pins do not change
+    while it runs; the stages ask for a host's services, the engine cache stage for each peer's, many times)."""
+    return list(runscope.memo("pinned services", plan, lambda: [pinned_service(plan, svc) for svc in plan.services]))
 
 
 def edited(svc: ServicePlan, state: dict) -> dict[str, bool]:

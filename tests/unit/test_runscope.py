@@ -91,3 +91,13 @@ def test_the_walk_finds_each_shape_of_a_cache(tmp_path):
         "def f():\n    pass\n@cache\ndef g():\n    pass\ndef h():\n    local = {}\n")
     assert module_level_caches(tmp_path) == [("m.py", "_seen"), ("m.py", "_held"), ("m.py", "_runs"),
                                              ("m.py", "f"), ("m.py", "g")]
+
+
+def test_a_memo_is_worked_out_once_per_object_per_run():
+    calls, first, second = [], object(), object()
+    with ctx_state.use(state()):
+        for of in (first, first, second):
+            runscope.memo("m", of, lambda of=of: calls.append(of) or len(calls))
+        assert runscope.memo("m", first, lambda: 0) == 1 and calls == [first, second]
+    with ctx_state.use(state()):
+        assert runscope.memo("m", first, lambda: "again") == "again"

@@ -82,3 +82,28 @@ def test_a_runs_pinned_services_are_worked_out_once_per_host(monkeypatch):
             for _again in range(3):
                 assert {name: units.pinned_services(plan) for name, plan in result.hosts.items()} == outside
         assert len(asked) == 1  # once per image in each run
+
+
+def test_a_converge_renders_each_unit_once(fake, monkeypatch, tmp_path):
+    """serve's stages on a converged host: the service stage, the netcheck gate's pool_starts and the unit files'
+    comparison all share one rendering of the unit and one of the engine's command line per form of it."""
+    from modelfleet import render
+    from modelfleet.inventory import resolve
+    from modelfleet.pipeline import run_stages
+    from modelfleet.stages import images, netcheck, preflight, service
+    from tests.fake.hosts import b300_host, converged_replies
+
+    monkeypatch.setenv("MODELFLEET_REPORTS", str(tmp_path))
+    calls = {"unit": 0, "argv": 0}
+    unit, argv = render.render_unit, render.engine_argv
+
+    def counted(kind, real):
+        return lambda *a, **k: calls.__setitem__(kind, calls[kind] + 1) or real(*a, **k)
+
+    monkeypatch.setattr(render, "render_unit", counted("unit", unit))
+    monkeypatch.setattr(render, "engine_argv", counted("argv", argv))
+    svc = resolve([("@fake/b1", b300_host())]).hosts["@fake/b1"].services[0]
+    host = {**b300_host(), "fake_responses": converged_replies(fake, svc)}
+    calls.update(unit=0, argv=0)  # from here: the run alone
+    fake.run_fake([("b1", host)], lambda: run_stages(preflight, images, service, netcheck))
+    assert calls == {"unit": 1, "argv": 2}  # the unit as run; the argv as pinned (its cache's key) and as run
