@@ -17,13 +17,13 @@ def _pump(source, sink) -> None:
             if not data:
                 break
             sink.sendall(data)
-    except OSError:
+    except (OSError, EOFError):  # a socket or a channel whose transport went away
         pass
     finally:
         for end in (source, sink):
             try:
                 end.close()
-            except OSError:
+            except (OSError, EOFError):
                 pass
 
 
@@ -66,6 +66,10 @@ def forward(transport: paramiko.Transport, remote_host: str, remote_port: int, l
         yield server.getsockname()[1]
     finally:
         stopping.set()
+        try:  # wakes the accept() blocked in its thread: a bare close() leaves the port listening
+            server.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         server.close()
 
 

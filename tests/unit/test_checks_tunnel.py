@@ -140,9 +140,6 @@ def test_connections_to_the_local_port_reach_the_remote_service(transport):
     stop(service)
 
 
-@pytest.mark.xfail(strict=True, reason="forward() closes its listening socket while its accept thread blocks in "
-                   "accept(): the port keeps listening after the tunnel closes, and the next connection there is "
-                   "accepted and carried (shutdown(SHUT_RDWR) before close() would end it)")
 def test_the_local_port_is_let_go_when_the_tunnel_closes(transport):
     client, _ = transport
     service, service_port = listening(echo)

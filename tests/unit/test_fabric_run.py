@@ -1,0 +1,59 @@
+"""fabric_run: a pool's fabric as the stages use it in a run (none for a pool of one host), a service as its
+containers run on its host (its member's fabric, an AMD host's render group), and one refusal line per fabric
+problem of a pool across hosts."""
+
+from types import SimpleNamespace
+
+from modelfleet import render
+from modelfleet.fabric import PoolFabric
+from modelfleet.fabric_run import as_run, pool_fabric, refusals
+from modelfleet.inventory import resolve
+from tests.fabric_doubles import fabric
+
+PAIR = {"hardware": "gb300", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": "e" * 40, "pool": "k31"}
+
+
+def pair(errors=(), members=("t1", "t2")):
+    result = resolve([(n, {**PAIR, "ssh_hostname": f"10.0.0.{i + 1}"}) for i, n in enumerate(("t1", "t2"))])
+    assert result.errors == []
+    asked = []
+
+    def derived(pool):
+        asked.append(pool)
+        return PoolFabric(pool, hosts={n: fabric(n) for n in members}, errors=list(errors))
+
+    return SimpleNamespace(inventory=result, fabric=derived, probe_on=lambda name: {}), result, asked
+
+
+def test_a_pool_across_hosts_gets_its_fabric_and_a_pool_of_one_host_none():
+    ctx, result, asked = pair()
+    assert pool_fabric(ctx, "k31").hosts["t1"].ifname == "enP6p3s0f0np0" and asked == ["k31"]
+    alone = resolve([("h1", {"hardware": "h200", "gpu_count": 1, "model": "qwen3-8b", "engine": "vllm"})])
+    ctx_alone = SimpleNamespace(inventory=alone, fabric=lambda pool: (_ for _ in ()).throw(AssertionError(pool)))
+    assert pool_fabric(ctx_alone, alone.hosts["h1"].services[0].pool) is None
+
+
+def test_a_member_runs_with_its_own_fabric_in_its_unit():
+    ctx, result, _ = pair()
+    svc = result.hosts["t2"].services[0]
+    run = as_run(ctx, svc)
+    assert run.fabric.host == "t2" and svc.fabric is None
+    unit = render.render_unit(run)
+    assert "/dev/infiniband/rdma_cm" in unit and "/dev/infiniband/rdma_cm" not in render.render_unit(svc)
+
+
+def test_an_amd_host_runs_with_its_render_group_by_number():
+    result = resolve([("m1", {"ssh_hostname": "192.0.2.2", "hardware": "mi355x", "model": "kimi-k3",
+                              "engine": "vllm", "revision": "d" * 40})])
+    ctx = SimpleNamespace(inventory=result, probe_on=lambda name: {"render_gid": 992})
+    assert as_run(ctx, result.hosts["m1"].services[0]).render_gid == 992
+
+
+def test_each_fabric_problem_is_one_line_naming_pool_place_and_field():
+    ctx, result, _ = pair(errors=[("host t2", "NCCL_IB_HCA", "mlx5_4 has no RoCE v2 GID")])
+    assert refusals(ctx, result.hosts["t2"].services) == ["pool k31: host t2: NCCL_IB_HCA: mlx5_4 has no RoCE v2 GID"]
+    ctx, result, _ = pair(members=("t1",))
+    assert refusals(ctx, result.hosts["t2"].services) == [
+        "pool k31: host t2: fabric: no fabric derived for this member"]
+    ctx, result, _ = pair()
+    assert refusals(ctx, [s for p in result.hosts.values() for s in p.services]) == []
