@@ -3,6 +3,7 @@ outside a run; nothing kept where neither is open. And the package keeps no cach
 
 import ast
 import gc
+import weakref
 
 from pyinfra.api import Config, Inventory, State
 from pyinfra.context import ctx_state
@@ -37,13 +38,17 @@ def test_a_run_keeps_its_slots_and_a_new_run_starts_empty():
     assert runscope.slot("digests", dict, run=first) == {"a": 1}
 
 
+class Held:
+    pass
+
+
 def test_a_run_store_goes_with_its_state():
-    run = state()
-    runscope.slot("x", dict, run=run)["held"] = True
-    before = len(runscope._stores)
-    del run
+    run, held = state(), Held()
+    runscope.slot("x", dict, run=run)["held"] = held
+    gone_run, gone_held = weakref.ref(run), weakref.ref(held)
+    del run, held
     gc.collect()
-    assert len(runscope._stores) == before - 1
+    assert gone_run() is None and gone_held() is None  # the store neither keeps its run alive nor outlives it
 
 
 def test_outside_a_run_nothing_is_kept_unless_a_scope_is_open():
