@@ -6,7 +6,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 PYINFRA := $(PYTHON) -m pyinfra
 
-.PHONY: install lock lab-setup demo bench-converge bench-fanout bench-ready lab-gate lab-verify lab-rollout lab-driver-upgrade lab-rebuild lab-down engine-parsers engine-flags test lint hw-preflight hw-admit hw-nccl
+.PHONY: install lock lab-setup demo bench-converge bench-fanout bench-ready lab-gate lab-verify lab-rollout lab-driver-upgrade lab-rebuild lab-down engine-parsers engine-flags test-fast test lint hw-preflight hw-admit hw-nccl
 
 # The versions that passed (requirements.lock, from `make lock`) installed into .venv; re-run when either
 # file changes.
@@ -82,6 +82,10 @@ engine-parsers: install
 engine-flags: engine-parsers lab-setup
 	$$($(PYTHON) -m lab.engine_parsers python) lab/engine_parsers/check.py flags lab/engine_double/flags.json
 	$(PYTHON) -m lab.engine_parsers llama-flags lab/engine_double/flags.json
+
+# The tests that need no lab and start no other interpreter or program (well under a minute).
+test-fast: install
+	$(PYTHON) -m pytest -q -m "not slow" tests --ignore=tests/lab --ignore=tests/router
 
 # Every test; the engine-parser checks may not skip here (MODELFLEET_REQUIRE_ENGINE_PARSERS).
 test: install engine-parsers

@@ -10,6 +10,8 @@ import pytest
 
 from tests.listener import CountingListener
 
+pytestmark = pytest.mark.slow  # pyinfra's own CLI in child processes
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

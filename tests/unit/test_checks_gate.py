@@ -4,8 +4,12 @@ that fails said as a failed readiness, not a crash of the run. Against the lab's
 
 from __future__ import annotations
 
+import pytest
+
 from modelfleet.checks import Endpoint, gate
 from tests.engine_on_loopback import engine_on_loopback
+
+pytestmark = pytest.mark.slow  # the gate in its child interpreter
 
 KEY = "k-gate-test"
 

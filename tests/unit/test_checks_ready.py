@@ -34,7 +34,7 @@ def engine():
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()  # a quick shutdown
     yield state, f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
 

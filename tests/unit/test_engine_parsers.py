@@ -17,6 +17,8 @@ import lab.engine_parsers as engine_parsers
 from modelfleet import REPO_ROOT, render
 from tests.recipe_pools import CATALOG, RECIPE_BOARDS, pool
 
+pytestmark = pytest.mark.slow  # the real vLLM and SGLang parsers, in their own interpreter
+
 ENGINES = ("vllm", "sglang")
 KEY_ENV = "MODELFLEET_TEST_ENGINE_KEY"
 DOUBLE_FLAGS = REPO_ROOT / "lab" / "engine_double" / "flags.json"

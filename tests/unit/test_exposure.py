@@ -100,7 +100,7 @@ def serve():
 
     def start(handler) -> str:
         server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()  # a quick shutdown
         servers.append(server)
         return f"http://127.0.0.1:{server.server_address[1]}"
 

@@ -5,7 +5,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow  # builds the wheel and installs it in a fresh environment
 
 
 def run(bin_dir, work, *argv):

@@ -20,6 +20,8 @@ from modelfleet.inventory import resolve
 from modelfleet.pins import checkpoint_of, pinned_revision
 from modelfleet.stages import model as model_stage
 
+pytestmark = pytest.mark.slow  # the mirror command in child interpreters, copying files
+
 FETCH = str(FILES_DIR / "modelfleet_fetch.py")
 REPO = "modelfleet/tiny-lab"
 TOKEN_ENV = "MODELFLEET_MIRROR_TEST_TOKEN"

@@ -10,6 +10,8 @@ import pytest
 
 from modelfleet import FILES_DIR
 
+pytestmark = pytest.mark.slow  # PyTorch's collectives over loopback, with their timeouts
+
 # The reachability check itself, on real sockets (before torch is imported, so it runs here).
 spec = importlib.util.spec_from_file_location("nccl_check", FILES_DIR / "nccl_check.py")
 check = importlib.util.module_from_spec(spec)

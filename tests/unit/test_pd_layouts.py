@@ -154,6 +154,7 @@ def test_sglang_servers_get_the_derived_hcas_as_their_ib_device():
     assert not any(k.startswith(("VLLM_NIXL", "UCX_")) for k in render.env_values(with_fabric(result)["p1"]))
 
 
+@pytest.mark.slow  # the real parsers, in their own interpreter
 def test_the_fabric_rendered_servers_pass_the_real_engine_parsers():
     if not engine_parsers.built():
         pytest.skip("the engine parsers' environment is not built: make engine-parsers")
