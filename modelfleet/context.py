@@ -60,6 +60,7 @@ class _RunCache:
     fanouts: dict[tuple, list] = field(default_factory=dict)  # checkpoint group -> its copy waves
     probe_args: dict = field(default_factory=dict)  # HostProbe's run-wide arguments (preflight's `health`)
     fabrics: dict[str, PoolFabric] = field(default_factory=dict)  # pool -> its fabric
+    declared: dict[tuple, dict[str, set]] = field(default_factory=dict)  # (stage, host) -> what it reads there
 
 
 def _resolved() -> _RunCache:
@@ -105,10 +106,6 @@ class _Declared(Mapping):
         return sum(1 for _ in self)
 
 
-def _declared(stage, plan: HostPlan, probe: dict) -> dict[str, set]:
-    """What `stage` declares it reads from the host of `plan`, by kind."""
-    wants = stage.wants(plan, probe)
-    return {kind: set(wants.get(kind, ())) for kind in STATE_KINDS}
 
 
 @dataclass
@@ -186,19 +183,25 @@ class HostRun:
         the host is read once per run, for all stages."""
         if self.stage is None:
             raise UndeclaredRead("a deployed-state read outside a stage: only the pipeline's stages read it")
-        found = self._read(name)
-        declared = _declared(self.stage, self._cache.inventory.hosts[name], self._cache.probes.get(name, {}))
+        found, declared = self._read(name), self._declared(self.stage, name)
         return {kind: _Declared(found[kind], declared[kind], self.stage.NAME, kind, name) for kind in STATE_KINDS}
+
+    def _declared(self, stage, name: str) -> dict[str, set]:
+        """What `stage` declares it reads from host `name`, by kind: its wants() once per host per run."""
+        cache = self._cache
+        if (stage.NAME, name) not in cache.declared:
+            wants = stage.wants(cache.inventory.hosts[name], cache.probes.get(name, {}))
+            cache.declared[(stage.NAME, name)] = {kind: set(wants.get(kind, ())) for kind in STATE_KINDS}
+        return cache.declared[(stage.NAME, name)]
 
     def _read(self, name: str) -> dict:
         """What this run's stages find on host `name`: one DeployedState read per host per run."""
         cache = self._cache
         with cache.locks.setdefault(name, Semaphore()):
             if name not in cache.deployed:
-                plan, probe = cache.inventory.hosts[name], cache.probes.get(name, {})
                 merged: dict[str, list[str]] = {kind: [] for kind in STATE_KINDS}
                 for stage in cache.stages:
-                    for kind, items in _declared(stage, plan, probe).items():
+                    for kind, items in self._declared(stage, name).items():
                         merged[kind] += sorted(item for item in items if item not in merged[kind])
                 target = pyinfra_state.inventory.get_host(name)
                 with ctx_host.use(target):
