@@ -19,11 +19,9 @@ from collections.abc import Iterable
 
 from pyinfra.api import FactBase
 
-from modelfleet.host_commands import FABRIC_MARK, fabric_command
+from modelfleet.host_commands import FABRIC_MARK, FABRIC_MODULES, ZERO_GID, fabric_command
 
 PCI_ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
-ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
-MODULES = ("nvidia_peermem", "ib_uverbs", "ib_core", "mlx5_ib", "rdma_ucm", "nvidia")
 
 
 def sections(lines: Iterable[str]) -> dict[str, list[str]]:
@@ -289,7 +287,7 @@ def parse_fabric(lines: Iterable[str]) -> dict:
                  "active": service[0] if service else None, "enabled": service[1] if len(service) > 1 else None,
                  "nodes": [line.strip() for line in sec.get("imex-nodes", [])
                            if line.strip() and not line.lstrip().startswith("#")]},
-        "modules": {m: m in {line.strip() for line in sec.get("modules", [])} for m in MODULES},
+        "modules": {m: m in {line.strip() for line in sec.get("modules", [])} for m in FABRIC_MODULES},
         "dev_infiniband": parse_listing(sec.get("dev-infiniband", [])),
     }
 

@@ -64,7 +64,7 @@ def venv_installed(venv: str, requirement: str, present: bool):
 @operation(is_idempotent=False)
 def router_answers(script: str):
     """The router (re)started by this run answers on the router host."""
-    yield StringCommand("sh", "-c", shlex.quote(script))
+    yield StringCommand(script)
 
 
 @operation()
@@ -88,10 +88,10 @@ def workers_registered(front_door: str, remove: dict[str, str], add: dict[str, s
         return
     for url, script in sorted(remove.items()):
         yield FunctionCommand(note, (f"modelfleet: router {front_door}: taking {url} out (not in the inventory)",), {})
-        yield StringCommand("sh", "-c", shlex.quote(script))
+        yield StringCommand(script)
     for url, script in sorted(add.items()):
         yield FunctionCommand(note, (f"modelfleet: router {front_door}: adding {url}",), {})
-        yield StringCommand("sh", "-c", shlex.quote(script))
+        yield StringCommand(script)
 
 
 def registration(rp: RouterPlan, listed: dict[str, dict]) -> tuple[dict[str, str], dict[str, str]]:

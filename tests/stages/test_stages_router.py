@@ -103,7 +103,7 @@ def test_a_new_replica_is_registered_and_a_gone_one_taken_out_without_a_restart(
     remove = router.remove_script(rp, "http://127.0.0.9:18019", "00000000-0000-0000-0000-000000000002")
     add = router.add_script(rp, "http://127.0.0.3:18013")
     sent = [c for c in commands if c.startswith("sh -c")]
-    assert [c for c in sent if "/workers" in c] == [f"sh -c {router_stage.shlex.quote(s)}" for s in (remove, add)]
+    assert [c for c in sent if "/workers" in c] == [remove, add]
     assert not any("systemctl restart" in c or "systemctl start" in c for c in commands), commands
     assert env[0]["full"] is True  # the front door changed: smoke and tool probe through it too
 
