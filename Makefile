@@ -83,7 +83,8 @@ engine-flags: engine-parsers lab-setup
 	$$($(PYTHON) -m lab.engine_parsers python) lab/engine_parsers/check.py flags lab/engine_double/flags.json
 	$(PYTHON) -m lab.engine_parsers llama-flags lab/engine_double/flags.json
 
-# The tests that need no lab and start no other interpreter or program (well under a minute).
+# The tests that need no lab, start no other interpreter or program and wait out no timeout (about 20 s on two
+# cores); `make test` runs them all.
 test-fast: install
 	$(PYTHON) -m pytest -q -m "not slow" tests --ignore=tests/lab --ignore=tests/router
 

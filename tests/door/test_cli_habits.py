@@ -4,6 +4,7 @@
 import json
 
 import click
+import pytest
 from click.testing import CliRunner
 
 from modelfleet.cli import main
@@ -171,6 +172,7 @@ def test_render_says_what_the_run_pins_and_render_pin_fails_in_one_line_when_it_
     assert pinned.stderr.startswith("modelfleet render --pin: g1: pool g1: ") and "127.0.0.1:1" in pinned.stderr
 
 
+@pytest.mark.slow
 def test_upgrade_stops_on_sigint_even_when_started_with_it_ignored(tmp_path):
     """A shell without job control starts background commands with SIGINT ignored; `kill -INT` still stops the
     rollout where it is (the rollout reports it)."""

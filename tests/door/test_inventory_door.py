@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from modelfleet.cli import main
@@ -44,6 +45,7 @@ print(json.dumps({h.name: h.data.dict() for h in inventory}))
 """
 
 
+@pytest.mark.slow
 def test_loader_equals_pyinfras_own(tmp_path):
     work, inv = layout(tmp_path)
     data = {"port": 8123}

@@ -49,6 +49,7 @@ def test_ready_when_health_answers_and_the_models_list_names_it(engine):
     assert report["ok"] and report["scope"] == "readiness" and report["readiness"]["models"] == ["tiny-lab"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault, reason", [
     ({"health": 503}, "/health answered 503"),
     ({"key": "other"}, "/v1/models answered 401"),

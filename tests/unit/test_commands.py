@@ -38,6 +38,7 @@ def test_pyinfra_runs_from_this_interpreter():
     assert commands.modelfleet_argv("plan", "x") == [sys.executable, "-m", "modelfleet.cli", "plan", "x"]
 
 
+@pytest.mark.slow
 def test_a_pyinfra_run_sees_its_limit_data_group_data_and_environment(tmp_path):
     """A real pyinfra run on the local host: what its deploy sees is what the arguments said."""
     (tmp_path / "group_data").mkdir()
@@ -55,6 +56,7 @@ def test_a_pyinfra_run_sees_its_limit_data_group_data_and_environment(tmp_path):
                                                                  "env": "m"}
 
 
+@pytest.mark.slow
 def test_a_modelfleet_run_is_the_cli_of_this_package(tmp_path):
     run = commands.run_modelfleet("--help", cwd=str(tmp_path), timeout=120)
     assert run.returncode == 0 and "Usage:" in run.stdout

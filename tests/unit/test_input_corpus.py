@@ -294,6 +294,7 @@ REAL = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case,change", REAL, ids=[c[0] for c in REAL])
 def test_real_pyinfra_command_refuses_before_connecting(tmp_path, case, change):
     listener = CountingListener()

@@ -2,6 +2,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from modelfleet.inventory import resolve
 
 PIN = "a" * 40
@@ -12,6 +14,7 @@ def b300(**extra):
             "pool": "k31", **extra}
 
 
+@pytest.mark.slow
 def test_prod_example_validates():
     out = subprocess.run([sys.executable, "-m", "modelfleet.cli", "validate", "--json", "inventories/prod.py"],
                          capture_output=True, text=True)
@@ -95,6 +98,7 @@ def test_plan_that_cannot_fit_is_refused_at_validate():
     assert errors == []  # 8B BF16 fits a 24 GB card (16.4 GB)
 
 
+@pytest.mark.slow
 def test_validate_cli_exit_2_without_traceback(tmp_path):
     inv = tmp_path / "inventories" / "bad.py"
     inv.parent.mkdir()

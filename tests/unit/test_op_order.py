@@ -59,6 +59,7 @@ def test_the_installed_pyinfra_is_a_checked_release(stock):
     assert stock.get_operation_order_from_stack is op_order.operation_order_from_stack
 
 
+@pytest.mark.slow
 def test_importing_the_deploys_patches_nothing():
     import subprocess
     import sys

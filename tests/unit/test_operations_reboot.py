@@ -34,6 +34,7 @@ def test_the_boot_is_read_before_the_reboot_and_waited_for_after(fake):
     assert "reboot" in steps[1]
 
 
+@pytest.mark.slow
 def test_the_reboot_command_returns_at_once_and_reboots_a_moment_later(fake, tmp_path):
     """Detached, so the SSH command that sends it ends cleanly before the connection drops."""
     called = tmp_path / "systemctl-called"

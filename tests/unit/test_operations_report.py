@@ -32,6 +32,7 @@ def run(tmp_path, *extra, refuse=False):
     return done, written, reports
 
 
+@pytest.mark.slow
 def test_a_run_writes_its_reports_where_modelfleet_reports_says(tmp_path):
     done, written, reports = run(tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -40,12 +41,14 @@ def test_a_run_writes_its_reports_where_modelfleet_reports_says(tmp_path):
     assert "a word for the operator" in done.stderr + done.stdout
 
 
+@pytest.mark.slow
 def test_a_dry_run_writes_no_report(tmp_path):
     done, written, _ = run(tmp_path, "--dry")
     assert done.returncode == 0, done.stderr[-2000:]
     assert written == []
 
 
+@pytest.mark.slow
 def test_a_refused_host_fails_with_each_reason_and_runs_nothing_after(tmp_path):
     done, written, _ = run(tmp_path, refuse=True)
     assert done.returncode != 0

@@ -71,6 +71,7 @@ def test_a_prefill_and_a_decode_pool_sit_behind_one_router_in_pd_mode(engine):
     assert "worker_urls_flag" not in config and "register" not in config
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine, module", [("vllm", "vllm_router.launch_router"),
                                             ("sglang", "sglang_router.launch_router")])
 def test_the_real_router_parses_the_pd_front_doors_launch(engine, module):

@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from modelfleet import render
 from modelfleet.inventory import resolve
 
@@ -63,6 +65,7 @@ def test_systemd_quoting_keeps_json_in_one_argument():
     assert render.systemd_quote("--port") == "--port"
 
 
+@pytest.mark.slow
 def test_render_cli_masks_and_names_files(monkeypatch):
     out = subprocess.run([sys.executable, "-m", "modelfleet.cli", "render", "inventories/prod.py", "b300-01"],
                          capture_output=True, text=True)
@@ -71,6 +74,7 @@ def test_render_cli_masks_and_names_files(monkeypatch):
     assert "VLLM_ENGINE_READY_TIMEOUT_S=3600" in out.stdout
 
 
+@pytest.mark.slow
 def test_plan_cli_refuses_and_accepts():
     refuse = subprocess.run([sys.executable, "-m", "modelfleet.cli", "plan", "--model", "kimi-k3.1-pro",
                              "--hardware", "rtx4090", "--gpus", "1"], capture_output=True, text=True)

@@ -22,6 +22,7 @@ def test_a_field_without_meaning_is_refused():
         settings_doc.rows(Partial)
 
 
+@pytest.mark.slow
 def test_command_prints_the_block_and_writes_it_between_the_markers(tmp_path):
     out = subprocess.run([sys.executable, "-m", "modelfleet.settings_doc"], capture_output=True, text=True,
                          check=True, cwd=REPO)

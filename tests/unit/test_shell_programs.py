@@ -40,6 +40,7 @@ def test_every_program_is_used_by_the_package_and_every_use_names_a_program():
     assert used == {p.stem for p in PROGRAMS}
 
 
+@pytest.mark.slow
 def test_the_wheel_ships_the_programs(installed):
     bin_dir, work = installed
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -174,6 +174,7 @@ def test_nothing_is_connected_to(monkeypatch):
                                              "pip index", "distribution archive"}
 
 
+@pytest.mark.slow
 def test_the_command_prints_urls_and_origins():
     run = subprocess.run([sys.executable, "-m", "modelfleet.cli", "urls", "inventories/prod.py", "--json",
                           "--os", "ubuntu-24.04", "--arch", "x86_64", "--limit", "b300-01"],
