@@ -57,12 +57,14 @@ def unit_unmasked(unit: str, masked: bool):
 
 
 @operation()
-def unit_running(unit: str, current: dict, reload: bool, restart: bool, remove: list[str] | tuple = ()):
+def unit_running(unit: str, current: dict, reload: bool, restart: bool, remove: list[str] | tuple = (),
+                 start: bool = True):
     """
     Enabled and active, from the unit's state read before the stage. `reload`: its unit file changed;
     `restart`: something it reads changed. A unit that is started here already runs the new config.
     `remove`: files systemd merges into the unit that modelfleet did not write (drop-ins, a unit file that
-    outranks ours), followed by a daemon-reload.
+    outranks ours), followed by a daemon-reload. `start=False`: enabled only, to start at the next boot (a
+    driver daemon before the reboot that loads its driver).
     """
     if remove:
         yield StringCommand("rm", "-f", "--", *(shlex.quote(p) for p in remove))
@@ -72,6 +74,10 @@ def unit_running(unit: str, current: dict, reload: bool, restart: bool, remove: 
         yield StringCommand("systemctl", "daemon-reload")
     if current.get("UnitFileState") != "enabled":
         yield StringCommand("systemctl", "enable", unit)
+    elif not start:
+        host.noop(f"{unit} is enabled (it starts at the next boot)")
+    if not start:
+        return
     if current.get("ActiveState") == "failed":
         # A re-run is a retry: without this, a unit that hit its start limit refuses to start.
         yield StringCommand("systemctl", "reset-failed", unit)

@@ -37,6 +37,7 @@ from modelfleet.operations.apt import apt_get, deb_from_url, held, missing, pack
 from modelfleet.operations.files import content_file
 from modelfleet.operations.reboot import reboot_and_wait
 from modelfleet.operations.report import fail_host
+from modelfleet.operations.service import unit_running
 
 NAME = "gpu_driver"  # a part of the gpu_stack stage
 
@@ -235,24 +236,6 @@ def at_driver_version(names: list[str], driver_package: str | None, version: str
     yield StringCommand("sh", "-c", shlex.quote(exact_install_script(names, driver_package)))
 
 
-def unit_enable_command(unit: str, start: bool, restart: bool) -> StringCommand:
-    if restart:
-        return StringCommand("systemctl", "enable", unit, "&&", "systemctl", "restart", unit)
-    return StringCommand("systemctl", "enable", *(["--now"] if start else []), unit)
-
-
-@operation()
-def units_enabled(units: list[str], current: dict, start: bool, restart: list[str]):
-    """Driver daemons enabled (started now only when the driver is loaded; else they start at boot)."""
-    todo = [u for u in units if u in restart or (current.get(u) or {}).get("UnitFileState") != "enabled"
-            or (start and (current.get(u) or {}).get("ActiveState") != "active")]
-    if not todo:
-        host.noop(f"{', '.join(units) or 'no driver daemons'} enabled")
-        return
-    for unit in todo:
-        yield unit_enable_command(unit, start, unit in restart)
-
-
 def stack_check_script(plan: HostPlan, fabric: bool) -> str:
     """After the driver work: the GPUs answer at the wanted branch, and Fabric Manager matches the driver."""
     return program("gpu_stack_check", plan.gpu_count, plan.stack.driver_version or f"{plan.stack.driver_branch}.*",
@@ -309,8 +292,9 @@ def run(ctx: HostRun, decided: DriverPlan | None = None) -> DriverPlan:
     if d.groups:
         in_groups(name=f"{plan.stack.service_user} in {', '.join(d.groups)}", user=plan.stack.service_user,
                   groups=d.groups, group_file=state["texts"].get(GROUP_FILE))
-    units_enabled(name="Driver daemons enabled", units=d.units, current=state["units"],
-                  start=not d.reboot, restart=d.restart_units)
+    for unit in d.units:  # started now only when the driver is loaded; else they start at boot
+        unit_running(name=f"Driver daemon {unit}", unit=unit, current=state["units"].get(unit) or {}, reload=False,
+                     restart=unit in d.restart_units, start=not d.reboot)
     check = stack_check_script(plan, bool(d.exact)) if d.vendor == "nvidia" else amd_check_script(plan)
     reboot_and_wait(name="Reboot for the new kernel module (one host at a time)",
                     needed=d.reboot and d.allowed_reboot, reason=d.reboot_reason, check_command=check,
