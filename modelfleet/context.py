@@ -27,7 +27,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gevent.lock import Semaphore
 from pyinfra import state as pyinfra_state
 from pyinfra.context import ctx_host
 
@@ -53,7 +52,6 @@ class _RunCache:
     stages: tuple = ()
     probes: dict[str, dict] = field(default_factory=dict)
     deployed: dict[str, dict] = field(default_factory=dict)
-    locks: dict[str, Semaphore] = field(default_factory=dict)
     pool_starts: dict[str, bool] = field(default_factory=dict)
     pool_checks: dict[str, dict[str, dict]] = field(default_factory=dict)
     admission: dict[str, dict] = field(default_factory=dict)  # host -> its verdict in this run
@@ -149,7 +147,7 @@ class HostRun:
         """Host `name`'s HostProbe: one read per host per run, with its fabric part when it is in a multi-node
         pool."""
         cache = self._cache
-        with cache.locks.setdefault(f"probe {name}", Semaphore()):
+        with runscope.lock(f"probe {name}"):
             if name not in cache.probes:
                 plan = cache.inventory.hosts[name]
                 target = pyinfra_state.inventory.get_host(name)
@@ -161,7 +159,7 @@ class HostRun:
     def fabric(self, pool: str) -> PoolFabric:
         """The pool's fabric, derived once per run from its members' probes (head first)."""
         cache = self._cache
-        with cache.locks.setdefault(f"fabric {pool}", Semaphore()):
+        with runscope.lock(f"fabric {pool}"):
             if pool not in cache.fabrics:
                 names = cache.inventory.pools[pool].hosts
                 cache.fabrics[pool] = derive(pool, [(cache.inventory.hosts[n], self.probe_on(n).get("fabric"))
@@ -197,15 +195,16 @@ class HostRun:
     def _read(self, name: str) -> dict:
         """What this run's stages find on host `name`: one DeployedState read per host per run."""
         cache = self._cache
-        with cache.locks.setdefault(name, Semaphore()):
+        with runscope.lock(f"deployed {name}"):
             if name not in cache.deployed:
-                merged: dict[str, list[str]] = {kind: [] for kind in STATE_KINDS}
+                merged: dict[str, set] = {kind: set() for kind in STATE_KINDS}
                 for stage in cache.stages:
                     for kind, items in self._declared(stage, name).items():
-                        merged[kind] += sorted(item for item in items if item not in merged[kind])
+                        merged[kind] |= items
                 target = pyinfra_state.inventory.get_host(name)
                 with ctx_host.use(target):
-                    cache.deployed[name] = target.get_fact(DeployedState, **{k: tuple(v) for k, v in merged.items()})
+                    cache.deployed[name] = target.get_fact(DeployedState, **{k: tuple(sorted(v))
+                                                                            for k, v in merged.items()})
         return cache.deployed[name]
 
     def pool_checks(self, pool: str) -> dict[str, dict]:

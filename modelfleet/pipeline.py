@@ -44,12 +44,6 @@ class _LostHosts(BaseStateCallback):
                         log_func=logger.error)
 
 
-def _watch_lost_hosts() -> _LostHosts:
-    handler = _LostHosts()
-    runscope.current().add_callback_handler(handler)
-    return handler
-
-
 def context(stages) -> HostRun:
     """The host's run context for these stages (one alone when it is the only one besides preflight)."""
     return host_run(tuple(stages), alone=len([s for s in stages if s is not preflight]) == 1)
@@ -63,7 +57,7 @@ def run_stages(*stages, ctx: HostRun | None = None) -> None:
     by modelfleet.op_order where this pyinfra release is one it was checked against.
     """
     op_order.install()
-    runscope.slot("lost hosts", _watch_lost_hosts)
+    runscope.attached("lost hosts", _LostHosts)
     ctx = ctx or context(stages)
     for stage in stages:
         ctx.stage = stage

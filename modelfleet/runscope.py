@@ -58,6 +58,19 @@ def memo(name: str, of: object, compute: Callable[[], T]) -> T:
     return held[1]
 
 
+def attached(name: str, factory: Callable[[], T], run: State | None = None) -> T:
+    """The run's `name` callback handler (pyinfra's BaseStateCallback), made and attached to the run's State on
+    first use: it hears that run's events and no other's."""
+    run = run or current()
+
+    def made() -> T:
+        handler = factory()
+        run.add_callback_handler(handler)
+        return handler
+
+    return slot(name, made, run=run)
+
+
 def lock(name: str) -> Semaphore:
     """A lock of the run's (greenlets of one run share it); a fresh one where nothing is kept."""
     return slot(f"lock {name}", Semaphore)

@@ -251,13 +251,7 @@ class Recorder(BaseStateCallback):
 
 def recorder(state=None) -> Recorder:
     state = state or ctx_state.get()
-    return runscope.slot("timeline", lambda: _attached(state), run=state)
-
-
-def _attached(state) -> Recorder:
-    held = Recorder(process_start())
-    state.add_callback_handler(held)
-    return held
+    return runscope.attached("timeline", lambda: Recorder(process_start()), run=state)
 
 
 def watch(host_name: str, pool: str, served_name: str) -> None:

@@ -67,12 +67,6 @@ class _WrittenAfterExecution(BaseStateCallback):
             if state.is_executing:
                 save_json(str(path), report)
 
-    @classmethod
-    def attached(cls, state) -> _WrittenAfterExecution:
-        handler = cls()
-        state.add_callback_handler(handler)
-        return handler
-
 
 def save_report(kind: str, name: str, report: dict) -> Path:
     """Write `reports/<kind>/<name>.json`: now when the run executes, else when it ends having executed."""
@@ -80,8 +74,8 @@ def save_report(kind: str, name: str, report: dict) -> Path:
     if state.is_executing:
         save_json(str(path), report)
     else:
-        runscope.slot("held reports", lambda: _WrittenAfterExecution.attached(state)).pending.setdefault(
-            ctx_host.get().name, []).append((path, report))
+        held = runscope.attached("held reports", _WrittenAfterExecution, run=state)
+        held.pending.setdefault(ctx_host.get().name, []).append((path, report))
     return path
 
 

@@ -27,7 +27,7 @@ def wants(plan: HostPlan, probe: dict) -> dict:
     out: dict[str, list[str]] = {}
     for part in PARTS if managed(plan) else ():
         for kind, items in part.wants(plan, probe).items():
-            out.setdefault(kind, []).extend(item for item in items if item not in out[kind])
+            out.setdefault(kind, []).extend(items)
     return out
 
 

@@ -6,6 +6,7 @@ import gc
 import weakref
 
 from pyinfra.api import Config, Inventory, State
+from pyinfra.api.state import BaseStateCallback
 from pyinfra.context import ctx_state
 
 from modelfleet import PACKAGE_DIR, runscope
@@ -25,7 +26,7 @@ MUTABLE = {"dict", "set", "list", "WeakKeyDictionary", "WeakValueDictionary", "W
 
 
 def state() -> State:
-    return State(Inventory(([], {})), Config())
+    return State(Inventory(([("@local", {})], {})), Config())
 
 
 def test_a_run_keeps_its_slots_and_a_new_run_starts_empty():
@@ -106,3 +107,11 @@ def test_a_memo_is_worked_out_once_per_object_per_run():
         assert runscope.memo("m", first, lambda: 0) == 1 and calls == [first, second]
     with ctx_state.use(state()):
         assert runscope.memo("m", first, lambda: "again") == "again"
+
+
+def test_a_handler_is_attached_once_to_its_own_run():
+    first, second = state(), state()
+    made = [runscope.attached("h", BaseStateCallback, run=run) for run in (first, first, second)]
+    assert made[0] is made[1] and made[0] is not made[2]
+    assert sum(h is made[0] for h in first.callback_handlers) == 1
+    assert made[0] not in second.callback_handlers and made[2] in second.callback_handlers
