@@ -77,11 +77,11 @@ lab-down: install
 engine-parsers: install
 	SYSTEM_PYTHON=$(SYSTEM_PYTHON) $(PYTHON) -m lab.engine_parsers build
 
-# The engine double's flag lists (lab/engine_double/flags.json): vLLM's and SGLang's from those parsers,
+# The engine double's flag lists (modelfleet/catalog/engine_flags.json): vLLM's and SGLang's from those parsers,
 # llama.cpp's from the lab's real llama-server (`--help`, in its image: needs dockerd).
 engine-flags: engine-parsers lab-setup
-	$$($(PYTHON) -m lab.engine_parsers python) lab/engine_parsers/check.py flags lab/engine_double/flags.json
-	$(PYTHON) -m lab.engine_parsers llama-flags lab/engine_double/flags.json
+	$$($(PYTHON) -m lab.engine_parsers python) lab/engine_parsers/check.py flags modelfleet/catalog/engine_flags.json
+	$(PYTHON) -m lab.engine_parsers llama-flags modelfleet/catalog/engine_flags.json
 
 # The tests that need no lab, start no other interpreter or program and wait out no timeout (about 20 s on two
 # cores); `make test` runs them all.

@@ -8,6 +8,8 @@ from __future__ import annotations
 import ipaddress
 import re
 
+from pydantic import AfterValidator
+
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")  # pools, groups: they become unit and file names
 SERVED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")  # may be a hub id (org/model)
@@ -56,6 +58,69 @@ device = matches(DEVICE, "device path under /dev/")
 
 def env_value(value: str) -> str | None:
     return no_control(value)
+
+
+# The kinds of value every door shares (inventory, group_data, --data, services, catalog and site files): each
+# a rule returning the reason a value does not fit, or None.
+VERSION = re.compile(r"^(v?[0-9]+(\.[0-9]+){0,3}([.+-][A-Za-z0-9]+)*|b[0-9]+)$")  # 0.34.0, v1.2-rc1, b11669
+DRIVER = re.compile(r"^[0-9]{3}(\.[0-9]{1,3}){0,2}$")  # an NVIDIA branch (580) or release (580.95.05)
+RELATIVE_FILE = re.compile(r"^(?![-/])[A-Za-z0-9_.*?\[\]+@=-]+(/[A-Za-z0-9_.*?\[\]+@=-]+)*$")
+PACKAGE = re.compile(r"^[a-z0-9]([a-z0-9+.-]|{branch}){0,127}(=[A-Za-z0-9.+:~-]{1,64})?$")  # a Debian package[=version]; {branch}: the driver branch
+HUB_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+FLAG = re.compile(r"^--?[A-Za-z][A-Za-z0-9_.-]*$")
+VISIBLE_DEVICES = re.compile(r"^[A-Z_]*VISIBLE_DEVICES$")  # CUDA_, HIP_, ROCR_, NVIDIA_VISIBLE_DEVICES...
+
+
+def single_line(value: str) -> str | None:
+    """Free text that still reaches a file or a log line (a recipe's source, notes): one line, bounded."""
+    return no_control(value) or (None if len(value) <= 4000 else "is longer than 4000 characters")
+
+
+version = matches(VERSION, "version (e.g. 0.34.0, v1.2.3, b11669)")
+driver = matches(DRIVER, "driver branch or release (e.g. 580 or 580.95.05)")
+package = matches(PACKAGE, "package name (lower case letters, digits, + . -; optionally =version)")
+hub_repo = matches(HUB_REPO, "hub repository (org/name)")
+flag = matches(FLAG, "flag (--name or -n)")
+
+
+def flag_value(value) -> str | None:
+    """The value of a flag modelfleet writes after it (a recipe parameter): one argument, never read as a flag."""
+    text = str(value)
+    if no_control(text):
+        return no_control(text)
+    if flag_name(text) is not None:
+        return "starts with `-`: the engine's parser would read it as a flag"
+    return None
+
+
+def relative_file(value: str) -> str | None:
+    """A file inside the checkpoint's revision folder (glob characters allowed): never out of it."""
+    if no_control(value):
+        return no_control(value)
+    if not RELATIVE_FILE.match(value):
+        return "must be a relative path inside the revision's folder (letters, digits, _ . - + @ = and globs)"
+    if any(part in (".", "..") for part in value.split("/")):
+        return "may not contain `.` or `..` components: it must stay inside the revision's folder"
+    return None
+
+
+def env_entry(name_: str) -> str | None:
+    """An engine environment variable modelfleet does not own: the GPUs a container sees are modelfleet's."""
+    if VISIBLE_DEVICES.match(name_):
+        return f"{name_} would contradict the GPUs modelfleet hands the container: set `gpu_indices` instead"
+    return env_name(name_)
+
+
+def checked(rule):
+    """A pydantic validator from a rule: its reason becomes the error, the value is never echoed."""
+
+    def check(value):
+        reason = rule(value)
+        if reason:
+            raise ValueError(reason)
+        return value
+
+    return AfterValidator(check)
 
 
 def secret_variable(value: str) -> str | None:

@@ -36,7 +36,12 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-FLAGS = json.loads((Path(__file__).resolve().parent / "flags.json").read_text())
+# The engines' recorded flag lists (modelfleet/catalog/engine_flags.json): copied beside the double in its image,
+# read from the checkout's catalog otherwise.
+_FLAGS_FILE = Path(__file__).resolve().parent / "flags.json"
+if not _FLAGS_FILE.exists():
+    _FLAGS_FILE = Path(__file__).resolve().parents[2] / "modelfleet" / "catalog" / "engine_flags.json"
+FLAGS = json.loads(_FLAGS_FILE.read_text())
 STARTED = time.time()
 LOCK = threading.Lock()
 COUNTERS = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "running": 0, "ttft_sum": 0.0,

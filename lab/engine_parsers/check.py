@@ -9,7 +9,7 @@ inside modelfleet's: it imports vllm and sglang, and nothing of modelfleet (the 
         looked up in that version's registries; `files` stand in for files the argv names (SGLang's --config).
         Prints {"versions": {...}, "results": [{"id", "engine", "ok", "error"}]}.
     python check.py flags FLAGS_JSON
-        rewrites the vllm and sglang sections of the engine double's flag list (lab/engine_double/flags.json)
+        rewrites the vllm and sglang sections of the engine double's flag list (modelfleet/catalog/engine_flags.json)
         from the parsers: every option, whether it takes a value, the short forms, the default port.
 """
 

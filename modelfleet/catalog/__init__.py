@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import difflib
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from modelfleet import engine_flags, grammar
 from modelfleet.errors import ModelfleetError
 
 CATALOG_DIR = Path(__file__).parent
@@ -18,10 +20,28 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# The grammar's kinds of value (modelfleet/grammar.py), as catalog and site files use them: the same rules an
+# inventory value gets, because these values reach the same units, env files, commands and log lines.
+Id = Annotated[str, grammar.checked(grammar.name)]
+Text = Annotated[str, grammar.checked(grammar.single_line)]
+Version = Annotated[str, grammar.checked(grammar.version)]
+Image = Annotated[str, grammar.checked(grammar.image)]
+Token = Annotated[str, grammar.checked(grammar.no_control)]  # one argument of a command line
+Flag = Annotated[str, grammar.checked(grammar.flag)]
+EnvName = Annotated[str, grammar.checked(grammar.env_entry)]
+EnvValue = Annotated[str, grammar.checked(grammar.env_value)]
+Fraction = Annotated[float, Field(gt=0, le=1)]
+Size = Annotated[int, Field(ge=1, le=4096)]  # a parallel size
+GpusPerNode = Annotated[int, Field(ge=1, le=72)]  # the largest NVLink domain one host sees (NVL72)
+Bandwidth = Annotated[float, Field(gt=0, le=10000)]  # GB/s: past any link that exists (NVLink 5: 1800)
+# Host RAM in GiB: 64 TiB is past the largest single servers sold (32 TiB); more is a unit slip.
+RamGib = Annotated[int, Field(ge=1, le=65536)]
+
+
 class Model(_Strict):
-    id: str
-    hf_repo: str
-    source: str
+    id: Id
+    hf_repo: Annotated[str, grammar.checked(grammar.hub_repo)]
+    source: Text
     architecture: Literal["moe", "dense"]
     params_total: float
     params_active: float
@@ -38,29 +58,29 @@ class Model(_Strict):
 
 
 class Hardware(_Strict):
-    id: str
+    id: Id
     vendor: Literal["nvidia", "amd", "none"]
-    gpu_name: str | None
-    hbm_mib: int
-    gpus_per_node: int
-    interconnect: str
+    gpu_name: Text | None
+    hbm_mib: Annotated[int, Field(ge=0, le=4 * 1024 * 1024)]
+    gpus_per_node: Annotated[int, Field(ge=0, le=72)]  # 0: a CPU-only board (the lab's)
+    interconnect: Text
     nvswitch: bool
     fabric_manager: bool
-    extra_packages: list[str] = Field(default_factory=list)
-    allreduce_busbw_gbps: float | None
-    threshold_source: str
+    extra_packages: list[Annotated[str, grammar.checked(grammar.package)]] = Field(default_factory=list)
+    allreduce_busbw_gbps: Bandwidth | None
+    threshold_source: Text
     # The PCIe link every GPU of a healthy board trains to (admission refuses a link trained down); None: not
     # known to this catalog, the check is skipped.
-    pcie_gen: int | None = None
-    pcie_width: int | None = None
+    pcie_gen: Annotated[int, Field(ge=1, le=8)] | None = None
+    pcie_width: Literal[1, 2, 4, 8, 16, 32] | None = None
     # Each GPU's copy bandwidth from and to pinned host memory (GB/s) a healthy board reaches, for
     # `admission_h2d`; None: not known to this catalog, the figures are reported, not judged.
-    h2d_min_gbps: float | None = None
-    h2d_source: str | None = None
+    h2d_min_gbps: Bandwidth | None = None
+    h2d_source: Text | None = None
     # Host RAM of a typical server of this board (GiB), the default of a host's `host_ram_gib`: llama.cpp
     # recipes that keep MoE experts in host RAM are sized against it. None: no typical figure (workstations).
-    host_ram_gib: int | None = None
-    host_ram_source: str | None = None
+    host_ram_gib: RamGib | None = None
+    host_ram_source: Text | None = None
 
 
 class MultinodeFlags(_Strict):
@@ -139,16 +159,19 @@ class Engine(_Strict):
     expert_offload: ExpertOffload | None = None  # none: every weight stays on the GPUs
     # The variable naming the address a node of a multi-node pool advertises (set from the pool's fabric).
     host_ip_env: str | None = None
+    # How the engine's parser reads a flag (modelfleet/engine_flags.py): argparse (prefixes, aliases), vllm
+    # (argparse, plus `_` for `-`, dotted JSON keys, --config files), exact (whole names only).
+    flag_parser: Literal["argparse", "vllm", "exact"] = "argparse"
 
 
 class Layout(_Strict):
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
+    tp: Size = 1
+    pp: Size = 1
+    dp: Size = 1
     ep: bool = False
-    dcp: int = 1
-    nodes: int = 1
-    gpus_per_node: int = 1
+    dcp: Size = 1
+    nodes: Annotated[int, Field(ge=1, le=1024)] = 1
+    gpus_per_node: GpusPerNode = 1
 
     @property
     def world_size(self) -> int:
@@ -159,8 +182,8 @@ class RecipeParameter(_Strict):
     """A setting the guide makes the user supply (no default exists): the inventory gives it in
     `recipe_params`, and validate names the missing one and where to get it."""
 
-    flag: str
-    where: str  # where the value comes from (the guide's calculator, a doc)
+    flag: Flag
+    where: Text  # where the value comes from (the guide's calculator, a doc)
 
 
 class ProbeSettings(_Strict):
@@ -168,7 +191,7 @@ class ProbeSettings(_Strict):
 
     tool_choice: Literal["auto", "required"] = "auto"     # first turn: may call the tool, or must
     final_tool_choice: Literal["auto", "none"] = "auto"   # the turn after the tool result
-    why: str | None = None                                 # required when not the defaults
+    why: Text | None = None                                # required when not the defaults
 
     @model_validator(mode="after")
     def _says_why(self):
@@ -177,33 +200,50 @@ class ProbeSettings(_Strict):
         return self
 
 
+def _docker_options(options: dict) -> dict:
+    """The docker run options a recipe may set, each held to what docker accepts."""
+    for key, value in options.items():
+        if key == "ipc" and value not in ("host", "private", "shareable", "none"):
+            raise ValueError("docker.ipc must be host, private, shareable or none")
+        if key == "shm_size" and not grammar.re.match(r"^[0-9]{1,6}[bkmg]?$", value):
+            raise ValueError("docker.shm_size must be a size such as 32g")
+    return options
+
+
 class Recipe(_Strict):
-    id: str
-    model: str
-    engine: str
-    hardware: list[str]
-    source: str
+    id: Id
+    model: Id
+    engine: Id
+    hardware: Annotated[list[Id], Field(min_length=1)]
+    source: Text
     verified: bool
-    notes: str | None = None
-    image: str
-    min_engine_version: str | None = None
+    notes: Text | None = None
+    image: Image
+    min_engine_version: Version | None = None
     # The engine version whose argument parser these flags were checked with (an image tag without a version,
     # such as vllm/vllm-openai:kimi-k3, says nothing itself; `render` shows both).
-    engine_version: str
+    engine_version: Version
     serve_hub_id: bool = False  # also serve the model under its hub id, as the guides' clients call it
-    parameters: dict[str, RecipeParameter] = Field(default_factory=dict)
-    min_driver: str | None = None
-    cuda: str | None = None
-    rocm: str | None = None
-    gguf_quant: str | None = None
-    model_file: str | None = None
+    parameters: dict[Id, RecipeParameter] = Field(default_factory=dict)
+    min_driver: Annotated[str, grammar.checked(grammar.driver)] | None = None
+    cuda: Version | None = None
+    rocm: Version | None = None
+    gguf_quant: Id | None = None
+    model_file: Annotated[str, grammar.checked(grammar.relative_file)] | None = None
     layout: Layout
-    memory_fraction: float = 0.9
-    docker: dict[str, str] = Field(default_factory=dict)
-    args: list[str]
-    env: dict[str, str] = Field(default_factory=dict)
-    ready_timeout_s: int
+    memory_fraction: Fraction = 0.9
+    docker: Annotated[dict[Literal["ipc", "shm_size"], str], AfterValidator(_docker_options)] = \
+        Field(default_factory=dict)
+    args: list[Token]
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict)
+    ready_timeout_s: Annotated[int, Field(ge=1, le=86400)]
     probe: ProbeSettings = Field(default_factory=ProbeSettings)
+    # The site file a recipe came from (None: shipped); not a field a file can set.
+    _site: str | None = PrivateAttr(None)
+
+    @property
+    def site(self) -> str | None:
+        return self._site
 
 
 # Bytes per parameter of each weight format (block scales included for MX formats:
@@ -252,8 +292,19 @@ def _read(path: Path, cls):
     try:
         return cls(**data)
     except ValidationError as error:
-        first = error.errors()[0]
-        raise CatalogError(str(path), f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        raise CatalogError(str(path), validation_message(error, cls)) from None
+
+
+def validation_message(error: ValidationError, cls) -> str:
+    """The first problem as `field: reason`; an unknown key first, by its own name with the nearest known key
+    (a misspelt required key would otherwise be reported as missing)."""
+    problems = sorted(error.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    first = problems[0]
+    where = ".".join(map(str, first["loc"]))
+    if first["type"] == "extra_forbidden":
+        near = difflib.get_close_matches(str(first["loc"][-1]), list(cls.model_fields), n=1, cutoff=0.6)
+        return f"{where}: unknown key" + (f" (did you mean {near[0]!r}?)" if near and len(first["loc"]) == 1 else "")
+    return f"{where}: {first['msg'].removeprefix('Value error, ')}"
 
 
 def _flag_value(args: list[str], flags: list[str]) -> str | None:
@@ -277,10 +328,26 @@ def layout_problems(recipe: "Recipe", engine: "Engine") -> list[str]:
     return out
 
 
+def args_problems(recipe: "Recipe", engine: "Engine", engine_name: str) -> list[str]:
+    """A recipe's args and parameter flags read as its engine's parser reads them: none may set a flag
+    modelfleet sets (by any prefix or alias), and each must be one of the engine's flags where the recorded
+    flag list is of the recipe's engine version."""
+    flags = engine_flags.table(engine_name, engine.flag_parser)
+    if flags is None:
+        return []
+    same = flags.version == recipe.engine_version.lstrip("v")
+    protected = engine_flags.recipe_protected(engine, flags)
+    out = [f"args: {p}" for p in engine_flags.problems(recipe.args, flags, protected, check_unknown=same)]
+    for name, parameter in recipe.parameters.items():
+        out += [f"parameters.{name}.flag: {p}" for p in engine_flags.problems([parameter.flag], flags, protected,
+                                                                               check_unknown=same)]
+    return out
+
+
 def _check_layouts(recipes: dict, engines: dict, where) -> None:
     for recipe in recipes.values():
         engine = engines.get(recipe.engine)
-        problems = layout_problems(recipe, engine) if engine else []
+        problems = layout_problems(recipe, engine) + args_problems(recipe, engine, recipe.engine) if engine else []
         if problems:
             raise CatalogError(where(recipe), f"recipe {recipe.id}: " + "; ".join(problems))
 
@@ -315,6 +382,10 @@ def with_site_recipes(catalog: "Catalog", folder: Path) -> "Catalog":
         if site.overrides and site.overrides != site.id:
             recipes.pop(site.overrides)
         recipes[site.id] = Recipe(**site.model_dump(exclude={"overrides"}))
+        recipes[site.id]._site = str(path)
+        if site.engine not in catalog.engines:
+            raise CatalogError(str(path), f"engine: unknown engine {site.engine!r} (known: "
+                                          f"{', '.join(sorted(catalog.engines))})")
         _check_layouts({site.id: recipes[site.id]}, catalog.engines, lambda _, where=str(path): where)
     return catalog.model_copy(update={"recipes": recipes})
 

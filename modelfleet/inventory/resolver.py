@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from modelfleet import grammar, host_commands, router
+from modelfleet import engine_flags, grammar, host_commands, router
 from modelfleet.catalog import (
     Catalog,
     Engine,
@@ -126,7 +126,8 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
     if not trust and "--trust-remote-code" in recipe.args:
         errors.append((where, "trust_remote_code", f"false, but recipe {recipe.id} passes --trust-remote-code: "
                                                    "the model needs it (pin `revision` to a commit instead)"))
-    errors += [(where, "extra_args", message) for message in _extra_args_problems(svc.extra_args, engine, recipe)]
+    errors += [(where, "extra_args", message) for message in _extra_args_problems(svc.extra_args, engine, recipe,
+                                                                                   svc.engine)]
     for param, spec in recipe.parameters.items():
         if param not in svc.recipe_params:
             errors.append((where, f"recipe_params.{param}", f"recipe {recipe.id} needs it ({spec.flag}); "
@@ -158,20 +159,24 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
     )
 
 
-def _extra_args_problems(extra: list[str], engine: Engine, recipe: Recipe) -> list[str]:
-    """Flags modelfleet or the recipe already set: a second copy would override the address, key, port or the
-    parallel layout behind the validator's back (change the recipe instead)."""
-    managed = set(engine.managed_flags) | {engine.host_flag, engine.port_flag, engine.served_name_flag}
-    from_recipe = {grammar.flag_name(arg) for arg in recipe.args} - {None}
-    out = []
-    for arg in extra:
-        flag = grammar.flag_name(arg)
-        if flag in managed:
-            out.append(f"{flag} is set by modelfleet (address, port, key, names, layout): use the inventory's "
-                       "own field or a site recipe")
-        elif flag in from_recipe:
-            out.append(f"{flag} is already set by recipe {recipe.id}: use a site recipe to change it")
-    return out
+def _extra_args_problems(extra: list[str], engine: Engine, recipe: Recipe, engine_name: str = "") -> list[str]:
+    """Flags modelfleet or the recipe already set, by any spelling the engine's parser accepts (a prefix, an
+    alias, `--flag=value`): a second copy would override the address, key, port or the parallel layout behind
+    the validator's back (change the recipe instead)."""
+    flags = engine_flags.table(engine_name or recipe.engine, engine.flag_parser)
+    if flags is None:
+        return []
+    return engine_flags.problems(extra, flags, engine_flags.extra_protected(engine, flags, recipe),
+                                 check_unknown=False)
+
+
+def _unknown_extra_flags(svc: ServicePlan) -> list[str]:
+    """extra_args the recorded parser of the recipe's engine version does not know (a warning: another image
+    may have them)."""
+    flags = engine_flags.table(svc.engine_name, svc.engine.flag_parser)
+    if flags is None or flags.version != svc.recipe.engine_version.lstrip("v"):
+        return []
+    return [p for p in engine_flags.problems(svc.extra_args, flags, {}, check_unknown=True)]
 
 
 # Ports an engine may not take: SSH, the exporters', and the pool's rendezvous and fan-out ports.
@@ -381,6 +386,7 @@ def warnings(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], data: dict[
             out.append((where, "gpus", f"{plan.gpu_count - used} of its {plan.gpu_count} GPUs serve nothing "
                                        f"(services use {used}): set `gpus`, add a service, or set `gpu_count`"))
         for svc in plan.services:
+            out += [(where, "extra_args", f"{p}: the engine would refuse to start") for p in _unknown_extra_flags(svc)]
             if svc.revision and PLACEHOLDER_REVISION.match(svc.revision):
                 out.append((where, "revision", f"{svc.revision} is a placeholder, not a commit: pin the revision "
                                                "you reviewed (the hub's commit id)"))

@@ -116,7 +116,7 @@ class ServiceData(BaseModel):
         "SSH address.")
     router_policy: Literal["random", "round_robin", "cache_aware", "power_of_two"] = Field(
         "cache_aware", description="How the router picks a replica for each request (both routers' names).")
-    recipe_params: dict[Name, Annotated[float | int | str, _fits(lambda v: grammar.no_control(str(v)))]] = Field(
+    recipe_params: dict[Name, Annotated[float | int | str, _fits(grammar.flag_value)]] = Field(
         {}, description="Values for the recipe's required parameters (e.g. SGLang's `mamba_full_memory_ratio` "
         "for Kimi K3).")
 

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow  # the real vLLM and SGLang parsers, in their own 
 
 ENGINES = ("vllm", "sglang")
 KEY_ENV = "MODELFLEET_TEST_ENGINE_KEY"
-DOUBLE_FLAGS = REPO_ROOT / "lab" / "engine_double" / "flags.json"
+DOUBLE_FLAGS = REPO_ROOT / "modelfleet" / "catalog" / "engine_flags.json"
 
 if not engine_parsers.built():
     reason = f"the engine parsers' environment is not built ({engine_parsers.venv_dir()}): make engine-parsers"
@@ -105,4 +105,4 @@ def test_the_double_flag_lists_are_generated_from_the_real_parsers(tmp_path):
     shutil.copy(DOUBLE_FLAGS, regenerated)
     run_check("flags", str(regenerated))
     assert json.loads(regenerated.read_text()) == json.loads(DOUBLE_FLAGS.read_text()), \
-        "lab/engine_double/flags.json is stale: make engine-flags"
+        "modelfleet/catalog/engine_flags.json is stale: make engine-flags"

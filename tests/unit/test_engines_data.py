@@ -120,7 +120,7 @@ def test_expert_offload_flags_are_the_real_llama_servers_and_only_an_engine_with
 
     from modelfleet.planner import expert_offload
 
-    listed = json.loads((Path(__file__).resolve().parents[2] / "lab/engine_double/flags.json").read_text())
+    listed = json.loads((Path(__file__).resolve().parents[2] / "modelfleet/catalog/engine_flags.json").read_text())
     real = set(listed["llama.cpp"]["flags"]) | set(listed["llama.cpp"]["aliases"])
     offload = ENGINES["llama.cpp"].expert_offload
     assert set(offload.all + offload.layers + offload.fit) <= real

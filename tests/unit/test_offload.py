@@ -125,7 +125,7 @@ def test_one_gpu_plus_ram_inventory_validates_renders_and_refuses_too_little_ram
 
 
 # Each llama.cpp recipe against the flag list of the build it names: b11434's --help (built on the H200), the lab's
-# build 11669 (lab/engine_double/flags.json, generated from its --help).
+# build 11669 (modelfleet/catalog/engine_flags.json, generated from its --help).
 LLAMA_LINES = [(r.id, r.engine_version) for r in CATALOG.recipes.values() if r.engine == "llama.cpp"]
 
 
