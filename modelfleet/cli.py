@@ -54,6 +54,17 @@ def _open(inventory: str, group_data=(), data=(), offline: bool = False):
     return open_inventory(inventory, group_data=tuple(group_data), data=overrides, offline=offline)
 
 
+def _catalog():
+    """The shipped catalog, or one line naming its broken file and field (exit 2)."""
+    from modelfleet.catalog import CatalogError
+
+    try:
+        return load_catalog()
+    except CatalogError as error:
+        click.echo(f"modelfleet: the catalog is broken: {error}", err=True)
+        sys.exit(2)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option()
 @click.pass_context
@@ -130,7 +141,7 @@ def plan(inventory, host, group_data, data, model: str, hardware: str, gpus: int
         sys.exit(0 if all(r.fits for _, r in reports) else 1)
     if not (model and hardware and gpus):
         raise click.UsageError("give INVENTORY HOST, or --model, --hardware and --gpus")
-    cat = load_catalog()
+    cat = _catalog()
     for kind, value, table in (("model", model, cat.models), ("hardware", hardware, cat.hardware)):
         if value not in table:
             raise click.UsageError(f"unknown {kind} {value!r} (known: {', '.join(sorted(table))})")
@@ -188,6 +199,7 @@ def render_cmd(inventory: str, host: str, group_data, data, as_json: bool, pin: 
     """Print HOST's systemd unit(s) and env file(s) as the run writes them, secrets masked. Without --pin, images
     by tag and the revision as written (the run pins them, and the engine cache directory is named after the
     pins); with --pin, as pinned."""
+    from modelfleet import engine_flags
     from modelfleet.errors import ModelfleetError
     from modelfleet.inventory import COMMIT_RE
     from modelfleet.pins import pinned_service
@@ -210,8 +222,9 @@ def render_cmd(inventory: str, host: str, group_data, data, as_json: bool, pin: 
                          "shows them pinned)")
         notes.append(f"recipe {svc.recipe.id} ({'verified' if svc.recipe.verified else 'not verified'} by "
                      f"modelfleet; source: {svc.recipe.source})")
-        notes.append(f"image {svc.image}: {svc.engine_name} flags checked with {svc.engine_name} "
-                     f"{svc.recipe.engine_version}'s parser")
+        flags = engine_flags.table(svc.engine_name, svc.engine.flag_parser)
+        notes.append(f"image {svc.image}: " + engine_flags.check_claim(svc.recipe, svc.engine_name, flags,
+                                                                       site=bool(svc.recipe.site)))
         fraction = (f"{svc.engine.memory_fraction_flag} {svc.recipe.memory_fraction}" if svc.engine.memory_fraction_flag
                     else f"{svc.recipe.memory_fraction} (planning only: {svc.engine_name} has no such flag)")
         notes.append(f"memory fraction the plan sized with: {fraction}; clients call it: "
@@ -292,7 +305,7 @@ def show(inventory: str, host: str, group_data, data, as_json: bool) -> None:
 def catalog_cmd(as_json: bool) -> None:
     """The shipped catalog: models, hardware, and which recipe serves which model on which board with which
     engine (verified by modelfleet, or from a guide only)."""
-    cat = load_catalog()
+    cat = _catalog()
     out = {"models": {m.id: {"hf_repo": m.hf_repo, "params_total": m.params_total, "weights": m.weights}
                       for m in cat.models.values()},
            "hardware": {h.id: {"vendor": h.vendor, "gpu": h.gpu_name, "gpus_per_node": h.gpus_per_node}
@@ -501,22 +514,26 @@ def tunnel(inventory: str, host: str, pool: str | None, local_port: int | None, 
 
 @main.command()
 @click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
-@click.option("--parallel", type=int, default=1, show_default=True, help="Single-node hosts switched at once.")
+@click.option("--parallel", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Single-node hosts switched at once.")
 @click.option("--min-healthy", type=click.IntRange(min=0),
               help="Never leave fewer healthy endpoints than this while a batch switches (default: every model "
                    "served by hosts outside the batch keeps one of them healthy).")
+@click.option("--allow-outage", is_flag=True, help="Accept a batch that takes every endpoint of a model down at "
+              "once (refused otherwise).")
 @click.option("--limit", "limit", multiple=True, metavar="HOST|GROUP",
               help="Only these hosts (a name, a glob or a group, as pyinfra's --limit), with the rest of their "
                    "pools (repeatable).")
 @click.option("--dry", is_flag=True, help="Print the batches (JSON) and run nothing.")
 @inventory_options
-def upgrade(inventory: str, parallel: int, min_healthy: int | None, limit, dry: bool, group_data, data) -> None:
+def upgrade(inventory: str, parallel: int, min_healthy: int | None, allow_outage: bool, limit, dry: bool, group_data,
+            data) -> None:
     """Rolling upgrade to what INVENTORY now says (image, revision, driver release): batch by batch (JSON)."""
     import os
     import signal
 
     from modelfleet.inventory.door import whole
-    from modelfleet.rollout import batches, rollout
+    from modelfleet.rollout import batches, endpoints, outages, rollout
 
     # Ctrl-C or `kill -INT` stops the rollout where it is and reports how to finish it, also when a shell
     # started this command in the background (which starts it with SIGINT ignored).
@@ -524,6 +541,14 @@ def upgrade(inventory: str, parallel: int, min_healthy: int | None, limit, dry: 
 
     result = _resolved_or_exit(inventory, group_data, data)
     everything, result = result, whole(result, _selected(result, limit), checkpoint_groups=False)
+    served = sum(len(heads) for heads in endpoints(everything).values())
+    if min_healthy is not None and min_healthy > served:
+        raise click.BadParameter(f"{min_healthy} is more than the {served} endpoint(s) {inventory} serves: no "
+                                 "batch could ever start", param_hint="--min-healthy")
+    down = outages(result, batches(result, parallel))
+    if down and not allow_outage:
+        raise click.BadParameter("; ".join(down) + ": lower --parallel, or pass --allow-outage",
+                                 param_hint="--parallel")
     if dry:
         click.echo(json.dumps({"batches": [{"batch": n, "hosts": hosts} for n, hosts in
                                            enumerate(batches(result, parallel), 1)]}, indent=2))

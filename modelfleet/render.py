@@ -24,8 +24,22 @@ MASK = "********"
 DP_RPC_PORT = 13345
 MASTER_PORT = 29500
 
+class Lines(str):
+    """Text modelfleet itself split over lines (a unit's continued ExecStart): the one value a template may
+    print with a newline in it."""
+
+
+def _one_line(value):
+    """Every value a template prints (unit, env file, proxy config, launcher) stays on its line, whatever door
+    it came through: the last guard after the grammar."""
+    if not isinstance(value, Lines) and grammar.no_control(str(value)):
+        raise ValueError(f"refusing to render a value with a control character: {str(value)[:40]!r}...")
+    return value
+
+
 _env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES_DIR), keep_trailing_newline=True,
-                          trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+                          trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined,
+                          finalize=_one_line)
 
 
 def served_names(svc: ServicePlan) -> list[str]:
@@ -197,7 +211,7 @@ def render_template(template: str, **values) -> str:
 
 def exec_start(argv: list[str]) -> str:
     """A unit's ExecStart value: quoted for systemd, one flag and its value per continued line."""
-    return " \\\n    ".join(_paired([systemd_quote(a) for a in argv]))
+    return Lines(" \\\n    ".join(_paired([systemd_quote(a) for a in one_line_each(argv)])))
 
 
 def one_line_each(values) -> list[str]:

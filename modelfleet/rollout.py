@@ -42,6 +42,28 @@ def batches(resolved: Resolved, parallel: int) -> list[list[str]]:
     return out
 
 
+def endpoints(resolved: Resolved) -> dict[str, list[str]]:
+    """Each model clients call (its served name) -> the hosts heading its endpoints (one per pool)."""
+    out: dict[str, list[str]] = {}
+    for name, plan in resolved.hosts.items():
+        for svc in plan.services:
+            if svc.node_rank == 0:
+                out.setdefault(svc.served_name, []).append(name)
+    return out
+
+
+def outages(resolved: Resolved, planned: list[list[str]]) -> list[str]:
+    """Batches that take every endpoint of a model with several down at once (a smaller batch would keep one
+    serving)."""
+    out = []
+    for number, batch in enumerate(planned, 1):
+        for model, heads in endpoints(resolved).items():
+            if len(heads) > 1 and set(heads) <= set(batch):
+                out.append(f"batch {number} ({', '.join(batch)}) takes all {len(heads)} endpoints of {model} down "
+                           "at once")
+    return out
+
+
 class Watcher:
     """Every head endpoint's /v1/models, asked twice a second from a thread of this process (the CLI carries no
     gevent patching, so it runs while pyinfra's child processes do); the windows in which each batch switched
