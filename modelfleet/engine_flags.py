@@ -61,13 +61,9 @@ def _version(source: str) -> str | None:
     return version.group(1) if version else None
 
 
-@lru_cache(maxsize=None)
-def _recorded() -> dict:
-    return json.loads(FLAGS_FILE.read_text())
-
-
+@lru_cache(maxsize=None)  # package data, read once per engine and parser
 def table(engine_name: str, parser: str = "argparse") -> FlagTable | None:
-    spec = _recorded().get(engine_name)
+    spec = json.loads(FLAGS_FILE.read_text()).get(engine_name)
     if spec is None:
         return None
     canonical = {flag: flag for flag in spec["flags"]}

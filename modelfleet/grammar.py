@@ -165,8 +165,11 @@ def host_address(value: str) -> str | None:
 # The rule of owned_directory, in names.
 SYSTEM_TREES = ("bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run", "sbin", "sys", "usr",
                 "var", "snap", "lost+found")
-OWN_HOMES = ("/etc/modelfleet", "/var/lib/modelfleet")
+# A directory of modelfleet's own in a system tree: /etc/modelfleet, /etc/modelfleet-prod, /var/lib/modelfleet_b...
+OWN_HOME = re.compile(r"^/(etc|var/lib)/modelfleet([-_.][A-Za-z0-9][A-Za-z0-9_.-]*)?(/|$)")
 FHS_TOPS = ("home", "media", "mnt", "opt", "root", "srv", "tmp")
+# Emptied at boot (often a tmpfs) and writable by every user: never a home for checkpoints or secrets.
+TEMP_TREES = ("/tmp", "/var/tmp", "/dev/shm")
 VENDOR_TREES = re.compile(r"^/opt/(rocm|amdgpu|nvidia)[^/]*(/|$)")
 
 
@@ -179,8 +182,10 @@ def owned_directory(value: str) -> str | None:
     An absolute, normalised path modelfleet may take over (mkdir, chown, chmod 0700, a filesystem mounted on
     it, revisions pruned in it): never a system directory, at any depth. The rule, in full (FHS 3.0 names):
     - refused with everything below them: the system trees /bin /boot /dev /etc /lib /lib32 /lib64 /libx32
-      /proc /run /sbin /sys /usr /var /snap /lost+found, except modelfleet's own homes /etc/modelfleet and
-      /var/lib/modelfleet (and what is below them);
+      /proc /run /sbin /sys /usr /var /snap /lost+found, except directories of modelfleet's own there
+      (/etc/modelfleet, /etc/modelfleet-prod, /var/lib/modelfleet_b..., and what is below them); the
+      temporary trees /tmp, /var/tmp, /dev/shm and their first level (any user may make /tmp/x first; all of
+      it is emptied at boot: deeper, validate warns);
     - refused themselves: the FHS top levels /, /home, /media, /mnt, /opt, /root, /srv, /tmp (a directory below
       them is a site's own), a user's home (/home/NAME), and the hidden directories of a home with what is
       below them (/root/.ssh, /home/NAME/.config/...); the GPU vendors' trees /opt/rocm*, /opt/amdgpu*,
@@ -202,13 +207,23 @@ def owned_directory(value: str) -> str | None:
     if why is None:
         return None
     mine = cleaned.rstrip("/") + "/modelfleet"
-    example = mine if _system_directory(mine, parts + ["modelfleet"]) is None else "/srv/models, /etc/modelfleet"
+    example = mine if _system_directory(mine, parts + ["modelfleet"]) is None and not temporary(cleaned) \
+        else "/srv/models, /etc/modelfleet"
     return f"{cleaned} {why}: modelfleet would chown, chmod or mount over it; name a directory of its own " \
            f"(e.g. {example})"
 
 
+def temporary(path: str) -> str | None:
+    """The temporary tree a path is in (deeper than its first level it passes owned_directory, with a warning:
+    a CI clone's lab lives there)."""
+    return next((top for top in TEMP_TREES if _inside(path, top)), None)
+
+
 def _system_directory(path: str, parts: list[str]) -> str | None:
-    if not parts or (parts[0] in SYSTEM_TREES and not any(_inside(path, home) for home in OWN_HOMES)):
+    temp = temporary(path)
+    if temp and len(parts) - len(temp.strip("/").split("/")) <= 1:
+        return f"is {temp} or directly in it: any user may make or replace it first, and it is emptied at boot"
+    if not parts or (parts[0] in SYSTEM_TREES and not OWN_HOME.match(path)):
         return "is a system directory" if len(parts) < 2 else f"is inside the system directory /{parts[0]}"
     if len(parts) == 1 and parts[0] in FHS_TOPS:
         return "is a system directory"

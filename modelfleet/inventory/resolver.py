@@ -247,6 +247,21 @@ def _unknown_keys(data: dict[str, Any], where: str) -> list[tuple[str, str, str]
     return out
 
 
+def _directory_clash(host: HostData, where: str) -> list[tuple[str, str, str]]:
+    """config_dir (0700, secrets) and model_root (checkpoints, revisions pruned) are separate trees: one inside
+    the other would prune or expose the other's files."""
+    config, models = host.config_dir.rstrip("/"), host.model_root.rstrip("/")
+    if config == models:
+        return [(where, "config_dir", f"{config} is also model_root: give secrets and checkpoints their own "
+                                      "directories")]
+    if config.startswith(models + "/") or models.startswith(config + "/"):
+        inner, outer = (config, models) if len(config) > len(models) else (models, config)
+        return [(where, "config_dir", f"{inner} is inside {outer} (config_dir and model_root nest): modelfleet "
+                                      "prunes checkpoint revisions in model_root and keeps 0600 secrets in "
+                                      "config_dir; give each its own directory")]
+    return []
+
+
 def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None = None, offline: bool = False,
             sources: dict[str, dict[str, str]] | None = None) -> Resolved:
     """Resolve every (host name, merged data) pair; never raises for bad input, returns errors and warnings.
@@ -273,6 +288,7 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
             for err in exc.errors():
                 errors.append((where, ".".join(str(p) for p in err["loc"]), err["msg"].removeprefix("Value error, ")))
             continue
+        errors += _directory_clash(host, where)
         address = host.ssh_hostname or name
         if (address, host.ssh_port) in addresses:
             errors.append((where, "ssh_hostname", f"duplicate host: {address}:{host.ssh_port} is also "
@@ -381,6 +397,11 @@ def warnings(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], data: dict[
     out: list[tuple[str, str, str]] = []
     for name, plan in hosts.items():
         where = f"host {name}"
+        for fld in ("config_dir", "model_root"):
+            temp = grammar.temporary(getattr(plan, fld))
+            if temp:
+                out.append((where, fld, f"{getattr(plan, fld)} is inside {temp}, emptied at boot: checkpoints "
+                                        "would download again, env and key files be gone until the next converge"))
         used = sum(s.gpus for s in plan.services)
         if plan.services and plan.hardware.vendor != "none" and used < plan.gpu_count:
             out.append((where, "gpus", f"{plan.gpu_count - used} of its {plan.gpu_count} GPUs serve nothing "

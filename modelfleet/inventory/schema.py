@@ -41,8 +41,15 @@ def _url(value: str) -> str | None:
 
 
 def _registry(value: str) -> str | None:
-    return None if re.match(r"^[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)*/?$", value) else \
-        "is not a registry prefix (host[:port][/path])"
+    if grammar.no_control(value):
+        return grammar.no_control(value)
+    if not re.fullmatch(r"[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)*/?", value):
+        return "is not a registry prefix (host[:port][/path])"
+    host = value.split("/", 1)[0]
+    if "." not in host and ":" not in host and host != "localhost":
+        return f"starts with {host!r}, which docker reads as a Docker Hub namespace, not a registry: name the " \
+               "registry's host (with a dot or a port, or localhost)"
+    return None
 
 
 def _host_name(value: str) -> str | None:
@@ -92,11 +99,11 @@ class ServiceData(BaseModel):
                                 "`image_registry`; unset: the recipe's image.")
     extra_args: Annotated[list[str], _each(grammar.no_control)] = Field(
         [], description="More engine flags after the recipe's (flags modelfleet or the recipe set are refused).")
-    env: dict[Annotated[str, _fits(grammar.env_name)], Annotated[str, _fits(grammar.env_value)]] = Field(
+    env: dict[Annotated[str, _fits(grammar.env_entry)], Annotated[str, _fits(grammar.env_value)]] = Field(
         {}, description="Environment for the engine container, over the recipe's and the network settings.")
     checkpoint_group: Name | None = Field(None, description="Hosts that copy the checkpoint from each other (one "
                                           "hub download per group); unset: the pool.")
-    netcheck_min_busbw_gbps: Annotated[float, Field(gt=0)] | None = Field(
+    netcheck_min_busbw_gbps: Annotated[float, Field(gt=0, le=10000)] | None = Field(
         None, description="Gate threshold on all_reduce busbw at the largest size, GB/s; unset: the hardware "
         "catalog's (none for multi-node pools: checked for correctness only).")
     netcheck_timeout_s: int = Field(120, ge=5, le=3600, description="Seconds a gate rank waits for the others "
@@ -166,7 +173,7 @@ class HostData(BaseModel):
         "host's own service settings are its one service.")
     assess_models: list[Name] = Field([], description="Catalog model ids preflight also reports on: would they "
                                       "fit the measured GPUs.")
-    host_ram_gib: Annotated[int, Field(ge=1)] | None = Field(
+    host_ram_gib: Annotated[int, Field(ge=1, le=65536)] | None = Field(
         None, description="Host RAM (GiB) that llama.cpp recipes keeping MoE experts in RAM may fill; the planner "
         "sizes them against it and preflight checks it against /proc/meminfo. Unset: the hardware catalog's "
         "typical figure for the board.")

@@ -79,7 +79,7 @@ def lab_state(tmp_path, monkeypatch):
     """A lab of two H200 hosts and an 8x B300 as `lab up` records it (hosts.json), no hub: what the inventory reads."""
     hosts = [{"name": f"mflab-{i}", "address": f"127.0.1.{i}", "persona": "h200x1" if i < 3 else "b300x8-synthetic",
               "hardware": "h200" if i < 3 else "b300", "gpu_count": 1 if i < 3 else 8, "engine": ENGINES[i - 1], "bare": False, "admission": False, "disks": [f"/dev/loop{i}"],
-              "model_root": str(tmp_path / f"models-{i}"), "config_dir": str(tmp_path / f"etc-{i}")}
+              "model_root": f"/srv/mflab-{i}/models", "config_dir": f"/srv/mflab-{i}/etc-modelfleet"}
              for i in (1, 2, 3)]
     (tmp_path / "hosts.json").write_text(json.dumps({
         "key": str(tmp_path / "id_ed25519"), "known_hosts": str(tmp_path / "known_hosts"),

@@ -21,10 +21,13 @@ from tests.conftest import ROOT
 REFUSED = ["/", "/var/lib", "/usr/bin", "/etc/ssh", "/var/lib/docker", "/boot/efi", "/proc/x", "/home", "/etc",
            "/usr/", "/var", "/sys/fs/cgroup", "/dev/shm", "/run/modelfleet", "/lib64/x", "/snap/x", "/srv", "/mnt",
            "/opt", "/tmp", "/root", "/media", "/home/alice", "/root/.ssh", "/home/alice/.config/models",
-           "/opt/rocm-7.0", "/opt/nvidia/models", "/var/lib/modelfleet-other", "/etc/modelfleetx"]
+           "/opt/rocm-7.0", "/opt/nvidia/models", "/etc/modelfleetx", "/tmp/models", "/var/tmp/x", "/dev/shm/m",
+           "/etc/modelfleet-../ssh"]
 ACCEPTED = ["/srv/models", "/etc/modelfleet", "/etc/modelfleet/site-a", "/var/lib/modelfleet",
             "/var/lib/modelfleet/models", "/data", "/data1/models", "/models", "/nvme0/models", "/raid0", "/scratch/m",
-            "/mnt/nvme0", "/opt/modelfleet", "/home/alice/models", "/root/modelfleet/models", "/tmp/ci-clone/models"]
+            "/mnt/nvme0", "/opt/modelfleet", "/home/alice/models", "/root/modelfleet/models", "/tmp/ci-clone/models",
+            # directories of modelfleet's own inside the system trees (issue 40)
+            "/etc/modelfleet-prod", "/var/lib/modelfleet-other", "/etc/modelfleet_b/keys"]
 
 
 @pytest.mark.parametrize("path", REFUSED)
