@@ -128,6 +128,7 @@ class Loaded:
     files: list[str] = field(default_factory=list)
     folders: list[str] = field(default_factory=list)
     groups: dict[str, list[str]] = field(default_factory=dict)  # pyinfra's groups (the file's name one included)
+    module_values: dict[str, Any] = field(default_factory=dict)  # plain values at the file's top level
 
 
 def read_inventory(path: str, cwd: str | None = None, group_data: tuple[str, ...] = (),
@@ -142,12 +143,19 @@ def read_inventory(path: str, cwd: str | None = None, group_data: tuple[str, ...
         raise InventoryFileError(path, "no such inventory file")
     groups: dict[str, tuple[list, dict]] = {}
     data_from: dict[str, str] = {}  # host -> the group whose entry gave it data
+    module_values: dict[str, Any] = {}
     for key, value in _run_file(inventory_file).items():
         if key.startswith("_"):
             continue
         hosts = _host_entries(key, value, inventory_file)
         if hosts is None:
+            if isinstance(value, (str, int, float, bool, dict)):
+                module_values[key] = value  # pyinfra ignores it; the door names it when it is a setting
             continue
+        if key == "all":
+            raise InventoryFileError(str(inventory_file), "group all: `all` is pyinfra's name for every host; a "
+                                     "group of that name becomes the whole host list and drops the hosts of the "
+                                     "other groups: rename it")
         names_here = [h[0] if isinstance(h, tuple) else h for h in hosts]
         twice = sorted({n for n in names_here if names_here.count(n) > 1})
         if twice:
@@ -173,7 +181,7 @@ def read_inventory(path: str, cwd: str | None = None, group_data: tuple[str, ...
     for group, data in extra.items():
         hosts, own = groups.get(group, ([], {}))
         groups[group] = (hosts, {**own, **data})
-    loaded = Loaded(entries=[], files=read, folders=[str(_shown(f)) for f in folders])
+    loaded = Loaded(entries=[], files=read, folders=[str(_shown(f)) for f in folders], module_values=module_values)
     if not names:
         return loaded
     override = dict(override_data or {})

@@ -223,7 +223,10 @@ def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list
                 errors.append((where, "router_port", f"{head.router.port}: port {port} ({what}) is "
                                f"{'out of range' if port > 65535 else 'used by ' + taken[port]} on {router_host}"))
         key = os.environ.get(head.api_key_env or "")
-        if rspec.auth == "proxy" and key and not offline and not PROXY_KEY.match(key.strip()):
+        if rspec.auth == "proxy" and key and not offline and not 8 <= len(key.strip()) <= 512:
+            errors.append((where, "api_key_env", f"the value of {head.api_key_env} (not shown) is "
+                           f"{len(key.strip())} characters long: the front door takes keys of 8 to 512"))
+        elif rspec.auth == "proxy" and key and not offline and not PROXY_KEY.match(key.strip()):
             errors.append((where, "api_key_env", f"the value of {head.api_key_env} (not shown) has characters the "
                            "proxy's config cannot hold: use 8-512 of A-Z a-z 0-9 . _ ~ + / = -"))
         if name in routers:

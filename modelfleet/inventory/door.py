@@ -73,6 +73,7 @@ def open_inventory(inventory: str, *, cwd: str | None = None, group_data: tuple[
         files = loaded.files
         catalog = catalog_for(inventory)
         result = resolve(loaded.entries, catalog, offline=offline, sources=loaded.sources)
+        result.errors += module_settings(inventory, loaded.module_values)
     except (InventoryFileError, CatalogError) as error:
         result = Resolved(hosts={}, pools={}, errors=[(error.where, "file", error.message)])
         loaded = None
@@ -88,6 +89,16 @@ def open_inventory(inventory: str, *, cwd: str | None = None, group_data: tuple[
     recipes = site_recipes(inventory)
     result.site_recipe_files = sorted(str(p) for p in recipes.glob("*.yaml")) if recipes.is_dir() else []
     return result
+
+
+def module_settings(inventory: str, values: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Settings written at the inventory file's top level: pyinfra reads only groups there, so they would be
+    ignored without a word."""
+    from modelfleet.inventory.schema import SERVICE_KEYS, HostData
+
+    known = set(HostData.model_fields) | set(SERVICE_KEYS)
+    return [(inventory, key, "set at module level, where pyinfra reads only groups (it would be ignored): put it "
+                             "in group_data/all.py, a group's data or the hosts' data") for key in values if key in known]
 
 
 def invocation() -> dict[str, Any] | None:

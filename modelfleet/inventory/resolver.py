@@ -105,7 +105,9 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
         errors.append((where, "recipe", f"{recipe.id} runs a ROCm image but {hw.id} is a {hw.vendor} host"))
     if recipe.cuda and hw.vendor != "nvidia":
         errors.append((where, "recipe", f"{recipe.id} runs a CUDA image but {hw.id} is a {hw.vendor} host"))
-    trust = model.trust_remote_code if svc.trust_remote_code is None else svc.trust_remote_code
+    # A GGUF recipe's engine (llama.cpp) reads weights and runs none of the checkpoint's own code.
+    gguf = bool(recipe.gguf_quant and model.gguf)
+    trust = not gguf and (model.trust_remote_code if svc.trust_remote_code is None else svc.trust_remote_code)
     if trust and not (svc.revision and COMMIT_RE.match(svc.revision)):
         errors.append((where, "revision", f"{model.id} needs trust_remote_code: pin `revision` to a 40-hex "
                        f"commit (got {svc.revision!r}) so the code that runs is the code you reviewed"))
@@ -247,6 +249,25 @@ def _unknown_keys(data: dict[str, Any], where: str) -> list[tuple[str, str, str]
     return out
 
 
+def _single_node_engines(entries: list, cat: Catalog) -> list[tuple[str, str, str]]:
+    """A pool named on several hosts whose engine has no multi-node mode (llama.cpp): said as that, before any
+    recipe is looked for."""
+    members: dict[str, tuple[str, list[str]]] = {}
+    for name, data in entries:
+        if not isinstance(data, dict) or not isinstance(data.get("services", []), list):
+            continue
+        defaults = {k: data[k] for k in ("pool", "engine") if k in data}
+        for entry in data.get("services") or [defaults]:
+            if isinstance(entry, dict):
+                merged = {**defaults, **entry}
+                if isinstance(merged.get("pool"), str) and merged.get("engine") in cat.engines:
+                    members.setdefault(merged["pool"], (merged["engine"], []))[1].append(name)
+    return [(f"pool {pool}", "engine", f"{engine} has no multi-node mode: pool {pool} names {len(hosts)} hosts "
+                                       f"({', '.join(hosts)}); for replicas give each host its own pool (or leave "
+                                       "`pool` unset)")
+            for pool, (engine, hosts) in members.items() if len(hosts) > 1 and not cat.engines[engine].multinode]
+
+
 def _directory_clash(host: HostData, where: str) -> list[tuple[str, str, str]]:
     """config_dir (0700, secrets) and model_root (checkpoints, revisions pruned) are separate trees: one inside
     the other would prune or expose the other's files."""
@@ -366,6 +387,7 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
                                                       if k != "gpu_check_image"},
                                                    gpu_check_image=_from_registry(host, host.gpu_check_image or
                                                                                   GPU_CHECK_IMAGES.get(hw.vendor, ""))))
+    errors += _single_node_engines(entries, cat)
     pools = _resolve_pools(hosts, errors)
     hosts = _with_ranks(hosts, pools)
     hosts, routers = router.resolve(hosts, pools, errors, RESERVED_PORTS, offline=offline)
@@ -408,6 +430,11 @@ def warnings(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], data: dict[
                                        f"(services use {used}): set `gpus`, add a service, or set `gpu_count`"))
         for svc in plan.services:
             out += [(where, "extra_args", f"{p}: the engine would refuse to start") for p in _unknown_extra_flags(svc)]
+            if svc.recipe.gguf_quant and svc.model.gguf and not COMMIT_RE.match(svc.revision or ""):
+                out.append((where, "revision", f"{svc.revision or 'main'} is not a commit: the weights come from "
+                                               f"the GGUF repository {svc.hf_repo} (not {svc.model.hf_repo}); pin "
+                                               "its commit so a re-upload cannot change what serves (llama.cpp "
+                                               "runs no model code: no trust_remote_code needed)"))
             if svc.revision and PLACEHOLDER_REVISION.match(svc.revision):
                 out.append((where, "revision", f"{svc.revision} is a placeholder, not a commit: pin the revision "
                                                "you reviewed (the hub's commit id)"))
@@ -457,7 +484,7 @@ def _resolve_pools(hosts: dict[str, HostPlan], errors: list) -> dict[str, PoolPl
                 errors.append((where, fld.removesuffix("_name"), f"{label}: {', '.join(values)}"))
         layout = head.recipe.layout
         pool_gpus = sum(s.gpus for s in pool.services)
-        if layout.nodes > 1 and not head.engine.multinode:
+        if layout.nodes > 1 and not head.engine.multinode and (where, "engine") not in {e[:2] for e in errors}:
             errors.append((where, "engine", f"{head.engine_name} has no multi-node mode: use an engine that has one "
                            f"for {layout.nodes} nodes"))
         if layout.nodes > 1 and layout.dp > 1 and layout.dp % layout.nodes:
