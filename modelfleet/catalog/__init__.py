@@ -347,9 +347,10 @@ def args_problems(recipe: "Recipe", engine: "Engine", engine_name: str) -> list[
 def _check_layouts(recipes: dict, engines: dict, where) -> None:
     for recipe in recipes.values():
         engine = engines.get(recipe.engine)
-        problems = layout_problems(recipe, engine) + args_problems(recipe, engine, recipe.engine) if engine else []
+        problems = [f"layout: {p}" for p in layout_problems(recipe, engine)] + \
+            args_problems(recipe, engine, recipe.engine) if engine else []
         if problems:
-            raise CatalogError(where(recipe), f"recipe {recipe.id}: " + "; ".join(problems))
+            raise CatalogError(where(recipe), "; ".join(problems) + f" (recipe {recipe.id})")
 
 
 def _load_dir(folder: Path, cls):
