@@ -118,7 +118,7 @@ def validate(inventory: str, group_data, data, offline: bool, strict: bool, as_j
               help="Rollback copies kept on disk.")
 @click.option("--recipe", "recipe_id", help="Size this catalog recipe (default: the first of MODEL on HARDWARE).")
 @click.option("--quant", help="GGUF quantization, e.g. UD-IQ1_M: a llama.cpp recipe of MODEL with it on HARDWARE.")
-@click.option("--host-ram-gib", type=click.IntRange(min=1), help="Host RAM for recipes that keep MoE experts in RAM "
+@click.option("--host-ram-gib", type=click.IntRange(min=1, max=65536), help="Host RAM for recipes that keep MoE experts in RAM "
               "(default: the hardware catalog's figure).")
 @click.option("--json", "as_json", is_flag=True, help="Print the full plan as JSON.")
 def plan(inventory, host, group_data, data, model: str, hardware: str, gpus: int, nodes: int, keep_revisions: int,

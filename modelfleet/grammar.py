@@ -41,6 +41,11 @@ def no_control(value: str) -> str | None:
         if CONTROL.search(value) else None
 
 
+def printable(text: str) -> str:
+    """Text for a report line: a control character shown escaped (`\\n`), never acted on by a terminal or a log."""
+    return CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
 def matches(pattern: re.Pattern, what: str):
     def rule(value: str) -> str | None:
         return no_control(value) or (None if pattern.match(value) else f"is not a valid {what}")

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from modelfleet import grammar
 from modelfleet.catalog import CatalogError, load_catalog, with_site_recipes
 from modelfleet.inventory.plan import Resolved
 from modelfleet.inventory.resolver import resolve
@@ -81,6 +82,10 @@ def open_inventory(inventory: str, *, cwd: str | None = None, group_data: tuple[
         looked = ", ".join(files) if files else "none in " + ", ".join(loaded.folders)
         result.errors = [(w, f, f"{m} (not in the inventory file, --data or group_data; group_data read: "
                                 f"{looked})" if m == "missing" else m) for w, f, m in result.errors]
+    # Names and keys from any door (a host name, a --data key) reach report lines: escaped, never a new line.
+    for kind in ("errors", "warnings"):
+        setattr(result, kind, [tuple(grammar.printable(str(part)) for part in problem)
+                               for problem in getattr(result, kind)])
     result.group_data_files = files
     result.groups = loaded.groups if loaded else {}
     result.data = dict(loaded.entries) if loaded else {}

@@ -318,3 +318,12 @@ def test_a_value_that_got_past_validation_still_cannot_add_a_line():
     from dataclasses import replace
     with pytest.raises(ValueError, match="control character"):
         render.render_unit(replace(svc, recipe=forged))
+
+
+def test_a_name_or_key_with_a_control_character_is_reported_escaped_on_one_line(tmp_path):
+    inv = inventory(tmp_path, [("h1\nx", HOST)])
+    out = CliRunner().invoke(main, ["validate", str(inv), "--data", "gpu\ncount=1"])
+    assert out.exit_code == 2 and "Traceback" not in out.output
+    assert "host h1\\nx:" in out.output and "gpu\\ncount: unknown key" in out.output
+    assert not any(line in ("x:", "x", "count: unknown key") or line.startswith("count") for line in
+                   out.output.splitlines())
