@@ -38,6 +38,23 @@ Bandwidth = Annotated[float, Field(gt=0, le=10000)]  # GB/s: past any link that 
 RamGib = Annotated[int, Field(ge=1, le=65536)]
 
 
+def _gguf(spec: dict) -> dict:
+    """A model's GGUF repository (downloaded like a hub repository) and its quantizations' sizes."""
+    reason = grammar.hub_repo(str(spec.get("repo", "")))
+    if reason:
+        raise ValueError(f"gguf.repo {reason}")
+    if not 0 <= spec.get("memory_overhead", 0) <= 1:
+        raise ValueError("gguf.memory_overhead must be a fraction (0-1)")
+    for quant, size in (spec.get("quants") or {}).items():
+        try:
+            positive = float(size) > 0  # YAML 1.1 reads 1.51e12 as text: the planner takes float() of it
+        except (TypeError, ValueError):
+            positive = False
+        if grammar.name(str(quant)) or not positive:
+            raise ValueError("gguf.quants: each a quantization name and its size in bytes (> 0)")
+    return spec
+
+
 class Model(_Strict):
     id: Id
     hf_repo: Annotated[str, grammar.checked(grammar.hub_repo)]
@@ -48,13 +65,13 @@ class Model(_Strict):
     layers: int | None = None
     layer_mix: dict[str, int] | None = None
     experts: dict[str, int] | None = None
-    context_max: int
-    modalities: list[str]
-    weights: str
-    activations: str | None = None
-    checkpoint_bytes: float | None = None
+    context_max: Annotated[int, Field(ge=1)]
+    modalities: list[Id]
+    weights: Id
+    activations: Id | None = None
+    checkpoint_bytes: Annotated[float, Field(gt=0)] | None = None
     trust_remote_code: bool = False
-    gguf: dict | None = None
+    gguf: Annotated[dict, AfterValidator(_gguf)] | None = None
 
 
 class Hardware(_Strict):

@@ -146,9 +146,9 @@ class HostData(BaseModel):
     ssh_port: Port = Field(22, description="pyinfra's own: the SSH port (an engine may not take it).")
     ssh_user: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_.-]{0,31}$")] | None = Field(
         None, description="pyinfra's own: the SSH user; unset: pyinfra's default.")
-    ssh_key: str | None = Field(None, description="pyinfra's own: private key file; unset: the SSH agent and "
+    ssh_key: Annotated[str, _fits(grammar.single_line)] | None = Field(None, description="pyinfra's own: private key file; unset: the SSH agent and "
                                 "default keys.")
-    ssh_known_hosts_file: str | None = Field(None, description="pyinfra's own: known-hosts file, also used by "
+    ssh_known_hosts_file: Annotated[str, _fits(grammar.single_line)] | None = Field(None, description="pyinfra's own: known-hosts file, also used by "
                                              "status, logs, tunnel and upgrade; unset: `~/.ssh/known_hosts`.")
     ssh_strict_host_key_checking: Literal["yes", "accept-new", "no", "off"] | None = Field(
         None, description="pyinfra's own; status, logs, tunnel and upgrade honour it too (unset: unknown host "
