@@ -92,12 +92,14 @@ def validate(inventory: str, group_data, data, offline: bool, strict: bool, as_j
     out = {"ok": not refused, "hosts": sorted(result.hosts), "pools": {
         name: {"hosts": pool.hosts, "recipe": pool.services[0].recipe.id} for name, pool in result.pools.items()},
         "errors": listed(refused), "warnings": listed(result.warnings), "skipped": listed(result.skipped),
+        "info": listed(result.info),
         "group_data_files": result.group_data_files, "site_recipe_files": result.site_recipe_files}
     lines = [result.error_report(refused)] if refused else [
         f"ok: {len(result.hosts)} host(s), {len(result.pools)} pool(s)"]
     if not strict:
         lines += [f"warning: {w}: {f}: {m}" for w, f, m in result.warnings]
     lines += [f"skipped: {w}: {f}: {m}" for w, f, m in result.skipped]
+    lines += [f"note: {w}: {f}: {m}" for w, f, m in result.info]
     lines.append("group_data read: " + (", ".join(result.group_data_files) or
                                         "none (looked in " + ", ".join(result.group_data_folders) + ")"))
     if result.site_recipe_files:

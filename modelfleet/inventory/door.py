@@ -83,7 +83,7 @@ def open_inventory(inventory: str, *, cwd: str | None = None, group_data: tuple[
         result.errors = [(w, f, f"{m} (not in the inventory file, --data or group_data; group_data read: "
                                 f"{looked})" if m == "missing" else m) for w, f, m in result.errors]
     # Names and keys from any door (a host name, a --data key) reach report lines: escaped, never a new line.
-    for kind in ("errors", "warnings"):
+    for kind in ("errors", "warnings", "info"):
         setattr(result, kind, [tuple(grammar.printable(str(part)) for part in problem)
                                for problem in getattr(result, kind)])
     result.group_data_files = files

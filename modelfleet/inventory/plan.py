@@ -265,6 +265,7 @@ class Resolved:
     routers: dict[str, RouterPlan] = field(default_factory=dict)  # front door name -> its plan
     warnings: list[tuple[str, str, str]] = field(default_factory=list)  # the same shape; `--strict` refuses them
     skipped: list[tuple[str, str, str]] = field(default_factory=list)  # checks `--offline` left out
+    info: list[tuple[str, str, str]] = field(default_factory=list)  # the recipes' own notes: said, never refused
     # Where the data came from (set by the door): host -> key -> file or "--data"; the files read.
     sources: dict[str, dict[str, str]] = field(default_factory=dict)
     group_data_files: list[str] = field(default_factory=list)

@@ -394,7 +394,7 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
     return Resolved(hosts=hosts, pools=pools, routers=routers, errors=_name_sources(errors, sources or {}),
                     warnings=_name_sources(warnings(hosts, pools, {n: d for n, d in entries if isinstance(d, dict)}),
                                            sources or {}),
-                    skipped=skipped or [])
+                    skipped=skipped or [], info=information(pools))
 
 
 def _name_sources(problems: list[tuple[str, str, str]], sources: dict[str, dict[str, str]]) -> list:
@@ -409,8 +409,16 @@ def _name_sources(problems: list[tuple[str, str, str]], sources: dict[str, dict[
     return out
 
 
+def information(pools: dict[str, PoolPlan]) -> list[tuple[str, str, str]]:
+    """What a recipe says of itself (its notes): the author's information, not a problem `--strict` refuses."""
+    return [(f"pool {pool.name}", "recipe", f"{head.recipe.id}: {' '.join(head.recipe.notes.split())}")
+            for pool in pools.values() for head in pool.services[:1] if head.recipe.notes]
+
+
 PLACEHOLDER_REVISION = re.compile(r"^(0+|f+|x+)$", re.IGNORECASE)
 TAG_VERSION = re.compile(r"(?:^|[^0-9])v?([0-9]+\.[0-9]+(?:\.[0-9]+)?)(?:$|[^0-9.])")
+# llama.cpp's images name their build: server-cuda-b11434, full-b11669 (github.com/ggml-org/llama.cpp releases).
+TAG_BUILD = re.compile(r"(?:^|[^A-Za-z0-9])(b[0-9]+)(?:$|[^0-9])")
 
 
 def warnings(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], data: dict[str, dict]) -> list:
@@ -441,8 +449,8 @@ def warnings(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], data: dict[
     for pool in pools.values():
         head = pool.services[0]
         where = f"pool {pool.name}"
-        tag = head.image.rsplit("/", 1)[-1].partition(":")[2]
-        version = TAG_VERSION.search(tag)
+        tag = head.image.rsplit("/", 1)[-1].partition(":")[2].split("@")[0]
+        version = TAG_BUILD.search(tag) or TAG_VERSION.search(tag)
         if version is None or version.group(1) == "":
             out.append((where, "image", f"{head.image} names no engine version: its flags were checked with "
                                         f"{head.engine_name} {head.recipe.engine_version}'s parser; pin an image "
@@ -450,8 +458,6 @@ def warnings(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], data: dict[
         elif version.group(1) != head.recipe.engine_version.lstrip("v"):
             out.append((where, "image", f"{head.image} is {head.engine_name} {version.group(1)}, but recipe "
                                         f"{head.recipe.id}'s flags were checked with {head.recipe.engine_version}"))
-        if head.recipe.notes:
-            out.append((where, "recipe", f"{head.recipe.id}: {' '.join(head.recipe.notes.split())}"))
         role = router.pd_role(head.recipe, head.engine_name)
         if role and not head.router:
             out.append((where, "router", f"unset: the {role} part of {head.served_name} is reached only through "

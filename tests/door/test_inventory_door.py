@@ -151,7 +151,8 @@ def test_site_recipe_whose_args_contradict_its_layout_is_refused(tmp_path, monke
 
 def test_warnings_for_images_recipes_and_multi_node_pools(tmp_path, monkeypatch):
     """Each warning from its own cause: an image of another engine version than the recipe's flags were checked
-    with, an image naming no version, a recipe's notes, and a multi-node pool without `fabric_address`."""
+    with, an image naming no version, and a multi-node pool without `fabric_address`; a recipe's notes are
+    information."""
     inv = tmp_path / "inv.py"
     inv.write_text(
         f"odd = [('g1', {{**{HOST!r}, 'gpus': 1, 'gpu_count': 1, 'image': 'vllm/vllm-openai:v0.30.1'}})]\n"
@@ -171,5 +172,6 @@ def test_warnings_for_images_recipes_and_multi_node_pools(tmp_path, monkeypatch)
                                          f"were checked with {recipe.engine_version}")
     assert got[("pool g2", "image")].startswith("vllm/vllm-openai:latest names no engine version")
     assert got[("pool k", "fabric_address")].startswith("multi-node pool on the SSH address of t1:")
-    assert "modelfleet's, not the guide's" in got[("pool k", "recipe")]
+    info = {(i["where"], i["field"]): i["message"] for i in json.loads(out.output)["info"]}
+    assert "modelfleet's, not the guide's" in info[("pool k", "recipe")]  # a recipe's notes: information (issue 42)
     assert CliRunner().invoke(main, ["validate", "--offline", "--strict", str(inv)]).exit_code == 2

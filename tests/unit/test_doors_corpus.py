@@ -327,3 +327,34 @@ def test_a_name_or_key_with_a_control_character_is_reported_escaped_on_one_line(
     assert "host h1\\nx:" in out.output and "gpu\\ncount: unknown key" in out.output
     assert not any(line in ("x:", "x", "count: unknown key") or line.startswith("count") for line in
                    out.output.splitlines())
+
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+CLEAN = {
+    "gb300": [(f"tray-{i}", {"ssh_hostname": f"192.0.2.{20 + i}", "fabric_address": f"10.9.0.{20 + i}",
+                             "hardware": "gb300", "model": "kimi-k3.1-pro", "engine": "vllm", "pool": "k31",
+                             "recipe": "kimi-k3.1-pro-vllm-gb300", "revision": COMMIT,
+                             "image": "vllm/vllm-openai:v0.34.0"}) for i in range(2)],
+    "mi355x": [("m1", {"ssh_hostname": "192.0.2.30", "hardware": "mi355x", "model": "kimi-k3", "engine": "vllm",
+                       "recipe": "kimi-k3-vllm-mi355x", "revision": COMMIT, "gpu_count": 8,
+                       "image": "vllm/vllm-openai-rocm:v0.34.0"})],
+    "llama.cpp": [("w1", {"ssh_hostname": "192.0.2.40", "hardware": "h200", "gpu_count": 2, "model": "kimi-k3",
+                          "engine": "llama.cpp", "recipe": "kimi-k3-llamacpp-iq1-m-2gpu-ram", "revision": COMMIT,
+                          "image": "ghcr.io/ggml-org/llama.cpp:server-cuda-b11434"})],
+}
+
+
+@pytest.mark.parametrize("kind", CLEAN)
+def test_strict_passes_a_clean_inventory_and_the_recipes_notes_are_information(tmp_path, kind):
+    out = CliRunner().invoke(main, ["validate", str(inventory(tmp_path, CLEAN[kind])), "--strict", "--json"])
+    assert out.exit_code == 0, out.output
+    report = json.loads(out.stdout)
+    assert report["warnings"] == [] and all(i["field"] == "recipe" for i in report["info"])
+
+
+def test_a_llamacpp_build_tag_names_its_version(tmp_path):
+    hosts = [(n, {**d, "image": "ghcr.io/ggml-org/llama.cpp:server-cuda-b11669"}) for n, d in CLEAN["llama.cpp"]]
+    warnings = open_inventory(str(inventory(tmp_path, hosts))).warnings
+    assert [w[2] for w in warnings if w[1] == "image"] == [
+        "ghcr.io/ggml-org/llama.cpp:server-cuda-b11669 is llama.cpp b11669, but recipe kimi-k3-llamacpp-iq1-m-2gpu-ram's "
+        "flags were checked with b11434"]
