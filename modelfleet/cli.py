@@ -93,7 +93,8 @@ def validate(inventory: str, group_data, data, offline: bool, strict: bool, as_j
         name: {"hosts": pool.hosts, "recipe": pool.services[0].recipe.id} for name, pool in result.pools.items()},
         "errors": listed(refused), "warnings": listed(result.warnings), "skipped": listed(result.skipped),
         "info": listed(result.info),
-        "group_data_files": result.group_data_files, "site_recipe_files": result.site_recipe_files}
+        "group_data_files": result.group_data_files, "site_recipe_files": result.site_recipe_files,
+        "site_hardware_files": result.site_hardware_files}
     lines = [result.error_report(refused)] if refused else [
         f"ok: {len(result.hosts)} host(s), {len(result.pools)} pool(s)"]
     if not strict:
@@ -104,6 +105,8 @@ def validate(inventory: str, group_data, data, offline: bool, strict: bool, as_j
                                         "none (looked in " + ", ".join(result.group_data_folders) + ")"))
     if result.site_recipe_files:
         lines.append("site recipes read: " + ", ".join(result.site_recipe_files))
+    if result.site_hardware_files:
+        lines.append("site boards read: " + ", ".join(result.site_hardware_files))
     _emit(out, as_json, "\n".join(lines))
     sys.exit(2 if refused else 0)
 

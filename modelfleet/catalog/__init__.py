@@ -408,6 +408,31 @@ def with_site_recipes(catalog: "Catalog", folder: Path) -> "Catalog":
     return catalog.model_copy(update={"recipes": recipes})
 
 
+class SiteHardware(Hardware):
+    """A site's own board (a `hardware/` folder beside the inventory): a new id, or `overrides: <id>` to replace
+    a shipped board on purpose."""
+
+    overrides: str | None = None
+
+
+def with_site_hardware(catalog: "Catalog", folder: Path) -> "Catalog":
+    """The catalog plus a site's boards; an id that shadows a shipped board without `overrides` is an error."""
+    boards = dict(catalog.hardware)
+    for path in sorted(folder.glob("*.yaml")):
+        site = _read(path, SiteHardware)
+        if site.overrides and site.overrides not in catalog.hardware:
+            raise CatalogError(str(path), f"overrides: no shipped board {site.overrides!r}")
+        if site.id in catalog.hardware and site.overrides != site.id:
+            raise CatalogError(str(path), f"id: {site.id} is a shipped board: pick a new id, or say "
+                                          f"`overrides: {site.id}` to replace it")
+        if site.id in boards and site.id not in catalog.hardware:
+            raise CatalogError(str(path), f"id: {site.id} is already defined by another file of {folder}")
+        if site.overrides and site.overrides != site.id:
+            boards.pop(site.overrides)
+        boards[site.id] = Hardware(**site.model_dump(exclude={"overrides"}))
+    return catalog.model_copy(update={"hardware": boards})
+
+
 def _load_engines(path: Path) -> dict[str, Engine]:
     """engines.yaml: engine name -> its entry; a bad entry is named with the field at fault."""
     engines = {}

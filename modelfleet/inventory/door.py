@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from modelfleet import grammar
-from modelfleet.catalog import CatalogError, load_catalog, with_site_recipes
+from modelfleet.catalog import CatalogError, load_catalog, with_site_hardware, with_site_recipes
 from modelfleet.inventory.plan import Resolved
 from modelfleet.inventory.resolver import resolve
 from modelfleet.loader import InventoryFileError, read_inventory
@@ -55,8 +55,16 @@ def site_recipes(inventory: str) -> Path:
     return Path(inventory).resolve().parent / "recipes"
 
 
+def site_hardware(inventory: str) -> Path:
+    """A site's own boards: YAML files in the `hardware/` folder beside the inventory file."""
+    return Path(inventory).resolve().parent / "hardware"
+
+
 def catalog_for(inventory: str | None):
+    """The shipped catalog plus the site's boards, then its recipes (a site recipe may name a site board)."""
     catalog = load_catalog()
+    if inventory and site_hardware(inventory).is_dir():
+        catalog = with_site_hardware(catalog, site_hardware(inventory))
     if inventory and site_recipes(inventory).is_dir():
         catalog = with_site_recipes(catalog, site_recipes(inventory))
     return catalog
@@ -91,8 +99,9 @@ def open_inventory(inventory: str, *, cwd: str | None = None, group_data: tuple[
     result.data = dict(loaded.entries) if loaded else {}
     result.group_data_folders = loaded.folders if loaded else []
     result.sources = loaded.sources if loaded else {}
-    recipes = site_recipes(inventory)
+    recipes, boards = site_recipes(inventory), site_hardware(inventory)
     result.site_recipe_files = sorted(str(p) for p in recipes.glob("*.yaml")) if recipes.is_dir() else []
+    result.site_hardware_files = sorted(str(p) for p in boards.glob("*.yaml")) if boards.is_dir() else []
     return result
 
 

@@ -271,6 +271,7 @@ class Resolved:
     group_data_files: list[str] = field(default_factory=list)
     group_data_folders: list[str] = field(default_factory=list)
     site_recipe_files: list[str] = field(default_factory=list)
+    site_hardware_files: list[str] = field(default_factory=list)
     groups: dict[str, list[str]] = field(default_factory=dict)  # pyinfra's groups: group -> hosts
     data: dict[str, dict] = field(default_factory=dict)  # host -> its merged data, as pyinfra gives it
 
