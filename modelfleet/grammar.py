@@ -10,7 +10,9 @@ import re
 
 from pydantic import AfterValidator
 
-CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# C0 and C1 controls, the Unicode line and paragraph separators (str.splitlines and some logs break there) and
+# the bidirectional overrides (text that reads otherwise than it runs).
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")  # pools, groups: they become unit and file names
 SERVED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")  # may be a hub id (org/model)
 # Branches, tags and commits as git allows them, minus what could leave a directory: no `..`, no leading

@@ -399,11 +399,17 @@ def with_site_recipes(catalog: "Catalog", folder: Path) -> "Catalog":
                                           f"`overrides: {site.id}` to replace it")
         if site.overrides and site.overrides != site.id:
             recipes.pop(site.overrides)
+        if site.id in recipes and site.id not in catalog.recipes:
+            raise CatalogError(str(path), f"id: {site.id} is already defined by another file of {folder}")
+        for fld, values, table in (("model", [site.model], catalog.models), ("engine", [site.engine], catalog.engines),
+                                   ("hardware", site.hardware, catalog.hardware)):
+            for value in values:
+                if value not in table:
+                    near = difflib.get_close_matches(value, list(table), n=1, cutoff=0.6)
+                    raise CatalogError(str(path), f"{fld}: unknown {fld} {value!r}" + (
+                        f" (did you mean {near[0]!r}?)" if near else f" (known: {', '.join(sorted(table))})"))
         recipes[site.id] = Recipe(**site.model_dump(exclude={"overrides"}))
         recipes[site.id]._site = str(path)
-        if site.engine not in catalog.engines:
-            raise CatalogError(str(path), f"engine: unknown engine {site.engine!r} (known: "
-                                          f"{', '.join(sorted(catalog.engines))})")
         _check_layouts({site.id: recipes[site.id]}, catalog.engines, lambda _, where=str(path): where)
     return catalog.model_copy(update={"recipes": recipes})
 

@@ -358,3 +358,37 @@ def test_a_llamacpp_build_tag_names_its_version(tmp_path):
     assert [w[2] for w in warnings if w[1] == "image"] == [
         "ghcr.io/ggml-org/llama.cpp:server-cuda-b11669 is llama.cpp b11669, but recipe kimi-k3-llamacpp-iq1-m-2gpu-ram's "
         "flags were checked with b11434"]
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"model": "qwen3-8"}, "model: unknown model 'qwen3-8' (did you mean 'qwen3-8b'?)"),
+    ({"hardware": ["h20"]}, "hardware: unknown hardware 'h20' (did you mean 'h200'?)"),
+    ({"engine": "vlm"}, "engine: unknown engine 'vlm' (did you mean 'vllm'?)"),
+])
+def test_a_site_recipe_naming_what_does_not_exist_is_refused_with_the_nearest(tmp_path, change, message):
+    inv = inventory(tmp_path, [("h1", HOST)], site_recipe(**change))
+    assert refused(["validate", str(inv), "--json"])[0]["message"] == message
+
+
+def test_two_site_recipes_of_one_id_are_refused(tmp_path):
+    inv = inventory(tmp_path, [("h1", HOST)], site_recipe())
+    (inv.parent / "recipes" / "zz.yaml").write_text(yaml.safe_dump(site_recipe()))
+    assert "already defined" in refused(["validate", str(inv), "--json"])[0]["message"]
+
+
+@pytest.mark.parametrize("value", ["a\x85b", "a\u2028b", "a\u202eb", "a\x9b31m"])
+def test_unicode_line_breaks_and_terminal_controls_are_control_characters(tmp_path, value):
+    errors = refused(["validate", str(inventory(tmp_path, [("h1", {**HOST, "env": {"A": value}})])), "--json"])
+    assert ("host h1", "env") in [(e["where"], e["field"].split(".")[0]) for e in errors]
+    inv = inventory(tmp_path, [("h1", {**HOST, "recipe": "site-qwen"})], site_recipe(notes=value))
+    assert refused(["validate", str(inv), "--json"])[0]["message"].startswith("notes")
+
+
+@pytest.mark.parametrize("args", [["bench", "--num-prompts", "0"], ["bench", "--concurrency", "0,4"],
+                                  ["logs", "x", "-n", "-5"], ["tunnel", "x", "--local-port", "70000"]])
+def test_cli_option_ranges(tmp_path, args):
+    inv = str(inventory(tmp_path, [("h1", HOST)]))
+    argv = [args[0], inv, *args[1:]] if args[0] == "bench" else [args[0], inv, *args[2:]]
+    out = CliRunner().invoke(main, argv)
+    assert out.exit_code == 2 and "Traceback" not in out.output, out.output
+    assert "Invalid value" in out.output or "must be integers (1 or more)" in out.output, out.output
