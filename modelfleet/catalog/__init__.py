@@ -8,7 +8,15 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
 
 from modelfleet import engine_flags, grammar
 from modelfleet.errors import ModelfleetError
@@ -387,30 +395,48 @@ class SiteRecipe(Recipe):
     overrides: str | None = None
 
 
-def with_site_recipes(catalog: "Catalog", folder: Path) -> "Catalog":
-    """The catalog plus a site's recipes; an id that shadows a shipped recipe without `overrides` is an error."""
-    recipes = dict(catalog.recipes)
+def _with_site(folder: Path, cls, shipped: dict, kind: str, check=None) -> tuple[dict, dict[str, str]]:
+    """Shipped items plus a site's (each file of `folder`, read as `cls`), and the file of each site item: an id
+    that shadows a shipped one without `overrides`, or that two site files define, is an error."""
+    items, files = dict(shipped), {}
     for path in sorted(folder.glob("*.yaml")):
-        site = _read(path, SiteRecipe)
-        if site.overrides and site.overrides not in catalog.recipes:
-            raise CatalogError(str(path), f"overrides: no shipped recipe {site.overrides!r}")
-        if site.id in catalog.recipes and site.overrides != site.id:
-            raise CatalogError(str(path), f"id {site.id} is a shipped recipe: pick a new id, or say "
+        site = _read(path, cls)
+        if site.overrides and site.overrides not in shipped:
+            raise CatalogError(str(path), f"overrides: no shipped {kind} {site.overrides!r}")
+        if site.id in shipped and site.overrides != site.id:
+            raise CatalogError(str(path), f"id: {site.id} is a shipped {kind}: pick a new id, or say "
                                           f"`overrides: {site.id}` to replace it")
         if site.overrides and site.overrides != site.id:
-            recipes.pop(site.overrides)
-        if site.id in recipes and site.id not in catalog.recipes:
+            items.pop(site.overrides)
+        if site.id in files:
             raise CatalogError(str(path), f"id: {site.id} is already defined by another file of {folder}")
-        for fld, values, table in (("model", [site.model], catalog.models), ("engine", [site.engine], catalog.engines),
-                                   ("hardware", site.hardware, catalog.hardware)):
-            for value in values:
-                if value not in table:
-                    near = difflib.get_close_matches(value, list(table), n=1, cutoff=0.6)
-                    raise CatalogError(str(path), f"{fld}: unknown {fld} {value!r}" + (
-                        f" (did you mean {near[0]!r}?)" if near else f" (known: {', '.join(sorted(table))})"))
-        recipes[site.id] = Recipe(**site.model_dump(exclude={"overrides"}))
-        recipes[site.id]._site = str(path)
-        _check_layouts({site.id: recipes[site.id]}, catalog.engines, lambda _, where=str(path): where)
+        if check:
+            check(str(path), site)
+        items[site.id] = cls.__mro__[1](**site.model_dump(exclude={"overrides"}))
+        files[site.id] = str(path)
+    return items, files
+
+
+def _known(where: str, fld: str, values: list[str], table: dict) -> None:
+    for value in values:
+        if value not in table:
+            near = difflib.get_close_matches(value, list(table), n=1, cutoff=0.6)
+            raise CatalogError(where, f"{fld}: unknown {fld} {value!r}" + (
+                f" (did you mean {near[0]!r}?)" if near else f" (known: {', '.join(sorted(table))})"))
+
+
+def with_site_recipes(catalog: "Catalog", folder: Path) -> "Catalog":
+    """The catalog plus a site's recipes, each naming a model, an engine and boards the catalog has."""
+
+    def check(where: str, site: "SiteRecipe") -> None:
+        _known(where, "model", [site.model], catalog.models)
+        _known(where, "engine", [site.engine], catalog.engines)
+        _known(where, "hardware", site.hardware, catalog.hardware)
+
+    recipes, files = _with_site(folder, SiteRecipe, catalog.recipes, "recipe", check)
+    for recipe_id, where in files.items():
+        recipes[recipe_id]._site = where
+        _check_layouts({recipe_id: recipes[recipe_id]}, catalog.engines, lambda _, where=where: where)
     return catalog.model_copy(update={"recipes": recipes})
 
 
@@ -422,20 +448,8 @@ class SiteHardware(Hardware):
 
 
 def with_site_hardware(catalog: "Catalog", folder: Path) -> "Catalog":
-    """The catalog plus a site's boards; an id that shadows a shipped board without `overrides` is an error."""
-    boards = dict(catalog.hardware)
-    for path in sorted(folder.glob("*.yaml")):
-        site = _read(path, SiteHardware)
-        if site.overrides and site.overrides not in catalog.hardware:
-            raise CatalogError(str(path), f"overrides: no shipped board {site.overrides!r}")
-        if site.id in catalog.hardware and site.overrides != site.id:
-            raise CatalogError(str(path), f"id: {site.id} is a shipped board: pick a new id, or say "
-                                          f"`overrides: {site.id}` to replace it")
-        if site.id in boards and site.id not in catalog.hardware:
-            raise CatalogError(str(path), f"id: {site.id} is already defined by another file of {folder}")
-        if site.overrides and site.overrides != site.id:
-            boards.pop(site.overrides)
-        boards[site.id] = Hardware(**site.model_dump(exclude={"overrides"}))
+    """The catalog plus a site's boards."""
+    boards, _ = _with_site(folder, SiteHardware, catalog.hardware, "board")
     return catalog.model_copy(update={"hardware": boards})
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from modelfleet import grammar
 
@@ -14,16 +14,7 @@ COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 HUB_ENDPOINT = "https://huggingface.co"
 
 
-def _fits(rule):
-    """A pydantic validator from a grammar rule (the reason becomes the error; the value is never echoed)."""
-
-    def check(value):
-        reason = rule(value)
-        if reason:
-            raise ValueError(reason)
-        return value
-
-    return AfterValidator(check)
+_fits = grammar.checked  # a pydantic validator from a grammar rule (the value is never echoed)
 
 
 def _each(rule):
