@@ -81,7 +81,11 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
         svc = ServiceData(**raw)
     except ValidationError as exc:
         for err in exc.errors():
-            errors.append((where, ".".join(str(p) for p in err["loc"]), err["msg"].removeprefix("Value error, ")))
+            message = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                near = difflib.get_close_matches(str(err["loc"][-1]), SERVICE_KEYS, n=1, cutoff=0.6)
+                message = "unknown key" + (f" (did you mean {near[0]!r}?)" if near else "")
+            errors.append((where, ".".join(str(p) for p in err["loc"]), message))
         return None
     ok = True
     for fld, table in (("model", cat.models), ("engine", cat.engines)):

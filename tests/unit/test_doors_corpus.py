@@ -392,3 +392,10 @@ def test_cli_option_ranges(tmp_path, args):
     out = CliRunner().invoke(main, argv)
     assert out.exit_code == 2 and "Traceback" not in out.output, out.output
     assert "Invalid value" in out.output or "must be integers (1 or more)" in out.output, out.output
+
+
+def test_a_typo_in_a_services_entry_is_named_with_the_nearest_key(tmp_path):
+    data = {k: v for k, v in HOST.items() if k not in ("model", "engine")}
+    inv = inventory(tmp_path, [("h1", {**data, "services": [{"model": "qwen3-8b", "engine": "vllm", "prot": 8000}]})])
+    errors = refused(["validate", str(inv), "--json"])
+    assert {"where": "host h1", "field": "prot", "message": "unknown key (did you mean 'port'?)"} in errors, errors
