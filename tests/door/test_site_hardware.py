@@ -31,6 +31,8 @@ def test_the_workstation_example_validates_plans_its_split_and_renders():
     render = CliRunner().invoke(main, ["render", str(WORKSTATION), "ws", "--json"])
     assert render.exit_code == 0, render.output
     unit = json.loads(render.stdout)["files"][0]["content"]
+    assert "llama.cpp flags checked against llama.cpp b11669's recorded flag list (site recipe)" in " ".join(
+        json.loads(render.stdout)["notes"])
     assert "nvidia.com/gpu=0" in unit and "nvidia.com/gpu=1" in unit and "--fit on" in unit
 
 
