@@ -70,7 +70,7 @@ class ServiceData(BaseModel):
     engine: Name | None = Field(None, description="`vllm`, `sglang` or `llama.cpp` (required).")
     recipe: Name | None = Field(None, description="Catalog or site recipe id; unset: the one recipe for this "
                                 "model, engine and hardware (an error if there are several).")
-    gpus: Annotated[int, Field(ge=1)] | None = Field(None, description="GPUs this service uses on each host; "
+    gpus: Annotated[int, Field(ge=1, le=72)] | None = Field(None, description="GPUs this service uses on each host; "
                                                      "unset: the recipe's gpus_per_node.")
     served_name: Annotated[str, _fits(grammar.served_name)] | None = Field(
         None, description="Model name clients call; unset: the catalog model id.")
@@ -130,7 +130,7 @@ class HostData(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     hardware: Name | None = Field(None, description="Catalog hardware id of the board, e.g. `b300`, `gb300`, "
                                   "`mi355x` (required).")
-    gpu_count: Annotated[int, Field(ge=1)] | None = Field(None, description="GPUs the host has; unset: the "
+    gpu_count: Annotated[int, Field(ge=1, le=72)] | None = Field(None, description="GPUs the host has; unset: the "
                                                           "hardware catalog's GPUs per node.")
     ssh_hostname: Annotated[str, _fits(grammar.host_address)] | None = Field(
         None, description="pyinfra's own: the address to SSH to; unset: the inventory's host name.")
@@ -172,14 +172,14 @@ class HostData(BaseModel):
                                     f"node's HF_ENDPOINT, else {HUB_ENDPOINT}.")
     model_source: Url | None = Field(None, description="Air-gapped sites: a mirror URL or file:// directory "
                                      "holding `<repo>/<commit>/` with its manifest, used instead of the hub.")
-    model_keep_revisions: int = Field(1, ge=0, description="Older revisions kept on disk for rollback beside the "
+    model_keep_revisions: int = Field(1, ge=0, le=100, description="Older revisions kept on disk for rollback beside the "
                                       "served one.")
     model_reverify: bool = Field(False, description="Hash every file again instead of trusting the manifest's "
                                  "size + mtime.")
     # Hosts that got their copy serve the next wave (a tree), so a large group takes log(N) waves, not N.
     model_fanout_width: int = Field(8, ge=1, le=1024, description="Peers one host serves the checkpoint to at "
                                     "once (the group's first host's value counts for the group).")
-    model_fanout_rate_mb_s: int | None = Field(None, ge=1, description="Cap on what a host serving peers sends "
+    model_fanout_rate_mb_s: int | None = Field(None, ge=1, le=1_000_000, description="Cap on what a host serving peers sends "
                                                "in all, MB/s, leaving room for inference; unset: no cap.")
     verify_bench: bool = Field(False, description="The verify stage also runs a short bench and fails on a "
                                "regression against the previous one.")

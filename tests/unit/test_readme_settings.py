@@ -55,7 +55,7 @@ def test_types_come_from_the_annotations():
     rows = {**_rows(settings_doc.table())}
     assert rows["ssh_port"][0] == "int 1-65535"
     assert rows["model_filesystem"][0] == "`xfs` or `ext4`"
-    assert rows["model_keep_revisions"][0] == "int 0+"
+    assert rows["model_keep_revisions"][0] == "int 0-100"
     assert rows["netcheck_min_busbw_gbps"][0] == "number >0-10000"
     assert rows["gpu_indices"][0] == "list of int 0-71"
     assert rows["model_root"][0] == "path"
