@@ -552,7 +552,7 @@ def upgrade(inventory: str, parallel: int, min_healthy: int | None, allow_outage
     if min_healthy is not None and min_healthy > served:
         raise click.BadParameter(f"{min_healthy} is more than the {served} endpoint(s) {inventory} serves: no "
                                  "batch could ever start", param_hint="--min-healthy")
-    down = outages(result, batches(result, parallel))
+    down = outages(everything, batches(result, parallel))  # endpoints outside --limit keep serving
     if down and not allow_outage:
         raise click.BadParameter("; ".join(down) + ": lower --parallel, or pass --allow-outage",
                                  param_hint="--parallel")

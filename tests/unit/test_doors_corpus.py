@@ -399,3 +399,10 @@ def test_a_typo_in_a_services_entry_is_named_with_the_nearest_key(tmp_path):
     inv = inventory(tmp_path, [("h1", {**data, "services": [{"model": "qwen3-8b", "engine": "vllm", "prot": 8000}]})])
     errors = refused(["validate", str(inv), "--json"])
     assert {"where": "host h1", "field": "prot", "message": "unknown key (did you mean 'port'?)"} in errors, errors
+
+
+def test_an_endpoint_outside_limit_keeps_the_model_served(tmp_path):
+    inv = str(replicas(tmp_path, 3))
+    kept = CliRunner().invoke(main, ["upgrade", "--dry", inv, "--parallel", "2", "--limit", "r0", "--limit", "r1"])
+    assert kept.exit_code == 0, kept.output
+    assert json.loads(kept.stdout)["batches"] == [{"batch": 1, "hosts": ["r0", "r1"]}]
