@@ -92,7 +92,7 @@ def described(unit: str, found: dict) -> Retired:
     if env_file and env_file.endswith(".env"):  # an engine: its env, secrets and client auth files
         stem = env_file[:-len(".env")]
         files += [env_file, f"{stem}.secrets.yaml", f"{stem}.auth"]
-        mounts = [v for flag, v in zip(start, start[1:]) if flag == "-v"]
+        mounts = [v for flag, v in zip(start, start[1:], strict=False) if flag == "-v"]
         checkpoint = next((m.split(":")[0] for m in mounts if m.split(":")[1:2] == [CONTAINER_MODEL_DIR]), None)
     config = next((arg for arg in start if arg.endswith(".json") and "/router-" in arg), None)
     if config and unit.startswith("modelfleet-router-"):  # a router: its launcher config, replicas and keys
@@ -156,6 +156,8 @@ def units_retired(retired: list[Retired], remove_checkpoints: bool = False):
     for r in retired:
         yield FunctionCommand(note, (r.line(remove_checkpoints),), {})
         yield StringCommand("systemctl", "disable", "--now", "--", shlex.quote(r.unit))
+        # An engine stopped under `docker run` ends failed: forgotten now, while systemd still has it loaded.
+        yield StringCommand("systemctl", "reset-failed", "--", shlex.quote(r.unit))
         if r.container:
             name = shlex.quote(r.container)
             yield StringCommand(f"if {DOCKER} container inspect {name} >/dev/null 2>&1; then "

@@ -42,15 +42,6 @@ lab_hosts = [(_name, {{**_data, **({{"services": [_s for _s in _data["services"]
 """
 
 
-@pytest.fixture(scope="module")
-def pair_host(lab_hosts):
-    """An 8x B300 persona joins the session's lab, serving pools pair-a and pair-b."""
-    personas = [s["persona"] for s in lab_hosts] + ["b300x8-synthetic"]
-    spec = lab.up(len(personas), personas=personas, disks=1)[-1]
-    yield spec
-    lab.remove([spec["name"]])
-
-
 def derived(tmp_path, pools=(), hosts=()) -> str:
     folder = tmp_path / f"inv-{len(list(tmp_path.glob('inv-*')))}"
     shutil.copytree(REPO_ROOT / "inventories" / "group_data", folder / "group_data")

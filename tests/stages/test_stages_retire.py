@@ -51,6 +51,7 @@ def test_a_unit_no_longer_named_is_stopped_disabled_and_removed_and_a_named_one_
     commands = fake.executed(state, "a")
     assert commands[1:] == [
         "systemctl disable --now -- modelfleet-gone.service",
+        "systemctl reset-failed -- modelfleet-gone.service",
         f"if /usr/bin/docker container inspect {gone.container_name} >/dev/null 2>&1; then /usr/bin/docker rm -f "
         f"{gone.container_name} >/dev/null; fi",
         f"rm -f -- {UNIT_DIR}/modelfleet-gone.service {gone.env_file} {gone.secrets_config_file} {gone.auth_file}",
@@ -75,9 +76,9 @@ def as_cli(monkeypatch, hosts, deploy_func):
     how many operations a host had before), then executed on @fake hosts."""
     import pyinfra
     from pyinfra.api import Config, Inventory, State
-    from pyinfra.api.state import StateStage
     from pyinfra.api.connect import connect_all, disconnect_all
     from pyinfra.api.operations import run_ops
+    from pyinfra.api.state import StateStage
     from pyinfra.context import ctx_host, ctx_state
 
     monkeypatch.setattr(pyinfra, "is_cli", True)
