@@ -51,6 +51,7 @@ def derived(tmp_path, pools=(), hosts=()) -> str:
 
 
 def serve(inventory: str, tmp_path):
+    """serve.py over the inventory, its reports under the test's folder."""
     return run_pyinfra(inventory, "deploys/serve.py", cwd=REPO_ROOT, timeout=600,
                        env={"MODELFLEET_REPORTS": str(tmp_path / "reports")})
 
@@ -111,6 +112,11 @@ def test_a_pool_taken_out_of_services_is_retired_on_the_next_converge(two_pools,
     container = f"modelfleet-pair-b-{name}"
     assert container_exists(container) and answers(address, 8001)
     inventory = derived(tmp, pools={"pair-b"})
+
+    dry = run_pyinfra(inventory, "deploys/serve.py", extra=["--dry"], cwd=REPO_ROOT, timeout=600)
+    assert dry.returncode == 0, (dry.stdout + dry.stderr)[-3000:]
+    assert "Retire modelfleet-pair-b.service (not in the inventory)" in dry.stdout + dry.stderr
+    assert container_exists(container) and answers(address, 8001)  # --dry changed nothing
 
     run = serve(inventory, tmp)
     out = run.stdout + run.stderr

@@ -106,3 +106,24 @@ def test_the_host_lists_only_unit_files_with_the_mark(tmp_path):
     assert list(owned) == ["modelfleet-gone.service"]
     assert owned["modelfleet-gone.service"]["text"] == (tmp_path / "modelfleet-gone.service").read_text()
     assert retire.to_retire(owned)[0].what == "pool gone"
+
+
+def test_the_retire_command_refuses_a_host_the_inventory_holds_before_connecting(tmp_path):
+    from click.testing import CliRunner
+
+    from modelfleet.cli import main
+
+    inv = tmp_path / "inv.py"
+    host = {"hardware": "h200", "gpu_count": 1, "model": "qwen3-8b", "engine": "vllm", "gpu_stack": False,
+            "revision": "0" * 40, "ssh_hostname": "10.9.8.7"}
+    inv.write_text(f"gpus = {[('g1', host)]!r}\n")
+    for target in ("g1", "10.9.8.7", "@ssh/10.9.8.7"):
+        out = CliRunner().invoke(main, ["retire", str(inv), target, "--dry"])
+        assert out.exit_code == 2 and f"modelfleet retire: {target} is host g1 of the inventory" in out.output
+        assert out.exception is None or isinstance(out.exception, SystemExit)
+    bad = CliRunner().invoke(main, ["retire", str(inv), "10.9.8.6", "--ssh-port", "0"])
+    assert bad.exit_code == 2 and "--ssh-port" in bad.output
+    broken = tmp_path / "broken.py"
+    broken.write_text(f"gpus = {[('g1', {**host, 'gpu_count': 'many'})]!r}\n")
+    out = CliRunner().invoke(main, ["retire", str(broken), "10.9.8.6"])
+    assert out.exit_code == 2 and "gpu_count" in out.output
