@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -53,7 +54,8 @@ class Retired:
         parts = [f"modelfleet: retiring {self.unit} ({self.what}; {self.active}, {self.enabled or 'no unit file'})"]
         parts += [f"container {self.container}"] * bool(self.container) + [f"port {self.port}"] * bool(self.port)
         if self.checkpoint:
-            parts.append(f"checkpoint {'removed' if remove_checkpoint else 'kept'} at {revisions_dir(self.checkpoint)}")
+            gone = remove_checkpoint and removable(self.checkpoint)
+            parts.append(f"checkpoint {'removed' if gone else 'kept'} at {revisions_dir(self.checkpoint)}")
         return ", ".join(parts) + ": the inventory no longer names it"
 
 
@@ -142,6 +144,12 @@ def say_plan(retired: list[Retired]) -> None:
             {"host": host.name, "retired": [asdict(r) for r in retired]}, indent=2) + "\n")
 
 
+def removable(checkpoint: str | None) -> bool:
+    """Only a pinned revision's directory as modelfleet lays it out (<model_root>/<model>/<40-hex commit>) takes
+    its model's directory with it; any other mount a unit file names is left where it is."""
+    return bool(checkpoint and re.fullmatch(r"/[^\0]+/[^/]+/[0-9a-f]{40}", checkpoint.rstrip("/")))
+
+
 @operation(is_idempotent=False)
 def units_retired(retired: list[Retired], remove_checkpoints: bool = False):
     """
@@ -163,12 +171,11 @@ def units_retired(retired: list[Retired], remove_checkpoints: bool = False):
             yield StringCommand(f"if {DOCKER} container inspect {name} >/dev/null 2>&1; then "
                                 f"{DOCKER} rm -f {name} >/dev/null; fi")
         yield StringCommand("rm", "-f", "--", shlex.quote(f"{UNIT_DIR}/{r.unit}"), *map(shlex.quote, r.files))
-        if remove_checkpoints and r.checkpoint:
+        if remove_checkpoints and removable(r.checkpoint):
             yield StringCommand("rm", "-rf", "--", shlex.quote(revisions_dir(r.checkpoint)))
     yield StringCommand("systemctl", "daemon-reload")
-    report = {"host": host.name, "retired": [{**asdict(r), "checkpoint_removed": bool(remove_checkpoints and
-                                                                                       r.checkpoint)}
-                                             for r in retired]}
+    report = {"host": host.name, "retired": [{**asdict(r), "checkpoint_removed": bool(
+        remove_checkpoints and removable(r.checkpoint))} for r in retired]}
     yield FunctionCommand(_recorded, (str(report_path("retired", host.name)), report), {})
 
 

@@ -113,7 +113,8 @@ def test_a_pool_taken_out_of_services_is_retired_on_the_next_converge(two_pools,
     assert container_exists(container) and answers(address, 8001)
     inventory = derived(tmp, pools={"pair-b"})
 
-    dry = run_pyinfra(inventory, "deploys/serve.py", extra=["--dry"], cwd=REPO_ROOT, timeout=600)
+    # Without -y, pyinfra prints each operation it would run (with -y it skips change detection).
+    dry = run_pyinfra(inventory, "deploys/serve.py", extra=["--dry"], yes=False, cwd=REPO_ROOT, timeout=600)
     assert dry.returncode == 0, (dry.stdout + dry.stderr)[-3000:]
     assert "Retire modelfleet-pair-b.service (not in the inventory)" in dry.stdout + dry.stderr
     assert container_exists(container) and answers(address, 8001)  # --dry changed nothing

@@ -4,6 +4,7 @@ only the files with modelfleet's mark; a host the inventory still holds is refus
 
 from __future__ import annotations
 
+import json
 import subprocess
 from dataclasses import replace
 
@@ -46,7 +47,11 @@ def test_an_engine_unit_says_its_pool_container_files_port_and_checkpoint(resolv
     assert r.what == f"pool {svc.pool}" and r.container == svc.container_name and r.port == svc.port
     assert r.files == (svc.env_file, svc.secrets_config_file, svc.auth_file)
     assert r.checkpoint == svc.model_dir and (r.active, r.enabled) == ("active", "enabled")
-    assert "checkpoint kept at" in r.line() and "checkpoint removed at" in r.line(remove_checkpoint=True)
+    # An unpinned directory is never removed; a pinned revision's takes its model's directory with it.
+    assert "checkpoint kept at" in r.line(remove_checkpoint=True) and not retire.removable(r.checkpoint)
+    pinned = retire.described(svc.unit_name, found(render.render_unit(svc.at_commit("a" * 40))))
+    assert "checkpoint kept at" in pinned.line() and "checkpoint removed at" in pinned.line(remove_checkpoint=True)
+    assert retire.removable(pinned.checkpoint) and not retire.removable("/" + "a" * 40)
 
 
 def test_a_front_door_router_and_proxy_unit_say_their_files(resolved):
@@ -127,3 +132,24 @@ def test_the_retire_command_refuses_a_host_the_inventory_holds_before_connecting
     broken.write_text(f"gpus = {[('g1', {**host, 'gpu_count': 'many'})]!r}\n")
     out = CliRunner().invoke(main, ["retire", str(broken), "10.9.8.6"])
     assert out.exit_code == 2 and "gpu_count" in out.output
+
+
+def test_a_host_out_of_the_inventory_loses_every_marked_unit_and_says_so_while_planning(fake, resolved, tmp_path,
+                                                                                       monkeypatch):
+    """modelfleet.deploys.retire on a @fake host: what it would retire written where the command reads it (also
+    under --dry), and with --remove-checkpoints the model directory of a pinned revision removed."""
+    from modelfleet import deploys
+    from modelfleet.units import UNIT_DIR
+
+    svc = resolved.hosts["@fake/a"].services[0].at_commit("b" * 40)
+    lines = [f"@@modelfleet-state owned {UNIT_DIR}", f"unit {svc.unit_name}", "ActiveState=active"]
+    lines += [f"= {line}" for line in render.render_unit(svc).splitlines()]
+    monkeypatch.setenv(retire.PLAN_ENV, str(tmp_path))
+    monkeypatch.setenv(retire.CHECKPOINTS_ENV, "1")
+    monkeypatch.setenv("MODELFLEET_REPORTS", str(tmp_path / "reports"))
+    state = fake.run_fake([("gone", {"fake_responses": {"@@modelfleet-state": lines}})], deploys.retire)
+    (said,) = tmp_path.glob("*.json")
+    assert [r["unit"] for r in json.loads(said.read_text())["retired"]] == [svc.unit_name]
+    commands = fake.executed(state, "gone")
+    assert f"systemctl disable --now -- {svc.unit_name}" in commands
+    assert f"rm -rf -- {svc.model_dir.rsplit('/', 1)[0]}" in commands
