@@ -90,6 +90,31 @@ def no_changes(run) -> bool:
     return bool(total) and total.group(2) == "-" and total.group(4) == total.group(1)
 
 
+def test_a_host_moved_out_of_a_multi_node_pool_keeps_no_unit_of_it(lab_hosts, tmp_path, scenario):
+    """docs/multi-node.md had it unbuilt: the third host of a data-parallel pool leaves it (the pool shrinks to
+    two): its worker unit of the pool is retired, the two members serve on with the new size."""
+    names = [s["name"] for s in lab_hosts]
+    scenario(only=names, gate_hosts=3)
+    grown = serve("inventories/lab.py", tmp_path)
+    assert grown.returncode == 0, (grown.stdout + grown.stderr)[-4000:]
+    third = lab_hosts[2]
+    assert unit_state(third, "modelfleet-gate.service") == ("active", "enabled", "file")
+
+    scenario(only=names, gate_hosts=2)
+    shrunk = serve("inventories/lab.py", tmp_path)
+    out = shrunk.stdout + shrunk.stderr
+    assert shrunk.returncode == 0, out[-4000:]
+    assert f"[{third['name']}]" in out and "retiring modelfleet-gate.service (pool gate" in out, out[-4000:]
+    active, enabled, file = unit_state(third, "modelfleet-gate.service")
+    assert (active, file) == ("inactive", "none") and enabled != "enabled", (active, enabled, file)
+    assert not container_exists(f"modelfleet-gate-{third['name']}")
+    for spec in lab_hosts[:2]:
+        assert unit_state(spec, "modelfleet-gate.service") == ("active", "enabled", "file")
+        assert "--data-parallel-size 2" in on_host(spec, "cat /etc/systemd/system/modelfleet-gate.service")
+    # The host serves its own pool again, outside the multi-node one.
+    assert unit_state(third, f"modelfleet-tiny-{third['name']}.service") == ("active", "enabled", "file")
+
+
 @pytest.fixture(scope="module")
 def two_pools(pair_host, tmp_path_factory):
     """The pair host converged with both pools, and a unit of the site's own beside them."""
