@@ -11,6 +11,7 @@ from modelfleet.stages import (
     model,
     netcheck,
     preflight,
+    retire,
     router,
     service,
     storage,
@@ -18,4 +19,4 @@ from modelfleet.stages import (
 )
 
 run_stages(preflight, gpu_stack, admission, storage, model, engine_cache, images, imex, netcheck, service, router,
-           verify, exporters)
+           retire, verify, exporters)

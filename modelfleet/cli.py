@@ -1,5 +1,5 @@
 """modelfleet command line: validate, plan, render, admit, converge, verify, bench, cost, status, logs, tunnel,
-prometheus, mirror, urls (and the lab)."""
+prometheus, mirror, urls, retire (and the lab)."""
 
 from __future__ import annotations
 
@@ -656,6 +656,52 @@ def converge(inventory: str, deploy: str, shards: int, dry: bool, limit, group_d
                                 options=inventory_args(group_data, data))
     click.echo(json.dumps(summary, indent=2))
     sys.exit(0 if summary["ok"] else 1)
+
+
+@main.command("retire")
+@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
+@click.argument("targets", nargs=-1, required=True, metavar="HOST...")
+@click.option("--dry", is_flag=True, help="Say what would be retired on each host and change nothing.")
+@click.option("--remove-checkpoints", is_flag=True, help="Remove the retired engines' checkpoints too (kept "
+              "by default).")
+@click.option("--ssh-user", help="SSH user, as pyinfra's --ssh-user.")
+@click.option("--ssh-port", type=click.IntRange(min=1, max=65535), help="SSH port, as pyinfra's --ssh-port.")
+@click.option("--ssh-key", type=click.Path(exists=True, dir_okay=False), help="SSH key, as pyinfra's --ssh-key.")
+@click.option("--known-hosts", type=click.Path(exists=True, dir_okay=False),
+              help="known_hosts file for these hosts (pyinfra's ssh_known_hosts_file).")
+@click.option("--json", "as_json", is_flag=True, help="Print what was (or would be) retired as JSON.")
+@inventory_options
+def retire_cmd(inventory: str, targets, dry: bool, remove_checkpoints: bool, ssh_user, ssh_port, ssh_key,
+               known_hosts, as_json: bool, group_data, data) -> None:
+    """Retire HOSTs that left INVENTORY (each as pyinfra takes a host: an address or name, @ssh/ADDRESS): every
+    unit modelfleet wrote there is stopped, disabled and removed with its container and files; units it did not
+    write are left alone; checkpoints stay unless --remove-checkpoints. A host INVENTORY still holds is refused
+    (exit 2): a converge retires what its inventory drops. Exit 1 when a host could not be retired."""
+    from modelfleet import retire
+
+    refused = retire.still_named(_resolved_or_exit(inventory, group_data, data), tuple(targets))
+    if refused:
+        click.echo("\n".join(f"modelfleet retire: {line}" for line in refused), err=True)
+        sys.exit(2)
+    options = [*(["--ssh-user", ssh_user] if ssh_user else []), *(["--ssh-port", str(ssh_port)] if ssh_port else []),
+               *(["--ssh-key", ssh_key] if ssh_key else []),
+               *(["--data", f"ssh_known_hosts_file={known_hosts}"] if known_hosts else [])]
+    out = retire.run(tuple(targets), dry, remove_checkpoints, options)
+    output = out.pop("output")
+    lines = []
+    for row in out["hosts"]:
+        if row["retired"] is None:  # the deploy never planned there (unreachable, refused)
+            lines.append(f"{row['host']}: not reached")
+        for r in row["retired"] or []:
+            lines.append(f"{row['host']}: {'would retire' if dry else 'retired'} {r['unit']} ({r['what']})"
+                         + (f", container {r['container']}" if r["container"] else "")
+                         + (f", port {r['port']}" if r["port"] else ""))
+        if row["retired"] == []:
+            lines.append(f"{row['host']}: no unit modelfleet wrote")
+    if not out["ok"]:
+        click.echo(output[-3000:], err=True)
+    _emit(out, as_json, "\n".join(lines))
+    sys.exit(0 if out["ok"] else 1)
 
 
 @main.command()

@@ -12,7 +12,8 @@ import sys
 from collections.abc import Iterable, Mapping
 
 # The stages' entry points by name, as the installed package has them (a checkout's deploys/*.py call the same).
-DEPLOYS = ("serve", "preflight", "admission", "gpu_stack", "prefetch", "storage", "model", "netcheck", "verify")
+DEPLOYS = ("serve", "preflight", "admission", "gpu_stack", "prefetch", "storage", "model", "netcheck", "verify",
+           "retire")
 
 
 def deploy(name: str) -> str:

@@ -9,11 +9,15 @@ a pyinfra @deploy) for the current host; the checkout's deploys/*.py call these 
 
 from __future__ import annotations
 
+import os
+
 from pyinfra import host
 from pyinfra.context import ctx_state
 
 from modelfleet import pins, pipeline, runlock
+from modelfleet.facts.state import DeployedState
 from modelfleet.operations.report import fail_host, note_once
+from modelfleet.retire import CHECKPOINTS_ENV, say_plan, to_retire, units_retired
 from modelfleet.stages import admission as admission_stage
 from modelfleet.stages import gpu_stack as gpu_stack_stage
 from modelfleet.stages import images
@@ -22,6 +26,7 @@ from modelfleet.stages import netcheck as netcheck_stage
 from modelfleet.stages import preflight as preflight_stage
 from modelfleet.stages import storage as storage_stage
 from modelfleet.stages import verify as verify_stage
+from modelfleet.units import UNIT_DIR
 
 
 def run_stages(*stages) -> None:
@@ -85,3 +90,16 @@ def netcheck() -> None:
 
 def verify() -> None:
     run_stages(verify_stage)
+
+
+def retire() -> None:
+    """A host that left the inventory (`modelfleet retire INVENTORY HOST...` runs this over pyinfra's own host
+    arguments): every unit modelfleet wrote there stopped and removed, nothing else (modelfleet.retire)."""
+    taken, message = runlock.acquire(ctx_state.get(), host)
+    if not taken:
+        fail_host(name="Run lock", reasons=[message])
+        return
+    retired = to_retire(host.get_fact(DeployedState, owned=(UNIT_DIR,))["owned"].get(UNIT_DIR) or {})
+    say_plan(retired)
+    units_retired(name="Retire " + (", ".join(r.unit for r in retired) or "units") + " (host not in the inventory)",
+                  retired=retired, remove_checkpoints=os.environ.get(CHECKPOINTS_ENV) == "1")

@@ -18,6 +18,7 @@ from modelfleet.stages import (
     model,
     netcheck,
     preflight,
+    retire,
     router,
     service,
     storage,
@@ -25,8 +26,8 @@ from modelfleet.stages import (
 )
 
 # What `pyinfra INVENTORY deploys/serve.py` runs (deploys/serve.py names the same list).
-SERVE = (preflight, gpu_stack, admission, storage, model, engine_cache, images, imex, netcheck, service, router, verify,
-         exporters)
+SERVE = (preflight, gpu_stack, admission, storage, model, engine_cache, images, imex, netcheck, service, router, retire,
+         verify, exporters)
 
 
 class _LostHosts(BaseStateCallback):

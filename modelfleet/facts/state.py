@@ -19,6 +19,9 @@ from modelfleet.host_commands import (
 )
 
 MARK = "@@modelfleet-state"
+# The first line of every unit file modelfleet writes (templates/*.service.j2): what marks a unit as its own, so
+# one the inventory no longer names may be retired (modelfleet.retire), and one a user wrote never is.
+OWNED_MARK = "# Managed by modelfleet - do not edit; re-run the deploy instead."
 # What systemd makes of a unit: its state, where its file and drop-ins are, and the effective command and restart
 # policy (a drop-in or a unit file elsewhere can change them while the file modelfleet wrote stays the same).
 UNIT_PROPERTIES = ("ActiveState", "UnitFileState", "LoadState", "FragmentPath", "DropInPaths", "NeedDaemonReload",
@@ -39,21 +42,25 @@ class DeployedState(FactBase):
                      "partials": {relpath: size} (a fetch's partial files), "busy": sibling revisions a live fetch
                      holds, "unfinished": the others without a manifest}},
      "packages": {name: None | {"version": "580.159.04-1", "held": bool}},
-     "texts": {path: None | content} (small config files a stage must read, e.g. /etc/docker/daemon.json)}.
+     "texts": {path: None | content} (small config files a stage must read, e.g. /etc/docker/daemon.json),
+     "owned": {unit_dir: {unit: {"text": its file, and UNIT_PROPERTIES as under "units"}}} (the unit files there
+              that modelfleet wrote, by OWNED_MARK)}.
     A stage fetches it once and decides every file, directory, unit and image from it, instead of one
     stat/sha/systemctl/docker round trip per operation.
     """
 
     @staticmethod
     def default():
-        return {"paths": {}, "units": {}, "images": {}, "trees": {}, "packages": {}, "texts": {}}
+        return {"paths": {}, "units": {}, "images": {}, "trees": {}, "packages": {}, "texts": {}, "owned": {}}
 
     def command(self, paths: tuple[str, ...] = (), units: tuple[str, ...] = (), images: tuple[str, ...] = (),
-                trees: tuple[str, ...] = (), packages: tuple[str, ...] = (), texts: tuple[str, ...] = ()) -> str:
-        kinds = {"path": paths, "unit": units, "image": images, "tree": trees, "package": packages, "text": texts}
+                trees: tuple[str, ...] = (), packages: tuple[str, ...] = (), texts: tuple[str, ...] = (),
+                owned: tuple[str, ...] = ()) -> str:
+        kinds = {"path": paths, "unit": units, "image": images, "tree": trees, "package": packages, "text": texts,
+                 "owned": owned}
         return program("deployed_state", *(f"{kind}={value}" for kind, values in kinds.items() for value in values),
                        env={"MARK": MARK, "MANIFEST": MANIFEST, "FETCH_LOCK": FETCH_LOCK, "PARTIAL": PARTIAL,
-                            "CURRENT": CURRENT},
+                            "CURRENT": CURRENT, "OWNED_MARK": OWNED_MARK},
                        functions={"unit_show": unit_show_command('"$1"', UNIT_PROPERTIES)})
 
     def process(self, output):
@@ -67,9 +74,9 @@ class DeployedState(FactBase):
                 dropins = result["units"][unit]["dropins"]
             elif line.startswith(MARK):
                 kind, _, name = line[len(MARK):].strip().partition(" ")
-                result[f"{kind}s"][name] = {"unit": {}, "tree": {"files": {}, "manifest": None, "free_bytes": None,
-                                                                       "current": None, "revisions": []}
-                                            }.get(kind)
+                result["owned" if kind == "owned" else f"{kind}s"][name] = {
+                    "unit": {}, "owned": {}, "tree": {"files": {}, "manifest": None, "free_bytes": None, "current": None,
+                                                      "revisions": []}}.get(kind)
             elif kind == "path" and line.split()[:1] in (["dir"], ["file"]):
                 what, mode, user, group, digest = line.split()
                 result["paths"][name] = {"kind": what, "mode": mode.zfill(3), "user": user, "group": group,
@@ -109,6 +116,12 @@ class DeployedState(FactBase):
                 dropins[name] = (dropins[name] or "") + line[2:] + "\n"
             elif kind == "unit":
                 result["units"][name].update(_unit_properties(parse_unit_show([line])))
+            elif kind == "owned" and line.startswith("unit "):
+                owned = result["owned"][name][line[5:]] = {"text": ""}
+            elif kind == "owned" and result["owned"][name] and (line.startswith("= ") or line == "="):
+                owned["text"] += line[2:] + "\n"
+            elif kind == "owned" and result["owned"][name]:
+                owned.update(_unit_properties(parse_unit_show([line])))
         return result
 
 

@@ -1,7 +1,8 @@
 #!/bin/sh
 # What a stage has already put on a host, for modelfleet.facts.state.DeployedState. Arguments are KIND=VALUE
-# (path, unit, image, tree, package, text); each answer starts with a "$MARK KIND VALUE" line.
-# Set by the caller: MARK, MANIFEST, FETCH_LOCK, PARTIAL, CURRENT, unit_show (systemctl show for unit "$1").
+# (path, unit, image, tree, package, text, owned); each answer starts with a "$MARK KIND VALUE" line.
+# Set by the caller: MARK, MANIFEST, FETCH_LOCK, PARTIAL, CURRENT, OWNED_MARK, unit_show (systemctl show for unit
+# "$1").
 for arg; do
   kind=${arg%%=*}
   value=${arg#*=}
@@ -56,6 +57,15 @@ for arg; do
     dpkg-query -W -f='${db:Status-Abbrev} ${Version}\n' -- "$value" 2>/dev/null | grep -E '^[hi]i ' ;;
   text)
     [ -f "$value" ] && sed 's/^/= /' -- "$value" ;;
+  owned)
+    # The unit files of that directory that modelfleet wrote: named modelfleet-*.service and starting with its
+    # mark; a unit someone else wrote under a similar name is never listed (so never retired).
+    for f in "$value"/modelfleet-*.service; do
+      [ -f "$f" ] && [ "$(head -n 1 -- "$f")" = "$OWNED_MARK" ] || continue
+      echo "unit ${f##*/}"
+      unit_show "${f##*/}" 2>/dev/null
+      sed 's/^/= /' -- "$f"
+    done ;;
   esac
 done
 true

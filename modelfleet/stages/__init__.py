@@ -14,7 +14,7 @@ TOOLS_BIN = "/opt/modelfleet/bin"
 
 # What a stage may declare in wants(): the parts of the host's DeployedState it reads (modelfleet.facts.state),
 # and `probe`, the parts of preflight's HostProbe that preflight must read for it (e.g. the GPUs' health).
-STATE_KINDS = ("paths", "units", "images", "trees", "packages", "texts")
+STATE_KINDS = ("paths", "units", "images", "trees", "packages", "texts", "owned")
 WANT_KINDS = (*STATE_KINDS, "probe")
 
 

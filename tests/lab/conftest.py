@@ -38,6 +38,16 @@ def lab_hosts():
     assert str(lab.STATE) not in loops, loops
 
 
+@pytest.fixture(scope="module")
+def pair_host(lab_hosts):
+    """An 8x B300 (pre-built persona) joins the session's lab for a module, to serve two pools side by side
+    (the scenario's two_pools)."""
+    personas = [s["persona"] for s in lab_hosts] + ["b300x8-synthetic"]
+    spec = lab.up(len(personas), personas=personas, disks=1)[-1]
+    yield spec
+    lab.remove([spec["name"]])
+
+
 @pytest.fixture(autouse=True)
 def scenario():
     """scenario(**fields): the lab's scenario (lab/scenario.py) for the runs that follow in the test; every test

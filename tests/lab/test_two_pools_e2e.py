@@ -9,20 +9,10 @@ import subprocess
 
 import pytest
 
-import lab
 from modelfleet import REPO_ROOT
 from modelfleet.commands import run_modelfleet, run_pyinfra
 
 pytestmark = pytest.mark.lab
-
-
-@pytest.fixture(scope="module")
-def pair_host(lab_hosts):
-    """An 8x B300 (pre-built persona) joins the session's lab, serving pools pair-a and pair-b."""
-    personas = [s["persona"] for s in lab_hosts] + ["b300x8-synthetic"]
-    spec = lab.up(len(personas), personas=personas, disks=1)[-1]
-    yield spec
-    lab.remove([spec["name"]])
 
 
 def env_for(tmp_path) -> dict:

@@ -1,0 +1,219 @@
+"""Retiring what the inventory no longer names: a unit modelfleet wrote on a host (its file starts with
+facts.state.OWNED_MARK) that the host's plan does not name any more (a service taken out of `services`, a host
+moved out of a pool, a replica taken from a front door, a front door or exporter turned off) is stopped,
+disabled and removed with its container and the config and secret files modelfleet wrote beside it; its
+checkpoint stays unless a run asks for it to go. A unit a user wrote under a similar name has no mark: it is
+never listed, so never touched.
+
+The converge does it in the retire stage (modelfleet.stages.retire), after the router stage has taken the
+replicas the inventory no longer names out of their front doors; `modelfleet retire` does it for a host that
+left the inventory (modelfleet.deploys.retire)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import FunctionCommand, StringCommand, operation
+
+from modelfleet import router
+from modelfleet.grammar import slug
+from modelfleet.host_commands import revisions_dir
+from modelfleet.inventory import HostPlan
+from modelfleet.operations.report import note, report_path, save_json
+from modelfleet.render import CONTAINER_MODEL_DIR, DOCKER
+from modelfleet.units import UNIT_DIR, unit_paths
+
+# Where `modelfleet retire` asks the deploy to say what it found on each host (read while planning, so a
+# `--dry` run says it too): a folder, one JSON file per host.
+PLAN_ENV = "MODELFLEET_RETIRE_PLAN"
+# Set (to 1) by `modelfleet retire --remove-checkpoints`: the retired engines' checkpoints go too.
+CHECKPOINTS_ENV = "MODELFLEET_RETIRE_CHECKPOINTS"
+
+
+@dataclass(frozen=True)
+class Retired:
+    """A unit modelfleet wrote on a host, as its file says: what it runs, its container, the files modelfleet
+    wrote for it, its port and the checkpoint it mounts."""
+
+    unit: str
+    what: str
+    active: str
+    enabled: str
+    container: str | None = None
+    files: tuple[str, ...] = ()
+    port: int | None = None
+    checkpoint: str | None = None
+
+    def line(self, remove_checkpoint: bool = False) -> str:
+        parts = [f"modelfleet: retiring {self.unit} ({self.what}; {self.active}, {self.enabled or 'no unit file'})"]
+        parts += [f"container {self.container}"] * bool(self.container) + [f"port {self.port}"] * bool(self.port)
+        if self.checkpoint:
+            gone = remove_checkpoint and removable(self.checkpoint)
+            parts.append(f"checkpoint {'removed' if gone else 'kept'} at {revisions_dir(self.checkpoint)}")
+        return ", ".join(parts) + ": the inventory no longer names it"
+
+
+def _exec_lines(text: str) -> dict[str, list[list[str]]]:
+    """Each Exec*= key of a unit file with the argv of each of its lines (continuations joined)."""
+    out: dict[str, list[list[str]]] = {}
+    for line in text.replace("\\\n", " ").splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.startswith("Exec"):
+            try:
+                argv = shlex.split(value.lstrip("-"))
+            except ValueError:
+                continue
+            out.setdefault(key, []).append(argv)
+    return out
+
+
+def _after(argv: list[str], flag: str) -> str | None:
+    return argv[argv.index(flag) + 1] if flag in argv[:-1] else None
+
+
+def described(unit: str, found: dict) -> Retired:
+    """What a unit file modelfleet wrote says about what it runs (found: the DeployedState's `owned` entry)."""
+    text = found.get("text") or ""
+    execs = _exec_lines(text)
+    start = (execs.get("ExecStart") or [[]])[0]
+    lines = text.splitlines()
+    # The unit's own words: its second comment line (`pool P · recipe ...`, `front door F ...`), else Description.
+    said = lines[1][1:].strip() if lines[1:2] and lines[1].startswith("#") else next(
+        (line.partition("=")[2] for line in lines if line.startswith("Description=")), "")
+    container = next((argv[-1] for argv in execs.get("ExecStartPre", [])
+                      if argv[:3] == [DOCKER, "rm", "-f"] and len(argv) == 4), None)
+    files: list[str] = []
+    checkpoint = None
+    env_file = _after(start, "--env-file")
+    if env_file and env_file.endswith(".env"):  # an engine: its env, secrets and client auth files
+        stem = env_file[:-len(".env")]
+        files += [env_file, f"{stem}.secrets.yaml", f"{stem}.auth"]
+        mounts = [v for flag, v in zip(start, start[1:], strict=False) if flag == "-v"]
+        checkpoint = next((m.split(":")[0] for m in mounts if m.split(":")[1:2] == [CONTAINER_MODEL_DIR]), None)
+    config = next((arg for arg in start if arg.endswith(".json") and "/router-" in arg), None)
+    if config and unit.startswith("modelfleet-router-"):  # a router: its launcher config, replicas and keys
+        base = config[:-len(".json")]
+        files += [f"{base}.json", f"{base}.workers", f"{base}.key", f"{base}.auth"]
+    conf = _after(start, "-c")
+    if conf and conf.endswith(".conf") and unit.startswith("modelfleet-door-"):  # nginx: its config and key
+        files += [conf, conf[:-len(".conf")] + ".key.conf"]
+    port = _after(start, "--port")
+    return Retired(unit=unit, what=said.split(" · ")[0].split(":")[0] or "a unit modelfleet wrote",
+                   active=found.get("ActiveState") or "inactive", enabled=found.get("UnitFileState") or "",
+                   container=container, files=tuple(files), port=int(port) if port and port.isdigit() else None,
+                   checkpoint=checkpoint)
+
+
+def named_units(plan: HostPlan) -> set[str]:
+    """The units the host's plan names (its services, under their old names too, which the service stage
+    retires itself; its front doors; its exporter)."""
+    from modelfleet.stages import exporters
+
+    names = {svc.unit_name for svc in plan.services} | {svc.legacy_unit_name for svc in plan.services
+                                                        if svc.legacy_unit_name}
+    names |= {unit for rp in plan.routers for unit in (rp.unit_name, rp.proxy_unit_name)}
+    return names | ({exporters.UNIT} if exporters.enabled(plan) else set())
+
+
+def kept_paths(plan: HostPlan) -> set[str]:
+    """Files the plan's own units use: never removed with a retired unit, whatever its file says."""
+    paths = {path for svc in plan.services for path in (*unit_paths(svc), svc.auth_file, svc.secrets_config_file)}
+    return paths | {path for rp in plan.routers for path in router.paths(rp).values()}
+
+
+def to_retire(owned: dict[str, dict], named: set[str] = frozenset(), kept: set[str] = frozenset()) -> list[Retired]:
+    """The units of `owned` (DeployedState's `owned` of the unit directory) that `named` does not hold."""
+    out = []
+    for unit in sorted(set(owned) - set(named)):
+        found = described(unit, owned[unit])
+        out.append(Retired(**{**asdict(found), "files": tuple(p for p in found.files if p not in kept)}))
+    return out
+
+
+def say_plan(retired: list[Retired]) -> None:
+    """Where `modelfleet retire` asked (PLAN_ENV): what this host would retire, written while planning."""
+    folder = os.environ.get(PLAN_ENV)
+    if folder:
+        Path(folder, f"{slug(host.name)}.json").write_text(json.dumps(
+            {"host": host.name, "retired": [asdict(r) for r in retired]}, indent=2) + "\n")
+
+
+def removable(checkpoint: str | None) -> bool:
+    """Only a pinned revision's directory as modelfleet lays it out (<model_root>/<model>/<40-hex commit>) takes
+    its model's directory with it; any other mount a unit file names is left where it is."""
+    return bool(checkpoint and re.fullmatch(r"/[^\0]+/[^/]+/[0-9a-f]{40}", checkpoint.rstrip("/")))
+
+
+@operation(is_idempotent=False)
+def units_retired(retired: list[Retired], remove_checkpoints: bool = False):
+    """
+    Each unit stopped and disabled, its container removed, its unit file and the files modelfleet wrote for it
+    removed, then one daemon-reload; a line per unit names it, and the host's report (reports/retired/<host>.json)
+    records them. Every host of a converge calls this once from the same place, so pyinfra runs it on all of
+    them together, after every host's earlier stages: the front doors have forgotten a replica before it stops.
+    """
+    if not retired:
+        host.noop("no unit modelfleet wrote here that the inventory no longer names")
+        return
+    for r in retired:
+        yield FunctionCommand(note, (r.line(remove_checkpoints),), {})
+        yield StringCommand("systemctl", "disable", "--now", "--", shlex.quote(r.unit))
+        # An engine stopped under `docker run` ends failed: forgotten now, while systemd still has it loaded.
+        yield StringCommand("systemctl", "reset-failed", "--", shlex.quote(r.unit))
+        if r.container:
+            name = shlex.quote(r.container)
+            yield StringCommand(f"if {DOCKER} container inspect {name} >/dev/null 2>&1; then "
+                                f"{DOCKER} rm -f {name} >/dev/null; fi")
+        yield StringCommand("rm", "-f", "--", shlex.quote(f"{UNIT_DIR}/{r.unit}"), *map(shlex.quote, r.files))
+        if remove_checkpoints and removable(r.checkpoint):
+            yield StringCommand("rm", "-rf", "--", shlex.quote(revisions_dir(r.checkpoint)))
+    yield StringCommand("systemctl", "daemon-reload")
+    report = {"host": host.name, "retired": [{**asdict(r), "checkpoint_removed": bool(
+        remove_checkpoints and removable(r.checkpoint))} for r in retired]}
+    yield FunctionCommand(_recorded, (str(report_path("retired", host.name)), report), {})
+
+
+def _recorded(state, host, path: str, report: dict) -> bool:
+    """FunctionCommand body: the report, once the units are gone."""
+    save_json(path, report)
+    return True
+
+
+def still_named(result, targets: tuple[str, ...]) -> list[str]:
+    """A line for each target (pyinfra's host argument) that is still a host of the resolved inventory, by name
+    or by address: its units are the inventory's, and a converge retires only what the inventory drops."""
+    by_address = {plan.address: name for name, plan in result.hosts.items()}
+    out = []
+    for target in targets:
+        address = target.split("/", 1)[1] if target.startswith("@ssh/") else target
+        name = target if target in result.hosts else by_address.get(address)
+        if name:
+            out.append(f"{target} is host {name} of the inventory: take it out of the inventory first (a converge "
+                       "retires what the inventory no longer names on the hosts it still holds)")
+    return out
+
+
+def run(targets: tuple[str, ...], dry: bool, remove_checkpoints: bool, pyinfra_options: list[str]) -> dict:
+    """`modelfleet.deploys.retire` over pyinfra on the targets (its host arguments, comma-joined as pyinfra takes
+    them); what each host retired (or, dry, would retire), read from what the deploy wrote while planning."""
+    import subprocess
+    import tempfile
+
+    from modelfleet.commands import deploy, pyinfra_argv
+
+    with tempfile.TemporaryDirectory(prefix="modelfleet-retire-") as folder:
+        env = {**os.environ, PLAN_ENV: folder, CHECKPOINTS_ENV: "1" if remove_checkpoints else "0"}
+        argv = pyinfra_argv(",".join(targets), deploy("retire"), extra=[*pyinfra_options, *["--dry"] * dry])
+        done = subprocess.run(argv, env=env, capture_output=True, text=True)
+        said = [json.loads(p.read_text()) for p in Path(folder).glob("*.json")]
+    found = {entry["host"]: entry["retired"] for entry in said}
+    found.update({f"@ssh/{name}": retired for name, retired in list(found.items())})
+    return {"dry": dry, "ok": done.returncode == 0, "checkpoints_removed": remove_checkpoints and not dry,
+            "hosts": [{"host": t, "retired": found.get(t)} for t in targets],
+            "output": done.stdout + done.stderr}
