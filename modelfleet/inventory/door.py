@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from modelfleet import masking
 from modelfleet.catalog import CatalogError, load_catalog, with_site_recipes
 from modelfleet.inventory.plan import Resolved
 from modelfleet.inventory.resolver import resolve
@@ -118,7 +119,12 @@ def for_run(entries: list[tuple[str, dict[str, Any]]]) -> Resolved:
     rules, applied by pyinfra), with the catalog of the inventory the run was started with."""
     run = invocation()
     inventory = run["inventory"] if run and Path(run["inventory"]).is_file() else None
-    return resolve(entries, catalog_for(inventory))
+    result = resolve(entries, catalog_for(inventory))
+    for _, data in entries:
+        masking.learn_data(data if isinstance(data, dict) else {})
+    masking.learn_inventory(result)  # pyinfra's output from here on (operation names, command output) masked
+    masking.install()
+    return result
 
 
 def guard() -> None:
@@ -129,10 +135,12 @@ def guard() -> None:
     run = invocation()
     if run is None or not Path(run["inventory"]).is_file():
         return
+    masking.install()  # from here on, pyinfra's output is masked (its errors, operation names, command output)
     key = (run["inventory"], run["cwd"], run["group_data"], tuple(sorted(map(str, run["data"].items()))))
     if key in _guarded:
         return
     result = open_inventory(run["inventory"], cwd=run["cwd"], group_data=run["group_data"], data=run["data"])
+    masking.learn_inventory(result)
     if result.errors:
         print(f"modelfleet: {run['inventory']} is not valid; nothing was touched:\n{result.error_report()}",
               file=sys.stderr)

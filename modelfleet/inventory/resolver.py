@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from modelfleet import grammar, host_commands, router
+from modelfleet import grammar, host_commands, masking, router
 from modelfleet.catalog import (
     Catalog,
     Engine,
@@ -127,6 +127,8 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
         errors.append((where, "trust_remote_code", f"false, but recipe {recipe.id} passes --trust-remote-code: "
                                                    "the model needs it (pin `revision` to a commit instead)"))
     errors += [(where, "extra_args", message) for message in _extra_args_problems(svc.extra_args, engine, recipe)]
+    errors += [(where if key in svc.env else f"recipe {recipe.id}", f"env.{key}", problem)
+               for key in {**recipe.env, **svc.env} if (problem := masking.env_name_problem(key))]
     for param, spec in recipe.parameters.items():
         if param not in svc.recipe_params:
             errors.append((where, f"recipe_params.{param}", f"recipe {recipe.id} needs it ({spec.flag}); "
