@@ -493,6 +493,9 @@ def refuse_invalid(inventory_file: str) -> None:
     run = door.invocation() or {}
     options = {k: run[k] for k in ("cwd", "group_data", "data") if k in run}
     result = door.open_inventory(inventory_file, **options)
+    if run:  # inside pyinfra: its output from here on is masked
+        masking.learn_inventory(result)
+        masking.install()
     if result.errors:
         print(f"modelfleet: {inventory_file} is not valid; nothing was touched:\n{result.error_report()}",
               file=sys.stderr)
