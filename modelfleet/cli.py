@@ -273,7 +273,7 @@ def _with_expected_fabric(result, svc, notes: list[str]):
 def show(inventory: str, host: str, group_data, data, as_json: bool) -> None:
     """HOST's merged settings and where each value came from (the inventory file, a group_data file, --data,
     or the schema's default), as the run will see them; secrets masked. An inventory that does not validate
-    is shown too, its errors under the settings (exit 2)."""
+    is shown too, with the host's errors under the settings (exit 2 when there are any)."""
     from modelfleet.inventory.schema import HostData
 
     result = _open(inventory, group_data, data)
@@ -291,12 +291,12 @@ def show(inventory: str, host: str, group_data, data, as_json: bool) -> None:
     _emit(rows, as_json, "\n".join(f"{r['key']:<{width}}  {json.dumps(r['value'], default=str)}  ({r['from']})"
                                    for r in rows))
     if result.errors:
-        mine = [e for e in result.errors if e[0] == f"host {host}"]
+        mine = [e for e in result.errors if e[0] == f"host {host}" or e[2].startswith(f"host {host} ")]
         others = len(result.errors) - len(mine)
         click.echo(("errors:\n" + result.error_report(mine) if mine else f"no error names host {host}") +
                    (f"\n({others} more error(s) elsewhere in the inventory: modelfleet validate lists them)"
                     if others else ""), err=as_json)
-        sys.exit(2)
+        sys.exit(2 if mine else 0)
 
 
 @main.command("catalog")

@@ -128,6 +128,8 @@ class Loaded:
     files: list[str] = field(default_factory=list)
     folders: list[str] = field(default_factory=list)
     groups: dict[str, list[str]] = field(default_factory=dict)  # pyinfra's groups (the file's name one included)
+    # (where, field, message): refused, but the data still loads as pyinfra merges it (`show` prints it)
+    problems: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 def read_inventory(path: str, cwd: str | None = None, group_data: tuple[str, ...] = (),
@@ -142,6 +144,7 @@ def read_inventory(path: str, cwd: str | None = None, group_data: tuple[str, ...
         raise InventoryFileError(path, "no such inventory file")
     groups: dict[str, tuple[list, dict]] = {}
     data_from: dict[str, str] = {}  # host -> the group whose entry gave it data
+    problems = []
     for key, value in _run_file(inventory_file).items():
         if key.startswith("_"):
             continue
@@ -155,8 +158,8 @@ def read_inventory(path: str, cwd: str | None = None, group_data: tuple[str, ...
         for entry in hosts:
             if isinstance(entry, tuple) and entry[1]:
                 if entry[0] in data_from:  # pyinfra would merge both silently
-                    raise InventoryFileError(str(inventory_file), f"host {entry[0]} has data in groups "
-                                             f"{data_from[entry[0]]} and {key}: give it in one place")
+                    problems.append((str(inventory_file), "file", f"host {entry[0]} has data in groups "
+                                     f"{data_from[entry[0]]} and {key}: give it in one place"))
                 data_from[entry[0]] = key
         data = value[1] if isinstance(value, tuple) else {}
         groups[key] = (hosts, dict(data))
@@ -173,7 +176,7 @@ def read_inventory(path: str, cwd: str | None = None, group_data: tuple[str, ...
     for group, data in extra.items():
         hosts, own = groups.get(group, ([], {}))
         groups[group] = (hosts, {**own, **data})
-    loaded = Loaded(entries=[], files=read, folders=[str(_shown(f)) for f in folders])
+    loaded = Loaded(entries=[], files=read, folders=[str(_shown(f)) for f in folders], problems=problems)
     if not names:
         return loaded
     override = dict(override_data or {})

@@ -74,6 +74,7 @@ def open_inventory(inventory: str, *, cwd: str | None = None, group_data: tuple[
         files = loaded.files
         catalog = catalog_for(inventory)
         result = resolve(loaded.entries, catalog, offline=offline, sources=loaded.sources)
+        result.errors = loaded.problems + result.errors
     except (InventoryFileError, CatalogError) as error:
         result = Resolved(hosts={}, pools={}, errors=[(error.where, "file", error.message)])
         loaded = None
