@@ -9,6 +9,7 @@ fingerprint (catalog/signing_keys.yaml, checked on the host by files/key_fingerp
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import shlex
 import urllib.parse
@@ -33,13 +34,10 @@ def plain_http(url: str | None) -> bool:
 
 
 def loopback(url: str) -> bool:
-    host, _ = _host(url)
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    host = _host(url)[0]
+    with contextlib.suppress(ValueError):
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    return False
 
 
 def listed(url: str, insecure: tuple[str, ...] | list[str]) -> bool:
