@@ -520,7 +520,8 @@ def tunnel(inventory: str, host: str, pool: str | None, local_port: int | None, 
 @click.option("--limit", "limit", multiple=True, metavar="HOST|GROUP",
               help="Only these hosts (a name, a glob or a group, as pyinfra's --limit), with the rest of their "
                    "pools (repeatable).")
-@click.option("--dry", is_flag=True, help="Print the batches (JSON) and run nothing.")
+@click.option("--dry", is_flag=True, help="Print the batches (JSON), each host's changes (image, revision, driver: "
+              "what it runs now, read from it, and what the inventory says) and each batch's drain; run nothing.")
 @inventory_options
 def upgrade(inventory: str, parallel: int, min_healthy: int | None, limit, dry: bool, group_data, data) -> None:
     """Rolling upgrade to what INVENTORY now says (image, revision, driver release): batch by batch (JSON)."""
@@ -528,7 +529,7 @@ def upgrade(inventory: str, parallel: int, min_healthy: int | None, limit, dry: 
     import signal
 
     from modelfleet.inventory.door import whole
-    from modelfleet.rollout import batches, rollout
+    from modelfleet.rollout import rollout
 
     # Ctrl-C or `kill -INT` stops the rollout where it is and reports how to finish it, also when a shell
     # started this command in the background (which starts it with SIGINT ignored).
@@ -537,8 +538,9 @@ def upgrade(inventory: str, parallel: int, min_healthy: int | None, limit, dry: 
     result = _resolved_or_exit(inventory, group_data, data)
     everything, result = result, whole(result, _selected(result, limit), checkpoint_groups=False)
     if dry:
-        click.echo(json.dumps({"batches": [{"batch": n, "hosts": hosts} for n, hosts in
-                                           enumerate(batches(result, parallel), 1)]}, indent=2))
+        from modelfleet.upgrade_dry import preview
+
+        _emit(preview(result, everything, parallel), True, "")
         return
     report = rollout(inventory, result, parallel, min_healthy, env=dict(os.environ),
                      log=lambda line: click.echo(line, err=True), limit=tuple(limit),
