@@ -126,3 +126,18 @@ def test_logs_mask_the_key_an_engine_logs(monkeypatch):
     out = sink.getvalue()
     assert "known-key-1234567" not in out and "unknown-key-7654321" not in out
     assert out.count(MASK) == 2 and "[h1] ready" in out
+
+
+def test_converge_shard_logs_are_masked(tmp_path, monkeypatch):
+    """A shard's log is a report: what its pyinfra process printed is masked there too (the child masks its
+    own streams; this holds also for a child that could not)."""
+    from modelfleet import shards
+
+    masking.learn("shard-known-secret-42")
+    monkeypatch.setenv("MODELFLEET_REPORTS", str(tmp_path))
+    monkeypatch.setattr(shards, "pyinfra_argv", lambda *a, **k: [
+        "sh", "-c", "echo pw shard-known-secret-42; echo https://u:url-pw-77@mirror.example/x"])
+    summary = shards.converge("inv.py", "deploy.py", [["h1"]], progress=lambda line: None)
+    text = (tmp_path / "converge" / "shard-1.log").read_text()
+    assert summary["ok"] and "shard-known-secret-42" not in text and "url-pw-77" not in text
+    assert text.count(MASK) == 2
