@@ -149,23 +149,26 @@ class MaskedStream:
     def __init__(self, stream):
         self._stream = stream
         self._pending = ""
+        self._writing = threading.Lock()  # threads (fleet's per-host workers) share the stream
 
     def write(self, text):
         if not isinstance(text, str):
             return self._stream.write(text)  # bytes: the wrapped stream refuses them as it would have
-        text = self._pending + text
-        head, sep, self._pending = text.rpartition("\n")
-        if sep:
-            self._stream.write(mask(head + sep))
-        if "\r" in self._pending or len(self._pending) > 4096:  # a progress line, or no newline coming
-            self._stream.write(mask(self._pending))
-            self._pending = ""
+        with self._writing:
+            whole = self._pending + text
+            head, sep, self._pending = whole.rpartition("\n")
+            if sep:
+                self._stream.write(mask(head + sep))
+            if "\r" in self._pending or len(self._pending) > 4096:  # a progress line, or no newline coming
+                self._stream.write(mask(self._pending))
+                self._pending = ""
         return len(text)
 
     def flush(self):
-        if self._pending:
-            self._stream.write(mask(self._pending))
-            self._pending = ""
+        with self._writing:
+            if self._pending:
+                self._stream.write(mask(self._pending))
+                self._pending = ""
         return self._stream.flush()
 
     def __getattr__(self, name):
