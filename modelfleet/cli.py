@@ -384,6 +384,7 @@ def bench(inventory, limit, hosts, base_url, model, api_key_env, concurrency, nu
         key = os.environ.get(api_key_env) if api_key_env else None
         if api_key_env and not key:
             raise click.UsageError(f"--api-key-env {api_key_env} is not set")
+        masking.learn(key)
         endpoints = [Endpoint(name=base_url.split("//")[-1], base_url=base_url.rstrip("/").removesuffix("/v1"),
                               model=model, engine="remote", api_key=key)]
         readers = {}
