@@ -19,6 +19,7 @@ LISTEN = f"127.0.0.1:{5080 + daemons.NET}"
 BASE = f"http://{LISTEN}"
 KEY_UID = "modelfleet lab archive <lab-archive@modelfleet.invalid>"
 CUDA_PATH = "developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64"
+DISTRIBUTION = "debian"  # the repository standing in for the distribution's archive (signed by the lab's key)
 # A bare lab host's only distribution source (its image has none: tests talk to loopback only).
 DISTRO_LIST = f"deb [signed-by=/usr/share/keyrings/modelfleet-lab-archive.gpg] {BASE}/debian bookworm main\n"
 
@@ -45,16 +46,24 @@ def _gpg(home: Path, *args: str, **kwargs) -> subprocess.CompletedProcess:
                           capture_output=True, **kwargs)
 
 
-def _signing_key(state: Path) -> Path:
-    """The archive key, made on first `lab up`; returns the public keyring (binary, for signed-by)."""
-    home = state / "gnupg"
+def _signing_key(state: Path, home: Path | None = None) -> Path:
+    """The archive key, made on first `lab up` (in `home`: another signer's, made on first use, for a test that
+    swaps the key); returns the public keyring (binary, for signed-by)."""
+    mine = home is None
+    home = home or state / "gnupg"
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    keyring = state / "apt-archive-keyring.gpg"
+    keyring = state / "apt-archive-keyring.gpg" if mine else home / "archive-keyring.gpg"
     if subprocess.run(["gpg", "--homedir", str(home), "--batch", "--list-secret-keys", KEY_UID],
                       capture_output=True).returncode:
         _gpg(home, "--passphrase", "", "--quick-gen-key", KEY_UID, "ed25519", "sign", "never")
     keyring.write_bytes(_gpg(home, "--export", KEY_UID).stdout)
     return keyring
+
+
+def fingerprint(home: Path) -> str:
+    """The archive key's fingerprint, as gpg prints it: what the lab inventory pins for every repository."""
+    listing = _gpg(home, "--with-colons", "--list-keys", KEY_UID, text=True).stdout
+    return next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
 
 
 def _fill(text: str, values: dict) -> str:
@@ -130,11 +139,15 @@ def _index(repo: dict, root: Path, home: Path) -> None:
     _sign(home, target / "Release")
 
 
-def build(state: Path, lab_dir: Path, newer: dict[str, list[str]] | None = None) -> Path:
+def build(state: Path, lab_dir: Path, newer: dict[str, list[str]] | None = None, signer: Path | None = None) -> Path:
     """Build (or rebuild) every repository under state/apt; returns the public keyring. `newer`: more
-    versions of some packages, as when upstream publishes a release (a rebuild without it withdraws them)."""
-    keyring = _signing_key(state)
-    home = state / "gnupg"
+    versions of some packages, as when upstream publishes a release (a rebuild without it withdraws them).
+    `signer`: a GnuPG home whose own key signs the vendors' repositories and is served as their keys (and in
+    their keyring packages), as vendor mirrors taken over would; the distribution's archive stays the lab's."""
+    keyring = _signing_key(state, signer)
+    own = state / "gnupg"
+    if signer:
+        _signing_key(state)
     data = spec(lab_dir)
     served = state / "apt"
     shutil.rmtree(served, ignore_errors=True)
@@ -143,17 +156,19 @@ def build(state: Path, lab_dir: Path, newer: dict[str, list[str]] | None = None)
         root = served / repo["path"]
         pool = root if repo["layout"] in ("flat", "plain") else root / "pool" / repo["component"]
         pool.mkdir(parents=True)
+        distribution = repo["path"] == DISTRIBUTION
         for package in repo["packages"]:
             for version in package["versions"] + (newer or {}).get(package["name"], []):
-                _build_deb(package, _fill(version, values), keyring,
-                           {**values, "url": f"{BASE}/{repo['path']}/", "base": BASE}, lab_dir, pool)
-        _index(repo, root, home)
+                _build_deb(package, _fill(version, values), state / "apt-archive-keyring.gpg" if distribution else
+                           keyring, {**values, "url": f"{BASE}/{repo['path']}/", "base": BASE}, lab_dir, pool)
+        _index(repo, root, own if distribution else signer or own)
     for path, kind in data.get("keys", {}).items():
         (served / path).parent.mkdir(parents=True, exist_ok=True)
-        (served / path).write_bytes(_gpg(home, "--armor", "--export", KEY_UID).stdout if kind == "armored"
+        (served / path).write_bytes(_gpg(signer or own, "--armor", "--export", KEY_UID).stdout if kind == "armored"
                                     else keyring.read_bytes())
     # gpg leaves an agent running for its home; `lab down` must leave no process behind.
-    subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], check=False, capture_output=True)
+    for home in {own, signer or own}:
+        subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], check=False, capture_output=True)
     return keyring
 
 
@@ -166,4 +181,7 @@ def serve(state: Path) -> None:
 def ensure(state: Path, lab_dir: Path) -> dict:
     keyring = build(state, lab_dir)
     serve(state)
-    return {"url": url(), "keyring": str(keyring), "stack_urls": stack_urls()}
+    # The lab's repositories are signed with its own key: the bare hosts pin it for each, as a site mirror
+    # that signs with its own key would.
+    pins = dict.fromkeys(("cuda", "docker", "nvidia-container-toolkit", "rocm"), [fingerprint(state / "gnupg")])
+    return {"url": url(), "keyring": str(keyring), "stack_urls": {**stack_urls(), "repo_key_fingerprints": pins}}

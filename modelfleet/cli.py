@@ -9,7 +9,7 @@ import time
 
 import click
 
-from modelfleet import render, runscope
+from modelfleet import masking, render, runscope
 from modelfleet.catalog import load_catalog
 from modelfleet.commands import inventory_args
 from modelfleet.inventory import open_inventory
@@ -18,7 +18,7 @@ from modelfleet.planner import plan_capacity, split_lines
 
 
 def _emit(data, as_json: bool, text: str) -> None:
-    click.echo(json.dumps(data, indent=2, default=str) if as_json else text)
+    click.echo(masking.mask(json.dumps(masking.masked(data), indent=2, default=str) if as_json else text))
 
 
 def inventory_options(command):
@@ -51,7 +51,9 @@ def _open(inventory: str, group_data=(), data=(), offline: bool = False):
         overrides = parse_data(data)
     except ValueError as error:
         raise click.UsageError(str(error)) from None
-    return open_inventory(inventory, group_data=tuple(group_data), data=overrides, offline=offline)
+    result = open_inventory(inventory, group_data=tuple(group_data), data=overrides, offline=offline)
+    masking.learn_inventory(result)  # whatever prints next (a row, a unit, an exception) masks them
+    return result
 
 
 def _catalog():
@@ -71,6 +73,7 @@ def _catalog():
 def main(ctx: click.Context) -> None:
     """Turn GPU servers into serving nodes for open-weight models (pyinfra stages + checks)."""
     ctx.with_resource(runscope.scope())  # a command resolves each digest and checkpoint once, like a run
+    ctx.with_resource(masking.streams())  # every line a command prints goes through the one mask
 
 
 @main.command()
@@ -248,6 +251,7 @@ def render_cmd(inventory: str, host: str, group_data, data, as_json: bool, pin: 
         secrets = render.render_secrets_config(svc, mask=True)
         if secrets:
             files.append({"path": svc.secrets_config_file, "mode": "0600", "content": secrets})
+    files, notes = masking.masked(files), masking.masked(notes)
     if as_json:
         click.echo(json.dumps({"host": host, "files": files, "notes": notes}, indent=2))
         return
@@ -279,9 +283,6 @@ def _with_expected_fabric(result, svc, notes: list[str]):
     return replace(svc, fabric=mine)
 
 
-SECRET_DATA = ("ssh_password", "ssh_key_password", "winrm_password")  # pyinfra's keys whose values are secrets
-
-
 @main.command()
 @click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
 @click.argument("host")
@@ -289,20 +290,31 @@ SECRET_DATA = ("ssh_password", "ssh_key_password", "winrm_password")  # pyinfra'
 @click.option("--json", "as_json", is_flag=True, help="Print the settings as JSON.")
 def show(inventory: str, host: str, group_data, data, as_json: bool) -> None:
     """HOST's merged settings and where each value came from (the inventory file, a group_data file, --data,
-    or the schema's default), as the run will see them."""
+    or the schema's default), as the run will see them; secrets masked. An inventory that does not validate
+    is shown too, with the host's errors under the settings (exit 2 when there are any)."""
     from modelfleet.inventory.schema import HostData
 
-    result = _resolved_or_exit(inventory, group_data, data)
+    result = _open(inventory, group_data, data)
     if host not in result.data:
+        if result.errors and not result.data:
+            click.echo(result.error_report(), err=True)
+            sys.exit(2)
         raise click.UsageError(f"no host {host!r} in {inventory} (hosts: {', '.join(result.data)})")
     given, sources = result.data[host], result.sources.get(host, {})
-    rows = [{"key": k, "value": "***" if k in SECRET_DATA else v, "from": sources.get(k, "?")}
-            for k, v in sorted(given.items())]
+    rows = [{"key": k, "value": masking.MASK if masking.secret_name(k) else masking.masked(v),
+             "from": sources.get(k, "?")} for k, v in sorted(given.items())]
     rows += [{"key": k, "value": f.default, "from": "default"} for k, f in HostData.model_fields.items()
              if k not in given and k != "services"]
     width = max(len(r["key"]) for r in rows)
     _emit(rows, as_json, "\n".join(f"{r['key']:<{width}}  {json.dumps(r['value'], default=str)}  ({r['from']})"
                                    for r in rows))
+    if result.errors:
+        mine = [e for e in result.errors if e[0] == f"host {host}" or e[2].startswith(f"host {host} ")]
+        others = len(result.errors) - len(mine)
+        click.echo(("errors:\n" + result.error_report(mine) if mine else f"no error names host {host}") +
+                   (f"\n({others} more error(s) elsewhere in the inventory: modelfleet validate lists them)"
+                    if others else ""), err=as_json)
+        sys.exit(2 if mine else 0)
 
 
 @main.command("catalog")
@@ -390,6 +402,7 @@ def bench(inventory, limit, hosts, base_url, model, api_key_env, concurrency, nu
         key = os.environ.get(api_key_env) if api_key_env else None
         if api_key_env and not key:
             raise click.UsageError(f"--api-key-env {api_key_env} is not set")
+        masking.learn(key)
         endpoints = [Endpoint(name=base_url.split("//")[-1], base_url=base_url.rstrip("/").removesuffix("/v1"),
                               model=model, engine="remote", api_key=key)]
         readers = {}
@@ -531,7 +544,8 @@ def tunnel(inventory: str, host: str, pool: str | None, local_port: int | None, 
 @click.option("--limit", "limit", multiple=True, metavar="HOST|GROUP",
               help="Only these hosts (a name, a glob or a group, as pyinfra's --limit), with the rest of their "
                    "pools (repeatable).")
-@click.option("--dry", is_flag=True, help="Print the batches (JSON) and run nothing.")
+@click.option("--dry", is_flag=True, help="Print the batches (JSON), each host's changes (image, revision, driver: "
+              "what it runs now, read from it, and what the inventory says) and each batch's drain; run nothing.")
 @inventory_options
 def upgrade(inventory: str, parallel: int, min_healthy: int | None, allow_outage: bool, limit, dry: bool, group_data,
             data) -> None:
@@ -557,8 +571,9 @@ def upgrade(inventory: str, parallel: int, min_healthy: int | None, allow_outage
         raise click.BadParameter("; ".join(down) + ": lower --parallel, or pass --allow-outage",
                                  param_hint="--parallel")
     if dry:
-        click.echo(json.dumps({"batches": [{"batch": n, "hosts": hosts} for n, hosts in
-                                           enumerate(batches(result, parallel), 1)]}, indent=2))
+        from modelfleet.upgrade_dry import preview
+
+        _emit(preview(result, everything, parallel), True, "")
         return
     report = rollout(inventory, result, parallel, min_healthy, env=dict(os.environ),
                      log=lambda line: click.echo(line, err=True), limit=tuple(limit),
@@ -747,16 +762,21 @@ def urls(inventory: str, limit, hosts, only_os, arches, as_json: bool, group_dat
     """Every outside URL a run over INVENTORY will use, without connecting to anything: the GPU stack's apt
     repositories, packages and keys, the images' registries, the hub or the checkpoint mirror, pip's index;
     and the origins (scheme://host:port) a firewall must let through."""
-    from modelfleet.mirror import origins, outside_urls
+    from modelfleet.mirror import known_systems, origins, outside_urls
 
+    unknown = [name for name in only_os if name not in known_systems()]
+    if unknown:
+        raise click.UsageError(f"--os {', '.join(unknown)}: not a release the GPU stack installs on (known: "
+                               f"{', '.join(known_systems())})")
     result = _resolved_or_exit(inventory, group_data, data)
     entries = outside_urls(result, _selected(result, limit, hosts), tuple(only_os), tuple(arches))
-    allowed = origins(entries)
     lines = []
     for e in entries:
+        e["url"] = masking.url(e["url"])
         where = f"; on {', '.join(e['os'])}" if e["os"] else ""
         lines.append(f"{e['url'] or '(no URL: ' + e['used_by'] + ')'}\n    {e['kind']}: {'; '.join(e['what'])}\n"
                      f"    used by {e['used_by']}: {', '.join(e['hosts'])}{where}")
+    allowed = origins(entries)
     lines.append("origins to allow: " + (", ".join(allowed) or "none"))
     lines.append("note: a registry may send clients on to its token service and blob storage, and the hub to "
                  "its file storage; those hosts are named only when asked")

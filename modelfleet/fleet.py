@@ -22,7 +22,7 @@ from pathlib import Path
 import paramiko
 from fabric import Connection
 
-from modelfleet import router
+from modelfleet import masking, router
 from modelfleet.errors import ModelfleetError
 from modelfleet.health import admission_state
 from modelfleet.host_commands import (
@@ -353,11 +353,11 @@ def logs(plans: list[HostPlan], lines: int = 50, follow: bool = False, sink=sys.
             _, stdout, _ = conn.client.exec_command(command + " 2>&1")
             for line in stdout:
                 with lock:
-                    sink.write(f"[{plan.name}] {line.rstrip()}\n")
+                    sink.write(masking.mask(f"[{plan.name}] {line.rstrip()}") + "\n")
                     sink.flush()
         except Exception as error:  # one host's failure is reported, the others go on
             with lock:
-                sink.write(f"[{plan.name}] modelfleet: {type(error).__name__}: {error}\n")
+                sink.write(masking.mask(f"[{plan.name}] modelfleet: {type(error).__name__}: {error}") + "\n")
         finally:
             conn.close()
 

@@ -129,6 +129,8 @@ class Loaded:
     folders: list[str] = field(default_factory=list)
     groups: dict[str, list[str]] = field(default_factory=dict)  # pyinfra's groups (the file's name one included)
     module_values: dict[str, Any] = field(default_factory=dict)  # plain values at the file's top level
+    # (where, field, message): refused, but the data still loads as pyinfra merges it (`show` prints it)
+    problems: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 def read_inventory(path: str, cwd: str | None = None, group_data: tuple[str, ...] = (),
@@ -144,6 +146,7 @@ def read_inventory(path: str, cwd: str | None = None, group_data: tuple[str, ...
     groups: dict[str, tuple[list, dict]] = {}
     data_from: dict[str, str] = {}  # host -> the group whose entry gave it data
     module_values: dict[str, Any] = {}
+    problems = []
     for key, value in _run_file(inventory_file).items():
         if key.startswith("_"):
             continue
@@ -163,8 +166,8 @@ def read_inventory(path: str, cwd: str | None = None, group_data: tuple[str, ...
         for entry in hosts:
             if isinstance(entry, tuple) and entry[1]:
                 if entry[0] in data_from:  # pyinfra would merge both silently
-                    raise InventoryFileError(str(inventory_file), f"host {entry[0]} has data in groups "
-                                             f"{data_from[entry[0]]} and {key}: give it in one place")
+                    problems.append((str(inventory_file), "file", f"host {entry[0]} has data in groups "
+                                     f"{data_from[entry[0]]} and {key}: give it in one place"))
                 data_from[entry[0]] = key
         data = value[1] if isinstance(value, tuple) else {}
         groups[key] = (hosts, dict(data))
@@ -181,7 +184,8 @@ def read_inventory(path: str, cwd: str | None = None, group_data: tuple[str, ...
     for group, data in extra.items():
         hosts, own = groups.get(group, ([], {}))
         groups[group] = (hosts, {**own, **data})
-    loaded = Loaded(entries=[], files=read, folders=[str(_shown(f)) for f in folders], module_values=module_values)
+    loaded = Loaded(entries=[], files=read, folders=[str(_shown(f)) for f in folders], module_values=module_values,
+                    problems=problems)
     if not names:
         return loaded
     override = dict(override_data or {})

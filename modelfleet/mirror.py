@@ -342,6 +342,13 @@ OS_CODENAMES = {("ubuntu", "22.04"): "jammy", ("ubuntu", "24.04"): "noble", ("de
 PIP_DEFAULT_INDEX = "https://pypi.org/simple/"
 
 
+def known_systems() -> list[str]:
+    """Every `ID-VERSION` the GPU stack installs on (either vendor), as `urls --os` takes them."""
+    from modelfleet.stages import gpu_driver
+
+    return sorted({f"{os_id}-{version}" for os_id, version in {*gpu_driver.CUDA_DISTROS, *gpu_driver.AMD_CODENAMES}})
+
+
 def stack_systems(vendor: str, only: tuple[str, ...] = (), arches: tuple[str, ...] = ()) -> list[dict]:
     """The OS releases and architectures the GPU stack installs on for `vendor`, as preflight's probe reports
     them (`only`: e.g. ("ubuntu-24.04",); `arches`: e.g. ("x86_64",))."""

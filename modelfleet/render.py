@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import jinja2
 import yaml
 
-from modelfleet import TEMPLATES_DIR, caches, grammar, runscope
+from modelfleet import TEMPLATES_DIR, caches, grammar, masking, runscope
 from modelfleet.inventory import ServicePlan
 
 if TYPE_CHECKING:
@@ -19,7 +19,7 @@ CONTAINER_MODEL_DIR = "/model"
 CONTAINER_SECRETS = "/run/modelfleet/secrets.yaml"
 START_LIMIT_INTERVAL_S = 600
 START_LIMIT_BURST = 3
-MASK = "********"
+MASK = masking.MASK
 # Multi-node rendezvous ports (on the head's fabric address): vLLM's DP coordinator, torch.distributed's master.
 DP_RPC_PORT = 13345
 MASTER_PORT = 29500
@@ -220,7 +220,8 @@ def one_line_each(values) -> list[str]:
     values = list(values)
     for value in values:
         if grammar.no_control(str(value)):
-            raise ValueError(f"refusing to render a value with a control character: {str(value)[:40]!r}...")
+            raise ValueError("refusing to render a value with a control character: "
+                             f"{masking.mask(str(value))[:40]!r}...")
     return values
 
 
@@ -239,7 +240,7 @@ def env_values(svc: ServicePlan, mask: bool = False) -> dict[str, str]:
     key = api_key(svc)
     if key and svc.engine.api_key_env:
         env[svc.engine.api_key_env] = MASK if mask else key
-    return env
+    return masking.masked(env) if mask else env
 
 
 def render_env(svc: ServicePlan, mask: bool = False) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import subprocess
 import time
 
+from modelfleet import masking
 from modelfleet.commands import pyinfra_argv
 from modelfleet.inventory import Resolved
 from modelfleet.operations.report import reports_dir
@@ -66,6 +67,7 @@ def converge(inventory: str, deploy: str, shards: list[list[str]], progress=prin
     results = []
     for number, hosts, log, proc, started in running:
         code = proc.wait()
+        log.write_text(masking.mask(log.read_text(errors="replace")))  # the child masks; this is the report's own
         seconds = round(time.monotonic() - started, 2)
         progress(f"shard {number}/{len(shards)}: {len(hosts)} host(s), exit {code}, {seconds} s ({log})")
         results.append({"shard": number, "hosts": hosts, "returncode": code, "seconds": seconds, "log": str(log)})

@@ -468,6 +468,9 @@ def main() -> None:
     # A listen backlog of 5 (the stdlib default) drops SYNs at bench concurrency: 1 s retransmits, not the engine.
     ThreadingHTTPServer.request_queue_size = 128
     server = ThreadingHTTPServer((eng.host, eng.port), Handler)
+    if engine == "sglang":  # SGLang prints its server arguments at start, its API key among them
+        print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] server_args=ServerArgs(model_path={eng.served!r}, "
+              f"host={eng.host!r}, port={eng.port}, api_key={eng.api_key!r})", flush=True)
     print(f"INFO: {engine} double serving {eng.served} on http://{eng.host}:{eng.port} "
           f"(ready after {eng.load_delay:.0f} s)", flush=True)
     server.serve_forever()

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from openai import APIError, OpenAI
 
+from modelfleet import masking
 from modelfleet.catalog import EngineMetrics, load_catalog
 from modelfleet.checks import Endpoint
 from modelfleet.checks.probe import client
@@ -340,7 +341,7 @@ def bench(ep: Endpoint, concurrencies: list[int], num_prompts: int, input_len: i
     stamp = result["started"].replace(":", "")
     result["json"], result["plot"] = str(folder / f"bench-{stamp}.json"), str(folder / f"bench-{stamp}.png")
     plot(result, Path(result["plot"]))
-    text = json.dumps(result, indent=2) + "\n"
+    text = masking.mask(json.dumps(masking.masked(result), indent=2)) + "\n"
     Path(result["json"]).write_text(text)
     latest.write_text(text)
     return result

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from modelfleet import grammar
+from modelfleet import grammar, masking
 from modelfleet.catalog import CatalogError, load_catalog, with_site_hardware, with_site_recipes
 from modelfleet.inventory.plan import Resolved
 from modelfleet.inventory.resolver import resolve
@@ -82,6 +82,7 @@ def open_inventory(inventory: str, *, cwd: str | None = None, group_data: tuple[
         files = loaded.files
         catalog = catalog_for(inventory)
         result = resolve(loaded.entries, catalog, offline=offline, sources=loaded.sources)
+        result.errors = loaded.problems + result.errors
         result.errors += module_settings(inventory, loaded.module_values)
     except (InventoryFileError, CatalogError) as error:
         result = Resolved(hosts={}, pools={}, errors=[(error.where, "file", error.message)])
@@ -143,7 +144,12 @@ def for_run(entries: list[tuple[str, dict[str, Any]]]) -> Resolved:
     rules, applied by pyinfra), with the catalog of the inventory the run was started with."""
     run = invocation()
     inventory = run["inventory"] if run and Path(run["inventory"]).is_file() else None
-    return resolve(entries, catalog_for(inventory))
+    result = resolve(entries, catalog_for(inventory))
+    for _, data in entries:
+        masking.learn_data(data if isinstance(data, dict) else {})
+    masking.learn_inventory(result)  # pyinfra's output from here on (operation names, command output) masked
+    masking.install()
+    return result
 
 
 def guard() -> None:
@@ -154,10 +160,12 @@ def guard() -> None:
     run = invocation()
     if run is None or not Path(run["inventory"]).is_file():
         return
+    masking.install()  # from here on, pyinfra's output is masked (its errors, operation names, command output)
     key = (run["inventory"], run["cwd"], run["group_data"], tuple(sorted(map(str, run["data"].items()))))
     if key in _guarded:
         return
     result = open_inventory(run["inventory"], cwd=run["cwd"], group_data=run["group_data"], data=run["data"])
+    masking.learn_inventory(result)
     if result.errors:
         print(f"modelfleet: {run['inventory']} is not valid; nothing was touched:\n{result.error_report()}",
               file=sys.stderr)

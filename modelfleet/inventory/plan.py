@@ -45,6 +45,7 @@ class StackPlan:
     amdgpu_install_build: str
     gpu_check_image: str
     service_user: str
+    repo_key_fingerprints: tuple = ()  # modelfleet.trust.pinned: (repository, fingerprints) pairs
 
 
 # The container GPU check's default image per vendor: any image works (the NVIDIA toolkit injects the host's

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from modelfleet import engine_flags, grammar, host_commands, router
+from modelfleet import engine_flags, grammar, host_commands, masking, router, trust
 from modelfleet.catalog import (
     Catalog,
     Engine,
@@ -134,6 +134,8 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
                                                    "the model needs it (pin `revision` to a commit instead)"))
     errors += [(where, "extra_args", message) for message in _extra_args_problems(svc.extra_args, engine, recipe,
                                                                                    svc.engine)]
+    errors += [(where if key in svc.env else f"recipe {recipe.id}", f"env.{key}", problem)
+               for key in {**recipe.env, **svc.env} if (problem := masking.env_name_problem(key))]
     for param, spec in recipe.parameters.items():
         if param not in svc.recipe_params:
             errors.append((where, f"recipe_params.{param}", f"recipe {recipe.id} needs it ({spec.flag}); "
@@ -366,13 +368,16 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
             errors.append((where, "gpus", f"its services want {wanted} GPUs together, host has {gpu_count}"))
         elif hw and hw.vendor != "none":
             services = _assign_gpus(services, gpu_count, where, errors)
+        endpoint = (host.hf_endpoint or os.environ.get("HF_ENDPOINT") or HUB_ENDPOINT).rstrip("/")
+        errors += [(where, fld, message) for fld, message in trust.transport_problems(
+            endpoint, host.model_source, host.hf_token_env, [s.model.id for s in services if s.trust_remote_code],
+            host.insecure_http_hosts)]
         if hw is not None:
             hosts[name] = HostPlan(name=name, address=address, hardware=hw, gpu_count=gpu_count,
                                    model_root=host.model_root, config_dir=host.config_dir.rstrip("/"), hf_token_env=host.hf_token_env,
                                    services=tuple(services), assess_models=tuple(host.assess_models),
                                    host_ram_gib=host.host_ram_gib or hw.host_ram_gib,
-                                   hf_endpoint=(host.hf_endpoint or os.environ.get("HF_ENDPOINT")
-                                                or HUB_ENDPOINT).rstrip("/"),
+                                   hf_endpoint=endpoint,
                                    model_source=host.model_source, model_keep_revisions=host.model_keep_revisions,
                                    model_reverify=host.model_reverify, model_fanout_width=host.model_fanout_width,
                                    model_fanout_rate_mb_s=host.model_fanout_rate_mb_s,
@@ -388,7 +393,8 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
                                    dcgm_exporter_image=host.dcgm_exporter_image,
                                    stack=StackPlan(manage=host.gpu_stack,
                                                    **{k: getattr(host, k) for k in STACK_KEYS
-                                                      if k != "gpu_check_image"},
+                                                      if k not in ("gpu_check_image", "repo_key_fingerprints")},
+                                                   repo_key_fingerprints=trust.pinned(host.repo_key_fingerprints),
                                                    gpu_check_image=_from_registry(host, host.gpu_check_image or
                                                                                   GPU_CHECK_IMAGES.get(hw.vendor, ""))))
     errors += _single_node_engines(entries, cat)
@@ -555,6 +561,9 @@ def refuse_invalid(inventory_file: str) -> None:
     run = door.invocation() or {}
     options = {k: run[k] for k in ("cwd", "group_data", "data") if k in run}
     result = door.open_inventory(inventory_file, **options)
+    if run:  # inside pyinfra: its output from here on is masked
+        masking.learn_inventory(result)
+        masking.install()
     if result.errors:
         print(f"modelfleet: {inventory_file} is not valid; nothing was touched:\n{result.error_report()}",
               file=sys.stderr)

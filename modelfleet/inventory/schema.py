@@ -157,6 +157,9 @@ class HostData(BaseModel):
         [], description="Registries (host[:port], as the images name them) the control node reaches over plain "
         "HTTP to pin digests, as Docker's insecure-registries (the hosts' dockerd must name them too); loopback "
         "always is.")
+    insecure_http_hosts: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9.-]+(:[0-9]+)?$")]] = Field(
+        [], description="Hosts (host[:port]) the hub token may reach over plain HTTP (`hf_endpoint`): a site's "
+        "own network; loopback always may. Never for a model that runs its own code.")
     gpu_passthrough: bool = Field(True, description="Hand the service's GPUs to its container (NVIDIA: CDI "
                                   "devices; AMD: /dev/kfd and its render nodes); False: the container gets none.")
     services: Annotated[list[dict[str, Any]], Field(min_length=1)] | None = Field(
@@ -248,6 +251,11 @@ class HostData(BaseModel):
                                             description="NVIDIA Container Toolkit repository, or a mirror.")
     container_toolkit_key_url: Url = Field("https://nvidia.github.io/libnvidia-container/gpgkey",
                                            description="Signing key of the Container Toolkit repository.")
+    repo_key_fingerprints: dict[Literal["cuda", "docker", "nvidia-container-toolkit", "rocm"],
+                                Annotated[list[Annotated[str, Field(pattern=r"^([0-9A-Fa-f]{40}|[0-9A-Fa-f]{64})$")]],
+                                          Field(min_length=1)]] = Field(
+        {}, description="A repository's signing key fingerprints (40 or 64 hex), for a site mirror that signs with "
+        "its own key; unset: the catalog's (catalog/signing_keys.yaml). A key not pinned is refused on the host.")
     docker_source: Literal["docker", "distro"] = Field("docker", description="Docker's repository (docker-ce) "
                                                        "or the distribution's docker.io.")
     # https://docs.docker.com/engine/install/ubuntu/

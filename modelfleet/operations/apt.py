@@ -8,6 +8,7 @@ import shlex
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
+from modelfleet import trust
 from modelfleet.host_commands import deb_upstream as upstream
 
 
@@ -50,23 +51,34 @@ def held(names: list[str], current: dict):
 
 
 @operation()
-def deb_from_url(package: str | None, url: str | None, current: dict):
-    """Install a .deb published at a URL (cuda-keyring, amdgpu-install) unless that package is installed."""
+def deb_from_url(package: str | None, url: str | None, current: dict, keyring: str | None = None,
+                 repo: str = "", fingerprints: tuple[str, ...] = ()):
+    """Install a .deb published at a URL (cuda-keyring, amdgpu-install) unless that package is installed. The
+    repository keyring it brings (`keyring`, a path inside the package) is checked against the pinned
+    fingerprints first: a package with another key is never installed."""
     if not package or current.get(package):
         host.noop(f"{package or 'no repository package'} installed")
         return
     temp = f"/tmp/modelfleet-{package}.deb"
     yield StringCommand("curl", "-fsSL", "--retry", "3", "-o", temp, shlex.quote(url))
+    if keyring:
+        unpacked = f"{temp}.d"
+        yield StringCommand(f"rm -rf {unpacked} && dpkg-deb -x {temp} {unpacked} && "
+                            f"{trust.check_command(unpacked + keyring, repo, fingerprints)} && rm -rf {unpacked} "
+                            f"|| {{ rm -rf {temp} {unpacked}; exit 1; }}")
     yield apt_get("install", temp)
     yield StringCommand("rm", "-f", temp)
 
 
 @operation()
-def key_fetched(url: str | None, dest: str | None, current: dict | None):
-    """A repository's signing key (ASCII-armoured, as published) at `dest`, fetched once from `url`."""
+def key_fetched(url: str | None, dest: str | None, current: dict | None, repo: str = "",
+                fingerprints: tuple[str, ...] = ()):
+    """A repository's signing key (ASCII-armoured, as published) at `dest`, fetched once from `url` and put in
+    place only when its fingerprint is the one pinned for `repo` (else the host fails, naming both)."""
     if not dest or current:
         host.noop(f"key {dest or '(none)'} is in place")
         return
     yield StringCommand("install", "-d", "-m", "0755", posixpath.dirname(dest))
-    yield StringCommand("curl", "-fsSL", "--retry", "3", "-o", f"{dest}.tmp", shlex.quote(url), "&&",
-                        "chmod", "0644", f"{dest}.tmp", "&&", "mv", f"{dest}.tmp", dest)
+    yield StringCommand(f"curl -fsSL --retry 3 -o {dest}.tmp {shlex.quote(url)} && "
+                        f"{trust.check_command(dest + '.tmp', repo, fingerprints)} && chmod 0644 {dest}.tmp && "
+                        f"mv {dest}.tmp {dest} || {{ rm -f {dest}.tmp; exit 1; }}")

@@ -12,7 +12,7 @@ from pyinfra.api import FunctionCommand, operation
 from pyinfra.api.state import BaseStateCallback
 from pyinfra.context import ctx_host, ctx_state
 
-from modelfleet import runscope
+from modelfleet import masking, runscope
 from modelfleet.grammar import slug
 
 
@@ -52,7 +52,7 @@ def fail_host(reasons: list[str]):
 
 def save_json(path: str, report: dict) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(report, indent=2) + "\n")
+    Path(path).write_text(masking.mask(json.dumps(masking.masked(report), indent=2)) + "\n")
 
 
 class _WrittenAfterExecution(BaseStateCallback):

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 
 from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
 
+from modelfleet import trust
 from modelfleet.context import HostRun
 from modelfleet.host_commands import container_gpu_check
 from modelfleet.inventory import HostPlan
@@ -127,7 +129,9 @@ def run(ctx: HostRun, driver_changes: bool = False, reboot_pending: bool = False
     d = decide(plan, ctx.probe, state, driver_changes, reboot_pending)
     paths = state["paths"]
     for list_path, content, key_url, key_path in d.sources:
-        key_fetched(name=f"Signing key {key_path}", url=key_url, dest=key_path, current=paths.get(key_path))
+        repo = PurePosixPath(key_path).stem  # the keys are named after their repository (docker.asc, ...)
+        key_fetched(name=f"Signing key {key_path}", url=key_url, dest=key_path, current=paths.get(key_path),
+                    repo=repo, fingerprints=trust.expected(plan.stack.repo_key_fingerprints, repo))
         content_file(name=f"Source list {list_path}", dest=list_path, content=content, current=paths.get(list_path))
     packages(name="Docker and the container toolkit", wanted=d.packages, current=state["packages"])
     # Held: an upgrade of Docker restarts dockerd (and every engine); one of the toolkit changes how GPUs reach

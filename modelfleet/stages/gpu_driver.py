@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
 
+from modelfleet import trust
 from modelfleet.context import HostRun
 from modelfleet.gpu_predicates import branch_of, fabric_manager_needed, loaded_driver, replaces_driver
 from modelfleet.host_commands import (
@@ -47,6 +48,7 @@ CUDA_ARCHES = {"x86_64": "x86_64", "aarch64": "sbsa"}
 CUDA_KEYRING = ("cuda-keyring", "cuda-keyring_1.1-1_all.deb", "/usr/share/keyrings/cuda-archive-keyring.gpg")
 # AMD publishes amdgpu-install per Ubuntu release; its Debian 12 instructions use the jammy packages.
 AMD_CODENAMES = {("ubuntu", "22.04"): "jammy", ("ubuntu", "24.04"): "noble", ("debian", "12"): "jammy"}
+AMD_KEYRING = "/etc/apt/keyrings/rocm.gpg"  # what amdgpu-install brings, for its two lists
 PERSISTENCED = "nvidia-persistenced.service"
 FABRIC_MANAGER = "nvidia-fabricmanager.service"
 GROUP_FILE = "/etc/group"
@@ -75,6 +77,7 @@ class DriverPlan:
     problems: list[str] = field(default_factory=list)
     repo_package: str | None = None  # cuda-keyring / amdgpu-install, from a .deb at repo_deb_url
     repo_deb_url: str | None = None
+    repo_keyring: tuple[str, str] | None = None  # (repository, keyring path inside the .deb): checked before install
     sources: list[tuple[str, str]] = field(default_factory=list)  # (list file, content) with the configured URL
     packages: dict[str, str | None] = field(default_factory=dict)
     hold: list[str] = field(default_factory=list)
@@ -122,7 +125,7 @@ def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
     branch = int(stack.driver_branch)
     repo = f"{stack.nvidia_repo_url.rstrip('/')}/{distro}/{arch}/"
     name, deb, keyring = CUDA_KEYRING
-    out.repo_package, out.repo_deb_url = name, repo + deb
+    out.repo_package, out.repo_deb_url, out.repo_keyring = name, repo + deb, ("cuda", keyring)
     # The list file cuda-keyring ships, rewritten with the configured URL (identical unless a mirror is set).
     out.sources = [(f"/etc/apt/sources.list.d/cuda-{distro}-{arch}.list", f"deb [signed-by={keyring}] {repo} /\n")]
     out.loaded = loaded = loaded_driver(probe)
@@ -165,7 +168,7 @@ def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
 def _repository_if_needed(out: DriverPlan, installed: dict) -> DriverPlan:
     """A host with nothing to install from the vendor's repository gets no repository: skipping cleanly."""
     if not out.installs(installed):
-        out.repo_package = out.repo_deb_url = None
+        out.repo_package = out.repo_deb_url = out.repo_keyring = None
         out.sources = []
     return out
 
@@ -178,10 +181,10 @@ def _decide_amd(plan: HostPlan, probe: dict, state: dict, key: tuple) -> DriverP
         out.problems.append(f"os: {key} has no amdgpu-install package (supported: Ubuntu 22.04, 24.04, Debian 12)")
         return out
     amd, version = stack.amd_repo_url.rstrip("/"), stack.rocm_version
-    out.repo_package = "amdgpu-install"
+    out.repo_package, out.repo_keyring = "amdgpu-install", ("rocm", AMD_KEYRING)
     out.repo_deb_url = f"{amd}/amdgpu-install/{version}/ubuntu/{codename}/amdgpu-install_{stack.amdgpu_install_build}_all.deb"
     # amdgpu-install's two lists, with the configured URL, so a site mirror serves the packages too.
-    signed = "[arch=amd64 signed-by=/etc/apt/keyrings/rocm.gpg]"
+    signed = f"[arch=amd64 signed-by={AMD_KEYRING}]"
     out.sources = [("/etc/apt/sources.list.d/amdgpu.list", f"deb {signed} {amd}/amdgpu/{version}/ubuntu {codename} main\n"),
                    ("/etc/apt/sources.list.d/rocm.list", f"deb {signed} {amd}/rocm/apt/{version} {codename} main\n")]
     out.packages = {"amdgpu-dkms": None, "rocm": None}
@@ -279,8 +282,10 @@ def run(ctx: HostRun, decided: DriverPlan | None = None) -> DriverPlan:
         return d
     current = state["packages"]
     # Operation names are the same on every host (pyinfra shows one name per operation across hosts).
+    repo, keyring = d.repo_keyring or ("", None)
     deb_from_url(name="Vendor repository package (cuda-keyring / amdgpu-install)", package=d.repo_package,
-                 url=d.repo_deb_url, current=current)
+                 url=d.repo_deb_url, current=current, keyring=keyring, repo=repo,
+                 fingerprints=trust.expected(plan.stack.repo_key_fingerprints, repo))
     for path, content in d.sources:
         content_file(name="Vendor source list", dest=path, content=content, current=state["paths"].get(path))
     packages(name="GPU driver packages", wanted=d.packages, current=current)

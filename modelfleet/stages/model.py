@@ -19,7 +19,7 @@ from functools import partial
 from pyinfra import host, state
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
-from modelfleet import FILES_DIR
+from modelfleet import FILES_DIR, masking
 from modelfleet.checkpoint import Snapshot, missing_files
 from modelfleet.context import HostRun
 from modelfleet.host_commands import CURRENT, revisions_dir
@@ -207,7 +207,7 @@ def run(ctx: HostRun):
         hub_token_file(name=f"Hub token {plan.config_dir}/hf-token (0600)", dest=f"{plan.config_dir}/hf-token",
                        token=os.environ.get(plan.hf_token_env) if downloads else None,
                        current=mine["paths"].get(f"{plan.config_dir}/hf-token"))
-        checkpoint_fetched(name=f"Fetch {snap.repo}@{snap.commit[:12]} from {source_url or 'the hub'}", job=job,
+        checkpoint_fetched(name=f"Fetch {snap.repo}@{snap.commit[:12]} from {masking.url(source_url) or 'the hub'}", job=job,
                            mode="peer" if source_url else "hub", source=source_url,
                            missing=missing if is_seed else [], reverify=plan.model_reverify)
         borrowed = downloads and host.name != downloader and bool(os.environ.get(plan.hf_token_env))

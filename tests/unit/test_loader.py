@@ -85,14 +85,20 @@ def test_a_group_data_file_that_does_not_run_names_that_file(tmp_path):
     ("gpus = [('g1', 8000)]\n", "group gpus: host g1: its data must be a dict, got int"),
     ("gpus = [('g1',)]\n", "group gpus: host g1: its data must be a dict, got nothing"),
     ("gpus = ['g1', 'g2', 'g1']\n", "group gpus: host g1 is listed twice"),
-    ("gpus = [('g1', {'port': 1})]\nedge = [('g1', {'port': 2})]\n",
-     "host g1 has data in groups gpus and edge: give it in one place"),
 ])
 def test_hosts_pyinfra_would_take_silently_or_crash_on_are_refused(tmp_path, text, message):
     inv = write(tmp_path / "site.py", text)
     with pytest.raises(InventoryFileError) as caught:
         read_inventory(str(inv), cwd=str(tmp_path))
     assert (caught.value.where, caught.value.message) == (str(inv), message)
+
+
+def test_data_in_two_groups_is_a_problem_but_still_loads_as_pyinfra_merges_it(tmp_path):
+    """Refused (validate lists it), yet the host's merged data is there for `show` to print with its origins."""
+    inv = write(tmp_path / "site.py", "gpus = [('g1', {'port': 1, 'model': 'm'})]\nedge = [('g1', {'port': 2})]\n")
+    loaded = read_inventory(str(inv), cwd=str(tmp_path))
+    assert loaded.problems == [(str(inv), "file", "host g1 has data in groups gpus and edge: give it in one place")]
+    assert dict(loaded.entries)["g1"]["model"] == "m" and "port" in dict(loaded.entries)["g1"]
 
 
 def test_a_missing_inventory_file_is_named(tmp_path):

@@ -20,8 +20,10 @@ PACKAGE_CONSTANTS = {
     ("engine_flags.py", "table"),
 }
 # Module-level holders allowed: the run store itself, and the record of which pyinfra command line the
-# inventory guard validated (made before pyinfra builds its State, for that one process's command).
-HOLDERS = {("runscope.py", "_stores"), ("inventory/door.py", "_guarded")}
+# inventory guard validated (made before pyinfra builds its State, for that one process's command); the secrets
+# the mask knows, which outlive a run (a traceback printed after it) and exist before one (the CLI's streams).
+HOLDERS = {("runscope.py", "_stores"), ("inventory/door.py", "_guarded"), ("masking.py", "_known"),
+           ("masking.py", "_lock")}
 MUTABLE = {"dict", "set", "list", "WeakKeyDictionary", "WeakValueDictionary", "WeakSet", "defaultdict",
            "OrderedDict", "Semaphore", "Lock", "RLock"}
 

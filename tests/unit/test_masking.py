@@ -1,0 +1,143 @@
+"""The one mask: known secrets (also escaped and line by line), URL credentials and named values replaced; a
+stream that masks a secret split across writes; `logs` masks the key an engine logs about itself."""
+
+import io
+import json
+
+import pytest
+
+from modelfleet import fleet, masking
+from modelfleet.masking import MASK
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    masking.forget()
+    yield
+    masking.forget()
+
+
+def test_known_secret_masked_raw_escaped_and_line_by_line():
+    key = "sk-first-half\nsecond-half-77"
+    masking.learn(key)
+    for shown in (key, repr(key), json.dumps(key), "first: sk-first-half", "then second-half-77 alone"):
+        assert "first-half" not in masking.mask(shown) and "second-half-77" not in masking.mask(shown), shown
+
+
+@pytest.mark.parametrize("text,kept", [
+    ("https://user:pw-123456@mirror.example/m", "https://********@mirror.example/m"),
+    ("http://tok3n@host:8080/x", "http://********@host:8080/x"),
+    ("server_args=ServerArgs(api_key='k-123456', port=30000)", "api_key='********', port=30000)"),
+    ('{"api-key": "k-123456"}', '{"api-key": "********"}'),
+    ("curl -H 'Authorization: Bearer abc123456'", "Authorization: Bearer ********'"),
+    ("--api-key abcdef12", "--api-key ********"),
+])
+def test_unknown_secrets_masked_by_form(text, kept):
+    assert kept in masking.mask(text)
+    assert masking.mask(masking.mask(text)) == masking.mask(text)
+
+
+@pytest.mark.parametrize("text", [
+    "host h1:\n  env.MY_API_KEY: looks like a secret", "api_key_env: MY_KEY is not set",
+    "hf_token_env  \"HF_TOKEN\"  (default)", "the hub token (reaches only the downloading host)",
+    "--api-key-env KEYVAR"])
+def test_ordinary_messages_untouched(text):
+    assert masking.mask(text) == text
+
+
+def test_short_values_not_learned():
+    masking.learn("ab", None, "", "   ")
+    assert masking.mask("ab cd") == "ab cd"
+
+
+def test_structures_masked_by_key_name_and_value():
+    masking.learn("hunter2-long")
+    out = masking.masked({"_sudo_password": "x-secret", "ssh_key": "/root/.ssh/id", "port": 22,
+                          "env": {"DB_PASSWORD": "pw-999999", "OK": "said hunter2-long"},
+                          "rows": [{"key": "hardware", "value": "b300"}]})
+    assert out == {"_sudo_password": MASK, "ssh_key": "/root/.ssh/id", "port": 22,
+                   "env": {"DB_PASSWORD": MASK, "OK": f"said {MASK}"},
+                   "rows": [{"key": "hardware", "value": "b300"}]}
+
+
+@pytest.mark.parametrize("name", ["API_KEY", "HF_TOKEN", "CLIENT_SECRET", "db_password", "X_KEY"])
+def test_env_names_like_secrets_refused(name):
+    assert "api_key_env" in masking.env_name_problem(name)
+
+
+@pytest.mark.parametrize("name", ["NCCL_IB_HCA", "VLLM_USE_V2_MODEL_RUNNER", "KEYBOARD", "TOKENIZERS_PARALLELISM"])
+def test_other_env_names_pass(name):
+    assert masking.env_name_problem(name) is None
+
+
+def test_learn_data_and_inventory(monkeypatch):
+    from modelfleet.inventory.resolver import resolve
+
+    monkeypatch.setenv("MY_KEY_VAR", "key-value-123")
+    monkeypatch.setenv("HF_TOKEN", "hf_tokenvalue99")
+    data = {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm",
+            "api_key_env": "MY_KEY_VAR", "_sudo_password": "sudo-pw-55",
+            "model_source": "https://u:url-pw-66@m.example/x"}
+    result = resolve([("h1", data)])
+    assert not result.errors, result.errors
+    result.data = {"h1": data}
+    masking.learn_inventory(result)
+    text = "key-value-123 hf_tokenvalue99 sudo-pw-55 url-pw-66"
+    assert masking.mask(text) == " ".join([MASK] * 4)
+
+
+def test_stream_masks_a_secret_split_across_writes():
+    masking.learn("split-secret-value")
+    sink = io.StringIO()
+    stream = masking.MaskedStream(sink)
+    stream.write("a split-sec")
+    stream.write("ret-value b\nnext ")
+    stream.flush()
+    assert sink.getvalue() == f"a {MASK} b\nnext "
+
+
+def test_logs_mask_the_key_an_engine_logs(monkeypatch):
+    """SGLang prints its server arguments, the key among them: `modelfleet logs` shows the line masked (the
+    key known from the inventory's variable, or recognised by its form when the control node lacks it)."""
+    masking.learn("known-key-1234567")
+
+    class Conn:
+        def __init__(self, lines):
+            self.client = self
+            self.lines = lines
+
+        def exec_command(self, command):
+            return None, iter(self.lines), None
+
+        def close(self):
+            pass
+
+    lines = ["server_args=ServerArgs(api_key='known-key-1234567', host='0.0.0.0')\n",
+             "server_args=ServerArgs(api_key='unknown-key-7654321')\n", "ready\n"]
+    monkeypatch.setattr(fleet, "connect", lambda plan: Conn(lines))
+    monkeypatch.setattr(fleet, "open_checked", lambda conn, plan: None)
+
+    class Plan:
+        name = "h1"
+        services = [type("S", (), {"unit_name": "modelfleet-x.service"})()]
+
+    sink = io.StringIO()
+    fleet.logs([Plan()], sink=sink)
+    out = sink.getvalue()
+    assert "known-key-1234567" not in out and "unknown-key-7654321" not in out
+    assert out.count(MASK) == 2 and "[h1] ready" in out
+
+
+def test_converge_shard_logs_are_masked(tmp_path, monkeypatch):
+    """A shard's log is a report: what its pyinfra process printed is masked there too (the child masks its
+    own streams; this holds also for a child that could not)."""
+    from modelfleet import shards
+
+    masking.learn("shard-known-secret-42")
+    monkeypatch.setenv("MODELFLEET_REPORTS", str(tmp_path))
+    monkeypatch.setattr(shards, "pyinfra_argv", lambda *a, **k: [
+        "sh", "-c", "echo pw shard-known-secret-42; echo https://u:url-pw-77@mirror.example/x"])
+    summary = shards.converge("inv.py", "deploy.py", [["h1"]], progress=lambda line: None)
+    text = (tmp_path / "converge" / "shard-1.log").read_text()
+    assert summary["ok"] and "shard-known-secret-42" not in text and "url-pw-77" not in text
+    assert text.count(MASK) == 2
