@@ -12,7 +12,9 @@ os.environ["MODELFLEET_LAB_STATE"] = str(Path(__file__).resolve().parent.parent 
 os.environ["MODELFLEET_LAB_NET"] = _net
 
 
+import ipaddress  # noqa: E402
 import shutil  # noqa: E402
+import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
@@ -78,3 +80,22 @@ def no_run_left_current():
     ctx_state.reset()
     ctx_host.reset()
     yield
+
+
+_connect = socket.socket.connect
+
+
+def _loopback_only(sock, address, *args):
+    """Tests reach only loopback (and unix sockets): the documentation addresses the unit tests' inventories name
+    (192.0.2.x, 10.x) are never dialled, even by a command that would read a host (e.g. `upgrade --dry`)."""
+    if sock.family in (socket.AF_INET, socket.AF_INET6) and isinstance(address, tuple):
+        try:
+            ip = ipaddress.ip_address(address[0])
+        except ValueError:
+            ip = None  # a name: resolved by the caller's own lookup, which only tests on loopback use
+        if ip is not None and not ip.is_loopback and not ip.is_unspecified:
+            raise ConnectionRefusedError(f"tests reach only loopback, not {address[0]}")
+    return _connect(sock, address, *args)
+
+
+socket.socket.connect = _loopback_only
