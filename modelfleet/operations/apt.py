@@ -55,10 +55,11 @@ def deb_from_url(package: str | None, url: str | None, current: dict):
     if not package or current.get(package):
         host.noop(f"{package or 'no repository package'} installed")
         return
-    temp = f"/tmp/modelfleet-{package}.deb"
-    yield StringCommand("curl", "-fsSL", "--retry", "3", "-o", temp, shlex.quote(url))
-    yield apt_get("install", temp)
-    yield StringCommand("rm", "-f", temp)
+    # In a directory mktemp makes for root (0700, a name nobody could guess): a fixed path in /tmp is one any
+    # local user can plant a symlink at before root writes through it.
+    deb = f'"$d"/{shlex.quote(package + ".deb")}'
+    yield StringCommand("d=$(mktemp -d)", "&&", "{", "curl", "-fsSL", "--retry", "3", "-o", deb, shlex.quote(url),
+                        "&&", apt_get("install", deb), ";", "}", ";", "rc=$?;", "rm", "-rf", '"$d";', "exit", "$rc")
 
 
 @operation()
