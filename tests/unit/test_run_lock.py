@@ -10,7 +10,12 @@ import pytest
 
 from modelfleet import runlock
 from modelfleet.files import run_lock
-from tests.unit.test_runlock import Run, end, lock_in, orphan_holding  # noqa: F401 (lock_in is a fixture)
+from tests.unit.test_runlock import Run, end, lock_host, orphan_holding
+
+
+@pytest.fixture
+def lock_in(tmp_path, monkeypatch):
+    return lock_host(tmp_path, monkeypatch)
 
 
 def test_a_pid_planted_in_the_holder_file_is_never_killed(lock_in, monkeypatch):

@@ -19,11 +19,15 @@ class Run:  # a pyinfra State stands for a run; any weak-referenceable object wi
     pass
 
 
+def lock_host(tmp_path, monkeypatch) -> SimpleNamespace:
+    """A host reached through the local connector, its lock directory under `tmp_path`."""
+    monkeypatch.setattr(runlock, "LOCK_DIR", str(tmp_path / "modelfleet"))
+    return SimpleNamespace(name="h1", connector=LocalConnector())
+
+
 @pytest.fixture
 def lock_in(tmp_path, monkeypatch):
-    monkeypatch.setattr(runlock, "LOCK_DIR", str(tmp_path / "modelfleet"))
-    host = SimpleNamespace(name="h1", connector=LocalConnector())
-    return host
+    return lock_host(tmp_path, monkeypatch)
 
 
 def end(*runs):
