@@ -6,9 +6,10 @@ import posixpath
 import shlex
 
 from pyinfra import host
-from pyinfra.api import StringCommand, operation
+from pyinfra.api import FunctionCommand, StringCommand, operation
 
 from modelfleet.host_commands import deb_upstream as upstream
+from modelfleet.operations.report import refuse
 
 
 def apt_get(*args: str) -> StringCommand:
@@ -71,3 +72,23 @@ def key_fetched(url: str | None, dest: str | None, current: dict | None):
     yield StringCommand("install", "-d", "-m", "0755", posixpath.dirname(dest))
     yield StringCommand("curl", "-fsSL", "--retry", "3", "-o", f"{dest}.tmp", shlex.quote(url), "&&",
                         "chmod", "0644", f"{dest}.tmp", "&&", "mv", f"{dest}.tmp", dest)
+
+
+def _in_archive(state, host, package: str, refusal: str) -> bool:
+    """FunctionCommand body: the archive (read fresh) has `package`, else the host is refused with `refusal`."""
+    quiet = {"print_output": False, "print_input": False}
+    updated, output = host.run_shell_command(apt_get("update"), **quiet)
+    if not updated:
+        return refuse(state, host, [f"apt-get update failed: {(output.stderr_lines or ['no output'])[-1]}"])
+    found, _ = host.run_shell_command(StringCommand("apt-cache", "show", "--no-all-versions", shlex.quote(package)),
+                                      **quiet)
+    return found or refuse(state, host, [refusal])
+
+
+@operation()
+def in_archive(package: str | None, refusal: str, current: dict):
+    """Before anything is installed: the host's archive offers `package` (installed already: nothing to ask)."""
+    if not package or current.get(package):
+        host.noop(f"{package or 'no package'} needs no look-up")
+        return
+    yield FunctionCommand(_in_archive, (package, refusal), {})
