@@ -96,19 +96,23 @@ class DriverPlan:
     source: str = "cuda"  # where the NVIDIA module comes from: the CUDA repository's DKMS, or ubuntu-signed
     signed_modules: str | None = None  # Canonical's signed module package, checked in the archive first
     signed_refusal: str = ""  # what the host is told when the archive has none for its kernel
+    from_archive: set[str] = field(default_factory=set)  # packages of the distribution's archive, not the vendor's
 
     @property
     def pending(self) -> bool:
         """The new module is installed but not loaded, and the inventory said not to reboot."""
         return self.reboot and not self.allowed_reboot
 
-    def installs(self, installed: dict) -> list[str]:
-        """The packages this plan installs on a host with `installed` (the repository's .deb included)."""
+    def _packages_installed(self, installed: dict) -> list[str]:
         exact = self.exact if not self.exact_version else list(
             missing(dict.fromkeys(self.exact, self.exact_version), installed))
-        from_repo = [*missing(self.packages, installed), *exact]
+        return [*missing(self.packages, installed), *exact]
+
+    def installs(self, installed: dict) -> list[str]:
+        """The packages this plan installs on a host with `installed` (the repository's .deb included)."""
+        from_repo = [p for p in self._packages_installed(installed) if p not in self.from_archive]
         return ([self.repo_package] if from_repo and self.repo_package and not installed.get(self.repo_package)
-                else []) + from_repo
+                else []) + self._packages_installed(installed)
 
 
 def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
@@ -144,6 +148,8 @@ def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
             out.problems.append(problem)
             return out
     out.source = "ubuntu-signed" if signed else "cuda"
+    if signed:  # known on every run (a converged host's holds are read by these names)
+        out.from_archive = {signed.modules, signed.modules_flavour, signed.userspace, signed.utils}
     out.driver_package = signed.userspace if signed else \
         f"nvidia-driver-{branch}" + ("-open" if stack.driver_flavor == "open" else "")
     pinning = f"nvidia-driver-pinning-{branch}" if stack.driver_pinning and not signed else None
@@ -192,8 +198,9 @@ def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
 
 
 def _repository_if_needed(out: DriverPlan, installed: dict) -> DriverPlan:
-    """A host with nothing to install from the vendor's repository gets no repository: skipping cleanly."""
-    if not out.installs(installed):
+    """A host with nothing to install from the vendor's repository gets no repository: skipping cleanly (the
+    signed driver comes from the distribution's archive)."""
+    if not [p for p in out._packages_installed(installed) if p not in out.from_archive]:
         out.repo_package = out.repo_deb_url = None
         out.sources = []
     return out
@@ -296,7 +303,8 @@ def wants(plan: HostPlan, probe: dict) -> dict:
     probe = probe
     empty = {"packages": {}, "units": {}, "paths": {}, "texts": {}}
     d = decide(plan, probe, empty)  # with nothing installed: every package and list it may need
-    return {"packages": [p for p in [d.repo_package, d.driver_package, *d.packages, *d.exact] if p],
+    return {"packages": [p for p in [d.repo_package, d.driver_package, *d.packages, *d.exact, *sorted(d.from_archive)]
+                         if p],
             "paths": [path for path, _ in d.sources] + [REBOOT_REQUIRED, UNATTENDED_CONF], "units": d.units,
             "texts": [GROUP_FILE] if d.groups else []}
 

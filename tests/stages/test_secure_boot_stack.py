@@ -8,7 +8,16 @@ import pytest
 from modelfleet.facts.probe import HostProbe
 from modelfleet.inventory import resolve
 from modelfleet.stages import gpu_driver
-from tests.stages.test_gpu_driver import DF, KERNELS, bare, os_lines, stack_only
+from tests.stages.test_gpu_driver import (
+    DF,
+    H200_8,
+    KERNELS,
+    VERSIONS,
+    bare,
+    converged_state,
+    os_lines,
+    stack_only,
+)
 
 SIGNED = ["linux-modules-nvidia-580-server-open-6.8.0-87-generic", "linux-modules-nvidia-580-server-open-generic",
           "nvidia-headless-no-dkms-580-server-open", "nvidia-utils-580-server"]
@@ -41,6 +50,10 @@ def test_ubuntu_with_secure_boot_gets_the_signed_modules_looked_up_before_anythi
     assert "apt-mark hold nvidia-headless-no-dkms-580-server-open nvidia-utils-580-server " \
            "linux-modules-nvidia-580-server-open-6.8.0-87-generic linux-modules-nvidia-580-server-open-generic" in text
     assert "systemctl reboot" in text
+    assert "cuda-keyring" in text  # 8x H200: Fabric Manager at the driver's release, from NVIDIA's repository
+    one_gpu = "\n".join(fake.planned(fake.run_fake([("n1", secure_host(fake, gpu_count=1, model="qwen3-8b"))], stack_only, dry=True),
+                                      "n1"))
+    assert "cuda-keyring" not in one_gpu and "install " + " ".join(SIGNED) in one_gpu  # the archive's alone
     d = decided(fake, secure_host(fake))
     assert d.source == "ubuntu-signed" and "no linux-modules-nvidia-580-server-open-6.8.0-87-generic" in \
         d.signed_refusal and "mokutil --import /var/lib/shim-signed/mok/MOK.der" in d.signed_refusal
@@ -72,3 +85,17 @@ def test_an_enrolled_key_or_secure_boot_off_keeps_the_cuda_repository_driver(fak
     assert d.source == "cuda" and not d.problems and d.builds_module and not d.signed_modules
     steps = "\n".join(fake.planned(fake.run_fake([("n1", host)], stack_only, dry=True), "n1"))
     assert "install nvidia-driver-pinning-580 nvidia-driver-580-open" in steps and "<_in_archive>" not in steps
+
+
+def test_a_converged_signed_host_gets_no_command_and_keeps_its_holds(fake):
+    """The signed packages installed and held, the driver loaded: nothing to send (their holds are read by
+    name on every run, so a converged host is not mistaken for one to hold again)."""
+    lines, signed = converged_state(), {p: "580.159.04-0ubuntu0.24.04.1" for p in SIGNED}
+    for name, version in signed.items():
+        lines += [f"@@modelfleet-state package {name}", f"hi  {version}"]
+    probe = fake.probe_reply({"os": os_lines(fake, "ubuntu2404") + NOT_ENROLLED, "disk": DF, "ports": [],
+                              "nvidia_gpus": H200_8, "nvidia_versions": VERSIONS,
+                              "fabric_manager": ["nvswitches=4", "Fabric Manager version is : 580.159.04"]})
+    host = {**secure_host(fake), "fake_responses": {"@@modelfleet-probe": probe, "@@modelfleet-state": lines}}
+    state = fake.run_fake([("n1", host)], stack_only, dry=True)
+    assert fake.planned(state, "n1") == []
