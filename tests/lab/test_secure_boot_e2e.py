@@ -4,12 +4,14 @@ archive (no DKMS driver, no kernel headers, held), one reboot, and its GPUs answ
 for which the archive has no signed module, is refused before anything is installed, naming the MOK step."""
 
 import json
+import subprocess
 
 import pytest
 
 import lab
 from lab import secure_boot
 from lab.rebuild import pyinfra, rehearse
+from modelfleet.commands import modelfleet_argv
 
 pytestmark = pytest.mark.lab
 SIGNED = ["linux-modules-nvidia-580-server-open-6.8.0-87-generic", "linux-modules-nvidia-580-server-open-generic",
@@ -55,3 +57,18 @@ def test_the_signed_modules_are_installed_held_and_load_after_one_reboot(secure)
     assert report["driver_source"] == "ubuntu-signed" and report["secure_boot"] == "enabled"
     assert lab.ssh(spec, "cat /usr/lib/modelfleet-lab/nvidia-module-signer").stdout.strip() == \
         "Canonical Ltd. Kernel Module Signing"
+
+
+def test_status_json_carries_the_host_record(secure):
+    spec = secure["signed"]
+    with lab.scenario.applied(only=[spec["name"]]):
+        run = subprocess.run(modelfleet_argv("status", "inventories/lab.py", "--json"), capture_output=True,
+                             text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    [row] = [r for r in json.loads(run.stdout) if r["host"] == spec["name"]]
+    record = row["record"]
+    assert (record["os"], record["kernel"], record["kernel_flavour"], record["secure_boot"]) == (
+        "Ubuntu 24.04.3 LTS", "6.8.0-87-generic", "generic", "enabled")
+    assert record["driver"] == {"branch": "580", "version": "580.159.04", "source": "ubuntu-signed",
+                                "module_signer": "Canonical Ltd. Kernel Module Signing"}
+    assert record["vbios"] and record["fabric_manager"] is None  # one H200: no NVSwitch, no Fabric Manager
