@@ -61,7 +61,7 @@ PERSONAS.update({name: (p.hardware, p.gpus, name, False) for name, p in fabric.P
 PERSONAS.update({name: ("h200", 1, "h200x1", True) for name in secure_boot.KERNELS})
 # The real images the lab's recipes name: the registry serves the engine double under the vLLM and SGLang tags,
 # and the real llama-server (Debian's build, lab/build-llama-server.sh) under the llama.cpp one.
-ENGINE_IMAGES = ("vllm/vllm-openai:v0.34.0", "lmsysorg/sglang:v0.5.18", "ghcr.io/ggml-org/llama.cpp:server-cuda")
+ENGINE_IMAGES = ("vllm/vllm-openai:v0.34.0", "lmsysorg/sglang:v0.5.18", "ghcr.io/ggml-org/llama.cpp:server-cuda13")
 DOUBLE_IMAGE = "modelfleet-lab/engine-double:latest"  # local only: tests run it in llama.cpp mode beside the real one
 ENGINES = ("vllm", "sglang", "llama.cpp")
 # Rollout rehearsal images: a newer vLLM tag (its own digest) and one whose engine never gets ready.

@@ -188,6 +188,7 @@ def render_cmd(inventory: str, host: str, group_data, data, as_json: bool, pin: 
     """Print HOST's systemd unit(s) and env file(s) as the run writes them, secrets masked. Without --pin, images
     by tag and the revision as written (the run pins them, and the engine cache directory is named after the
     pins); with --pin, as pinned."""
+    from modelfleet import image_runtime
     from modelfleet.errors import ModelfleetError
     from modelfleet.inventory import COMMIT_RE
     from modelfleet.pins import pinned_service
@@ -212,6 +213,8 @@ def render_cmd(inventory: str, host: str, group_data, data, as_json: bool, pin: 
                      f"modelfleet; source: {svc.recipe.source})")
         notes.append(f"image {svc.image}: {svc.engine_name} flags checked with {svc.engine_name} "
                      f"{svc.recipe.engine_version}'s parser")
+        notes.append(image_runtime.render_note(svc.image, svc.recipe.cuda, svc.recipe.rocm, svc.recipe.runtime_source,
+                                               svc.hardware.vendor, plan.stack.driver_branch))
         fraction = (f"{svc.engine.memory_fraction_flag} {svc.recipe.memory_fraction}" if svc.engine.memory_fraction_flag
                     else f"{svc.recipe.memory_fraction} (planning only: {svc.engine_name} has no such flag)")
         notes.append(f"memory fraction the plan sized with: {fraction}; clients call it: "

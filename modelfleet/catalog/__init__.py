@@ -9,6 +9,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from modelfleet import image_runtime
 from modelfleet.errors import ModelfleetError
 
 CATALOG_DIR = Path(__file__).parent
@@ -193,8 +194,9 @@ class Recipe(_Strict):
     serve_hub_id: bool = False  # also serve the model under its hub id, as the guides' clients call it
     parameters: dict[str, RecipeParameter] = Field(default_factory=dict)
     min_driver: str | None = None
-    cuda: str | None = None
+    cuda: str | None = None  # what the image is built with (checked against its tag and the driver branch)
     rocm: str | None = None
+    runtime_source: str | None = None  # where that CUDA/ROCm version comes from
     gguf_quant: str | None = None
     model_file: str | None = None
     layout: Layout
@@ -204,6 +206,13 @@ class Recipe(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     ready_timeout_s: int
     probe: ProbeSettings = Field(default_factory=ProbeSettings)
+
+    @model_validator(mode="after")
+    def _runtime_matches_the_tag(self):
+        problem = image_runtime.tag_problem(self.image, self.cuda, self.rocm)
+        if problem:
+            raise ValueError(problem)
+        return self
 
 
 # Bytes per parameter of each weight format (block scales included for MX formats:
