@@ -10,12 +10,10 @@ import time
 
 from modelfleet import secure_boot
 from modelfleet.facts.host import OsRelease
-from modelfleet.host_commands import deb_upstream_sh, fabric_manager_version_sh
+from modelfleet.host_commands import MODULE_SIGNER, deb_upstream_sh, fabric_manager_version_sh
 from modelfleet.operations.report import report_path
 
 MARK = "@@modelfleet-record"
-# The signer of the module the running kernel would load (Canonical's signing key, DKMS's MOK, or none).
-MODULE_SIGNER = "modinfo -F signer nvidia"
 VBIOS = "nvidia-smi --query-gpu=vbios_version --format=csv,noheader"
 
 

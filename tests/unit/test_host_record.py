@@ -50,3 +50,13 @@ def test_status_parse_stops_where_the_record_starts():
     parsed = fleet.parse_status(OUTPUT)
     assert parsed["host"] == {"driver": "580.159.04", "boot": "abc"} and len(parsed["gpus"]) == 1
     assert host_record.MARK in fleet.status_script(plan()).rsplit("@@modelfleet-status", 1)[1]
+
+
+def test_admission_s_read_carries_the_module_signer():
+    from modelfleet.facts.health import MARK, GpuHealth
+
+    signed = GpuHealth().process([f"{MARK} id", "6.8.0-87-generic", "b00t", f"{MARK} signer",
+                                  "Canonical Ltd. Kernel Module Signing"])
+    assert signed["module_signer"] == "Canonical Ltd. Kernel Module Signing" and signed["kernel"] == "6.8.0-87-generic"
+    assert GpuHealth().process([f"{MARK} id", "6.8.0-87-generic", "b00t", f"{MARK} signer"])["module_signer"] is None
+    assert "modinfo -F signer nvidia" in GpuHealth().command()
