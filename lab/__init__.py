@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from lab import apt, cdi, daemons, fabric, hub, scenario
+from lab import apt, cdi, daemons, fabric, hub, scenario, secure_boot
 
 LAB_DIR = Path(__file__).resolve().parent
 REPO_ROOT = LAB_DIR.parent
@@ -57,9 +57,11 @@ PERSONAS.update({name: (*PERSONAS[fault["base"]][:2], name, False) for name, fau
 # Fabric personas (lab/fabric.py): hosts whose /sys/class/infiniband, netdevs, routes and IMEX state are a
 # synthetic B300 (RoCE, two route groups; its worker also with one fault each), GB300 tray or InfiniBand H100.
 PERSONAS.update({name: (p.hardware, p.gpus, name, False) for name, p in fabric.PERSONAS.items()})
+# Secure Boot personas (lab/secure_boot.py): a bare H200 presenting as Ubuntu with Secure Boot on.
+PERSONAS.update({name: ("h200", 1, "h200x1", True) for name in secure_boot.KERNELS})
 # The real images the lab's recipes name: the registry serves the engine double under the vLLM and SGLang tags,
 # and the real llama-server (Debian's build, lab/build-llama-server.sh) under the llama.cpp one.
-ENGINE_IMAGES = ("vllm/vllm-openai:v0.34.0", "lmsysorg/sglang:v0.5.18", "ghcr.io/ggml-org/llama.cpp:server-cuda")
+ENGINE_IMAGES = ("vllm/vllm-openai:v0.34.0", "lmsysorg/sglang:v0.5.18", "ghcr.io/ggml-org/llama.cpp:server-cuda13")
 DOUBLE_IMAGE = "modelfleet-lab/engine-double:latest"  # local only: tests run it in llama.cpp mode beside the real one
 ENGINES = ("vllm", "sglang", "llama.cpp")
 # Rollout rehearsal images: a newer vLLM tag (its own digest) and one whose engine never gets ready.
@@ -200,7 +202,8 @@ def _host_mounts(spec: dict) -> list[str]:
         (STATE / "debian-lab.list").write_text(apt.DISTRO_LIST)
         return [f"{docker_cli}:/opt/modelfleet-lab/docker-cli:ro",
                 f"{STATE / 'apt-archive-keyring.gpg'}:/usr/share/keyrings/modelfleet-lab-archive.gpg:ro",
-                f"{STATE / 'debian-lab.list'}:/etc/apt/sources.list.d/debian-lab.list:ro"]
+                f"{STATE / 'debian-lab.list'}:/etc/apt/sources.list.d/debian-lab.list:ro",
+                *secure_boot.mounts(spec, STATE)]
     recordings = persona_dir(spec["recordings"])
     if spec.get("cdi"):  # its own dockerd, forky's CLI, nvidia-ctk, /etc/cdi and the GPUs' nodes (lab/cdi.py)
         docker_cli = str(cdi.cli(STATE))

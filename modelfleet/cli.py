@@ -207,7 +207,7 @@ def render_cmd(inventory: str, host: str, group_data, data, as_json: bool, pin: 
     """Print HOST's systemd unit(s) and env file(s) as the run writes them, secrets masked. Without --pin, images
     by tag and the revision as written (the run pins them, and the engine cache directory is named after the
     pins); with --pin, as pinned."""
-    from modelfleet import engine_flags
+    from modelfleet import engine_flags, image_runtime
     from modelfleet.errors import ModelfleetError
     from modelfleet.inventory import COMMIT_RE
     from modelfleet.pins import pinned_service
@@ -233,6 +233,8 @@ def render_cmd(inventory: str, host: str, group_data, data, as_json: bool, pin: 
         flags = engine_flags.table(svc.engine_name, svc.engine.flag_parser)
         notes.append(f"image {svc.image}: " + engine_flags.check_claim(svc.recipe, svc.engine_name, flags,
                                                                        site=bool(svc.recipe.site)))
+        notes.append(image_runtime.render_note(svc.image, svc.recipe.cuda, svc.recipe.rocm, svc.recipe.runtime_source,
+                                               svc.hardware.vendor, plan.stack.driver_branch))
         fraction = (f"{svc.engine.memory_fraction_flag} {svc.recipe.memory_fraction}" if svc.engine.memory_fraction_flag
                     else f"{svc.recipe.memory_fraction} (planning only: {svc.engine_name} has no such flag)")
         notes.append(f"memory fraction the plan sized with: {fraction}; clients call it: "

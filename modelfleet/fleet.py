@@ -22,7 +22,7 @@ from pathlib import Path
 import paramiko
 from fabric import Connection
 
-from modelfleet import masking, router
+from modelfleet import host_record, masking, router
 from modelfleet.errors import ModelfleetError
 from modelfleet.health import admission_state
 from modelfleet.host_commands import (
@@ -125,7 +125,8 @@ def status_script(plan: HostPlan) -> str:
         parts.append(f"echo '{MARK} router {rp.name}'; {unit_show_command(rp.unit_name, UNIT_PROPERTIES)}; "
                      f"{router.workers_echo(rp)}; ")
     parts.append(f"echo '{MARK} host'; echo \"driver=$({driver_version_sh()})\"; echo \"boot=$({boot_token_sh()})\";")
-    parts.append(f"echo '{MARK} gpus'; {GPU_MEMORY_STATUS} 2>/dev/null || true")
+    parts.append(f"echo '{MARK} gpus'; {GPU_MEMORY_STATUS} 2>/dev/null || true;")
+    parts.append(host_record.script())  # last: parse_status reads nothing after its mark
     return " ".join(parts)
 
 
@@ -133,6 +134,8 @@ def parse_status(output: str) -> dict:
     result: dict = {"services": {}, "gpus": [], "host": {}, "routers": {}}
     section = None
     for line in output.splitlines():
+        if line.startswith(host_record.MARK):
+            break
         if line.startswith(MARK):
             words = line[len(MARK):].split()
             section = words[1] if words[0] == "service" else words[0]
@@ -276,7 +279,9 @@ def status(plans: list[HostPlan]) -> list[dict]:
                              "health": got.get("health")})
         rows.append({"host": plan.name, "reachable": True, "services": services, "gpus": parsed["gpus"],
                      "driver": parsed["host"].get("driver"), "boot": parsed["host"].get("boot"),
-                     "admission": admission_state(plan.name), "routers": _routers(plan, parsed["routers"])})
+                     "admission": admission_state(plan.name), "routers": _routers(plan, parsed["routers"]),
+                     "record": host_record.record(plan, outcome[1], parsed["host"].get("driver"), services,
+                                                  host_record.admission_report(plan.name))})
     return _in_router(plans, rows)
 
 

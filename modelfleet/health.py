@@ -1,8 +1,7 @@
 """GPU admission (pure): what `nvidia-smi -q -x` and the kernel log say about each GPU, and the verdict on
 whether the host may join a pool. Every check has a name, the value seen and the threshold it was held to.
 
-Fatal Xid classes (NVIDIA's Xid catalog, https://docs.nvidia.com/deploy/xid-errors/, the events whose
-resolution is a GPU reset, a node drain or RMA rather than an application fix):
+An Xid seen since boot counts by NVIDIA's own action for it (modelfleet/xids.py: the Xid catalog as data).
 """
 
 from __future__ import annotations
@@ -12,21 +11,9 @@ import re
 import time
 import xml.etree.ElementTree as ET
 
+from modelfleet import xids as xid_catalog
 from modelfleet.operations.report import report_path
 
-FATAL_XIDS = {
-    48: "double-bit ECC error",
-    63: "ECC page retirement or row remapping event",
-    64: "ECC page retirement or row remapper recording failure",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    92: "high single-bit ECC error rate",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-    140: "unrecovered ECC error",
-}
 # Clock event reasons that mean the hardware is slowing the GPU down (idle, application clocks and the
 # software power cap are normal).
 SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
@@ -312,10 +299,11 @@ def verdict(gpus: list[dict], xids: list[dict], expected_count: int, min_memory_
                                  f"GPU {i}: NVLink fabric state is {state!r} (Fabric Manager has not finished)"))
     by_bus = {_bus_device(g["bus_id"]): g["index"] for g in gpus if g["bus_id"]}
     for event in xids:
-        fatal = event["xid"] in FATAL_XIDS
+        refuses, why = xid_catalog.judge(event["xid"])
         gpu = by_bus.get(_bus_device(event["pci"]), event["pci"])
-        checks.append(_check("xid", gpu, event["xid"], "none fatal", not fatal,
-                             f"Xid {event['xid']} on {event['pci']} since boot: {FATAL_XIDS.get(event['xid'], '')}"))
+        checks.append(_check("xid", gpu, event["xid"], "none needing more than the application", not refuses,
+                             f"Xid {event['xid']} on {event['pci']} since boot"
+                             + (f" ({event['text']})" if event.get("text") else "") + f": {why}"))
     return {"ok": all(c["ok"] for c in checks), "checks": checks,
             "reasons": [c["reason"] for c in checks if not c["ok"]]}
 

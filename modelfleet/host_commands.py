@@ -58,6 +58,9 @@ def deb_upstream_sh(package: str) -> str:
     return (f"dpkg-query -W -f='${{Version}}' {shlex.quote(package)} | sed 's/^[0-9]*://; s/-[^-]*$//'")
 
 
+# The signer of the nvidia module the running kernel loads (Canonical's key for Ubuntu's signed modules, DKMS's
+# MOK for a module built here; nothing for an unsigned one).
+MODULE_SIGNER = "modinfo -F signer nvidia"
 NVIDIA_VERSIONS = "nvidia-smi --version"
 FABRIC_MANAGER_VERSION = "nv-fabricmanager --version"
 

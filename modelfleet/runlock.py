@@ -1,28 +1,33 @@
 """One modelfleet run per host at a time.
 
-The lock is an flock on the host (/run/lock/modelfleet.lock) held by a process attached to its own SSH channel
-of the run's connection: it lives exactly as long as the control node's run. When the run ends, or the
+The lock is an flock on the host (/run/modelfleet/run.lock, in a directory only root can write: nobody else can
+plant a symlink, a FIFO or a lock there) held by a process attached to its own SSH channel of the run's connection: it lives exactly as long as the control node's run. When the run ends, or the
 control node dies (its sockets close with it), sshd closes the channel, the holder exits and the kernel drops
 the lock; a reboot clears /run. So a second run meets a busy lock only while the first really runs, and is
 told who holds it. The one stale case, a connection left half-open by a control node that vanished without
 closing it, is taken over when the holder recorded this very control node (same machine and boot) with a
-process that no longer exists.
+process that no longer exists; the host then signals its holder only after checking that the pid it recorded
+holds the lock now with the start time it recorded (modelfleet/files/run_lock.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 import subprocess
 import time
 from pathlib import Path
 
-from modelfleet import runscope
-from modelfleet.host_commands import program
+from modelfleet import FILES_DIR, runscope
 
-LOCK = "/run/lock/modelfleet.lock"
-HOLDER = f"{LOCK}.holder"
+LOCK_DIR = "/run/modelfleet"
+PROGRAM = FILES_DIR / "run_lock.py"
+
+
+def lock_path() -> str:
+    return f"{LOCK_DIR}/run.lock"
 
 
 def _boot_id() -> str:
@@ -37,10 +42,11 @@ def holder_record() -> dict:
             "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
-def hold_script(record: dict) -> str:
-    """Take the lock or say who has it (`busy <remote pid> <json>`), then keep it until stdin closes
-    (modelfleet/shell/run_lock.sh)."""
-    return program("run_lock", LOCK, HOLDER, json.dumps(record))
+def hold_script(record: dict, stale: dict | None = None) -> str:
+    """Take the lock or say who has it (`busy <remote pid> <json>`), then keep it until stdin closes; with
+    `stale`, the dead run's record, the host takes the lock over from its verified holder (files/run_lock.py)."""
+    args = [LOCK_DIR, json.dumps(record), *([json.dumps(stale)] if stale else [])]
+    return " ".join(["python3", "-c", shlex.quote(PROGRAM.read_text()), *map(shlex.quote, args)])
 
 
 def parse_busy(reply: str) -> dict:
@@ -110,22 +116,19 @@ def acquire(run_state, host) -> tuple[bool, str]:
     client = getattr(host.connector, "client", None)
     if client is None and connector != "LocalConnector":
         return True, ""
-    script = hold_script(holder_record())
+    record, stale = holder_record(), None
     for attempt in (1, 2):
+        script = hold_script(record, stale)
         handle, reply = _open_ssh(client, script) if client is not None else _open_local(script)
         if reply == "locked":
             held[host.name] = handle
-            return True, ("took over the lock of a run of this control node that died" if attempt == 2 else "")
+            return True, ("took over the lock of a run of this control node that died" if stale else "")
         _release(handle)
         if not reply.startswith("busy"):
-            return False, f"could not take the run lock {LOCK}: {reply or 'no answer'}"
+            return False, f"could not take the run lock {lock_path()}: {reply or 'no answer (is python3 there?)'}"
         holder = parse_busy(reply)
-        if attempt == 1 and is_stale(holder) and "remote_pid" in holder:
-            kill = f"kill {int(holder['remote_pid'])} 2>/dev/null; sleep 0.5"
-            if client is not None:
-                client.exec_command(kill)[1].channel.recv_exit_status()
-            else:
-                subprocess.run(["sh", "-c", kill])
+        if attempt == 1 and is_stale(holder):
+            stale = {k: v for k, v in holder.items() if k != "remote_pid"}
             continue
-        return False, f"{describe(holder)} holds this host ({LOCK}); wait for it to finish"
+        return False, f"{describe(holder)} holds this host ({lock_path()}); wait for it to finish"
     return False, "could not take the run lock"

@@ -10,7 +10,7 @@ hosts = [
         "model": "kimi-k3",
         "engine": "llama.cpp",
         "recipe": "kimi-k3-llamacpp-iq1-m-rtx-pro-6000-ws",
-        "image": "ghcr.io/ggml-org/llama.cpp:server-cuda-b11669",
+        "image": "ghcr.io/ggml-org/llama.cpp:server-cuda13-b11669",
         # The GGUF repository's commit (unsloth/Kimi-K3-GGUF, which `modelfleet urls` names): pin the one you
         # checked. This placeholder is refused by --strict.
         "revision": "0000000000000000000000000000000000000000",

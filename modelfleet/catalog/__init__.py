@@ -18,7 +18,7 @@ from pydantic import (
     model_validator,
 )
 
-from modelfleet import engine_flags, grammar
+from modelfleet import engine_flags, grammar, image_runtime
 from modelfleet.errors import ModelfleetError
 
 CATALOG_DIR = Path(__file__).parent
@@ -251,8 +251,9 @@ class Recipe(_Strict):
     serve_hub_id: bool = False  # also serve the model under its hub id, as the guides' clients call it
     parameters: dict[Id, RecipeParameter] = Field(default_factory=dict)
     min_driver: Annotated[str, grammar.checked(grammar.driver)] | None = None
-    cuda: Version | None = None
+    cuda: Version | None = None  # what the image is built with (checked against its tag and the driver branch)
     rocm: Version | None = None
+    runtime_source: Text | None = None  # where that CUDA/ROCm version comes from
     gguf_quant: Id | None = None
     model_file: Annotated[str, grammar.checked(grammar.relative_file)] | None = None
     layout: Layout
@@ -269,6 +270,13 @@ class Recipe(_Strict):
     @property
     def site(self) -> str | None:
         return self._site
+
+    @model_validator(mode="after")
+    def _runtime_matches_the_tag(self):
+        problem = image_runtime.tag_problem(self.image, self.cuda, self.rocm)
+        if problem:
+            raise ValueError(problem)
+        return self
 
 
 # Bytes per parameter of each weight format (block scales included for MX formats:

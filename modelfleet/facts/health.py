@@ -17,7 +17,7 @@ from modelfleet.health import (
     parse_nvlink,
     parse_xids,
 )
-from modelfleet.host_commands import AMD_METRICS, NVIDIA_HEALTH_XML, NVIDIA_NVLINK_STATUS
+from modelfleet.host_commands import AMD_METRICS, MODULE_SIGNER, NVIDIA_HEALTH_XML, NVIDIA_NVLINK_STATUS
 
 MARK = "@@modelfleet-health"
 
@@ -29,10 +29,11 @@ class GpuHealth(FactBase):
                 f"{NVIDIA_NVLINK_STATUS} 2>/dev/null; echo '{MARK} amd'; {AMD_METRICS} 2>/dev/null; "
                 f"echo '{MARK} kernel'; {{ journalctl -k -b --no-pager -q 2>/dev/null || dmesg 2>/dev/null; }} "
                 f"| grep -E '{KERNEL_LOG_PATTERN}' | tail -n 500; "
-                f"echo '{MARK} id'; uname -r; cat /proc/sys/kernel/random/boot_id; true")
+                f"echo '{MARK} id'; uname -r; cat /proc/sys/kernel/random/boot_id; "
+                f"echo '{MARK} signer'; {MODULE_SIGNER} 2>/dev/null; true")
 
     def process(self, output):
-        parts: dict[str, list[str]] = {"smi": [], "nvlink": [], "amd": [], "kernel": [], "id": []}
+        parts: dict[str, list[str]] = {"smi": [], "nvlink": [], "amd": [], "kernel": [], "id": [], "signer": []}
         part = None
         for line in output:
             if line.startswith(MARK):
@@ -49,5 +50,6 @@ class GpuHealth(FactBase):
         kernel, boot_id = (parts["id"] + [None, None])[:2]
         return {"gpus": gpus, "driver": driver, "xids": parse_xids(parts["kernel"]), "kernel": kernel,
                 "boot_id": boot_id, "nvlink": parse_nvlink(parts["nvlink"]),
+                "module_signer": (parts["signer"] + [""])[0].strip() or None,
                 "amd_gpus": parse_amd_metric("\n".join(parts["amd"])) if parts["amd"] else None,
                 "amdgpu_faults": parse_amdgpu_faults(parts["kernel"])}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 from pyinfra.api import FactBase
@@ -61,11 +62,47 @@ class DiskFree(FactBase):
         return None
 
 
+# The firmware's Secure Boot variable (EFI global variable GUID): 4 bytes of attributes, then 1 when on.
+SECURE_BOOT_VAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+# The key DKMS signs modules with on Ubuntu (shim-signed's update-secureboot-policy makes it).
+DKMS_MOK = "/var/lib/shim-signed/mok/MOK.der"
+
+
+def secure_boot_sh() -> str:
+    """SECURE_BOOT=<mokutil's line, or the EFI variable's byte, or `no EFI`>, and MOK_DKMS=<--test-key's line>."""
+    return ("if command -v mokutil >/dev/null 2>&1; then echo \"SECURE_BOOT=$(mokutil --sb-state 2>&1 | head -n1)\"; "
+            f"[ -f {DKMS_MOK} ] && echo \"MOK_DKMS=$(mokutil --test-key {DKMS_MOK} 2>&1 | head -n1)\"; "
+            f"elif [ -f {SECURE_BOOT_VAR} ]; then "
+            f"echo \"SECURE_BOOT=efivar $(od -An -t u1 -j4 -N1 {SECURE_BOOT_VAR} | tr -d ' ')\"; "
+            "elif [ ! -d /sys/firmware/efi ]; then echo 'SECURE_BOOT=no EFI'; fi; true")
+
+
+def parse_secure_boot(line: str | None) -> str | None:
+    """'enabled' / 'disabled' / 'no-efi' from mokutil --sb-state or the EFI variable; None when unknown."""
+    text = (line or "").strip()
+    if text in ("efivar 1", "SecureBoot enabled"):
+        return "enabled"
+    if text in ("efivar 0", "SecureBoot disabled"):
+        return "disabled"
+    if text == "no EFI" or "not supported" in text:
+        return "no-efi"
+    return None
+
+
+def kernel_flavour(release: str | None) -> str | None:
+    """'6.8.0-45-generic' -> 'generic', '6.8.0-1015-aws' -> 'aws', '6.1.0-18-amd64' -> 'amd64' (the suffix
+    Ubuntu's linux-modules-nvidia-<branch>-server-open-<flavour> packages are named by)."""
+    match = re.match(r"^\d+\.\d+\.\d+-\d+-([a-z][a-z0-9-]*)$", release or "")
+    return match.group(1) if match else None
+
+
 class OsRelease(FactBase):
-    """/etc/os-release, plus the running kernel (its headers package) and machine architecture."""
+    """/etc/os-release, plus the running kernel (its headers package, its flavour), the machine architecture
+    and the firmware's Secure Boot state (whether a DKMS-built module loads without an enrolled key)."""
 
     def command(self) -> str:
-        return 'cat /etc/os-release; echo "KERNEL_RELEASE=$(uname -r)"; echo "MACHINE_ARCH=$(uname -m)"'
+        return ('cat /etc/os-release; echo "KERNEL_RELEASE=$(uname -r)"; echo "MACHINE_ARCH=$(uname -m)"; '
+                + secure_boot_sh())
 
     def process(self, output):
         out = {}
@@ -73,9 +110,13 @@ class OsRelease(FactBase):
             key, sep, value = line.partition("=")
             if sep:
                 out[key.strip()] = value.strip().strip('"')
+        mok = out.get("MOK_DKMS") or ""
         return {"id": out.get("ID"), "version_id": out.get("VERSION_ID"),
                 "codename": out.get("VERSION_CODENAME"), "pretty_name": out.get("PRETTY_NAME"),
-                "kernel": out.get("KERNEL_RELEASE"), "arch": out.get("MACHINE_ARCH")}
+                "kernel": out.get("KERNEL_RELEASE"), "arch": out.get("MACHINE_ARCH"),
+                "kernel_flavour": kernel_flavour(out.get("KERNEL_RELEASE")),
+                "secure_boot": parse_secure_boot(out.get("SECURE_BOOT")),
+                "dkms_key_enrolled": True if "already enrolled" in mok else False if "not enrolled" in mok else None}
 
 
 class ListeningPorts(FactBase):

@@ -31,6 +31,7 @@ class StackPlan:
     driver_branch: str
     driver_version: str | None
     driver_flavor: str
+    driver_source: str
     driver_allow_downgrade: bool
     driver_pinning: bool
     cuda_toolkit: str | None

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from modelfleet import engine_flags, grammar, host_commands, masking, router, trust
+from modelfleet import engine_flags, grammar, host_commands, image_runtime, masking, router, trust
 from modelfleet.catalog import (
     Catalog,
     Engine,
@@ -146,6 +146,11 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
     if hw.vendor == "nvidia" and recipe.min_driver and int(host.driver_branch) < int(recipe.min_driver.split(".")[0]):
         errors.append((where, "driver_branch", f"{host.driver_branch} is older than recipe {recipe.id} needs "
                                                f"({recipe.min_driver})"))
+    # The image's CUDA against the driver, and a service's own image against the recipe's CUDA/ROCm.
+    runtime = [("image", image_runtime.tag_problem(svc.image, recipe.cuda, recipe.rocm) if svc.image else None),
+               ("driver_branch", image_runtime.driver_problem(recipe.cuda, host.driver_branch)
+                if hw.vendor == "nvidia" else None)]
+    errors += [(where, fld, f"recipe {recipe.id}: {msg}") for fld, msg in runtime if msg]
     gpus = svc.gpus if svc.gpus is not None else recipe.layout.gpus_per_node
     image = _from_registry(host, svc.image or recipe.image)
     revision_dir = svc.revision or "main"
@@ -427,7 +432,7 @@ def information(pools: dict[str, PoolPlan]) -> list[tuple[str, str, str]]:
 
 PLACEHOLDER_REVISION = re.compile(r"^(0+|f+|x+)$", re.IGNORECASE)
 TAG_VERSION = re.compile(r"(?:^|[^0-9])v?([0-9]+\.[0-9]+(?:\.[0-9]+)?)(?:$|[^0-9.])")
-# llama.cpp's images name their build: server-cuda-b11434, full-b11669 (github.com/ggml-org/llama.cpp releases).
+# llama.cpp's images name their build: server-cuda13-b11434, full-b11669 (github.com/ggml-org/llama.cpp releases).
 TAG_BUILD = re.compile(r"(?:^|[^A-Za-z0-9])(b[0-9]+)(?:$|[^0-9])")
 
 

@@ -233,6 +233,10 @@ class HostData(BaseModel):
                                        "version; unset: a loaded driver of the branch is kept, else the newest.")
     driver_flavor: Literal["open", "proprietary"] = Field("open", description="Open kernel modules (NVIDIA's "
                                                           "default since R560) or the proprietary ones.")
+    driver_source: Literal["auto", "cuda", "ubuntu-signed"] = Field(
+        "auto", description="Where the NVIDIA kernel module comes from: `cuda` (the CUDA repository, built by "
+        "DKMS), `ubuntu-signed` (Canonical's signed modules for the running kernel); `auto`: ubuntu-signed on "
+        "Ubuntu with Secure Boot on and DKMS's key not enrolled, else cuda.")
     driver_allow_downgrade: bool = Field(False, description="Accept replacing a loaded driver newer than the "
                                          "branch (refused otherwise).")
     driver_pinning: bool = Field(True, description="Hold the branch with NVIDIA's "

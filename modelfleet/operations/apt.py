@@ -6,10 +6,11 @@ import posixpath
 import shlex
 
 from pyinfra import host
-from pyinfra.api import StringCommand, operation
+from pyinfra.api import FunctionCommand, StringCommand, operation
 
 from modelfleet import trust
 from modelfleet.host_commands import deb_upstream as upstream
+from modelfleet.operations.report import refuse
 
 
 def apt_get(*args: str) -> StringCommand:
@@ -59,15 +60,15 @@ def deb_from_url(package: str | None, url: str | None, current: dict, keyring: s
     if not package or current.get(package):
         host.noop(f"{package or 'no repository package'} installed")
         return
-    temp = f"/tmp/modelfleet-{package}.deb"
-    yield StringCommand("curl", "-fsSL", "--retry", "3", "-o", temp, shlex.quote(url))
-    if keyring:
-        unpacked = f"{temp}.d"
-        yield StringCommand(f"rm -rf {unpacked} && dpkg-deb -x {temp} {unpacked} && "
-                            f"{trust.check_command(unpacked + keyring, repo, fingerprints)} && rm -rf {unpacked} "
-                            f"|| {{ rm -rf {temp} {unpacked}; exit 1; }}")
-    yield apt_get("install", temp)
-    yield StringCommand("rm", "-f", temp)
+    # In a directory mktemp makes for root (0700, a name nobody could guess): a fixed path in /tmp is one any
+    # local user can plant a symlink at before root writes through it. A keyring package's key is checked in its
+    # unpacked copy before apt may install (and so trust) it.
+    deb = f'"$d"/{shlex.quote(package + ".deb")}'
+    check = (["(", "cd", '"$d"', "&&", "dpkg-deb", "-x", shlex.quote(package + ".deb"), "x", "&&",
+              trust.check_command("x" + keyring, repo, fingerprints), ")", "&&"] if keyring else [])
+    yield StringCommand("d=$(mktemp -d)", "&&", "{", "curl", "-fsSL", "--retry", "3", "-o", deb, shlex.quote(url),
+                        "&&", *check, apt_get("install", deb), ";", "}", ";", "rc=$?;", "rm", "-rf", '"$d";', "exit",
+                        "$rc")
 
 
 @operation()
@@ -82,3 +83,23 @@ def key_fetched(url: str | None, dest: str | None, current: dict | None, repo: s
     yield StringCommand(f"curl -fsSL --retry 3 -o {dest}.tmp {shlex.quote(url)} && "
                         f"{trust.check_command(dest + '.tmp', repo, fingerprints)} && chmod 0644 {dest}.tmp && "
                         f"mv {dest}.tmp {dest} || {{ rm -f {dest}.tmp; exit 1; }}")
+
+
+def _in_archive(state, host, package: str, refusal: str) -> bool:
+    """FunctionCommand body: the archive (read fresh) has `package`, else the host is refused with `refusal`."""
+    quiet = {"print_output": False, "print_input": False}
+    updated, output = host.run_shell_command(apt_get("update"), **quiet)
+    if not updated:
+        return refuse(state, host, [f"apt-get update failed: {(output.stderr_lines or ['no output'])[-1]}"])
+    found, _ = host.run_shell_command(StringCommand("apt-cache", "show", "--no-all-versions", shlex.quote(package)),
+                                      **quiet)
+    return found or refuse(state, host, [refusal])
+
+
+@operation()
+def in_archive(package: str | None, refusal: str, current: dict):
+    """Before anything is installed: the host's archive offers `package` (installed already: nothing to ask)."""
+    if not package or current.get(package):
+        host.noop(f"{package or 'no package'} needs no look-up")
+        return
+    yield FunctionCommand(_in_archive, (package, refusal), {})

@@ -82,13 +82,21 @@ def directory(path: str, current: dict | None, mode: str = "0755", user: str = "
 def content_file(dest: str, content: str, current: dict | None, mode: str = "0644", user: str = "root",
                  group: str = "root", secret: bool = False):
     """
-    Keep `dest` equal to `content`. Never prints a diff. A secret is uploaded to a temp file inside the
-    destination's own directory (which the stage keeps 0700) and only then given its mode and name.
+    Keep `dest` equal to `content`. Never prints a diff. A secret is never in a file with another mode or owner,
+    not for a moment: an empty temp file is created (O_EXCL, umask 077) beside `dest` with its final owner and
+    mode, the content uploaded into it (an upload keeps an existing file's mode), then renamed over `dest`.
     """
     if not content_changes(current, content, mode, user, group):
         host.noop(f"file {dest} is up to date" + (" (content not shown)" if secret else ""))
         return
+    q = shlex.quote(dest)
+    if not secret:
+        yield FileUploadCommand(BytesIO(content.encode()), dest)
+        yield StringCommand("chown", f"{user}:{group}", q, "&&", "chmod", mode, q)
+        return
     directory_, name = posixpath.split(dest)
-    temp = posixpath.join(directory_, f".{name}.modelfleet-tmp") if secret else None
-    yield FileUploadCommand(BytesIO(content.encode()), dest, remote_temp_filename=temp)
-    yield StringCommand("chown", f"{user}:{group}", shlex.quote(dest), "&&", "chmod", mode, shlex.quote(dest))
+    temp = shlex.quote(posixpath.join(directory_, f".{name}.modelfleet-tmp"))
+    yield StringCommand("rm", "-f", temp, "&&", "(", "umask", "077", "&&", "set", "-C", "&&", ":", ">", temp, ")",
+                        "&&", "chown", f"{user}:{group}", temp, "&&", "chmod", mode, temp)
+    yield FileUploadCommand(BytesIO(content.encode()), posixpath.join(directory_, f".{name}.modelfleet-tmp"))
+    yield StringCommand("mv", "-f", temp, q)

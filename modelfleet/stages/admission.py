@@ -62,7 +62,7 @@ def judge(plan, health: dict, probe: dict, dcgm: dict | None = None) -> dict:
     return {"host": plan.name, **result, "admitted_at": now if result["ok"] else None,
             "valid_until": now + plan.admission_valid_h * 3600 if result["ok"] else None,
             "fingerprint": {"driver": health.get("driver"), "kernel": health.get("kernel"),
-                            "boot_id": health.get("boot_id"),
+                            "boot_id": health.get("boot_id"), "module_signer": health.get("module_signer"),
                             "serials": sorted(g.get("serial") or "" for g in gpus or [])}}
 
 

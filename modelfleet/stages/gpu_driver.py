@@ -5,6 +5,9 @@ NVIDIA: the CUDA network repository through its `cuda-keyring` package (arch x86
 branch's metapackage (open kernel modules by default), NVIDIA's pinning package for the branch (else
 `apt-mark hold`), `cuda-toolkit-X-Y` only where asked, nvidia-persistenced enabled. Where NVSwitch needs it,
 Fabric Manager (and the board's extra packages: nvlsm, nvidia-imex) at exactly the driver's version, held.
+Under UEFI Secure Boot (preflight reads it) a DKMS module is refused before anything is installed, unless its key
+is enrolled; on Ubuntu `driver_source` (auto there) takes Canonical's signed modules for the running kernel
+instead (modelfleet/secure_boot.py), once the archive is seen to have them.
 AMD: ROCm through `amdgpu-install` (repository version from data), `amdgpu-dkms` and `rocm`, the service
 user in `render` and `video`.
 
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
 
-from modelfleet import trust
+from modelfleet import secure_boot, trust
 from modelfleet.context import HostRun
 from modelfleet.gpu_predicates import branch_of, fabric_manager_needed, loaded_driver, replaces_driver
 from modelfleet.host_commands import (
@@ -58,8 +61,8 @@ REBOOT_REQUIRED = "/run/reboot-required"
 # the driver, Fabric Manager, CUDA and the container stack change only through modelfleet, never under a
 # running engine (NVML then fails with "Driver/library version mismatch" until a reboot).
 UNATTENDED_CONF = "/etc/apt/apt.conf.d/51modelfleet-unattended-upgrades"
-UNATTENDED_BLACKLIST = ("nvidia-", "libnvidia-", "cuda-", "nvidia-container-", "docker-ce", "containerd.io",
-                        "amdgpu", "rocm")
+UNATTENDED_BLACKLIST = ("nvidia-", "libnvidia-", "linux-modules-nvidia-", "cuda-", "nvidia-container-", "docker-ce",
+                        "containerd.io", "amdgpu", "rocm")
 
 
 def unattended_conf() -> str:
@@ -92,19 +95,26 @@ class DriverPlan:
     loaded: str | None = None
     allowed_reboot: bool = True
     builds_module: bool = False  # a kernel module is built here (DKMS): os_base installs the kernel headers
+    source: str = "cuda"  # where the NVIDIA module comes from: the CUDA repository's DKMS, or ubuntu-signed
+    signed_modules: str | None = None  # Canonical's signed module package, checked in the archive first
+    signed_refusal: str = ""  # what the host is told when the archive has none for its kernel
+    from_archive: set[str] = field(default_factory=set)  # packages of the distribution's archive, not the vendor's
 
     @property
     def pending(self) -> bool:
         """The new module is installed but not loaded, and the inventory said not to reboot."""
         return self.reboot and not self.allowed_reboot
 
-    def installs(self, installed: dict) -> list[str]:
-        """The packages this plan installs on a host with `installed` (the repository's .deb included)."""
+    def _packages_installed(self, installed: dict) -> list[str]:
         exact = self.exact if not self.exact_version else list(
             missing(dict.fromkeys(self.exact, self.exact_version), installed))
-        from_repo = [*missing(self.packages, installed), *exact]
+        return [*missing(self.packages, installed), *exact]
+
+    def installs(self, installed: dict) -> list[str]:
+        """The packages this plan installs on a host with `installed` (the repository's .deb included)."""
+        from_repo = [p for p in self._packages_installed(installed) if p not in self.from_archive]
         return ([self.repo_package] if from_repo and self.repo_package and not installed.get(self.repo_package)
-                else []) + from_repo
+                else []) + self._packages_installed(installed)
 
 
 def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
@@ -133,13 +143,35 @@ def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
         out.problems.append(f"driver_branch: the loaded driver {loaded} is newer than branch {branch}; set "
                             "driver_allow_downgrade: true to install it (needs a reboot)")
         return out
-    out.driver_package = f"nvidia-driver-{branch}" + ("-open" if stack.driver_flavor == "open" else "")
-    pinning = f"nvidia-driver-pinning-{branch}" if stack.driver_pinning else None
+    signed = None
+    if secure_boot.driver_source(stack.driver_source, os_info) == "ubuntu-signed":
+        signed, problem = secure_boot.signed_driver(branch, stack.driver_flavor == "open", os_info)
+        if problem:
+            out.problems.append(problem)
+            return out
+    out.source = "ubuntu-signed" if signed else "cuda"
+    if signed:  # known on every run (a converged host's holds are read by these names)
+        out.from_archive = {signed.modules, signed.modules_flavour, signed.userspace, signed.utils}
+    out.driver_package = signed.userspace if signed else \
+        f"nvidia-driver-{branch}" + ("-open" if stack.driver_flavor == "open" else "")
+    pinning = f"nvidia-driver-pinning-{branch}" if stack.driver_pinning and not signed else None
     installed = state["packages"]
-    if replaces_driver(plan, probe):
+    if replaces_driver(plan, probe) and signed:
+        # Canonical's module signed for the running kernel (the flavour's package follows its kernel updates),
+        # userspace at the release asked for; no DKMS, no kernel headers.
+        out.packages.update({signed.modules: None, signed.modules_flavour: None,
+                             out.driver_package: stack.driver_version, signed.utils: stack.driver_version})
+        out.signed_modules, out.signed_refusal, out.reboot = signed.modules, secure_boot.no_signed_package(signed), True
+        out.reboot_reason = f"signed driver {stack.driver_version or f'branch {branch}'} installed, " \
+                            f"{loaded or 'no driver'} loaded"
+    elif replaces_driver(plan, probe):
         # A release asked for (driver_version) is installed at exactly that version, up or down.
         out.packages.update({**({pinning: None} if pinning else {}), out.driver_package: stack.driver_version})
         out.reboot = out.builds_module = True
+        unsigned = secure_boot.dkms_problem(os_info, out.driver_package)
+        if unsigned:
+            out.problems.append(unsigned)
+            return out
         have = installed.get(out.driver_package)
         target = stack.driver_version or (deb_upstream(have["version"]) if have else f"branch {branch}")
         out.reboot_reason = f"driver {target} installed, {loaded or 'no driver'} loaded"
@@ -150,6 +182,8 @@ def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
         # unattended upgrade moves the libraries under a running engine. (A driver installed another way,
         # e.g. the .run file, is not ours to hold.)
         out.hold.append(out.driver_package)
+        if signed:  # the module for this kernel and the tools at the driver's release stay with it
+            out.hold += [signed.utils, signed.modules, signed.modules_flavour]
     out.units.append(PERSISTENCED)
     if fabric_manager_needed(plan, probe):
         fm = f"nvidia-fabricmanager-{branch}"
@@ -166,8 +200,9 @@ def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
 
 
 def _repository_if_needed(out: DriverPlan, installed: dict) -> DriverPlan:
-    """A host with nothing to install from the vendor's repository gets no repository: skipping cleanly."""
-    if not out.installs(installed):
+    """A host with nothing to install from the vendor's repository gets no repository: skipping cleanly (the
+    signed driver comes from the distribution's archive)."""
+    if not [p for p in out._packages_installed(installed) if p not in out.from_archive]:
         out.repo_package = out.repo_deb_url = out.repo_keyring = None
         out.sources = []
     return out
@@ -191,6 +226,10 @@ def _decide_amd(plan: HostPlan, probe: dict, state: dict, key: tuple) -> DriverP
     # A new amdgpu-dkms needs a boot; so does one installed by an earlier run that amd-smi cannot see yet.
     if not state["packages"].get("amdgpu-dkms"):
         out.reboot, out.reboot_reason, out.builds_module = True, "amdgpu-dkms installed (new kernel module)", True
+        unsigned = secure_boot.dkms_problem(probe.get("os") or {}, "amdgpu-dkms")
+        if unsigned:
+            out.problems.append(unsigned)
+            return out
     elif not probe.get("amd_gpus"):
         out.reboot, out.reboot_reason = True, "amdgpu-dkms installed, amd-smi lists no GPU (module not loaded)"
     out.groups = ["render", "video"]
@@ -266,7 +305,8 @@ def wants(plan: HostPlan, probe: dict) -> dict:
     probe = probe
     empty = {"packages": {}, "units": {}, "paths": {}, "texts": {}}
     d = decide(plan, probe, empty)  # with nothing installed: every package and list it may need
-    return {"packages": [p for p in [d.repo_package, d.driver_package, *d.packages, *d.exact] if p],
+    return {"packages": [p for p in [d.repo_package, d.driver_package, *d.packages, *d.exact, *sorted(d.from_archive)]
+                         if p],
             "paths": [path for path, _ in d.sources] + [REBOOT_REQUIRED, UNATTENDED_CONF], "units": d.units,
             "texts": [GROUP_FILE] if d.groups else []}
 

@@ -9,7 +9,7 @@ from pyinfra import host, state
 
 from modelfleet.context import HostRun
 from modelfleet.inventory import HostPlan
-from modelfleet.operations.apt import missing
+from modelfleet.operations.apt import in_archive, missing
 from modelfleet.operations.report import fail_host, report_path, save_report, write_report
 from modelfleet.stages import container_runtime, gpu_driver, os_base
 
@@ -44,6 +44,9 @@ def run(ctx: HostRun) -> bool:
         fail_host(name="GPU driver: refused", reasons=decided.problems)
         return False
     before = set(state.ops[host])
+    # Secure Boot: Canonical's signed module for this kernel is in the archive, or nothing is installed at all.
+    in_archive(name="Signed NVIDIA module for the running kernel", package=decided.signed_modules,
+               refusal=decided.signed_refusal, current=deployed["packages"])
     os_base.run(ctx, builds_module=decided.builds_module)
     driver = gpu_driver.run(ctx, decided=decided)
     installed = deployed["packages"]
@@ -54,6 +57,7 @@ def run(ctx: HostRun) -> bool:
         "host": plan.name, "managed": plan.stack.manage, "vendor": driver.vendor,
         "stages": ["preflight", *(part.NAME for part in PARTS)],
         "driver_loaded_before": driver.loaded, "driver_branch": plan.stack.driver_branch,
+        "driver_source": driver.source, "secure_boot": (ctx.probe.get("os") or {}).get("secure_boot"),
         "packages_installed": sorted({*base, *driver.installs(installed), *missing(runtime.packages, installed)}),
         "fabric_manager": {"packages": driver.exact, "at_version": driver.exact_version or
                            ("the installed driver's" if driver.exact else None)},

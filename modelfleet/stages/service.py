@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import posixpath
+
 from pyinfra import host
 from pyinfra.api import deploy
 
@@ -9,6 +11,7 @@ from modelfleet import caches, fabric_run, render, timeline
 from modelfleet.context import HostRun
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.files import content_file, directory
+from modelfleet.operations.mounts import MOUNTINFO, private_bind
 from modelfleet.operations.owned_unit import owned_running, refused_when_kept, unmasked
 from modelfleet.operations.report import fail_host, note_once
 from modelfleet.operations.service import unit_retired, wait_ready, worker_up
@@ -26,7 +29,8 @@ def wants(plan: HostPlan, probe: dict) -> dict:
     paths += [path for svc in services for path in _cache_paths(render.engine_cache(svc))]
     # A replica's unit under its pool's name: only whether its file is there (it is retired if so).
     paths += [f"{UNIT_DIR}/{svc.legacy_unit_name}" for svc in services if svc.legacy_unit_name]
-    return {"paths": paths, "units": unit_reads["units"]}
+    texts = [MOUNTINFO] if any(map(render.engine_cache, services)) else []
+    return {"paths": paths, "units": unit_reads["units"], "texts": texts}
 
 
 def _cache_paths(cache) -> list[str]:
@@ -50,6 +54,7 @@ def run(ctx: HostRun):
 
     directory(name=f"Config directory {plan.config_dir} (0700)", path=plan.config_dir,
               current=at(plan.config_dir), mode="0700")
+    bound: set[str] = set()
     for svc in services:
         files_, key = unit_files(svc), render.api_key(svc)
         directory(name=f"Model directory {svc.model_dir}", path=svc.model_dir, current=at(svc.model_dir))
@@ -57,6 +62,11 @@ def run(ctx: HostRun):
         if cache:  # before the unit that mounts it (a key change is a unit change: the engine restarts on it)
             directory(name=f"Engine cache root {cache.root}", path=cache.root, current=at(cache.root))
             directory(name=f"Engine cache {cache.dir}", path=cache.dir, current=at(cache.dir))
+            caches_dir = posixpath.dirname(cache.root)  # the container writes code there: nosuid,nodev
+            if caches_dir not in bound:
+                bound.add(caches_dir)
+                private_bind(name=f"Engine caches {caches_dir} (nosuid,nodev)", path=caches_dir,
+                             mountinfo=state["texts"].get(MOUNTINFO))
             content_file(name=f"Engine cache key {cache.key_file}", dest=cache.key_file, content=cache.key_json,
                          current=at(cache.key_file), mode="0644")
         old = svc.legacy_unit_name

@@ -41,6 +41,10 @@ class Uploads:
 
         def put_file(self, filename_or_io, remote_filename, remote_temp_filename=None, **kwargs):
             data = filename_or_io.read()
+            # A secret goes to its temp name first, then is renamed (operations.files): kept under its final name.
+            folder, _, name = remote_filename.rpartition("/")
+            if name.startswith(".") and name.endswith(".modelfleet-tmp"):
+                remote_filename = f"{folder}/{name[1:-len('.modelfleet-tmp')]}"
             uploads.files[remote_filename] = data.decode() if isinstance(data, bytes) else data
             return True
 

@@ -58,7 +58,10 @@ def converged_replies(fake, svc):
     cache = render.engine_cache(svc)
     state += [f"@@modelfleet-state path {cache.root}", "dir 755 root root -",
               f"@@modelfleet-state path {cache.dir}", "dir 755 root root -",
-              f"@@modelfleet-state path {cache.key_file}", file_line(cache.key_json, 644)]
+              f"@@modelfleet-state path {cache.key_file}", file_line(cache.key_json, 644),
+              "@@modelfleet-state text /proc/self/mountinfo",  # the caches' bind mount, nosuid,nodev
+              f"= 120 36 8:1 {cache.root.rsplit('/', 1)[0]} {cache.root.rsplit('/', 1)[0]} rw,nosuid,nodev - xfs "
+              "/dev/md0 rw"]
     return {
         "@@modelfleet-probe": b300_probe(fake),
         "@@modelfleet-state": state,

@@ -50,7 +50,8 @@ def test_dry_run_of_a_bare_nvidia_host_lists_repository_packages_reboot_and_runt
     state = fake.run_fake([("n1", bare(fake, "nvidia", distro))], stack_only, dry=True)
     steps = "\n".join(fake.planned(state, "n1"))
     repo = f"https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/"
-    assert f"curl -fsSL --retry 3 -o /tmp/modelfleet-cuda-keyring.deb {repo}cuda-keyring_1.1-1_all.deb" in steps
+    assert f'd=$(mktemp -d) && {{ curl -fsSL --retry 3 -o "$d"/cuda-keyring.deb {repo}cuda-keyring_1.1-1_all.deb' \
+        in steps
     assert f"linux-headers-{KERNELS[distro]}" in steps
     assert "install nvidia-driver-pinning-580 nvidia-driver-580-open" in steps
     # 8x H200 is an NVSwitch board: Fabric Manager at the version of the driver this run installs, held.

@@ -135,7 +135,8 @@ def test_vllm_front_door_is_nginx_before_the_router_on_loopback(fake, uploads, m
     assert f"systemctl start {rp.unit_name}" in commands and f"systemctl start {rp.proxy_unit_name}" in commands
     p = router.paths(rp)
     assert KEY in uploads.files[p["proxy_key"]] and KEY not in uploads.files[p["proxy"]]
-    assert any(f"chmod 0600 {p['proxy_key']}" in c for c in commands)
+    folder, _, name = p["proxy_key"].rpartition("/")
+    assert any(f"mv -f {folder}/.{name}.modelfleet-tmp {p['proxy_key']}" in c for c in commands)
     assert '"--host",\n  "127.0.0.1",\n  "--port",\n  "8801"' in uploads.files[p["config"]]
 
 

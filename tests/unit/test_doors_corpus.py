@@ -350,7 +350,7 @@ CLEAN = {
                        "image": "vllm/vllm-openai-rocm:v0.34.0"})],
     "llama.cpp": [("w1", {"ssh_hostname": "192.0.2.40", "hardware": "h200", "gpu_count": 2, "model": "kimi-k3",
                           "engine": "llama.cpp", "recipe": "kimi-k3-llamacpp-iq1-m-2gpu-ram", "revision": COMMIT,
-                          "image": "ghcr.io/ggml-org/llama.cpp:server-cuda-b11434"})],
+                          "image": "ghcr.io/ggml-org/llama.cpp:server-cuda13-b11434"})],
 }
 
 
@@ -363,10 +363,10 @@ def test_strict_passes_a_clean_inventory_and_the_recipes_notes_are_information(t
 
 
 def test_a_llamacpp_build_tag_names_its_version(tmp_path):
-    hosts = [(n, {**d, "image": "ghcr.io/ggml-org/llama.cpp:server-cuda-b11669"}) for n, d in CLEAN["llama.cpp"]]
+    hosts = [(n, {**d, "image": "ghcr.io/ggml-org/llama.cpp:server-cuda13-b11669"}) for n, d in CLEAN["llama.cpp"]]
     warnings = open_inventory(str(inventory(tmp_path, hosts))).warnings
     assert [w[2] for w in warnings if w[1] == "image"] == [
-        "ghcr.io/ggml-org/llama.cpp:server-cuda-b11669 is llama.cpp b11669, but recipe kimi-k3-llamacpp-iq1-m-2gpu-ram's "
+        "ghcr.io/ggml-org/llama.cpp:server-cuda13-b11669 is llama.cpp b11669, but recipe kimi-k3-llamacpp-iq1-m-2gpu-ram's "
         "flags were checked with b11434"]
 
 

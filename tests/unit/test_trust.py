@@ -2,6 +2,7 @@
 repository has a pinned key with its source; the commands a run sends check the key before apt may trust it
 (run here for real: curl from a file:// URL, dpkg-deb, the check, against gpg-made keys)."""
 
+import os
 import re
 import shutil
 import subprocess
@@ -135,13 +136,15 @@ def test_keyring_package_checked_before_install(fake, tmp_path, two_keys, served
     cmds = commands(fake, deb_from_url, package=package, url=f"file://{tmp_path}/k.deb", current={},
                     keyring="/usr/share/keyrings/cuda-archive-keyring.gpg", repo="cuda",
                     fingerprints=(two_keys["vendor"][2],))
-    assert "apt-get" in cmds[2] and "install" in cmds[2]
-    done = subprocess.run(" && ".join(cmds[:2]), shell=True, capture_output=True, text=True)
-    temp = Path(f"/tmp/modelfleet-{package}.deb")
-    try:
-        assert (done.returncode == 0) == ok, done.stderr
-        assert temp.exists() == ok and not Path(f"{temp}.d").exists()
-        if not ok:
-            assert "cuda" in done.stderr and f"found {two_keys['attacker'][2]}" in done.stderr
-    finally:
-        temp.unlink(missing_ok=True)
+    # apt-get as a stand-in that records what it was asked to install (the real one would install it here)
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "apt-get").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/apt-get.log\n")
+    (fake_bin / "apt-get").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}"}
+    done = subprocess.run(" && ".join(cmds), shell=True, capture_output=True, text=True, env=env)
+    asked = (tmp_path / "apt-get.log").read_text() if (tmp_path / "apt-get.log").exists() else ""
+    assert (done.returncode == 0) == ok, done.stderr
+    assert (f"{package}.deb" in asked) == ok  # the attacker's keyring never reaches apt
+    if not ok:
+        assert "cuda" in done.stderr and f"found {two_keys['attacker'][2]}" in done.stderr
