@@ -387,9 +387,12 @@ def render_proxy(rp: RouterPlan, runtime: str | None = None) -> str:
 
 
 def proxy_key_conf(key: str) -> str:
+    """nginx's map from the Authorization header to 1 for the key. A map's plain strings match ignoring case, so
+    the key is a case-sensitive regular expression (`~`), anchored at both ends, its `.` and `+` literal."""
     if not PROXY_KEY.match(key):
         raise ValueError("refusing to write a key the proxy's config cannot hold (value not shown)")
-    return f'map $http_authorization $modelfleet_authorized {{\n    default 0;\n    "Bearer {key}" 1;\n}}\n'
+    pattern = "".join(f"[{c}]" if c in ".+" else c for c in key)
+    return f'map $http_authorization $modelfleet_authorized {{\n    default 0;\n    "~^Bearer {pattern}$" 1;\n}}\n'
 
 
 def render_proxy_unit(rp: RouterPlan) -> str:

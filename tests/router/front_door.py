@@ -128,7 +128,7 @@ class Replica:
     `version` as its image's (MODELFLEET_DOUBLE_VERSION); its log counts the chats it served."""
 
     def __init__(self, engine: str, workdir: Path, index: int, address: str = "127.0.0.1", port: int | None = None,
-                 version: str | None = None):
+                 version: str | None = None, key: str = KEY):
         self.port = port or free_base_port(1)
         self.url = f"http://{address}:{self.port}"
         launcher = workdir / "bin" / engine
@@ -137,7 +137,7 @@ class Replica:
             launcher.symlink_to(DOUBLE)  # the double plays the engine its argv[0] names
         model = ["--model-path", "/models/tiny"] if engine == "sglang" else ["/models/tiny"]
         argv = [sys.executable, str(launcher), "serve", *model, "--served-model-name", SERVED, "--host",
-                address, "--port", str(self.port), "--api-key", KEY]
+                address, "--port", str(self.port), "--api-key", key]
         self.log = workdir / f"replica-{index}{'-' + version if version else ''}.log"
         env = {**os.environ, "MODELFLEET_DOUBLE_LOAD_DELAY_S": "0"}
         if version:

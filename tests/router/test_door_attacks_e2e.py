@@ -1,0 +1,74 @@
+"""The front door as an attacker meets it: Debian's nginx started from the product's own config and key file
+(modelfleet.router) in front of a vLLM engine double (which, like vLLM, runs /invocations without its key).
+Each test asserts on what the attacker got back."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from modelfleet import router
+from modelfleet.inventory.plan import RouterPlan, Worker
+from tests.router.front_door import Replica, free_base_port, http, nginx_binary, sh, stop_all, wait_for
+
+pytestmark = pytest.mark.slow
+# Every character the proxy's config can hold that a regular expression would read: `.` and `+`.
+KEY = "Door.Key+exact-7f3a"
+CHAT = {"model": "tiny-lab", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+def _door(tmp_path: Path, backend_port: int, key: str = KEY) -> tuple[RouterPlan, subprocess.Popen]:
+    """nginx as the router stage writes it, its backend (the router's port) played by whatever listens on
+    `backend_port`."""
+    port = backend_port - 1
+    rp = RouterPlan(name="tiny-lab", host="local", engine_name="vllm", served_name="tiny-lab",
+                    bind_address="127.0.0.1", port=port, policy="round_robin", api_key_env="UNUSED",
+                    config_dir=str(tmp_path), workers=(Worker("r0", "local", f"http://127.0.0.1:{backend_port}"),))
+    paths, runtime = router.paths(rp), tmp_path / "door"
+    runtime.mkdir()
+    Path(paths["proxy_key"]).write_text(router.proxy_key_conf(key))
+    Path(paths["proxy"]).write_text(router.render_proxy(rp, runtime=str(runtime)))
+    conf = ["-e", "stderr", "-p", str(runtime), "-c", paths["proxy"]]
+    nginx = nginx_binary()
+    sh(f"{nginx} -t -q {' '.join(conf)}")
+    proc = subprocess.Popen([str(nginx), *conf], stdout=(tmp_path / "nginx.log").open("w"), stderr=subprocess.STDOUT)
+    wait_for(lambda: http("GET", f"{rp.base_url}/health", timeout=2)[0] == 200, 20, "nginx answers /health")
+    return rp, proc
+
+
+def test_the_front_door_takes_the_key_exactly_and_nothing_like_it(tmp_path, monkeypatch):
+    base = free_base_port(2)
+    # The backend: a vLLM double whose /invocations is open without its key, as vLLM's is.
+    engine = Replica("vllm", tmp_path, 0, port=base + 1, key=KEY)
+    rp, proc = _door(tmp_path, base + 1)
+    try:
+        body = {"prompt": "Say hi.", "max_tokens": 2}
+        assert http("POST", f"{engine.url}/invocations", body)[0] == 200  # the hole the door covers
+        near = [None, KEY.lower(), KEY.upper(), KEY.swapcase(), KEY + "x", "x" + KEY, KEY[:-1],
+                KEY.replace(".", "a"), KEY.replace("+", "a"), KEY.replace("+", "++"), f"{KEY} {KEY}"]
+        got = {repr(k): [http("POST", f"{rp.base_url}{route}", CHAT if route.startswith("/v1") else body, k)[0]
+                         for route in ("/v1/chat/completions", "/invocations")] for k in near}
+        assert all(codes == [401, 401] for codes in got.values()), got
+        # Whatever the header's spelling of the scheme, only `Bearer <key>` exactly passes.
+        for header in (f"bearer {KEY}", f"BEARER {KEY}", f"Bearer  {KEY}", KEY):
+            status = _raw(rp.base_url + "/invocations", header)
+            assert status == 401, (header.replace(KEY, "<key>"), status)
+        assert http("POST", f"{rp.base_url}/invocations", body, KEY)[0] == 200
+        assert http("POST", f"{rp.base_url}/v1/chat/completions", CHAT, KEY)[0] == 200
+    finally:
+        stop_all([proc])
+        engine.stop()
+
+
+def _raw(url: str, authorization: str) -> int:
+    import urllib.error
+    import urllib.request
+    request = urllib.request.Request(url, data=b'{"prompt": "hi", "max_tokens": 1}', method="POST",
+                                     headers={"Content-Type": "application/json", "Authorization": authorization})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
