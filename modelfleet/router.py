@@ -26,9 +26,10 @@ from pydantic import BaseModel, ConfigDict
 from pyinfra.api import FactBase
 
 from modelfleet import grammar, render
+from modelfleet.exposure import routed_replica_problem
 from modelfleet.catalog import CATALOG_DIR
 from modelfleet.host_commands import program
-from modelfleet.inventory.plan import HostPlan, PoolPlan, RouterPlan, Worker
+from modelfleet.inventory.plan import HostPlan, PoolPlan, RouterPlan, Worker, _is_loopback
 from modelfleet.stages import TOOLS_BIN
 
 UNIT_DIR = "/etc/systemd/system"
@@ -238,6 +239,13 @@ def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list
                                    bind_address=bind, port=head.router.port, policy=head.router.policy,
                                    api_key_env=head.api_key_env, config_dir=rhost.config_dir,
                                    workers=tuple(sorted(workers, key=lambda w: w.url)), pd=any(roles.values()))
+        # Refused, though planned (the plan shows what would run): a replica whose engine leaves a route open.
+        for svc in services:
+            address = _replica_address(hosts, svc, router_host)
+            exposed = None if _is_loopback(address) else routed_replica_problem(svc.engine_name, address,
+                                                                                 router_host, roles[svc.pool])
+            if exposed:
+                errors.append((f"host {svc.host}", "router", exposed))
     out = {}
     for name, plan in hosts.items():
         services = tuple(replace(s, bind_address=_replica_address(hosts, s, s.router.host)) if s.router else s

@@ -21,7 +21,6 @@ class Endpoint:
     tool_choice: str = "auto"        # the recipe's probe settings (catalog ProbeSettings)
     final_tool_choice: str = "auto"
     refused_routes: tuple[str, ...] = ()  # a front door's inference routes: each must refuse a key-less request
-    behind_router: bool = False  # a replica behind a front door: it listens for the router only
 
     @property
     def openai_base_url(self) -> str:
@@ -39,8 +38,7 @@ def reachable_from_control_node(plan: HostPlan, svc: ServicePlan) -> bool:
 def endpoint(plan: HostPlan, svc: ServicePlan) -> Endpoint:
     return Endpoint(name=f"{plan.name}/{svc.pool}", base_url=svc.base_url, model=svc.served_name,
                     engine=svc.engine_name, api_key=render.api_key(svc), pool=svc.pool,
-                    tool_choice=svc.recipe.probe.tool_choice, final_tool_choice=svc.recipe.probe.final_tool_choice,
-                    behind_router=bool(svc.router))
+                    tool_choice=svc.recipe.probe.tool_choice, final_tool_choice=svc.recipe.probe.final_tool_choice)
 
 
 def inventory_endpoints(resolved: Resolved, hosts: tuple[str, ...] = ()) -> list[Endpoint]:

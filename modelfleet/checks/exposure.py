@@ -43,9 +43,9 @@ def routes_to_ask(ep: Endpoint) -> tuple[list[tuple[str, dict]], list[str]]:
     if coverage is None:
         return [("/v1/chat/completions", chat)], []
     host = urlsplit(ep.base_url).hostname or ""
-    # A replica behind a front door listens for the router only (loopback, or the fabric): clients come
-    # through the front door, which is asked every route.
-    if coverage.probe_route in coverage.open_inference_routes and (_is_loopback(host) or ep.behind_router):
+    # Only loopback keeps an open route to the host itself (the resolver refuses such an engine elsewhere, a
+    # routed replica included): off loopback it is asked like every other.
+    if coverage.probe_route in coverage.open_inference_routes and _is_loopback(host):
         return [("/v1/chat/completions", chat)], [coverage.probe_route]
     return [("/v1/chat/completions", chat), (coverage.probe_route, coverage.probe_body)], []
 

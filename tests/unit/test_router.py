@@ -27,8 +27,10 @@ def host(address: str, fabric: str, engine: str = "sglang", **extra) -> dict:
 
 
 def fleet(engine: str = "sglang", **extra) -> list:
-    return [("r1", host("10.0.0.1", "10.1.0.1", engine, **extra)), ("a", host("10.0.0.2", "10.1.0.2", engine, **extra)),
-            ("b", host("10.0.0.3", "10.1.0.3", engine, **extra))]
+    """Three replicas behind a front door on r1; vLLM's only on r1 (elsewhere it is refused, as below)."""
+    hosts = [("r1", host("10.0.0.1", "10.1.0.1", engine, **extra)), ("a", host("10.0.0.2", "10.1.0.2", engine, **extra)),
+             ("b", host("10.0.0.3", "10.1.0.3", engine, **extra))]
+    return hosts[:1] if engine == "vllm" else hosts
 
 
 @pytest.fixture(autouse=True)
@@ -169,16 +171,28 @@ def test_registration_adds_the_new_removes_the_gone_and_leaves_the_rest():
     assert registration(converged, listed) == ({}, {})
 
 
-def test_the_verify_gate_asks_the_front_door_every_route_and_a_routed_replica_only_its_key_routes():
+def test_a_routed_vllm_replica_off_its_router_host_is_refused_naming_host_and_field():
+    # vLLM's key leaves /invocations open: on its fabric address a replica would run the model for anyone there.
+    entries = [("r1", host("10.0.0.1", "10.1.0.1", "vllm")), ("a", host("10.0.0.2", "10.1.0.2", "vllm"))]
+    errors = resolve(entries).errors
+    assert [(where, fld) for where, fld, _ in errors] == [("host a", "router")], errors
+    message = errors[0][2]
+    assert message.startswith("the replica would listen on 10.1.0.2 for the router on r1")
+    assert "/invocations" in message and "Serve it from r1 itself" in message and KEY not in message
+    # SGLang's key covers every route that runs the model: its replicas may sit on other hosts.
+    assert resolve(fleet("sglang")).errors == []
+
+
+def test_the_verify_gate_asks_the_front_door_every_route_and_a_routed_replica_its_open_ones():
     from modelfleet.checks import endpoint, exposure
     from modelfleet.stages.router import front_door_endpoint
 
-    result = resolve(fleet("vllm"))
+    result = resolve(fleet("sglang"))
     replica = endpoint(result.hosts["a"], result.hosts["a"].services[0])
     asked, unasked = exposure.routes_to_ask(replica)
-    # vLLM's key leaves /invocations open: the replica listens on the fabric for the router only, and clients
-    # come through the front door, where the proxy asks every route for the key.
-    assert [route for route, _ in asked] == ["/v1/chat/completions"] and unasked == ["/invocations"]
-    door = front_door_endpoint(result.routers["tiny-lab"], KEY)
-    asked, unasked = exposure.routes_to_ask(door)
-    assert [route for route, _ in asked] == router.specs()["vllm"].inference_routes and unasked == []
+    # A replica on the fabric is asked its engine's own inference route too: nothing vouches for it there.
+    assert [route for route, _ in asked] == ["/v1/chat/completions", "/generate"] and unasked == []
+    for engine in ("vllm", "sglang"):
+        door = front_door_endpoint(resolve(fleet(engine)).routers["tiny-lab"], KEY)
+        asked, unasked = exposure.routes_to_ask(door)
+        assert [route for route, _ in asked] == router.specs()[engine].inference_routes and unasked == []
