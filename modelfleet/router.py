@@ -19,14 +19,14 @@ import shlex
 from dataclasses import replace
 from functools import lru_cache
 from typing import Literal
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict
 from pyinfra.api import FactBase
 
 from modelfleet import grammar, render
-from modelfleet.exposure import routed_replica_problem
+from modelfleet.exposure import key_coverage, routed_replica_problem
 from modelfleet.catalog import CATALOG_DIR
 from modelfleet.host_commands import program
 from modelfleet.inventory.plan import HostPlan, PoolPlan, RouterPlan, Worker, _is_loopback
@@ -491,6 +491,27 @@ def remove_script(rp: RouterPlan, url: str, worker_id: str) -> str:
     if rp.pd:
         return _pd_refused(rp, url, "taking out")
     return _worker_program(rp, "remove", url, _curl(rp, "remove", url=url, id=worker_id))
+
+
+def replica_probes(rp: RouterPlan) -> list[tuple[str, str]]:
+    """(replica host, URL) the router host asks without the key: every replica off loopback, on
+    /v1/chat/completions, its engine's own inference route and every route its key leaves open that runs the
+    model. A replica on the router host's loopback is not beyond it: none of its routes is asked here."""
+    coverage = key_coverage().get(rp.engine_name)
+    routes = ["/v1/chat/completions", *([coverage.probe_route, *coverage.open_inference_routes] if coverage else [])]
+    return [(w.host, f"{w.url}{route}") for w in rp.workers if not _is_loopback(urlsplit(w.url).hostname or "")
+            for route in dict.fromkeys(routes)]
+
+
+def replica_exposure_script(rp: RouterPlan) -> str | None:
+    """Shell for the router host: each of replica_probes refuses a key-less request (exit 1 naming the replica's
+    host and route otherwise); None when every replica is on loopback."""
+    probes = replica_probes(rp)
+    if not probes:
+        return None
+    body = json.dumps({"model": rp.served_name, "messages": [{"role": "user", "content": "Say hi."}],
+                       "prompt": "Say hi.", "text": "Say hi.", "input": "Say hi.", "max_tokens": 1})
+    return program("replica_exposure", rp.name, body, *(part for probe in probes for part in probe))
 
 
 def health_script(rp: RouterPlan, timeout_s: int = 60) -> str:

@@ -165,11 +165,31 @@ def _front_door(ctx: HostRun, rp: RouterPlan, deployed: dict, launcher_changed: 
         remove, add = registration(rp, listed)
         workers_registered(name=f"Replicas of front door {rp.name}", front_door=rp.name, remove=remove, add=add)
         changes = bool(remove or add)
+    probe = router.replica_exposure_script(rp)
+    if probe:
+        replicas_refuse_keyless(name=f"Replicas of front door {rp.name} refuse a request without the key, asked "
+                                f"from {rp.host}", script=probe)
     plan = ctx.plan
     tunnel = (rp.bind_address, rp.port) if _is_loopback(rp.bind_address) and plan.address not in (
         rp.bind_address, "@local") else None
     endpoint_verified(name=f"Verify {rp.served_name} through the front door {rp.base_url}",
                       ep=front_door_endpoint(rp, key), tunnel=tunnel, full=ctx.alone or plan.verify_full or changes)
+
+
+@operation(is_idempotent=False)
+def replicas_refuse_keyless(script: str):
+    """The verify gate's probe of the replicas from the router host (router.replica_exposure_script), while
+    executing (after the replicas started): a pass changes nothing; an answer other than 401/403 on a route that
+    runs the model fails the front door, naming the replica's host and route."""
+    if not state.is_executing:
+        host.noop("the replicas are asked without the key after they start")
+        return
+    ok, output = host.run_shell_command(StringCommand(script), print_output=False, print_input=False)
+    if ok:
+        host.noop(f"every replica refused {len(output.stdout_lines)} key-less requests from the router host")
+        return
+    yield FunctionCommand(refuse, ([f"verify: {line.removeprefix('modelfleet: ')}"
+                                    for line in output.stderr_lines] or ["verify: the replicas' probe failed"],), {})
 
 
 @operation(is_idempotent=False)

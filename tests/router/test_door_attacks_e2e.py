@@ -72,3 +72,38 @@ def _raw(url: str, authorization: str) -> int:
             return response.status
     except urllib.error.HTTPError as error:
         return error.code
+
+
+def test_the_gate_asks_each_replica_from_the_router_host_and_fails_on_an_open_model_route(tmp_path):
+    """What the router stage runs on the router host (router.replica_exposure_script), against real doubles:
+    vLLM's /invocations answers without the key (the attack succeeds: the gate fails naming host and route);
+    SGLang's replica refuses every route (the gate passes)."""
+    from modelfleet.host_commands import program
+
+    vllm, sglang = Replica("vllm", tmp_path, 0), Replica("sglang", tmp_path, 1)
+    try:
+        rp = RouterPlan(name="tiny-lab", host="r1", engine_name="vllm", served_name="tiny-lab",
+                        bind_address="10.0.0.1", port=8800, policy="round_robin", api_key_env="UNUSED",
+                        config_dir="/etc/modelfleet", workers=(Worker("p", "gpu-2", "http://10.1.0.2:8000"),))
+        # The script the stage runs names this replica's routes; here it is pointed at the doubles instead.
+        assert "http://10.1.0.2:8000/invocations" in router.replica_exposure_script(rp)
+        body = '{"model": "tiny-lab", "messages": [{"role": "user", "content": "hi"}], "prompt": "hi", ' \
+               '"text": "hi", "max_tokens": 1}'
+        attacker = subprocess.run(program("replica_exposure", "tiny-lab", body, "gpu-2", f"{vllm.url}/invocations",
+                                          "gpu-2", f"{vllm.url}/v1/chat/completions"), shell=True,
+                                  capture_output=True, text=True)
+        assert attacker.returncode == 1
+        assert attacker.stderr.strip() == (f"modelfleet: front door tiny-lab: replica on gpu-2 answered 200 at "
+                                           f"{vllm.url}/invocations to a request without the key, from the router "
+                                           "host (want 401 or 403): the model runs for anyone who reaches it")
+        assert attacker.stdout.strip() == f"refused 401 gpu-2 {vllm.url}/v1/chat/completions"
+        keyed = subprocess.run(program("replica_exposure", "tiny-lab", body, "gpu-3", f"{sglang.url}/generate",
+                                       "gpu-3", f"{sglang.url}/v1/chat/completions"), shell=True,
+                               capture_output=True, text=True)
+        assert keyed.returncode == 0 and keyed.stderr == "", keyed.stderr
+        gone = subprocess.run(program("replica_exposure", "tiny-lab", body, "gpu-4", "http://127.0.0.1:9/x"),
+                              shell=True, capture_output=True, text=True)
+        assert gone.returncode == 1 and "replica on gpu-4 gave no answer" in gone.stderr
+    finally:
+        vllm.stop()
+        sglang.stop()
