@@ -98,6 +98,7 @@ class RouterSpec(_Strict):
     host_flag: str
     port_flag: str
     api_key_flag: str
+    admin_keys_flag: str | None = None  # the control plane's keys: set, the worker API takes modelfleet's key only
     start: Literal["flag", "api"]  # how a (re)started router gets its replicas: --worker-urls, or the worker API
     policies: list[str]
     inference_routes: list[str]  # what a key-less request must be refused on, at the front door
@@ -305,7 +306,8 @@ def venv(rp: RouterPlan) -> str:
 
 def paths(rp: RouterPlan) -> dict[str, str]:
     base = f"{rp.config_dir}/router-{rp.name}"
-    return {"config": f"{base}.json", "workers": f"{base}.workers", "key": f"{base}.key", "auth": f"{base}.auth",
+    return {"config": f"{base}.json", "workers": f"{base}.workers", "key": f"{base}.key",
+            "admin": f"{base}.admin", "admin_auth": f"{base}.admin-auth",
             "unit": f"{UNIT_DIR}/{rp.unit_name}", "proxy": f"{rp.config_dir}/door-{rp.name}.conf",
             "proxy_key": f"{rp.config_dir}/door-{rp.name}.key.conf", "proxy_unit": f"{UNIT_DIR}/{rp.proxy_unit_name}",
             "installed": f"{venv(rp)}/.modelfleet-installed"}
@@ -359,8 +361,9 @@ def launcher_config(rp: RouterPlan) -> str:
     start = {} if rp.pd else {"worker_urls_flag": s.worker_urls_flag} if s.start == "flag" else {"register": {
         "health": f"{local_url(rp)}/health", "url": f"{local_url(rp)}{s.workers['add'].path}",
         "body": _body(rp, "add", "{url}")}}
+    admin = {"admin_keys_flag": s.admin_keys_flag, "admin_key_file": p["admin"]} if s.admin_keys_flag else {}
     return json.dumps({"module": s.module, "args": router_args(rp), **start, "workers_file": p["workers"],
-                       "api_key_flag": s.api_key_flag, "key_file": p["key"]}, indent=1) + "\n"
+                       "api_key_flag": s.api_key_flag, "key_file": p["key"], **admin}, indent=1) + "\n"
 
 
 def _body(rp: RouterPlan, call: str, url: str) -> dict[str, str] | None:
@@ -410,9 +413,20 @@ def render_proxy_unit(rp: RouterPlan) -> str:
 
 
 def key_files(rp: RouterPlan, key: str) -> dict[str, str]:
-    """The 0600 files holding the key: the launcher's, and the header curl sends to the worker API."""
+    """The 0600 file holding the clients' key, which the launcher hands to the router."""
+    return {paths(rp)["key"]: key + "\n"}
+
+
+def has_admin_key(rp: RouterPlan) -> bool:
+    return bool(spec(rp).admin_keys_flag)
+
+
+def admin_key_script(rp: RouterPlan) -> str:
+    """Shell for the router host: the worker API's own key (modelfleet's only, never a client's), made once on the
+    host into a 0600 file the launcher reads, beside the header file curl sends; each created with its final mode
+    and renamed into place."""
     p = paths(rp)
-    return {p["key"]: key + "\n", p["auth"]: f"Authorization: Bearer {key}\n"}
+    return program("router_admin_key", p["admin"], p["admin_auth"])
 
 
 def api_key(rp: RouterPlan) -> str | None:
@@ -424,10 +438,10 @@ def api_key(rp: RouterPlan) -> str | None:
 
 
 def _curl(rp: RouterPlan, call: str, **values) -> str:
-    """A curl of the router's worker API on the router host; the key (SGLang's router asks for it) comes from
-    the 0600 header file, never the command line."""
+    """A curl of the router's worker API on the router host; its key (SGLang's control plane asks for it) comes
+    from the 0600 header file, never the command line."""
     s = spec(rp).workers[call]
-    auth = [] if behind_proxy(rp) else ["-H", f"@{paths(rp)['auth']}"]
+    auth = ["-H", f"@{paths(rp)['admin_auth']}"] if has_admin_key(rp) else []
     data = _body(rp, call, values.get("url", ""))
     body = ["-H", "Content-Type: application/json", "-d", json.dumps(data)] if data else []
     path = s.path.format(**{k: _quoted(v) for k, v in values.items()})

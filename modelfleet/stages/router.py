@@ -61,6 +61,12 @@ def venv_installed(venv: str, requirement: str, present: bool):
                         f"{venv}/.modelfleet-installed")
 
 
+@operation()
+def admin_key_made(script: str):
+    """The worker API's own key on the router host (router.admin_key_script); the caller asks only when absent."""
+    yield StringCommand(script)
+
+
 @operation(is_idempotent=False)
 def router_answers(script: str):
     """The router (re)started by this run answers on the router host."""
@@ -135,6 +141,11 @@ def _front_door(ctx: HostRun, rp: RouterPlan, deployed: dict, launcher_changed: 
     installed = bool(at(p["installed"]))
     venv_installed(name=f"{spec.package} {spec.version} in {router.venv(rp)}", venv=router.venv(rp),
                    requirement=f"{spec.package}=={spec.version}", present=installed)
+    # The worker API's key is made on the router host once; a router running without it is restarted.
+    admin_new = router.has_admin_key(rp) and not (at(p["admin"]) and at(p["admin_auth"]))
+    if admin_new:
+        admin_key_made(name=f"Worker API key of router {rp.name} ({p['admin']}, 0600, made on the host)",
+                       script=router.admin_key_script(rp))
     files = [(p["config"], router.launcher_config(rp), "0644", False),
              *((path, content, "0600", True) for path, content in router.key_files(rp, key).items()),
              (p["unit"], router.render_unit(rp), "0644", False)]
@@ -148,7 +159,7 @@ def _front_door(ctx: HostRun, rp: RouterPlan, deployed: dict, launcher_changed: 
                  current=at(p["workers"]))
     unit = deployed["units"].get(rp.unit_name) or {}
     starting = owned_running(rp.unit_name, unit, extra, reload=changed[p["unit"]],
-                             restart=any(changed.values()) or launcher_changed or not installed)
+                             restart=any(changed.values()) or launcher_changed or not installed or admin_new)
     if starting:
         router_answers(name=f"Wait until router {rp.name} answers", script=router.health_script(rp))
     if router.behind_proxy(rp):

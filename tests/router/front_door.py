@@ -206,6 +206,8 @@ def start_front_door(rp: RouterPlan, workdir: Path) -> list[subprocess.Popen]:
     for path, content in router.key_files(rp, KEY).items():
         Path(path).write_text(content)
         os.chmod(path, 0o600)
+    if router.has_admin_key(rp):
+        sh(router.admin_key_script(rp))
     launcher = workdir / "modelfleet_router.py"
     launcher.write_text(router.launcher())
     procs = [subprocess.Popen([str(venv / "bin" / "python"), str(launcher), paths["config"]],

@@ -5,6 +5,7 @@ Each test asserts on what the attacker got back."""
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,36 @@ def test_the_gate_asks_each_replica_from_the_router_host_and_fails_on_an_open_mo
     finally:
         vllm.stop()
         sglang.stop()
+
+
+def test_a_client_or_local_process_cannot_register_a_worker_with_sglangs_router(tmp_path):
+    """The real sglang-router as the stage starts it: its worker API takes only the key modelfleet made on the
+    router host. An attacker holding the clients' key (or none) posts its own worker: refused, never listed, and
+    it receives none of the clients' requests; modelfleet's own registration still works."""
+    from tests.router.front_door import KEY, SERVED, Clients, listed, start_front_door
+
+    replicas = [Replica("sglang", tmp_path, i) for i in range(2)]
+    rp = RouterPlan(name=SERVED, host="local", engine_name="sglang", served_name=SERVED, bind_address="127.0.0.1",
+                    port=free_base_port(3), policy="round_robin", api_key_env="UNUSED", config_dir=str(tmp_path),
+                    workers=tuple(Worker(f"r{i}", "local", r.url) for i, r in enumerate(replicas)))
+    procs = start_front_door(rp, tmp_path)
+    attacker_worker = Replica("sglang", tmp_path, 9)
+    try:
+        wait_for(lambda: set(listed(rp)) == {r.url for r in replicas}, 60, "the router lists its replicas")
+        admin = Path(router.paths(rp)["admin"])
+        assert admin.stat().st_mode & 0o777 == 0o600 and len(admin.read_text().strip()) == 64
+        assert admin.read_text().strip().encode() not in Path(f"/proc/{procs[0].pid}/cmdline").read_bytes()
+        body = {"url": attacker_worker.url, "model_id": SERVED}
+        got = [http("POST", f"{rp.base_url}/workers", body, key)[0] for key in (None, KEY, KEY.upper())]
+        assert got == [401, 401, 401], got
+        with Clients(rp.base_url) as clients:
+            time.sleep(4)
+        assert clients.ok >= 20 and clients.failed == []
+        assert attacker_worker.url not in listed(rp) and attacker_worker.served() == 0
+        # modelfleet's own call (the stage's script, with the host's key file) is taken.
+        sh(router.add_script(rp, attacker_worker.url))
+        assert attacker_worker.url in listed(rp)
+    finally:
+        stop_all(procs)
+        for replica in [*replicas, attacker_worker]:
+            replica.stop()

@@ -54,6 +54,8 @@ def state_lines(rp, units_active=True) -> list[str]:
              p["installed"]: ("", 644)}
     lines = ["@@modelfleet-state path /etc/modelfleet", "dir 700 root root -",
              f"@@modelfleet-state path {TOOLS_BIN}", "dir 755 root root -"]
+    if router.has_admin_key(rp):  # made on the host: its content is the host's own
+        files.update({p["admin"]: ("host-made", 600), p["admin_auth"]: ("host-made", 600)})
     for path, (content, mode) in files.items():
         lines += [f"@@modelfleet-state path {path}", file_line(content, mode)]
     lines += [f"@@modelfleet-state unit {rp.unit_name}",

@@ -124,13 +124,16 @@ def test_sglang_router_checks_the_key_itself_at_the_front_door():
                       "register": {"health": "http://10.0.0.1:8800/health", "url": "http://10.0.0.1:8800/workers",
                                    "body": {"url": "{url}", "model_id": "tiny-lab"}},
                       "workers_file": "/etc/modelfleet/router-tiny-lab.workers",
-                      "api_key_flag": "--api-key", "key_file": "/etc/modelfleet/router-tiny-lab.key"}
+                      "api_key_flag": "--api-key", "key_file": "/etc/modelfleet/router-tiny-lab.key",
+                      # The worker API takes a key of its own, made on the router host, that no client holds.
+                      "admin_keys_flag": "--control-plane-api-keys",
+                      "admin_key_file": "/etc/modelfleet/router-tiny-lab.admin"}
     assert ("ExecStart=/opt/modelfleet/router-sglang-router-0.3.2/bin/python \\\n"
             "    /opt/modelfleet/bin/modelfleet_router.py \\\n    /etc/modelfleet/router-tiny-lab.json\n"
             ) in router.render_unit(rp)
     assert router.workers_file(rp) == "http://10.1.0.2:30000\nhttp://10.1.0.3:30000\nhttp://127.0.0.1:30000\n"
-    # Its worker API wants the key: from the 0600 header file.
-    assert "-H @/etc/modelfleet/router-tiny-lab.auth" in router.list_command(rp)
+    # Its worker API wants modelfleet's own key: from the 0600 header file made beside it.
+    assert "-H @/etc/modelfleet/router-tiny-lab.admin-auth" in router.list_command(rp)
 
 
 def test_vllm_router_listens_on_loopback_behind_the_proxy():
