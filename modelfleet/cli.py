@@ -230,6 +230,10 @@ def render_cmd(inventory: str, host: str, group_data, data, as_json: bool, pin: 
         secrets = render.render_secrets_config(svc, mask=True)
         if secrets:
             files.append({"path": svc.secrets_config_file, "mode": "0600", "content": secrets})
+    for rp in plan.routers:  # the front doors this host runs (modelfleet.router)
+        from modelfleet.router import preview
+        door_files, door_notes = preview(rp)
+        files, notes = files + door_files, notes + door_notes
     if as_json:
         click.echo(json.dumps({"host": host, "files": files, "notes": notes}, indent=2))
         return

@@ -287,7 +287,7 @@ def _routers(plan: HostPlan, parsed: dict) -> list[dict]:
     for rp in plan.routers:
         got = parsed.get(rp.name, {})
         listed = router.listed(got.get("workers") or "")
-        out.append({"name": rp.name, "unit": rp.unit_name, "front_door": rp.base_url,
+        out.append({"name": rp.name, "unit": rp.unit_name, "front_door": rp.base_url, "tls": rp.tls,
                     "state": f"{got.get('ActiveState')}/{got.get('SubState')}",
                     "workers": None if listed is None else {url: w["healthy"] for url, w in listed.items()}})
     return out
@@ -338,7 +338,7 @@ def status_table(rows: list[dict]) -> str:
             listed = "no answer" if replicas is None else \
                 f"{sum(h is not False for h in replicas.values())}/{len(replicas)} replicas healthy"
             lines.append(f"{row['host']:<14} {'-':<9} {'door ' + door['name']:<16} {'-':<8} {door['state']:<18} "
-                         f"{door['front_door']} ({listed})")
+                         f"{door['front_door']} ({'TLS' if door.get('tls') else 'plain HTTP'}; {listed})")
     return "\n".join(lines)
 
 

@@ -18,6 +18,7 @@ import re
 import shlex
 from dataclasses import replace
 from functools import lru_cache
+from pathlib import Path
 from typing import Literal
 from urllib.parse import quote, urlsplit
 
@@ -197,7 +198,9 @@ def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list
         for fld, value in (("engine", lambda s: s.engine_name), ("model", lambda s: s.model.id),
                            ("api_key_env", lambda s: s.api_key_env or ""), ("router_port", lambda s: s.router.port),
                            ("router_bind_address", lambda s: s.router.bind_address or ""),
-                           ("router_policy", lambda s: s.router.policy)):
+                           ("router_policy", lambda s: s.router.policy),
+                           ("router_tls_cert", lambda s: s.router.tls_cert or ""),
+                           ("router_tls_key", lambda s: s.router.tls_key or "")):
             values = sorted({str(value(s)) for s in services})
             if len(values) > 1:
                 errors.append((where, fld, f"the replicas of {served} disagree: {', '.join(values)}"))
@@ -230,6 +233,7 @@ def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list
                            "proxy's config cannot hold: use 8-512 of A-Z a-z 0-9 . _ ~ + / = -"))
         if name in routers:
             errors.append((where, "router", f"{served} already has a front door on {routers[name].host}"))
+        errors += tls_problems(where, head.router, rspec, offline)
         if len(errors) > problems:
             continue
         workers = tuple(Worker(pool=s.pool, host=s.host, url=f"http://{_replica_address(hosts, s, router_host)}:"
@@ -239,7 +243,8 @@ def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list
         routers[name] = RouterPlan(name=name, host=router_host, engine_name=head.engine_name, served_name=served,
                                    bind_address=bind, port=head.router.port, policy=head.router.policy,
                                    api_key_env=head.api_key_env, config_dir=rhost.config_dir,
-                                   workers=tuple(sorted(workers, key=lambda w: w.url)), pd=any(roles.values()))
+                                   workers=tuple(sorted(workers, key=lambda w: w.url)), pd=any(roles.values()),
+                                   tls_cert=head.router.tls_cert, tls_key=head.router.tls_key)
         # Refused, though planned (the plan shows what would run): a replica whose engine leaves a route open.
         for svc in services:
             address = _replica_address(hosts, svc, router_host)
@@ -254,6 +259,42 @@ def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list
         out[name] = replace(plan, services=services,
                             routers=tuple(rp for rp in routers.values() if rp.host == name))
     return out, routers
+
+
+def tls_problems(where: str, choice, rspec: RouterSpec, offline: bool) -> list[tuple[str, str, str]]:
+    """The front door's certificate and key: both or neither, on a front door nginx serves, PEM files readable
+    on the control node (not read --offline). Their contents are never shown."""
+    cert, key = choice.tls_cert, choice.tls_key
+    if not cert and not key:
+        return []
+    if not (cert and key):
+        given, missing = ("router_tls_cert", "router_tls_key") if cert else ("router_tls_key", "router_tls_cert")
+        return [(where, missing, f"unset, but {given} is set: the front door needs both for TLS")]
+    if rspec.auth != "proxy":
+        return [(where, "router_tls_cert", f"TLS is built for a front door nginx serves (vLLM's), not for "
+                 f"{rspec.package}'s own listener: unset router_tls_cert and router_tls_key")]
+    out = []
+    for fld, path, marker in (("router_tls_cert", cert, "-----BEGIN CERTIFICATE-----"),
+                              ("router_tls_key", key, "PRIVATE KEY-----")):
+        if offline:
+            continue
+        try:
+            text = Path(path).read_text(errors="replace")
+        except OSError as error:
+            out.append((where, fld, f"{path}: cannot be read on the control node ({error.strerror})"))
+            continue
+        if marker not in text:
+            out.append((where, fld, f"{path}: not a PEM {'certificate' if fld == 'router_tls_cert' else 'private key'}"
+                        " (contents not shown)"))
+    return out
+
+
+def tls_files(rp: RouterPlan) -> dict[str, str]:
+    """The router host's copies of the certificate chain and key (0600 each), read from the control node now."""
+    if not rp.tls:
+        return {}
+    p = paths(rp)
+    return {p["tls_cert"]: Path(rp.tls_cert).read_text(), p["tls_key"]: Path(rp.tls_key).read_text()}
 
 
 def _pd_parts(pools: dict[str, PoolPlan]) -> dict[tuple[str, str], dict[str, list[str]]]:
@@ -310,6 +351,7 @@ def paths(rp: RouterPlan) -> dict[str, str]:
             "admin": f"{base}.admin", "admin_auth": f"{base}.admin-auth",
             "unit": f"{UNIT_DIR}/{rp.unit_name}", "proxy": f"{rp.config_dir}/door-{rp.name}.conf",
             "proxy_key": f"{rp.config_dir}/door-{rp.name}.key.conf", "proxy_unit": f"{UNIT_DIR}/{rp.proxy_unit_name}",
+            "tls_cert": f"{rp.config_dir}/door-{rp.name}.crt", "tls_key": f"{rp.config_dir}/door-{rp.name}.tls-key",
             "installed": f"{venv(rp)}/.modelfleet-installed"}
 
 
@@ -391,8 +433,10 @@ def render_unit(rp: RouterPlan) -> str:
 def render_proxy(rp: RouterPlan, runtime: str | None = None) -> str:
     """nginx as the front door: every route needs the key (in the 0600 file it includes); the router's worker
     API is not served at all. `runtime`: its scratch directory (the unit's RuntimeDirectory)."""
+    p = paths(rp)
     return render.render_template("door.nginx.conf.j2", rp=rp, runtime=runtime or f"/run/modelfleet-door-{rp.name}",
-                                  key_conf=paths(rp)["proxy_key"], backend=f"127.0.0.1:{rp.backend_port}",
+                                  key_conf=p["proxy_key"], backend=f"127.0.0.1:{rp.backend_port}",
+                                  tls_cert=p["tls_cert"] if rp.tls else None, tls_key=p["tls_key"],
                                   listen=f"[{rp.bind_address}]:{rp.port}" if ":" in rp.bind_address
                                   else f"{rp.bind_address}:{rp.port}")
 
@@ -432,6 +476,29 @@ def admin_key_script(rp: RouterPlan) -> str:
 def api_key(rp: RouterPlan) -> str | None:
     value = os.environ.get(rp.api_key_env)
     return value.strip() if value else None
+
+
+def preview(rp: RouterPlan) -> tuple[list[dict], list[str]]:
+    """(files, notes): every file the router stage writes for this front door on the router host, as `render`
+    shows them (secrets masked: the clients' key, the private key; the worker API's key is made on the host)."""
+    p, masked = paths(rp), f"{render.MASK}\n"
+    files = [(LAUNCHER, launcher(), "0755"), (p["config"], launcher_config(rp), "0644"),
+             (p["workers"], workers_file(rp), "0644"), (p["key"], masked, "0600"),
+             (p["unit"], render_unit(rp), "0644")]
+    if behind_proxy(rp):
+        conf = f'map $http_authorization $modelfleet_authorized {{\n    default 0;\n    "~^Bearer {render.MASK}$" 1;\n}}\n'
+        files += [(p["proxy_key"], conf, "0600"), (p["proxy"], render_proxy(rp), "0644"),
+                  (p["proxy_unit"], render_proxy_unit(rp), "0644")]
+    if rp.tls:
+        files += [(p["tls_cert"], Path(rp.tls_cert).read_text(), "0600"), (p["tls_key"], masked, "0600")]
+    notes = [f"front door {rp.name}: {rp.base_url}/v1 for clients ("
+             + (f"TLS with {rp.tls_cert}" if rp.tls else "plain HTTP: the key crosses the network in clear; set "
+                "router_tls_cert and router_tls_key for TLS")
+             + f"), {len(rp.workers)} replica(s): {', '.join(w.url for w in rp.workers)}"]
+    if has_admin_key(rp):
+        notes.append(f"front door {rp.name}: {p['admin']} and {p['admin_auth']} (0600), the worker API's key, are "
+                     "made on the router host by the run, never on the control node")
+    return [{"path": path, "mode": mode, "content": content} for path, content, mode in files], notes
 
 
 # -- the worker API -------------------------------------------------------------------------------------------

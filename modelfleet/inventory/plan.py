@@ -61,6 +61,8 @@ class RouterChoice:
     port: int
     bind_address: str | None
     policy: str
+    tls_cert: str | None = None  # control-node files: the front door's certificate chain and its key
+    tls_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,12 @@ class RouterPlan:
     config_dir: str
     workers: tuple[Worker, ...]
     pd: bool = False  # prefill/decode mode: the router pairs its prefill and decode servers
+    tls_cert: str | None = None  # control-node files (RouterChoice); set: the front door speaks HTTPS
+    tls_key: str | None = None
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_cert)
 
     @property
     def backend_port(self) -> int:
@@ -110,7 +118,7 @@ class RouterPlan:
 
     @property
     def base_url(self) -> str:
-        return f"http://{_url_host(self.bind_address)}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{_url_host(self.bind_address)}:{self.port}"
 
 
 @dataclass(frozen=True)

@@ -211,7 +211,8 @@ def endpoint_verified(ep: Endpoint, tunnel: tuple[str, int] | None, full: bool, 
         host.noop(f"{ep.name} is verified after its replicas are in")
         return
     with through_host(host, *tunnel) if tunnel else nullcontext() as port:
-        target = replace(ep, base_url=f"http://127.0.0.1:{port}") if tunnel else ep
+        scheme = ep.base_url.split("://", 1)[0]
+        target = replace(ep, base_url=f"{scheme}://127.0.0.1:{port}") if tunnel else ep
         report = {**run_gate(target, ready_timeout_s, full, None, reports_dir("bench")), "endpoint": ep.name,
                   "base_url": ep.openai_base_url, "via_ssh_tunnel": bool(tunnel)}
         if "exposure" not in report and report["readiness"].get("ok"):
@@ -233,12 +234,14 @@ def front_door_endpoint(rp: RouterPlan, key: str) -> Endpoint:
     """The verify gate's view of the front door: the model through the router, and every inference route of
     the router asked without the key."""
     return Endpoint(name=f"{rp.host}/router-{rp.name}", base_url=rp.base_url, model=rp.served_name,
-                    engine=rp.engine_name, api_key=key, refused_routes=tuple(router.spec(rp).inference_routes))
+                    engine=rp.engine_name, api_key=key, refused_routes=tuple(router.spec(rp).inference_routes),
+                    ca_file=rp.tls_cert)
 
 
 def _proxy(rp: RouterPlan, deployed: dict, key: str) -> None:
     at, p = deployed["paths"].get, router.paths(rp)
     files = [(p["proxy_key"], router.proxy_key_conf(key), "0600", True),
+             *((path, content, "0600", True) for path, content in router.tls_files(rp).items()),
              (p["proxy"], router.render_proxy(rp), "0644", False),
              (p["proxy_unit"], router.render_proxy_unit(rp), "0644", False)]
     changed = {path: content_changes(at(path), content, mode) for path, content, mode, _ in files}
@@ -250,4 +253,4 @@ def _proxy(rp: RouterPlan, deployed: dict, key: str) -> None:
     owned_running(rp.proxy_unit_name, unit, extra, reload=changed[p["proxy_unit"]], restart=changed[p["proxy_unit"]])
     proxy_reloaded(name=f"Reload {rp.proxy_unit_name}", unit=rp.proxy_unit_name,
                    reload=unit.get("ActiveState") == "active" and not changed[p["proxy_unit"]]
-                   and (changed[p["proxy"]] or changed[p["proxy_key"]]))
+                   and any(changed[path] for path in changed if path != p["proxy_unit"]))

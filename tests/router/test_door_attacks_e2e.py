@@ -4,6 +4,7 @@ Each test asserts on what the attacker got back."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from pathlib import Path
@@ -141,3 +142,69 @@ def test_a_client_or_local_process_cannot_register_a_worker_with_sglangs_router(
         stop_all(procs)
         for replica in [*replicas, attacker_worker]:
             replica.stop()
+
+
+def test_a_tls_front_door_serves_only_https_with_the_sites_certificate(tmp_path):
+    """nginx with a certificate and key as the stage writes them: a client that trusts the certificate gets the
+    model with the key; the same request in plain HTTP, or to a client that does not trust it, gets nothing;
+    the verify gate (pinned to the certificate) passes through it."""
+    import ssl
+
+    from modelfleet.checks import exposure
+    from modelfleet.checks.gate import run_gate
+    from modelfleet.stages.router import front_door_endpoint
+
+    cert, key = tmp_path / "site.crt", tmp_path / "site.key"
+    sh(f"openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=door.lab -addext "
+       f"subjectAltName=DNS:door.lab,IP:127.0.0.1 -keyout {key} -out {cert} 2>/dev/null")
+    base = free_base_port(2)
+    engine = Replica("vllm", tmp_path, 0, port=base + 1, key=KEY)
+    port = base
+    rp = RouterPlan(name="tiny-lab", host="local", engine_name="vllm", served_name="tiny-lab",
+                    bind_address="127.0.0.1", port=port, policy="round_robin", api_key_env="UNUSED",
+                    config_dir=str(tmp_path), workers=(Worker("r0", "local", engine.url),), tls_cert=str(cert),
+                    tls_key=str(key))
+    paths, runtime = router.paths(rp), tmp_path / "door"
+    runtime.mkdir()
+    for path, content in router.tls_files(rp).items():
+        Path(path).write_text(content)
+    Path(paths["proxy_key"]).write_text(router.proxy_key_conf(KEY))
+    Path(paths["proxy"]).write_text(router.render_proxy(rp, runtime=str(runtime)))
+    conf = ["-e", "stderr", "-p", str(runtime), "-c", paths["proxy"]]
+    nginx = nginx_binary()
+    sh(f"{nginx} -t -q {' '.join(conf)}")
+    proc = subprocess.Popen([str(nginx), *conf], stdout=(tmp_path / "nginx.log").open("w"), stderr=subprocess.STDOUT)
+    try:
+        assert rp.base_url == f"https://127.0.0.1:{port}"
+        trusting = ssl.create_default_context(cafile=str(cert))
+        wait_for(lambda: _https(f"{rp.base_url}/health", trusting)[0] == 200, 20, "nginx answers over TLS")
+        assert _https(f"{rp.base_url}/v1/chat/completions", trusting, CHAT, KEY)[0] == 200
+        assert _https(f"{rp.base_url}/invocations", trusting, {"prompt": "hi", "max_tokens": 1})[0] == 401
+        # The key sent in clear to the TLS port is not taken: nginx answers 400 and never reaches the model.
+        status, raw = http("POST", f"http://127.0.0.1:{port}/v1/chat/completions", CHAT, KEY)
+        assert status == 400 and b"tiny-lab" not in raw, (status, raw[:200])
+        # A client that does not trust the site's certificate does not talk to the door at all.
+        with pytest.raises(OSError, match="CERTIFICATE_VERIFY_FAILED"):
+            _https(f"{rp.base_url}/health", ssl.create_default_context())
+        ep = front_door_endpoint(rp, KEY)
+        report = run_gate(ep, 20, True, None, tmp_path)
+        assert report["readiness"]["ok"] and report["smoke"]["ok"], json.dumps(report)[:2000]
+        refused = exposure.check(ep)
+        assert refused["ok"] and {r["status"] for r in refused["routes"]} == {401}, refused
+    finally:
+        stop_all([proc])
+        engine.stop()
+
+
+def _https(url: str, context, body: dict | None = None, key: str | None = None) -> tuple[int, bytes]:
+    import urllib.error
+    import urllib.request
+    request = urllib.request.Request(url, data=json.dumps(body).encode() if body else None,
+                                     method="POST" if body else "GET", headers={"Content-Type": "application/json"})
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()

@@ -212,3 +212,69 @@ def test_the_router_host_asks_every_replica_off_loopback_each_route_that_runs_th
     script = router.replica_exposure_script(rp)
     assert script.startswith("sh -c ") and "http://10.1.0.3:30000/generate" in script and KEY not in script
     assert router.replica_exposure_script(resolve(fleet("vllm")).routers["tiny-lab"]) is None  # loopback only
+
+
+def test_tls_needs_both_files_pem_on_the_control_node_and_nginx_before_the_router(tmp_path):
+    cert, key = tmp_path / "door.crt", tmp_path / "door.key"
+    cert.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    key.write_text("-----BEGIN PRIVATE KEY-----\nsecret-bytes-never-shown\n-----END PRIVATE KEY-----\n")
+
+    def errors(engine="vllm", **tls):
+        return [(w, f, m) for w, f, m in resolve(fleet(engine, **tls)).errors]
+
+    assert errors(router_tls_cert=str(cert), router_tls_key=str(key)) == []
+    assert [(w, f) for w, f, _ in errors(router_tls_cert=str(cert))] == [("router tiny-lab", "router_tls_key")]
+    assert [(w, f) for w, f, _ in errors("sglang", router_tls_cert=str(cert), router_tls_key=str(key))] == [
+        ("router tiny-lab", "router_tls_cert")]
+    [(where, fld, message)] = errors(router_tls_cert=str(key), router_tls_key=str(cert))[:1]
+    assert (where, fld) == ("router tiny-lab", "router_tls_cert") and "secret-bytes" not in message
+    missing = errors(router_tls_cert=str(tmp_path / "nope.crt"), router_tls_key=str(key))
+    assert missing == [("router tiny-lab", "router_tls_cert", f"{tmp_path}/nope.crt: cannot be read on the control "
+                        "node (No such file or directory)")]
+    rp = resolve(fleet("vllm", router_tls_cert=str(cert), router_tls_key=str(key))).routers["tiny-lab"]
+    assert rp.base_url == "https://10.0.0.1:8800"
+    proxy = router.render_proxy(rp)
+    assert "listen 10.0.0.1:8800 ssl;" in proxy and "ssl_certificate /etc/modelfleet/door-tiny-lab.crt;" in proxy
+    assert "ssl_certificate_key /etc/modelfleet/door-tiny-lab.tls-key;" in proxy and "secret-bytes" not in proxy
+    assert router.tls_files(rp) == {"/etc/modelfleet/door-tiny-lab.crt": cert.read_text(),
+                                    "/etc/modelfleet/door-tiny-lab.tls-key": key.read_text()}
+    plain = resolve(fleet("vllm")).routers["tiny-lab"]
+    assert plain.base_url == "http://10.0.0.1:8800" and router.tls_files(plain) == {}
+    assert "listen 10.0.0.1:8800;" in router.render_proxy(plain) and "Plain HTTP" in router.render_proxy(plain)
+
+
+def test_the_worker_api_key_is_made_0600_once_and_kept(tmp_path):
+    import subprocess
+
+    rp = RouterPlan(name="tiny-lab", host="r1", engine_name="sglang", served_name="tiny-lab", bind_address="10.0.0.1",
+                    port=8800, policy="round_robin", api_key_env="MF_ROUTER_KEY", config_dir=str(tmp_path), workers=())
+    p = router.paths(rp)
+    subprocess.run(router.admin_key_script(rp), shell=True, check=True)
+    key, header = Path(p["admin"]).read_text(), Path(p["admin_auth"]).read_text()
+    assert re.fullmatch(r"[0-9a-f]{64}\n", key) and header == f"Authorization: Bearer {key}"
+    assert all(Path(p[f]).stat().st_mode & 0o777 == 0o600 for f in ("admin", "admin_auth"))
+    subprocess.run(router.admin_key_script(rp), shell=True, check=True)
+    assert Path(p["admin"]).read_text() == key and sorted(x.name for x in tmp_path.iterdir()) == [
+        "router-tiny-lab.admin", "router-tiny-lab.admin-auth"]  # kept, and no temporary file left
+    assert key.strip() not in router.admin_key_script(rp)
+
+
+def test_render_of_the_router_host_shows_the_front_doors_files_masked_and_says_plain_http(tmp_path):
+    from click.testing import CliRunner
+
+    from modelfleet.cli import main
+
+    inv = tmp_path / "inv.py"
+    inv.write_text(f"gpus = {fleet('vllm')!r}\n")
+    out = CliRunner().invoke(main, ["render", "--json", str(inv), "r1"])
+    assert out.exit_code == 0, out.output
+    report = json.loads(out.output)
+    files = {f["path"]: f for f in report["files"]}
+    rp = resolve(fleet("vllm")).routers["tiny-lab"]
+    p = router.paths(rp)
+    assert {p["unit"], p["config"], p["workers"], p["proxy"], p["proxy_unit"], p["proxy_key"], p["key"]} <= set(files)
+    assert files[p["proxy"]]["content"] == router.render_proxy(rp) and KEY not in out.output
+    assert files[p["key"]]["mode"] == "0600" and files[p["key"]]["content"] == "********\n"
+    assert any("http://10.0.0.1:8800/v1 for clients (plain HTTP" in n for n in report["notes"])
+    text = CliRunner().invoke(main, ["render", str(inv), "r1"]).output
+    assert f"# ==> {p['proxy_key']} (0600)" in text and KEY not in text
