@@ -278,3 +278,18 @@ def test_render_of_the_router_host_shows_the_front_doors_files_masked_and_says_p
     assert any("http://10.0.0.1:8800/v1 for clients (plain HTTP" in n for n in report["notes"])
     text = CliRunner().invoke(main, ["render", str(inv), "r1"]).output
     assert f"# ==> {p['proxy_key']} (0600)" in text and KEY not in text
+
+
+def test_every_file_a_front_door_writes_in_the_config_dir_is_one_modelfleet_owns(tmp_path):
+    from modelfleet.operations.files import foreign_entries
+
+    cert = tmp_path / "c.pem"
+    cert.write_text("-----BEGIN CERTIFICATE-----\n")
+    (tmp_path / "k.pem").write_text("-----BEGIN PRIVATE KEY-----\n")
+    for engine in ("vllm", "sglang"):
+        rp = resolve(fleet(engine)).routers["tiny-lab"]
+        names = [Path(path).name for path in router.paths(rp).values() if path.startswith(rp.config_dir + "/")]
+        # A config dir holding them (and no marker: one that existed before modelfleet) is still modelfleet's.
+        assert foreign_entries({"kind": "dir", "entries": names}) == [], engine
+    assert foreign_entries({"kind": "dir", "entries": ["router.key", "door.conf", "site.crt"]}) == [
+        "router.key", "door.conf", "site.crt"]  # nothing wider than the front door's own names
