@@ -52,8 +52,8 @@ def off_loopback_problem(engine: str, bind_address: str, api_key_env: str | None
 def routed_replica_problem(engine: str, address: str, router_host: str, pd: bool = False) -> str | None:
     """Why a replica behind the front door on `router_host`, listening on `address` (its fabric address, off
     loopback), would serve the model to anyone on that network without the key; None when its own key covers
-    every route that runs the model. modelfleet puts no keyed proxy before a replica on its own host (yet), so
-    such a replica is refused, not exposed."""
+    every route that runs the model. Asked where no keyed proxy can cover it (door_needed: a PD server, or an
+    engine whose coverage is unknown): such a replica is refused, not exposed."""
     coverage = key_coverage().get(engine)
     if coverage is not None and not coverage.open_inference_routes:
         return None
@@ -67,3 +67,10 @@ def routed_replica_problem(engine: str, address: str, router_host: str, pd: bool
            f"Serve it from {router_host} itself (a replica beside its router listens on loopback), or without "
            "`router`")
     return f"{where}, and {what}, for anyone who reaches {address}. {fix}"
+
+
+def door_needed(engine: str) -> bool:
+    """A routed replica of `engine` off loopback sits behind a keyed proxy on its own host (modelfleet.replica_door):
+    its key is known to leave a model route open. Unknown coverage is refused instead (routed_replica_problem)."""
+    coverage = key_coverage().get(engine)
+    return bool(coverage and coverage.open_inference_routes)

@@ -307,8 +307,8 @@ def _in_router(plans: list[HostPlan], rows: list[dict]) -> list[dict]:
             svc = next(s for s in plan_of[row["host"]].services if s.pool == service["pool"])
             workers = listed.get(router.front_door_name(svc.served_name)) if svc.router and not svc.node_rank \
                 else None
-            service["router"] = None if workers is None else "out" if svc.base_url not in workers else (
-                "unhealthy" if workers[svc.base_url] is False else "in")
+            service["router"] = None if workers is None else "out" if svc.router_url not in workers else (
+                "unhealthy" if workers[svc.router_url] is False else "in")
     return rows
 
 

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict
 from pyinfra.api import FactBase
 
 from modelfleet import grammar, render
-from modelfleet.exposure import key_coverage, routed_replica_problem
+from modelfleet.exposure import door_needed, key_coverage, routed_replica_problem
 from modelfleet.catalog import CATALOG_DIR
 from modelfleet.host_commands import program
 from modelfleet.inventory.plan import HostPlan, PoolPlan, RouterPlan, Worker, _is_loopback
@@ -245,17 +245,19 @@ def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list
                                    api_key_env=head.api_key_env, config_dir=rhost.config_dir,
                                    workers=tuple(sorted(workers, key=lambda w: w.url)), pd=any(roles.values()),
                                    tls_cert=head.router.tls_cert, tls_key=head.router.tls_key)
-        # Refused, though planned (the plan shows what would run): a replica whose engine leaves a route open.
+        # Refused, though planned (the plan shows what would run): a replica off loopback whose engine leaves a
+        # route open and that no keyed proxy can cover (a PD server, whose other part reaches it directly too; an
+        # engine whose key coverage modelfleet does not know).
         for svc in services:
             address = _replica_address(hosts, svc, router_host)
-            exposed = None if _is_loopback(address) else routed_replica_problem(svc.engine_name, address,
-                                                                                 router_host, roles[svc.pool])
+            if _is_loopback(address) or (door_needed(svc.engine_name) and not roles[svc.pool]):
+                continue
+            exposed = routed_replica_problem(svc.engine_name, address, router_host, roles[svc.pool])
             if exposed:
                 errors.append((f"host {svc.host}", "router", exposed))
     out = {}
     for name, plan in hosts.items():
-        services = tuple(replace(s, bind_address=_replica_address(hosts, s, s.router.host)) if s.router else s
-                         for s in plan.services)
+        services = tuple(_bound(hosts, s) if s.router else s for s in plan.services)
         out[name] = replace(plan, services=services,
                             routers=tuple(rp for rp in routers.values() if rp.host == name))
     return out, routers
@@ -295,6 +297,15 @@ def tls_files(rp: RouterPlan) -> dict[str, str]:
         return {}
     p = paths(rp)
     return {p["tls_cert"]: Path(rp.tls_cert).read_text(), p["tls_key"]: Path(rp.tls_key).read_text()}
+
+
+def _bound(hosts: dict[str, HostPlan], svc):
+    """A routed replica bound where only its router reaches it; behind a keyed proxy of its own host (on the
+    fabric) where its engine's key leaves a model route open, the engine then on loopback."""
+    address = _replica_address(hosts, svc, svc.router.host)
+    if not _is_loopback(address) and door_needed(svc.engine_name) and not pd_role(svc.recipe, svc.engine_name):
+        return replace(svc, bind_address="127.0.0.1", door_address=address)
+    return replace(svc, bind_address=address)
 
 
 def _pd_parts(pools: dict[str, PoolPlan]) -> dict[tuple[str, str], dict[str, list[str]]]:

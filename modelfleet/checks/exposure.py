@@ -43,8 +43,8 @@ def routes_to_ask(ep: Endpoint) -> tuple[list[tuple[str, dict]], list[str]]:
     if coverage is None:
         return [("/v1/chat/completions", chat)], []
     host = urlsplit(ep.base_url).hostname or ""
-    # Only loopback keeps an open route to the host itself (the resolver refuses such an engine elsewhere, a
-    # routed replica included): off loopback it is asked like every other.
+    # Only loopback keeps an open route to the host itself (elsewhere the resolver puts such an engine behind a
+    # keyed proxy, or refuses it): off loopback it is asked like every other.
     if coverage.probe_route in coverage.open_inference_routes and _is_loopback(host):
         return [("/v1/chat/completions", chat)], [coverage.probe_route]
     return [("/v1/chat/completions", chat), (coverage.probe_route, coverage.probe_body)], []

@@ -154,6 +154,9 @@ class ServicePlan:
     model_file: str | None = None  # the file the engine loads, inside the checkpoint (GGUF: the first shard)
     fabric: HostFabric | None = None  # a multi-node pool member's fabric (devices, env, head address), from facts
     router: RouterChoice | None = None  # the model's front door, when its replicas sit behind one
+    # A keyed proxy before this routed replica listens here (its fabric address) on `port`, the engine on loopback:
+    # its engine's key leaves model routes open (modelfleet.replica_door). None: the engine is what listens.
+    door_address: str | None = None
     driver_branch: str = ""  # the host's (HostPlan fills it in): part of the engine cache's key
     # A replica (no `pool` given) names its unit after what it serves, so every replica has the same unit name.
     unit_stem: str = ""
@@ -209,6 +212,11 @@ class ServicePlan:
     @property
     def base_url(self) -> str:
         return f"http://{_url_host(self.bind_address)}:{self.port}"
+
+    @property
+    def router_url(self) -> str:
+        """Where its front door's router reaches it: its keyed proxy, or the engine itself."""
+        return f"http://{_url_host(self.door_address)}:{self.port}" if self.door_address else self.base_url
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from pyinfra import host, state
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
-from modelfleet import router
+from modelfleet import render, replica_door, router
 from modelfleet.checks import Endpoint, exposure
 from modelfleet.checks.gate import run_gate
 from modelfleet.checks.tunnel import through_host
@@ -36,17 +36,20 @@ PROXY_PACKAGE = "nginx"
 
 
 def wanted_packages(plan: HostPlan) -> dict[str, None]:
-    names = list(BASE_PACKAGES) + [PROXY_PACKAGE] * any(router.behind_proxy(rp) for rp in plan.routers)
-    return dict.fromkeys(names)
+    proxy = any(router.behind_proxy(rp) for rp in plan.routers) or bool(replica_door.doors(plan))
+    return dict.fromkeys(list(BASE_PACKAGES) * bool(plan.routers) + [PROXY_PACKAGE] * proxy)
 
 
 def wants(plan: HostPlan, probe: dict) -> dict:
-    if not plan.routers:
+    doors = replica_door.doors(plan)
+    if not plan.routers and not doors:
         return {}
-    paths = [plan.config_dir, TOOLS_BIN, router.LAUNCHER]
+    paths = [plan.config_dir, *([TOOLS_BIN, router.LAUNCHER] if plan.routers else [])]
     paths += [path for rp in plan.routers for path in router.paths(rp).values()]
+    paths += [path for svc in doors for path in replica_door.paths(svc).values()]
     units = [unit for rp in plan.routers
              for unit in (rp.unit_name, *([rp.proxy_unit_name] if router.behind_proxy(rp) else []))]
+    units += [replica_door.unit_name(svc) for svc in doors]
     return {"paths": paths, "units": units, "packages": list(wanted_packages(plan))}
 
 
@@ -111,7 +114,8 @@ def registration(rp: RouterPlan, listed: dict[str, dict]) -> tuple[dict[str, str
 @deploy("modelfleet router")
 def run(ctx: HostRun):
     plan = ctx.plan
-    if not plan.routers:
+    doors = replica_door.doors(plan)
+    if not plan.routers and not doors:
         return
     deployed = ctx.deployed()
     at = deployed["paths"].get
@@ -122,6 +126,11 @@ def run(ctx: HostRun):
              wanted=wanted_packages(plan), current=deployed["packages"])
     directory(name=f"Config directory {plan.config_dir} (0700)", path=plan.config_dir, current=at(plan.config_dir),
               mode="0700")
+    # Before any front door's operations: a router registers its replicas through their proxies.
+    for svc in doors:
+        _replica_door(svc, deployed)
+    if not plan.routers:
+        return
     directory(name=f"Tools directory {TOOLS_BIN}", path=TOOLS_BIN, current=at(TOOLS_BIN))
     launcher = router.launcher()
     launcher_changed = content_changes(at(router.LAUNCHER), launcher, "0755")
@@ -236,6 +245,28 @@ def front_door_endpoint(rp: RouterPlan, key: str) -> Endpoint:
     return Endpoint(name=f"{rp.host}/router-{rp.name}", base_url=rp.base_url, model=rp.served_name,
                     engine=rp.engine_name, api_key=key, refused_routes=tuple(router.spec(rp).inference_routes),
                     ca_file=rp.tls_cert)
+
+
+def _replica_door(svc, deployed: dict) -> None:
+    """The keyed proxy before a routed replica on its host (modelfleet.replica_door), with the model's key."""
+    key = render.api_key(svc)
+    unit_name = replica_door.unit_name(svc)
+    if not key:
+        fail_host(name=f"Keyed proxy of replica {svc.pool}", reasons=[
+            f"pool {svc.pool}: api_key_env {svc.api_key_env} is not set on the control node: no keyed proxy"])
+        return
+    at, p = deployed["paths"].get, replica_door.paths(svc)
+    files = replica_door.files(svc, key)
+    changed = {path: content_changes(at(path), content, mode) for path, content, mode, _ in files}
+    unit = deployed["units"].get(unit_name) or {}
+    extra = unmasked(unit_name, unit)
+    for path, content, mode, secret in files:
+        content_file(name=f"File {path} ({mode})", dest=path, content=content, current=at(path), mode=mode,
+                     secret=secret)
+    owned_running(unit_name, unit, extra, reload=changed[p["unit"]], restart=changed[p["unit"]])
+    proxy_reloaded(name=f"Reload {unit_name}", unit=unit_name,
+                   reload=unit.get("ActiveState") == "active" and not changed[p["unit"]]
+                   and (changed[p["conf"]] or changed[p["key"]]))
 
 
 def _proxy(rp: RouterPlan, deployed: dict, key: str) -> None:

@@ -28,16 +28,23 @@ def _door(tmp_path: Path, backend_port: int, key: str = KEY) -> tuple[RouterPlan
     rp = RouterPlan(name="tiny-lab", host="local", engine_name="vllm", served_name="tiny-lab",
                     bind_address="127.0.0.1", port=port, policy="round_robin", api_key_env="UNUSED",
                     config_dir=str(tmp_path), workers=(Worker("r0", "local", f"http://127.0.0.1:{backend_port}"),))
+    proc = _nginx(rp, tmp_path, key)
+    wait_for(lambda: http("GET", f"{rp.base_url}/health", timeout=2)[0] == 200, 20, "nginx answers /health")
+    return rp, proc
+
+
+def _nginx(rp: RouterPlan, tmp_path: Path, key: str) -> subprocess.Popen:
+    """nginx started from the files the router stage writes for `rp` (its TLS files too, where it has them)."""
     paths, runtime = router.paths(rp), tmp_path / "door"
     runtime.mkdir()
+    for path, content in router.tls_files(rp).items():
+        Path(path).write_text(content)
     Path(paths["proxy_key"]).write_text(router.proxy_key_conf(key))
     Path(paths["proxy"]).write_text(router.render_proxy(rp, runtime=str(runtime)))
     conf = ["-e", "stderr", "-p", str(runtime), "-c", paths["proxy"]]
     nginx = nginx_binary()
     sh(f"{nginx} -t -q {' '.join(conf)}")
-    proc = subprocess.Popen([str(nginx), *conf], stdout=(tmp_path / "nginx.log").open("w"), stderr=subprocess.STDOUT)
-    wait_for(lambda: http("GET", f"{rp.base_url}/health", timeout=2)[0] == 200, 20, "nginx answers /health")
-    return rp, proc
+    return subprocess.Popen([str(nginx), *conf], stdout=(tmp_path / "nginx.log").open("w"), stderr=subprocess.STDOUT)
 
 
 def test_the_front_door_takes_the_key_exactly_and_nothing_like_it(tmp_path, monkeypatch):
@@ -164,16 +171,7 @@ def test_a_tls_front_door_serves_only_https_with_the_sites_certificate(tmp_path)
                     bind_address="127.0.0.1", port=port, policy="round_robin", api_key_env="UNUSED",
                     config_dir=str(tmp_path), workers=(Worker("r0", "local", engine.url),), tls_cert=str(cert),
                     tls_key=str(key))
-    paths, runtime = router.paths(rp), tmp_path / "door"
-    runtime.mkdir()
-    for path, content in router.tls_files(rp).items():
-        Path(path).write_text(content)
-    Path(paths["proxy_key"]).write_text(router.proxy_key_conf(KEY))
-    Path(paths["proxy"]).write_text(router.render_proxy(rp, runtime=str(runtime)))
-    conf = ["-e", "stderr", "-p", str(runtime), "-c", paths["proxy"]]
-    nginx = nginx_binary()
-    sh(f"{nginx} -t -q {' '.join(conf)}")
-    proc = subprocess.Popen([str(nginx), *conf], stdout=(tmp_path / "nginx.log").open("w"), stderr=subprocess.STDOUT)
+    proc = _nginx(rp, tmp_path, KEY)
     try:
         assert rp.base_url == f"https://127.0.0.1:{port}"
         trusting = ssl.create_default_context(cafile=str(cert))
@@ -208,3 +206,65 @@ def _https(url: str, context, body: dict | None = None, key: str | None = None) 
             return response.status, response.read()
     except urllib.error.HTTPError as error:
         return error.code, error.read()
+
+
+def test_a_vllm_replica_on_another_host_is_reached_only_through_its_keyed_proxy(tmp_path):
+    """The real vllm-router behind its front door, its replica (a vLLM double, /invocations open without the key)
+    on "another host": the engine on loopback and the replica's keyed proxy (nginx, modelfleet.replica_door) on
+    that host's fabric address (127.0.0.2 here). An attacker on the fabric asks the replica's model routes without
+    the key, or with a near one: refused; a client through the front door gets the model."""
+    from dataclasses import replace as with_
+
+    from modelfleet import replica_door
+    from modelfleet.host_commands import program
+    from modelfleet.inventory import resolve
+    from tests.router.front_door import KEY as MODEL_KEY
+    from tests.router.front_door import SERVED, listed, start_front_door
+
+    port = free_base_port(1)
+    engine = Replica("vllm", tmp_path, 0, address="127.0.0.1", port=port)
+    entries = [(n, {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm",
+                    "ssh_hostname": a, "fabric_address": f, "router": "r1", "api_key_env": "UNUSED"})
+               for n, a, f in (("r1", "10.0.0.1", "10.1.0.1"), ("a", "10.0.0.2", "10.1.0.2"))]
+    svc = with_(resolve(entries, offline=True).hosts["a"].services[0], door_address="127.0.0.2", port=port,
+                config_dir=str(tmp_path))
+    runtime = tmp_path / "replica-door"
+    runtime.mkdir()
+    for path, content, _, _ in replica_door.files(svc, MODEL_KEY):
+        if path.startswith(str(tmp_path)):
+            Path(path).write_text(content)
+    conf = replica_door.paths(svc)["conf"]
+    Path(conf).write_text(replica_door.render_conf(svc, runtime=str(runtime)))
+    nginx = nginx_binary()
+    door = subprocess.Popen([str(nginx), "-e", "stderr", "-p", str(runtime), "-c", conf],
+                            stdout=(tmp_path / "replica-door.log").open("w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.2:{port}"
+    rp = RouterPlan(name=SERVED, host="r1", engine_name="vllm", served_name=SERVED, bind_address="127.0.0.1",
+                    port=free_base_port(3), policy="round_robin", api_key_env="UNUSED", config_dir=str(tmp_path),
+                    workers=(Worker("a", "a", url),))
+    procs = []
+    try:
+        wait_for(lambda: http("GET", f"{url}/health", timeout=2)[0] == 200, 20, "the replica's proxy answers")
+        procs = start_front_door(rp, tmp_path)
+        body = {"model": SERVED, "prompt": "Say hi.", "max_tokens": 2}
+        # The hole the proxy covers: on the replica host's loopback the engine runs /invocations for anyone.
+        assert http("POST", f"{engine.url}/invocations", body)[0] == 200
+        attacker = {(route, k): http("POST", f"{url}{route}", CHAT if route.startswith("/v1") else body, k)[0]
+                    for route in ("/invocations", "/pooling", "/score", "/v1/chat/completions")
+                    for k in (None, MODEL_KEY.upper(), MODEL_KEY + "x")}
+        assert set(attacker.values()) == {401}, attacker
+        # Clients through the front door: the router reaches the replica through its proxy with the key.
+        wait_for(lambda: listed(rp).get(url, {}).get("healthy") is True, 60, "the router sees the replica healthy")
+        chat = {**CHAT, "model": SERVED}
+        assert http("POST", f"{rp.base_url}/v1/chat/completions", chat, MODEL_KEY)[0] == 200
+        assert http("POST", f"{rp.base_url}/invocations", body, MODEL_KEY)[0] == 200
+        assert http("POST", f"{rp.base_url}/invocations", body)[0] == 401
+        # The gate's probe from the router host, as the stage runs it: every route refused.
+        script = program("replica_exposure", SERVED, '{"prompt": "hi", "max_tokens": 1}',
+                         *(part for route in ("/invocations", "/pooling", "/v1/chat/completions")
+                           for part in ("a", f"{url}{route}")))
+        gate = subprocess.run(script, shell=True, capture_output=True, text=True)
+        assert gate.returncode == 0 and gate.stdout.count("refused 401") == 3, gate.stdout + gate.stderr
+    finally:
+        stop_all([*procs, door])
+        engine.stop()

@@ -208,3 +208,24 @@ def test_what_render_previews_for_the_router_host_is_what_the_stage_writes(fake,
         assert masked == {router.paths(rp)[f] for f in ("key", *(("proxy_key", "tls_key") if tls else ()))}
         assert notes[0].startswith(f"front door tiny-lab: {rp.base_url}/v1 for clients (")
         assert ("TLS with" in notes[0]) == bool(tls) and ("plain HTTP" in notes[0]) != bool(tls)
+
+
+def test_a_vllm_replica_on_another_host_gets_its_keyed_proxy_before_the_router_registers(fake, uploads, env):
+    from modelfleet import replica_door
+
+    hosts = [("r1", {**replica("127.0.0.1", 18011), "engine": "vllm", "recipe": "tiny-lab-vllm"}),
+             ("a", {**replica("10.1.0.2", 18012), "engine": "vllm", "recipe": "tiny-lab-vllm"})]
+    rp = front_door(hosts)
+    assert [w.url for w in rp.workers] == ["http://10.1.0.2:18012", "http://127.0.0.1:18011"]
+    state = fake.run_fake(hosts, lambda: pipeline.run_stages(router_stage))
+    commands = fake.executed(state, "a")
+    svc = front_door_plan(hosts)["@fake/a"].services[0]
+    p, unit = replica_door.paths(svc), replica_door.unit_name(svc)
+    assert any("apt-get" in c and " install " in c and "nginx" in c for c in commands), commands
+    assert f"systemctl start {unit}" in commands and not any("router" in c for c in commands)
+    assert "listen 10.1.0.2:18012;" in uploads.files[p["conf"]] and KEY in uploads.files[p["key"]]
+    assert any(f"chmod 0600 {p['key']}" in c for c in commands) and not any(KEY in c for c in commands)
+
+
+def front_door_plan(hosts):
+    return resolve([(f"@fake/{n}", d) for n, d in hosts]).hosts

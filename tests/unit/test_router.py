@@ -174,16 +174,20 @@ def test_registration_adds_the_new_removes_the_gone_and_leaves_the_rest():
     assert registration(converged, listed) == ({}, {})
 
 
-def test_a_routed_vllm_replica_off_its_router_host_is_refused_naming_host_and_field():
-    # vLLM's key leaves /invocations open: on its fabric address a replica would run the model for anyone there.
+def test_a_routed_vllm_replica_off_its_router_host_listens_behind_a_keyed_proxy_of_its_own():
+    # vLLM's key leaves /invocations open: the engine listens on loopback, a keyed proxy on the fabric for it.
     entries = [("r1", host("10.0.0.1", "10.1.0.1", "vllm")), ("a", host("10.0.0.2", "10.1.0.2", "vllm"))]
-    errors = resolve(entries).errors
-    assert [(where, fld) for where, fld, _ in errors] == [("host a", "router")], errors
-    message = errors[0][2]
-    assert message.startswith("the replica would listen on 10.1.0.2 for the router on r1")
-    assert "/invocations" in message and "Serve it from r1 itself" in message and KEY not in message
-    # SGLang's key covers every route that runs the model: its replicas may sit on other hosts.
-    assert resolve(fleet("sglang")).errors == []
+    result = resolve(entries)
+    assert result.errors == []
+    replica = result.hosts["a"].services[0]
+    assert (replica.bind_address, replica.door_address, replica.router_url) == (
+        "127.0.0.1", "10.1.0.2", f"http://10.1.0.2:{replica.port}")
+    assert [w.url for w in result.routers["tiny-lab"].workers] == [f"http://10.1.0.2:{replica.port}",
+                                                                   f"http://127.0.0.1:{replica.port}"]
+    beside = result.hosts["r1"].services[0]
+    assert (beside.bind_address, beside.door_address) == ("127.0.0.1", None)  # beside its router: loopback only
+    # SGLang's key covers every route that runs the model: its replicas listen on the fabric themselves.
+    assert {s.door_address for h in resolve(fleet("sglang")).hosts.values() for s in h.services} == {None}
 
 
 def test_the_verify_gate_asks_the_front_door_every_route_and_a_routed_replica_its_open_ones():
