@@ -27,8 +27,8 @@ from pydantic import BaseModel, ConfigDict
 from pyinfra.api import FactBase
 
 from modelfleet import grammar, render
-from modelfleet.exposure import door_needed, key_coverage, routed_replica_problem
 from modelfleet.catalog import CATALOG_DIR
+from modelfleet.exposure import door_needed, key_coverage, routed_replica_problem
 from modelfleet.host_commands import program
 from modelfleet.inventory.plan import HostPlan, PoolPlan, RouterPlan, Worker, _is_loopback
 from modelfleet.stages import TOOLS_BIN
@@ -200,6 +200,7 @@ def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list
                            ("router_bind_address", lambda s: s.router.bind_address or ""),
                            ("router_policy", lambda s: s.router.policy),
                            ("router_tls_cert", lambda s: s.router.tls_cert or ""),
+                           ("router_client_keys_env", lambda s: ",".join(s.router.client_keys_env)),
                            ("router_tls_key", lambda s: s.router.tls_key or "")):
             values = sorted({str(value(s)) for s in services})
             if len(values) > 1:
@@ -234,6 +235,7 @@ def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list
         if name in routers:
             errors.append((where, "router", f"{served} already has a front door on {routers[name].host}"))
         errors += tls_problems(where, head.router, rspec, offline)
+        errors += client_key_problems(where, head.router.client_keys_env, head.api_key_env, rspec, offline)
         if len(errors) > problems:
             continue
         workers = tuple(Worker(pool=s.pool, host=s.host, url=f"http://{_replica_address(hosts, s, router_host)}:"
@@ -244,7 +246,8 @@ def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list
                                    bind_address=bind, port=head.router.port, policy=head.router.policy,
                                    api_key_env=head.api_key_env, config_dir=rhost.config_dir,
                                    workers=tuple(sorted(workers, key=lambda w: w.url)), pd=any(roles.values()),
-                                   tls_cert=head.router.tls_cert, tls_key=head.router.tls_key)
+                                   tls_cert=head.router.tls_cert, tls_key=head.router.tls_key,
+                                   client_keys_env=head.router.client_keys_env)
         # Refused, though planned (the plan shows what would run): a replica off loopback whose engine leaves a
         # route open and that no keyed proxy can cover (a PD server, whose other part reaches it directly too; an
         # engine whose key coverage modelfleet does not know).
@@ -289,6 +292,39 @@ def tls_problems(where: str, choice, rspec: RouterSpec, offline: bool) -> list[t
             out.append((where, fld, f"{path}: not a PEM {'certificate' if fld == 'router_tls_cert' else 'private key'}"
                         " (contents not shown)"))
     return out
+
+
+def client_key_problems(where: str, names: tuple[str, ...], model_key_env: str | None, rspec: RouterSpec,
+                        offline: bool) -> list[tuple[str, str, str]]:
+    """The clients' keys of a front door (router_client_keys_env): on a front door nginx serves, each variable set
+    on the control node, a key the proxy's config can hold, and none the replicas' own (values never shown)."""
+    fld = "router_client_keys_env"
+    if not names:
+        return []
+    if rspec.auth != "proxy":
+        return [(where, fld, f"set, but {rspec.package} checks one key itself (its --api-key, also the replicas'): "
+                 "clients' keys of their own are built for a front door nginx serves (vLLM's)")]
+    if offline:
+        return []
+    out, model_key = [], os.environ.get(model_key_env or "", "").strip()
+    for name in names:
+        value = os.environ.get(name, "").strip()
+        if not value:
+            out.append((where, fld, f"{name} is not set on the control node"))
+        elif not PROXY_KEY.match(value):
+            out.append((where, fld, f"the value of {name} (not shown) has characters the proxy's config cannot "
+                        "hold: use 8-512 of A-Z a-z 0-9 . _ ~ + / = -"))
+        elif value == model_key:
+            out.append((where, fld, f"{name} holds the same key as {model_key_env}, the replicas' key that "
+                        "clients must never see: give clients keys of their own"))
+    return out
+
+
+def client_keys(rp: RouterPlan) -> list[str]:
+    """The keys the front door accepts: each of router_client_keys_env's, else the model's own."""
+    if not rp.client_keys_env:
+        return [api_key(rp)]
+    return [os.environ[name].strip() for name in rp.client_keys_env]
 
 
 def tls_files(rp: RouterPlan) -> dict[str, str]:
@@ -448,17 +484,25 @@ def render_proxy(rp: RouterPlan, runtime: str | None = None) -> str:
     return render.render_template("door.nginx.conf.j2", rp=rp, runtime=runtime or f"/run/modelfleet-door-{rp.name}",
                                   key_conf=p["proxy_key"], backend=f"127.0.0.1:{rp.backend_port}",
                                   tls_cert=p["tls_cert"] if rp.tls else None, tls_key=p["tls_key"],
+                                  upstream_auth=bool(rp.client_keys_env),
                                   listen=f"[{rp.bind_address}]:{rp.port}" if ":" in rp.bind_address
                                   else f"{rp.bind_address}:{rp.port}")
 
 
-def proxy_key_conf(key: str) -> str:
-    """nginx's map from the Authorization header to 1 for the key. A map's plain strings match ignoring case, so
-    the key is a case-sensitive regular expression (`~`), anchored at both ends, its `.` and `+` literal."""
-    if not PROXY_KEY.match(key):
+def proxy_key_conf(keys: str | list[str], upstream: str | None = None) -> str:
+    """nginx's map from the Authorization header to 1 for each key clients may send. A map's plain strings match
+    ignoring case, so each key is a case-sensitive regular expression (`~`), anchored at both ends, its `.` and
+    `+` literal. `upstream`: the key the proxy sends on instead of the client's (the replicas' own)."""
+    keys = [keys] if isinstance(keys, str) else keys
+    if not keys or not all(PROXY_KEY.match(k) for k in [*keys, *([upstream] if upstream else [])]):
         raise ValueError("refusing to write a key the proxy's config cannot hold (value not shown)")
-    pattern = "".join(f"[{c}]" if c in ".+" else c for c in key)
-    return f'map $http_authorization $modelfleet_authorized {{\n    default 0;\n    "~^Bearer {pattern}$" 1;\n}}\n'
+    lines = ["map $http_authorization $modelfleet_authorized {", "    default 0;"]
+    lines += [f'    "~^Bearer {"".join(f"[{c}]" if c in ".+" else c for c in key)}$" 1;' for key in keys]
+    lines.append("}")
+    if upstream:
+        lines += ["map $http_authorization $modelfleet_upstream_authorization {", f'    default "Bearer {upstream}";',
+                  "}"]
+    return "\n".join(lines) + "\n"
 
 
 def render_proxy_unit(rp: RouterPlan) -> str:
@@ -497,7 +541,12 @@ def preview(rp: RouterPlan) -> tuple[list[dict], list[str]]:
              (p["workers"], workers_file(rp), "0644"), (p["key"], masked, "0600"),
              (p["unit"], render_unit(rp), "0644")]
     if behind_proxy(rp):
-        conf = f'map $http_authorization $modelfleet_authorized {{\n    default 0;\n    "~^Bearer {render.MASK}$" 1;\n}}\n'
+        names = rp.client_keys_env or (rp.api_key_env,)
+        conf = "".join(f"# {name}\n" for name in names) + "map $http_authorization $modelfleet_authorized {\n" \
+            "    default 0;\n" + "".join(f'    "~^Bearer {render.MASK}$" 1;\n' for _ in names) + "}\n"
+        if rp.client_keys_env:
+            conf += (f"# {rp.api_key_env}, for the replicas\nmap $http_authorization "
+                     f'$modelfleet_upstream_authorization {{\n    default "Bearer {render.MASK}";\n}}\n')
         files += [(p["proxy_key"], conf, "0600"), (p["proxy"], render_proxy(rp), "0644"),
                   (p["proxy_unit"], render_proxy_unit(rp), "0644")]
     if rp.tls:

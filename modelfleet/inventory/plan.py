@@ -63,6 +63,7 @@ class RouterChoice:
     policy: str
     tls_cert: str | None = None  # control-node files: the front door's certificate chain and its key
     tls_key: str | None = None
+    client_keys_env: tuple[str, ...] = ()  # control-node variables of the keys clients use (none: api_key_env's)
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,8 @@ class RouterPlan:
     pd: bool = False  # prefill/decode mode: the router pairs its prefill and decode servers
     tls_cert: str | None = None  # control-node files (RouterChoice); set: the front door speaks HTTPS
     tls_key: str | None = None
+    # The variables of the keys clients use; the front door then sends the replicas api_key_env's key instead.
+    client_keys_env: tuple[str, ...] = ()
 
     @property
     def tls(self) -> bool:

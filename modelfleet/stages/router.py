@@ -193,7 +193,8 @@ def _front_door(ctx: HostRun, rp: RouterPlan, deployed: dict, launcher_changed: 
     tunnel = (rp.bind_address, rp.port) if _is_loopback(rp.bind_address) and plan.address not in (
         rp.bind_address, "@local") else None
     endpoint_verified(name=f"Verify {rp.served_name} through the front door {rp.base_url}",
-                      ep=front_door_endpoint(rp, key), tunnel=tunnel, full=ctx.alone or plan.verify_full or changes)
+                      ep=front_door_endpoint(rp, router.client_keys(rp)[0]), tunnel=tunnel,
+                      full=ctx.alone or plan.verify_full or changes)
 
 
 @operation(is_idempotent=False)
@@ -271,7 +272,8 @@ def _replica_door(svc, deployed: dict) -> None:
 
 def _proxy(rp: RouterPlan, deployed: dict, key: str) -> None:
     at, p = deployed["paths"].get, router.paths(rp)
-    files = [(p["proxy_key"], router.proxy_key_conf(key), "0600", True),
+    conf = router.proxy_key_conf(router.client_keys(rp), key if rp.client_keys_env else None)
+    files = [(p["proxy_key"], conf, "0600", True),
              *((path, content, "0600", True) for path, content in router.tls_files(rp).items()),
              (p["proxy"], router.render_proxy(rp), "0644", False),
              (p["proxy_unit"], router.render_proxy_unit(rp), "0644", False)]

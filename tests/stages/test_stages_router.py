@@ -173,7 +173,7 @@ def test_a_tls_front_door_gets_the_sites_certificate_and_key_as_0600_files(fake,
     assert uploads.files[p["tls_cert"]] == cert.read_text() and uploads.files[p["tls_key"]] == key.read_text()
     assert all(any(f"chmod 0600 {p[f]}" in c for c in commands) for f in ("tls_cert", "tls_key")), commands
     assert not any("tls-secret-bytes" in c for c in commands)
-    assert f"listen 127.0.0.1:8800 ssl;" in uploads.files[p["proxy"]]
+    assert "listen 127.0.0.1:8800 ssl;" in uploads.files[p["proxy"]]
     assert env[0]["ep"].base_url == "https://127.0.0.1:8800" and env[0]["ep"].ca_file == str(cert)
 
 

@@ -297,3 +297,28 @@ def test_every_file_a_front_door_writes_in_the_config_dir_is_one_modelfleet_owns
         assert foreign_entries({"kind": "dir", "entries": names}) == [], engine
     assert foreign_entries({"kind": "dir", "entries": ["router.key", "door.conf", "site.crt"]}) == [
         "router.key", "door.conf", "site.crt"]  # nothing wider than the front door's own names
+
+
+def test_clients_keys_are_a_list_of_control_node_variables_and_the_replicas_get_the_doors_own(monkeypatch):
+    monkeypatch.setenv("MF_CLIENT_OLD", "client-old-key-1111")
+    monkeypatch.setenv("MF_CLIENT_NEW", "client-new-key-2222")
+    keys = ["MF_CLIENT_OLD", "MF_CLIENT_NEW"]
+    result = resolve(fleet("vllm", router_client_keys_env=keys))
+    assert result.errors == []
+    rp = result.routers["tiny-lab"]
+    assert router.client_keys(rp) == ["client-old-key-1111", "client-new-key-2222"]
+    conf = router.proxy_key_conf(router.client_keys(rp), KEY)
+    assert '"~^Bearer client-old-key-1111$" 1;' in conf and '"~^Bearer client-new-key-2222$" 1;' in conf
+    assert f'default "Bearer {KEY}";' in conf and f'"~^Bearer {KEY}$"' not in conf  # the replicas' key: not a client's
+    assert "proxy_set_header Authorization $modelfleet_upstream_authorization;" in router.render_proxy(rp)
+    assert "$modelfleet_upstream_authorization" not in router.render_proxy(resolve(fleet("vllm")).routers["tiny-lab"])
+    files, _ = router.preview(rp)
+    shown = next(f["content"] for f in files if f["path"] == router.paths(rp)["proxy_key"])
+    assert "MF_CLIENT_OLD" in shown and "client-old" not in shown and KEY not in shown
+    # Refused naming the front door and field: unset, the replicas' own key, a router that checks one key itself.
+    monkeypatch.setenv("MF_CLIENT_SAME", KEY)
+    problems = resolve(fleet("vllm", router_client_keys_env=["MF_CLIENT_NONE", "MF_CLIENT_SAME"])).errors
+    assert [(w, f) for w, f, _ in problems] == [("router tiny-lab", "router_client_keys_env")] * 2
+    assert "MF_CLIENT_NONE is not set" in problems[0][2] and KEY not in problems[1][2]
+    assert [(w, f) for w, f, _ in resolve(fleet("sglang", router_client_keys_env=keys)).errors] == [
+        ("router tiny-lab", "router_client_keys_env")]
