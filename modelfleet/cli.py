@@ -75,15 +75,20 @@ def validate(inventory: str, group_data, data, offline: bool, strict: bool, as_j
     result = _open(inventory, group_data, data, offline)
     refused = result.errors + (result.warnings if strict else [])
 
+    from modelfleet.router import summary as door_summary
+
     def listed(problems):
         return [{"where": w, "field": f, "message": m} for w, f, m in problems]
 
     out = {"ok": not refused, "hosts": sorted(result.hosts), "pools": {
         name: {"hosts": pool.hosts, "recipe": pool.services[0].recipe.id} for name, pool in result.pools.items()},
         "errors": listed(refused), "warnings": listed(result.warnings), "skipped": listed(result.skipped),
-        "group_data_files": result.group_data_files, "site_recipe_files": result.site_recipe_files}
+        "group_data_files": result.group_data_files, "site_recipe_files": result.site_recipe_files,
+        "front_doors": [door_summary(rp) for rp in result.routers.values()]}
     lines = [result.error_report(refused)] if refused else [
-        f"ok: {len(result.hosts)} host(s), {len(result.pools)} pool(s)"]
+        f"ok: {len(result.hosts)} host(s), {len(result.pools)} pool(s)"] + [
+        f"front door {d['name']} on {d['host']}: {d['url']} ({'TLS' if d['tls'] else 'plain HTTP'}), "
+        f"{len(d['replicas'])} replica(s)" for d in out["front_doors"]]
     if not strict:
         lines += [f"warning: {w}: {f}: {m}" for w, f, m in result.warnings]
     lines += [f"skipped: {w}: {f}: {m}" for w, f, m in result.skipped]

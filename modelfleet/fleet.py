@@ -339,6 +339,8 @@ def status_table(rows: list[dict]) -> str:
                 f"{sum(h is not False for h in replicas.values())}/{len(replicas)} replicas healthy"
             lines.append(f"{row['host']:<14} {'-':<9} {'door ' + door['name']:<16} {'-':<8} {door['state']:<18} "
                          f"{door['front_door']} ({'TLS' if door.get('tls') else 'plain HTTP'}; {listed})")
+            lines += [f"{'':<14} {'':<9} {'  replica':<16} {'-':<8} {'-':<18} {url} "
+                      f"({'unhealthy' if healthy is False else 'listed'})" for url, healthy in (replicas or {}).items()]
     return "\n".join(lines)
 
 

@@ -533,6 +533,14 @@ def api_key(rp: RouterPlan) -> str | None:
     return value.strip() if value else None
 
 
+def summary(rp: RouterPlan) -> dict:
+    """A front door as `validate --json` and `status --json` list it: where clients reach it and its replicas."""
+    return {"name": rp.name, "host": rp.host, "url": f"{rp.base_url}/v1", "tls": rp.tls,
+            "router": f"{spec(rp).package} {spec(rp).version}", "proxy": behind_proxy(rp),
+            "client_keys_env": list(rp.client_keys_env or (rp.api_key_env,)),
+            "replicas": [{"pool": w.pool, "host": w.host, "url": w.url} for w in rp.workers]}
+
+
 def preview(rp: RouterPlan) -> tuple[list[dict], list[str]]:
     """(files, notes): every file the router stage writes for this front door on the router host, as `render`
     shows them (secrets masked: the clients' key, the private key; the worker API's key is made on the host)."""

@@ -322,3 +322,22 @@ def test_clients_keys_are_a_list_of_control_node_variables_and_the_replicas_get_
     assert "MF_CLIENT_NONE is not set" in problems[0][2] and KEY not in problems[1][2]
     assert [(w, f) for w, f, _ in resolve(fleet("sglang", router_client_keys_env=keys)).errors] == [
         ("router tiny-lab", "router_client_keys_env")]
+
+
+def test_validate_lists_the_front_doors_with_their_url_and_replicas(tmp_path):
+    from click.testing import CliRunner
+
+    from modelfleet.cli import main
+
+    inv = tmp_path / "inv.py"
+    inv.write_text(f"gpus = {fleet('sglang')!r}\n")
+    out = CliRunner().invoke(main, ["validate", "--json", str(inv)])
+    assert out.exit_code == 0, out.output
+    (door,) = json.loads(out.output)["front_doors"]
+    assert (door["name"], door["host"], door["url"], door["tls"], door["proxy"]) == (
+        "tiny-lab", "r1", "http://10.0.0.1:8800/v1", False, False)
+    assert [r["url"] for r in door["replicas"]] == ["http://10.1.0.2:30000", "http://10.1.0.3:30000",
+                                                    "http://127.0.0.1:30000"]
+    assert door["client_keys_env"] == ["MF_ROUTER_KEY"] and KEY not in out.output
+    text = CliRunner().invoke(main, ["validate", str(inv)]).output
+    assert "front door tiny-lab on r1: http://10.0.0.1:8800/v1 (plain HTTP), 3 replica(s)" in text

@@ -68,6 +68,9 @@ def test_a_replica_the_health_check_took_out_is_unhealthy(plans, monkeypatch):
     assert [s["router"] for s in rows[0]["services"]] == ["in", "unhealthy"]
     table = fleet.status_table(rows)
     assert "(plain HTTP; 1/2 replicas healthy)" in table
+    # Each replica of the front door under it, as its router lists it.
+    replicas = [line.split()[-2:] for line in table.splitlines() if line.lstrip().startswith("replica ")]
+    assert replicas == [["http://127.0.0.1:18011", "(listed)"], ["http://127.0.0.1:18012", "(unhealthy)"]]
     assert [line.split()[6] for line in table.splitlines() if " p2 " in line] == ["unhealthy"]
 
 
