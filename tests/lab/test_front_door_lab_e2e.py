@@ -4,13 +4,16 @@ sglang-router on the first host. Then an attacker on the router host (a local pr
 that holds the clients' key) tries to register its own worker: what it got is asserted, and that the router never
 lists it. (vLLM's front door needs nginx, which the lab's apt archive does not carry: tests/router runs it.)"""
 
+import base64
 import json
 import secrets
 
 import pytest
+from click.testing import CliRunner
 
 from lab import NET, ssh
 from modelfleet import router
+from modelfleet.cli import main
 from modelfleet.commands import run_pyinfra
 from modelfleet.inventory import open_inventory
 
@@ -35,8 +38,11 @@ def door(lab_hosts):
         first = converge()
         second = converge()
         resolved = open_inventory("inventories/lab.py", offline=True)
+        preview = CliRunner().invoke(main, ["render", "--json", "inventories/lab.py", router_host["name"]],
+                                     env={"LAB_API_KEY": KEY})
     assert resolved.errors == [], resolved.errors
-    yield router_host, other, first, second, resolved.routers["tiny-lab"]
+    assert preview.exit_code == 0, preview.output
+    yield router_host, other, first, second, resolved.routers["tiny-lab"], json.loads(preview.output)
 
 
 def _curl(spec, args: str, user: str = "root") -> tuple[str, str]:
@@ -49,7 +55,7 @@ def _curl(spec, args: str, user: str = "root") -> tuple[str, str]:
 
 
 def test_the_front_door_converges_and_then_changes_nothing(door):
-    _, _, first, second, _ = door
+    _, _, first, second, _, _ = door
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-3000:]
     assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-3000:]
     assert KEY not in first.stdout + first.stderr + second.stdout + second.stderr
@@ -58,7 +64,7 @@ def test_the_front_door_converges_and_then_changes_nothing(door):
 
 
 def test_a_local_process_cannot_register_a_worker_with_the_router(door):
-    router_host, other, first, _, rp = door
+    router_host, other, first, _, rp, _ = door
     assert first.returncode == 0
     front = f"http://{router_host['address']}:{PORT}"
     chat = json.dumps({"model": "tiny-lab", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
@@ -85,3 +91,19 @@ def test_a_local_process_cannot_register_a_worker_with_the_router(door):
     listed = router.parse_workers(ssh(router_host, router.list_command(rp)).stdout)
     assert listed is not None and f"http://{other['address']}:9" not in listed
     assert set(listed) == {w.url for w in rp.workers}
+
+
+def test_the_router_hosts_files_previewed_by_render_are_the_ones_the_run_wrote(door):
+    router_host, _, first, _, rp, shown_json = door
+    assert first.returncode == 0
+    ours = {f["path"] for f in router.preview(rp)[0]}
+    files = {f["path"]: f for f in shown_json["files"] if f["path"] in ours}
+    assert ours == set(files) and {router.paths(rp)["unit"], router.LAUNCHER} <= ours
+    for path, shown in files.items():
+        raw = base64.b64decode(ssh(router_host, f"base64 -w0 {path}").stdout)
+        assert ssh(router_host, f"stat -c %a {path}").stdout.strip() == shown["mode"].lstrip("0"), path
+        if "********" in shown["content"]:  # a secret, masked in the preview: the run wrote the key there
+            assert raw.decode().strip() == KEY and KEY not in json.dumps(shown_json), path
+        else:
+            assert raw == shown["content"].encode(), path  # byte for byte
+    assert any("plain HTTP" in note for note in shown_json["notes"])
