@@ -229,13 +229,14 @@ def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list
                 errors.append((where, "router_port", f"{head.router.port}: port {port} ({what}) is "
                                f"{'out of range' if port > 65535 else 'used by ' + taken[port]} on {router_host}"))
         key = os.environ.get(head.api_key_env or "")
-        if rspec.auth == "proxy" and key and not offline and not PROXY_KEY.match(key.strip()):
+        proxied = rspec.auth == "proxy" or head.router.tls_cert or head.router.client_keys_env
+        if proxied and key and not offline and not PROXY_KEY.match(key.strip()):
             errors.append((where, "api_key_env", f"the value of {head.api_key_env} (not shown) has characters the "
                            "proxy's config cannot hold: use 8-512 of A-Z a-z 0-9 . _ ~ + / = -"))
         if name in routers:
             errors.append((where, "router", f"{served} already has a front door on {routers[name].host}"))
-        errors += tls_problems(where, head.router, rspec, offline)
-        errors += client_key_problems(where, head.router.client_keys_env, head.api_key_env, rspec, offline)
+        errors += tls_problems(where, head.router, offline)
+        errors += client_key_problems(where, head.router.client_keys_env, head.api_key_env, offline)
         if len(errors) > problems:
             continue
         workers = tuple(Worker(pool=s.pool, host=s.host, url=f"http://{_replica_address(hosts, s, router_host)}:"
@@ -266,18 +267,15 @@ def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list
     return out, routers
 
 
-def tls_problems(where: str, choice, rspec: RouterSpec, offline: bool) -> list[tuple[str, str, str]]:
-    """The front door's certificate and key: both or neither, on a front door nginx serves, PEM files readable
-    on the control node (not read --offline). Their contents are never shown."""
+def tls_problems(where: str, choice, offline: bool) -> list[tuple[str, str, str]]:
+    """The front door's certificate and key: both or neither, PEM files readable on the control node (not read
+    --offline). Their contents are never shown. nginx serves a front door with TLS (behind_proxy)."""
     cert, key = choice.tls_cert, choice.tls_key
     if not cert and not key:
         return []
     if not (cert and key):
         given, missing = ("router_tls_cert", "router_tls_key") if cert else ("router_tls_key", "router_tls_cert")
         return [(where, missing, f"unset, but {given} is set: the front door needs both for TLS")]
-    if rspec.auth != "proxy":
-        return [(where, "router_tls_cert", f"TLS is built for a front door nginx serves (vLLM's), not for "
-                 f"{rspec.package}'s own listener: unset router_tls_cert and router_tls_key")]
     out = []
     for fld, path, marker in (("router_tls_cert", cert, "-----BEGIN CERTIFICATE-----"),
                               ("router_tls_key", key, "PRIVATE KEY-----")):
@@ -294,16 +292,14 @@ def tls_problems(where: str, choice, rspec: RouterSpec, offline: bool) -> list[t
     return out
 
 
-def client_key_problems(where: str, names: tuple[str, ...], model_key_env: str | None, rspec: RouterSpec,
+def client_key_problems(where: str, names: tuple[str, ...], model_key_env: str | None,
                         offline: bool) -> list[tuple[str, str, str]]:
-    """The clients' keys of a front door (router_client_keys_env): on a front door nginx serves, each variable set
-    on the control node, a key the proxy's config can hold, and none the replicas' own (values never shown)."""
+    """The clients' keys of a front door (router_client_keys_env): each variable set on the control node, a key
+    the proxy's config can hold, and none the replicas' own (values never shown). nginx serves such a front door
+    (behind_proxy)."""
     fld = "router_client_keys_env"
     if not names:
         return []
-    if rspec.auth != "proxy":
-        return [(where, fld, f"set, but {rspec.package} checks one key itself (its --api-key, also the replicas'): "
-                 "clients' keys of their own are built for a front door nginx serves (vLLM's)")]
     if offline:
         return []
     out, model_key = [], os.environ.get(model_key_env or "", "").strip()
@@ -403,7 +399,9 @@ def paths(rp: RouterPlan) -> dict[str, str]:
 
 
 def behind_proxy(rp: RouterPlan) -> bool:
-    return spec(rp).auth == "proxy"
+    """nginx is the front door (the router on loopback behind it): where the router checks no key itself, and for
+    any router where clients have keys of their own or the door speaks TLS."""
+    return spec(rp).auth == "proxy" or rp.tls or bool(rp.client_keys_env)
 
 
 def listen(rp: RouterPlan) -> tuple[str, int]:

@@ -199,7 +199,7 @@ def start_front_door(rp: RouterPlan, workdir: Path) -> list[subprocess.Popen]:
     `rp.config_dir` for /etc/modelfleet; waits until the router answers /health. The router's process first."""
     spec = router.spec(rp)
     venv = router_venv(spec)
-    nginx = nginx_binary() if spec.auth == "proxy" else None
+    nginx = nginx_binary() if router.behind_proxy(rp) else None
     paths = router.paths(rp)
     Path(paths["config"]).write_text(router.launcher_config(rp))
     Path(paths["workers"]).write_text(router.workers_file(rp))
@@ -215,7 +215,9 @@ def start_front_door(rp: RouterPlan, workdir: Path) -> list[subprocess.Popen]:
     if nginx:
         runtime = workdir / "door"
         runtime.mkdir()
-        Path(paths["proxy_key"]).write_text(router.proxy_key_conf(KEY))
+        # The clients' keys (router_client_keys_env, else the model's), the replicas' own where they differ.
+        Path(paths["proxy_key"]).write_text(router.proxy_key_conf(router.client_keys(rp) if rp.client_keys_env
+                                                                  else KEY, KEY if rp.client_keys_env else None))
         Path(paths["proxy"]).write_text(router.render_proxy(rp, runtime=str(runtime)))
         conf = ["-e", "stderr", "-p", str(runtime), "-c", paths["proxy"]]
         sh(f"{nginx} -t -q {' '.join(conf)}")

@@ -40,15 +40,17 @@ class RotatingClients(door.Clients):
                 self.answers.append((key, status))
 
 
-def test_the_clients_key_rotates_with_no_refused_request(tmp_path, monkeypatch):
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_clients_key_rotates_with_no_refused_request(engine, tmp_path, monkeypatch):
     monkeypatch.setenv("MF_MODEL_KEY", KEY)
     monkeypatch.setenv("MF_CLIENT_OLD", OLD)
     monkeypatch.setenv("MF_CLIENT_NEW", NEW)
-    replicas = [door.Replica("vllm", tmp_path, i) for i in range(3)]
-    plain = RouterPlan(name=SERVED, host="local", engine_name="vllm", served_name=SERVED, bind_address="127.0.0.1",
+    replicas = [door.Replica(engine, tmp_path, i) for i in range(3)]
+    plain = RouterPlan(name=SERVED, host="local", engine_name=engine, served_name=SERVED, bind_address="127.0.0.1",
                        port=door.free_base_port(3), policy="round_robin", api_key_env="MF_MODEL_KEY",
                        config_dir=str(tmp_path), workers=tuple(Worker(f"r{i}", "local", r.url)
-                                                               for i, r in enumerate(replicas)))
+                                                               for i, r in enumerate(replicas)),
+                       client_keys_env=("MF_CLIENT_OLD",))
     procs = door.start_front_door(plain, tmp_path)
     nginx = procs[1]
     runtime = str(tmp_path / "door")

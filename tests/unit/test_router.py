@@ -228,8 +228,11 @@ def test_tls_needs_both_files_pem_on_the_control_node_and_nginx_before_the_route
 
     assert errors(router_tls_cert=str(cert), router_tls_key=str(key)) == []
     assert [(w, f) for w, f, _ in errors(router_tls_cert=str(cert))] == [("router tiny-lab", "router_tls_key")]
-    assert [(w, f) for w, f, _ in errors("sglang", router_tls_cert=str(cert), router_tls_key=str(key))] == [
-        ("router tiny-lab", "router_tls_cert")]
+    # SGLang's router, which checks its key itself, gets nginx before it for TLS (itself on loopback).
+    assert errors("sglang", router_tls_cert=str(cert), router_tls_key=str(key)) == []
+    sglang = resolve(fleet("sglang", router_tls_cert=str(cert), router_tls_key=str(key))).routers["tiny-lab"]
+    assert router.behind_proxy(sglang) and router.listen(sglang) == ("127.0.0.1", 8801)
+    assert not router.behind_proxy(resolve(fleet("sglang")).routers["tiny-lab"])
     [(where, fld, message)] = errors(router_tls_cert=str(key), router_tls_key=str(cert))[:1]
     assert (where, fld) == ("router tiny-lab", "router_tls_cert") and "secret-bytes" not in message
     missing = errors(router_tls_cert=str(tmp_path / "nope.crt"), router_tls_key=str(key))
@@ -320,8 +323,9 @@ def test_clients_keys_are_a_list_of_control_node_variables_and_the_replicas_get_
     problems = resolve(fleet("vllm", router_client_keys_env=["MF_CLIENT_NONE", "MF_CLIENT_SAME"])).errors
     assert [(w, f) for w, f, _ in problems] == [("router tiny-lab", "router_client_keys_env")] * 2
     assert "MF_CLIENT_NONE is not set" in problems[0][2] and KEY not in problems[1][2]
-    assert [(w, f) for w, f, _ in resolve(fleet("sglang", router_client_keys_env=keys)).errors] == [
-        ("router tiny-lab", "router_client_keys_env")]
+    # SGLang's router checks one key (its --api-key, also the replicas'): nginx before it takes the clients' keys.
+    sglang = resolve(fleet("sglang", router_client_keys_env=keys))
+    assert sglang.errors == [] and router.behind_proxy(sglang.routers["tiny-lab"])
 
 
 def test_validate_lists_the_front_doors_with_their_url_and_replicas(tmp_path):
