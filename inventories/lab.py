@@ -64,6 +64,9 @@ def _serves(index: int, spec: dict) -> dict:
                "bind_address": _scenario.bind_address or spec["address"],
                "api_key_env": _scenario.api_key_env,
                "env": _scenario.engine_env, "extra_args": _scenario.extra_args}
+    if _scenario.router:  # behind the front door: the router decides where the replica listens
+        del service["bind_address"]
+        service.update(router=_scenario.router, router_port=_scenario.router_port, port=_scenario.router_port + 10)
     if spec["name"] != _scenario.two_pools:
         return service
     pair = {**service, "engine": "vllm", "recipe": "tiny-lab-vllm", "gpus": 1}

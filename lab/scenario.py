@@ -71,6 +71,10 @@ class Scenario:
     # other host holds that revision, and the RAM it really has as host_ram_gib (the lab's hosts are containers on
     # this machine: their /proc/meminfo is its own), which preflight holds the plan to.
     moe: str | None = None
+    # That host runs the front door (`router`) of every serving host's pool, on router_port; their replicas listen
+    # on router_port + 10 (beside the router: loopback; elsewhere: the host's address).
+    router: str | None = None
+    router_port: int = 8800
     # Admission also asks for copy bandwidth (the lab's containers have no GPU: a refusal to see).
     admission_h2d: bool = False
     # Admission also runs DCGM's diagnostic at this level (the persona's recording, where it has one); 0: not.

@@ -89,6 +89,8 @@ def validate(inventory: str, group_data, data, offline: bool, strict: bool, as_j
     result = _open(inventory, group_data, data, offline)
     refused = result.errors + (result.warnings if strict else [])
 
+    from modelfleet.router import summary as door_summary
+
     def listed(problems):
         return [{"where": w, "field": f, "message": m} for w, f, m in problems]
 
@@ -97,9 +99,12 @@ def validate(inventory: str, group_data, data, offline: bool, strict: bool, as_j
         "errors": listed(refused), "warnings": listed(result.warnings), "skipped": listed(result.skipped),
         "info": listed(result.info),
         "group_data_files": result.group_data_files, "site_recipe_files": result.site_recipe_files,
-        "site_hardware_files": result.site_hardware_files}
+        "site_hardware_files": result.site_hardware_files,
+        "front_doors": [door_summary(rp) for rp in result.routers.values()]}
     lines = [result.error_report(refused)] if refused else [
-        f"ok: {len(result.hosts)} host(s), {len(result.pools)} pool(s)"]
+        f"ok: {len(result.hosts)} host(s), {len(result.pools)} pool(s)"] + [
+        f"front door {d['name']} on {d['host']}: {d['url']} ({'TLS' if d['tls'] else 'plain HTTP'}), "
+        f"{len(d['replicas'])} replica(s)" for d in out["front_doors"]]
     if not strict:
         lines += [f"warning: {w}: {f}: {m}" for w, f, m in result.warnings]
     lines += [f"skipped: {w}: {f}: {m}" for w, f, m in result.skipped]
@@ -253,6 +258,10 @@ def render_cmd(inventory: str, host: str, group_data, data, as_json: bool, pin: 
         secrets = render.render_secrets_config(svc, mask=True)
         if secrets:
             files.append({"path": svc.secrets_config_file, "mode": "0600", "content": secrets})
+    for rp in plan.routers:  # the front doors this host runs (modelfleet.router)
+        from modelfleet.router import preview
+        door_files, door_notes = preview(rp)
+        files, notes = files + door_files, notes + door_notes
     files, notes = masking.masked(files), masking.masked(notes)
     if as_json:
         click.echo(json.dumps({"host": host, "files": files, "notes": notes}, indent=2))

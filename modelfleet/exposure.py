@@ -47,3 +47,30 @@ def off_loopback_problem(engine: str, bind_address: str, api_key_env: str | None
                 "Leave `bind_address` unset (127.0.0.1); for clients on the network set `router` (and "
                 "`api_key_env`): the model's front door authenticates every route, the replicas listen for it only")
     return None
+
+
+def routed_replica_problem(engine: str, address: str, router_host: str, pd: bool = False) -> str | None:
+    """Why a replica behind the front door on `router_host`, listening on `address` (its fabric address, off
+    loopback), would serve the model to anyone on that network without the key; None when its own key covers
+    every route that runs the model. Asked where no keyed proxy can cover it (door_needed: a PD server, or an
+    engine whose coverage is unknown): such a replica is refused, not exposed."""
+    coverage = key_coverage().get(engine)
+    if coverage is not None and not coverage.open_inference_routes:
+        return None
+    what = (f"{engine}'s API key protects {coverage.covers}: {', '.join(coverage.open_inference_routes)} run the "
+            f"model without the key (source: {coverage.source})") if coverage else \
+        f"modelfleet does not know which routes {engine}'s API key protects"
+    where = (f"the {pd} server would listen on {address} for the router on {router_host} and the other part"
+             if pd else f"the replica would listen on {address} for the router on {router_host}")
+    fix = ("a prefill/decode server listens on its fabric address even beside its router, so this layout cannot "
+           f"be served with {engine} until a keyed proxy sits before each server" if pd else
+           f"Serve it from {router_host} itself (a replica beside its router listens on loopback), or without "
+           "`router`")
+    return f"{where}, and {what}, for anyone who reaches {address}. {fix}"
+
+
+def door_needed(engine: str) -> bool:
+    """A routed replica of `engine` off loopback sits behind a keyed proxy on its own host (modelfleet.replica_door):
+    its key is known to leave a model route open. Unknown coverage is refused instead (routed_replica_problem)."""
+    coverage = key_coverage().get(engine)
+    return bool(coverage and coverage.open_inference_routes)

@@ -292,7 +292,7 @@ def _routers(plan: HostPlan, parsed: dict) -> list[dict]:
     for rp in plan.routers:
         got = parsed.get(rp.name, {})
         listed = router.listed(got.get("workers") or "")
-        out.append({"name": rp.name, "unit": rp.unit_name, "front_door": rp.base_url,
+        out.append({"name": rp.name, "unit": rp.unit_name, "front_door": rp.base_url, "tls": rp.tls,
                     "state": f"{got.get('ActiveState')}/{got.get('SubState')}",
                     "workers": None if listed is None else {url: w["healthy"] for url, w in listed.items()}})
     return out
@@ -312,8 +312,8 @@ def _in_router(plans: list[HostPlan], rows: list[dict]) -> list[dict]:
             svc = next(s for s in plan_of[row["host"]].services if s.pool == service["pool"])
             workers = listed.get(router.front_door_name(svc.served_name)) if svc.router and not svc.node_rank \
                 else None
-            service["router"] = None if workers is None else "out" if svc.base_url not in workers else (
-                "unhealthy" if workers[svc.base_url] is False else "in")
+            service["router"] = None if workers is None else "out" if svc.router_url not in workers else (
+                "unhealthy" if workers[svc.router_url] is False else "in")
     return rows
 
 
@@ -343,7 +343,9 @@ def status_table(rows: list[dict]) -> str:
             listed = "no answer" if replicas is None else \
                 f"{sum(h is not False for h in replicas.values())}/{len(replicas)} replicas healthy"
             lines.append(f"{row['host']:<14} {'-':<9} {'door ' + door['name']:<16} {'-':<8} {door['state']:<18} "
-                         f"{door['front_door']} ({listed})")
+                         f"{door['front_door']} ({'TLS' if door.get('tls') else 'plain HTTP'}; {listed})")
+            lines += [f"{'':<14} {'':<9} {'  replica':<16} {'-':<8} {'-':<18} {url} "
+                      f"({'unhealthy' if healthy is False else 'listed'})" for url, healthy in (replicas or {}).items()]
     return "\n".join(lines)
 
 

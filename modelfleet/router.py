@@ -18,8 +18,9 @@ import re
 import shlex
 from dataclasses import replace
 from functools import lru_cache
+from pathlib import Path
 from typing import Literal
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict
@@ -27,8 +28,9 @@ from pyinfra.api import FactBase
 
 from modelfleet import grammar, render
 from modelfleet.catalog import CATALOG_DIR
+from modelfleet.exposure import door_needed, key_coverage, routed_replica_problem
 from modelfleet.host_commands import program
-from modelfleet.inventory.plan import HostPlan, PoolPlan, RouterPlan, Worker
+from modelfleet.inventory.plan import HostPlan, PoolPlan, RouterPlan, Worker, _is_loopback
 from modelfleet.stages import TOOLS_BIN
 
 UNIT_DIR = "/etc/systemd/system"
@@ -97,6 +99,7 @@ class RouterSpec(_Strict):
     host_flag: str
     port_flag: str
     api_key_flag: str
+    admin_keys_flag: str | None = None  # the control plane's keys: set, the worker API takes modelfleet's key only
     start: Literal["flag", "api"]  # how a (re)started router gets its replicas: --worker-urls, or the worker API
     policies: list[str]
     inference_routes: list[str]  # what a key-less request must be refused on, at the front door
@@ -195,7 +198,10 @@ def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list
         for fld, value in (("engine", lambda s: s.engine_name), ("model", lambda s: s.model.id),
                            ("api_key_env", lambda s: s.api_key_env or ""), ("router_port", lambda s: s.router.port),
                            ("router_bind_address", lambda s: s.router.bind_address or ""),
-                           ("router_policy", lambda s: s.router.policy)):
+                           ("router_policy", lambda s: s.router.policy),
+                           ("router_tls_cert", lambda s: s.router.tls_cert or ""),
+                           ("router_client_keys_env", lambda s: ",".join(s.router.client_keys_env)),
+                           ("router_tls_key", lambda s: s.router.tls_key or "")):
             values = sorted({str(value(s)) for s in services})
             if len(values) > 1:
                 errors.append((where, fld, f"the replicas of {served} disagree: {', '.join(values)}"))
@@ -223,14 +229,17 @@ def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list
                 errors.append((where, "router_port", f"{head.router.port}: port {port} ({what}) is "
                                f"{'out of range' if port > 65535 else 'used by ' + taken[port]} on {router_host}"))
         key = os.environ.get(head.api_key_env or "")
-        if rspec.auth == "proxy" and key and not offline and not 8 <= len(key.strip()) <= 512:
+        proxied = rspec.auth == "proxy" or head.router.tls_cert or head.router.client_keys_env
+        if proxied and key and not offline and not 8 <= len(key.strip()) <= 512:
             errors.append((where, "api_key_env", f"the value of {head.api_key_env} (not shown) is "
                            f"{len(key.strip())} characters long: the front door takes keys of 8 to 512"))
-        elif rspec.auth == "proxy" and key and not offline and not PROXY_KEY.match(key.strip()):
+        elif proxied and key and not offline and not PROXY_KEY.match(key.strip()):
             errors.append((where, "api_key_env", f"the value of {head.api_key_env} (not shown) has characters the "
                            "proxy's config cannot hold: use 8-512 of A-Z a-z 0-9 . _ ~ + / = -"))
         if name in routers:
             errors.append((where, "router", f"{served} already has a front door on {routers[name].host}"))
+        errors += tls_problems(where, head.router, offline)
+        errors += client_key_problems(where, head.router.client_keys_env, head.api_key_env, offline)
         if len(errors) > problems:
             continue
         workers = tuple(Worker(pool=s.pool, host=s.host, url=f"http://{_replica_address(hosts, s, router_host)}:"
@@ -240,14 +249,98 @@ def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list
         routers[name] = RouterPlan(name=name, host=router_host, engine_name=head.engine_name, served_name=served,
                                    bind_address=bind, port=head.router.port, policy=head.router.policy,
                                    api_key_env=head.api_key_env, config_dir=rhost.config_dir,
-                                   workers=tuple(sorted(workers, key=lambda w: w.url)), pd=any(roles.values()))
+                                   workers=tuple(sorted(workers, key=lambda w: w.url)), pd=any(roles.values()),
+                                   tls_cert=head.router.tls_cert, tls_key=head.router.tls_key,
+                                   client_keys_env=head.router.client_keys_env)
+        # Refused, though planned (the plan shows what would run): a replica off loopback whose engine leaves a
+        # route open and that no keyed proxy can cover (a PD server, whose other part reaches it directly too; an
+        # engine whose key coverage modelfleet does not know).
+        for svc in services:
+            address = _replica_address(hosts, svc, router_host)
+            if _is_loopback(address) or (door_needed(svc.engine_name) and not roles[svc.pool]):
+                continue
+            exposed = routed_replica_problem(svc.engine_name, address, router_host, roles[svc.pool])
+            if exposed:
+                errors.append((f"host {svc.host}", "router", exposed))
     out = {}
     for name, plan in hosts.items():
-        services = tuple(replace(s, bind_address=_replica_address(hosts, s, s.router.host)) if s.router else s
-                         for s in plan.services)
+        services = tuple(_bound(hosts, s) if s.router else s for s in plan.services)
         out[name] = replace(plan, services=services,
                             routers=tuple(rp for rp in routers.values() if rp.host == name))
     return out, routers
+
+
+def tls_problems(where: str, choice, offline: bool) -> list[tuple[str, str, str]]:
+    """The front door's certificate and key: both or neither, PEM files readable on the control node (not read
+    --offline). Their contents are never shown. nginx serves a front door with TLS (behind_proxy)."""
+    cert, key = choice.tls_cert, choice.tls_key
+    if not cert and not key:
+        return []
+    if not (cert and key):
+        given, missing = ("router_tls_cert", "router_tls_key") if cert else ("router_tls_key", "router_tls_cert")
+        return [(where, missing, f"unset, but {given} is set: the front door needs both for TLS")]
+    out = []
+    for fld, path, marker in (("router_tls_cert", cert, "-----BEGIN CERTIFICATE-----"),
+                              ("router_tls_key", key, "PRIVATE KEY-----")):
+        if offline:
+            continue
+        try:
+            text = Path(path).read_text(errors="replace")
+        except OSError as error:
+            out.append((where, fld, f"{path}: cannot be read on the control node ({error.strerror})"))
+            continue
+        if marker not in text:
+            out.append((where, fld, f"{path}: not a PEM {'certificate' if fld == 'router_tls_cert' else 'private key'}"
+                        " (contents not shown)"))
+    return out
+
+
+def client_key_problems(where: str, names: tuple[str, ...], model_key_env: str | None,
+                        offline: bool) -> list[tuple[str, str, str]]:
+    """The clients' keys of a front door (router_client_keys_env): each variable set on the control node, a key
+    the proxy's config can hold, and none the replicas' own (values never shown). nginx serves such a front door
+    (behind_proxy)."""
+    fld = "router_client_keys_env"
+    if not names:
+        return []
+    if offline:
+        return []
+    out, model_key = [], os.environ.get(model_key_env or "", "").strip()
+    for name in names:
+        value = os.environ.get(name, "").strip()
+        if not value:
+            out.append((where, fld, f"{name} is not set on the control node"))
+        elif not PROXY_KEY.match(value):
+            out.append((where, fld, f"the value of {name} (not shown) has characters the proxy's config cannot "
+                        "hold: use 8-512 of A-Z a-z 0-9 . _ ~ + / = -"))
+        elif value == model_key:
+            out.append((where, fld, f"{name} holds the same key as {model_key_env}, the replicas' key that "
+                        "clients must never see: give clients keys of their own"))
+    return out
+
+
+def client_keys(rp: RouterPlan) -> list[str]:
+    """The keys the front door accepts: each of router_client_keys_env's, else the model's own."""
+    if not rp.client_keys_env:
+        return [api_key(rp)]
+    return [os.environ[name].strip() for name in rp.client_keys_env]
+
+
+def tls_files(rp: RouterPlan) -> dict[str, str]:
+    """The router host's copies of the certificate chain and key (0600 each), read from the control node now."""
+    if not rp.tls:
+        return {}
+    p = paths(rp)
+    return {p["tls_cert"]: Path(rp.tls_cert).read_text(), p["tls_key"]: Path(rp.tls_key).read_text()}
+
+
+def _bound(hosts: dict[str, HostPlan], svc):
+    """A routed replica bound where only its router reaches it; behind a keyed proxy of its own host (on the
+    fabric) where its engine's key leaves a model route open, the engine then on loopback."""
+    address = _replica_address(hosts, svc, svc.router.host)
+    if not _is_loopback(address) and door_needed(svc.engine_name) and not pd_role(svc.recipe, svc.engine_name):
+        return replace(svc, bind_address="127.0.0.1", door_address=address)
+    return replace(svc, bind_address=address)
 
 
 def _pd_parts(pools: dict[str, PoolPlan]) -> dict[tuple[str, str], dict[str, list[str]]]:
@@ -300,14 +393,18 @@ def venv(rp: RouterPlan) -> str:
 
 def paths(rp: RouterPlan) -> dict[str, str]:
     base = f"{rp.config_dir}/router-{rp.name}"
-    return {"config": f"{base}.json", "workers": f"{base}.workers", "key": f"{base}.key", "auth": f"{base}.auth",
+    return {"config": f"{base}.json", "workers": f"{base}.workers", "key": f"{base}.key",
+            "admin": f"{base}.admin", "admin_auth": f"{base}.admin-auth",
             "unit": f"{UNIT_DIR}/{rp.unit_name}", "proxy": f"{rp.config_dir}/door-{rp.name}.conf",
             "proxy_key": f"{rp.config_dir}/door-{rp.name}.key.conf", "proxy_unit": f"{UNIT_DIR}/{rp.proxy_unit_name}",
+            "tls_cert": f"{rp.config_dir}/door-{rp.name}.crt", "tls_key": f"{rp.config_dir}/door-{rp.name}.tls-key",
             "installed": f"{venv(rp)}/.modelfleet-installed"}
 
 
 def behind_proxy(rp: RouterPlan) -> bool:
-    return spec(rp).auth == "proxy"
+    """nginx is the front door (the router on loopback behind it): where the router checks no key itself, and for
+    any router where clients have keys of their own or the door speaks TLS."""
+    return spec(rp).auth == "proxy" or rp.tls or bool(rp.client_keys_env)
 
 
 def listen(rp: RouterPlan) -> tuple[str, int]:
@@ -354,8 +451,9 @@ def launcher_config(rp: RouterPlan) -> str:
     start = {} if rp.pd else {"worker_urls_flag": s.worker_urls_flag} if s.start == "flag" else {"register": {
         "health": f"{local_url(rp)}/health", "url": f"{local_url(rp)}{s.workers['add'].path}",
         "body": _body(rp, "add", "{url}")}}
+    admin = {"admin_keys_flag": s.admin_keys_flag, "admin_key_file": p["admin"]} if s.admin_keys_flag else {}
     return json.dumps({"module": s.module, "args": router_args(rp), **start, "workers_file": p["workers"],
-                       "api_key_flag": s.api_key_flag, "key_file": p["key"]}, indent=1) + "\n"
+                       "api_key_flag": s.api_key_flag, "key_file": p["key"], **admin}, indent=1) + "\n"
 
 
 def _body(rp: RouterPlan, call: str, url: str) -> dict[str, str] | None:
@@ -383,16 +481,29 @@ def render_unit(rp: RouterPlan) -> str:
 def render_proxy(rp: RouterPlan, runtime: str | None = None) -> str:
     """nginx as the front door: every route needs the key (in the 0600 file it includes); the router's worker
     API is not served at all. `runtime`: its scratch directory (the unit's RuntimeDirectory)."""
+    p = paths(rp)
     return render.render_template("door.nginx.conf.j2", rp=rp, runtime=runtime or f"/run/modelfleet-door-{rp.name}",
-                                  key_conf=paths(rp)["proxy_key"], backend=f"127.0.0.1:{rp.backend_port}",
+                                  key_conf=p["proxy_key"], backend=f"127.0.0.1:{rp.backend_port}",
+                                  tls_cert=p["tls_cert"] if rp.tls else None, tls_key=p["tls_key"],
+                                  upstream_auth=bool(rp.client_keys_env),
                                   listen=f"[{rp.bind_address}]:{rp.port}" if ":" in rp.bind_address
                                   else f"{rp.bind_address}:{rp.port}")
 
 
-def proxy_key_conf(key: str) -> str:
-    if not PROXY_KEY.match(key):
+def proxy_key_conf(keys: str | list[str], upstream: str | None = None) -> str:
+    """nginx's map from the Authorization header to 1 for each key clients may send. A map's plain strings match
+    ignoring case, so each key is a case-sensitive regular expression (`~`), anchored at both ends, its `.` and
+    `+` literal. `upstream`: the key the proxy sends on instead of the client's (the replicas' own)."""
+    keys = [keys] if isinstance(keys, str) else keys
+    if not keys or not all(PROXY_KEY.match(k) for k in [*keys, *([upstream] if upstream else [])]):
         raise ValueError("refusing to write a key the proxy's config cannot hold (value not shown)")
-    return f'map $http_authorization $modelfleet_authorized {{\n    default 0;\n    "Bearer {key}" 1;\n}}\n'
+    lines = ["map $http_authorization $modelfleet_authorized {", "    default 0;"]
+    lines += [f'    "~^Bearer {"".join(f"[{c}]" if c in ".+" else c for c in key)}$" 1;' for key in keys]
+    lines.append("}")
+    if upstream:
+        lines += ["map $http_authorization $modelfleet_upstream_authorization {", f'    default "Bearer {upstream}";',
+                  "}"]
+    return "\n".join(lines) + "\n"
 
 
 def render_proxy_unit(rp: RouterPlan) -> str:
@@ -402,9 +513,20 @@ def render_proxy_unit(rp: RouterPlan) -> str:
 
 
 def key_files(rp: RouterPlan, key: str) -> dict[str, str]:
-    """The 0600 files holding the key: the launcher's, and the header curl sends to the worker API."""
+    """The 0600 file holding the clients' key, which the launcher hands to the router."""
+    return {paths(rp)["key"]: key + "\n"}
+
+
+def has_admin_key(rp: RouterPlan) -> bool:
+    return bool(spec(rp).admin_keys_flag)
+
+
+def admin_key_script(rp: RouterPlan) -> str:
+    """Shell for the router host: the worker API's own key (modelfleet's only, never a client's), made once on the
+    host into a 0600 file the launcher reads, beside the header file curl sends; each created with its final mode
+    and renamed into place."""
     p = paths(rp)
-    return {p["key"]: key + "\n", p["auth"]: f"Authorization: Bearer {key}\n"}
+    return program("router_admin_key", p["admin"], p["admin_auth"])
 
 
 def api_key(rp: RouterPlan) -> str | None:
@@ -412,14 +534,50 @@ def api_key(rp: RouterPlan) -> str | None:
     return value.strip() if value else None
 
 
+def summary(rp: RouterPlan) -> dict:
+    """A front door as `validate --json` and `status --json` list it: where clients reach it and its replicas."""
+    return {"name": rp.name, "host": rp.host, "url": f"{rp.base_url}/v1", "tls": rp.tls,
+            "router": f"{spec(rp).package} {spec(rp).version}", "proxy": behind_proxy(rp),
+            "client_keys_env": list(rp.client_keys_env or (rp.api_key_env,)),
+            "replicas": [{"pool": w.pool, "host": w.host, "url": w.url} for w in rp.workers]}
+
+
+def preview(rp: RouterPlan) -> tuple[list[dict], list[str]]:
+    """(files, notes): every file the router stage writes for this front door on the router host, as `render`
+    shows them (secrets masked: the clients' key, the private key; the worker API's key is made on the host)."""
+    p, masked = paths(rp), f"{render.MASK}\n"
+    files = [(LAUNCHER, launcher(), "0755"), (p["config"], launcher_config(rp), "0644"),
+             (p["workers"], workers_file(rp), "0644"), (p["key"], masked, "0600"),
+             (p["unit"], render_unit(rp), "0644")]
+    if behind_proxy(rp):
+        names = rp.client_keys_env or (rp.api_key_env,)
+        conf = "".join(f"# {name}\n" for name in names) + "map $http_authorization $modelfleet_authorized {\n" \
+            "    default 0;\n" + "".join(f'    "~^Bearer {render.MASK}$" 1;\n' for _ in names) + "}\n"
+        if rp.client_keys_env:
+            conf += (f"# {rp.api_key_env}, for the replicas\nmap $http_authorization "
+                     f'$modelfleet_upstream_authorization {{\n    default "Bearer {render.MASK}";\n}}\n')
+        files += [(p["proxy_key"], conf, "0600"), (p["proxy"], render_proxy(rp), "0644"),
+                  (p["proxy_unit"], render_proxy_unit(rp), "0644")]
+    if rp.tls:
+        files += [(p["tls_cert"], Path(rp.tls_cert).read_text(), "0600"), (p["tls_key"], masked, "0600")]
+    notes = [f"front door {rp.name}: {rp.base_url}/v1 for clients ("
+             + (f"TLS with {rp.tls_cert}" if rp.tls else "plain HTTP: the key crosses the network in clear; set "
+                "router_tls_cert and router_tls_key for TLS")
+             + f"), {len(rp.workers)} replica(s): {', '.join(w.url for w in rp.workers)}"]
+    if has_admin_key(rp):
+        notes.append(f"front door {rp.name}: {p['admin']} and {p['admin_auth']} (0600), the worker API's key, are "
+                     "made on the router host by the run, never on the control node")
+    return [{"path": path, "mode": mode, "content": content} for path, content, mode in files], notes
+
+
 # -- the worker API -------------------------------------------------------------------------------------------
 
 
 def _curl(rp: RouterPlan, call: str, **values) -> str:
-    """A curl of the router's worker API on the router host; the key (SGLang's router asks for it) comes from
-    the 0600 header file, never the command line."""
+    """A curl of the router's worker API on the router host; its key (SGLang's control plane asks for it) comes
+    from the 0600 header file, never the command line."""
     s = spec(rp).workers[call]
-    auth = [] if behind_proxy(rp) else ["-H", f"@{paths(rp)['auth']}"]
+    auth = ["-H", f"@{paths(rp)['admin_auth']}"] if has_admin_key(rp) else []
     data = _body(rp, call, values.get("url", ""))
     body = ["-H", "Content-Type: application/json", "-d", json.dumps(data)] if data else []
     path = s.path.format(**{k: _quoted(v) for k, v in values.items()})
@@ -483,6 +641,27 @@ def remove_script(rp: RouterPlan, url: str, worker_id: str) -> str:
     if rp.pd:
         return _pd_refused(rp, url, "taking out")
     return _worker_program(rp, "remove", url, _curl(rp, "remove", url=url, id=worker_id))
+
+
+def replica_probes(rp: RouterPlan) -> list[tuple[str, str]]:
+    """(replica host, URL) the router host asks without the key: every replica off loopback, on
+    /v1/chat/completions, its engine's own inference route and every route its key leaves open that runs the
+    model. A replica on the router host's loopback is not beyond it: none of its routes is asked here."""
+    coverage = key_coverage().get(rp.engine_name)
+    routes = ["/v1/chat/completions", *([coverage.probe_route, *coverage.open_inference_routes] if coverage else [])]
+    return [(w.host, f"{w.url}{route}") for w in rp.workers if not _is_loopback(urlsplit(w.url).hostname or "")
+            for route in dict.fromkeys(routes)]
+
+
+def replica_exposure_script(rp: RouterPlan) -> str | None:
+    """Shell for the router host: each of replica_probes refuses a key-less request (exit 1 naming the replica's
+    host and route otherwise); None when every replica is on loopback."""
+    probes = replica_probes(rp)
+    if not probes:
+        return None
+    body = json.dumps({"model": rp.served_name, "messages": [{"role": "user", "content": "Say hi."}],
+                       "prompt": "Say hi.", "text": "Say hi.", "input": "Say hi.", "max_tokens": 1})
+    return program("replica_exposure", rp.name, body, *(part for probe in probes for part in probe))
 
 
 def health_script(rp: RouterPlan, timeout_s: int = 60) -> str:

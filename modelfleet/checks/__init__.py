@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 
 from modelfleet import render
@@ -21,11 +22,23 @@ class Endpoint:
     tool_choice: str = "auto"        # the recipe's probe settings (catalog ProbeSettings)
     final_tool_choice: str = "auto"
     refused_routes: tuple[str, ...] = ()  # a front door's inference routes: each must refuse a key-less request
-    behind_router: bool = False  # a replica behind a front door: it listens for the router only
+    ca_file: str | None = None  # a TLS front door's certificate chain (control node): the checks trust it only
 
     @property
     def openai_base_url(self) -> str:
         return f"{self.base_url}/v1"
+
+
+def tls_context(ep: Endpoint) -> ssl.SSLContext | None:
+    """The checks' TLS view of a front door with its own certificate: pinned to the chain the site gave (any
+    certificate of it is an anchor, so a CA-issued chain and a self-signed one both verify), and nothing else;
+    the pin stands in for the name check, which an SSH tunnel's 127.0.0.1 would fail. None: plain HTTP."""
+    if not ep.ca_file:
+        return None
+    context = ssl.create_default_context(cafile=ep.ca_file)
+    context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+    context.check_hostname = False
+    return context
 
 
 def reachable_from_control_node(plan: HostPlan, svc: ServicePlan) -> bool:
@@ -39,8 +52,7 @@ def reachable_from_control_node(plan: HostPlan, svc: ServicePlan) -> bool:
 def endpoint(plan: HostPlan, svc: ServicePlan) -> Endpoint:
     return Endpoint(name=f"{plan.name}/{svc.pool}", base_url=svc.base_url, model=svc.served_name,
                     engine=svc.engine_name, api_key=render.api_key(svc), pool=svc.pool,
-                    tool_choice=svc.recipe.probe.tool_choice, final_tool_choice=svc.recipe.probe.final_tool_choice,
-                    behind_router=bool(svc.router))
+                    tool_choice=svc.recipe.probe.tool_choice, final_tool_choice=svc.recipe.probe.final_tool_choice)
 
 
 def inventory_endpoints(resolved: Resolved, hosts: tuple[str, ...] = ()) -> list[Endpoint]:

@@ -12,19 +12,19 @@ import urllib.error
 import urllib.request
 from urllib.parse import urlsplit
 
-from modelfleet.checks import Endpoint
+from modelfleet.checks import Endpoint, tls_context
 from modelfleet.exposure import key_coverage
 from modelfleet.inventory.plan import _is_loopback
 
 REFUSED = (401, 403)
 
 
-def ask_without_key(url: str, body: dict, timeout_s: float = 10) -> int | str:
-    """The HTTP status a key-less POST gets, or why none came back."""
+def ask_without_key(url: str, body: dict, timeout_s: float = 10, context=None) -> int | str:
+    """The HTTP status a key-less POST gets, or why none came back (`context`: a TLS front door's)."""
     request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s, context=context) as response:
             return response.status
     except urllib.error.HTTPError as error:
         return error.code
@@ -43,9 +43,9 @@ def routes_to_ask(ep: Endpoint) -> tuple[list[tuple[str, dict]], list[str]]:
     if coverage is None:
         return [("/v1/chat/completions", chat)], []
     host = urlsplit(ep.base_url).hostname or ""
-    # A replica behind a front door listens for the router only (loopback, or the fabric): clients come
-    # through the front door, which is asked every route.
-    if coverage.probe_route in coverage.open_inference_routes and (_is_loopback(host) or ep.behind_router):
+    # Only loopback keeps an open route to the host itself (elsewhere the resolver puts such an engine behind a
+    # keyed proxy, or refuses it): off loopback it is asked like every other.
+    if coverage.probe_route in coverage.open_inference_routes and _is_loopback(host):
         return [("/v1/chat/completions", chat)], [coverage.probe_route]
     return [("/v1/chat/completions", chat), (coverage.probe_route, coverage.probe_body)], []
 
@@ -56,7 +56,7 @@ def check(ep: Endpoint, timeout_s: float = 10) -> dict:
     asked, unasked = routes_to_ask(ep)
     routes, failures = [], []
     for route, body in asked:
-        status = ask_without_key(f"{ep.base_url}{route}", body, timeout_s)
+        status = ask_without_key(f"{ep.base_url}{route}", body, timeout_s, tls_context(ep))
         routes.append({"route": route, "status": status, "refused": status in REFUSED})
         if status not in REFUSED:
             failures.append(failure(where, route, status))

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import re
 
+import httpx
 from openai import APIError, OpenAI
 
-from modelfleet.checks import Endpoint, exposure, ready
+from modelfleet.checks import Endpoint, exposure, ready, tls_context
 
 # Tool-call markup that a working parser removes from content (Kimi, Hermes/Qwen, Mistral, Llama styles).
 RAW_TOOL_MARKUP = re.compile(r"<\|tool_call|<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>|<\|tool_calls_section")
@@ -18,7 +19,10 @@ WEATHER_TOOL = {"type": "function", "function": {
 
 def client(ep: Endpoint, timeout_s: float = 120) -> OpenAI:
     # Engines without --api-key accept any bearer; the SDK insists on one.
-    return OpenAI(base_url=ep.openai_base_url, api_key=ep.api_key or "no-key", timeout=timeout_s, max_retries=0)
+    context = tls_context(ep)
+    http_client = httpx.Client(verify=context, timeout=timeout_s) if context else None
+    return OpenAI(base_url=ep.openai_base_url, api_key=ep.api_key or "no-key", timeout=timeout_s, max_retries=0,
+                  http_client=http_client)
 
 
 def smoke(ep: Endpoint, max_tokens: int = 512) -> dict:

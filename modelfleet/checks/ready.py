@@ -12,21 +12,21 @@ import time
 import urllib.error
 import urllib.request
 
-from modelfleet.checks import Endpoint
+from modelfleet.checks import Endpoint, tls_context
 
 
 def served_models(ep: Endpoint, timeout_s: float = 10) -> list[str]:
     """The ids /v1/models lists (the key as a bearer, as the SDK sends it)."""
     request = urllib.request.Request(f"{ep.openai_base_url}/models",
                                      headers={"Authorization": f"Bearer {ep.api_key or 'no-key'}"})
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+    with urllib.request.urlopen(request, timeout=timeout_s, context=tls_context(ep)) as response:
         return [model["id"] for model in json.load(response)["data"]]
 
 
 def _look(ep: Endpoint) -> tuple[dict | None, str]:
     """One look: (what /health and /v1/models answered, "") when ready, else (None, why not)."""
     try:
-        with urllib.request.urlopen(f"{ep.base_url}/health", timeout=5) as response:
+        with urllib.request.urlopen(f"{ep.base_url}/health", timeout=5, context=tls_context(ep)) as response:
             health = response.status
     except urllib.error.HTTPError as error:
         return None, f"/health answered {error.code}"

@@ -63,6 +63,9 @@ class RouterChoice:
     port: int
     bind_address: str | None
     policy: str
+    tls_cert: str | None = None  # control-node files: the front door's certificate chain and its key
+    tls_key: str | None = None
+    client_keys_env: tuple[str, ...] = ()  # control-node variables of the keys clients use (none: api_key_env's)
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,14 @@ class RouterPlan:
     config_dir: str
     workers: tuple[Worker, ...]
     pd: bool = False  # prefill/decode mode: the router pairs its prefill and decode servers
+    tls_cert: str | None = None  # control-node files (RouterChoice); set: the front door speaks HTTPS
+    tls_key: str | None = None
+    # The variables of the keys clients use; the front door then sends the replicas api_key_env's key instead.
+    client_keys_env: tuple[str, ...] = ()
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_cert)
 
     @property
     def backend_port(self) -> int:
@@ -112,7 +123,7 @@ class RouterPlan:
 
     @property
     def base_url(self) -> str:
-        return f"http://{_url_host(self.bind_address)}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{_url_host(self.bind_address)}:{self.port}"
 
 
 @dataclass(frozen=True)
@@ -148,6 +159,9 @@ class ServicePlan:
     model_file: str | None = None  # the file the engine loads, inside the checkpoint (GGUF: the first shard)
     fabric: HostFabric | None = None  # a multi-node pool member's fabric (devices, env, head address), from facts
     router: RouterChoice | None = None  # the model's front door, when its replicas sit behind one
+    # A keyed proxy before this routed replica listens here (its fabric address) on `port`, the engine on loopback:
+    # its engine's key leaves model routes open (modelfleet.replica_door). None: the engine is what listens.
+    door_address: str | None = None
     driver_branch: str = ""  # the host's (HostPlan fills it in): part of the engine cache's key
     # A replica (no `pool` given) names its unit after what it serves, so every replica has the same unit name.
     unit_stem: str = ""
@@ -203,6 +217,11 @@ class ServicePlan:
     @property
     def base_url(self) -> str:
         return f"http://{_url_host(self.bind_address)}:{self.port}"
+
+    @property
+    def router_url(self) -> str:
+        """Where its front door's router reaches it: its keyed proxy, or the engine itself."""
+        return f"http://{_url_host(self.door_address)}:{self.port}" if self.door_address else self.base_url
 
 
 @dataclass(frozen=True)

@@ -168,7 +168,9 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
         recipe_params=dict(svc.recipe_params), model_file=recipe.model_file,
         gpu_indices=tuple(svc.gpu_indices or ()),
         router=RouterChoice(host=svc.router, port=svc.router_port, bind_address=svc.router_bind_address,
-                            policy=svc.router_policy) if svc.router else None,
+                            policy=svc.router_policy, tls_cert=svc.router_tls_cert,
+                            client_keys_env=tuple(svc.router_client_keys_env or ()),
+                            tls_key=svc.router_tls_key) if svc.router else None,
     )
 
 

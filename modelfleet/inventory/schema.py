@@ -112,6 +112,16 @@ class ServiceData(BaseModel):
     router_bind_address: Annotated[str, _fits(grammar.address)] | None = Field(
         None, description="Address the front door listens on, where clients reach it; unset: the router host's "
         "SSH address.")
+    router_client_keys_env: list[SecretVar] | None = Field(
+        None, description="Names of control-node variables, each holding a key the front door accepts from "
+        "clients (an old and a new key overlap while clients move); the front door then reaches the replicas with "
+        "`api_key_env`'s key, which clients never see. Unset: clients use `api_key_env`'s key.")
+    router_tls_cert: Annotated[str, _fits(grammar.no_control)] | None = Field(
+        None, description="The front door's TLS certificate chain (PEM), a file on the control node, with "
+        "`router_tls_key`; unset: the front door speaks plain HTTP.")
+    router_tls_key: Annotated[str, _fits(grammar.no_control)] | None = Field(
+        None, description="The private key (PEM) of `router_tls_cert`, a file on the control node; the router "
+        "host gets it as a 0600 file.")
     router_policy: Literal["random", "round_robin", "cache_aware", "power_of_two"] = Field(
         "cache_aware", description="How the router picks a replica for each request (both routers' names).")
     recipe_params: dict[Name, Annotated[float | int | str, _fits(grammar.flag_value)]] = Field(

@@ -23,6 +23,9 @@ MARKER = ".modelfleet-owned"
 OWN_NAMES = (".modelfleet-*", ".*.modelfleet-tmp", "[A-Za-z0-9]*.env", "[A-Za-z0-9]*.secrets.yaml",
              "[A-Za-z0-9]*.auth", "hf-token", "checkpoint-*.json", "checkpoint-*.json.log", "engine-cache-*.json",
              "engine-cache-*.json.log",
+             # A front door's (modelfleet.router.paths): the router's config, replicas and keys, the proxy's.
+             "router-*.json", "router-*.workers", "router-*.key", "router-*.admin", "router-*.admin-auth",
+             "door-*.conf", "door-*.crt", "door-*.tls-key",
              *sorted(p.name for p in FILES_DIR.glob("*.py")))
 
 

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from pyinfra import host, state
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
-from modelfleet import router
+from modelfleet import render, replica_door, router
 from modelfleet.checks import Endpoint, exposure
 from modelfleet.checks.gate import run_gate
 from modelfleet.checks.tunnel import through_host
@@ -36,17 +36,20 @@ PROXY_PACKAGE = "nginx"
 
 
 def wanted_packages(plan: HostPlan) -> dict[str, None]:
-    names = list(BASE_PACKAGES) + [PROXY_PACKAGE] * any(router.behind_proxy(rp) for rp in plan.routers)
-    return dict.fromkeys(names)
+    proxy = any(router.behind_proxy(rp) for rp in plan.routers) or bool(replica_door.doors(plan))
+    return dict.fromkeys(list(BASE_PACKAGES) * bool(plan.routers) + [PROXY_PACKAGE] * proxy)
 
 
 def wants(plan: HostPlan, probe: dict) -> dict:
-    if not plan.routers:
+    doors = replica_door.doors(plan)
+    if not plan.routers and not doors:
         return {}
-    paths = [plan.config_dir, TOOLS_BIN, router.LAUNCHER]
+    paths = [plan.config_dir, *([TOOLS_BIN, router.LAUNCHER] if plan.routers else [])]
     paths += [path for rp in plan.routers for path in router.paths(rp).values()]
+    paths += [path for svc in doors for path in replica_door.paths(svc).values()]
     units = [unit for rp in plan.routers
              for unit in (rp.unit_name, *([rp.proxy_unit_name] if router.behind_proxy(rp) else []))]
+    units += [replica_door.unit_name(svc) for svc in doors]
     return {"paths": paths, "units": units, "packages": list(wanted_packages(plan))}
 
 
@@ -59,6 +62,12 @@ def venv_installed(venv: str, requirement: str, present: bool):
     yield StringCommand("python3", "-m", "venv", venv, "&&", f"{venv}/bin/pip", "install", "-q",
                         "--disable-pip-version-check", shlex.quote(requirement), "&&", "touch",
                         f"{venv}/.modelfleet-installed")
+
+
+@operation()
+def admin_key_made(script: str):
+    """The worker API's own key on the router host (router.admin_key_script); the caller asks only when absent."""
+    yield StringCommand(script)
 
 
 @operation(is_idempotent=False)
@@ -105,7 +114,8 @@ def registration(rp: RouterPlan, listed: dict[str, dict]) -> tuple[dict[str, str
 @deploy("modelfleet router")
 def run(ctx: HostRun):
     plan = ctx.plan
-    if not plan.routers:
+    doors = replica_door.doors(plan)
+    if not plan.routers and not doors:
         return
     deployed = ctx.deployed()
     at = deployed["paths"].get
@@ -116,6 +126,11 @@ def run(ctx: HostRun):
              wanted=wanted_packages(plan), current=deployed["packages"])
     directory(name=f"Config directory {plan.config_dir} (0700)", path=plan.config_dir, current=at(plan.config_dir),
               mode="0700")
+    # Before any front door's operations: a router registers its replicas through their proxies.
+    for svc in doors:
+        _replica_door(svc, deployed)
+    if not plan.routers:
+        return
     directory(name=f"Tools directory {TOOLS_BIN}", path=TOOLS_BIN, current=at(TOOLS_BIN))
     launcher = router.launcher()
     launcher_changed = content_changes(at(router.LAUNCHER), launcher, "0755")
@@ -135,6 +150,11 @@ def _front_door(ctx: HostRun, rp: RouterPlan, deployed: dict, launcher_changed: 
     installed = bool(at(p["installed"]))
     venv_installed(name=f"{spec.package} {spec.version} in {router.venv(rp)}", venv=router.venv(rp),
                    requirement=f"{spec.package}=={spec.version}", present=installed)
+    # The worker API's key is made on the router host once; a router running without it is restarted.
+    admin_new = router.has_admin_key(rp) and not (at(p["admin"]) and at(p["admin_auth"]))
+    if admin_new:
+        admin_key_made(name=f"Worker API key of router {rp.name} ({p['admin']}, 0600, made on the host)",
+                       script=router.admin_key_script(rp))
     files = [(p["config"], router.launcher_config(rp), "0644", False),
              *((path, content, "0600", True) for path, content in router.key_files(rp, key).items()),
              (p["unit"], router.render_unit(rp), "0644", False)]
@@ -148,7 +168,7 @@ def _front_door(ctx: HostRun, rp: RouterPlan, deployed: dict, launcher_changed: 
                  current=at(p["workers"]))
     unit = deployed["units"].get(rp.unit_name) or {}
     starting = owned_running(rp.unit_name, unit, extra, reload=changed[p["unit"]],
-                             restart=any(changed.values()) or launcher_changed or not installed)
+                             restart=any(changed.values()) or launcher_changed or not installed or admin_new)
     if starting:
         router_answers(name=f"Wait until router {rp.name} answers", script=router.health_script(rp))
     if router.behind_proxy(rp):
@@ -165,11 +185,32 @@ def _front_door(ctx: HostRun, rp: RouterPlan, deployed: dict, launcher_changed: 
         remove, add = registration(rp, listed)
         workers_registered(name=f"Replicas of front door {rp.name}", front_door=rp.name, remove=remove, add=add)
         changes = bool(remove or add)
+    probe = router.replica_exposure_script(rp)
+    if probe:
+        replicas_refuse_keyless(name=f"Replicas of front door {rp.name} refuse a request without the key, asked "
+                                f"from {rp.host}", script=probe)
     plan = ctx.plan
     tunnel = (rp.bind_address, rp.port) if _is_loopback(rp.bind_address) and plan.address not in (
         rp.bind_address, "@local") else None
     endpoint_verified(name=f"Verify {rp.served_name} through the front door {rp.base_url}",
-                      ep=front_door_endpoint(rp, key), tunnel=tunnel, full=ctx.alone or plan.verify_full or changes)
+                      ep=front_door_endpoint(rp, router.client_keys(rp)[0]), tunnel=tunnel,
+                      full=ctx.alone or plan.verify_full or changes)
+
+
+@operation(is_idempotent=False)
+def replicas_refuse_keyless(script: str):
+    """The verify gate's probe of the replicas from the router host (router.replica_exposure_script), while
+    executing (after the replicas started): a pass changes nothing; an answer other than 401/403 on a route that
+    runs the model fails the front door, naming the replica's host and route."""
+    if not state.is_executing:
+        host.noop("the replicas are asked without the key after they start")
+        return
+    ok, output = host.run_shell_command(StringCommand(script), print_output=False, print_input=False)
+    if ok:
+        host.noop(f"every replica refused {len(output.stdout_lines)} key-less requests from the router host")
+        return
+    yield FunctionCommand(refuse, ([f"verify: {line.removeprefix('modelfleet: ')}"
+                                    for line in output.stderr_lines] or ["verify: the replicas' probe failed"],), {})
 
 
 @operation(is_idempotent=False)
@@ -180,7 +221,8 @@ def endpoint_verified(ep: Endpoint, tunnel: tuple[str, int] | None, full: bool, 
         host.noop(f"{ep.name} is verified after its replicas are in")
         return
     with through_host(host, *tunnel) if tunnel else nullcontext() as port:
-        target = replace(ep, base_url=f"http://127.0.0.1:{port}") if tunnel else ep
+        scheme = ep.base_url.split("://", 1)[0]
+        target = replace(ep, base_url=f"{scheme}://127.0.0.1:{port}") if tunnel else ep
         report = {**run_gate(target, ready_timeout_s, full, None, reports_dir("bench")), "endpoint": ep.name,
                   "base_url": ep.openai_base_url, "via_ssh_tunnel": bool(tunnel)}
         if "exposure" not in report and report["readiness"].get("ok"):
@@ -202,12 +244,37 @@ def front_door_endpoint(rp: RouterPlan, key: str) -> Endpoint:
     """The verify gate's view of the front door: the model through the router, and every inference route of
     the router asked without the key."""
     return Endpoint(name=f"{rp.host}/router-{rp.name}", base_url=rp.base_url, model=rp.served_name,
-                    engine=rp.engine_name, api_key=key, refused_routes=tuple(router.spec(rp).inference_routes))
+                    engine=rp.engine_name, api_key=key, refused_routes=tuple(router.spec(rp).inference_routes),
+                    ca_file=rp.tls_cert)
+
+
+def _replica_door(svc, deployed: dict) -> None:
+    """The keyed proxy before a routed replica on its host (modelfleet.replica_door), with the model's key."""
+    key = render.api_key(svc)
+    unit_name = replica_door.unit_name(svc)
+    if not key:
+        fail_host(name=f"Keyed proxy of replica {svc.pool}", reasons=[
+            f"pool {svc.pool}: api_key_env {svc.api_key_env} is not set on the control node: no keyed proxy"])
+        return
+    at, p = deployed["paths"].get, replica_door.paths(svc)
+    files = replica_door.files(svc, key)
+    changed = {path: content_changes(at(path), content, mode) for path, content, mode, _ in files}
+    unit = deployed["units"].get(unit_name) or {}
+    extra = unmasked(unit_name, unit)
+    for path, content, mode, secret in files:
+        content_file(name=f"File {path} ({mode})", dest=path, content=content, current=at(path), mode=mode,
+                     secret=secret)
+    owned_running(unit_name, unit, extra, reload=changed[p["unit"]], restart=changed[p["unit"]])
+    proxy_reloaded(name=f"Reload {unit_name}", unit=unit_name,
+                   reload=unit.get("ActiveState") == "active" and not changed[p["unit"]]
+                   and (changed[p["conf"]] or changed[p["key"]]))
 
 
 def _proxy(rp: RouterPlan, deployed: dict, key: str) -> None:
     at, p = deployed["paths"].get, router.paths(rp)
-    files = [(p["proxy_key"], router.proxy_key_conf(key), "0600", True),
+    conf = router.proxy_key_conf(router.client_keys(rp), key if rp.client_keys_env else None)
+    files = [(p["proxy_key"], conf, "0600", True),
+             *((path, content, "0600", True) for path, content in router.tls_files(rp).items()),
              (p["proxy"], router.render_proxy(rp), "0644", False),
              (p["proxy_unit"], router.render_proxy_unit(rp), "0644", False)]
     changed = {path: content_changes(at(path), content, mode) for path, content, mode, _ in files}
@@ -219,4 +286,4 @@ def _proxy(rp: RouterPlan, deployed: dict, key: str) -> None:
     owned_running(rp.proxy_unit_name, unit, extra, reload=changed[p["proxy_unit"]], restart=changed[p["proxy_unit"]])
     proxy_reloaded(name=f"Reload {rp.proxy_unit_name}", unit=rp.proxy_unit_name,
                    reload=unit.get("ActiveState") == "active" and not changed[p["proxy_unit"]]
-                   and (changed[p["proxy"]] or changed[p["proxy_key"]]))
+                   and any(changed[path] for path in changed if path != p["proxy_unit"]))

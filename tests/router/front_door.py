@@ -128,7 +128,7 @@ class Replica:
     `version` as its image's (MODELFLEET_DOUBLE_VERSION); its log counts the chats it served."""
 
     def __init__(self, engine: str, workdir: Path, index: int, address: str = "127.0.0.1", port: int | None = None,
-                 version: str | None = None):
+                 version: str | None = None, key: str = KEY):
         self.port = port or free_base_port(1)
         self.url = f"http://{address}:{self.port}"
         launcher = workdir / "bin" / engine
@@ -137,7 +137,7 @@ class Replica:
             launcher.symlink_to(DOUBLE)  # the double plays the engine its argv[0] names
         model = ["--model-path", "/models/tiny"] if engine == "sglang" else ["/models/tiny"]
         argv = [sys.executable, str(launcher), "serve", *model, "--served-model-name", SERVED, "--host",
-                address, "--port", str(self.port), "--api-key", KEY]
+                address, "--port", str(self.port), "--api-key", key]
         self.log = workdir / f"replica-{index}{'-' + version if version else ''}.log"
         env = {**os.environ, "MODELFLEET_DOUBLE_LOAD_DELAY_S": "0"}
         if version:
@@ -199,13 +199,15 @@ def start_front_door(rp: RouterPlan, workdir: Path) -> list[subprocess.Popen]:
     `rp.config_dir` for /etc/modelfleet; waits until the router answers /health. The router's process first."""
     spec = router.spec(rp)
     venv = router_venv(spec)
-    nginx = nginx_binary() if spec.auth == "proxy" else None
+    nginx = nginx_binary() if router.behind_proxy(rp) else None
     paths = router.paths(rp)
     Path(paths["config"]).write_text(router.launcher_config(rp))
     Path(paths["workers"]).write_text(router.workers_file(rp))
     for path, content in router.key_files(rp, KEY).items():
         Path(path).write_text(content)
         os.chmod(path, 0o600)
+    if router.has_admin_key(rp):
+        sh(router.admin_key_script(rp))
     launcher = workdir / "modelfleet_router.py"
     launcher.write_text(router.launcher())
     procs = [subprocess.Popen([str(venv / "bin" / "python"), str(launcher), paths["config"]],
@@ -213,7 +215,9 @@ def start_front_door(rp: RouterPlan, workdir: Path) -> list[subprocess.Popen]:
     if nginx:
         runtime = workdir / "door"
         runtime.mkdir()
-        Path(paths["proxy_key"]).write_text(router.proxy_key_conf(KEY))
+        # The clients' keys (router_client_keys_env, else the model's), the replicas' own where they differ.
+        Path(paths["proxy_key"]).write_text(router.proxy_key_conf(router.client_keys(rp) if rp.client_keys_env
+                                                                  else KEY, KEY if rp.client_keys_env else None))
         Path(paths["proxy"]).write_text(router.render_proxy(rp, runtime=str(runtime)))
         conf = ["-e", "stderr", "-p", str(runtime), "-c", paths["proxy"]]
         sh(f"{nginx} -t -q {' '.join(conf)}")

@@ -202,7 +202,7 @@ def test_a_rolling_upgrade_behind_the_front_door_fails_no_client_request(engine,
         row = fleet.status([here])[0]
         assert row["reachable"] and [s["router"] for s in row["services"]] == ["unhealthy"], row
         table = fleet.status_table([row])
-        assert "unhealthy" in table and "(2/3 replicas healthy)" in table, table
+        assert "unhealthy" in table and "(plain HTTP; 2/3 replicas healthy)" in table, table
     finally:
         stop_all(procs)
         for replica in replicas.values():

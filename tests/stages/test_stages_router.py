@@ -54,6 +54,8 @@ def state_lines(rp, units_active=True) -> list[str]:
              p["installed"]: ("", 644)}
     lines = ["@@modelfleet-state path /etc/modelfleet", "dir 700 root root -",
              f"@@modelfleet-state path {TOOLS_BIN}", "dir 755 root root -"]
+    if router.has_admin_key(rp):  # made on the host: its content is the host's own
+        files.update({p["admin"]: ("host-made", 600), p["admin_auth"]: ("host-made", 600)})
     for path, (content, mode) in files.items():
         lines += [f"@@modelfleet-state path {path}", file_line(content, mode)]
     lines += [f"@@modelfleet-state unit {rp.unit_name}",
@@ -158,3 +160,73 @@ def test_a_drop_in_on_the_router_unit_is_removed_and_the_router_restarted(fake, 
 
 def rp_urls(rp):
     return [w.url for w in rp.workers]
+
+
+def test_a_tls_front_door_gets_the_sites_certificate_and_key_as_0600_files(fake, uploads, env, tmp_path):
+    cert, key = tmp_path / "door.crt", tmp_path / "door.key"
+    cert.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    key.write_text("-----BEGIN PRIVATE KEY-----\ntls-secret-bytes\n-----END PRIVATE KEY-----\n")
+    hosts = [(n, {**d, "engine": "vllm", "recipe": "tiny-lab-vllm", "router_tls_cert": str(cert),
+                  "router_tls_key": str(key)}) for n, d in inventory()]
+    rp = front_door(hosts)
+    commands = fake.executed(fake.run_fake(hosts, lambda: pipeline.run_stages(router_stage)), "r1")
+    p = router.paths(rp)
+    assert uploads.files[p["tls_cert"]] == cert.read_text() and uploads.files[p["tls_key"]] == key.read_text()
+    assert all(any(f"chmod 0600 {p[f]}" in c for c in commands) for f in ("tls_cert", "tls_key")), commands
+    assert not any("tls-secret-bytes" in c for c in commands)
+    assert "listen 127.0.0.1:8800 ssl;" in uploads.files[p["proxy"]]
+    assert env[0]["ep"].base_url == "https://127.0.0.1:8800" and env[0]["ep"].ca_file == str(cert)
+
+
+def test_sglangs_worker_api_key_is_made_on_the_router_host_once(fake, env):
+    hosts = inventory()
+    rp = front_door(hosts)
+    data = dict(hosts)
+    data["r1"] = {**data["r1"], "fake_responses": {}}
+    commands = fake.executed(fake.run_fake(list(data.items()), lambda: pipeline.run_stages(router_stage)), "r1")
+    assert router.admin_key_script(rp) in commands  # a new front door: made there, its content never sent
+    converged = fake.executed(run_router_host(fake, hosts, rp, rp_urls(rp)), "r1")
+    assert router.admin_key_script(rp) not in converged  # kept: the running router holds it
+
+
+def test_what_render_previews_for_the_router_host_is_what_the_stage_writes(fake, uploads, env, tmp_path):
+    cert, key = tmp_path / "door.crt", tmp_path / "door.key"
+    cert.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    key.write_text("-----BEGIN PRIVATE KEY-----\ntls-secret-bytes\n-----END PRIVATE KEY-----\n")
+    for engine, tls in (("vllm", {"router_tls_cert": str(cert), "router_tls_key": str(key)}), ("sglang", {})):
+        uploads.files.clear()
+        hosts = [(n, {**d, "engine": engine, "recipe": f"tiny-lab-{engine}", **tls}) for n, d in inventory()]
+        rp = front_door(hosts)
+        data = dict(hosts)
+        data["r1"] = {**data["r1"], "fake_responses": {}}
+        fake.run_fake(list(data.items()), lambda: pipeline.run_stages(router_stage))
+        files, notes = router.preview(rp)
+        shown = {f["path"]: f["content"] for f in files}
+        masked = {p for p, c in shown.items() if "********" in c}
+        assert set(shown) == set(uploads.files), engine  # every file the run writes there, and no other
+        assert {p: shown[p] for p in set(shown) - masked} == {p: uploads.files[p] for p in set(shown) - masked}
+        assert all(KEY not in c and "tls-secret-bytes" not in c for c in shown.values())
+        assert masked == {router.paths(rp)[f] for f in ("key", *(("proxy_key", "tls_key") if tls else ()))}
+        assert notes[0].startswith(f"front door tiny-lab: {rp.base_url}/v1 for clients (")
+        assert ("TLS with" in notes[0]) == bool(tls) and ("plain HTTP" in notes[0]) != bool(tls)
+
+
+def test_a_vllm_replica_on_another_host_gets_its_keyed_proxy_before_the_router_registers(fake, uploads, env):
+    from modelfleet import replica_door
+
+    hosts = [("r1", {**replica("127.0.0.1", 18011), "engine": "vllm", "recipe": "tiny-lab-vllm"}),
+             ("a", {**replica("10.1.0.2", 18012), "engine": "vllm", "recipe": "tiny-lab-vllm"})]
+    rp = front_door(hosts)
+    assert [w.url for w in rp.workers] == ["http://10.1.0.2:18012", "http://127.0.0.1:18011"]
+    state = fake.run_fake(hosts, lambda: pipeline.run_stages(router_stage))
+    commands = fake.executed(state, "a")
+    svc = front_door_plan(hosts)["@fake/a"].services[0]
+    p, unit = replica_door.paths(svc), replica_door.unit_name(svc)
+    assert any("apt-get" in c and " install " in c and "nginx" in c for c in commands), commands
+    assert f"systemctl start {unit}" in commands and not any("router" in c for c in commands)
+    assert "listen 10.1.0.2:18012;" in uploads.files[p["conf"]] and KEY in uploads.files[p["key"]]
+    assert any(f"chmod 0600 {p['key']}" in c for c in commands) and not any(KEY in c for c in commands)
+
+
+def front_door_plan(hosts):
+    return resolve([(f"@fake/{n}", d) for n, d in hosts]).hosts

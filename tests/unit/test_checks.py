@@ -14,7 +14,7 @@ def test_a_host_gives_its_served_name_url_and_engine():
     point = endpoint(plan, plan.services[0])
     assert (point.name, point.model, point.engine, point.pool) == ("b300-01/k31", "kimi-local", "vllm", "k31")
     assert point.base_url == "http://127.0.0.1:8000" and point.openai_base_url == "http://127.0.0.1:8000/v1"
-    assert point.api_key is None and not point.behind_router
+    assert point.api_key is None
 
 
 def test_a_keyed_service_gives_the_key_its_engine_was_started_with(monkeypatch):

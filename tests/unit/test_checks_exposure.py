@@ -107,10 +107,12 @@ def test_a_front_door_is_asked_every_route_it_serves_with_a_body_each_would_run(
     assert body["prompt"] and body["text"] and body["model"] == "tiny-lab"
 
 
-def test_a_replica_behind_a_front_door_leaves_the_open_route_to_the_door():
-    replica = endpoint("http://10.0.0.7:8000", "vllm", behind_router=True)
-    asked, unasked = exposure.routes_to_ask(replica)
+def test_an_open_route_is_left_unasked_on_loopback_only():
+    asked, unasked = exposure.routes_to_ask(endpoint("http://127.0.0.1:8000", "vllm"))
     assert [route for route, _ in asked] == ["/v1/chat/completions"] and unasked == ["/invocations"]
+    # Off loopback (a replica on the fabric for its router too) it is asked: 200 there fails the gate.
+    asked, unasked = exposure.routes_to_ask(endpoint("http://10.0.0.7:8000", "vllm"))
+    assert [route for route, _ in asked] == ["/v1/chat/completions", "/invocations"] and unasked == []
 
 
 def test_an_engine_without_key_coverage_is_asked_the_openai_route_only():

@@ -52,7 +52,12 @@ def options(help_text: str) -> set[str]:
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_a_prefill_and_a_decode_pool_sit_behind_one_router_in_pd_mode(engine):
     result = resolve(pd_pair(engine))
-    assert result.errors == [], result.errors
+    if engine == "vllm":  # planned, but refused: vLLM's key leaves /invocations open on each server's fabric address
+        assert [(w, f) for w, f, _ in result.errors] == [("host p1", "router"), ("host d1", "router")]
+        assert all("/invocations" in m and "until a keyed proxy sits before each server" in m for _, _, m in
+                   result.errors)
+    else:
+        assert result.errors == [], result.errors
     rp = result.routers["kimi-k3"]
     port = result.hosts["p1"].services[0].port
     assert rp.pd and [(w.url, w.role) for w in rp.workers] == [
@@ -98,7 +103,8 @@ def test_the_real_router_parses_the_pd_front_doors_launch(engine, module):
 def test_a_model_with_one_part_only_is_refused_naming_model_and_field(engine):
     prefill, decode = pd_pair(engine)
     for alone, part, lacks in ((prefill, "prefill", "decode"), (decode, "decode", "prefill")):
-        errors = resolve([(alone[0], {**alone[1], "router": alone[0]})], offline=True).errors
+        errors = [e for e in resolve([(alone[0], {**alone[1], "router": alone[0]})], offline=True).errors
+                  if e[:2] != (f"host {alone[0]}", "router")]  # vLLM's open routes on the fabric: refused too
         [(where, fld, message)] = errors  # the model's error only, not again for its router
         assert (where, fld) == ("model kimi-k3", "recipe")
         assert f"the {part} part of a prefill/decode layout runs on k3-{part} (kimi-k3-{engine}-pd-{part}-b300)" \

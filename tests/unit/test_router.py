@@ -27,8 +27,10 @@ def host(address: str, fabric: str, engine: str = "sglang", **extra) -> dict:
 
 
 def fleet(engine: str = "sglang", **extra) -> list:
-    return [("r1", host("10.0.0.1", "10.1.0.1", engine, **extra)), ("a", host("10.0.0.2", "10.1.0.2", engine, **extra)),
-            ("b", host("10.0.0.3", "10.1.0.3", engine, **extra))]
+    """Three replicas behind a front door on r1; vLLM's only on r1 (elsewhere it is refused, as below)."""
+    hosts = [("r1", host("10.0.0.1", "10.1.0.1", engine, **extra)), ("a", host("10.0.0.2", "10.1.0.2", engine, **extra)),
+             ("b", host("10.0.0.3", "10.1.0.3", engine, **extra))]
+    return hosts[:1] if engine == "vllm" else hosts
 
 
 @pytest.fixture(autouse=True)
@@ -122,13 +124,16 @@ def test_sglang_router_checks_the_key_itself_at_the_front_door():
                       "register": {"health": "http://10.0.0.1:8800/health", "url": "http://10.0.0.1:8800/workers",
                                    "body": {"url": "{url}", "model_id": "tiny-lab"}},
                       "workers_file": "/etc/modelfleet/router-tiny-lab.workers",
-                      "api_key_flag": "--api-key", "key_file": "/etc/modelfleet/router-tiny-lab.key"}
+                      "api_key_flag": "--api-key", "key_file": "/etc/modelfleet/router-tiny-lab.key",
+                      # The worker API takes a key of its own, made on the router host, that no client holds.
+                      "admin_keys_flag": "--control-plane-api-keys",
+                      "admin_key_file": "/etc/modelfleet/router-tiny-lab.admin"}
     assert ("ExecStart=/opt/modelfleet/router-sglang-router-0.3.2/bin/python \\\n"
             "    /opt/modelfleet/bin/modelfleet_router.py \\\n    /etc/modelfleet/router-tiny-lab.json\n"
             ) in router.render_unit(rp)
     assert router.workers_file(rp) == "http://10.1.0.2:30000\nhttp://10.1.0.3:30000\nhttp://127.0.0.1:30000\n"
-    # Its worker API wants the key: from the 0600 header file.
-    assert "-H @/etc/modelfleet/router-tiny-lab.auth" in router.list_command(rp)
+    # Its worker API wants modelfleet's own key: from the 0600 header file made beside it.
+    assert "-H @/etc/modelfleet/router-tiny-lab.admin-auth" in router.list_command(rp)
 
 
 def test_vllm_router_listens_on_loopback_behind_the_proxy():
@@ -169,16 +174,174 @@ def test_registration_adds_the_new_removes_the_gone_and_leaves_the_rest():
     assert registration(converged, listed) == ({}, {})
 
 
-def test_the_verify_gate_asks_the_front_door_every_route_and_a_routed_replica_only_its_key_routes():
+def test_a_routed_vllm_replica_off_its_router_host_listens_behind_a_keyed_proxy_of_its_own():
+    # vLLM's key leaves /invocations open: the engine listens on loopback, a keyed proxy on the fabric for it.
+    entries = [("r1", host("10.0.0.1", "10.1.0.1", "vllm")), ("a", host("10.0.0.2", "10.1.0.2", "vllm"))]
+    result = resolve(entries)
+    assert result.errors == []
+    replica = result.hosts["a"].services[0]
+    assert (replica.bind_address, replica.door_address, replica.router_url) == (
+        "127.0.0.1", "10.1.0.2", f"http://10.1.0.2:{replica.port}")
+    assert [w.url for w in result.routers["tiny-lab"].workers] == [f"http://10.1.0.2:{replica.port}",
+                                                                   f"http://127.0.0.1:{replica.port}"]
+    beside = result.hosts["r1"].services[0]
+    assert (beside.bind_address, beside.door_address) == ("127.0.0.1", None)  # beside its router: loopback only
+    # SGLang's key covers every route that runs the model: its replicas listen on the fabric themselves.
+    assert {s.door_address for h in resolve(fleet("sglang")).hosts.values() for s in h.services} == {None}
+
+
+def test_the_verify_gate_asks_the_front_door_every_route_and_a_routed_replica_its_open_ones():
     from modelfleet.checks import endpoint, exposure
     from modelfleet.stages.router import front_door_endpoint
 
-    result = resolve(fleet("vllm"))
+    result = resolve(fleet("sglang"))
     replica = endpoint(result.hosts["a"], result.hosts["a"].services[0])
     asked, unasked = exposure.routes_to_ask(replica)
-    # vLLM's key leaves /invocations open: the replica listens on the fabric for the router only, and clients
-    # come through the front door, where the proxy asks every route for the key.
-    assert [route for route, _ in asked] == ["/v1/chat/completions"] and unasked == ["/invocations"]
-    door = front_door_endpoint(result.routers["tiny-lab"], KEY)
-    asked, unasked = exposure.routes_to_ask(door)
-    assert [route for route, _ in asked] == router.specs()["vllm"].inference_routes and unasked == []
+    # A replica on the fabric is asked its engine's own inference route too: nothing vouches for it there.
+    assert [route for route, _ in asked] == ["/v1/chat/completions", "/generate"] and unasked == []
+    for engine in ("vllm", "sglang"):
+        door = front_door_endpoint(resolve(fleet(engine)).routers["tiny-lab"], KEY)
+        asked, unasked = exposure.routes_to_ask(door)
+        assert [route for route, _ in asked] == router.specs()[engine].inference_routes and unasked == []
+
+
+def test_the_router_host_asks_every_replica_off_loopback_each_route_that_runs_the_model():
+    rp = resolve(fleet("sglang")).routers["tiny-lab"]
+    # The replica beside the router (loopback) is not asked; the two on the fabric are, on every model route.
+    assert router.replica_probes(rp) == [(h, f"http://10.1.0.{n}:30000{route}") for h, n in (("a", 2), ("b", 3))
+                                         for route in ("/v1/chat/completions", "/generate")]
+    vllm = RouterPlan(**{**rp.__dict__, "engine_name": "vllm", "workers": (Worker("p", "gpu-2", "http://10.1.0.2:8000"),)})
+    routes = [url.removeprefix("http://10.1.0.2:8000") for _, url in router.replica_probes(vllm)]
+    assert routes[:2] == ["/v1/chat/completions", "/invocations"] and "/pooling" in routes and "/score" in routes
+    script = router.replica_exposure_script(rp)
+    assert script.startswith("sh -c ") and "http://10.1.0.3:30000/generate" in script and KEY not in script
+    assert router.replica_exposure_script(resolve(fleet("vllm")).routers["tiny-lab"]) is None  # loopback only
+
+
+def test_tls_needs_both_files_pem_on_the_control_node_and_nginx_before_the_router(tmp_path):
+    cert, key = tmp_path / "door.crt", tmp_path / "door.key"
+    cert.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    key.write_text("-----BEGIN PRIVATE KEY-----\nsecret-bytes-never-shown\n-----END PRIVATE KEY-----\n")
+
+    def errors(engine="vllm", **tls):
+        return [(w, f, m) for w, f, m in resolve(fleet(engine, **tls)).errors]
+
+    assert errors(router_tls_cert=str(cert), router_tls_key=str(key)) == []
+    assert [(w, f) for w, f, _ in errors(router_tls_cert=str(cert))] == [("router tiny-lab", "router_tls_key")]
+    # SGLang's router, which checks its key itself, gets nginx before it for TLS (itself on loopback).
+    assert errors("sglang", router_tls_cert=str(cert), router_tls_key=str(key)) == []
+    sglang = resolve(fleet("sglang", router_tls_cert=str(cert), router_tls_key=str(key))).routers["tiny-lab"]
+    assert router.behind_proxy(sglang) and router.listen(sglang) == ("127.0.0.1", 8801)
+    assert not router.behind_proxy(resolve(fleet("sglang")).routers["tiny-lab"])
+    [(where, fld, message)] = errors(router_tls_cert=str(key), router_tls_key=str(cert))[:1]
+    assert (where, fld) == ("router tiny-lab", "router_tls_cert") and "secret-bytes" not in message
+    missing = errors(router_tls_cert=str(tmp_path / "nope.crt"), router_tls_key=str(key))
+    assert missing == [("router tiny-lab", "router_tls_cert", f"{tmp_path}/nope.crt: cannot be read on the control "
+                        "node (No such file or directory)")]
+    rp = resolve(fleet("vllm", router_tls_cert=str(cert), router_tls_key=str(key))).routers["tiny-lab"]
+    assert rp.base_url == "https://10.0.0.1:8800"
+    proxy = router.render_proxy(rp)
+    assert "listen 10.0.0.1:8800 ssl;" in proxy and "ssl_certificate /etc/modelfleet/door-tiny-lab.crt;" in proxy
+    assert "ssl_certificate_key /etc/modelfleet/door-tiny-lab.tls-key;" in proxy and "secret-bytes" not in proxy
+    assert router.tls_files(rp) == {"/etc/modelfleet/door-tiny-lab.crt": cert.read_text(),
+                                    "/etc/modelfleet/door-tiny-lab.tls-key": key.read_text()}
+    plain = resolve(fleet("vllm")).routers["tiny-lab"]
+    assert plain.base_url == "http://10.0.0.1:8800" and router.tls_files(plain) == {}
+    assert "listen 10.0.0.1:8800;" in router.render_proxy(plain) and "Plain HTTP" in router.render_proxy(plain)
+
+
+def test_the_worker_api_key_is_made_0600_once_and_kept(tmp_path):
+    import subprocess
+
+    rp = RouterPlan(name="tiny-lab", host="r1", engine_name="sglang", served_name="tiny-lab", bind_address="10.0.0.1",
+                    port=8800, policy="round_robin", api_key_env="MF_ROUTER_KEY", config_dir=str(tmp_path), workers=())
+    p = router.paths(rp)
+    subprocess.run(router.admin_key_script(rp), shell=True, check=True)
+    key, header = Path(p["admin"]).read_text(), Path(p["admin_auth"]).read_text()
+    assert re.fullmatch(r"[0-9a-f]{64}\n", key) and header == f"Authorization: Bearer {key}"
+    assert all(Path(p[f]).stat().st_mode & 0o777 == 0o600 for f in ("admin", "admin_auth"))
+    subprocess.run(router.admin_key_script(rp), shell=True, check=True)
+    assert Path(p["admin"]).read_text() == key and sorted(x.name for x in tmp_path.iterdir()) == [
+        "router-tiny-lab.admin", "router-tiny-lab.admin-auth"]  # kept, and no temporary file left
+    assert key.strip() not in router.admin_key_script(rp)
+
+
+def test_render_of_the_router_host_shows_the_front_doors_files_masked_and_says_plain_http(tmp_path):
+    from click.testing import CliRunner
+
+    from modelfleet.cli import main
+
+    inv = tmp_path / "inv.py"
+    inv.write_text(f"gpus = {fleet('vllm')!r}\n")
+    out = CliRunner().invoke(main, ["render", "--json", str(inv), "r1"])
+    assert out.exit_code == 0, out.output
+    report = json.loads(out.output)
+    files = {f["path"]: f for f in report["files"]}
+    rp = resolve(fleet("vllm")).routers["tiny-lab"]
+    p = router.paths(rp)
+    assert {p["unit"], p["config"], p["workers"], p["proxy"], p["proxy_unit"], p["proxy_key"], p["key"]} <= set(files)
+    assert files[p["proxy"]]["content"] == router.render_proxy(rp) and KEY not in out.output
+    assert files[p["key"]]["mode"] == "0600" and files[p["key"]]["content"] == "********\n"
+    assert any("http://10.0.0.1:8800/v1 for clients (plain HTTP" in n for n in report["notes"])
+    text = CliRunner().invoke(main, ["render", str(inv), "r1"]).output
+    assert f"# ==> {p['proxy_key']} (0600)" in text and KEY not in text
+
+
+def test_every_file_a_front_door_writes_in_the_config_dir_is_one_modelfleet_owns(tmp_path):
+    from modelfleet.operations.files import foreign_entries
+
+    cert = tmp_path / "c.pem"
+    cert.write_text("-----BEGIN CERTIFICATE-----\n")
+    (tmp_path / "k.pem").write_text("-----BEGIN PRIVATE KEY-----\n")
+    for engine in ("vllm", "sglang"):
+        rp = resolve(fleet(engine)).routers["tiny-lab"]
+        names = [Path(path).name for path in router.paths(rp).values() if path.startswith(rp.config_dir + "/")]
+        # A config dir holding them (and no marker: one that existed before modelfleet) is still modelfleet's.
+        assert foreign_entries({"kind": "dir", "entries": names}) == [], engine
+    assert foreign_entries({"kind": "dir", "entries": ["router.key", "door.conf", "site.crt"]}) == [
+        "router.key", "door.conf", "site.crt"]  # nothing wider than the front door's own names
+
+
+def test_clients_keys_are_a_list_of_control_node_variables_and_the_replicas_get_the_doors_own(monkeypatch):
+    monkeypatch.setenv("MF_CLIENT_OLD", "client-old-key-1111")
+    monkeypatch.setenv("MF_CLIENT_NEW", "client-new-key-2222")
+    keys = ["MF_CLIENT_OLD", "MF_CLIENT_NEW"]
+    result = resolve(fleet("vllm", router_client_keys_env=keys))
+    assert result.errors == []
+    rp = result.routers["tiny-lab"]
+    assert router.client_keys(rp) == ["client-old-key-1111", "client-new-key-2222"]
+    conf = router.proxy_key_conf(router.client_keys(rp), KEY)
+    assert '"~^Bearer client-old-key-1111$" 1;' in conf and '"~^Bearer client-new-key-2222$" 1;' in conf
+    assert f'default "Bearer {KEY}";' in conf and f'"~^Bearer {KEY}$"' not in conf  # the replicas' key: not a client's
+    assert "proxy_set_header Authorization $modelfleet_upstream_authorization;" in router.render_proxy(rp)
+    assert "$modelfleet_upstream_authorization" not in router.render_proxy(resolve(fleet("vllm")).routers["tiny-lab"])
+    files, _ = router.preview(rp)
+    shown = next(f["content"] for f in files if f["path"] == router.paths(rp)["proxy_key"])
+    assert "MF_CLIENT_OLD" in shown and "client-old" not in shown and KEY not in shown
+    # Refused naming the front door and field: unset, the replicas' own key, a router that checks one key itself.
+    monkeypatch.setenv("MF_CLIENT_SAME", KEY)
+    problems = resolve(fleet("vllm", router_client_keys_env=["MF_CLIENT_NONE", "MF_CLIENT_SAME"])).errors
+    assert [(w, f) for w, f, _ in problems] == [("router tiny-lab", "router_client_keys_env")] * 2
+    assert "MF_CLIENT_NONE is not set" in problems[0][2] and KEY not in problems[1][2]
+    # SGLang's router checks one key (its --api-key, also the replicas'): nginx before it takes the clients' keys.
+    sglang = resolve(fleet("sglang", router_client_keys_env=keys))
+    assert sglang.errors == [] and router.behind_proxy(sglang.routers["tiny-lab"])
+
+
+def test_validate_lists_the_front_doors_with_their_url_and_replicas(tmp_path):
+    from click.testing import CliRunner
+
+    from modelfleet.cli import main
+
+    inv = tmp_path / "inv.py"
+    inv.write_text(f"gpus = {fleet('sglang')!r}\n")
+    out = CliRunner().invoke(main, ["validate", "--json", str(inv)])
+    assert out.exit_code == 0, out.output
+    (door,) = json.loads(out.output)["front_doors"]
+    assert (door["name"], door["host"], door["url"], door["tls"], door["proxy"]) == (
+        "tiny-lab", "r1", "http://10.0.0.1:8800/v1", False, False)
+    assert [r["url"] for r in door["replicas"]] == ["http://10.1.0.2:30000", "http://10.1.0.3:30000",
+                                                    "http://127.0.0.1:30000"]
+    assert door["client_keys_env"] == ["MF_ROUTER_KEY"] and KEY not in out.output
+    text = CliRunner().invoke(main, ["validate", str(inv)]).output
+    assert "front door tiny-lab on r1: http://10.0.0.1:8800/v1 (plain HTTP), 3 replica(s)" in text

@@ -48,13 +48,13 @@ def test_status_says_which_replicas_the_router_has(plans, monkeypatch):
     monkeypatch.setattr(fleet, "on_hosts", lambda plans_, script: answers(plans_, WORKERS))
     rows = fleet.status(plans)
     assert rows[0]["routers"] == [{"name": "tiny-lab", "unit": "modelfleet-router-tiny-lab.service",
-                                   "front_door": "http://127.0.0.1:8800", "state": "active/running",
+                                   "front_door": "http://127.0.0.1:8800", "tls": False, "state": "active/running",
                                    "workers": {"http://127.0.0.1:18011": True, "http://127.0.0.1:18012": True}}]
     # p3 on host a is in the inventory but not in the router's list.
     assert [(s["pool"], s["router"]) for row in rows for s in row["services"]] == [
         ("p1", "in"), ("p2", "in"), ("p3", "out")]
     table = fleet.status_table(rows)
-    assert "door tiny-lab" in table and "(2/2 replicas healthy)" in table
+    assert "door tiny-lab" in table and "http://127.0.0.1:8800 (plain HTTP; 2/2 replicas healthy)" in table
 
 
 def test_a_replica_the_health_check_took_out_is_unhealthy(plans, monkeypatch):
@@ -67,7 +67,10 @@ def test_a_replica_the_health_check_took_out_is_unhealthy(plans, monkeypatch):
     rows = fleet.status(plans)
     assert [s["router"] for s in rows[0]["services"]] == ["in", "unhealthy"]
     table = fleet.status_table(rows)
-    assert "(1/2 replicas healthy)" in table
+    assert "(plain HTTP; 1/2 replicas healthy)" in table
+    # Each replica of the front door under it, as its router lists it.
+    replicas = [line.split()[-2:] for line in table.splitlines() if line.lstrip().startswith("replica ")]
+    assert replicas == [["http://127.0.0.1:18011", "(listed)"], ["http://127.0.0.1:18012", "(unhealthy)"]]
     assert [line.split()[6] for line in table.splitlines() if " p2 " in line] == ["unhealthy"]
 
 
@@ -76,4 +79,4 @@ def test_a_router_that_does_not_answer_leaves_the_replicas_unknown(plans, monkey
     rows = fleet.status(plans)
     assert rows[0]["routers"][0]["workers"] is None
     assert {s["router"] for row in rows for s in row["services"]} == {None}
-    assert "(no answer)" in fleet.status_table(rows)
+    assert "(plain HTTP; no answer)" in fleet.status_table(rows)
