@@ -21,7 +21,7 @@ from pathlib import Path
 from pyinfra import host
 from pyinfra.api import FunctionCommand, StringCommand, operation
 
-from modelfleet import router
+from modelfleet import replica_door, router
 from modelfleet.grammar import slug
 from modelfleet.host_commands import revisions_dir
 from modelfleet.inventory import HostPlan
@@ -99,10 +99,10 @@ def described(unit: str, found: dict) -> Retired:
     config = next((arg for arg in start if arg.endswith(".json") and "/router-" in arg), None)
     if config and unit.startswith("modelfleet-router-"):  # a router: its launcher config, replicas and keys
         base = config[:-len(".json")]
-        files += [f"{base}.json", f"{base}.workers", f"{base}.key", f"{base}.auth"]
+        files += [f"{base}{suffix}" for suffix in router.ROUTER_FILES]
     conf = _after(start, "-c")
     if conf and conf.endswith(".conf") and unit.startswith("modelfleet-door-"):  # nginx: its config and key
-        files += [conf, conf[:-len(".conf")] + ".key.conf"]
+        files += [conf, *(conf[:-len(".conf")] + suffix for suffix in router.DOOR_FILES)]
     port = _after(start, "--port")
     return Retired(unit=unit, what=said.split(" · ")[0].split(":")[0] or "a unit modelfleet wrote",
                    active=found.get("ActiveState") or "inactive", enabled=found.get("UnitFileState") or "",
@@ -118,6 +118,7 @@ def named_units(plan: HostPlan) -> set[str]:
     names = {svc.unit_name for svc in plan.services} | {svc.legacy_unit_name for svc in plan.services
                                                         if svc.legacy_unit_name}
     names |= {unit for rp in plan.routers for unit in (rp.unit_name, rp.proxy_unit_name)}
+    names |= {replica_door.unit_name(svc) for svc in replica_door.doors(plan)}
     return names | ({exporters.UNIT} if exporters.enabled(plan) else set())
 
 

@@ -391,13 +391,19 @@ def venv(rp: RouterPlan) -> str:
     return f"/opt/modelfleet/router-{s.package}-{s.version}"
 
 
+# The files beside a router's launcher config (router-NAME.json) and an nginx door's config (door-NAME.conf),
+# by suffix: what the stage writes and what retiring the unit removes.
+ROUTER_FILES = (".json", ".workers", ".key", ".admin", ".admin-auth")
+DOOR_FILES = (".key.conf", ".crt", ".tls-key")
+
+
 def paths(rp: RouterPlan) -> dict[str, str]:
-    base = f"{rp.config_dir}/router-{rp.name}"
-    return {"config": f"{base}.json", "workers": f"{base}.workers", "key": f"{base}.key",
-            "admin": f"{base}.admin", "admin_auth": f"{base}.admin-auth",
-            "unit": f"{UNIT_DIR}/{rp.unit_name}", "proxy": f"{rp.config_dir}/door-{rp.name}.conf",
-            "proxy_key": f"{rp.config_dir}/door-{rp.name}.key.conf", "proxy_unit": f"{UNIT_DIR}/{rp.proxy_unit_name}",
-            "tls_cert": f"{rp.config_dir}/door-{rp.name}.crt", "tls_key": f"{rp.config_dir}/door-{rp.name}.tls-key",
+    base, door = f"{rp.config_dir}/router-{rp.name}", f"{rp.config_dir}/door-{rp.name}"
+    router_files = dict(zip(("config", "workers", "key", "admin", "admin_auth"), ROUTER_FILES, strict=True))
+    door_files = dict(zip(("proxy_key", "tls_cert", "tls_key"), DOOR_FILES, strict=True))
+    return {**{k: base + suffix for k, suffix in router_files.items()},
+            **{k: door + suffix for k, suffix in door_files.items()}, "proxy": f"{door}.conf",
+            "unit": f"{UNIT_DIR}/{rp.unit_name}", "proxy_unit": f"{UNIT_DIR}/{rp.proxy_unit_name}",
             "installed": f"{venv(rp)}/.modelfleet-installed"}
 
 

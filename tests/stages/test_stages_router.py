@@ -172,7 +172,7 @@ def test_a_tls_front_door_gets_the_sites_certificate_and_key_as_0600_files(fake,
     commands = fake.executed(fake.run_fake(hosts, lambda: pipeline.run_stages(router_stage)), "r1")
     p = router.paths(rp)
     assert uploads.files[p["tls_cert"]] == cert.read_text() and uploads.files[p["tls_key"]] == key.read_text()
-    assert all(any(f"chmod 0600 {p[f]}" in c for c in commands) for f in ("tls_cert", "tls_key")), commands
+    assert all(written_0600(p[f], commands) for f in ("tls_cert", "tls_key")), commands
     assert not any("tls-secret-bytes" in c for c in commands)
     assert "listen 127.0.0.1:8800 ssl;" in uploads.files[p["proxy"]]
     assert env[0]["ep"].base_url == "https://127.0.0.1:8800" and env[0]["ep"].ca_file == str(cert)
@@ -225,7 +225,14 @@ def test_a_vllm_replica_on_another_host_gets_its_keyed_proxy_before_the_router_r
     assert any("apt-get" in c and " install " in c and "nginx" in c for c in commands), commands
     assert f"systemctl start {unit}" in commands and not any("router" in c for c in commands)
     assert "listen 10.1.0.2:18012;" in uploads.files[p["conf"]] and KEY in uploads.files[p["key"]]
-    assert any(f"chmod 0600 {p['key']}" in c for c in commands) and not any(KEY in c for c in commands)
+    assert written_0600(p["key"], commands) and not any(KEY in c for c in commands)
+
+
+def written_0600(path: str, commands: list[str]) -> bool:
+    """A secret file is made 0600 under a temp name beside `path`, then renamed over it (operations.files)."""
+    folder, _, name = path.rpartition("/")
+    temp = f"{folder}/.{name}.modelfleet-tmp"
+    return any(f"chmod 0600 {temp}" in c for c in commands) and f"mv -f {temp} {path}" in commands
 
 
 def front_door_plan(hosts):
