@@ -185,12 +185,13 @@ def naming_files(name: str, data: dict, answers: dict[str, list]) -> dict[str, s
     return contents
 
 
-def record(recording: Path, inventory: str = "inventories/lab.py", deploy: str = "deploys/serve.py") -> dict:
+def record(recording: Path, inventory: str = "inventories/lab.py", deploy: str = "deploys/serve.py",
+           env: dict | None = None) -> dict:
     """Record a run of DEPLOY on every host of INVENTORY over SSH, with each host's inventory data (so the
     simulated inventory can copy it)."""
     import runpy
 
-    run = pyinfra("record", recording, inventory, deploy)
+    run = pyinfra("record", recording, inventory, deploy, env=env)
     if run["returncode"]:
         raise SystemExit(f"the recorded run failed:\n{run['output'][-3000:]}")
     hosts = dict(runpy.run_path(inventory)["lab_hosts"])
