@@ -26,6 +26,7 @@ from modelfleet.commands import run_modelfleet, run_pyinfra
 STOCK_DEPLOY = "lab/stock_noop_deploy.py"
 SHARDS = 4
 SIM_SIZES = (1, 48, 250, 1000)
+NO_CONFIG = ["--config", "no-such-config.py"]  # pyinfra reads none: the checkout's config.py is modelfleet's
 
 
 def cpu_seconds() -> float:
@@ -86,12 +87,15 @@ def simulated(ops: int, sizes=SIM_SIZES) -> dict:
     with lab.scenario.applied(checkpoint_group=None):  # each host its own pool and group: copies stay apart
         converge()
         converge(deploy=STOCK_DEPLOY, env=stock_env)
-        for side, deploy, env in (("modelfleet", "deploys/serve.py", {}),
-                                  ("stock_pyinfra", STOCK_DEPLOY, stock_env)):
+        # Stock pyinfra's side loads no modelfleet code: not the checkout's config.py (modelfleet's inventory
+        # guard) nor the inventory's validation.
+        for side, deploy, env, extra in (
+                ("modelfleet", "deploys/serve.py", {}, []),
+                ("stock_pyinfra", STOCK_DEPLOY, {**stock_env, "MODELFLEET_REPLAY_STOCK": "1"}, NO_CONFIG)):
             recording = lab.STATE / f"replay-{side}.json"
             replay.record(recording, deploy=deploy, env=env)
             for n in sizes:
-                run = replay.pyinfra("replay", recording, "lab/replay_inventory.py", deploy, env={
+                run = replay.pyinfra("replay", recording, "lab/replay_inventory.py", deploy, extra=extra, env={
                     **env, "MODELFLEET_REPLAY": str(recording), "MODELFLEET_REPLAY_HOSTS": str(n)})
                 if run["returncode"] or changed(run["output"]) != 0:
                     sys.exit(f"replayed {side} at {n} hosts: exit {run['returncode']}, not a no-op:\n"

@@ -31,11 +31,15 @@ from pyinfra.connectors.base import BaseConnector
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
 # argv: MODE (record|replay), RECORDING, then pyinfra's arguments.
-RUNNER = """
-import sys
-mode, recording = sys.argv[1], sys.argv[2]
-sys.argv = ["pyinfra", *sys.argv[3:]]
-from lab import replay
+# This file is loaded by its path, as MODULE, not through the lab package (whose import would be counted).
+MODULE = "modelfleet_lab_replay"
+RUNNER = f"""
+import importlib.util, sys
+mode, recording, path = sys.argv[1:4]
+sys.argv = ["pyinfra", *sys.argv[4:]]
+spec = importlib.util.spec_from_file_location("{MODULE}", path)
+replay = sys.modules["{MODULE}"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(replay)
 replay.install(mode, recording)
 from pyinfra_cli.main import main
 main()
@@ -149,13 +153,13 @@ def cpu_seconds() -> float:
 
 
 def pyinfra(mode: str, recording: Path, inventory: str, deploy: str, env: dict | None = None,
-            limit: list[str] = ()) -> dict:
+            limit: list[str] = (), extra: list[str] = ()) -> dict:
     """One pyinfra run through RUNNER: wall and CPU seconds (user + sys of the child), exit status, output."""
     from modelfleet.commands import pyinfra_argv
 
-    pyinfra_args = pyinfra_argv(inventory, deploy, limit=list(limit))[3:]  # from "-y" on
+    pyinfra_args = pyinfra_argv(inventory, deploy, limit=list(limit), extra=extra)[3:]  # from "-y" on
     cpu, start = cpu_seconds(), time.perf_counter()
-    run = subprocess.run([sys.executable, "-c", RUNNER, mode, str(recording), *pyinfra_args],
+    run = subprocess.run([sys.executable, "-c", RUNNER, mode, str(recording), __file__, *pyinfra_args],
                          capture_output=True, text=True, env={**os.environ, **(env or {})})
     return {"wall_s": time.perf_counter() - start, "cpu_s": cpu_seconds() - cpu, "returncode": run.returncode,
             "output": run.stdout + run.stderr}
@@ -186,12 +190,12 @@ def naming_files(name: str, data: dict, answers: dict[str, list]) -> dict[str, s
 
 
 def record(recording: Path, inventory: str = "inventories/lab.py", deploy: str = "deploys/serve.py",
-           env: dict | None = None) -> dict:
+           env: dict | None = None, extra: list[str] = ()) -> dict:
     """Record a run of DEPLOY on every host of INVENTORY over SSH, with each host's inventory data (so the
     simulated inventory can copy it)."""
     import runpy
 
-    run = pyinfra("record", recording, inventory, deploy, env=env)
+    run = pyinfra("record", recording, inventory, deploy, env=env, extra=extra)
     if run["returncode"]:
         raise SystemExit(f"the recorded run failed:\n{run['output'][-3000:]}")
     hosts = dict(runpy.run_path(inventory)["lab_hosts"])
