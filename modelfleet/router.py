@@ -21,12 +21,11 @@ from functools import lru_cache
 from typing import Literal
 from urllib.parse import quote
 
-import yaml
 from pydantic import BaseModel, ConfigDict
 from pyinfra.api import FactBase
 
 from modelfleet import grammar, render
-from modelfleet.catalog import CATALOG_DIR
+from modelfleet.catalog import CATALOG_DIR, read_yaml
 from modelfleet.host_commands import program
 from modelfleet.inventory.plan import HostPlan, PoolPlan, RouterPlan, Worker
 from modelfleet.stages import TOOLS_BIN
@@ -107,7 +106,7 @@ class RouterSpec(_Strict):
 @lru_cache(maxsize=1)
 def specs() -> dict[str, RouterSpec]:
     """The routers catalog: engine -> its router."""
-    data = yaml.safe_load((CATALOG_DIR / "routers.yaml").read_text())
+    data = read_yaml((CATALOG_DIR / "routers.yaml").read_text())
     return {engine: RouterSpec(**entry) for engine, entry in data.items()}
 
 

@@ -301,13 +301,14 @@ class CatalogError(ModelfleetError):
 _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def _yaml(text: str):
+def read_yaml(text: str):
+    """YAML's safe subset, read with libyaml where there is one (every catalog file goes through here)."""
     return yaml.load(text, Loader=_SafeLoader)
 
 
 def _read(path: Path, cls):
     try:
-        data = _yaml(path.read_text())
+        data = read_yaml(path.read_text())
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
@@ -456,7 +457,7 @@ def with_site_hardware(catalog: "Catalog", folder: Path) -> "Catalog":
 def _load_engines(path: Path) -> dict[str, Engine]:
     """engines.yaml: engine name -> its entry; a bad entry is named with the field at fault."""
     engines = {}
-    for name, spec in (_yaml(path.read_text()) or {}).items():
+    for name, spec in (read_yaml(path.read_text()) or {}).items():
         if not isinstance(spec, dict):
             raise CatalogError(str(path), f"engine {name}: must be a mapping of fields, got {type(spec).__name__}")
         try:
