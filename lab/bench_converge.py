@@ -75,7 +75,7 @@ def line(points: dict[int, float]) -> tuple[float, float]:
     """Least-squares fixed + per_host x hosts through (hosts, seconds) points."""
     xs, ys = list(points), list(points.values())
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
     return my - slope * mx, slope
 
 

@@ -171,7 +171,7 @@ def naming_files(name: str, data: dict, answers: dict[str, list]) -> dict[str, s
     one the host keeps 0600 (a job file, an env file): the recording is 0600 too, in the lab's state folder,
     beside the lab's own hub token."""
     wanted = []
-    for ok, lines in answers.values():
+    for _, lines in answers.values():
         path = None
         for _, line in lines:
             if line.startswith(STATE_PATH):

@@ -660,13 +660,12 @@ def converge(inventory: str, deploy: str, shards: int, slice_: str | None, dry: 
             number, of, hosts = sharding.slice_of(chosen, slice_)
         except ValueError as error:
             raise click.UsageError(str(error)) from None
-        split, numbers = [hosts] if hosts else [], [number]
+        split, numbers = ([hosts], [number]) if hosts else ([], [])
     else:
         split = sharding.split(chosen, shards)
     if dry or not split:
-        click.echo(json.dumps({"shards": [{"shard": n, "hosts": hosts}
-                                          for n, hosts in zip(numbers or range(1, len(split) + 1), split)]},
-                              indent=2))
+        named = zip(numbers or range(1, len(split) + 1), split, strict=True)
+        click.echo(json.dumps({"shards": [{"shard": n, "hosts": hosts} for n, hosts in named]}, indent=2))
         return
     summary = sharding.converge(inventory, deploy, split, progress=lambda line: click.echo(line, err=True),
                                 options=inventory_args(group_data, data), numbers=numbers, of=of)

@@ -69,7 +69,7 @@ def converge(inventory: str, deploy: str, shards: list[list[str]], progress=prin
     running = []
     logs = reports_dir("converge")
     logs.mkdir(parents=True, exist_ok=True)
-    for number, hosts in zip(numbers or range(1, len(shards) + 1), shards):
+    for number, hosts in zip(numbers or range(1, len(shards) + 1), shards, strict=True):
         log = logs / f"shard-{number}.log"
         with log.open("w") as out:
             proc = subprocess.Popen(pyinfra_argv(inventory, deploy, limit=hosts, extra=options), stdout=out,
