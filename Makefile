@@ -31,7 +31,8 @@ demo: install lab-setup
 	$(PYTHON) -m lab.demo
 
 # No-op converge of serve.py: wall time on 1 and 48 lab hosts, remote commands per host, and control-node CPU per
-# host at 16 and 48 hosts beside stock pyinfra running as many no-op operations (JSON).
+# host at 16 and 48 hosts beside stock pyinfra running as many no-op operations, and both replayed at 1 to 1,000
+# simulated hosts with no SSH: fixed cost and per-host cost over stock pyinfra's (JSON).
 bench-converge: install lab-setup
 	$(PYTHON) -m lab.bench_converge 16 48
 

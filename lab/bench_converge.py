@@ -7,6 +7,10 @@
   files.directory/files.file, one fact each), with their ratio. The CPU runs are without -v, as a user runs.
 - shards: the same no-op converge of every host through `modelfleet converge --shards K` for K = 1 and
   SHARDS (each host its own checkpoint group, so every pool is a unit): wall and CPU seconds of each.
+- simulation: both no-op runs recorded on the lab's hosts and replayed at SIM_SIZES hosts with no SSH
+  (lab/replay.py), the line CPU = fixed + per_host x hosts fitted to each, and modelfleet's fixed cost and
+  per-host cost over stock pyinfra's. `python -m lab.bench_converge --simulate` runs only this part, on the lab
+  as it is.
 """
 
 import json
@@ -16,10 +20,13 @@ import sys
 import time
 
 import lab
+from lab import replay
 from modelfleet.commands import run_modelfleet, run_pyinfra
 
 STOCK_DEPLOY = "lab/stock_noop_deploy.py"
 SHARDS = 4
+SIM_SIZES = (1, 48, 250, 1000)
+NO_CONFIG = ["--config", "no-such-config.py"]  # pyinfra reads none: the checkout's config.py is modelfleet's
 
 
 def cpu_seconds() -> float:
@@ -58,7 +65,71 @@ def sharded(count: int) -> dict:
     return {"shards": count, "wall_s": round(elapsed, 2), "cpu_s": round(cpu, 2)}
 
 
+def changed(output: str) -> int | None:
+    """Changed operations in a run's Grand total (None: no total printed)."""
+    total = re.search(r"Grand total\s+(\d+)\s+(\S+)", output)
+    return None if not total else (0 if total.group(2) == "-" else int(total.group(2)))
+
+
+def line(points: dict[int, float]) -> tuple[float, float]:
+    """Least-squares fixed + per_host x hosts through (hosts, seconds) points."""
+    xs, ys = list(points), list(points.values())
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, slope
+
+
+def simulated(ops: int, sizes=SIM_SIZES) -> dict:
+    """Record a no-op converge of serve.py and of the stock deploy on the lab's hosts, replay each at `sizes`
+    hosts; CPU and wall seconds of each run, the fitted lines, and modelfleet's over stock's."""
+    stock_env = {"MODELFLEET_BENCH_OPS": str(ops)}
+    runs: dict[str, dict[int, dict]] = {"modelfleet": {}, "stock_pyinfra": {}}
+    with lab.scenario.applied(checkpoint_group=None):  # each host its own pool and group: copies stay apart
+        converge()
+        converge(deploy=STOCK_DEPLOY, env=stock_env)
+        # Stock pyinfra's side loads no modelfleet code: not the checkout's config.py (modelfleet's inventory
+        # guard) nor the inventory's validation.
+        for side, deploy, env, extra in (
+                ("modelfleet", "deploys/serve.py", {}, []),
+                ("stock_pyinfra", STOCK_DEPLOY, {**stock_env, "MODELFLEET_REPLAY_STOCK": "1"}, NO_CONFIG)):
+            recording = lab.STATE / f"replay-{side}.json"
+            replay.record(recording, deploy=deploy, env=env)
+            for n in sizes:
+                run = replay.pyinfra("replay", recording, "lab/replay_inventory.py", deploy, extra=extra, env={
+                    **env, "MODELFLEET_REPLAY": str(recording), "MODELFLEET_REPLAY_HOSTS": str(n)})
+                if run["returncode"] or changed(run["output"]) != 0:
+                    sys.exit(f"replayed {side} at {n} hosts: exit {run['returncode']}, not a no-op:\n"
+                             + run["output"][-3000:])
+                runs[side][n] = {"cpu_s": round(run["cpu_s"], 3), "wall_s": round(run["wall_s"], 2)}
+    return {"recorded_hosts": len(lab.status()["hosts"]), **judged(runs)}
+
+
+def judged(runs: dict[str, dict[int, dict]]) -> dict:
+    """The line CPU = fixed + per_host x hosts fitted to each side's runs, and modelfleet's over stock's. A run's
+    fixed cost is its 1-host run less one host's fitted cost (the fit's intercept swings with the large runs'
+    noise)."""
+    fits = {side: {kind: line({int(n): r[kind] for n, r in by_size.items()}) for kind in ("cpu_s", "wall_s")}
+            for side, by_size in runs.items()}
+    fixed = {side: runs[side][min(runs[side], key=int)]["cpu_s"] - fits[side]["cpu_s"][1] for side in runs}
+    top = max(runs["modelfleet"], key=int)
+    ours, stock = runs["modelfleet"][top], runs["stock_pyinfra"][top]
+    return {
+        "runs": runs,
+        "fit": {side: {kind: {"intercept_s": round(a, 3), "per_host_s": round(b, 5)} for kind, (a, b) in f.items()}
+                for side, f in fits.items()},
+        "fixed_cpu_s": {side: round(value, 3) for side, value in fixed.items()},
+        "fixed_cpu_ratio": round(fixed["modelfleet"] / fixed["stock_pyinfra"], 2),
+        "per_host_cpu_ratio": round(fits["modelfleet"]["cpu_s"][1] / fits["stock_pyinfra"]["cpu_s"][1], 2),
+        f"cpu_ratio_{top}_hosts": round(ours["cpu_s"] / stock["cpu_s"], 2),
+        f"wall_ratio_{top}_hosts": round(ours["wall_s"] / stock["wall_s"], 2),
+    }
+
+
 def main() -> None:
+    if sys.argv[1:] == ["--simulate"]:
+        ops = converge()["operations_per_host"]
+        print(json.dumps({"date": time.strftime("%Y-%m-%d"), "simulation": simulated(ops)}, indent=2))
+        return
     sizes = sorted(int(n) for n in sys.argv[1:]) or [16, 48]
     names = [spec["name"] for spec in lab.up(sizes[-1])]
     converge()  # first converge: installs units, starts engines
@@ -97,6 +168,7 @@ def main() -> None:
             "stock_pyinfra": round((cpu[high]["stock_pyinfra_cpu_s_per_host"] * high
                                     - cpu[low]["stock_pyinfra_cpu_s_per_host"] * low) / (high - low), 4),
         } if high > low else None,
+        "simulation": simulated(ops),
         "shards": {"hosts": high, "runs": shard_runs,
                    "wall_ratio": round(shard_runs[1]["wall_s"] / shard_runs[0]["wall_s"], 2),
                    "cpu_ratio": round(shard_runs[1]["cpu_s"] / shard_runs[0]["cpu_s"], 2)},

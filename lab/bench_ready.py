@@ -10,6 +10,7 @@ Each is one `pyinfra inventories/lab.py deploys/serve.py` over the bench's hosts
 host on llama.cpp, whose boot lines the timeline reads. `first_answer_s` is the verify stage's answer, in seconds
 since the bench spawned pyinfra; each stage's span is the timeline's; `between_stages_s` is what no stage's span
 covers before the answer. Medians over ROUNDS rounds (argument; default 3), each on hosts made afresh; ratios of the medians.
+`budget`: the recipe's ready_budget_s beside the median ready_s of cold and restart (over: the median took longer).
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from pathlib import Path
 
 import lab
 from lab import hub
+from modelfleet.catalog import load_catalog
 from modelfleet.commands import run_pyinfra
 
 ENGINE = "llama.cpp"  # the lab's real server: the other engines are the double, which prints no boot lines
+RECIPE = "tiny-lab-llamacpp"  # the recipe inventories/lab.py gives a llama.cpp host
 HOSTS = 2
 CASES = ("cold", "restart", "join")
 
@@ -119,14 +122,27 @@ def summary(rounds: list[dict]) -> dict:
                                 "join_over_cold": round(cases["join"]["first_answer_s"] / cold, 3)}}
 
 
+def budget(cases: dict, recipe: str = RECIPE) -> dict | None:
+    """The recipe's ready budgets beside the cases' median ready_s (None: the recipe has none)."""
+    budgets = load_catalog().recipes[recipe].ready_budget_s
+    if budgets is None:
+        return None
+    out = {"recipe": recipe, "why": budgets.why}
+    for case in ("cold", "restart"):
+        limit, ready = getattr(budgets, case), cases[case]["ready_s"]
+        out[case] = {"budget_s": limit, "ready_s": ready, "over": ready > limit, "ratio": round(ready / limit, 3)}
+    return out
+
+
 def main() -> None:
     count = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     rounds = []
     with tempfile.TemporaryDirectory(prefix="bench-ready-") as reports:
         for n in range(count):
             rounds.append(measure(fresh_hosts(), Path(reports) / str(n), n))
+    cases = summary(rounds)
     print(json.dumps({"date": time.strftime("%Y-%m-%d"), "engine": f"{ENGINE} (the lab's llama-server)",
-                      "rounds": count, **summary(rounds), "runs": rounds}, indent=2))
+                      "rounds": count, **cases, "budget": budget(cases), "runs": rounds}, indent=2))
 
 
 if __name__ == "__main__":

@@ -660,26 +660,41 @@ def admit(inventory: str, limit, hosts, group_data, data) -> None:
 @click.argument("deploy", default="modelfleet.deploys.serve")
 @click.option("--shards", type=click.IntRange(min=1, max=256), default=1, show_default=True,
               help="pyinfra processes at once, each converging whole pools and checkpoint groups.")
+@click.option("--shard", "slice_", metavar="K/N",
+              help="Only slice K of N (whole pools and checkpoint groups, the same slices on every control node "
+                   "reading this inventory): N control nodes or CI jobs each run one K.")
 @click.option("--dry", is_flag=True, help="Print the shards (JSON) and run nothing.")
 @click.option("--limit", "limit", multiple=True, metavar="HOST|GROUP",
               help="Only these hosts (a name, a glob or a group, as pyinfra's --limit), with the rest of their "
                    "pools and checkpoint groups (repeatable).")
 @inventory_options
-def converge(inventory: str, deploy: str, shards: int, dry: bool, limit, group_data, data) -> None:
+def converge(inventory: str, deploy: str, shards: int, slice_: str | None, dry: bool, limit, group_data,
+             data) -> None:
     """Run DEPLOY on every host of INVENTORY in SHARDS pyinfra processes at once (a pool or checkpoint group is
-    never split); each shard's output in reports/converge/shard-<k>.log, the summary as JSON; exit 1 if a
-    shard failed."""
+    never split), or only slice K/N of them (--shard); each shard's output in reports/converge/shard-<k>.log,
+    the summary as JSON; exit 1 if a shard failed."""
     from modelfleet import shards as sharding
     from modelfleet.inventory.door import whole
 
     result = _resolved_or_exit(inventory, group_data, data)
-    split = sharding.split(whole(result, _selected(result, limit)), shards)
-    if dry:
-        click.echo(json.dumps({"shards": [{"shard": n, "hosts": hosts} for n, hosts in enumerate(split, 1)]},
-                              indent=2))
+    chosen = whole(result, _selected(result, limit))
+    numbers = of = None
+    if slice_:
+        if shards != 1:
+            raise click.UsageError("--shard K/N runs one slice: leave out --shards")
+        try:
+            number, of, hosts = sharding.slice_of(chosen, slice_)
+        except ValueError as error:
+            raise click.UsageError(str(error)) from None
+        split, numbers = ([hosts], [number]) if hosts else ([], [])
+    else:
+        split = sharding.split(chosen, shards)
+    if dry or not split:
+        named = zip(numbers or range(1, len(split) + 1), split, strict=True)
+        click.echo(json.dumps({"shards": [{"shard": n, "hosts": hosts} for n, hosts in named]}, indent=2))
         return
     summary = sharding.converge(inventory, deploy, split, progress=lambda line: click.echo(line, err=True),
-                                options=inventory_args(group_data, data))
+                                options=inventory_args(group_data, data), numbers=numbers, of=of)
     click.echo(json.dumps(summary, indent=2))
     sys.exit(0 if summary["ok"] else 1)
 

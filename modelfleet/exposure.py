@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import yaml
 from pydantic import BaseModel, ConfigDict
 
-from modelfleet.catalog import CATALOG_DIR
+from modelfleet.catalog import CATALOG_DIR, read_yaml
 
 
 class KeyCoverage(BaseModel):
@@ -26,7 +25,7 @@ class KeyCoverage(BaseModel):
 
 @lru_cache(maxsize=None)
 def key_coverage() -> dict[str, KeyCoverage]:
-    data = yaml.safe_load((CATALOG_DIR / "key_coverage.yaml").read_text())
+    data = read_yaml((CATALOG_DIR / "key_coverage.yaml").read_text())
     return {engine: KeyCoverage(**spec) for engine, spec in data.items()}
 
 

@@ -14,6 +14,7 @@ second throughout, so the report says how many requests failed, inside and outsi
 
 from __future__ import annotations
 
+import json
 import shlex
 import threading
 import time
@@ -23,6 +24,7 @@ import urllib.request
 from modelfleet import fleet, render
 from modelfleet.commands import deploy, run_pyinfra
 from modelfleet.inventory import Resolved
+from modelfleet.operations.report import report_path
 
 
 def batches(resolved: Resolved, parallel: int) -> list[list[str]]:
@@ -154,6 +156,26 @@ def _back_in(everything: Resolved, batch: list[str], log) -> dict[str, str]:
     return {k: e for k, e in fleet.front_doors(everything, batch, present=True).items() if e}
 
 
+def restart_budgets(resolved: Resolved, batch: list[str], since: float) -> list[dict]:
+    """Each pool of the batch whose recipe has a ready budget: the seconds its restart took to ready in the
+    batch's serve run (reports/timeline/<pool>.json, written by a run started after `since`) beside the
+    recipe's restart budget; `over` None where the run restarted no unit of the pool (no timeline of it)."""
+    out = []
+    pools = {svc.pool: svc for host in batch for svc in resolved.hosts[host].services}
+    for pool, svc in pools.items():
+        budget = svc.recipe.ready_budget_s
+        if budget is None:
+            continue
+        path = report_path("timeline", pool)
+        timeline = json.loads(path.read_text()) if path.exists() else {}
+        # The run's start is the kernel's record of its process start, on a boot time in whole seconds.
+        fresh = timeline.get("pyinfra_started_at", 0) >= since - 2 and timeline.get("ready_s") is not None
+        ready = timeline["ready_s"] if fresh else None
+        out.append({"pool": pool, "recipe": svc.recipe.id, "budget_s": budget.restart, "ready_s": ready,
+                    "over": None if ready is None else ready > budget.restart})
+    return out
+
+
 def switch_batch(everything: Resolved, batch: list[str], switch, drain=None, log=print,
                  step=lambda name: None) -> tuple[str, object]:
     """
@@ -251,6 +273,12 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
             if outcome in ("upgraded", "back in failed"):
                 watcher.switching(batch, switch_start)
                 entry["result"] = "upgraded"
+                entry["ready_budget"] = restart_budgets(resolved, batch, switch_start)
+                for pool in (p for p in entry["ready_budget"] if p["over"]):
+                    line = (f"batch {number} {batch}: pool {pool['pool']} ready {pool['ready_s']} s after its run "
+                            f"started, over its restart budget of {pool['budget_s']} s ({pool['recipe']})")
+                    report.setdefault("over_budget", []).append(line)
+                    log(line)
                 report["upgraded"] += batch
                 if outcome == "back in failed":
                     _back_in_failed(report, batch, out)

@@ -22,12 +22,11 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import quote, urlsplit
 
-import yaml
 from pydantic import BaseModel, ConfigDict
 from pyinfra.api import FactBase
 
 from modelfleet import grammar, render
-from modelfleet.catalog import CATALOG_DIR
+from modelfleet.catalog import CATALOG_DIR, read_yaml
 from modelfleet.exposure import door_needed, key_coverage, routed_replica_problem
 from modelfleet.host_commands import program
 from modelfleet.inventory.plan import HostPlan, PoolPlan, RouterPlan, Worker, _is_loopback
@@ -110,7 +109,7 @@ class RouterSpec(_Strict):
 @lru_cache(maxsize=1)
 def specs() -> dict[str, RouterSpec]:
     """The routers catalog: engine -> its router."""
-    data = yaml.safe_load((CATALOG_DIR / "routers.yaml").read_text())
+    data = read_yaml((CATALOG_DIR / "routers.yaml").read_text())
     return {engine: RouterSpec(**entry) for engine, entry in data.items()}
 
 

@@ -52,13 +52,25 @@ def split(resolved: Resolved, count: int) -> list[list[str]]:
     return [sorted(shard, key=order.index) for shard in shards if shard]
 
 
-def converge(inventory: str, deploy: str, shards: list[list[str]], progress=print, options: list[str] = ()) -> dict:
+def slice_of(resolved: Resolved, spec: str) -> tuple[int, int, list[str]]:
+    """`--shard K/N`: slice K of the N that split() makes, the same on every control node that reads the same
+    inventory (whole units, filled in inventory order); empty where the units make fewer than N."""
+    number, _, count = spec.partition("/")
+    if not (number.isdigit() and count.isdigit() and 1 <= int(number) <= int(count) <= 256):
+        raise ValueError(f"--shard {spec!r}: expected K/N with 1 <= K <= N <= 256")
+    shards = split(resolved, int(count))
+    return int(number), int(count), shards[int(number) - 1] if int(number) <= len(shards) else []
+
+
+def converge(inventory: str, deploy: str, shards: list[list[str]], progress=print, options: list[str] = (),
+             numbers: list[int] | None = None, of: int | None = None) -> dict:
     """Run one pyinfra process per shard at once (`options`: pyinfra's --group-data/--data, as validated); wait
-    for all; the summary (ok only if every shard was)."""
+    for all; the summary (ok only if every shard was). `numbers`: the shards' numbers (default 1, 2, ...), which
+    name their logs, of `of` (default: as many as given)."""
     running = []
     logs = reports_dir("converge")
     logs.mkdir(parents=True, exist_ok=True)
-    for number, hosts in enumerate(shards, 1):
+    for number, hosts in zip(numbers or range(1, len(shards) + 1), shards, strict=True):
         log = logs / f"shard-{number}.log"
         with log.open("w") as out:
             proc = subprocess.Popen(pyinfra_argv(inventory, deploy, limit=hosts, extra=options), stdout=out,
@@ -69,7 +81,7 @@ def converge(inventory: str, deploy: str, shards: list[list[str]], progress=prin
         code = proc.wait()
         log.write_text(masking.mask(log.read_text(errors="replace")))  # the child masks; this is the report's own
         seconds = round(time.monotonic() - started, 2)
-        progress(f"shard {number}/{len(shards)}: {len(hosts)} host(s), exit {code}, {seconds} s ({log})")
+        progress(f"shard {number}/{of or len(shards)}: {len(hosts)} host(s), exit {code}, {seconds} s ({log})")
         results.append({"shard": number, "hosts": hosts, "returncode": code, "seconds": seconds, "log": str(log)})
     return {"inventory": inventory, "deploy": deploy, "ok": all(r["returncode"] == 0 for r in results),
             "shards": results}

@@ -44,6 +44,7 @@ GpusPerNode = Annotated[int, Field(ge=1, le=72)]  # the largest NVLink domain on
 Bandwidth = Annotated[float, Field(gt=0, le=10000)]  # GB/s: past any link that exists (NVLink 5: 1800)
 # Host RAM in GiB: 64 TiB is past the largest single servers sold (32 TiB); more is a unit slip.
 RamGib = Annotated[int, Field(ge=1, le=65536)]
+Seconds = Annotated[int, Field(ge=1, le=86400)]  # a wait or a goal in whole seconds, at most a day
 
 
 def _gguf(spec: dict) -> dict:
@@ -225,6 +226,23 @@ class ProbeSettings(_Strict):
         return self
 
 
+class ReadyBudget(_Strict):
+    """Seconds from a serve run's start to the endpoint ready (the timeline's ready_s) this recipe is held to:
+    `cold` on a host that holds nothing of it, `restart` when only its unit restarts (weights already on the
+    host: a changed image or setting, a crash). Goals, not limits: `upgrade` reports a batch whose restart took
+    longer, `make bench-ready` prints each beside what it measured; ready_timeout_s still fails the host."""
+
+    cold: Seconds
+    restart: Seconds
+    why: Text  # where the figures come from (a measured run, a vendor's published startup time)
+
+    @model_validator(mode="after")
+    def _restart_within_cold(self):
+        if self.restart > self.cold:
+            raise ValueError(f"ready_budget_s: restart ({self.restart}) may not exceed cold ({self.cold})")
+        return self
+
+
 def _docker_options(options: dict) -> dict:
     """The docker run options a recipe may set, each held to what docker accepts."""
     for key, value in options.items():
@@ -262,7 +280,8 @@ class Recipe(_Strict):
         Field(default_factory=dict)
     args: list[Token]
     env: dict[EnvName, EnvValue] = Field(default_factory=dict)
-    ready_timeout_s: Annotated[int, Field(ge=1, le=86400)]
+    ready_timeout_s: Seconds
+    ready_budget_s: ReadyBudget | None = None
     probe: ProbeSettings = Field(default_factory=ProbeSettings)
     # The site file a recipe came from (None: shipped); not a field a file can set.
     _site: str | None = PrivateAttr(None)
@@ -309,13 +328,14 @@ class CatalogError(ModelfleetError):
 _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def _yaml(text: str):
+def read_yaml(text: str):
+    """YAML's safe subset, read with libyaml where there is one (every catalog file goes through here)."""
     return yaml.load(text, Loader=_SafeLoader)
 
 
 def _read(path: Path, cls):
     try:
-        data = _yaml(path.read_text())
+        data = read_yaml(path.read_text())
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
@@ -464,7 +484,7 @@ def with_site_hardware(catalog: "Catalog", folder: Path) -> "Catalog":
 def _load_engines(path: Path) -> dict[str, Engine]:
     """engines.yaml: engine name -> its entry; a bad entry is named with the field at fault."""
     engines = {}
-    for name, spec in (_yaml(path.read_text()) or {}).items():
+    for name, spec in (read_yaml(path.read_text()) or {}).items():
         if not isinstance(spec, dict):
             raise CatalogError(str(path), f"engine {name}: must be a mapping of fields, got {type(spec).__name__}")
         try:

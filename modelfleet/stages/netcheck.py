@@ -28,12 +28,11 @@ import shlex
 import statistics
 import zlib
 
-import yaml
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
 from modelfleet import FILES_DIR, nccl_log
-from modelfleet.catalog import CATALOG_DIR
+from modelfleet.catalog import CATALOG_DIR, read_yaml
 from modelfleet.context import HostRun
 from modelfleet.fabric import HostFabric
 from modelfleet.fabric_run import pool_fabric, refusals
@@ -156,7 +155,7 @@ def collective_check(pool: str, command: str, needed: bool, results: dict):
 @functools.cache
 def fabric_catalog() -> dict:
     """catalog/fabric.yaml: the median rule and each board's sourced figures."""
-    data = yaml.safe_load(FABRIC_CATALOG.read_text())
+    data = read_yaml(FABRIC_CATALOG.read_text())
     for board, figures in data["boards"].items():
         for name in ("hca_loopback", "multinode"):
             if f"{name}_hcas" in figures and not figures.get(f"{name}_source"):

@@ -38,3 +38,9 @@ def test_one_round_times_cold_restart_and_join_by_stage(two_fresh_hosts, tmp_pat
     assert printed["restart"]["hub_bytes_served"] == 0 and printed["join"]["hub_bytes_served"] == 0
     assert printed["ratios"]["restart_over_cold"] == round(
         printed["restart"]["first_answer_s"] / printed["cold"]["first_answer_s"], 3)
+    # The recipe's budgets beside what this round measured, each judged on its own median.
+    held = bench_ready.budget(printed)
+    for case in ("cold", "restart"):
+        assert held[case]["ready_s"] == printed[case]["ready_s"]
+        assert held[case]["over"] == (printed[case]["ready_s"] > held[case]["budget_s"])
+    assert held["restart"]["budget_s"] < held["cold"]["budget_s"]

@@ -107,6 +107,14 @@ def test_converge_dry_keeps_a_pool_in_one_shard(tmp_path):
     shards = [sorted(s["hosts"]) for s in json.loads(out.output)["shards"]]
     assert sorted(h for s in shards for h in s) == ["g1", "g2", "t1", "t2"]
     assert ["t1", "t2"] in shards  # the pool together
+    # One slice per control node: the same split, slice K of it; a bad slice is a usage error before anything.
+    slices = [json.loads(run("converge", "--dry", "--shard", f"{k}/3", inv).output)["shards"] for k in (1, 2, 3)]
+    assert [s["hosts"] for part in slices for s in part] == [s["hosts"] for s in json.loads(out.output)["shards"]]
+    assert [s["shard"] for part in slices for s in part] == [1, 2, 3]
+    bad = run("converge", "--dry", "--shard", "4/3", inv)
+    assert bad.exit_code == 2 and "expected K/N" in bad.output
+    both = run("converge", "--dry", "--shard", "1/3", "--shards", "2", inv)
+    assert both.exit_code == 2 and "leave out --shards" in both.output
 
 
 def test_cost_prints_one_row_per_run(tmp_path):

@@ -33,3 +33,23 @@ def test_shards_keep_units_whole_and_even():
 def test_more_shards_than_units_leaves_none_empty():
     resolved = resolve([("p1", {**DP2, "pool": "dp"}), ("p2", {**DP2, "pool": "dp"})])
     assert split(resolved, 4) == [["p1", "p2"]]
+
+
+def test_slices_k_of_n_are_the_shards_and_cover_the_fleet_once():
+    """N control nodes running `converge --shard K/N` for K = 1..N converge every host once, pools whole."""
+    from modelfleet.shards import slice_of
+
+    slices = [slice_of(fleet(), f"{k}/3") for k in (1, 2, 3)]
+    assert [hosts for _, _, hosts in slices] == split(fleet(), 3)
+    assert sorted(h for _, _, hosts in slices for h in hosts) == sorted(fleet().hosts)
+    assert all((k, n) == (i, 3) for i, (k, n, _) in enumerate(slices, 1))
+    # More slices than units: the slices past the units are empty, not an error, so every K/N job can run.
+    resolved = resolve([("p1", {**DP2, "pool": "dp"}), ("p2", {**DP2, "pool": "dp"})])
+    assert [slice_of(resolved, f"{k}/2")[2] for k in (1, 2)] == [["p1", "p2"], []]
+    for bad in ("0/3", "4/3", "3", "a/b", "1/300"):
+        try:
+            slice_of(fleet(), bad)
+        except ValueError as error:
+            assert "expected K/N" in str(error)
+        else:
+            raise AssertionError(bad)
