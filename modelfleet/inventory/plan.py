@@ -139,6 +139,7 @@ class ServicePlan:
     nnodes: int = 1
     head_address: str = ""
     checkpoint_group: str = ""
+    engine_cache_sharing: bool = True
     netcheck_min_busbw_gbps: float | None = _default("netcheck_min_busbw_gbps", ServiceData)
     netcheck_timeout_s: int = _default("netcheck_timeout_s", ServiceData)
     recipe_params: dict = field(default_factory=dict)  # values for the recipe's required parameters

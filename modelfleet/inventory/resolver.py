@@ -150,6 +150,7 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
         model_dir=host_commands.model_dir(host.model_root, model.id, revision_dir),
         gpu_passthrough=host.gpu_passthrough, config_dir=host.config_dir.rstrip("/"),
         checkpoint_group=svc.checkpoint_group or svc.pool or _slug(name),
+        engine_cache_sharing=svc.engine_cache_sharing,
         netcheck_min_busbw_gbps=svc.netcheck_min_busbw_gbps, netcheck_timeout_s=svc.netcheck_timeout_s,
         recipe_params=dict(svc.recipe_params), model_file=recipe.model_file,
         gpu_indices=tuple(svc.gpu_indices or ()),

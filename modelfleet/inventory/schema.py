@@ -96,6 +96,9 @@ class ServiceData(BaseModel):
         {}, description="Environment for the engine container, over the recipe's and the network settings.")
     checkpoint_group: Name | None = Field(None, description="Hosts that copy the checkpoint from each other (one "
                                           "hub download per group); unset: the pool.")
+    engine_cache_sharing: bool = Field(True, description="Whether this service's engine cache is copied between "
+                                       "hosts with the same cache key (code one host's engine wrote, another's "
+                                       "runs; docs/engine-caches.md); false: each host compiles its own.")
     netcheck_min_busbw_gbps: Annotated[float, Field(gt=0)] | None = Field(
         None, description="Gate threshold on all_reduce busbw at the largest size, GB/s; unset: the hardware "
         "catalog's (none for multi-node pools: checked for correctness only).")

@@ -61,5 +61,5 @@ def test_a_reset_connection_names_the_source_as_stopped(tmp_path):
 def test_wrong_bytes_of_the_right_length_stay_a_checksum_mismatch(tmp_path):
     url = one_shot_server(bytes(len(DATA)), len(DATA))
     run = fetch(tmp_path, url)
-    assert run.returncode == 1 and "do not match the source's size and checksum" in run.stderr, run.stderr
+    assert run.returncode == 1 and "sent by the mirror" in run.stderr and "do not match the sizes and checksums" in run.stderr, run.stderr
     assert "stopped during the copy" not in run.stderr
