@@ -87,11 +87,11 @@ def _put_secret(host, dest: str, content: str) -> bool:
 
 
 def _serve_job(state, host, dest: str, group: str, directory_: str, address: str, port: int, files_key: tuple,
-               rate_mb_s: int | None) -> bool:
+               rate_mb_s: int | None, idle_s: int) -> bool:
     """FunctionCommand body: the server's job, with the names the control node holds for this holder now."""
     names = sorted(held_files(files_key))
     job = {"dir": directory_, "address": address, "port": port, "token": fanout_token(group), "files": names,
-           "rate_mb_s": rate_mb_s}
+           "rate_mb_s": rate_mb_s, "idle_s": idle_s}
     return _put_secret(host, dest, json.dumps(job))
 
 
@@ -104,7 +104,7 @@ def _fetch_command(job: str, mode: str, source: str | None, reverify: bool,
 
 
 def _copy_from_peer(state, host, job_path: str, job: dict, group: str, planned: str, alternatives: list[str],
-                    urls: dict[str, str], reverify: bool) -> bool:
+                    urls: dict[str, str], reverify: bool, restart: list[str]) -> bool:
     """FunctionCommand body, at execution time: copy from `planned`, or from another holder serving this group
     when `planned` failed earlier in this run (its port taken, its index refused). The receiver's job (0600,
     read once, then removed by the script) holds the run's token and the files as the control node knows them:
@@ -126,32 +126,57 @@ def _copy_from_peer(state, host, job_path: str, job: dict, group: str, planned: 
     peer_job = f"{job_path.removesuffix('.json')}.peer.json"
     if not _put_secret(host, peer_job, json.dumps({**job, "files": files, "token": fanout_token(group)})):
         return refuse(state, host, [f"could not write {peer_job}"])
-    ok, output = host.run_shell_command(_fetch_command(peer_job, "peer", urls[source], reverify, source),
-                                        print_output=state.print_output, print_input=state.print_input)
-    if not ok:
-        return refuse(state, host, output.stderr_lines or [f"the copy from {source} failed"])
+    if not _run_fetch(state, host, _fetch_command(peer_job, "peer", urls[source], reverify, source),
+                      f"peer {source}", restart):
+        return False
     held_files((group, host.name)).update(files)  # a holder for the next waves
     return True
 
 
+def _run_fetch(state, host, command: StringCommand, source: str, restart: list[str]) -> bool:
+    """Run the fetch script; each corrupt file it replaced is named in one line (host, file, expected and found
+    digest, the source of the good bytes), and the engines that loaded the bad bytes (`restart`: their units)
+    restart. A failure is the script's one line."""
+    ok, output = host.run_shell_command(command, print_output=state.print_output, print_input=state.print_input)
+    if not ok:
+        return refuse(state, host, output.stderr_lines or [f"the fetch from {source} failed"])
+    report = next((json.loads(line) for line in reversed(output.stdout_lines) if line.startswith("{")), {})
+    for fixed in report.get("repaired", []):
+        note(state, host, f"repaired on {host.name}: {report.get('dest')}/{fixed['file']} was corrupt (expected "
+                          f"{fixed['expected']}, found {fixed['found']}); replaced from {source}")
+    if report.get("repaired") and restart:  # those running now: a unit not there yet starts on the new bytes
+        script = 'for u; do if systemctl is-active --quiet "$u"; then systemctl restart "$u" && echo "$u"; fi; done'
+        ok, output = host.run_shell_command(StringCommand("sh", "-c", shlex.quote(script), "sh",
+                                                          *map(shlex.quote, restart)),
+                                            print_output=state.print_output, print_input=state.print_input)
+        if not ok:
+            return refuse(state, host, output.stderr_lines or [f"could not restart {', '.join(restart)}"])
+        if output.stdout_lines:
+            note(state, host, f"restarted {', '.join(output.stdout_lines)}: its engine had loaded the corrupt bytes")
+    return True
+
+
 @operation(is_idempotent=False)
-def checkpoint_fetched(job: str, mode: str, source: str | None, missing: list[str], reverify: bool):
+def checkpoint_fetched(job: str, mode: str, source: str | None, missing: list[str], reverify: bool,
+                       restart: list[str] = (), source_name: str = ""):
     """Run the fetch script from the hub or a mirror: it re-checks what is present, fetches `missing` and what
-    fails its hash."""
+    fails its hash (a repair named, the engines in `restart` restarted)."""
     if not missing:
         host.noop("checkpoint complete (manifest, sizes and mtimes match)")
         return
-    yield _fetch_command(job, mode, source, reverify)
+    yield FunctionCommand(_run_fetch, (_fetch_command(job, mode, source, reverify), source_name or mode,
+                                       list(restart)), {})
 
 
 @operation(is_idempotent=False)
 def peer_copied(job_path: str, job: dict, group: str, source: str | None, alternatives: list[str],
-                urls: dict[str, str], needed: bool, reverify: bool = False):
+                urls: dict[str, str], needed: bool, reverify: bool = False, restart: list[str] = ()):
     """Copy this group's files from a peer holding them (`source`; another of `alternatives` if it failed)."""
     if not source or not needed:
         host.noop("nothing to copy from a peer in this wave")
         return
-    yield FunctionCommand(_copy_from_peer, (job_path, job, group, source, alternatives, urls, reverify), {})
+    yield FunctionCommand(_copy_from_peer, (job_path, job, group, source, alternatives, urls, reverify,
+                                            list(restart)), {})
 
 
 def fanout_unit(group: str) -> str:
@@ -161,10 +186,11 @@ def fanout_unit(group: str) -> str:
 @operation(is_idempotent=False)
 def fanout_serving(group: str, directory_: str, address: str, port: int, serve: bool, needed: bool,
                    config_dir: str = "", files_key: tuple = (), lifetime_s: int = 0, leftover: bool = False,
-                   rate_mb_s: int | None = None):
-    """Serve this host's verified copy to the group's peers for at most `lifetime_s` (started once, proven to
-    be this run's server at every wave it serves), or stop it. A unit left running by an earlier run that died
-    is stopped first."""
+                   rate_mb_s: int | None = None, idle_s: int = 120):
+    """Serve this host's verified copy to the group's peers for at most `lifetime_s`, ending sooner when no
+    request came for `idle_s` (the run that started it is gone however it ended: its receivers went with it),
+    proven to be this run's server at every wave it serves (started again where it ended between waves), or
+    stop it. A unit left running by an earlier run that died is stopped first."""
     unit = fanout_unit(group)
     if serve and leftover:  # whether or not this run serves: the run that started it is gone (the run lock)
         yield FunctionCommand(note, (f"stopping {unit}, left running by an earlier run that did not finish",), {})
@@ -176,7 +202,8 @@ def fanout_serving(group: str, directory_: str, address: str, port: int, serve: 
         return
     if serve:
         job = serve_job_path(config_dir, group)
-        yield FunctionCommand(_serve_job, (job, group, directory_, address, port, files_key, rate_mb_s), {})
+        yield FunctionCommand(_serve_job, (job, group, directory_, address, port, files_key, rate_mb_s, idle_s),
+                              {})
         argv = ["systemd-run", f"--unit={unit}", f"--property=RuntimeMaxSec={lifetime_s}", "--collect",
                 *(f"--property={p}" for p in SERVER_PROPERTIES), f"--property=StandardInput=file:{job}",
                 "python3", FETCH, "serve"]

@@ -46,6 +46,8 @@ import json
 import os
 import re
 import secrets
+import select
+import signal
 import socket
 import stat
 import subprocess
@@ -70,6 +72,82 @@ class FetchError(Exception):
     """A failure with its one-line explanation for the operator."""
 
 
+class Watchdog(threading.Thread):
+    """Ends the fetch in one line when, armed, no byte arrived for `stall_s` (a frozen source: the bytes the
+    peer streams count, or for the hub the growth of the destination's files), and ends it quietly when the run
+    that started it is gone (its SSH session closed the other end of stdout): no fetch outlives its run."""
+
+    def __init__(self, job: dict, dest: Path):
+        super().__init__(daemon=True)
+        self.stall_s, self.dest, self.host = float(job.get("stall_s") or 60), dest, job.get("host") or "this host"
+        self.armed, self.last, self.seen, self.source, self.waiting = False, time.monotonic(), -1, "", lambda: []
+        self.moved_bytes = 0
+
+    def arm(self, source: str, waiting) -> None:
+        """Watch for progress from `source`; `waiting()` names the files not yet complete."""
+        self.source, self.waiting, self.last, self.armed = source, waiting, time.monotonic(), True
+
+    def moved(self, n: int) -> None:
+        self.moved_bytes += n
+
+    def progress(self) -> int:
+        if self.moved_bytes:
+            return self.moved_bytes
+        total = 0
+        for path in self.dest.rglob("*"):
+            with contextlib.suppress(OSError):
+                total += path.stat().st_size if path.is_file() else 0
+        return total
+
+    def run(self) -> None:
+        while True:
+            time.sleep(1)
+            if orphaned():
+                drop_partials(self.dest)
+                os._exit(3)
+            if not self.armed:
+                continue
+            now, size = time.monotonic(), self.progress()
+            if size != self.seen:
+                self.seen, self.last = size, now
+            elif now - self.last > self.stall_s:
+                names = self.waiting()
+                shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+                say(f"host {self.host}: no byte from {self.source} for {self.stall_s:g} s while fetching "
+                    f"{shown or 'the checkpoint'} (model_stall_s): the source froze; files already verified "
+                    "are kept, the other hosts go on; re-run when it answers")
+                drop_partials(self.dest)
+                os._exit(1)
+
+
+def orphaned() -> bool:
+    """Has the reader of our stdout (sshd, for a run's command) gone? A pipe's writer sees POLLERR, a socket's
+    POLLHUP. Never for a terminal or a file."""
+    try:
+        mode = os.fstat(1).st_mode
+    except OSError:
+        return False
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+        return False
+    poller = select.poll()
+    poller.register(1, 0)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def drop_partials(dest: Path) -> None:
+    for partial in dest.rglob(f".*.{os.getpid()}.modelfleet-partial"):
+        partial.unlink(missing_ok=True)
+
+
+REAL_STDERR = sys.stderr
+LOG = ""
+
+
+def say(message: str) -> None:
+    """One line for the operator, on the stderr the command was given (the libraries' goes to the log)."""
+    print(f"modelfleet: {message}" + (f" (details: {LOG})" if LOG else ""), file=REAL_STDERR, flush=True)
+
+
 def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -88,10 +166,11 @@ def git_blob_id(path: Path) -> str:
 
 
 def check(dest: Path, files: dict, manifest: dict, reverify: bool,
-          streamed: dict | None = None) -> tuple[dict, list[str]]:
+          streamed: dict | None = None, bad: dict | None = None) -> tuple[dict, list[str]]:
     """
     (verified entries for the manifest, paths that must be fetched). Hashes run in parallel across files;
-    `streamed` holds digests already computed while the bytes arrived.
+    `streamed` holds digests already computed while the bytes arrived; `bad` gets, for each present file of
+    the right size whose digest is wrong, {path: (expected, found)}.
     """
 
     def one(item):
@@ -106,10 +185,15 @@ def check(dest: Path, files: dict, manifest: dict, reverify: bool,
         if meta.get("sha256") or reverify and not meta.get("blob_id"):
             digest = (streamed or {}).get(rel) or sha256_of(path)
             if meta.get("sha256") and digest != meta["sha256"]:
+                if bad is not None:
+                    bad[rel] = (f"sha256 {meta['sha256']}", f"sha256 {digest}")
                 return rel, None
             return rel, {"size": st.st_size, "mtime": st.st_mtime, "sha256": digest}
         if meta.get("blob_id"):
-            if git_blob_id(path) != meta["blob_id"]:
+            found = git_blob_id(path)
+            if found != meta["blob_id"]:
+                if bad is not None:
+                    bad[rel] = (f"git blob {meta['blob_id']}", f"git blob {found}")
                 return rel, None
             return rel, {"size": st.st_size, "mtime": st.st_mtime, "blob_id": meta["blob_id"]}
         return rel, {"size": st.st_size, "mtime": st.st_mtime}  # the source gave no checksum: size only
@@ -159,7 +243,8 @@ def challenge(base_url: str, token: str, timeout: float = 10) -> str | None:
     return None if hmac.compare_digest(answer, proof(token, nonce)) else "its answer is not the run's proof"
 
 
-def fetch_from_peer(job: dict, paths: list[str], base_url: str, name: str | None = None) -> dict:
+def fetch_from_peer(job: dict, paths: list[str], base_url: str, name: str | None = None,
+                    watch: Watchdog | None = None) -> dict:
     """Copy each file, hashing while it streams; returns {path: sha256} so no second read is needed. `name`:
     the source host's, for the messages. The source proves it is the run's server before it gets the token."""
     dest = Path(job["dest"])
@@ -178,7 +263,8 @@ def fetch_from_peer(job: dict, paths: list[str], base_url: str, name: str | None
         digest, got, length = hashlib.sha256(), 0, None
         url = f"{base_url.rstrip('/')}/{urllib.parse.quote(rel)}"
         try:
-            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=60) as response, \
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                        timeout=float(job.get("stall_s") or 60) + 5) as response, \
                     partial.open("wb") as f:
                 length = response.headers.get("Content-Length")
                 buffer = memoryview(bytearray(RECV))  # one buffer per stream: no allocation per block
@@ -186,6 +272,8 @@ def fetch_from_peer(job: dict, paths: list[str], base_url: str, name: str | None
                     f.write(buffer[:n])
                     digest.update(buffer[:n])
                     got += n
+                    if watch:
+                        watch.moved(n)
         except urllib.error.HTTPError as error:
             partial.unlink(missing_ok=True)
             raise FetchError(f"the source {source} refused {rel} (HTTP {error.code}): it does not serve that "
@@ -260,8 +348,30 @@ def serve(job: dict) -> None:
     root = os.open(job["dir"], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     pace = Pace(job["rate_mb_s"] * 1e6) if job.get("rate_mb_s") else None
 
+    idle_s = float(job.get("idle_s") or 0)
+    guard, activity = threading.Lock(), {"open": 0, "last": time.monotonic()}
+
+    def lease() -> None:
+        """The run renews the server's lease by asking it (its probe, its receivers): with no request open or
+        made for idle_s, the run that started it is gone, or done with it, and so is the server."""
+        while True:
+            time.sleep(1)
+            with guard:
+                if not activity["open"] and time.monotonic() - activity["last"] > idle_s:
+                    os._exit(0)
+
     class Handler(BaseHTTPRequestHandler):
         server_version, sys_version = "modelfleet", ""
+
+        def handle(self):
+            with guard:
+                activity["open"] += 1
+            try:
+                super().handle()
+            finally:
+                with guard:
+                    activity["open"] -= 1
+                    activity["last"] = time.monotonic()
 
         def answer(self, code: int, body: bytes = b"") -> None:
             self.send_response(code)
@@ -315,7 +425,10 @@ def serve(job: dict) -> None:
         # sockets listen on one port (that takes SO_REUSEPORT, set by neither): a squatter still refuses us.
         allow_reuse_address = True
 
-    Server((job["address"], int(job["port"])), Handler).serve_forever()
+    server = Server((job["address"], int(job["port"])), Handler)
+    if idle_s:
+        threading.Thread(target=lease, daemon=True).start()
+    server.serve_forever()
 
 
 def listener_of(port: int) -> str | None:
@@ -377,18 +490,68 @@ def one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
 
 
+def started(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot, /proc/PID/stat field 22): with the pid, its identity."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def session_of(pid: int) -> tuple[int, str] | None:
+    """The sshd process (pid, start time) of the SSH session that started `pid` (its nearest sshd ancestor),
+    or None where none did."""
+    while pid > 1:
+        try:
+            stat_line = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        if Path(f"/proc/{pid}/comm").read_text().strip().startswith("sshd") and pid != os.getpid():
+            return pid, started(pid) or "?"
+        pid = int(stat_line.rsplit(")", 1)[1].split()[1])
+    return None
+
+
+def holder_gone(record: str) -> int | None:
+    """The pid of the lock's holder when that process is still the one that wrote `record` (pid and start time
+    match) and the SSH session that started it has ended: a fetch whose run is gone. Else None."""
+    try:
+        pid, start, session, session_start = record.split()
+        pid, session = int(pid), int(session)
+    except ValueError:
+        return None
+    if started(pid) != start:
+        return None
+    return pid if started(session) != session_start else None
+
+
 def locked(dest: Path, name: str = ".modelfleet-lock", what: str = "fetch"):
-    """This destination's lock (`name`), or a FetchError naming the process that holds it."""
+    """This destination's lock (`name`), or a FetchError naming the process that holds it. A holder whose run
+    is gone (checked by pid, start time and its SSH session) is stopped and the lock taken over."""
     handle = (dest / name).open("a+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.seek(0)
-        raise FetchError(f"another {what} into {dest} is running (pid {handle.read().strip() or '?'}); "
-                         "wait for it or stop it, then re-run") from None
+        record = handle.read().strip()
+        orphan = holder_gone(record)
+        if orphan is None:
+            raise FetchError(f"another {what} into {dest} is running (pid {record.split()[0] if record else '?'}), "
+                             "started by a run that is still connected; wait for it or stop it, then re-run") from None
+        os.kill(orphan, signal.SIGTERM)
+        for _ in range(100):
+            time.sleep(0.1)
+            with contextlib.suppress(BlockingIOError):
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+        else:
+            os.kill(orphan, signal.SIGKILL)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+    session = session_of(os.getpid())
     handle.seek(0)
     handle.truncate()
-    handle.write(str(os.getpid()))
+    handle.write(f"{os.getpid()} {started(os.getpid())} {session[0] if session else 0} "
+                 f"{session[1] if session else '-'}")
     handle.flush()
     return handle
 
@@ -451,15 +614,25 @@ def main(argv: list[str]) -> int:
     dest = Path(job["dest"])
     dest.mkdir(parents=True, exist_ok=True)
     lock = locked(dest)  # noqa: F841 (held until the process exits)
+    watch = Watchdog(job, dest)
+    watch.start()
     manifest_path = dest / MANIFEST
     manifest = json.loads(manifest_path.read_text()).get("files", {}) if manifest_path.exists() else {}
     files = job["files"]
     start = time.monotonic()
-    verified, missing = check(dest, files, manifest, reverify)
+    bad: dict = {}
+    verified, missing = check(dest, files, manifest, reverify, bad=bad)
     report = {"commit": job["commit"], "dest": str(dest), "files": len(files), "fetched": [], "bytes_fetched": 0}
     if missing and mode != "verify":
         name = next((a.split("=", 1)[1] for a in argv if a.startswith("--source-name=")), None)
-        streamed = fetch_from_hub(job, missing) if mode == "hub" else fetch_from_peer(job, missing, argv[2], name)
+        waiting = missing
+        source = f"peer {name} ({argv[2]})" if name else f"the mirror ({argv[2]})" if mode == "peer" \
+            else f"the hub ({job['endpoint']})"
+        watch.arm(source, lambda: [rel for rel in waiting if not (dest / rel).is_file()
+                                   or (dest / rel).stat().st_size != files[rel]["size"]])
+        streamed = fetch_from_hub(job, missing) if mode == "hub" else \
+            fetch_from_peer(job, missing, argv[2], name, watch)
+        watch.armed = False
         report["fetched"] = missing
         report["bytes_fetched"] = sum(files[rel]["size"] for rel in missing)
         again, still = check(dest, {rel: files[rel] for rel in missing}, {}, True, streamed or {})
@@ -468,7 +641,9 @@ def main(argv: list[str]) -> int:
         for rel in missing:  # what failed its check goes: an engine reads its cache directory as it finds it
             (dest / rel).unlink(missing_ok=True)
     report.update(ok=not missing, missing_or_corrupt=missing, seconds=round(time.monotonic() - start, 3),
-                  finished_at=round(time.time(), 3))
+                  finished_at=round(time.time(), 3),
+                  repaired=[{"file": rel, "expected": e, "found": f} for rel, (e, f) in sorted(bad.items())
+                            if rel not in missing and mode != "verify"])
     if missing:
         raise refusal(job, missing, mode, argv[2] if mode == "peer" else None,
                       next((a.split("=", 1)[1] for a in argv if a.startswith("--source-name=")), None))
@@ -509,7 +684,9 @@ def run(argv: list[str]) -> int:
         except FetchError as error:
             print(f"modelfleet: {error}", file=sys.stderr)
             return 1
+    global LOG
     log = Path(f"{argv[0]}.log")
+    LOG = str(log)
     real_stderr = sys.stderr
     try:
         sink = log.open("w")

@@ -223,6 +223,7 @@ class HostPlan:
     model_reverify: bool = _default("model_reverify")
     model_fanout_width: int = _default("model_fanout_width")
     model_fanout_rate_mb_s: int | None = _default("model_fanout_rate_mb_s")
+    model_stall_s: int = _default("model_stall_s")
     fabric_address: str = ""
     network_env: dict = field(default_factory=dict)
     nvme_devices: tuple[str, ...] = _default("nvme_devices")

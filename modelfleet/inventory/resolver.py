@@ -331,6 +331,7 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
                                    model_source=host.model_source, model_keep_revisions=host.model_keep_revisions,
                                    model_reverify=host.model_reverify, model_fanout_width=host.model_fanout_width,
                                    model_fanout_rate_mb_s=host.model_fanout_rate_mb_s,
+                                   model_stall_s=host.model_stall_s,
                                    fabric_address=host.fabric_address or address, network_env=_network_env(host),
                                    nvme_devices=tuple(host.nvme_devices), model_filesystem=host.model_filesystem,
                                    format_allow_serials=tuple(host.format_allow_serials), ssh_port=host.ssh_port,

@@ -186,6 +186,9 @@ class HostData(BaseModel):
                                     "once (the group's first host's value counts for the group).")
     model_fanout_rate_mb_s: int | None = Field(None, ge=1, description="Cap on what a host serving peers sends "
                                                "in all, MB/s, leaving room for inference; unset: no cap.")
+    model_stall_s: int = Field(60, ge=5, le=3600, description="Seconds a download or peer copy may go without "
+                               "receiving a byte before it fails, naming host, source and file (other hosts go "
+                               "on); a peer server with no request for twice as long ends.")
     verify_bench: bool = Field(False, description="The verify stage also runs a short bench and fails on a "
                                "regression against the previous one.")
     verify_full: bool = Field(False, description="Smoke test and tool probe on every converge, not only when a "

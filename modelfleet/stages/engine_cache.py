@@ -154,7 +154,7 @@ def run(ctx: HostRun):
         directory(name=f"Engine cache {cache.dir}", path=cache.dir, current=at(cache.dir))
         job = _job_path(plan, cache)
         job_fields = {"repo": name, "commit": key, "endpoint": None, "dest": cache.dir, "token_file": None,
-                      "kind": "cache"}
+                      "kind": "cache", "host": plan.name, "stall_s": plan.model_stall_s}
         content_file(name=f"Engine cache job {job}", dest=job, current=at(job), mode="0600",
                      content=json.dumps({**job_fields, "files": None}, indent=1, sort_keys=True) + "\n")
         unit_state = mine["units"].get(f"{fanout_unit(group)}.service") or {}
@@ -177,7 +177,7 @@ def run(ctx: HostRun):
             fanout_serving(name=f"Serve engine cache {key} to peers (wave {number}/{len(waves) or 1})",
                            group=group, directory_=cache.dir, address=fanout_address(plan), port=FANOUT_PORT,
                            serve=True, needed=serves, leftover=leftover and number == 1, config_dir=plan.config_dir,
-                           files_key=(group, host.name),
+                           files_key=(group, host.name), idle_s=2 * plan.model_stall_s,
                            lifetime_s=int(FANOUT_MARGIN_S + size * len(wave) / FANOUT_FLOOR_BYTES_S))
             served = served or serves
             peer_copied(name=f"Copy engine cache {key} from a peer (wave {number}/{len(waves) or 1})",

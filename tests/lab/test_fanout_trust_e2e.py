@@ -22,13 +22,16 @@ SHARD = "model-00001-of-00008.safetensors"
 SQUATTER = "lab-fanout-squatter"
 
 
+def tidy(specs: list[dict]) -> None:
+    for spec in specs:
+        ssh(spec, f"rm -rf {ROOT}; systemctl stop {SQUATTER} 2>/dev/null || true")
+
+
 @pytest.fixture
 def clean(lab_hosts):
-    for spec in lab_hosts:
-        ssh(spec, f"rm -rf {ROOT}; systemctl stop {SQUATTER} 2>/dev/null || true")
+    tidy(lab_hosts)
     yield lab_hosts
-    for spec in lab_hosts:
-        ssh(spec, f"rm -rf {ROOT}; systemctl stop {SQUATTER} 2>/dev/null || true")
+    tidy(lab_hosts)
 
 
 def model_run(only: list[dict], **fields):

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from modelfleet import FILES_DIR
+from tests.listener import scripted_http
 
 FETCH = str(FILES_DIR / "modelfleet_fetch.py")
 SIZE = 16 << 20
@@ -203,20 +204,7 @@ def test_a_receiver_sends_its_token_only_to_a_listener_that_proves_it_is_the_run
     neither sends the token nor keeps a byte."""
     tmp_path, job = source
     seen = []
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-
-    def squat():
-        while True:
-            conn, _ = listener.accept()
-            seen.append(conn.recv(65536))
-            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 4\r\n\r\nevil")
-            conn.close()
-
-    import threading
-    threading.Thread(target=squat, daemon=True).start()
-    url = f"http://127.0.0.1:{listener.getsockname()[1]}/"
+    url = scripted_http(b"HTTP/1.0 200 OK\r\nContent-Length: 4\r\n\r\nevil", seen)
     run = subprocess.run([sys.executable, FETCH, str(with_token(job)), "peer", url, "--source-name=gpu-03"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 1 and "did not prove it is this run's fan-out server" in run.stderr, run.stderr
