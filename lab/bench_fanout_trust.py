@@ -1,6 +1,6 @@
 """What the fan-out's token and unprivileged server cost, on a lab host, in one run (JSON on stdout):
 
-    python lab/bench_fanout_trust.py [--files 8] [--size-mib 128] [--runs 3] [--baseline-commit 8317439]
+    python -m lab.bench_fanout_trust [--files 8] [--size-mib 128] [--runs 3] [--baseline-commit 8317439]
 
 lab/fanout_compare.py runs on the lab's first host (systemd as PID 1) with the peer server started as the
 stages start it (systemd-run, DynamicUser and the other properties of modelfleet.transfer.SERVER_PROPERTIES, the

@@ -80,6 +80,12 @@ def timed(command: list[str] | str, dest: Path, **kw) -> tuple[float, float, sub
     return time.perf_counter() - start, cpu, done
 
 
+def fresh(path: Path, text: str) -> Path:
+    """`path` written anew: the receiver removes a job holding a token once it has read it."""
+    path.write_text(text)
+    return path
+
+
 def parallel(template: str, items: list[str], workers: int) -> str:
     """A shell line running `template` (with {} for the item) over items, `workers` at a time."""
     quoted = " ".join(f"'{i}'" for i in items)
@@ -153,7 +159,7 @@ def main() -> int:
     w = args.workers
     curl = f"curl -sSf -H @{header}"
     methods = {
-        "fetch": lambda: job.write_text(job_text) or [sys.executable, str(FETCH), str(job), "peer", url],
+        "fetch": lambda: [sys.executable, str(FETCH), str(fresh(job, job_text)), "peer", url],
         "curl": lambda: parallel(f"{curl} -o {dest}/{{}} {url}/{{}}", rels, w),
         "curl+sha256": lambda: (parallel(f"{curl} -o {dest}/{{}} {url}/{{}}", rels, w) + f" && cd {dest} && "
                                 + parallel("sha256sum {}", rels, w) + f" | sort -k2 | diff - {sums}"),
