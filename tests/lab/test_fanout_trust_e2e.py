@@ -113,8 +113,17 @@ def serve(specs: list[dict], tmp_path, **fields):
 
 def test_a_symlink_planted_in_an_engine_cache_is_named_and_nothing_outside_the_tree_is_served(lab_hosts, tmp_path):
     holder, peer = lab_hosts[0], lab_hosts[1]
-    for spec in (holder, peer):
-        ssh(spec, f"rm -rf {spec['model_root']}/.cache/vllm")
+    try:
+        planted_cache_is_refused(holder, peer, tmp_path)
+    finally:  # leave the hosts as the other lab tests expect them: no link, no engine running
+        for spec in (holder, peer):
+            ssh(spec, f"find {spec['model_root']}/.cache/vllm -maxdepth 2 -type l -delete; "
+                      "systemctl stop 'modelfleet-tiny-*'")
+
+
+def planted_cache_is_refused(holder: dict, peer: dict, tmp_path) -> None:
+    for spec in (holder, peer):  # engines stopped: the first serve starts one, which compiles a cache
+        ssh(spec, f"systemctl stop 'modelfleet-tiny-*'; rm -rf {spec['model_root']}/.cache/vllm")
     first = serve([holder], tmp_path)
     assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
     root = f"{holder['model_root']}/.cache/vllm"
@@ -134,6 +143,3 @@ def test_a_symlink_planted_in_an_engine_cache_is_named_and_nothing_outside_the_t
     assert ssh(peer, f"grep -rl root: {peer_dir} 2>/dev/null").stdout == ""
     # And the holder's server, asked for the links by name with the attacker's best guess, gives no byte.
     assert raw_get(peer, holder["address"], "/innocent.json")[1] == 0
-    # Leave the hosts as the other lab tests expect them: no link, no engine running.
-    for spec in (holder, peer):
-        ssh(spec, f"rm -f {root}/{key}/innocent.json {root}/{key}/rootfs; systemctl stop 'modelfleet-tiny-*'")
