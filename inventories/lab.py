@@ -104,6 +104,8 @@ lab_hosts = [
         "model_keep_revisions": _scenario.keep_revisions,
         "model_fanout_width": _scenario.fanout_width,
         **({"model_fanout_rate_mb_s": _scenario.fanout_rate_mb_s} if _scenario.fanout_rate_mb_s else {}),
+        **({"model_stall_s": _scenario.stall_s} if _scenario.stall_s else {}),
+        **({"model_reverify": True} if _scenario.reverify else {}),
         **({"fabric_address": spec["fabric"]["address"]} if _fabric else {"gloo_socket_ifname": "lo"}),
         **({"host_ram_gib": _machine_ram_gib()} if spec["name"] == _scenario.moe else {}),
         **_serves(index, spec),

@@ -4,14 +4,19 @@ a lab host or a GPU host as it is):
     python3 lab/fanout_compare.py --work DIR [--files 8] [--size-mib 1024] [--runs 3] [--workers 8]
 
 A source directory of --files files of --size-mib MiB each (distinct bytes) is served by the fetch script's own
-peer server (`modelfleet_fetch.py serve`, sendfile) on loopback, then copied to a fresh directory on the same disk
-by, in turn, each run:
-  fetch        modelfleet_fetch.py JOB peer URL: streams, sha256 while the bytes arrive, verifies, writes its manifest
-  curl         one `curl -s -o` per file, --workers at a time (the same number of streams), no check
+peer server (`modelfleet_fetch.py serve`, sendfile, its job with the run's token on stdin; with --unprivileged
+through `systemd-run` and each --server-property, as the stages start it) on loopback, then copied to a fresh
+directory on the same disk by, in turn, each run:
+  fetch        modelfleet_fetch.py JOB peer URL: the challenge, then streams with the token, sha256 while the
+               bytes arrive, verifies, writes its manifest
+  curl         one `curl -s -o` per file with the token's header, --workers at a time (the same number of
+               streams), no check
   curl+sha256  the same, then `sha256sum` of every file, --workers at a time (the same trust as fetch)
   aria2c       `aria2c -x1 -s1 -j --workers` with each file's sha-256 from an input file, when aria2c is installed
                (one stream per file: the peer server answers no range requests)
   cp           `cp` of every file, --workers at a time (no network, no check)
+  *-baseline   with --baseline OLD: fetch and curl again against OLD's own server (`OLD serve DIR ADDR PORT`,
+               root, no token) and OLD's receiver: what the token and the unprivileged server cost
 Each method's time ends after `sync` of the destination's filesystem, so bytes still in the page cache are not
 counted as written. The source is read once first, so every method reads it from the page cache.
 Prints one JSON document: every run's seconds and MB/s, each client's CPU seconds per GB, the medians, each method's median rate over curl's, and
@@ -75,6 +80,12 @@ def timed(command: list[str] | str, dest: Path, **kw) -> tuple[float, float, sub
     return time.perf_counter() - start, cpu, done
 
 
+def fresh(path: Path, text: str) -> Path:
+    """`path` written anew: the receiver removes a job holding a token once it has read it."""
+    path.write_text(text)
+    return path
+
+
 def parallel(template: str, items: list[str], workers: int) -> str:
     """A shell line running `template` (with {} for the item) over items, `workers` at a time."""
     quoted = " ".join(f"'{i}'" for i in items)
@@ -88,7 +99,10 @@ def main() -> int:
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--workers", type=int, default=8)
-    parser.add_argument("--baseline", type=Path, help="another fetch script, run beside this one as fetch-baseline")
+    parser.add_argument("--baseline", type=Path, help="an earlier fetch script (server and receiver), run beside "
+                        "this one as fetch-baseline and curl-baseline")
+    parser.add_argument("--unprivileged", action="store_true", help="start the server with systemd-run")
+    parser.add_argument("--server-property", action="append", default=[], help="a unit property for it")
     args = parser.parse_args()
     work: Path = args.work
     shutil.rmtree(work, ignore_errors=True)
@@ -99,31 +113,58 @@ def main() -> int:
     total = sum(m["size"] for m in files.values())
     rels = sorted(files)
     subprocess.run(f"cat {src}/* > /dev/null", shell=True, check=True)  # the source in the page cache
+    token = os.urandom(32).hex()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, str(FETCH), "serve", str(src), "127.0.0.1", str(port)],
-                              stderr=subprocess.DEVNULL)
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.05)
+    serve_job = work / "serve.json"
+    serve_job.write_text(json.dumps({"dir": str(src), "address": "127.0.0.1", "port": port, "token": token,
+                                     "files": rels, "rate_mb_s": None}))
+    serve_job.chmod(0o600)
+    unit = f"modelfleet-fanout-compare-{port}"
+    if args.unprivileged:  # as the stages start it: systemd opens the job, the server runs as a dynamic user
+        subprocess.run(["systemd-run", f"--unit={unit}", "--collect", *(f"--property={p}" for p in args.server_property),
+                        f"--property=StandardInput=file:{serve_job}", "python3", str(FETCH), "serve"],
+                       check=True, capture_output=True)
+        servers = []
+    else:
+        servers = [subprocess.Popen([sys.executable, str(FETCH), "serve"], stdin=serve_job.open("rb"),
+                                    stderr=subprocess.DEVNULL)]
+    old_url = None
+    if args.baseline:
+        old_port = free_port()
+        old_url = f"http://127.0.0.1:{old_port}"
+        servers.append(subprocess.Popen([sys.executable, str(args.baseline), "serve", str(src), "127.0.0.1",
+                                         str(old_port)], stderr=subprocess.DEVNULL))
+    for address in [port] + ([old_port] if args.baseline else []):
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", address), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
     job = work / "job.json"
-    job.write_text(json.dumps({"repo": "bench/fanout", "commit": "0" * 40, "endpoint": url, "dest": str(dest),
-                               "token_file": None, "files": files}))
+    job_text = json.dumps({"repo": "bench/fanout", "commit": "0" * 40, "endpoint": url, "dest": str(dest),
+                           "token_file": None, "files": files, "token": token})
+    old_job = work / "job-baseline.json"
+    old_job.write_text(json.dumps({"repo": "bench/fanout", "commit": "0" * 40, "endpoint": url, "dest": str(dest),
+                                   "token_file": None, "files": files}))
+    header = work / "curl-header"
+    header.write_text(f"Authorization: Bearer {token}\n")  # curl reads it from a file: never in argv
+    header.chmod(0o600)
     sums = work / "SHA256SUMS"
     sums.write_text("".join(f"{m['sha256']}  {rel}\n" for rel, m in sorted(files.items())))
     aria_input = work / "aria2.txt"
     aria_input.write_text("".join(f"{url}/{rel}\n  out={rel}\n  checksum=sha-256={m['sha256']}\n"
                                   for rel, m in sorted(files.items())))
     w = args.workers
+    curl = f"curl -sSf -H @{header}"
     methods = {
-        "fetch": lambda: [sys.executable, str(FETCH), str(job), "peer", url],
-        "curl": lambda: parallel(f"curl -sSf -o {dest}/{{}} {url}/{{}}", rels, w),
-        "curl+sha256": lambda: (parallel(f"curl -sSf -o {dest}/{{}} {url}/{{}}", rels, w) + f" && cd {dest} && "
+        "fetch": lambda: [sys.executable, str(FETCH), str(fresh(job, job_text)), "peer", url],
+        "curl": lambda: parallel(f"{curl} -o {dest}/{{}} {url}/{{}}", rels, w),
+        "curl+sha256": lambda: (parallel(f"{curl} -o {dest}/{{}} {url}/{{}}", rels, w) + f" && cd {dest} && "
                                 + parallel("sha256sum {}", rels, w) + f" | sort -k2 | diff - {sums}"),
-        **({"fetch-baseline": lambda: [sys.executable, str(args.baseline), str(job), "peer", url]}
+        **({"fetch-baseline": lambda: [sys.executable, str(args.baseline), str(old_job), "peer", old_url],
+            "curl-baseline": lambda: parallel(f"curl -sSf -o {dest}/{{}} {old_url}/{{}}", rels, w)}
            if args.baseline else {}),
         "cp": lambda: parallel(f"cp {src}/{{}} {dest}/{{}}", rels, w),
     }
@@ -148,7 +189,10 @@ def main() -> int:
                 runs[name].append(seconds)
                 cpu[name].append(used)
     finally:
-        server.terminate()
+        for server in servers:
+            server.terminate()
+        if args.unprivileged:
+            subprocess.run(["systemctl", "stop", unit], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
     block = os.urandom(BLOCK)
     start = time.perf_counter()
@@ -165,6 +209,9 @@ def main() -> int:
         "median_mb_s": {n: round(r, 1) for n, r in rate.items()},
         "client_cpu_s_per_gb": {n: round(statistics.median(v) / (total / 1e9), 2) for n, v in cpu.items() if v},
         "over_curl": {n: round(r / rate["curl"], 3) for n, r in rate.items()} if "curl" in rate else {},
+        "baseline_over_curl_baseline": round(rate["fetch-baseline"] / rate["curl-baseline"], 3)
+        if {"fetch-baseline", "curl-baseline"} <= set(rate) else None,
+        "unprivileged": args.unprivileged,
         "errors": errors}, indent=1))
     return 1 if errors else 0
 

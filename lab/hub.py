@@ -68,3 +68,9 @@ def stats() -> dict:
 
 def reset_stats() -> None:
     urllib.request.urlopen(urllib.request.Request(f"{ENDPOINT}/_lab/reset", method="POST"), timeout=5).read()
+
+
+def freeze(after_bytes: int) -> None:
+    """The frozen-hub fault: every file body stops after `after_bytes` and stays open; reset_stats() ends it."""
+    urllib.request.urlopen(urllib.request.Request(f"{ENDPOINT}/_lab/freeze?after={after_bytes}", method="POST"),
+                           timeout=5).read()

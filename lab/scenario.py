@@ -91,6 +91,10 @@ class Scenario:
     fanout_width: int = 8
     # The fan-out's per-server send cap (MB/s); None: uncapped.
     fanout_rate_mb_s: int | None = None
+    # A download or copy's no-progress deadline (model_stall_s); None: the product's default.
+    stall_s: int | None = None
+    # Hash every checkpoint file again (model_reverify).
+    reverify: bool = False
     # `lab up`: the pre-built NVIDIA hosts (names, or `all`) that get a Docker with CDI of their own (lab/cdi.py).
     cdi: list[str] = dataclasses.field(default_factory=list)
     # `lab up`: the shard size of the hub double's sharded checkpoint (MiB; 4 shards).

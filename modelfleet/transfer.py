@@ -1,14 +1,25 @@
 """Verified files from one host to another: the fetch script on the host (files/modelfleet_fetch.py), its
-read-only peer server as a transient unit, and the waves in which holders serve the hosts that lack a copy.
-The checkpoint fan-out (stage model) and the engine caches' (stage engine_cache) both move their files so."""
+peer server as an unprivileged transient unit, and the waves in which holders serve the hosts that lack a copy.
+The checkpoint fan-out (stage model) and the engine caches' (stage engine_cache) both move their files so.
+
+Trust (docs/design.md, "Trust between hosts"): each group's servers and receivers share a secret made for the
+run on the control node; it reaches hosts only in 0600 job files (the server's is opened by systemd and given
+on stdin). A server serves the names its job lists; the file list, sizes and sha256s a receiver checks come
+from the control node (the hub's metadata, or a cache holder's index read over SSH), never from the source."""
 
 from __future__ import annotations
 
+import json
+import posixpath
+import re
+import secrets
 import shlex
+from io import BytesIO
 
 from pyinfra import host
 from pyinfra.api import FunctionCommand, StringCommand, operation
 
+from modelfleet import runscope
 from modelfleet.grammar import slug
 from modelfleet.operations.report import note, refuse
 from modelfleet.stages import TOOLS_BIN
@@ -20,6 +31,68 @@ FANOUT_PORT = 18431
 # killed mid-copy cannot stop it; this bounds it, and the next run stops a leftover before starting its own.
 FANOUT_FLOOR_BYTES_S = 25e6
 FANOUT_MARGIN_S = 300
+# The peer server's unit: no root, no capability, the filesystem read-only, no devices; its job (the token and
+# the names it serves) comes on stdin from a 0600 file that systemd opens for it.
+SERVER_PROPERTIES = ("DynamicUser=yes", "NoNewPrivileges=yes", "CapabilityBoundingSet=", "ProtectSystem=strict",
+                     "ProtectHome=read-only", "PrivateTmp=yes", "PrivateDevices=yes",
+                     "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX", "StandardOutput=journal",
+                     "StandardError=journal")
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
+
+
+def fanout_token(group: str) -> str:
+    """The group's secret for this run (made once per run on the control node; never in argv or output)."""
+    tokens = runscope.slot("fanout-tokens", dict)
+    return tokens.setdefault(group, secrets.token_hex(32))
+
+
+def held_files(key: tuple) -> dict:
+    """This run's file lists, as the control node read them, by (group, holder): what a holder serves and what
+    its receivers check."""
+    return runscope.slot("fanout-files", dict).setdefault(key, {})
+
+
+def checked_index(listed: dict, where: str) -> dict:
+    """A holder's index as a job's files: every path inside the directory, every entry with a size and a
+    sha256, or a ValueError naming the first that is not."""
+    files = {}
+    for rel, entry in listed.items():
+        parts = rel.split("/")
+        if any(part in ("", ".", "..") for part in parts) or parts[-1].startswith(".modelfleet-") \
+                or not isinstance(entry.get("size"), int) or not SHA256_RE.fullmatch(str(entry.get("sha256"))):
+            raise ValueError(f"{where}: the index lists {rel!r} outside its directory or without a size and sha256")
+        files[rel] = {"size": entry["size"], "sha256": entry["sha256"], "blob_id": None}
+    return files
+
+
+def fanout_address(plan) -> str:
+    """Where a host's peer server listens and its peers reach it: the pool network (fabric_address), else the
+    SSH address."""
+    return plan.fabric_address or plan.address
+
+
+def serve_job_path(config_dir: str, group: str) -> str:
+    return f"{config_dir}/fanout-{slug(group, '-')}.json"
+
+
+def _put_secret(host, dest: str, content: str) -> bool:
+    """Write a 0600 file in a 0700 directory (the config directory) at execution time, its content never in a
+    command line."""
+    directory_, name = posixpath.split(dest)
+    temp = posixpath.join(directory_, f".{name}.modelfleet-tmp")
+    if not host.put_file(BytesIO(content.encode()), dest, remote_temp_filename=temp):
+        return False
+    ok, _ = host.run_shell_command(StringCommand("chmod", "0600", shlex.quote(dest)), print_output=False)
+    return ok
+
+
+def _serve_job(state, host, dest: str, group: str, directory_: str, address: str, port: int, files_key: tuple,
+               rate_mb_s: int | None, idle_s: int) -> bool:
+    """FunctionCommand body: the server's job, with the names the control node holds for this holder now."""
+    names = sorted(held_files(files_key))
+    job = {"dir": directory_, "address": address, "port": port, "token": fanout_token(group), "files": names,
+           "rate_mb_s": rate_mb_s, "idle_s": idle_s}
+    return _put_secret(host, dest, json.dumps(job))
 
 
 def _fetch_command(job: str, mode: str, source: str | None, reverify: bool,
@@ -30,25 +103,80 @@ def _fetch_command(job: str, mode: str, source: str | None, reverify: bool,
     return StringCommand(*map(shlex.quote, argv))
 
 
-def _source_alive(state, host, source: str) -> bool:
-    """FunctionCommand body, at execution time: a peer whose source host already failed in this run says so
-    in one line instead of timing out against a server that never started."""
-    if any(failed.name == source for failed in state.failed_hosts):
-        return refuse(state, host, [f"copy source {source} failed earlier in this run (see its error): "
-                                    "nothing to copy from; fix it and re-run"])
+def _copy_from_peer(state, host, job_path: str, job: dict, group: str, planned: str, alternatives: list[str],
+                    urls: dict[str, str], reverify: bool, restart: list[str]) -> bool:
+    """FunctionCommand body, at execution time: copy from `planned`, or from another holder serving this group
+    when `planned` failed earlier in this run (its port taken, its index refused). The receiver's job (0600,
+    read once, then removed by the script) holds the run's token and the files as the control node knows them:
+    the checkpoint's from the hub, a cache's from its holder's index."""
+    cache = job.get("kind") == "cache"
+    failed = {h.name for h in state.failed_hosts}
+    usable = [name for name in dict.fromkeys([planned, *alternatives])
+              if name not in failed and (not cache or held_files((group, name)))]
+    if not usable:
+        if cache:
+            return note(state, host, f"no engine cache copy for {job['commit']}: its source {planned} failed "
+                                     "earlier in this run (see its error); this host's engine compiles its own")
+        return refuse(state, host, [f"copy source {planned} failed earlier in this run (see its error): nothing "
+                                    "to copy from; fix it and re-run"])
+    source = usable[0]
+    if source != planned:
+        note(state, host, f"copy source {planned} failed earlier in this run: copying from {source} instead")
+    files = dict(held_files((group, source))) if cache else job["files"]
+    peer_job = f"{job_path.removesuffix('.json')}.peer.json"
+    if not _put_secret(host, peer_job, json.dumps({**job, "files": files, "token": fanout_token(group)})):
+        return refuse(state, host, [f"could not write {peer_job}"])
+    if not _run_fetch(state, host, _fetch_command(peer_job, "peer", urls[source], reverify, source),
+                      f"peer {source}", restart):
+        return False
+    held_files((group, host.name)).update(files)  # a holder for the next waves
+    return True
+
+
+def _run_fetch(state, host, command: StringCommand, source: str, restart: list[str]) -> bool:
+    """Run the fetch script; each corrupt file it replaced is named in one line (host, file, expected and found
+    digest, the source of the good bytes), and the engines that loaded the bad bytes (`restart`: their units)
+    restart. A failure is the script's one line."""
+    ok, output = host.run_shell_command(command, print_output=state.print_output, print_input=state.print_input)
+    if not ok:
+        return refuse(state, host, output.stderr_lines or [f"the fetch from {source} failed"])
+    report = next((json.loads(line) for line in reversed(output.stdout_lines) if line.startswith("{")), {})
+    for fixed in report.get("repaired", []):
+        note(state, host, f"repaired on {host.name}: {report.get('dest')}/{fixed['file']} was corrupt (expected "
+                          f"{fixed['expected']}, found {fixed['found']}); replaced from {source}")
+    if report.get("repaired") and restart:  # those running now: a unit not there yet starts on the new bytes
+        script = 'for u; do if systemctl is-active --quiet "$u"; then systemctl restart "$u" && echo "$u"; fi; done'
+        ok, output = host.run_shell_command(StringCommand("sh", "-c", shlex.quote(script), "sh",
+                                                          *map(shlex.quote, restart)),
+                                            print_output=state.print_output, print_input=state.print_input)
+        if not ok:
+            return refuse(state, host, output.stderr_lines or [f"could not restart {', '.join(restart)}"])
+        if output.stdout_lines:
+            note(state, host, f"restarted {', '.join(output.stdout_lines)}: its engine had loaded the corrupt bytes")
     return True
 
 
 @operation(is_idempotent=False)
 def checkpoint_fetched(job: str, mode: str, source: str | None, missing: list[str], reverify: bool,
-                       source_host: str | None = None):
-    """Run the fetch script: it re-checks what is present, fetches `missing` and what fails its hash."""
+                       restart: list[str] = (), source_name: str = ""):
+    """Run the fetch script from the hub or a mirror: it re-checks what is present, fetches `missing` and what
+    fails its hash (a repair named, the engines in `restart` restarted)."""
     if not missing:
         host.noop("checkpoint complete (manifest, sizes and mtimes match)")
         return
-    if source_host:
-        yield FunctionCommand(_source_alive, (source_host,), {})
-    yield _fetch_command(job, mode, source, reverify, source_host)
+    yield FunctionCommand(_run_fetch, (_fetch_command(job, mode, source, reverify), source_name or mode,
+                                       list(restart)), {})
+
+
+@operation(is_idempotent=False)
+def peer_copied(job_path: str, job: dict, group: str, source: str | None, alternatives: list[str],
+                urls: dict[str, str], needed: bool, reverify: bool = False, restart: list[str] = ()):
+    """Copy this group's files from a peer holding them (`source`; another of `alternatives` if it failed)."""
+    if not source or not needed:
+        host.noop("nothing to copy from a peer in this wave")
+        return
+    yield FunctionCommand(_copy_from_peer, (job_path, job, group, source, alternatives, urls, reverify,
+                                            list(restart)), {})
 
 
 def fanout_unit(group: str) -> str:
@@ -57,9 +185,12 @@ def fanout_unit(group: str) -> str:
 
 @operation(is_idempotent=False)
 def fanout_serving(group: str, directory_: str, address: str, port: int, serve: bool, needed: bool,
-                   lifetime_s: int = 0, leftover: bool = False, rate_mb_s: int | None = None):
-    """A transient unit serving the verified copy to the group's peers (read-only HTTP) for at most
-    `lifetime_s`, or stop it. A unit left running by an earlier run that died is stopped first."""
+                   config_dir: str = "", files_key: tuple = (), lifetime_s: int = 0, leftover: bool = False,
+                   rate_mb_s: int | None = None, idle_s: int = 120):
+    """Serve this host's verified copy to the group's peers for at most `lifetime_s`, ending sooner when no
+    request came for `idle_s` (the run that started it is gone however it ended: its receivers went with it),
+    proven to be this run's server at every wave it serves (started again where it ended between waves), or
+    stop it. A unit left running by an earlier run that died is stopped first."""
     unit = fanout_unit(group)
     if serve and leftover:  # whether or not this run serves: the run that started it is gone (the run lock)
         yield FunctionCommand(note, (f"stopping {unit}, left running by an earlier run that did not finish",), {})
@@ -70,17 +201,27 @@ def fanout_serving(group: str, directory_: str, address: str, port: int, serve: 
             host.noop("no peer needs a copy from this host")
         return
     if serve:
+        job = serve_job_path(config_dir, group)
+        yield FunctionCommand(_serve_job, (job, group, directory_, address, port, files_key, rate_mb_s, idle_s),
+                              {})
         argv = ["systemd-run", f"--unit={unit}", f"--property=RuntimeMaxSec={lifetime_s}", "--collect",
-                "python3", FETCH, "serve", directory_, address, str(port), *([str(rate_mb_s)] if rate_mb_s else [])]
-        yield StringCommand(*map(shlex.quote, argv))
-        url = shlex.quote(f"http://{address}:{port}/")
-        wait = (f"for i in $(seq 50); do curl -fsS -o /dev/null {url} && exit 0; sleep 0.2; done; "
-                f"echo 'fan-out server did not start' >&2; exit 1")
-        yield StringCommand("sh", "-c", shlex.quote(wait))
+                *(f"--property={p}" for p in SERVER_PROPERTIES), f"--property=StandardInput=file:{job}",
+                "python3", FETCH, "serve"]
+        start = " ".join(map(shlex.quote, argv))
+        yield StringCommand("sh", "-c", shlex.quote(f"systemctl is-active --quiet {shlex.quote(unit)} || {start}"))
+        yield StringCommand(*map(shlex.quote, ["python3", FETCH, "probe", job, host.name]))
     else:
-        # A server that already ended (its lifetime, its host restarted) left nothing to stop: say nothing.
-        yield StringCommand("sh", "-c", shlex.quote(f"systemctl is-active --quiet {shlex.quote(unit)} || exit 0; "
+        # A server that already ended (its lifetime, its host restarted) left nothing to stop: say nothing. Its
+        # job goes with it (the run's token is worth nothing once the run ends, but need not stay).
+        yield StringCommand("sh", "-c", shlex.quote(f"rm -f {shlex.quote(serve_job_path(config_dir, group))}; "
+                                                    f"systemctl is-active --quiet {shlex.quote(unit)} || exit 0; "
                                                     f"systemctl stop {shlex.quote(unit)}"))
+
+
+def wave_sources(waves: list[dict[str, str]], number: int) -> list[str]:
+    """Who serves the group by wave `number` (1-based): the sources of that wave and the earlier ones (a
+    server started at a host's first wave as a source runs until the run stops it)."""
+    return list(dict.fromkeys(source for wave in waves[:number] for source in wave.values()))
 
 
 def fanout_waves(members: list[str], holders: set[str], width: int) -> list[dict[str, str]]:

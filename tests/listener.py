@@ -23,3 +23,30 @@ class CountingListener:
                 return
             self.count += 1
             conn.close()
+
+
+def scripted_http(reply: bytes, seen: list | None = None, close: bool = True, reset: bool = False) -> str:
+    """A source that answers each request with the bytes `reply` (status line, headers and all), keeping what
+    each request said in `seen`; then closes (resets, with `reset`), or with `close=False` keeps the connection
+    open and silent (a frozen source). Its URL."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    held = []
+
+    def loop():
+        while True:
+            conn, _ = listener.accept()
+            request = conn.recv(65536)
+            if seen is not None:
+                seen.append(request)
+            conn.sendall(reply)
+            if not close:
+                held.append(conn)
+                continue
+            if reset:  # RST instead of FIN
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            conn.close()
+
+    threading.Thread(target=loop, daemon=True).start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}/"

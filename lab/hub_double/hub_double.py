@@ -5,6 +5,8 @@
     /api/models/{repo}/tree/{rev}[/{dir}]  list_repo_tree (oid, size, lfs {oid, size}), as snapshot_download lists
     HEAD|GET /{repo}/resolve/{rev}/{path}   hf_hub_download: X-Repo-Commit, ETag, Range requests (206)
     GET /_lab/stats, POST /_lab/reset      bytes served (per repo, per file, per client address), for the tests
+    POST /_lab/freeze?after=N              a frozen hub: every file body stops after N bytes and the connection
+                                           stays open, sending nothing, until /_lab/reset
 
 Errors carry the hub's X-Error-Code (RepoNotFound, RevisionNotFound, EntryNotFound, GatedRepo) so the real
 client raises its real exceptions. With --token-file, every request needs `Authorization: Bearer <token>`
@@ -21,6 +23,7 @@ import re
 import shutil
 import struct
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
@@ -94,6 +97,7 @@ class Hub:
         self.refs: dict[str, dict[str, str]] = {}       # repo -> ref (branch, tag or commit) -> commit
         self.commits: dict[str, dict[str, dict]] = {}   # commit -> path -> {size, oid, sha256?, file}
         self.stats: dict = {}
+        self.frozen_after: int | None = None  # the freeze fault: bytes of a body sent before it stops
         self.reset()
         for revision_dir in sorted((root / "files").glob("*/*/*")):
             repo = f"{revision_dir.parent.parent.name}/{revision_dir.parent.name}"
@@ -121,6 +125,7 @@ class Hub:
     def reset(self) -> None:
         with self.lock:
             self.stats = {"bytes_served": 0, "requests": 0, "by_repo": {}, "by_file": {}, "by_client": {}}
+            self.frozen_after = None
 
     def count(self, repo: str, path: str, client: str, nbytes: int) -> None:
         with self.lock:
@@ -172,6 +177,9 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/_lab/reset":
             self.hub.reset()
             return self._send_json(200, {"reset": True})
+        if self.path.startswith("/_lab/freeze"):
+            self.hub.frozen_after = int(parse_qs(urlparse(self.path).query).get("after", ["0"])[0])
+            return self._send_json(200, {"frozen_after": self.hub.frozen_after})
         self._error(404, "EntryNotFound", "not found")
 
     def do_HEAD(self):
@@ -277,7 +285,10 @@ class Handler(BaseHTTPRequestHandler):
             remaining = end - start + 1
             try:
                 while remaining:
-                    block = f.read(min(CHUNK, remaining))
+                    while self.hub.frozen_after is not None and sent >= self.hub.frozen_after:
+                        time.sleep(0.2)  # frozen, not down: the connection stays open and silent
+                    limit = remaining if self.hub.frozen_after is None else self.hub.frozen_after - sent
+                    block = f.read(min(CHUNK, remaining, max(limit, 1)))
                     self.wfile.write(block)
                     sent += len(block)
                     remaining -= len(block)

@@ -40,7 +40,8 @@ class DeployedState(FactBase):
      "trees": {dir: {"files": {relpath: [size, mtime]}, "manifest": dict | None, "free_bytes": int | None,
                      "current": target of the sibling `current` link, "revisions": sibling commit dirs, newest first,
                      "partials": {relpath: size} (a fetch's partial files), "busy": sibling revisions a live fetch
-                     holds, "unfinished": the others without a manifest}},
+                     holds, "unfinished": the others without a manifest, "odd": "TYPE PATH" of what is
+                     neither a directory nor a plain file (find's %y: l symlink, b/c device, ...) or is setuid}},
      "packages": {name: None | {"version": "580.159.04-1", "held": bool}},
      "texts": {path: None | content} (small config files a stage must read, e.g. /etc/docker/daemon.json),
      "owned": {unit_dir: {unit: {"text": its file, and UNIT_PROPERTIES as under "units"}}} (the unit files there
@@ -104,7 +105,7 @@ class DeployedState(FactBase):
                 elif word == "partial":
                     size, rel = rest.split(" ", 1)
                     tree.setdefault("partials", {})[rel] = int(size)
-                elif word in ("busy", "unfinished"):
+                elif word in ("busy", "unfinished", "odd"):
                     tree.setdefault(word, []).append(rest)
             elif kind == "text" and (line.startswith("= ") or line == "="):
                 result["texts"][name] = (result["texts"][name] or "") + line[2:] + "\n"

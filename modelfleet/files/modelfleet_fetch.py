@@ -1,26 +1,32 @@
 #!/usr/bin/env python3
-"""Put one checkpoint revision on this host, complete and verified (run by modelfleet's model stage).
+"""Put one checkpoint revision (or an engine cache) on this host, complete and verified (run by modelfleet's stages).
 
     modelfleet_fetch.py JOB.json hub            download from the hub (huggingface_hub, in the stage's venv)
-    modelfleet_fetch.py JOB.json peer URL       copy from a pool peer that already holds verified files (HTTP)
+    modelfleet_fetch.py JOB.json peer URL       copy from a pool peer that holds verified files (HTTP)
     ... [--source-name=HOST]                    the peer's name, for the messages
     modelfleet_fetch.py JOB.json verify         verify only
     ... [--reverify]                            hash every file, even those the manifest vouches for
-    modelfleet_fetch.py serve DIR ADDRESS PORT [MB_S]
-                                                serve a verified copy to peers (read-only, sendfile),
-                                                at most MB_S megabytes per second in all
+    modelfleet_fetch.py serve < SERVE.json      serve the files SERVE.json names to this run's peers
+    modelfleet_fetch.py probe SERVE.json HOST   prove the listener on SERVE.json's port is that server
     modelfleet_fetch.py index DIR NAME          write DIR's manifest from what is there (an engine cache the
-                                                engine filled): every file's size, mtime and sha256
+                                                engine filled): every file's size, mtime and sha256; a
+                                                symlink, device, setuid file or other non-regular file in DIR
+                                                is refused, named, and nothing is indexed
 
-A job whose `files` is null (an engine cache) takes them from the peer's manifest (URL/.modelfleet-manifest.json),
-so every file is still checked against a sha256 and a torn copy is never kept.
+JOB.json (written by the control node, 0600): repo, commit, endpoint, dest, token_file, and every file's metadata
+as the control node read it: {path: {size, sha256 (LFS files and caches) | null, blob_id (git's blob sha1) |
+null}}. Sizes and digests never come from the source: for an engine cache, the control node read the holder's
+index over SSH. A peer copy's job also holds the run's fan-out token and says what it copies (`kind`:
+checkpoint or cache). A file counts as verified when its size matches and its sha256 (LFS files) or git blob
+id (the others: config, tokenizer) matches — or, on a re-run, when size and mtime equal what the manifest
+recorded after a full check. Missing or corrupt files are (re)fetched; completed files are never fetched again.
+The result goes to DEST/.modelfleet-manifest.json and, as JSON, to stdout. Tokens are read from 0600 files,
+never argv.
 
-JOB.json (written by the control node): repo, commit, endpoint, dest, token_file, and the hub's metadata for
-every file: {path: {size, sha256 (LFS files) | null, blob_id (git's blob sha1) | null}}. A file counts as
-verified when its size matches and its sha256 (LFS files) or git blob id (the others: config, tokenizer)
-matches the hub's — or, on a re-run, when size and mtime equal what the manifest recorded after a full check.
-Missing or corrupt files are (re)fetched; completed files are never fetched again. The result goes to
-DEST/.modelfleet-manifest.json and, as JSON, to stdout. The token is read from its 0600 file, never argv.
+The peer server (`serve`, started by the stage as an unprivileged transient unit, its job on stdin) answers
+GET of exactly the names its job lists, each opened below its directory without following a symlink, to a
+request carrying the run's token (`Authorization: Bearer`); no listing, nothing else. Before a token is sent,
+the listener proves it is the run's server: it answers a nonce with HMAC-SHA256(token, nonce).
 
 One fetch per destination at a time (an flock on DEST/.modelfleet-lock, held until the manifest is written),
 and partial files are named per process, so two runs can never interleave bytes; the manifest records only
@@ -30,23 +36,33 @@ what failed and what to do; the traceback goes to JOB.json's `.log` beside it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
+import hmac
 import http.client
 import json
 import os
+import re
+import secrets
+import select
+import signal
 import socket
+import stat
+import subprocess
 import sys
 import threading
 import time
 import traceback
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 MANIFEST = ".modelfleet-manifest.json"
+CHALLENGE = "/.modelfleet-challenge"
 CHUNK = 4 << 20
 RECV = 256 << 10  # a receive block the hash reads back from the CPU's cache: half the CPU per byte of 4 MiB
 WORKERS = 8
@@ -54,6 +70,82 @@ WORKERS = 8
 
 class FetchError(Exception):
     """A failure with its one-line explanation for the operator."""
+
+
+class Watchdog(threading.Thread):
+    """Ends the fetch in one line when, armed, no byte arrived for `stall_s` (a frozen source: the bytes the
+    peer streams count, or for the hub the growth of the destination's files), and ends it quietly when the run
+    that started it is gone (its SSH session closed the other end of stdout): no fetch outlives its run."""
+
+    def __init__(self, job: dict, dest: Path):
+        super().__init__(daemon=True)
+        self.stall_s, self.dest, self.host = float(job.get("stall_s") or 60), dest, job.get("host") or "this host"
+        self.armed, self.last, self.seen, self.source, self.waiting = False, time.monotonic(), -1, "", lambda: []
+        self.moved_bytes = 0
+
+    def arm(self, source: str, waiting) -> None:
+        """Watch for progress from `source`; `waiting()` names the files not yet complete."""
+        self.source, self.waiting, self.last, self.armed = source, waiting, time.monotonic(), True
+
+    def moved(self, n: int) -> None:
+        self.moved_bytes += n
+
+    def progress(self) -> int:
+        if self.moved_bytes:
+            return self.moved_bytes
+        total = 0
+        for path in self.dest.rglob("*"):
+            with contextlib.suppress(OSError):
+                total += path.stat().st_size if path.is_file() else 0
+        return total
+
+    def run(self) -> None:
+        while True:
+            time.sleep(1)
+            if orphaned():
+                drop_partials(self.dest)
+                os._exit(3)
+            if not self.armed:
+                continue
+            now, size = time.monotonic(), self.progress()
+            if size != self.seen:
+                self.seen, self.last = size, now
+            elif now - self.last > self.stall_s:
+                names = self.waiting()
+                shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+                say(f"host {self.host}: no byte from {self.source} for {self.stall_s:g} s while fetching "
+                    f"{shown or 'the checkpoint'} (model_stall_s): the source froze; files already verified "
+                    "are kept, the other hosts go on; re-run when it answers")
+                drop_partials(self.dest)
+                os._exit(1)
+
+
+def orphaned() -> bool:
+    """Has the reader of our stdout (sshd, for a run's command) gone? A pipe's writer sees POLLERR, a socket's
+    POLLHUP. Never for a terminal or a file."""
+    try:
+        mode = os.fstat(1).st_mode
+    except OSError:
+        return False
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+        return False
+    poller = select.poll()
+    poller.register(1, 0)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def drop_partials(dest: Path) -> None:
+    for partial in dest.rglob(f".*.{os.getpid()}.modelfleet-partial"):
+        partial.unlink(missing_ok=True)
+
+
+REAL_STDERR = sys.stderr
+LOG = ""
+
+
+def say(message: str) -> None:
+    """One line for the operator, on the stderr the command was given (the libraries' goes to the log)."""
+    print(f"modelfleet: {message}" + (f" (details: {LOG})" if LOG else ""), file=REAL_STDERR, flush=True)
 
 
 def sha256_of(path: Path) -> str:
@@ -74,10 +166,11 @@ def git_blob_id(path: Path) -> str:
 
 
 def check(dest: Path, files: dict, manifest: dict, reverify: bool,
-          streamed: dict | None = None) -> tuple[dict, list[str]]:
+          streamed: dict | None = None, bad: dict | None = None) -> tuple[dict, list[str]]:
     """
     (verified entries for the manifest, paths that must be fetched). Hashes run in parallel across files;
-    `streamed` holds digests already computed while the bytes arrived.
+    `streamed` holds digests already computed while the bytes arrived; `bad` gets, for each present file of
+    the right size whose digest is wrong, {path: (expected, found)}.
     """
 
     def one(item):
@@ -92,10 +185,15 @@ def check(dest: Path, files: dict, manifest: dict, reverify: bool,
         if meta.get("sha256") or reverify and not meta.get("blob_id"):
             digest = (streamed or {}).get(rel) or sha256_of(path)
             if meta.get("sha256") and digest != meta["sha256"]:
+                if bad is not None:
+                    bad[rel] = (f"sha256 {meta['sha256']}", f"sha256 {digest}")
                 return rel, None
             return rel, {"size": st.st_size, "mtime": st.st_mtime, "sha256": digest}
         if meta.get("blob_id"):
-            if git_blob_id(path) != meta["blob_id"]:
+            found = git_blob_id(path)
+            if found != meta["blob_id"]:
+                if bad is not None:
+                    bad[rel] = (f"git blob {meta['blob_id']}", f"git blob {found}")
                 return rel, None
             return rel, {"size": st.st_size, "mtime": st.st_mtime, "blob_id": meta["blob_id"]}
         return rel, {"size": st.st_size, "mtime": st.st_mtime}  # the source gave no checksum: size only
@@ -125,19 +223,48 @@ def fetch_from_hub(job: dict, paths: list[str]) -> None:
                          "files already verified are kept, re-run when it answers") from error
 
 
-def fetch_from_peer(job: dict, paths: list[str], base_url: str, name: str | None = None) -> dict:
+def proof(token: str, nonce: str) -> str:
+    """What the run's server answers to a nonce: only a holder of the token can give it."""
+    return hmac.new(token.encode(), f"modelfleet-fanout:{nonce}".encode(), hashlib.sha256).hexdigest()
+
+
+def challenge(base_url: str, token: str, timeout: float = 10) -> str | None:
+    """None when the listener at base_url answers a fresh nonce as only the run's server can; else what went
+    wrong. The token itself is never sent: a squatter on the port learns nothing from this."""
+    nonce = secrets.token_hex(16)
+    request = urllib.request.Request(base_url.rstrip("/") + CHALLENGE, headers={"X-Modelfleet-Nonce": nonce})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            answer = response.read(200).decode(errors="replace").strip()
+    except urllib.error.HTTPError as error:
+        return f"it answered HTTP {error.code}"
+    except (OSError, http.client.HTTPException) as error:
+        return f"no answer ({one_line(error)})"
+    return None if hmac.compare_digest(answer, proof(token, nonce)) else "its answer is not the run's proof"
+
+
+def fetch_from_peer(job: dict, paths: list[str], base_url: str, name: str | None = None,
+                    watch: Watchdog | None = None) -> dict:
     """Copy each file, hashing while it streams; returns {path: sha256} so no second read is needed. `name`:
-    the source host's, for the messages."""
+    the source host's, for the messages. The source proves it is the run's server before it gets the token."""
     dest = Path(job["dest"])
     source = f"{name} ({base_url})" if name else base_url
+    token = job.get("token")  # a peer's server; none for a mirror (model_source), which answers anyone
+    wrong = challenge(base_url, token) if token else None
+    if wrong:
+        raise FetchError(f"the source {source} did not prove it is this run's fan-out server ({wrong}): another "
+                         "process may hold its port; nothing was asked of it; fix the source host and re-run")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     def one(rel):
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.{os.getpid()}.modelfleet-partial")  # ours alone
         digest, got, length = hashlib.sha256(), 0, None
+        url = f"{base_url.rstrip('/')}/{urllib.parse.quote(rel)}"
         try:
-            with urllib.request.urlopen(f"{base_url.rstrip('/')}/{rel}", timeout=60) as response, \
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                        timeout=float(job.get("stall_s") or 60) + 5) as response, \
                     partial.open("wb") as f:
                 length = response.headers.get("Content-Length")
                 buffer = memoryview(bytearray(RECV))  # one buffer per stream: no allocation per block
@@ -145,6 +272,12 @@ def fetch_from_peer(job: dict, paths: list[str], base_url: str, name: str | None
                     f.write(buffer[:n])
                     digest.update(buffer[:n])
                     got += n
+                    if watch:
+                        watch.moved(n)
+        except urllib.error.HTTPError as error:
+            partial.unlink(missing_ok=True)
+            raise FetchError(f"the source {source} refused {rel} (HTTP {error.code}): it does not serve that "
+                             "file of this run; fix the source host and re-run") from error
         except urllib.error.URLError as error:
             partial.unlink(missing_ok=True)
             raise FetchError(f"the source {source} stopped answering ({one_line(error)}): its host failed or "
@@ -183,21 +316,97 @@ class Pace:
         time.sleep(start - now)
 
 
-def serve(directory: str, address: str, port: int, rate_mb_s: float | None = None) -> None:
-    """Read-only HTTP for the group's peers: files go out with sendfile(2), no copy through Python, paced to
-    `rate_mb_s` in all when given."""
-    import functools
-    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+def open_beneath(root: int, rel: str) -> int:
+    """A read descriptor of the regular file `rel` below the directory `root` (a descriptor), each component
+    opened without following a symlink: nothing outside the tree, no device, no setuid file."""
+    parts = rel.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        raise PermissionError(rel)
+    fd = os.dup(root)
+    try:
+        for part in parts[:-1]:
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        leaf = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+    finally:
+        os.close(fd)
+    mode = os.fstat(leaf).st_mode
+    if not stat.S_ISREG(mode) or mode & (stat.S_ISUID | stat.S_ISGID):
+        os.close(leaf)
+        raise PermissionError(rel)
+    return leaf
 
-    pace = Pace(rate_mb_s * 1e6) if rate_mb_s else None
 
-    class Handler(SimpleHTTPRequestHandler):
-        def copyfile(self, source, outputfile):
+def serve(job: dict) -> None:
+    """HTTP for the run's peers: GET of a name the job lists, with the run's token; files go out with
+    sendfile(2), no copy through Python, paced to the job's `rate_mb_s` in all when given."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    token, names = job["token"], frozenset(job["files"])
+    expected = f"Bearer {token}".encode()
+    root = os.open(job["dir"], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    pace = Pace(job["rate_mb_s"] * 1e6) if job.get("rate_mb_s") else None
+
+    idle_s = float(job.get("idle_s") or 0)
+    guard, activity = threading.Lock(), {"open": 0, "last": time.monotonic()}
+
+    def lease() -> None:
+        """The run renews the server's lease by asking it (its probe, its receivers): with no request open or
+        made for idle_s, the run that started it is gone, or done with it, and so is the server."""
+        while True:
+            time.sleep(1)
+            with guard:
+                if not activity["open"] and time.monotonic() - activity["last"] > idle_s:
+                    os._exit(0)
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version, sys_version = "modelfleet", ""
+
+        def handle(self):
+            with guard:
+                activity["open"] += 1
+            try:
+                super().handle()
+            finally:
+                with guard:
+                    activity["open"] -= 1
+                    activity["last"] = time.monotonic()
+
+        def answer(self, code: int, body: bytes = b"") -> None:
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+            if path == CHALLENGE:
+                nonce = self.headers.get("X-Modelfleet-Nonce", "")
+                return self.answer(200, proof(token, nonce).encode()) if re.fullmatch(r"[0-9a-f]{32,128}", nonce) \
+                    else self.answer(400)
+            if not hmac.compare_digest(self.headers.get("Authorization", "").encode(), expected):
+                return self.answer(401)
+            if path[1:] not in names:
+                return self.answer(404)
+            try:
+                fd = open_beneath(root, path[1:])
+            except OSError:
+                return self.answer(403)
+            with os.fdopen(fd, "rb") as source:
+                size = os.fstat(fd).st_size
+                self.send_response(200)
+                self.send_header("Content-Length", str(size))
+                self.end_headers()
+                self.wfile.flush()
+                self.send_file(source)
+
+        def send_file(self, source) -> None:
             if not pace:
                 self.connection.sendfile(source)
                 return
             offset = 0
-            while True:  # socket.sendfile: os.sendfile for files, send() for a listing in memory
+            while True:
                 pace.wait(CHUNK)
                 sent = self.connection.sendfile(source, offset, CHUNK)
                 if not sent:
@@ -212,8 +421,68 @@ def serve(directory: str, address: str, port: int, rate_mb_s: float | None = Non
         # each), and each dropped one waits a second for TCP's retransmit: the fan-out stalled on it.
         request_queue_size = socket.SOMAXCONN
         daemon_threads = True
+        # SO_REUSEADDR: bind past the TIME_WAIT of an earlier run's connections. On Linux it never lets two
+        # sockets listen on one port (that takes SO_REUSEPORT, set by neither): a squatter still refuses us.
+        allow_reuse_address = True
 
-    Server((address, port), functools.partial(Handler, directory=directory)).serve_forever()
+    server = Server((job["address"], int(job["port"])), Handler)
+    if idle_s:
+        threading.Thread(target=lease, daemon=True).start()
+    server.serve_forever()
+
+
+def listener_of(port: int) -> str | None:
+    """Who listens on `port` on this host, as `ss` names it (process, pid, user), for the one-line refusal;
+    None when nothing does. Where `ss` cannot name the process (root without CAP_SYS_PTRACE, as in a container,
+    cannot read another user's descriptors), the socket's owner and that user's processes."""
+    try:
+        shown = subprocess.run(["ss", "-Hltnpe", f"sport = :{port}"], capture_output=True, text=True,
+                               timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "a process `ss` could not name"
+    if not shown.strip():
+        return None
+
+    def uid_of(pid: str) -> str:
+        try:
+            return next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                        if line.startswith("Uid:"))
+        except (OSError, StopIteration):
+            return "?"
+
+    found = sorted(set(re.findall(r'\("([^"]+)",pid=(\d+)', shown)))
+    if found:
+        return ", ".join(f"{command} pid {pid} uid {uid_of(pid)}" for command, pid in found)
+    owned = re.search(r"\buid:(\d+)", shown)
+    owner = owned.group(1) if owned else "0"  # ss omits uid 0
+    theirs = []
+    for proc in sorted(Path("/proc").glob("[0-9]*"), key=lambda p: int(p.name)):
+        if uid_of(proc.name) == owner and len(theirs) < 3:
+            with contextlib.suppress(OSError):
+                theirs.append(f"{(proc / 'comm').read_text().strip()} pid {proc.name}")
+    return (f"a process of uid {owner} that `ss` could not name (that user's processes: "
+            f"{', '.join(theirs) or 'none visible'})")
+
+
+def probe(job_path: str, host_name: str, wait_s: float = 10) -> None:
+    """Wait for the run's server to answer its challenge on the job's address and port, or fail naming what
+    holds the port instead."""
+    job = json.loads(Path(job_path).read_text())
+    url = f"http://{job['address']}:{job['port']}/"
+    deadline, wrong = time.monotonic() + wait_s, None
+    while time.monotonic() < deadline:
+        wrong = challenge(url, job["token"], timeout=2)
+        if wrong is None:
+            return
+        if not wrong.startswith("no answer (URLError: <urlopen error [Errno 111]"):  # someone answered
+            break
+        time.sleep(0.2)
+    holder = listener_of(int(job["port"]))
+    if holder is None:
+        raise FetchError(f"host {host_name}: the fan-out server did not start on {job['address']}:{job['port']} "
+                         f"({wrong}); see `journalctl -u modelfleet-fanout-*` there; no peer copies from this host")
+    raise FetchError(f"host {host_name}: fan-out port {job['address']}:{job['port']} is held by {holder}, not by "
+                     f"this run's server ({wrong}): no peer copies from this host; stop that process and re-run")
 
 
 def one_line(error: BaseException) -> str:
@@ -221,31 +490,101 @@ def one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
 
 
+def started(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot, /proc/PID/stat field 22): with the pid, its identity."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def session_of(pid: int) -> tuple[int, str] | None:
+    """The sshd process (pid, start time) of the SSH session that started `pid` (its nearest sshd ancestor),
+    or None where none did."""
+    while pid > 1:
+        try:
+            stat_line = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        if Path(f"/proc/{pid}/comm").read_text().strip().startswith("sshd") and pid != os.getpid():
+            return pid, started(pid) or "?"
+        pid = int(stat_line.rsplit(")", 1)[1].split()[1])
+    return None
+
+
+def holder_gone(record: str) -> int | None:
+    """The pid of the lock's holder when that process is still the one that wrote `record` (pid and start time
+    match) and the SSH session that started it has ended: a fetch whose run is gone. Else None."""
+    try:
+        pid, start, session, session_start = record.split()
+        pid, session = int(pid), int(session)
+    except ValueError:
+        return None
+    if started(pid) != start:
+        return None
+    return pid if started(session) != session_start else None
+
+
 def locked(dest: Path, name: str = ".modelfleet-lock", what: str = "fetch"):
-    """This destination's lock (`name`), or a FetchError naming the process that holds it."""
+    """This destination's lock (`name`), or a FetchError naming the process that holds it. A holder whose run
+    is gone (checked by pid, start time and its SSH session) is stopped and the lock taken over."""
     handle = (dest / name).open("a+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.seek(0)
-        raise FetchError(f"another {what} into {dest} is running (pid {handle.read().strip() or '?'}); "
-                         "wait for it or stop it, then re-run") from None
+        record = handle.read().strip()
+        orphan = holder_gone(record)
+        if orphan is None:
+            raise FetchError(f"another {what} into {dest} is running (pid {record.split()[0] if record else '?'}), "
+                             "started by a run that is still connected; wait for it or stop it, then re-run") from None
+        os.kill(orphan, signal.SIGTERM)
+        for _ in range(100):
+            time.sleep(0.1)
+            with contextlib.suppress(BlockingIOError):
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+        else:
+            os.kill(orphan, signal.SIGKILL)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+    session = session_of(os.getpid())
     handle.seek(0)
     handle.truncate()
-    handle.write(str(os.getpid()))
+    handle.write(f"{os.getpid()} {started(os.getpid())} {session[0] if session else 0} "
+                 f"{session[1] if session else '-'}")
     handle.flush()
     return handle
 
 
 def own_files(directory: Path) -> list[str]:
-    """What an index covers: every regular file but modelfleet's own (.modelfleet-*) and partial copies."""
-    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*")
-                  if p.is_file() and not p.is_symlink() and not p.name.startswith(".modelfleet-")
-                  and not p.name.endswith(".modelfleet-partial"))
+    """What an index covers: every regular file but modelfleet's own (.modelfleet-*) and partial copies. What
+    an engine cache may not hold (a symlink, a device, a pipe or socket, a setuid or setgid file) is refused,
+    every such path named: a cache other hosts' engines will run is never taken from such a directory."""
+    files, refused = [], []
+    for top, dirs, names in os.walk(directory):
+        for name in sorted(dirs + names):
+            path = Path(top) / name
+            rel = str(path.relative_to(directory))
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                refused.append(f"{rel} (a symlink to {os.readlink(path)})")
+            elif stat.S_ISDIR(mode):
+                continue
+            elif not stat.S_ISREG(mode):
+                refused.append(f"{rel} (not a regular file)")
+            elif mode & (stat.S_ISUID | stat.S_ISGID):
+                refused.append(f"{rel} (setuid or setgid)")
+            elif not name.startswith(".modelfleet-") and not name.endswith(".modelfleet-partial"):
+                files.append(rel)
+    if refused:
+        raise FetchError(f"{directory} holds what no cache may hold: {', '.join(refused[:10])}: nothing of it is "
+                         "indexed or given to peers; find out who wrote it, remove it (or the directory) and re-run")
+    return sorted(files)
 
 
 def index(directory: Path, name: str) -> dict:
-    """DIR's manifest from its files as they are now, written whole or not at all."""
+    """DIR's manifest from its files as they are now, written whole or not at all; returned whole, so the
+    control node reads the digests from this command's output."""
     lock = locked(directory)  # noqa: F841 (no fetch into it meanwhile)
     start = time.monotonic()
     files = {rel: {"size": (directory / rel).stat().st_size, "sha256": None} for rel in own_files(directory)}
@@ -255,50 +594,45 @@ def index(directory: Path, name: str) -> dict:
                                 "verified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1) + "\n")
     temp.replace(directory / MANIFEST)
     return {"indexed": str(directory), "files": len(verified), "bytes": sum(e["size"] for e in verified.values()),
-            "seconds": round(time.monotonic() - start, 3)}
-
-
-def files_from_source(base_url: str) -> dict:
-    """The peer's manifest as a job's files; a path that would leave the destination is refused."""
-    url = f"{base_url.rstrip('/')}/{MANIFEST}"
-    try:
-        with urllib.request.urlopen(url, timeout=60) as response:
-            listed = json.loads(response.read())["files"]
-    except (OSError, ValueError, KeyError, http.client.HTTPException) as error:
-        raise FetchError(f"the source {base_url} has no readable manifest ({one_line(error)}): nothing it serves "
-                         "can be checked, so nothing is copied; re-run once its cache is indexed") from error
-    files = {}
-    for rel, entry in listed.items():
-        parts = Path(rel).parts
-        if Path(rel).is_absolute() or ".." in parts or not parts or parts[-1].startswith(".modelfleet-") \
-                or not isinstance(entry.get("sha256"), str) or not isinstance(entry.get("size"), int):
-            raise FetchError(f"the source {base_url} lists {rel!r} without a size and sha256 or outside its "
-                             "directory: refusing its copy")
-        files[rel] = {"size": entry["size"], "sha256": entry["sha256"], "blob_id": None}
-    return files
+            "seconds": round(time.monotonic() - start, 3), "manifest": verified}
 
 
 def main(argv: list[str]) -> int:
-    if argv[0] == "serve":
-        serve(argv[1], argv[2], int(argv[3]), float(argv[4]) if len(argv) > 4 else None)
+    if argv[0] == "serve":  # the job on stdin: systemd opened the 0600 file this unprivileged server cannot
+        serve(json.load(sys.stdin))
+        return 0
+    if argv[0] == "probe":
+        probe(argv[1], argv[2])
         return 0
     if argv[0] == "index":
         print(json.dumps(index(Path(argv[1]), argv[2])))
         return 0
     job = json.loads(Path(argv[0]).read_text())
+    if job.get("token"):  # a peer copy's job holds the run's token: on disk no longer than it is read
+        Path(argv[0]).unlink(missing_ok=True)
     mode, reverify = argv[1], "--reverify" in argv
     dest = Path(job["dest"])
     dest.mkdir(parents=True, exist_ok=True)
     lock = locked(dest)  # noqa: F841 (held until the process exits)
+    watch = Watchdog(job, dest)
+    watch.start()
     manifest_path = dest / MANIFEST
     manifest = json.loads(manifest_path.read_text()).get("files", {}) if manifest_path.exists() else {}
-    files = job["files"] if job["files"] is not None else files_from_source(argv[2])
+    files = job["files"]
     start = time.monotonic()
-    verified, missing = check(dest, files, manifest, reverify)
+    bad: dict = {}
+    verified, missing = check(dest, files, manifest, reverify, bad=bad)
     report = {"commit": job["commit"], "dest": str(dest), "files": len(files), "fetched": [], "bytes_fetched": 0}
     if missing and mode != "verify":
         name = next((a.split("=", 1)[1] for a in argv if a.startswith("--source-name=")), None)
-        streamed = fetch_from_hub(job, missing) if mode == "hub" else fetch_from_peer(job, missing, argv[2], name)
+        waiting = missing
+        source = f"peer {name} ({argv[2]})" if name else f"the mirror ({argv[2]})" if mode == "peer" \
+            else f"the hub ({job['endpoint']})"
+        watch.arm(source, lambda: [rel for rel in waiting if not (dest / rel).is_file()
+                                   or (dest / rel).stat().st_size != files[rel]["size"]])
+        streamed = fetch_from_hub(job, missing) if mode == "hub" else \
+            fetch_from_peer(job, missing, argv[2], name, watch)
+        watch.armed = False
         report["fetched"] = missing
         report["bytes_fetched"] = sum(files[rel]["size"] for rel in missing)
         again, still = check(dest, {rel: files[rel] for rel in missing}, {}, True, streamed or {})
@@ -307,11 +641,12 @@ def main(argv: list[str]) -> int:
         for rel in missing:  # what failed its check goes: an engine reads its cache directory as it finds it
             (dest / rel).unlink(missing_ok=True)
     report.update(ok=not missing, missing_or_corrupt=missing, seconds=round(time.monotonic() - start, 3),
-                  finished_at=round(time.time(), 3))
+                  finished_at=round(time.time(), 3),
+                  repaired=[{"file": rel, "expected": e, "found": f} for rel, (e, f) in sorted(bad.items())
+                            if rel not in missing and mode != "verify"])
     if missing:
-        raise FetchError(f"refused {job['repo']}@{job['commit'][:12]}: {len(missing)} file(s) do not match the "
-                         f"source's size and checksum after fetching ({', '.join(missing[:5])}); `current` stays "
-                         "where it was; check the source (hub or mirror) and re-run")
+        raise refusal(job, missing, mode, argv[2] if mode == "peer" else None,
+                      next((a.split("=", 1)[1] for a in argv if a.startswith("--source-name=")), None))
     manifest_path.write_text(json.dumps({"repo": job["repo"], "commit": job["commit"], "files": verified,
                                          "verified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
                                         indent=1) + "\n")
@@ -319,12 +654,39 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def refusal(job: dict, missing: list[str], mode: str, url: str | None, peer: str | None) -> FetchError:
+    """Files that failed their check after fetching (removed already): named, with the source that sent the
+    bytes and how to repair it."""
+    files = ", ".join(missing[:5])
+    if job.get("kind") == "cache":
+        return FetchError(f"engine cache {job['commit']}: {len(missing)} file(s) sent by peer {peer or url} do not "
+                          f"match the sizes and sha256s the control node read from its index ({files}); they were "
+                          f"removed; that peer's cache is bad: remove its cache directory ({job['dest']} there) so "
+                          "its engine compiles again, and re-run")
+    what = f"refused {job['repo']}@{job['commit'][:12]}: {len(missing)} file(s) ({files})"
+    if peer:
+        return FetchError(f"{what} sent by peer {peer} do not match the sizes and sha256s the control node read from "
+                          f"the hub; they were removed; `current` stays where it was; {peer}'s copy is bad: run with "
+                          f"model_reverify=true on {peer} (--limit {peer}), then re-run")
+    source = f"the mirror ({url})" if url else f"the hub ({job['endpoint']})"
+    return FetchError(f"{what} sent by {source} do not match the sizes and checksums the control node read from it; "
+                      "they were removed; `current` stays where it was; check that source and re-run")
+
+
 def run(argv: list[str]) -> int:
     """main(), with every failure as one line on stderr: what else the libraries print (progress bars,
     warnings) and the traceback go to a log beside the job (JOB.json.log)."""
-    if not argv or argv[0] in ("serve", "index"):
+    if not argv or argv[0] == "serve":
         return main(argv)
+    if argv[0] in ("index", "probe"):  # one line on stderr, exit 1, no log file
+        try:
+            return main(argv)
+        except FetchError as error:
+            print(f"modelfleet: {error}", file=sys.stderr)
+            return 1
+    global LOG
     log = Path(f"{argv[0]}.log")
+    LOG = str(log)
     real_stderr = sys.stderr
     try:
         sink = log.open("w")

@@ -152,6 +152,7 @@ class ServicePlan:
     nnodes: int = 1
     head_address: str = ""
     checkpoint_group: str = ""
+    engine_cache_sharing: bool = True
     netcheck_min_busbw_gbps: float | None = _default("netcheck_min_busbw_gbps", ServiceData)
     netcheck_timeout_s: int = _default("netcheck_timeout_s", ServiceData)
     recipe_params: dict = field(default_factory=dict)  # values for the recipe's required parameters
@@ -243,6 +244,7 @@ class HostPlan:
     model_reverify: bool = _default("model_reverify")
     model_fanout_width: int = _default("model_fanout_width")
     model_fanout_rate_mb_s: int | None = _default("model_fanout_rate_mb_s")
+    model_stall_s: int = _default("model_stall_s")
     fabric_address: str = ""
     network_env: dict = field(default_factory=dict)
     nvme_devices: tuple[str, ...] = _default("nvme_devices")

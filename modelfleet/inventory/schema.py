@@ -94,6 +94,9 @@ class ServiceData(BaseModel):
         {}, description="Environment for the engine container, over the recipe's and the network settings.")
     checkpoint_group: Name | None = Field(None, description="Hosts that copy the checkpoint from each other (one "
                                           "hub download per group); unset: the pool.")
+    engine_cache_sharing: bool = Field(True, description="Whether this service's engine cache is copied between "
+                                       "hosts with the same cache key (code one host's engine wrote, another's "
+                                       "runs; docs/engine-caches.md); false: each host compiles its own.")
     netcheck_min_busbw_gbps: Annotated[float, Field(gt=0, le=10000)] | None = Field(
         None, description="Gate threshold on all_reduce busbw at the largest size, GB/s; unset: the hardware "
         "catalog's (none for multi-node pools: checked for correctness only).")
@@ -194,6 +197,9 @@ class HostData(BaseModel):
                                     "once (the group's first host's value counts for the group).")
     model_fanout_rate_mb_s: int | None = Field(None, ge=1, le=1_000_000, description="Cap on what a host serving peers sends "
                                                "in all, MB/s, leaving room for inference; unset: no cap.")
+    model_stall_s: int = Field(60, ge=5, le=3600, description="Seconds a download or peer copy may go without "
+                               "receiving a byte before it fails, naming host, source and file (other hosts go "
+                               "on); a peer server with no request for twice as long ends.")
     verify_bench: bool = Field(False, description="The verify stage also runs a short bench and fails on a "
                                "regression against the previous one.")
     verify_full: bool = Field(False, description="Smoke test and tool probe on every converge, not only when a "

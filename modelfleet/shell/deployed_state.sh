@@ -38,6 +38,9 @@ for arg; do
     # directory lies under another .cache, so the pattern is anchored at the tree)
     [ -d "$value" ] && find "$value" -type f ! -path "$value/.cache/*" \( -name "*$PARTIAL" -printf "partial %s %P\n" \
       -o ! -name ".modelfleet-*" -printf "file %s %T@ %P\n" \)
+    # What no cache may hold (a symlink, a device, a pipe or socket, a setuid or setgid file): named, never indexed
+    [ -d "$value" ] && find "$value" ! -path "$value/.cache/*" \( ! -type f ! -type d -o -type f -perm /6000 \) \
+      -printf "odd %y %P\n"
     echo "current $(readlink "$parent/$CURRENT")"
     # shellcheck disable=SC2010,SC2012 # commit directories: 40 hex digits, newest first
     echo "revisions $(ls -t "$parent" 2>/dev/null | grep -Ex "[0-9a-f]{40}" | tr "\n" " ")"

@@ -3,38 +3,49 @@ engines start (modelfleet/caches.py: the key says a copy is valid there).
 
 A host holds a warm cache for a key when that key's directory has files. It can give it once the directory is
 indexed: the fetch script's manifest lists every file with its size and sha256 (`modelfleet_fetch.py index`);
-a holder that will give its cache and whose files changed since its last index is indexed first. Hosts whose
-directory is empty (a new pool member, a new replica, the next host of a rolling upgrade) copy it through the
-checkpoint fan-out's server and receiver, in the same waves (model_fanout_width): every file is checked against
-the source's manifest, a file that fails is removed and the host stops with the reason. A host that compiled for
-itself keeps its own. Only hosts of this run give (`--limit` leaves the others unreached); a key no host of the
-run holds is compiled where its engine first starts. The model stage, which runs first, has made the config
-directory and put the fetch script there.
+a holder that will give its cache and whose files changed since its last index is indexed first, and the
+control node takes the index from that command's output (or, unchanged, from the tree it read over SSH). Only
+regular files are indexed: a symlink, device or setuid file in the key directory is refused, named, and that
+host gives nothing. Hosts whose directory is empty (a new pool member, a new replica, the next host of a
+rolling upgrade) copy it through the checkpoint fan-out's server and receiver, in the same waves
+(model_fanout_width): every file is checked against the size and sha256 the control node put in the receiver's
+job, a file that fails is removed and named, and the host stops with the reason. A receiver whose source failed
+earlier in the run copies from another holder, or goes on without a copy (its engine compiles). A host that
+compiled for itself keeps its own. Only hosts of this run give (`--limit` leaves the others unreached); a key no
+host of the run holds is compiled where its engine first starts; `engine_cache_sharing: false` on a pool keeps
+every host's cache its own. The model stage, which runs first, has made the config directory and put the fetch
+script there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 from functools import partial
 
 from pyinfra import host, state
-from pyinfra.api import StringCommand, deploy, operation
+from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
 from modelfleet import render
 from modelfleet.caches import EngineCache
 from modelfleet.context import HostRun
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.files import content_file, directory
+from modelfleet.operations.report import refuse
 from modelfleet.transfer import (
     FANOUT_FLOOR_BYTES_S,
     FANOUT_MARGIN_S,
     FANOUT_PORT,
     FETCH,
-    checkpoint_fetched,
+    checked_index,
+    fanout_address,
     fanout_serving,
     fanout_unit,
     fanout_waves,
+    held_files,
+    peer_copied,
+    wave_sources,
 )
 from modelfleet.units import pinned_services
 
@@ -68,19 +79,28 @@ def warm(tree: dict | None) -> bool:
 
 
 def indexed(tree: dict | None) -> bool:
-    """Does the directory's manifest list exactly its files, as they are now (size and mtime)?"""
+    """Does the directory's manifest list exactly its files, as they are now (size and mtime), with nothing
+    beside them that no cache may hold (a symlink, a device, a setuid file: indexing refuses and names it)?"""
     listed = ((tree or {}).get("manifest") or {}).get("files") or {}
     files = (tree or {}).get("files") or {}
-    return set(listed) == set(files) and all(
+    return not (tree or {}).get("odd") and set(listed) == set(files) and all(
         listed[rel].get("size") == size and abs(float(listed[rel].get("mtime", -1)) - mtime) < 1e-3
         for rel, (size, mtime) in files.items())
 
 
 def _members(ctx: HostRun, key: str) -> list[str]:
-    """This run's hosts with a service of this key, in inventory order (those failed already left out)."""
+    """This run's hosts with a service of this key, in inventory order (those failed already left out), where
+    their pool shares caches."""
     active = {h.name for h in state.inventory.get_active_hosts()}
     return [name for name, plan in ctx.inventory.hosts.items()
-            if name in active and key in _caches(plan, ctx) and name not in {h.name for h in state.failed_hosts}]
+            if name in active and key in _caches(plan, ctx) and name not in {h.name for h in state.failed_hosts}
+            and _shares(plan, key, ctx)]
+
+
+def _shares(plan: HostPlan, key: str, ctx: HostRun) -> bool:
+    """Do the services of this key on this host allow their caches to be shared (engine_cache_sharing)?"""
+    return all(svc.engine_cache_sharing for svc in pinned_services(plan)
+               if (cache := render.engine_cache(ctx.as_run(svc))) and cache.key == key)
 
 
 def _tree_on(ctx: HostRun, name: str, key: str) -> dict | None:
@@ -96,13 +116,27 @@ def _waves(ctx: HostRun, key: str) -> list[dict[str, str]]:
     return fanout_waves(members, holders, ctx.inventory.hosts[members[0]].model_fanout_width)
 
 
+def _index_read(state, host, directory_: str, label: str, group: str) -> bool:
+    """FunctionCommand body: index the holder's cache and take the index from the command's output (the
+    control node holds every file's size and sha256 before any peer asks for one)."""
+    command = StringCommand(*map(shlex.quote, ["python3", FETCH, "index", directory_, label]))
+    ok, output = host.run_shell_command(command, print_output=state.print_output, print_input=state.print_input)
+    if not ok:
+        return refuse(state, host, output.stderr_lines or [f"indexing {directory_} failed"])
+    try:
+        held_files((group, host.name)).update(checked_index(json.loads(output.stdout)["manifest"], directory_))
+    except (ValueError, KeyError) as error:
+        return refuse(state, host, [f"engine cache {directory_}: {error}"])
+    return True
+
+
 @operation(is_idempotent=False)
-def cache_indexed(directory_: str, label: str, needed: bool):
+def cache_indexed(directory_: str, label: str, needed: bool, group: str = ""):
     """The fetch script's manifest of an engine cache directory, from its files as they are now."""
     if not needed:
         host.noop(f"{directory_}: indexed, or gives no copy in this run")
         return
-    yield StringCommand(*map(shlex.quote, ["python3", FETCH, "index", directory_, label]))
+    yield FunctionCommand(_index_read, (directory_, label, group), {})
 
 
 @deploy("modelfleet engine_cache")
@@ -115,31 +149,40 @@ def run(ctx: HostRun):
         waves = ctx.fanout(("engine-cache", key), partial(_waves, ctx, key))
         sources = {source for wave in waves for source in wave.values()}
         name = f"engine-cache/{cache.inputs['engine']}"
+        group = f"cache-{key}"
         directory(name=f"Engine cache root {cache.root}", path=cache.root, current=at(cache.root))
         directory(name=f"Engine cache {cache.dir}", path=cache.dir, current=at(cache.dir))
         job = _job_path(plan, cache)
+        job_fields = {"repo": name, "commit": key, "endpoint": None, "dest": cache.dir, "token_file": None,
+                      "kind": "cache", "host": plan.name, "stall_s": plan.model_stall_s}
         content_file(name=f"Engine cache job {job}", dest=job, current=at(job), mode="0600",
-                     content=json.dumps({"repo": name, "commit": key, "endpoint": None, "dest": cache.dir,
-                                         "token_file": None, "files": None}, indent=1, sort_keys=True) + "\n")
-        unit_state = mine["units"].get(f"{fanout_unit(f'cache-{key}')}.service") or {}
+                     content=json.dumps({**job_fields, "files": None}, indent=1, sort_keys=True) + "\n")
+        unit_state = mine["units"].get(f"{fanout_unit(group)}.service") or {}
         leftover = unit_state.get("ActiveState") in ("active", "activating", "failed")
-        # A holder gives what its manifest lists: indexed first where its files changed since.
+        # A holder gives what its manifest lists: indexed first where its files changed since; the control
+        # node holds the index (the tree's, read over SSH, or the index command's output).
+        gives = host.name in sources and warm(tree)
+        if gives and indexed(tree):
+            with contextlib.suppress(ValueError):  # a malformed index is made again below
+                held_files((group, host.name)).update(checked_index(tree["manifest"]["files"], cache.dir))
+        needs_index = gives and not held_files((group, host.name))
         cache_indexed(name=f"Index engine cache {key} (it gives a copy)", directory_=cache.dir, label=name,
-                      needed=host.name in sources and warm(tree) and not indexed(tree))
+                      needed=needs_index, group=group)
         size = sum(s for s, _ in ((tree or {}).get("files") or {}).values()) if host.name in sources else 0
+        urls = {m: f"http://{fanout_address(ctx.inventory.hosts[m])}:{FANOUT_PORT}/" for m in _members(ctx, key)}
         served = False
         # Every host lists every wave's operations (a noop where it has no part), as the checkpoint fan-out.
         for number, wave in enumerate(waves or [{}], 1):
-            starts = host.name in wave.values() and not served
+            serves = host.name in wave.values()
             fanout_serving(name=f"Serve engine cache {key} to peers (wave {number}/{len(waves) or 1})",
-                           group=f"cache-{key}", directory_=cache.dir, address=plan.address, port=FANOUT_PORT,
-                           serve=True, needed=starts, leftover=leftover and number == 1,
+                           group=group, directory_=cache.dir, address=fanout_address(plan), port=FANOUT_PORT,
+                           serve=True, needed=serves, leftover=leftover and number == 1, config_dir=plan.config_dir,
+                           files_key=(group, host.name), idle_s=2 * plan.model_stall_s,
                            lifetime_s=int(FANOUT_MARGIN_S + size * len(wave) / FANOUT_FLOOR_BYTES_S))
-            served = served or starts
-            source = wave.get(host.name)
-            source_url = f"http://{ctx.inventory.hosts[source].address}:{FANOUT_PORT}/" if source else None
-            checkpoint_fetched(name=f"Copy engine cache {key} from a peer (wave {number}/{len(waves) or 1})",
-                               job=job, mode="peer", source=source_url, missing=["*"] if source else [],
-                               reverify=False, source_host=source)
-        fanout_serving(name=f"Stop serving engine cache {key}", group=f"cache-{key}", directory_=cache.dir,
-                       address=plan.address, port=FANOUT_PORT, serve=False, needed=served)
+            served = served or serves
+            peer_copied(name=f"Copy engine cache {key} from a peer (wave {number}/{len(waves) or 1})",
+                        job_path=job, job=job_fields, group=group, source=wave.get(host.name),
+                        alternatives=wave_sources(waves, number), urls=urls, needed=True)
+        fanout_serving(name=f"Stop serving engine cache {key}", group=group, directory_=cache.dir,
+                       address=fanout_address(plan), port=FANOUT_PORT, serve=False, needed=served,
+                       config_dir=plan.config_dir)

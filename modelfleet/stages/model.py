@@ -35,9 +35,13 @@ from modelfleet.transfer import (
     FETCH,
     VENV,
     checkpoint_fetched,
+    fanout_address,
     fanout_serving,
     fanout_unit,
     fanout_waves,
+    held_files,
+    peer_copied,
+    wave_sources,
 )
 
 NAME = "model"
@@ -92,7 +96,13 @@ def _job_path(plan: HostPlan, model_dir: str) -> str:
 def _job(plan: HostPlan, svc: ServicePlan, snap: Snapshot) -> str:
     return json.dumps({"repo": snap.repo, "commit": snap.commit, "endpoint": plan.hf_endpoint,
                        "dest": svc.model_dir, "token_file": f"{plan.config_dir}/hf-token",
+                       "host": plan.name, "stall_s": plan.model_stall_s,
                        "files": snap.files}, indent=1, sort_keys=True) + "\n"
+
+
+def _engines_of(plan: HostPlan, model_dir: str) -> list[str]:
+    """The units of this host's services serving the revision in `model_dir` (restarted after a repair)."""
+    return sorted({svc.unit_name for svc in plan.services if pinned_revision(plan, svc).model_dir == model_dir})
 
 
 @operation()
@@ -209,7 +219,9 @@ def run(ctx: HostRun):
                        current=mine["paths"].get(f"{plan.config_dir}/hf-token"))
         checkpoint_fetched(name=f"Fetch {snap.repo}@{snap.commit[:12]} from {masking.url(source_url) or 'the hub'}", job=job,
                            mode="peer" if source_url else "hub", source=source_url,
-                           missing=missing if is_seed else [], reverify=plan.model_reverify)
+                           missing=missing if is_seed else [], reverify=plan.model_reverify,
+                           restart=_engines_of(plan, model_dir),
+                           source_name=f"the mirror ({source_url})" if source_url else f"the hub ({plan.hf_endpoint})")
         borrowed = downloads and host.name != downloader and bool(os.environ.get(plan.hf_token_env))
         hub_token_file(name=f"Hub token {plan.config_dir}/hf-token removed after the download "
                        "(not the group's downloader)", dest=f"{plan.config_dir}/hf-token", token=None,
@@ -219,23 +231,29 @@ def run(ctx: HostRun):
         unit_state = mine["units"].get(f"{fanout_unit(svc.checkpoint_group)}.service") or {}
         leftover = unit_state.get("ActiveState") in ("active", "activating", "failed")
         served = False
+        group = svc.checkpoint_group
+        urls = {name: f"http://{fanout_address(ctx.inventory.hosts[name])}:{FANOUT_PORT}/" for name in members}
+        peer_job = json.loads(_job(plan, svc, snap))
         # One serve + copy pair per wave (at least one, so a leftover server is always looked at); every host
         # lists them all, so wave k's copies run after wave k-1's on every host.
         for number, wave in enumerate(waves or [{}], 1):
-            starts = host.name in wave.values() and not served
+            serves = host.name in wave.values()
+            if serves:
+                held_files((group, host.name)).update(snap.files)
             fanout_serving(name=f"Serve {snap.commit[:12]} to the group's peers (wave {number}/{len(waves) or 1})",
-                           group=svc.checkpoint_group, directory_=model_dir, address=plan.address, port=FANOUT_PORT,
-                           serve=True, needed=starts, leftover=leftover and number == 1,
-                           rate_mb_s=plan.model_fanout_rate_mb_s,
+                           group=group, directory_=model_dir, address=fanout_address(plan), port=FANOUT_PORT,
+                           serve=True, needed=serves, leftover=leftover and number == 1, config_dir=plan.config_dir,
+                           files_key=(group, host.name), rate_mb_s=plan.model_fanout_rate_mb_s,
+                           idle_s=2 * plan.model_stall_s,
                            lifetime_s=int(FANOUT_MARGIN_S + snap.total_bytes * copies / FANOUT_FLOOR_BYTES_S))
-            served = served or starts
-            source = wave.get(host.name)
-            source_url = f"http://{ctx.inventory.hosts[source].address}:{FANOUT_PORT}/" if source else None
-            checkpoint_fetched(name=f"Copy {snap.repo}@{snap.commit[:12]} from a peer (wave {number}/{len(waves) or 1})",
-                               job=job, mode="peer", source=source_url, missing=missing if source else [],
-                               reverify=plan.model_reverify, source_host=source)
-        fanout_serving(name="Stop serving to peers", group=svc.checkpoint_group, directory_=model_dir,
-                       address=plan.address, port=FANOUT_PORT, serve=False, needed=served)
+            served = served or serves
+            peer_copied(name=f"Copy {snap.repo}@{snap.commit[:12]} from a peer (wave {number}/{len(waves) or 1})",
+                        job_path=job, job={**peer_job, "kind": "checkpoint"}, group=group,
+                        source=wave.get(host.name), alternatives=wave_sources(waves, number), urls=urls,
+                        needed=bool(missing), reverify=plan.model_reverify, restart=_engines_of(plan, model_dir))
+        fanout_serving(name="Stop serving to peers", group=group, directory_=model_dir,
+                       address=fanout_address(plan), port=FANOUT_PORT, serve=False, needed=served,
+                       config_dir=plan.config_dir)
         current_pointer(name=f"{parent}/{CURRENT} -> {snap.commit[:12]}", parent=parent, commit=snap.commit,
                         current=tree.get("current"))
         revisions_pruned(name=f"Prune revisions of {svc.model.id} beyond {plan.model_keep_revisions}",

@@ -101,7 +101,9 @@ def test_a_tree_fan_out_has_hosts_that_just_got_their_copy_serve_the_next(checkp
     # Width 1: wave 1 the seed serves the second host; wave 2 the second host serves the third.
     sources = dict(re.findall(rf"\[({lab.PREFIX}\d+)\] >>> .*modelfleet_fetch\.py \S+ peer http://([0-9.]+):", out))
     assert sources == {specs[1]["name"]: specs[0]["address"], specs[2]["name"]: specs[1]["address"]}, sources
-    assert "wave 2/2" in out and "500" in re.search(r"systemd-run .*modelfleet_fetch\.py serve .*", out).group(0)
+    # The servers run unprivileged, their job (the cap, the token, the names) on stdin from a file systemd opens.
+    started = re.search(r"systemd-run .*modelfleet_fetch\.py serve", out).group(0)
+    assert "wave 2/2" in out and "DynamicUser=yes" in started and "StandardInput=file:" in started
     assert manifest(specs[2])["commit"] == manifest(specs[0])["commit"]
     again = model_run()
     assert again.returncode == 0 and changed(again) == 0, again.stdout[-2000:]

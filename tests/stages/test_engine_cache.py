@@ -25,6 +25,8 @@ def test_an_index_holds_only_while_it_lists_the_files_as_they_are():
     assert not engine_cache.indexed({"files": grown, "manifest": manifest(files)})
     rewritten = {**files, "triton/k.cubin": [99, 1700000009.0]}
     assert not engine_cache.indexed({"files": rewritten, "manifest": manifest(files)})
+    # A link planted beside the indexed files (the tree's `odd` entries): indexed again, so the index refuses it.
+    assert not engine_cache.indexed({**tree, "odd": ["l innocent.json"]})
 
 
 def test_replicas_of_one_recipe_on_two_hosts_want_the_same_key_directory():

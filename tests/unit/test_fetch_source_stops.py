@@ -3,12 +3,11 @@ never as a checksum mismatch, and leaves no partial file; a file whose bytes are
 
 import hashlib
 import json
-import socket
 import subprocess
 import sys
-import threading
 
 from modelfleet import FILES_DIR
+from tests.listener import scripted_http
 
 FETCH = str(FILES_DIR / "modelfleet_fetch.py")
 DATA = bytes(range(256)) * 4096  # 1 MiB
@@ -16,21 +15,7 @@ DATA = bytes(range(256)) * 4096  # 1 MiB
 
 def one_shot_server(body: bytes, length: int, reset: bool = False) -> str:
     """A server that answers each request with `length` announced and `body` sent, then closes (or resets)."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-
-    def loop():
-        while True:
-            conn, _ = listener.accept()
-            conn.recv(65536)
-            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % length + body)
-            if reset:  # RST instead of FIN
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-            conn.close()
-
-    threading.Thread(target=loop, daemon=True).start()
-    return f"http://127.0.0.1:{listener.getsockname()[1]}/"
+    return scripted_http(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % length + body, reset=reset)
 
 
 def fetch(tmp_path, url, *extra):
@@ -61,5 +46,5 @@ def test_a_reset_connection_names_the_source_as_stopped(tmp_path):
 def test_wrong_bytes_of_the_right_length_stay_a_checksum_mismatch(tmp_path):
     url = one_shot_server(bytes(len(DATA)), len(DATA))
     run = fetch(tmp_path, url)
-    assert run.returncode == 1 and "do not match the source's size and checksum" in run.stderr, run.stderr
+    assert run.returncode == 1 and "sent by the mirror" in run.stderr and "do not match the sizes and checksums" in run.stderr, run.stderr
     assert "stopped during the copy" not in run.stderr

@@ -1,19 +1,22 @@
 """The fetch script's peer server and client on this machine (loopback): a copy verifies against the hub's
-sha256, and a send cap holds the server to its rate."""
+sha256, and a send cap holds the server to its rate; the server gives nothing but its job's files, to a holder
+of the run's token, and a receiver sends its token only to a listener that proves it is the run's server."""
 
+import contextlib
 import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 
 from modelfleet import FILES_DIR
+from tests.listener import scripted_http
 
 FETCH = str(FILES_DIR / "modelfleet_fetch.py")
 SIZE = 16 << 20
@@ -37,17 +40,33 @@ def source(tmp_path):
     return tmp_path, job
 
 
-def serving(directory, *rate: str):
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, FETCH, "serve", str(directory), "127.0.0.1", str(port), *rate])
+TOKEN = "5e" * 32
+
+
+def serving(directory, *rate: str, files=None, port=None):
+    """The peer server as the unit runs it: its job on stdin. Started when its challenge is answered."""
+    port = port or free_port()
+    files = files if files is not None else [str(p.relative_to(directory)) for p in directory.rglob("*")
+                                             if p.is_file()]
+    job = {"dir": str(directory), "address": "127.0.0.1", "port": port, "token": TOKEN, "files": files,
+           "rate_mb_s": float(rate[0]) if rate else None}
+    proc = subprocess.Popen([sys.executable, FETCH, "serve"], stdin=subprocess.PIPE)
+    proc.stdin.write(json.dumps(job).encode())
+    proc.stdin.close()
     for _ in range(100):
         try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=1).read()  # its listing, as the unit's probe
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
             return proc, f"http://127.0.0.1:{port}/"
         except OSError:
             time.sleep(0.05)
     proc.kill()
     raise AssertionError("the peer server did not start")
+
+
+def with_token(job, token=TOKEN):
+    data = json.loads(job.read_text())
+    job.write_text(json.dumps({**data, "token": token}))
+    return job
 
 
 @pytest.mark.parametrize("rate_mb_s", [None, 40])
@@ -56,7 +75,8 @@ def test_a_peer_copy_verifies_and_a_capped_server_keeps_to_its_rate(source, rate
     proc, url = serving(tmp_path / "src", *([str(rate_mb_s)] if rate_mb_s else []))
     try:
         start = time.monotonic()
-        run = subprocess.run([sys.executable, FETCH, str(job), "peer", url], capture_output=True, text=True)
+        run = subprocess.run([sys.executable, FETCH, str(with_token(job)), "peer", url], capture_output=True,
+                             text=True)
         seconds = time.monotonic() - start
     finally:
         proc.kill()
@@ -88,10 +108,12 @@ def test_the_server_queues_every_peer_stream_connecting_at_once(source):
             s.close()
 
 
-def cache_job(tmp_path, dest):
+def cache_job(tmp_path, dest, files):
+    """A cache receiver's job as the control node writes it: the holder's index as the files, the token."""
     job = tmp_path / "cache-job.json"
     job.write_text(json.dumps({"repo": "engine-cache/vllm", "commit": "0123456789abcdef", "endpoint": None,
-                               "dest": str(dest), "token_file": None, "files": None}))
+                               "dest": str(dest), "token_file": None, "kind": "cache", "token": TOKEN,
+                               "files": {rel: {**e, "blob_id": None} for rel, e in files.items()}}))
     return job
 
 
@@ -106,58 +128,137 @@ def test_an_indexed_cache_reaches_a_peer_checked_and_a_changed_file_is_never_kep
     indexed = subprocess.run([sys.executable, FETCH, "index", str(seed), "engine-cache/vllm"],
                              capture_output=True, text=True)
     assert indexed.returncode == 0, indexed.stderr
-    assert json.loads(indexed.stdout)["files"] == 2
+    report = json.loads(indexed.stdout)
+    assert report["files"] == 2
     listed = json.loads((seed / ".modelfleet-manifest.json").read_text())["files"]
+    assert report["manifest"] == listed  # the control node reads the index from the command's output
     assert sorted(listed) == ["triton/kernel.cubin", "vllm/torch_compile_cache/ab12/rank_0_0/model.bin"]
     assert listed["triton/kernel.cubin"]["sha256"] == hashlib.sha256(b"cubin" * 1000).hexdigest()
-    proc, url = serving(seed)
+    proc, url = serving(seed, files=sorted(listed))
     try:
         dest = tmp_path / "peer" / "0123456789abcdef"
-        run = subprocess.run([sys.executable, FETCH, str(cache_job(tmp_path, dest)), "peer", url],
+        run = subprocess.run([sys.executable, FETCH, str(cache_job(tmp_path, dest, listed)), "peer", url],
                              capture_output=True, text=True)
         assert run.returncode == 0, run.stderr
         for rel in listed:
             assert (dest / rel).read_bytes() == (seed / rel).read_bytes()
         assert sorted(json.loads((dest / ".modelfleet-manifest.json").read_text())["files"]) == sorted(listed)
         assert not (dest / ".modelfleet-cache-key.json").exists()  # each host writes its own
-        # The engine rewrote a file after the index: the copy no longer matches the manifest, and is refused.
+        assert not (tmp_path / "cache-job.json").exists()  # the job with the token is gone once read
+        # The engine rewrote a file after the index: the copy no longer matches the index, and is refused.
         (seed / "triton" / "kernel.cubin").write_bytes(b"CUBIN" * 1000)
         other = tmp_path / "peer2" / "0123456789abcdef"
-        run = subprocess.run([sys.executable, FETCH, str(cache_job(tmp_path, other)), "peer", url],
-                             capture_output=True, text=True)
-        assert run.returncode == 1 and "do not match" in run.stderr
+        run = subprocess.run([sys.executable, FETCH, str(cache_job(tmp_path, other, listed)), "peer", url,
+                              "--source-name=gpu-07"], capture_output=True, text=True)
+        line = run.stderr.strip()
+        assert run.returncode == 1 and len(line.splitlines()) == 1, run.stderr
+        assert "engine cache 0123456789abcdef" in line and "sent by peer gpu-07" in line
+        assert "triton/kernel.cubin" in line and "removed" in line and "hub" not in line and "current" not in line
         assert not (other / "triton" / "kernel.cubin").exists() and not (other / ".modelfleet-manifest.json").exists()
     finally:
         proc.kill()
 
 
-@pytest.mark.parametrize("rel", ["../escape", "/etc/cron.d/x", ".modelfleet-manifest.json"])
-def test_a_source_manifest_naming_a_path_outside_the_cache_is_refused(tmp_path, rel):
-    seed = tmp_path / "seed"
-    seed.mkdir()
-    (seed / ".modelfleet-manifest.json").write_text(json.dumps({"files": {rel: {"size": 1, "sha256": "0" * 64}}}))
-    proc, url = serving(seed)
+def get(url: str, path: str, token: str | None = TOKEN) -> tuple[int, bytes]:
+    """What an attacker on the pool network gets for `path`: the status and every byte of the body."""
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1].strip("/")))) as conn:
+        lines = [f"GET {path} HTTP/1.0", *(f"{k}: {v}" for k, v in headers.items()), "", ""]
+        conn.sendall("\r\n".join(lines).encode())
+        data = b""
+        while chunk := conn.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def test_the_server_gives_only_its_jobs_files_to_a_holder_of_the_token(tmp_path):
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "served.bin").write_bytes(b"S" * 1000)
+    (tree / "unlisted.bin").write_bytes(b"U" * 1000)
+    secret = tmp_path / "secret.env"
+    secret.write_text("API_KEY=do-not-leak\n")
+    (tree / "innocent.json").symlink_to(secret)
+    (tree / "rootfs").symlink_to("/")
+    (tree / "linkdir").symlink_to(tree / "sub")
+    listed = ["sub/served.bin", "innocent.json", "rootfs/etc/passwd", "linkdir/served.bin", "../secret.env"]
+    proc, url = serving(tree, files=listed)
     try:
-        dest = tmp_path / "peer"
-        run = subprocess.run([sys.executable, FETCH, str(cache_job(tmp_path, dest)), "peer", url],
-                             capture_output=True, text=True)
-        assert run.returncode == 1 and "refusing its copy" in run.stderr
-        assert list(dest.iterdir()) == [dest / ".modelfleet-lock"]
+        assert get(url, "/sub/served.bin") == (200, b"S" * 1000)
+        got = {path: get(url, path, token) for path, token in [
+            ("/sub/served.bin", None), ("/sub/served.bin", "0" * 64), ("/sub/served.bin", TOKEN[:-1]),
+            ("/unlisted.bin", TOKEN), ("/", TOKEN), ("/sub/", TOKEN), ("/innocent.json", TOKEN),
+            ("/rootfs/etc/passwd", TOKEN), ("/linkdir/served.bin", TOKEN), ("/../secret.env", TOKEN),
+            ("/%2e%2e/secret.env", TOKEN), ("/.modelfleet-challenge", TOKEN)]}
+        assert all(body == b"" for _, body in got.values()), got  # not one byte of anything
+        assert got["/sub/served.bin"][0] == 401  # no token, a wrong one, or a cut one
+        assert {got[p][0] for p in ("/innocent.json", "/rootfs/etc/passwd", "/linkdir/served.bin")} == {403}
+        assert {got[p][0] for p in ("/unlisted.bin", "/", "/sub/")} == {404}
     finally:
         proc.kill()
 
 
-def test_a_source_without_a_manifest_gives_nothing(tmp_path):
-    (tmp_path / "seed").mkdir()
-    (tmp_path / "seed" / "kernel.cubin").write_bytes(b"x")
-    proc, url = serving(tmp_path / "seed")
+def test_a_receiver_sends_its_token_only_to_a_listener_that_proves_it_is_the_runs_server(source):
+    """A squatter on the port answers anything with 200: the receiver asks it one nonce, gets no proof, and
+    neither sends the token nor keeps a byte."""
+    tmp_path, job = source
+    seen = []
+    url = scripted_http(b"HTTP/1.0 200 OK\r\nContent-Length: 4\r\n\r\nevil", seen)
+    run = subprocess.run([sys.executable, FETCH, str(with_token(job)), "peer", url, "--source-name=gpu-03"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and "did not prove it is this run's fan-out server" in run.stderr, run.stderr
+    assert len(seen) == 1 and b"/.modelfleet-challenge" in seen[0]
+    assert TOKEN.encode() not in b"".join(seen) and b"Authorization" not in b"".join(seen)
+    assert not any((tmp_path / "dst").rglob("model.safetensors"))
+
+
+def test_the_probe_names_the_process_holding_the_port(tmp_path):
+    port = free_port()
+    squatter = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                                cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        run = subprocess.run([sys.executable, FETCH, str(cache_job(tmp_path, tmp_path / "peer")), "peer", url],
-                             capture_output=True, text=True)
-        assert run.returncode == 1 and "has no readable manifest" in run.stderr
-        assert not (tmp_path / "peer" / "kernel.cubin").exists()
+        for _ in range(100):
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            time.sleep(0.05)
+        job = tmp_path / "serve.json"
+        job.write_text(json.dumps({"dir": str(tmp_path), "address": "127.0.0.1", "port": port, "token": TOKEN,
+                                   "files": []}))
+        proc, _ = subprocess.Popen([sys.executable, FETCH, "serve"], stdin=subprocess.PIPE, stderr=subprocess.PIPE), None
+        proc.stdin.write(job.read_bytes())
+        proc.stdin.close()
+        assert proc.wait(10) != 0 and b"Address already in use" in proc.stderr.read()  # the real one cannot bind
+        probe = subprocess.run([sys.executable, FETCH, "probe", str(job), "gpu-05"], capture_output=True, text=True,
+                               timeout=60)
+        line = probe.stderr.strip()
+        assert probe.returncode == 1 and len(line.splitlines()) == 1, probe.stderr
+        assert f"host gpu-05: fan-out port 127.0.0.1:{port} is held by" in line and "not by this run's server" in line
+        if shutil.which("ss"):
+            assert f"pid {squatter.pid}" in line
     finally:
-        proc.kill()
+        squatter.kill()
+
+
+@pytest.mark.parametrize("plant", ["symlink", "fifo", "setuid"])
+def test_an_index_refuses_what_no_cache_may_hold_and_names_it(tmp_path, plant):
+    cache = tmp_path / "0123456789abcdef"
+    (cache / "triton").mkdir(parents=True)
+    (cache / "triton" / "kernel.cubin").write_bytes(b"k")
+    bad = cache / "triton" / "launcher.so"
+    if plant == "symlink":
+        bad.symlink_to("/etc/shadow")
+    elif plant == "fifo":
+        os.mkfifo(bad)
+    else:
+        bad.write_bytes(b"x")
+        bad.chmod(0o4755)
+    run = subprocess.run([sys.executable, FETCH, "index", str(cache), "engine-cache/vllm"], capture_output=True,
+                         text=True, timeout=60)
+    line = run.stderr.strip()
+    assert run.returncode == 1 and len(line.splitlines()) == 1 and "triton/launcher.so" in line, run.stderr
+    assert not (cache / ".modelfleet-manifest.json").exists()
 
 
 def test_the_script_names_the_checkpoint_layout_as_the_package_does():

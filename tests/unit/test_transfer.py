@@ -37,3 +37,25 @@ def test_each_group_gets_its_own_server_unit_and_the_hub_fetch_runs_in_the_hub_c
     assert hub.startswith(f"{VENV}/bin/python {FETCH} /etc/modelfleet/job.json hub")
     peer = str(_fetch_command("/j.json", "peer", "http://10.0.0.1:18431/", True, "b300-01"))
     assert peer == f"python3 {FETCH} /j.json peer http://10.0.0.1:18431/ --reverify --source-name=b300-01"
+
+
+def test_a_holders_index_becomes_a_job_only_with_sizes_and_sha256s_of_paths_inside():
+    from modelfleet.transfer import checked_index
+    good = {"triton/k.cubin": {"size": 3, "sha256": "a" * 64, "mtime": 1.0}}
+    assert checked_index(good, "h") == {"triton/k.cubin": {"size": 3, "sha256": "a" * 64, "blob_id": None}}
+    for bad in ({"../escape": {"size": 1, "sha256": "a" * 64}}, {"/etc/x": {"size": 1, "sha256": "a" * 64}},
+                {".modelfleet-manifest.json": {"size": 1, "sha256": "a" * 64}}, {"k": {"size": 1, "sha256": None}},
+                {"k": {"size": "1", "sha256": "a" * 64}}, {"a//b": {"size": 1, "sha256": "a" * 64}}):
+        try:
+            checked_index(bad, "gpu-01:/cache")
+        except ValueError as error:
+            assert "gpu-01:/cache" in str(error)
+        else:
+            raise AssertionError(f"accepted {bad}")
+
+
+def test_a_receiver_whose_source_failed_may_turn_to_the_sources_serving_by_its_wave():
+    from modelfleet.transfer import wave_sources
+    waves = fanout_waves([f"h{i}" for i in range(7)], {"h0"}, 2)
+    assert wave_sources(waves, 1) == ["h0"]
+    assert set(wave_sources(waves, 2)) == {"h0", "h1", "h2"}
