@@ -50,6 +50,10 @@ def test_a_fetch_whose_run_is_gone_ends_at_once(tmp_path):
     """As sshd does when the control node dies: the reader of the fetch's stdout goes away."""
     url = frozen_source()
     reader, writer = os.pipe()
+    # The reader is a process of its own, as sshd is: this process holds neither end while the fetch runs (a
+    # process forked by an earlier test of the session would otherwise keep a copy of the reader open).
+    sshd = subprocess.Popen(["cat"], stdin=reader, stdout=subprocess.DEVNULL)
+    os.close(reader)
     proc = subprocess.Popen([sys.executable, FETCH, job(tmp_path, 600), "peer", url], stdout=writer,
                             stderr=subprocess.DEVNULL)
     os.close(writer)
@@ -57,7 +61,8 @@ def test_a_fetch_whose_run_is_gone_ends_at_once(tmp_path):
     while not list((tmp_path / "dst").glob(".*.modelfleet-partial")) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert list((tmp_path / "dst").glob(".*.modelfleet-partial")), "the copy never started"
-    os.close(reader)
+    sshd.kill()
+    sshd.wait()
     gone = time.monotonic()
     assert proc.wait(timeout=10) != 0
     assert time.monotonic() - gone < 10  # its watch looks each second; the stall deadline is 600 s
