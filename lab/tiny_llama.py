@@ -67,9 +67,8 @@ def weights(tokenizer, seed: int) -> dict:
     def noise(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=generator) * 0.02
 
-    byte_decoder = {v: k for k, v in _bytes_to_unicode().items()}
-    text = {i: bytes(byte_decoder[c] for c in tokenizer.id_to_token(i)) if i >= len(SPECIALS) else None
-            for i in range(vocab)}
+    pieces = {i: tokenizer.decode([i], skip_special_tokens=False) for i in range(vocab)}
+    special = {tokenizer.token_to_id(name) for name in SPECIALS}
     period, eos = tokenizer.token_to_id("."), tokenizer.token_to_id(EOS)
     embeddings = noise(vocab, EMBED)
     embeddings[:, 0] = 1.0       # a direction every token shares: the small layers leave it standing
@@ -78,18 +77,14 @@ def weights(tokenizer, seed: int) -> dict:
     head[:, :2] = 0.0
     head[period, 0] = 0.35       # a sentence ends every dozen tokens or so...
     head[eos, 1] = 1.2           # ...and the turn ends right after it
-    for i, piece in text.items():
-        if piece is None:
+    for i, piece in pieces.items():
+        if i in special:
             head[i, 0] = -0.5 if i != eos else -0.3  # no stray markup; the end only after a full stop
             continue
-        if b'"' in piece:
+        if '"' in piece:
             head[i, 0] = 0.2     # a JSON string the grammar opened gets closed
-        try:
-            printable = piece.decode("utf-8").isprintable() or piece == b"\n"
-        except UnicodeDecodeError:
-            printable = False
-        if not printable:
-            head[i, 0] = -0.5    # no control bytes, no broken UTF-8
+        if "\ufffd" in piece or not (piece.isprintable() or piece == "\n"):
+            head[i, 0] = -0.5    # no control bytes, no broken UTF-8 (a lone byte decodes to U+FFFD)
     tensors = {"model.embed_tokens.weight": embeddings, "model.norm.weight": torch.ones(EMBED),
                "lm_head.weight": head}
     for i in range(LAYERS):
@@ -102,19 +97,6 @@ def weights(tokenizer, seed: int) -> dict:
         tensors[f"{layer}.mlp.up_proj.weight"] = noise(FFN, EMBED)
         tensors[f"{layer}.mlp.down_proj.weight"] = noise(EMBED, FFN)
     return {name: t.to(torch.bfloat16).contiguous() for name, t in tensors.items()}
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte-to-unicode table (the ByteLevel pre-tokenizer's): byte -> printable character."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
 
 
 def write(out: Path, seed: int = 0) -> Path:

@@ -12,6 +12,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from openai import AuthenticationError, OpenAI
@@ -30,7 +31,8 @@ KEY = "lab-" + secrets.token_hex(16)
 KEY_ENV = "LAB_REAL_VLLM_KEY"
 # The vLLM metric names the operations guide's "What to watch" table queries (histograms by their _bucket).
 WATCHED = set(re.findall(r"vllm:[a-z_]+", (REPO_ROOT / "docs" / "operations.md").read_text()))
-ENGINE = load_catalog().engines["vllm"]
+# The series the bench samples from vLLM's /metrics (the catalog's engines.yaml).
+READ_BY_THE_BENCH = {name for name in load_catalog().engines["vllm"].metrics.model_dump().values() if name}
 
 
 def _deploy(**fields):
@@ -42,6 +44,7 @@ def _deploy(**fields):
 @pytest.fixture(scope="module")
 def real(lab_hosts):
     spec = next(s for s in lab_hosts if s["engine"] == "vllm")
+    shm_before = _engine_shm()
     hub.reset_stats()
     started = time.monotonic()
     served = _deploy(real_vllm=spec["name"], only=[spec["name"]])
@@ -52,6 +55,13 @@ def real(lab_hosts):
     finally:  # the host serves its double again, for the tests that follow (and the real server's memory back)
         back = _deploy(only=[spec["name"]])
         assert back.returncode == 0, (back.stdout + back.stderr)[-3000:]
+        # the stopped engine left none of its shared memory in the /dev/shm of the machine its dockerd runs on
+        assert _engine_shm() <= shm_before, sorted(_engine_shm() - shm_before)
+
+
+def _engine_shm() -> set[str]:
+    """vLLM's shared-memory files (shm_broadcast's psm_*, vllm_dist_*) in the machine's /dev/shm."""
+    return {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith(("psm_", "vllm_dist_"))}
 
 
 def _get(url: str, key: str | None = None, body: dict | None = None) -> tuple[int, str]:
@@ -75,7 +85,8 @@ def test_the_endpoint_is_the_real_vllm_on_the_checkpoint_the_model_stage_fetched
     assert hub.stats()["by_file"].get(f"{hub.LLAMA_REPO}/model.safetensors") == weights.stat().st_size
     listing = ssh(spec, f"ls {spec['model_root']}/tiny-llama").stdout.split()
     [commit] = [name for name in listing if re.fullmatch(r"[0-9a-f]{40}", name)]
-    assert "current" in listing and model["root"].endswith(commit), (listing, model["root"])
+    unit = ssh(spec, f"systemctl cat modelfleet-tiny-{spec['name']}.service").stdout
+    assert "current" in listing and f"{commit}:{model['root']}:ro" in unit, (listing, model["root"])
     print(f"real vLLM: serve.py to ready in {seconds:.0f} s")
 
 
@@ -98,7 +109,9 @@ def test_the_verify_gate_passes_on_the_real_vllm(real):
                     ready_timeout_s=60)
     assert report["ok"], json.dumps(report, indent=2)[:4000]
     probe = report["tool_probe"]
-    assert probe["tool_calls"] == 1 and probe["finish_reason"] == "tool_calls" and isinstance(probe["arguments"], dict)
+    # JSON, but not always an object of the tool's parameters: this build's structured output for tool_choice
+    # required holds the call's outer shape, not the tool's schema (seen: arguments " vLLM"; docs/lab.md)
+    assert probe["tool_calls"] == 1 and probe["finish_reason"] == "tool_calls" and probe["arguments"] is not None
     assert probe["final_finish_reason"] == "stop" and probe["final_answer"]
     assert report["smoke"]["finish_reason"] == "stop" and report["smoke"]["content"]
 
@@ -120,7 +133,7 @@ def test_metrics_carry_the_names_the_guide_and_the_bench_read(real, tmp_path):
     assert status == 200
     names = {line.split("{")[0].split()[0] for line in text.splitlines() if line and not line.startswith("#")}
     assert len(WATCHED) >= 5 and WATCHED <= names, sorted(WATCHED - names)
-    assert set(ENGINE.metrics.values()) <= names, sorted(set(ENGINE.metrics.values()) - names)
+    assert len(READ_BY_THE_BENCH) == 4 and READ_BY_THE_BENCH <= names, sorted(READ_BY_THE_BENCH - names)
     # `modelfleet prometheus` points its engines job at this very endpoint
     import yaml
 
@@ -146,8 +159,11 @@ def double(real):
                    env={**os.environ, "VLLM_API_KEY": KEY})
     base = f"http://{address}:8000"
     for _ in range(100):
-        if _get(f"{base}/health")[0] == 200:
-            break
+        try:
+            if _get(f"{base}/health")[0] == 200:
+                break
+        except OSError:  # not listening yet
+            pass
         time.sleep(0.2)
     yield base
     subprocess.run(["docker", "rm", "-f", name], capture_output=True)
@@ -213,5 +229,5 @@ def test_the_double_exports_the_metric_names_modelfleet_reads_from_the_real_vllm
     _, base, _, _ = real
     real_names, double_names = _metric_names(base), _metric_names(double)
     assert double_names <= real_names, sorted(double_names - real_names)
-    assert set(ENGINE.metrics.values()) <= double_names
+    assert READ_BY_THE_BENCH <= double_names
     assert {n for n in WATCHED if n.endswith("_bucket")} - double_names == {"vllm:time_to_first_token_seconds_bucket"}
