@@ -35,8 +35,8 @@ WATCHED = set(re.findall(r"vllm:[a-z_]+", (REPO_ROOT / "docs" / "operations.md")
 READ_BY_THE_BENCH = {name for name in load_catalog().engines["vllm"].metrics.model_dump().values() if name}
 
 
-def _deploy(**fields):
-    with scenario.applied(api_key_env=KEY_ENV, **fields):
+def _deploy(keyed: bool = True, **fields):
+    with scenario.applied(**({"api_key_env": KEY_ENV} if keyed else {}), **fields):
         return run_pyinfra("inventories/lab.py", "deploys/serve.py", extra=["--limit", fields.get("only", [""])[0]],
                            env={KEY_ENV: KEY}, timeout=900, cwd=REPO_ROOT)
 
@@ -52,8 +52,8 @@ def real(lab_hosts):
     try:
         assert served.returncode == 0, (served.stdout + served.stderr)[-5000:]
         yield spec, f"http://{spec['address']}:8000", served, seconds
-    finally:  # the host serves its double again, for the tests that follow (and the real server's memory back)
-        back = _deploy(only=[spec["name"]])
+    finally:  # the host serves its double again, as the default scenario has it, for the tests that follow
+        back = _deploy(keyed=False, only=[spec["name"]])
         assert back.returncode == 0, (back.stdout + back.stderr)[-3000:]
         # the stopped engine left none of its shared memory in the /dev/shm of the machine its dockerd runs on
         assert _engine_shm() <= shm_before, sorted(_engine_shm() - shm_before)
