@@ -37,6 +37,9 @@ STATE = scenario.STATE
 BASE_IMAGE = "modelfleet-lab/base:bookworm-" + hashlib.sha256((LAB_DIR / "build-base.sh").read_bytes()).hexdigest()[:10]
 LLAMA_SERVER_IMAGE = ("modelfleet-lab/llama-server:forky-"
                       + hashlib.sha256((LAB_DIR / "build-llama-server.sh").read_bytes()).hexdigest()[:10])
+# The real vLLM (a CPU build, lab/build-vllm.sh), tagged with the hash of its build script and lab/vllm's files.
+VLLM_IMAGE = "modelfleet-lab/vllm-cpu:0.32.0-" + hashlib.sha256(b"".join(
+    path.read_bytes() for path in [LAB_DIR / "build-vllm.sh", *sorted((LAB_DIR / "vllm").iterdir())])).hexdigest()[:10]
 NET = daemons.NET
 REGISTRY = f"127.0.0.1:{5000 + NET}"
 PREFIX = f"mflab{NET or ''}-"
@@ -62,6 +65,8 @@ PERSONAS.update({name: ("h200", 1, "h200x1", True) for name in secure_boot.KERNE
 # The real images the lab's recipes name: the registry serves the engine double under the vLLM and SGLang tags,
 # and the real llama-server (Debian's build, lab/build-llama-server.sh) under the llama.cpp one.
 ENGINE_IMAGES = ("vllm/vllm-openai:v0.34.0", "lmsysorg/sglang:v0.5.18", "ghcr.io/ggml-org/llama.cpp:server-cuda13")
+# The real vLLM's tag (recipe tiny-llama-vllm-cpu; the scenario's real_vllm host serves it).
+REAL_VLLM_TAG = "vllm/vllm-openai-cpu:v0.32.0"
 DOUBLE_IMAGE = "modelfleet-lab/engine-double:latest"  # local only: tests run it in llama.cpp mode beside the real one
 ENGINES = ("vllm", "sglang", "llama.cpp")
 # Rollout rehearsal images: a newer vLLM tag (its own digest) and one whose engine never gets ready.
@@ -91,6 +96,8 @@ def ensure_images() -> None:
     # Progress to stderr: commands that print JSON on stdout (bench-*, demo) call this too.
     subprocess.run([str(LAB_DIR / "build-base.sh"), BASE_IMAGE], check=True, stdout=sys.stderr)
     subprocess.run([str(LAB_DIR / "build-llama-server.sh"), LLAMA_SERVER_IMAGE], check=True, stdout=sys.stderr)
+    subprocess.run([str(LAB_DIR / "build-vllm.sh"), VLLM_IMAGE], check=True, stdout=sys.stderr,
+                   env={**os.environ, "PYTHON": sys.executable})
     local = DOUBLE_IMAGE
     # Build context: the double, and the PyTorch CPU wheels (for the netcheck gate) fetched once into .lab/.
     wheels = STATE / "wheels"
@@ -108,7 +115,7 @@ def ensure_images() -> None:
        "-t", f"{local}-broken", str(context), capture=True)
     sources = {image: local for image in ENGINE_IMAGES[:2]}
     sources[ENGINE_IMAGES[2]] = LLAMA_SERVER_IMAGE
-    sources.update({UPGRADE_IMAGE: f"{local}-0.35", BROKEN_IMAGE: f"{local}-broken"})
+    sources.update({UPGRADE_IMAGE: f"{local}-0.35", BROKEN_IMAGE: f"{local}-broken", REAL_VLLM_TAG: VLLM_IMAGE})
     for image, source in sources.items():
         target = f"{REGISTRY}/{image}"
         sh("docker", "tag", source, target)
@@ -332,7 +339,7 @@ def up(hosts: int = 3, personas: list[str] | None = None, disks: int = 0,
     ensure_registry()
     ensure_images()
     apt_repo = apt.ensure(STATE, LAB_DIR)
-    hub_double = hub.ensure(STATE, LAB_DIR)
+    hub_double = hub.ensure(STATE, LAB_DIR, VLLM_IMAGE)
     personas = personas or ["h200x1"]
     wanted_cdi = _cdi_hosts(cdi_hosts)
     specs = []

@@ -10,6 +10,7 @@ import json
 import os
 import secrets
 import shutil
+import subprocess
 import sys
 import urllib.request
 from pathlib import Path
@@ -25,6 +26,8 @@ REPOS = ("modelfleet/tiny-lab=main,v1.0:4:{mib}", "modelfleet/tiny-lab=bench-64m
 # token, ~3.3 MiB), for the recipe that keeps its experts in host RAM (tiny-lab-llamacpp-moe,
 # the scenario's moe, lab/scenario.py). The double serves every folder under its data's files/ as a commit.
 MOE_REVISION, MOE_FILE, MOE_EXPERTS, MOE_EXPERT_FFN = "moe", "tiny-lab-moe.gguf", 8, 256
+# The tiny Llama checkpoint the real vLLM serves (lab/tiny_llama.py, made inside the vLLM image), one commit.
+LLAMA_REPO, LLAMA_REVISION = "modelfleet/tiny-llama", "main"
 
 
 def token_file(state: Path) -> Path:
@@ -36,7 +39,24 @@ def token_file(state: Path) -> Path:
     return path
 
 
-def ensure(state: Path, lab_dir: Path) -> dict:
+def tiny_llama(state: Path, lab_dir: Path, vllm_image: str) -> Path:
+    """The tiny Llama checkpoint in the hub's data as LLAMA_REPO at LLAMA_REVISION, made once by
+    lab/tiny_llama.py with the vLLM image's torch and tokenizers (offline, as this user)."""
+    revision = state / "hub" / "files" / LLAMA_REPO / LLAMA_REVISION
+    if not (revision / "config.json").exists():
+        work = state / "tiny-llama.partial"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        subprocess.run(["docker", "run", "--rm", "--network", "none", "--user", f"{os.getuid()}:{os.getgid()}",
+                        "--entrypoint", "/opt/vllm/bin/python", "-v", f"{lab_dir}:/src/lab:ro", "-v", f"{work}:/out",
+                        vllm_image, "/src/lab/tiny_llama.py", "/out"], check=True, capture_output=True)
+        revision.parent.mkdir(parents=True, exist_ok=True)
+        work.rename(revision)
+    return revision
+
+
+def ensure(state: Path, lab_dir: Path, vllm_image: str | None = None) -> dict:
+    """Start the hub double (vllm_image: make the tiny Llama checkpoint with it first, when it is not there)."""
     mib = scenario.load(state / "scenario.json").hub_shard_mib
     argv = [sys.executable, str(lab_dir / "hub_double" / "hub_double.py"), "--data", str(state / "hub"),
             "--listen", LISTEN, "--token-file", str(token_file(state))]
@@ -57,6 +77,8 @@ def ensure(state: Path, lab_dir: Path) -> dict:
     if not (revision / MOE_FILE).exists():
         revision.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(moe, revision / MOE_FILE)
+    if vllm_image:
+        tiny_llama(state, lab_dir, vllm_image)
     daemons.start(state, "hub", argv, LISTEN)
     return {"endpoint": ENDPOINT, "token_file": str(token_file(state))}
 

@@ -75,6 +75,10 @@ class Scenario:
     # on router_port + 10 (beside the router: loopback; elsewhere: the host's address).
     router: str | None = None
     router_port: int = 8800
+    # That host serves the tiny Llama checkpoint (the hub double's modelfleet/tiny-llama) with the real vLLM, a CPU
+    # build (recipe tiny-llama-vllm-cpu, image lab/build-vllm.sh) instead of its engine double; a checkpoint group
+    # of its own. About 3 GB of memory and half a minute (quiet machine) to a few minutes (loaded) to get ready.
+    real_vllm: str | None = None
     # Admission also asks for copy bandwidth (the lab's containers have no GPU: a refusal to see).
     admission_h2d: bool = False
     # Admission also runs DCGM's diagnostic at this level (the persona's recording, where it has one); 0: not.

