@@ -141,3 +141,15 @@ def test_converge_shard_logs_are_masked(tmp_path, monkeypatch):
     text = (tmp_path / "converge" / "shard-1.log").read_text()
     assert summary["ok"] and "shard-known-secret-42" not in text and "url-pw-77" not in text
     assert text.count(MASK) == 2
+
+
+def test_the_programs_and_templates_modelfleet_writes_to_hosts_pass_the_mask_unchanged():
+    """render previews them byte for byte through the CLI's masked streams: no placeholder in them may look like a
+    secret's value to the mask."""
+    from modelfleet import PACKAGE_DIR
+
+    sources = [*(PACKAGE_DIR / "templates").glob("*.j2"), *(PACKAGE_DIR / "files").glob("*.py"),
+               *(PACKAGE_DIR / "shell").glob("*.sh")]
+    assert sources
+    changed = [p.name for p in sources if masking.mask(p.read_text()) != p.read_text()]
+    assert changed == []
