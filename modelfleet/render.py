@@ -9,6 +9,7 @@ import jinja2
 import yaml
 
 from modelfleet import TEMPLATES_DIR, caches, grammar, masking, runscope
+from modelfleet.catalog.routers import pd_role, pd_spec
 from modelfleet.inventory import ServicePlan
 
 if TYPE_CHECKING:
@@ -100,10 +101,8 @@ def pd_values(svc: ServicePlan, kind: str) -> dict[str, str]:
     PD mode, catalog/routers.yaml): its own address, the derived HCAs. A value the fabric does not give (a pool of
     one host has no derived fabric; a member but the head has no known address without one) is left to the
     engine's own choice."""
-    from modelfleet import router
-
-    pd = router.pd_spec(svc.engine_name)
-    if pd is None or router.pd_role(svc.recipe, svc.engine_name) is None:
+    pd = pd_spec(svc.engine_name)
+    if pd is None or pd_role(svc.recipe, svc.engine_name) is None:
         return {}
     fabric = svc.fabric
     own = (fabric.env.get(svc.engine.host_ip_env or "") if fabric else None) or \

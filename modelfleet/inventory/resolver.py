@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from modelfleet import engine_flags, grammar, host_commands, image_runtime, masking, router, trust
+from modelfleet import engine_flags, grammar, host_commands, image_runtime, masking, trust
 from modelfleet.catalog import (
     Catalog,
     Engine,
@@ -24,7 +24,9 @@ from modelfleet.catalog import (
     Recipe,
     load_catalog,
 )
+from modelfleet.catalog.routers import pd_role
 from modelfleet.exposure import off_loopback_problem
+from modelfleet.inventory import routed
 from modelfleet.inventory.plan import (
     GPU_CHECK_IMAGES,
     STACK_KEYS,
@@ -62,7 +64,7 @@ def _pick_recipe(cat: Catalog, svc: ServiceData, hardware: str, where: str, erro
             return None
         return recipe
     # One part of a prefill/decode layout is only ever named: its pool is half of a pair.
-    found = [r for r in cat.recipes_for(svc.model, svc.engine, hardware) if not router.pd_role(r, svc.engine)]
+    found = [r for r in cat.recipes_for(svc.model, svc.engine, hardware) if not pd_role(r, svc.engine)]
     if not found:
         errors.append((where, "recipe", f"no recipe for model {svc.model} with engine {svc.engine} on "
                        f"{hardware}"))
@@ -409,7 +411,7 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
     errors += _single_node_engines(entries, cat)
     pools = _resolve_pools(hosts, errors)
     hosts = _with_ranks(hosts, pools)
-    hosts, routers = router.resolve(hosts, pools, errors, RESERVED_PORTS, offline=offline)
+    hosts, routers = routed.resolve(hosts, pools, errors, RESERVED_PORTS, offline=offline)
     return Resolved(hosts=hosts, pools=pools, routers=routers, errors=_name_sources(errors, sources or {}),
                     warnings=_name_sources(warnings(hosts, pools, {n: d for n, d in entries if isinstance(d, dict)}),
                                            sources or {}),
@@ -477,7 +479,7 @@ def warnings(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], data: dict[
         elif version.group(1) != head.recipe.engine_version.lstrip("v"):
             out.append((where, "image", f"{head.image} is {head.engine_name} {version.group(1)}, but recipe "
                                         f"{head.recipe.id}'s flags were checked with {head.recipe.engine_version}"))
-        role = router.pd_role(head.recipe, head.engine_name)
+        role = pd_role(head.recipe, head.engine_name)
         if role and not head.router:
             out.append((where, "router", f"unset: the {role} part of {head.served_name} is reached only through "
                                          "its router in PD mode (set `router` on its prefill and decode pools)"))

@@ -23,7 +23,6 @@ PURE_DATA = {
     "",                # modelfleet/__init__.py: the version and the package's directories
     "facts",           # empty
     "operations",      # empty
-    "inventory",       # re-exports of inventory.plan, .resolver, .schema and .door
     "stages",          # the Stage contract and its constants (test_pipeline holds every stage to it)
 }
 
