@@ -10,14 +10,7 @@ import time
 import click
 
 from modelfleet import masking
-from modelfleet.cli.common import (
-    emit,
-    inventory_options,
-    limit_option,
-    main,
-    resolved_or_exit,
-    selected,
-)
+from modelfleet.cli.common import emit, inventory_options, limit_option, main, resolved_or_exit, selected
 
 
 def _inventory_endpoints(inventory: str, hosts: tuple[str, ...], group_data=(), data=()):

@@ -8,14 +8,7 @@ import time
 
 import click
 
-from modelfleet.cli.common import (
-    emit,
-    inventory_options,
-    limit_option,
-    main,
-    resolved_or_exit,
-    selected,
-)
+from modelfleet.cli.common import emit, inventory_options, limit_option, main, resolved_or_exit, selected
 from modelfleet.commands import inventory_args
 
 
