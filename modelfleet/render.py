@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 import jinja2
 import yaml
 
-from modelfleet import TEMPLATES_DIR, caches, grammar, masking, runscope
+from modelfleet import TEMPLATES_DIR, caches, grammar, keys, masking, runscope
 from modelfleet.catalog.routers import pd_role, pd_spec
 from modelfleet.inventory import ServicePlan
 
@@ -230,7 +229,7 @@ def render_unit(svc: ServicePlan) -> str:
 
 
 def api_key(svc: ServicePlan) -> str | None:
-    return os.environ.get(svc.api_key_env) if svc.api_key_env else None
+    return keys.from_env(svc.api_key_env)
 
 
 def env_values(svc: ServicePlan, mask: bool = False) -> dict[str, str]:

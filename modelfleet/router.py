@@ -13,14 +13,13 @@ running router (no restart); the URL file only says where a (re)started router b
 from __future__ import annotations
 
 import json
-import os
 import shlex
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
 from pyinfra.api import FactBase
 
-from modelfleet import render
+from modelfleet import keys, render
 from modelfleet.catalog.routers import (  # noqa: F401  (re-exported: callers name them modelfleet.router.*)
     PdBootstrap,
     PdRole,
@@ -61,7 +60,7 @@ def client_keys(rp: RouterPlan) -> list[str]:
     """The keys the front door accepts: each of router_client_keys_env's, else the model's own."""
     if not rp.client_keys_env:
         return [api_key(rp)]
-    return [os.environ[name].strip() for name in rp.client_keys_env]
+    return [keys.required(name) for name in rp.client_keys_env]
 
 
 def tls_files(rp: RouterPlan) -> dict[str, str]:
@@ -226,7 +225,7 @@ def admin_key_script(rp: RouterPlan) -> str:
 
 
 def api_key(rp: RouterPlan) -> str | None:
-    value = os.environ.get(rp.api_key_env)
+    value = keys.from_env(rp.api_key_env)
     return value.strip() if value else None
 
 

@@ -9,7 +9,7 @@ import time
 
 import click
 
-from modelfleet import masking
+from modelfleet import keys, masking
 from modelfleet.cli.common import emit, inventory_options, limit_option, main, resolved_or_exit, selected
 
 
@@ -54,7 +54,6 @@ def verify(inventory: str, limit, hosts, ready_timeout: float, group_data, data)
 def bench(inventory, limit, hosts, base_url, model, api_key_env, concurrency, num_prompts, input_len, output_len,
           retries, no_metrics, no_gpu_memory, out_dir, group_data, data) -> None:
     """Acceptance bench (vLLM bench serve definitions): JSON + PNG per endpoint; exit 1 on regressions."""
-    import os
     from pathlib import Path
 
     from modelfleet.checks import Endpoint
@@ -64,7 +63,7 @@ def bench(inventory, limit, hosts, base_url, model, api_key_env, concurrency, nu
     if base_url:
         if not model:
             raise click.UsageError("--base-url needs --model")
-        key = os.environ.get(api_key_env) if api_key_env else None
+        key = keys.from_env(api_key_env)
         if api_key_env and not key:
             raise click.UsageError(f"--api-key-env {api_key_env} is not set")
         masking.learn(key)

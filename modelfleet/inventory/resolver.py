@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from modelfleet import engine_flags, grammar, host_commands, image_runtime, masking, trust
+from modelfleet import engine_flags, grammar, host_commands, image_runtime, keys, masking, trust
 from modelfleet.catalog import (
     Catalog,
     Engine,
@@ -126,9 +126,9 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
         errors.append((where, "bind_address", exposed))
     if svc.api_key_env and skipped is not None:
         skipped.append((where, "api_key_env", f"{svc.api_key_env} not looked up (--offline)"))
-    elif svc.api_key_env and svc.api_key_env not in os.environ:
+    elif svc.api_key_env and keys.from_env(svc.api_key_env) is None:
         errors.append((where, "api_key_env", f"{svc.api_key_env} is not set in the control node's environment"))
-    elif svc.api_key_env and not os.environ[svc.api_key_env].strip():
+    elif svc.api_key_env and not keys.stripped(svc.api_key_env):
         errors.append((where, "api_key_env", f"{svc.api_key_env} is set but empty: the endpoint would serve "
                                              "without a key"))
     if not trust and "--trust-remote-code" in recipe.args:

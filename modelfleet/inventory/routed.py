@@ -6,12 +6,11 @@ Problems are collected, each naming the host or front door and the field. modelf
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
 from dataclasses import replace
 from pathlib import Path
 
-from modelfleet import grammar
+from modelfleet import grammar, keys
 from modelfleet.catalog.routers import bootstrap_port, pd_role, specs
 from modelfleet.exposure import door_needed, routed_replica_problem
 from modelfleet.inventory.plan import HostPlan, PoolPlan, RouterPlan, Worker, _is_loopback
@@ -93,7 +92,7 @@ def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list
             if port > 65535 or port in taken:
                 errors.append((where, "router_port", f"{head.router.port}: port {port} ({what}) is "
                                f"{'out of range' if port > 65535 else 'used by ' + taken[port]} on {router_host}"))
-        key = os.environ.get(head.api_key_env or "")
+        key = keys.from_env(head.api_key_env)
         proxied = rspec.auth == "proxy" or head.router.tls_cert or head.router.client_keys_env
         if proxied and key and not offline and not 8 <= len(key.strip()) <= 512:
             errors.append((where, "api_key_env", f"the value of {head.api_key_env} (not shown) is "
@@ -170,9 +169,9 @@ def client_key_problems(where: str, names: tuple[str, ...], model_key_env: str |
         return []
     if offline:
         return []
-    out, model_key = [], os.environ.get(model_key_env or "", "").strip()
+    out, model_key = [], keys.stripped(model_key_env)
     for name in names:
-        value = os.environ.get(name, "").strip()
+        value = keys.stripped(name)
         if not value:
             out.append((where, fld, f"{name} is not set on the control node"))
         elif not PROXY_KEY.match(value):
