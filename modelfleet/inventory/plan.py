@@ -272,6 +272,12 @@ class HostPlan:
         object.__setattr__(self, "services", tuple(replace(s, driver_branch=self.stack.driver_branch)
                                                    for s in self.services))
 
+    @property
+    def stack_ours(self) -> bool:
+        """modelfleet installs and keeps this host's GPU stack: `gpu_stack` on and GPUs to drive (not someone else's
+        stack on a pre-built host, nor a host without GPUs). Its one home: every stage and tool asks it."""
+        return self.stack.manage and self.hardware.vendor != "none"
+
 
 @dataclass
 class PoolPlan:
