@@ -27,12 +27,12 @@ from modelfleet.inventory.plan import (
 from modelfleet.inventory.schema import COMMIT_RE, SERVICE_KEYS, HostData, ServiceData
 
 if TYPE_CHECKING:
-    from modelfleet.inventory.door import guard, open_inventory
-    from modelfleet.inventory.resolver import RESERVED_PORTS, refuse_invalid, resolve, resolve_inventory
+    from modelfleet.inventory.door import guard, open_inventory, refuse_invalid, resolve_inventory
+    from modelfleet.inventory.resolver import RESERVED_PORTS, resolve
 
 # Name -> the module that defines it, imported when the name is first asked for.
-_LATE = {"RESERVED_PORTS": "resolver", "refuse_invalid": "resolver", "resolve": "resolver",
-         "resolve_inventory": "resolver", "guard": "door", "open_inventory": "door"}
+_LATE = {"RESERVED_PORTS": "resolver", "resolve": "resolver", "guard": "door", "open_inventory": "door",
+         "refuse_invalid": "door", "resolve_inventory": "door"}
 
 
 def __getattr__(name: str):

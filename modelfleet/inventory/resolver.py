@@ -8,7 +8,6 @@ import difflib
 import functools
 import os
 import re
-import sys
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
@@ -40,7 +39,6 @@ from modelfleet.inventory.plan import (
     _slug,
 )
 from modelfleet.inventory.schema import COMMIT_RE, HUB_ENDPOINT, SERVICE_KEYS, HostData, ServiceData
-from modelfleet.loader import LOADING
 from modelfleet.planner import plan_capacity
 
 
@@ -548,34 +546,3 @@ def _with_ranks(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan]) -> dict[
                                      head_address=head.fabric_address or head.address))
         out[name] = replace(plan, services=tuple(services))
     return out
-
-
-def resolve_inventory(path: str, **options) -> Resolved:
-    """`modelfleet.inventory.door.open_inventory` (the one door), for callers that import it from here."""
-    from modelfleet.inventory.door import open_inventory
-
-    return open_inventory(path, **options)
-
-
-def refuse_invalid(inventory_file: str) -> None:
-    """
-    `refuse_invalid(__file__)` at the end of an inventory file: when pyinfra loads the file, the whole
-    inventory is validated through the door, as this pyinfra command will run it (its --group-data and --data),
-    before pyinfra connects to any host; any error is printed, grouped by host, and pyinfra exits with status 2.
-    The checkout's `config.py` does the same for every inventory (`door.guard`); when that already ran, or
-    when modelfleet itself reads the inventory (validate, render, status...), this does nothing.
-    """
-    from modelfleet.inventory import door
-
-    if LOADING.get() or door.guarded():
-        return
-    run = door.invocation() or {}
-    options = {k: run[k] for k in ("cwd", "group_data", "data") if k in run}
-    result = door.open_inventory(inventory_file, **options)
-    if run:  # inside pyinfra: its output from here on is masked
-        masking.learn_inventory(result)
-        masking.install()
-    if result.errors:
-        print(f"modelfleet: {inventory_file} is not valid; nothing was touched:\n{result.error_report()}",
-              file=sys.stderr)
-        raise SystemExit(2)
