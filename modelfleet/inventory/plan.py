@@ -265,7 +265,7 @@ class HostPlan:
     ssh_key: str | None = _default("ssh_key")
     ssh_known_hosts_file: str | None = _default("ssh_known_hosts_file")
     ssh_strict_host_key_checking: str | None = _default("ssh_strict_host_key_checking")
-    routers: tuple[RouterPlan, ...] = ()  # the front doors this host runs (modelfleet.router)
+    routers: tuple[RouterPlan, ...] = ()  # the front doors this host runs (modelfleet.inventory.routed)
 
     def __post_init__(self):
         # The engine cache's key names the driver branch; services learn it from their host, its one home.
