@@ -2,7 +2,6 @@
 `pyinfra INVENTORY deploys/gpu_stack.py`. Rebuilds a bare-metal node up to a GPU-visible container runtime;
 serve.py runs the same stages first."""
 
-from modelfleet.deploys import run_stages
-from modelfleet.stages import gpu_stack, preflight
+from modelfleet.deploys import gpu_stack
 
-run_stages(preflight, gpu_stack)
+gpu_stack()

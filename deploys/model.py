@@ -1,7 +1,6 @@
 """Checkpoints alone: `pyinfra INVENTORY deploys/model.py` (one hub download per checkpoint group, peers copy,
 every host verifies; `--data model_reverify=true` hashes everything again)."""
 
-from modelfleet.deploys import run_stages
-from modelfleet.stages import model
+from modelfleet.deploys import model
 
-run_stages(model)
+model()

@@ -1,6 +1,5 @@
 """The NCCL/RCCL/Gloo gate alone, over every pool of the inventory: `pyinfra INVENTORY deploys/netcheck.py`."""
 
-from modelfleet.deploys import run_stages
-from modelfleet.stages import netcheck
+from modelfleet.deploys import netcheck
 
-run_stages(netcheck)
+netcheck()

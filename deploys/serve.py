@@ -1,22 +1,6 @@
-"""All stages for every host of the inventory: `pyinfra INVENTORY deploys/serve.py`."""
+"""All stages for every host of the inventory, in modelfleet.pipeline.SERVE's order (the one list):
+`pyinfra INVENTORY deploys/serve.py`."""
 
-from modelfleet.deploys import run_stages
-from modelfleet.stages import (
-    admission,
-    engine_cache,
-    exporters,
-    gpu_stack,
-    images,
-    imex,
-    model,
-    netcheck,
-    preflight,
-    retire,
-    router,
-    service,
-    storage,
-    verify,
-)
+from modelfleet.deploys import serve
 
-run_stages(preflight, gpu_stack, admission, storage, model, engine_cache, images, imex, netcheck, service, router,
-           retire, verify, exporters)
+serve()

@@ -4,7 +4,8 @@
     pyinfra inventories/prod.py modelfleet.deploys.preflight --dry
 
 or, from a site's own deploy file, `from modelfleet.deploys import serve; serve()`. Each runs the stages (each
-a pyinfra @deploy) for the current host; the checkout's deploys/*.py call these and nothing else.
+a pyinfra @deploy) for the current host; the checkout's deploys/*.py each call theirs and nothing else, so a
+deploy's stages are written here only.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def run_stages(*stages) -> None:
 
 
 def serve() -> None:
-    """Every stage, in pipeline.SERVE's order (deploys/serve.py names them)."""
+    """Every stage, in pipeline.SERVE's order (what deploys/serve.py runs)."""
     run_stages(*pipeline.SERVE)
 
 

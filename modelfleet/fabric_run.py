@@ -5,10 +5,13 @@ containers run on its host (as_run)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from modelfleet.context import HostRun
 from modelfleet.fabric import PoolFabric
 from modelfleet.inventory import ServicePlan
+
+if TYPE_CHECKING:  # for annotations only: the run context sits above this module
+    from modelfleet.context import HostRun
 
 
 def pool_fabric(ctx: HostRun, pool: str) -> PoolFabric | None:

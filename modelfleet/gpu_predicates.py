@@ -20,7 +20,7 @@ def branch_of(version: str | None) -> int:
 
 def replaces_driver(plan: HostPlan, probe: dict) -> bool:
     """Will this stage install or replace the driver? Then what the driver reports now is not final."""
-    if not plan.stack.manage or plan.hardware.vendor == "none":
+    if not plan.stack_ours:
         return False
     if plan.hardware.vendor == "amd":
         return not probe.get("amd_gpus")

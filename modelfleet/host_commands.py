@@ -16,6 +16,9 @@ from pathlib import Path
 
 SHELL_DIR = Path(__file__).parent / "shell"
 
+# Where the project puts the scripts it runs on hosts (the fetch script, the NCCL check, the router launcher).
+TOOLS_BIN = "/opt/modelfleet/bin"
+
 
 def program(name: str, *args: object, env: Mapping[str, object] | None = None,
             functions: Mapping[str, str] | None = None) -> str:

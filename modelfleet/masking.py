@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import sys
 import threading
 import urllib.parse
 from typing import Any
+
+from modelfleet import keys
 
 MASK = "********"
 # A data key or environment variable named like a secret (pyinfra's `_sudo_password`, `ssh_key_password`...).
@@ -110,7 +111,7 @@ def learn_inventory(result) -> None:
         for url in (plan.hf_endpoint, plan.model_source):
             if url:
                 _from_url(url)
-    learn(*(os.environ.get(name) for name in names if name))
+    learn(*(keys.from_env(name) for name in names))
 
 
 def mask(text: str) -> str:

@@ -407,7 +407,7 @@ def outside_urls(result: Resolved, names: list[str], only_os: tuple[str, ...] = 
     for name in names:
         plan = result.hosts[name]
         vendor = plan.hardware.vendor
-        for system in (stack_systems(vendor, only_os, arches) if plan.stack.manage and vendor != "none" else []):
+        for system in (stack_systems(vendor, only_os, arches) if plan.stack_ours else []):
             probe = {"os": system}
             deb_arch = container_runtime.DEB_ARCHES.get(system["arch"], "amd64")
             driver = gpu_driver.decide(plan, probe, {"packages": {}})
@@ -431,7 +431,7 @@ def outside_urls(result: Resolved, names: list[str], only_os: tuple[str, ...] = 
         if exporters.enabled(plan):
             images.append((plan.dcgm_exporter_image, "control node (digest) and hosts (pull)", "DCGM exporter"))
         passthrough = plan.services[0].gpu_passthrough if plan.services else True
-        if plan.stack.manage and vendor != "none" and passthrough:
+        if plan.stack_ours and passthrough:
             images.append((plan.stack.gpu_check_image, "hosts (pull)", "GPU check after the stack"))
         for image, used_by, why in images:
             add(base_url(split_reference(image)[0], insecure), "registry", f"{why}: {image.partition('@')[0]}",

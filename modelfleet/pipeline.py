@@ -25,7 +25,7 @@ from modelfleet.stages import (
     verify,
 )
 
-# What `pyinfra INVENTORY deploys/serve.py` runs (deploys/serve.py names the same list).
+# What `pyinfra INVENTORY deploys/serve.py` runs (through modelfleet.deploys.serve): the stage list's one home.
 SERVE = (preflight, gpu_stack, admission, storage, model, engine_cache, images, imex, netcheck, service, router, retire,
          verify, exporters)
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 import jinja2
 import yaml
 
-from modelfleet import TEMPLATES_DIR, caches, grammar, masking, runscope
+from modelfleet import TEMPLATES_DIR, caches, grammar, keys, masking, runscope
+from modelfleet.catalog.routers import pd_role, pd_spec
 from modelfleet.inventory import ServicePlan
 
 if TYPE_CHECKING:
@@ -100,10 +100,8 @@ def pd_values(svc: ServicePlan, kind: str) -> dict[str, str]:
     PD mode, catalog/routers.yaml): its own address, the derived HCAs. A value the fabric does not give (a pool of
     one host has no derived fabric; a member but the head has no known address without one) is left to the
     engine's own choice."""
-    from modelfleet import router
-
-    pd = router.pd_spec(svc.engine_name)
-    if pd is None or router.pd_role(svc.recipe, svc.engine_name) is None:
+    pd = pd_spec(svc.engine_name)
+    if pd is None or pd_role(svc.recipe, svc.engine_name) is None:
         return {}
     fabric = svc.fabric
     own = (fabric.env.get(svc.engine.host_ip_env or "") if fabric else None) or \
@@ -231,7 +229,7 @@ def render_unit(svc: ServicePlan) -> str:
 
 
 def api_key(svc: ServicePlan) -> str | None:
-    return os.environ.get(svc.api_key_env) if svc.api_key_env else None
+    return keys.from_env(svc.api_key_env)
 
 
 def env_values(svc: ServicePlan, mask: bool = False) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """One front door per model: the engine's own router (catalog/routers.yaml) on a host of the inventory, in front
-of the model's replicas. Pure: the plan (from the inventory's `router*` settings), the files the router host
-gets (launcher config, unit, the proxy's config where the router cannot check keys itself), and the worker
-API's commands beside the parser of its answer. modelfleet.stages.router puts them on the host.
+of the model's replicas. Pure: the files the router host gets (launcher config, unit, the proxy's config where
+the router cannot check keys itself), and the worker API's commands beside the parser of its answer.
+modelfleet.stages.router puts them on the host. The routers catalog is modelfleet.catalog.routers and the plan
+(from the inventory's `router*` settings, checked) modelfleet.inventory.routed; their names are re-exported here.
 
 The router is started by a launcher (templates/router_launch.py.j2) that reads its flags from a JSON file, the
 replicas from a file of URLs and the key from a 0600 file, and hands them to the router's own argument parser
@@ -11,26 +12,38 @@ running router (no restart); the URL file only says where a (re)started router b
 
 from __future__ import annotations
 
-import ipaddress
 import json
-import os
-import re
 import shlex
-from dataclasses import replace
-from functools import lru_cache
 from pathlib import Path
-from typing import Literal
 from urllib.parse import quote, urlsplit
 
-from pydantic import BaseModel, ConfigDict
 from pyinfra.api import FactBase
 
-from modelfleet import grammar, render
-from modelfleet.catalog import CATALOG_DIR, read_yaml
-from modelfleet.exposure import door_needed, key_coverage, routed_replica_problem
-from modelfleet.host_commands import program
-from modelfleet.inventory.plan import HostPlan, PoolPlan, RouterPlan, Worker, _is_loopback
-from modelfleet.stages import TOOLS_BIN
+from modelfleet import keys, render
+from modelfleet.catalog.routers import (  # noqa: F401  (re-exported: callers name them modelfleet.router.*)
+    PdBootstrap,
+    PdRole,
+    PdSpec,
+    RouterSpec,
+    WorkerCall,
+    bootstrap_port,
+    pd_role,
+    pd_spec,
+    spec,
+    specs,
+)
+from modelfleet.exposure import key_coverage
+from modelfleet.host_commands import TOOLS_BIN, program
+from modelfleet.inventory.plan import RouterPlan, _is_loopback
+from modelfleet.inventory.routed import (  # noqa: F401  (re-exported, as above)
+    PROXY_KEY,
+    _wildcard,
+    client_key_problems,
+    front_door_name,
+    pd_pairs,
+    resolve,
+    tls_problems,
+)
 
 UNIT_DIR = "/etc/systemd/system"
 LAUNCHER = f"{TOOLS_BIN}/modelfleet_router.py"
@@ -41,288 +54,13 @@ HEALTH_INTERVAL_S = 10
 HEALTH_FAILURES = 3
 # How long a worker-API change may take to show in the router's list (SGLang's router acts in the background).
 REGISTER_WAIT_S = 60
-# What a proxy front door can hold in its config: a bearer token's characters (RFC 6750 b64token).
-PROXY_KEY = re.compile(r"^[A-Za-z0-9._~+/=-]{8,512}$")
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class WorkerCall(_Strict):
-    method: Literal["GET", "POST", "DELETE"]
-    path: str
-    body: dict[str, str] | None = None  # JSON body; `{url}` and `{model}` are the replica's URL and served name
-
-
-class PdRole(_Strict):
-    """How a recipe says which part of a PD layout its server plays: the value of `flag` (or of `key` in that
-    flag's JSON) is `prefill` or `decode`'s."""
-
-    flag: str
-    key: str | None = None
-    prefill: str
-    decode: str
-
-
-class PdBootstrap(_Strict):
-    """A prefill server's bootstrap port (the engine's flag, and its default), which the router is told."""
-
-    flag: str
-    default: int
-
-
-class PdSpec(_Strict):
-    """The router's prefill/decode mode, and what the engine's servers get from the pool's fabric: `engine_env`
-    and `engine_args` map a variable or flag to `address` (the member's own address), `hcas` (the derived
-    HCAs, comma-separated) or `hca_ports` (the same with their ports, as NCCL_IB_HCA names them)."""
-
-    source: str
-    flag: str
-    prefill_flag: str
-    decode_flag: str
-    role: PdRole
-    bootstrap: PdBootstrap | None = None
-    engine_env: dict[str, Literal["address", "hcas", "hca_ports"]] = {}
-    engine_args: dict[str, Literal["address", "hcas", "hca_ports"]] = {}
-
-
-class RouterSpec(_Strict):
-    source: str
-    package: str
-    version: str
-    module: str
-    auth: Literal["router", "proxy"]  # who refuses a request without the key: the router, or a proxy before it
-    args: list[str]
-    worker_urls_flag: str
-    host_flag: str
-    port_flag: str
-    api_key_flag: str
-    admin_keys_flag: str | None = None  # the control plane's keys: set, the worker API takes modelfleet's key only
-    start: Literal["flag", "api"]  # how a (re)started router gets its replicas: --worker-urls, or the worker API
-    policies: list[str]
-    inference_routes: list[str]  # what a key-less request must be refused on, at the front door
-    workers: dict[Literal["list", "add", "remove"], WorkerCall]
-    pd: PdSpec | None = None  # none: the router has no prefill/decode mode
-
-
-@lru_cache(maxsize=1)
-def specs() -> dict[str, RouterSpec]:
-    """The routers catalog: engine -> its router."""
-    data = read_yaml((CATALOG_DIR / "routers.yaml").read_text())
-    return {engine: RouterSpec(**entry) for engine, entry in data.items()}
-
-
-def spec(rp: RouterPlan) -> RouterSpec:
-    return specs()[rp.engine_name]
-
-
-def pd_spec(engine_name: str) -> PdSpec | None:
-    entry = specs().get(engine_name)
-    return entry.pd if entry else None
-
-
-def _flag_value(args, flag: str) -> str | None:
-    for i, arg in enumerate(args):
-        name, eq, value = arg.partition("=")
-        if name == flag:
-            return value if eq else (args[i + 1] if i + 1 < len(args) else None)
-    return None
-
-
-def pd_role(recipe, engine_name: str) -> str | None:
-    """`prefill` or `decode` when the recipe's own flags make its server one part of a PD layout, else None."""
-    pd = pd_spec(engine_name)
-    value = _flag_value(recipe.args, pd.role.flag) if pd else None
-    if value is not None and pd.role.key:
-        try:
-            value = json.loads(value).get(pd.role.key)
-        except (ValueError, AttributeError):
-            value = None
-    return {pd.role.prefill: "prefill", pd.role.decode: "decode"}.get(value) if pd and value else None
-
-
-def bootstrap_port(recipe, engine_name: str) -> int | None:
-    """A prefill server's bootstrap port: the recipe's, else the engine's default (None: the engine has none)."""
-    pd = pd_spec(engine_name)
-    if not (pd and pd.bootstrap):
-        return None
-    given = _flag_value(recipe.args, pd.bootstrap.flag)
-    return int(given) if given else pd.bootstrap.default
-
-
-# -- the plan -------------------------------------------------------------------------------------------------
-
-
-def _ip(value: str) -> bool:
-    return grammar.address(value) is None
-
-
-def _wildcard(address: str) -> bool:
-    return ipaddress.ip_address(address).is_unspecified
-
-
-def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list, reserved: dict[int, str],
-            offline: bool = False) -> tuple[dict[str, HostPlan], dict[str, RouterPlan]]:
-    """
-    The front doors the services' `router*` settings ask for (one per router host and served name), and the
-    hosts with their routed replicas bound where only the router reaches them: loopback on the router host
-    itself, the fabric address elsewhere. Problems go to `errors`, naming the host or front door and field.
-    """
-    routed: dict[tuple[str, str], list] = {}
-    for plan in hosts.values():
-        for svc in plan.services:
-            if svc.router:
-                routed.setdefault((svc.router.host, svc.served_name), []).append(svc)
-    errors += pd_pairs(pools)
-    lone = {served for (_, served), found in _pd_parts(pools).items() if not all(found.values())}
-    routers: dict[str, RouterPlan] = {}
-    for (router_host, served), services in routed.items():
-        name = front_door_name(served)
-        where = f"router {name}"
-        problems = len(errors)
-        head = services[0]
-        for svc in services:
-            if not svc.api_key_env:
-                errors.append((f"host {svc.host}", "api_key_env", f"{served} is served through the front door on "
-                               f"{router_host}, which refuses requests without the model's key: set api_key_env"))
-        if router_host not in hosts:
-            errors.append((f"host {head.host}", "router", f"{router_host!r} is not a host of this inventory "
-                           f"(hosts: {', '.join(sorted(hosts))})"))
-            continue
-        if head.engine_name not in specs():
-            errors.append((f"host {head.host}", "router", f"{head.engine_name} has no router in the catalog "
-                           f"(routers: {', '.join(sorted(specs()))})"))
-            continue
-        for fld, value in (("engine", lambda s: s.engine_name), ("model", lambda s: s.model.id),
-                           ("api_key_env", lambda s: s.api_key_env or ""), ("router_port", lambda s: s.router.port),
-                           ("router_bind_address", lambda s: s.router.bind_address or ""),
-                           ("router_policy", lambda s: s.router.policy),
-                           ("router_tls_cert", lambda s: s.router.tls_cert or ""),
-                           ("router_client_keys_env", lambda s: ",".join(s.router.client_keys_env)),
-                           ("router_tls_key", lambda s: s.router.tls_key or "")):
-            values = sorted({str(value(s)) for s in services})
-            if len(values) > 1:
-                errors.append((where, fld, f"the replicas of {served} disagree: {', '.join(values)}"))
-        rhost = hosts[router_host]
-        rspec = specs()[head.engine_name]
-        roles = {s.pool: pd_role(s.recipe, s.engine_name) for s in services}
-        if any(roles.values()) and not all(roles.values()):
-            plain = sorted(p for p, role in roles.items() if not role)
-            errors.append((where, "recipe", f"the front door of {served} pairs prefill and decode pools, but "
-                           f"{', '.join(plain)} run a recipe of neither part: serve it under another name"))
-        elif any(roles.values()) and set(roles.values()) != {"prefill", "decode"} and served not in lone:
-            errors.append((where, "router", f"the front door of {served} on {router_host} has only "
-                           f"{next(iter(set(roles.values())))} pools: its prefill and decode pools name one router"))
-        if head.router.policy not in rspec.policies:
-            errors.append((where, "router_policy", f"{head.router.policy} is not a policy of {rspec.package} "
-                           f"(it has: {', '.join(rspec.policies)})"))
-        bind = head.router.bind_address or rhost.address
-        if not _ip(bind):
-            errors.append((where, "router_bind_address", f"unset, and the router host's address {bind!r} is not "
-                           "an IP address to listen on: set router_bind_address"))
-        taken = {**reserved, rhost.ssh_port: "SSH", **{s.port: f"pool {s.pool}" for s in rhost.services}}
-        for port, what in ((head.router.port, "the front door"), (head.router.port + 1, "the router behind it"),
-                           (head.router.port + 2, "the router's metrics")):
-            if port > 65535 or port in taken:
-                errors.append((where, "router_port", f"{head.router.port}: port {port} ({what}) is "
-                               f"{'out of range' if port > 65535 else 'used by ' + taken[port]} on {router_host}"))
-        key = os.environ.get(head.api_key_env or "")
-        proxied = rspec.auth == "proxy" or head.router.tls_cert or head.router.client_keys_env
-        if proxied and key and not offline and not 8 <= len(key.strip()) <= 512:
-            errors.append((where, "api_key_env", f"the value of {head.api_key_env} (not shown) is "
-                           f"{len(key.strip())} characters long: the front door takes keys of 8 to 512"))
-        elif proxied and key and not offline and not PROXY_KEY.match(key.strip()):
-            errors.append((where, "api_key_env", f"the value of {head.api_key_env} (not shown) has characters the "
-                           "proxy's config cannot hold: use 8-512 of A-Z a-z 0-9 . _ ~ + / = -"))
-        if name in routers:
-            errors.append((where, "router", f"{served} already has a front door on {routers[name].host}"))
-        errors += tls_problems(where, head.router, offline)
-        errors += client_key_problems(where, head.router.client_keys_env, head.api_key_env, offline)
-        if len(errors) > problems:
-            continue
-        workers = tuple(Worker(pool=s.pool, host=s.host, url=f"http://{_replica_address(hosts, s, router_host)}:"
-                               f"{s.port}", role=roles[s.pool],
-                               bootstrap_port=bootstrap_port(s.recipe, s.engine_name) if roles[s.pool] == "prefill"
-                               else None) for s in services if s.node_rank == 0)
-        routers[name] = RouterPlan(name=name, host=router_host, engine_name=head.engine_name, served_name=served,
-                                   bind_address=bind, port=head.router.port, policy=head.router.policy,
-                                   api_key_env=head.api_key_env, config_dir=rhost.config_dir,
-                                   workers=tuple(sorted(workers, key=lambda w: w.url)), pd=any(roles.values()),
-                                   tls_cert=head.router.tls_cert, tls_key=head.router.tls_key,
-                                   client_keys_env=head.router.client_keys_env)
-        # Refused, though planned (the plan shows what would run): a replica off loopback whose engine leaves a
-        # route open and that no keyed proxy can cover (a PD server, whose other part reaches it directly too; an
-        # engine whose key coverage modelfleet does not know).
-        for svc in services:
-            address = _replica_address(hosts, svc, router_host)
-            if _is_loopback(address) or (door_needed(svc.engine_name) and not roles[svc.pool]):
-                continue
-            exposed = routed_replica_problem(svc.engine_name, address, router_host, roles[svc.pool])
-            if exposed:
-                errors.append((f"host {svc.host}", "router", exposed))
-    out = {}
-    for name, plan in hosts.items():
-        services = tuple(_bound(hosts, s) if s.router else s for s in plan.services)
-        out[name] = replace(plan, services=services,
-                            routers=tuple(rp for rp in routers.values() if rp.host == name))
-    return out, routers
-
-
-def tls_problems(where: str, choice, offline: bool) -> list[tuple[str, str, str]]:
-    """The front door's certificate and key: both or neither, PEM files readable on the control node (not read
-    --offline). Their contents are never shown. nginx serves a front door with TLS (behind_proxy)."""
-    cert, key = choice.tls_cert, choice.tls_key
-    if not cert and not key:
-        return []
-    if not (cert and key):
-        given, missing = ("router_tls_cert", "router_tls_key") if cert else ("router_tls_key", "router_tls_cert")
-        return [(where, missing, f"unset, but {given} is set: the front door needs both for TLS")]
-    out = []
-    for fld, path, marker in (("router_tls_cert", cert, "-----BEGIN CERTIFICATE-----"),
-                              ("router_tls_key", key, "PRIVATE KEY-----")):
-        if offline:
-            continue
-        try:
-            text = Path(path).read_text(errors="replace")
-        except OSError as error:
-            out.append((where, fld, f"{path}: cannot be read on the control node ({error.strerror})"))
-            continue
-        if marker not in text:
-            out.append((where, fld, f"{path}: not a PEM {'certificate' if fld == 'router_tls_cert' else 'private key'}"
-                        " (contents not shown)"))
-    return out
-
-
-def client_key_problems(where: str, names: tuple[str, ...], model_key_env: str | None,
-                        offline: bool) -> list[tuple[str, str, str]]:
-    """The clients' keys of a front door (router_client_keys_env): each variable set on the control node, a key
-    the proxy's config can hold, and none the replicas' own (values never shown). nginx serves such a front door
-    (behind_proxy)."""
-    fld = "router_client_keys_env"
-    if not names:
-        return []
-    if offline:
-        return []
-    out, model_key = [], os.environ.get(model_key_env or "", "").strip()
-    for name in names:
-        value = os.environ.get(name, "").strip()
-        if not value:
-            out.append((where, fld, f"{name} is not set on the control node"))
-        elif not PROXY_KEY.match(value):
-            out.append((where, fld, f"the value of {name} (not shown) has characters the proxy's config cannot "
-                        "hold: use 8-512 of A-Z a-z 0-9 . _ ~ + / = -"))
-        elif value == model_key:
-            out.append((where, fld, f"{name} holds the same key as {model_key_env}, the replicas' key that "
-                        "clients must never see: give clients keys of their own"))
-    return out
 
 
 def client_keys(rp: RouterPlan) -> list[str]:
     """The keys the front door accepts: each of router_client_keys_env's, else the model's own."""
     if not rp.client_keys_env:
         return [api_key(rp)]
-    return [os.environ[name].strip() for name in rp.client_keys_env]
+    return [keys.required(name) for name in rp.client_keys_env]
 
 
 def tls_files(rp: RouterPlan) -> dict[str, str]:
@@ -331,54 +69,6 @@ def tls_files(rp: RouterPlan) -> dict[str, str]:
         return {}
     p = paths(rp)
     return {p["tls_cert"]: Path(rp.tls_cert).read_text(), p["tls_key"]: Path(rp.tls_key).read_text()}
-
-
-def _bound(hosts: dict[str, HostPlan], svc):
-    """A routed replica bound where only its router reaches it; behind a keyed proxy of its own host (on the
-    fabric) where its engine's key leaves a model route open, the engine then on loopback."""
-    address = _replica_address(hosts, svc, svc.router.host)
-    if not _is_loopback(address) and door_needed(svc.engine_name) and not pd_role(svc.recipe, svc.engine_name):
-        return replace(svc, bind_address="127.0.0.1", door_address=address)
-    return replace(svc, bind_address=address)
-
-
-def _pd_parts(pools: dict[str, PoolPlan]) -> dict[tuple[str, str], dict[str, list[str]]]:
-    """(model, served name) -> part -> its pools ("name (recipe)"), for the models served by a PD layout."""
-    parts: dict[tuple[str, str], dict[str, list[str]]] = {}
-    for pool in pools.values():
-        head = pool.services[0]
-        role = pd_role(head.recipe, head.engine_name)
-        if role:
-            parts.setdefault((head.model.id, head.served_name), {"prefill": [], "decode": []})[role].append(
-                f"{pool.name} ({head.recipe.id})")
-    return parts
-
-
-def pd_pairs(pools: dict[str, PoolPlan]) -> list[tuple[str, str, str]]:
-    """A prefill pool serves nothing without a decode pool of the same model (the KV it computes has nowhere to
-    go), and a decode pool nothing without a prefill pool: one error per model that has one part only."""
-    out = []
-    for (model, served), found in _pd_parts(pools).items():
-        for have, lacks in (("prefill", "decode"), ("decode", "prefill")):
-            if found[have] and not found[lacks]:
-                out.append((f"model {model}", "recipe", f"{served}: the {have} part of a prefill/decode layout "
-                            f"runs on {', '.join(found[have])}, but no pool serving {served} runs its {lacks} "
-                            f"part: add one with a {lacks} recipe (both behind one router)"))
-    return out
-
-
-def front_door_name(served_name: str) -> str:
-    """A front door is named after the model it serves (its unit and files are)."""
-    return grammar.slug(served_name, "-")
-
-
-def _replica_address(hosts: dict[str, HostPlan], svc, router_host: str) -> str:
-    """Where a routed replica listens, and the router reaches it: loopback beside the router, else the fabric.
-    A prefill/decode server always on the fabric: the router hands its address to the other part (SGLang's
-    decode side fetches the KV from the bootstrap server at the prefill URL's host)."""
-    if svc.host == router_host and not pd_role(svc.recipe, svc.engine_name):
-        return "127.0.0.1"
-    return hosts[svc.host].fabric_address or hosts[svc.host].address
 
 
 # -- files on the router host ---------------------------------------------------------------------------------
@@ -535,7 +225,7 @@ def admin_key_script(rp: RouterPlan) -> str:
 
 
 def api_key(rp: RouterPlan) -> str | None:
-    value = os.environ.get(rp.api_key_env)
+    value = keys.from_env(rp.api_key_env)
     return value.strip() if value else None
 
 

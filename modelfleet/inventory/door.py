@@ -19,7 +19,7 @@ from modelfleet import grammar, masking
 from modelfleet.catalog import CatalogError, load_catalog, with_site_hardware, with_site_recipes
 from modelfleet.inventory.plan import Resolved
 from modelfleet.inventory.resolver import resolve
-from modelfleet.loader import InventoryFileError, read_inventory
+from modelfleet.loader import LOADING, InventoryFileError, read_inventory
 
 _guarded: set[tuple] = set()  # invocations guard() already validated (refuse_invalid then does nothing)
 
@@ -219,3 +219,30 @@ def whole(result: Resolved, names: list[str], checkpoint_groups: bool = True) ->
     hosts = {n: p for n, p in result.hosts.items() if n in keep}
     pools = {n: p for n, p in result.pools.items() if set(p.hosts) & keep}
     return replace(result, hosts=hosts, pools=pools)
+
+
+def resolve_inventory(path: str, **options) -> Resolved:
+    """`open_inventory` (the one door), under the name older callers import."""
+    return open_inventory(path, **options)
+
+
+def refuse_invalid(inventory_file: str) -> None:
+    """
+    `refuse_invalid(__file__)` at the end of an inventory file: when pyinfra loads the file, the whole
+    inventory is validated through the door, as this pyinfra command will run it (its --group-data and --data),
+    before pyinfra connects to any host; any error is printed, grouped by host, and pyinfra exits with status 2.
+    The checkout's `config.py` does the same for every inventory (`guard`); when that already ran, or
+    when modelfleet itself reads the inventory (validate, render, status...), this does nothing.
+    """
+    if LOADING.get() or guarded():
+        return
+    run = invocation() or {}
+    options = {k: run[k] for k in ("cwd", "group_data", "data") if k in run}
+    result = open_inventory(inventory_file, **options)
+    if run:  # inside pyinfra: its output from here on is masked
+        masking.learn_inventory(result)
+        masking.install()
+    if result.errors:
+        print(f"modelfleet: {inventory_file} is not valid; nothing was touched:\n{result.error_report()}",
+              file=sys.stderr)
+        raise SystemExit(2)

@@ -265,12 +265,18 @@ class HostPlan:
     ssh_key: str | None = _default("ssh_key")
     ssh_known_hosts_file: str | None = _default("ssh_known_hosts_file")
     ssh_strict_host_key_checking: str | None = _default("ssh_strict_host_key_checking")
-    routers: tuple[RouterPlan, ...] = ()  # the front doors this host runs (modelfleet.router)
+    routers: tuple[RouterPlan, ...] = ()  # the front doors this host runs (modelfleet.inventory.routed)
 
     def __post_init__(self):
         # The engine cache's key names the driver branch; services learn it from their host, its one home.
         object.__setattr__(self, "services", tuple(replace(s, driver_branch=self.stack.driver_branch)
                                                    for s in self.services))
+
+    @property
+    def stack_ours(self) -> bool:
+        """modelfleet installs and keeps this host's GPU stack: `gpu_stack` on and GPUs to drive (not someone else's
+        stack on a pre-built host, nor a host without GPUs). Its one home: every stage and tool asks it."""
+        return self.stack.manage and self.hardware.vendor != "none"
 
 
 @dataclass

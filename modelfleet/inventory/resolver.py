@@ -8,7 +8,6 @@ import difflib
 import functools
 import os
 import re
-import sys
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from modelfleet import engine_flags, grammar, host_commands, image_runtime, masking, router, trust
+from modelfleet import engine_flags, grammar, host_commands, image_runtime, keys, masking, trust
 from modelfleet.catalog import (
     Catalog,
     Engine,
@@ -24,7 +23,9 @@ from modelfleet.catalog import (
     Recipe,
     load_catalog,
 )
+from modelfleet.catalog.routers import pd_role
 from modelfleet.exposure import off_loopback_problem
+from modelfleet.inventory import routed
 from modelfleet.inventory.plan import (
     GPU_CHECK_IMAGES,
     STACK_KEYS,
@@ -38,7 +39,6 @@ from modelfleet.inventory.plan import (
     _slug,
 )
 from modelfleet.inventory.schema import COMMIT_RE, HUB_ENDPOINT, SERVICE_KEYS, HostData, ServiceData
-from modelfleet.loader import LOADING
 from modelfleet.planner import plan_capacity
 
 
@@ -62,7 +62,7 @@ def _pick_recipe(cat: Catalog, svc: ServiceData, hardware: str, where: str, erro
             return None
         return recipe
     # One part of a prefill/decode layout is only ever named: its pool is half of a pair.
-    found = [r for r in cat.recipes_for(svc.model, svc.engine, hardware) if not router.pd_role(r, svc.engine)]
+    found = [r for r in cat.recipes_for(svc.model, svc.engine, hardware) if not pd_role(r, svc.engine)]
     if not found:
         errors.append((where, "recipe", f"no recipe for model {svc.model} with engine {svc.engine} on "
                        f"{hardware}"))
@@ -124,9 +124,9 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
         errors.append((where, "bind_address", exposed))
     if svc.api_key_env and skipped is not None:
         skipped.append((where, "api_key_env", f"{svc.api_key_env} not looked up (--offline)"))
-    elif svc.api_key_env and svc.api_key_env not in os.environ:
+    elif svc.api_key_env and keys.from_env(svc.api_key_env) is None:
         errors.append((where, "api_key_env", f"{svc.api_key_env} is not set in the control node's environment"))
-    elif svc.api_key_env and not os.environ[svc.api_key_env].strip():
+    elif svc.api_key_env and not keys.stripped(svc.api_key_env):
         errors.append((where, "api_key_env", f"{svc.api_key_env} is set but empty: the endpoint would serve "
                                              "without a key"))
     if not trust and "--trust-remote-code" in recipe.args:
@@ -409,7 +409,7 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
     errors += _single_node_engines(entries, cat)
     pools = _resolve_pools(hosts, errors)
     hosts = _with_ranks(hosts, pools)
-    hosts, routers = router.resolve(hosts, pools, errors, RESERVED_PORTS, offline=offline)
+    hosts, routers = routed.resolve(hosts, pools, errors, RESERVED_PORTS, offline=offline)
     return Resolved(hosts=hosts, pools=pools, routers=routers, errors=_name_sources(errors, sources or {}),
                     warnings=_name_sources(warnings(hosts, pools, {n: d for n, d in entries if isinstance(d, dict)}),
                                            sources or {}),
@@ -477,7 +477,7 @@ def warnings(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], data: dict[
         elif version.group(1) != head.recipe.engine_version.lstrip("v"):
             out.append((where, "image", f"{head.image} is {head.engine_name} {version.group(1)}, but recipe "
                                         f"{head.recipe.id}'s flags were checked with {head.recipe.engine_version}"))
-        role = router.pd_role(head.recipe, head.engine_name)
+        role = pd_role(head.recipe, head.engine_name)
         if role and not head.router:
             out.append((where, "router", f"unset: the {role} part of {head.served_name} is reached only through "
                                          "its router in PD mode (set `router` on its prefill and decode pools)"))
@@ -546,34 +546,3 @@ def _with_ranks(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan]) -> dict[
                                      head_address=head.fabric_address or head.address))
         out[name] = replace(plan, services=tuple(services))
     return out
-
-
-def resolve_inventory(path: str, **options) -> Resolved:
-    """`modelfleet.inventory.door.open_inventory` (the one door), for callers that import it from here."""
-    from modelfleet.inventory.door import open_inventory
-
-    return open_inventory(path, **options)
-
-
-def refuse_invalid(inventory_file: str) -> None:
-    """
-    `refuse_invalid(__file__)` at the end of an inventory file: when pyinfra loads the file, the whole
-    inventory is validated through the door, as this pyinfra command will run it (its --group-data and --data),
-    before pyinfra connects to any host; any error is printed, grouped by host, and pyinfra exits with status 2.
-    The checkout's `config.py` does the same for every inventory (`door.guard`); when that already ran, or
-    when modelfleet itself reads the inventory (validate, render, status...), this does nothing.
-    """
-    from modelfleet.inventory import door
-
-    if LOADING.get() or door.guarded():
-        return
-    run = door.invocation() or {}
-    options = {k: run[k] for k in ("cwd", "group_data", "data") if k in run}
-    result = door.open_inventory(inventory_file, **options)
-    if run:  # inside pyinfra: its output from here on is masked
-        masking.learn_inventory(result)
-        masking.install()
-    if result.errors:
-        print(f"modelfleet: {inventory_file} is not valid; nothing was touched:\n{result.error_report()}",
-              file=sys.stderr)
-        raise SystemExit(2)

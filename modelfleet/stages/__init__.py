@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from modelfleet.host_commands import TOOLS_BIN  # noqa: F401  (re-exported: its home is the host commands)
+
 if TYPE_CHECKING:
     from modelfleet.context import HostRun
     from modelfleet.inventory import HostPlan
-
-# Where stages put the scripts they run on hosts (the fetch script, the NCCL check).
-TOOLS_BIN = "/opt/modelfleet/bin"
 
 # What a stage may declare in wants(): the parts of the host's DeployedState it reads (modelfleet.facts.state),
 # and `probe`, the parts of preflight's HostProbe that preflight must read for it (e.g. the GPUs' health).

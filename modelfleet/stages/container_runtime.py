@@ -60,7 +60,7 @@ def decide(plan: HostPlan, probe: dict, state: dict, driver_changes: bool = Fals
            reboot_pending: bool = False) -> RuntimePlan:
     """Pure: repositories, packages and the runtime configuration this host still needs."""
     stack, vendor = plan.stack, plan.hardware.vendor
-    if not stack.manage or vendor == "none":
+    if not plan.stack_ours:
         return RuntimePlan(manage=False)
     out = RuntimePlan(manage=True, vendor=vendor)
     os_info = probe.get("os") or {}

@@ -120,7 +120,7 @@ class DriverPlan:
 def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
     """Pure: the rules in the module docstring, for one host."""
     stack, hw = plan.stack, plan.hardware
-    if not stack.manage or hw.vendor == "none":
+    if not plan.stack_ours:
         return DriverPlan(vendor="none")
     os_info = probe.get("os") or {}
     key = (os_info.get("id"), os_info.get("version_id"))

@@ -20,7 +20,7 @@ PARTS = (os_base, gpu_driver, container_runtime)
 
 def managed(plan: HostPlan) -> bool:
     """Someone else's stack (pre-built hosts, `gpu_stack: false`) or no GPUs: no operations, no report."""
-    return plan.stack.manage and plan.hardware.vendor != "none"
+    return plan.stack_ours
 
 
 def wants(plan: HostPlan, probe: dict) -> dict:

@@ -36,12 +36,12 @@ from modelfleet.catalog import CATALOG_DIR, read_yaml
 from modelfleet.context import HostRun
 from modelfleet.fabric import HostFabric
 from modelfleet.fabric_run import pool_fabric, refusals
+from modelfleet.host_commands import TOOLS_BIN
 from modelfleet.inventory import HostPlan, ServicePlan
 from modelfleet.operations.files import content_file, directory
 from modelfleet.operations.report import fail_host, save_report
 from modelfleet.pins import pinned_image
 from modelfleet.render import fabric_env, fabric_flags, gpu_flags, rendezvous_address
-from modelfleet.stages import TOOLS_BIN
 from modelfleet.units import start_reads
 
 NAME = "netcheck"

@@ -20,7 +20,7 @@ BASE_PACKAGES = ("ca-certificates", "curl")
 
 def base_packages(plan: HostPlan, os_info: dict | None, builds_module: bool = True) -> dict[str, None]:
     """Package name -> any version; empty where the stack is not ours to manage."""
-    if not plan.stack.manage or plan.hardware.vendor == "none":
+    if not plan.stack_ours:
         return {}
     names = list(BASE_PACKAGES)
     if builds_module and (os_info or {}).get("kernel"):

@@ -267,7 +267,7 @@ def test_a_broken_catalog_file_is_one_line_not_a_traceback(tmp_path, monkeypatch
     copy = tmp_path / "catalog"
     shutil.copytree(CATALOG_DIR, copy)
     (copy / "recipes" / "qwen3-8b-vllm-1gpu.yaml").write_text(yaml.safe_dump({**SHIPPED, "min_driver": "r580"}))
-    monkeypatch.setattr("modelfleet.cli.load_catalog", lambda: load_catalog(copy))
+    monkeypatch.setattr("modelfleet.cli.common.load_catalog", lambda: load_catalog(copy))
     out = refused(["catalog"])[0]["message"]
     assert "qwen3-8b-vllm-1gpu.yaml: min_driver:" in out and len(out.strip().splitlines()) == 1
 

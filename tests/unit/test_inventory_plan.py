@@ -91,3 +91,24 @@ def test_errors_are_reported_by_where_they_were_found():
     only = result.error_report([("pool p", "gpus", "too many")])
     assert only == "pool p:\n  gpus: too many"
     assert str(InventoryError(result.errors)) == "\n".join(result.error_lines())
+
+
+def test_the_gpu_stack_is_ours_only_where_it_is_on_and_there_are_gpus_to_drive():
+    gpu = {"hardware": "h200", "gpu_count": 1, "model": "qwen3-8b", "engine": "vllm", "revision": PIN}
+    cpu = {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm"}
+    result = resolve([("ours", gpu), ("theirs", {**gpu, "gpu_stack": False}), ("none", cpu),
+                      ("none-on", {**cpu, "gpu_stack": True})], offline=True)
+    assert result.errors == []
+    assert {name: plan.stack_ours for name, plan in result.hosts.items()} == {
+        "ours": True, "theirs": False, "none": False, "none-on": False}
+
+
+def test_no_module_decides_whose_stack_it_is_but_the_plan():
+    # `stack.manage` beside the vendor "none" is stack_ours' rule: written anywhere else it can drift.
+    import re
+
+    from modelfleet import PACKAGE_DIR
+
+    rule = re.compile(r"stack\.manage (and|or) [\w.]*vendor [!=]= \"none\"")
+    assert [str(p.relative_to(PACKAGE_DIR)) for p in PACKAGE_DIR.rglob("*.py") if rule.search(p.read_text())] == [
+        "inventory/plan.py"]

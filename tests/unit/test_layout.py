@@ -9,7 +9,8 @@ Where a module's tests live:
 - a fact module, modelfleet/facts/<name>.py: pyinfra-testing cases, tests/facts/<name>.<Fact>/, or tests/unit;
 - an operation module, modelfleet/operations/<name>.py: pyinfra-testing cases,
   tests/operations/operations.<name>.<operation>/, or tests/unit;
-- a program copied to hosts, modelfleet/files/<name>.py: tests/unit/test_<name>.py.
+- a program copied to hosts, modelfleet/files/<name>.py: tests/unit/test_<name>.py;
+- a package's __main__.py (`python -m PKG`): the package's test module.
 """
 
 from pathlib import Path
@@ -23,7 +24,6 @@ PURE_DATA = {
     "",                # modelfleet/__init__.py: the version and the package's directories
     "facts",           # empty
     "operations",      # empty
-    "inventory",       # re-exports of inventory.plan, .resolver, .schema and .door
     "stages",          # the Stage contract and its constants (test_pipeline holds every stage to it)
 }
 
@@ -41,6 +41,8 @@ def package_modules() -> list[str]:
 
 def has_tests(module: str) -> bool:
     pkg, _, leaf = module.rpartition(".")
+    if leaf == "__main__":  # `python -m PKG`: the package's test module runs it
+        return has_tests(pkg)
     if any((TESTS / d / f"test_{module.replace('.', '_')}.py").is_file() for d in ("unit", "door", "stages")):
         return True
     if pkg == "stages":

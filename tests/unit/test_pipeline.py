@@ -1,24 +1,37 @@
-"""The pipeline a newcomer reads in deploys/serve.py is the one modelfleet.deploys.serve runs; every stage keeps
+"""The pipeline deploys/serve.py runs is the one modelfleet.deploys.serve runs (each deploy file calls its function
+and nothing else, so a stage list has one home); every stage keeps
 the Stage contract; no stage imports another stage (shared decisions live in pins, units and gpu_predicates),
 and a stage's parts (gpu_stack's os_base, gpu_driver, container_runtime) are imported by it alone."""
 
 import ast
 from pathlib import Path
 
-from modelfleet import pipeline
+from modelfleet import deploys, pipeline
 from modelfleet.stages import Stage, gpu_stack
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def called_stages(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text())
-    call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "run_stages")
-    return [arg.id for arg in call.args]
+def statements(path: Path) -> list[str]:
+    """A deploy file's statements but its docstring."""
+    body = ast.parse(path.read_text()).body
+    return [ast.unparse(node) for node in body if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
 
 
-def test_deploys_serve_names_the_pipeline_in_order():
-    assert called_stages(ROOT / "deploys" / "serve.py") == [s.__name__.rsplit(".", 1)[-1] for s in pipeline.SERVE]
+def test_each_deploy_file_runs_its_function_of_the_package_and_nothing_else():
+    files = sorted((ROOT / "deploys").glob("*.py"))
+    assert "serve" in {p.stem for p in files}
+    for path in files:
+        name = path.stem
+        assert statements(path) == [f"from modelfleet.deploys import {name}", f"{name}()"], path.name
+        assert callable(getattr(deploys, name))
+
+
+def test_serve_runs_the_pipeline_in_order(monkeypatch):
+    ran = []
+    monkeypatch.setattr(deploys, "run_stages", lambda *stages: ran.append(stages))
+    deploys.serve()
+    assert ran == [pipeline.SERVE]
 
 
 def test_every_stage_keeps_the_contract_and_its_name():

@@ -15,7 +15,7 @@ from modelfleet import PACKAGE_DIR, runscope
 # packages' entry points), which do not change while a process runs. Anything that asks a host, a registry or
 # the hub, or holds something for a run, lives in runscope.
 PACKAGE_CONSTANTS = {
-    ("catalog/__init__.py", "load_catalog"), ("stages/netcheck.py", "fabric_catalog"), ("router.py", "specs"),
+    ("catalog/__init__.py", "load_catalog"), ("stages/netcheck.py", "fabric_catalog"), ("catalog/routers.py", "specs"),
     ("exposure.py", "key_coverage"), ("inventory/resolver.py", "_pyinfra_keys"), ("op_order.py", "_GLOBAL_ARGUMENTS"),
     ("engine_flags.py", "table"),
     ("xids.py", "catalog"),

@@ -1,0 +1,243 @@
+"""What changes hosts or the control node's files: converge, admit, upgrade, retire, mirror, prometheus."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+from modelfleet.cli.common import emit, inventory_options, limit_option, main, resolved_or_exit, selected
+from modelfleet.commands import inventory_args
+
+
+@main.command()
+@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
+@click.option("--parallel", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Single-node hosts switched at once.")
+@click.option("--min-healthy", type=click.IntRange(min=0),
+              help="Never leave fewer healthy endpoints than this while a batch switches (default: every model "
+                   "served by hosts outside the batch keeps one of them healthy).")
+@click.option("--allow-outage", is_flag=True, help="Accept a batch that takes every endpoint of a model down at "
+              "once (refused otherwise).")
+@click.option("--limit", "limit", multiple=True, metavar="HOST|GROUP",
+              help="Only these hosts (a name, a glob or a group, as pyinfra's --limit), with the rest of their "
+                   "pools (repeatable).")
+@click.option("--dry", is_flag=True, help="Print the batches (JSON), each host's changes (image, revision, driver: "
+              "what it runs now, read from it, and what the inventory says) and each batch's drain; run nothing.")
+@inventory_options
+def upgrade(inventory: str, parallel: int, min_healthy: int | None, allow_outage: bool, limit, dry: bool, group_data,
+            data) -> None:
+    """Rolling upgrade to what INVENTORY now says (image, revision, driver release): batch by batch (JSON)."""
+    import os
+    import signal
+
+    from modelfleet.inventory.door import whole
+    from modelfleet.rollout import batches, endpoints, outages, rollout
+
+    # Ctrl-C or `kill -INT` stops the rollout where it is and reports how to finish it, also when a shell
+    # started this command in the background (which starts it with SIGINT ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    result = resolved_or_exit(inventory, group_data, data)
+    everything, result = result, whole(result, selected(result, limit), checkpoint_groups=False)
+    served = sum(len(heads) for heads in endpoints(everything).values())
+    if min_healthy is not None and min_healthy > served:
+        raise click.BadParameter(f"{min_healthy} is more than the {served} endpoint(s) {inventory} serves: no "
+                                 "batch could ever start", param_hint="--min-healthy")
+    down = outages(everything, batches(result, parallel))  # endpoints outside --limit keep serving
+    if down and not allow_outage:
+        raise click.BadParameter("; ".join(down) + ": lower --parallel, or pass --allow-outage",
+                                 param_hint="--parallel")
+    if dry:
+        from modelfleet.upgrade_dry import preview
+
+        emit(preview(result, everything, parallel), True, "")
+        return
+    report = rollout(inventory, result, parallel, min_healthy, env=dict(os.environ),
+                     log=lambda line: click.echo(line, err=True), limit=tuple(limit),
+                     inventory_args=inventory_args(group_data, data), everything=everything)
+    click.echo(json.dumps(report, indent=2))
+    sys.exit(0 if not report["stopped"] else 1)
+
+
+@main.command()
+@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
+@click.option("--dcgm", is_flag=True, help="Scrape a DCGM exporter on every NVIDIA host (:9400).")
+@click.option("--node-exporter", is_flag=True, help="Scrape a node exporter on every host (:9100).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write here instead of stdout.")
+@inventory_options
+def prometheus(inventory: str, dcgm: bool, node_exporter: bool, output: str | None, group_data, data) -> None:
+    """A Prometheus scrape configuration for the fleet, labelled by pool, host and model."""
+    import yaml
+
+    from modelfleet.prometheus import loopback_targets, scrape_config
+
+    result = resolved_or_exit(inventory, group_data, data)
+    text = yaml.safe_dump(scrape_config(result, dcgm, node_exporter), sort_keys=False)
+    if output:
+        with open(output, "w") as f:
+            f.write(text)
+    else:
+        click.echo(text, nl=False)
+    unreachable = loopback_targets(result)
+    if unreachable:
+        click.echo(f"note: {len(unreachable)} engine(s) listen on their host's loopback ({', '.join(unreachable)}):"
+                   " scrape them from an agent on that host, or bind them to the pool network", err=True)
+
+
+@main.command()
+@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
+@limit_option
+@inventory_options
+def admit(inventory: str, limit, hosts, group_data, data) -> None:
+    """GPU admission on every host (pyinfra, nothing changed): each host's checks as JSON; exit 1 if one is
+    refused. Reports: reports/admission/<host>.json."""
+    from modelfleet.commands import deploy, run_pyinfra
+    from modelfleet.operations.report import report_path
+
+    result = resolved_or_exit(inventory, group_data, data)
+    chosen = selected(result, limit, hosts)
+    started = time.time()
+    run = run_pyinfra(inventory, deploy("admission"), limit=chosen if (limit or hosts) else (), timeout=600,
+                      extra=inventory_args(group_data, data))
+
+    def this_runs(kind: str, name: str) -> dict | None:
+        """The host's report of this run (an older one says nothing about this run)."""
+        path = report_path(kind, name)
+        return json.loads(path.read_text()) if path.exists() and path.stat().st_mtime >= started else None
+
+    reports = []
+    for name in chosen:
+        preflight = this_runs("preflight", name)
+        if preflight and not preflight["ok"]:  # preflight stops a host (e.g. a GPU short) before admission
+            report = {"host": name, "ok": False, "refused_by": "preflight", "checks": [],
+                      "reasons": preflight["problems"]}
+        else:
+            report = this_runs("admission", name) or {
+                "host": name, "ok": False, "checks": [], "reasons": ["not judged in this run (see pyinfra's output)"]}
+        reports.append(report)
+    click.echo(json.dumps(reports, indent=2))
+    if run.returncode:
+        click.echo((run.stdout + run.stderr)[-3000:], err=True)
+    sys.exit(0 if run.returncode == 0 and all(r["ok"] for r in reports) else 1)
+
+
+@main.command()
+@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
+@click.argument("deploy", default="modelfleet.deploys.serve")
+@click.option("--shards", type=click.IntRange(min=1, max=256), default=1, show_default=True,
+              help="pyinfra processes at once, each converging whole pools and checkpoint groups.")
+@click.option("--shard", "slice_", metavar="K/N",
+              help="Only slice K of N (whole pools and checkpoint groups, the same slices on every control node "
+                   "reading this inventory): N control nodes or CI jobs each run one K.")
+@click.option("--dry", is_flag=True, help="Print the shards (JSON) and run nothing.")
+@click.option("--limit", "limit", multiple=True, metavar="HOST|GROUP",
+              help="Only these hosts (a name, a glob or a group, as pyinfra's --limit), with the rest of their "
+                   "pools and checkpoint groups (repeatable).")
+@inventory_options
+def converge(inventory: str, deploy: str, shards: int, slice_: str | None, dry: bool, limit, group_data,
+             data) -> None:
+    """Run DEPLOY on every host of INVENTORY in SHARDS pyinfra processes at once (a pool or checkpoint group is
+    never split), or only slice K/N of them (--shard); each shard's output in reports/converge/shard-<k>.log,
+    the summary as JSON; exit 1 if a shard failed."""
+    from modelfleet import shards as sharding
+    from modelfleet.inventory.door import whole
+
+    result = resolved_or_exit(inventory, group_data, data)
+    chosen = whole(result, selected(result, limit))
+    numbers = of = None
+    if slice_:
+        if shards != 1:
+            raise click.UsageError("--shard K/N runs one slice: leave out --shards")
+        try:
+            number, of, hosts = sharding.slice_of(chosen, slice_)
+        except ValueError as error:
+            raise click.UsageError(str(error)) from None
+        split, numbers = ([hosts], [number]) if hosts else ([], [])
+    else:
+        split = sharding.split(chosen, shards)
+    if dry or not split:
+        named = zip(numbers or range(1, len(split) + 1), split, strict=True)
+        click.echo(json.dumps({"shards": [{"shard": n, "hosts": hosts} for n, hosts in named]}, indent=2))
+        return
+    summary = sharding.converge(inventory, deploy, split, progress=lambda line: click.echo(line, err=True),
+                                options=inventory_args(group_data, data), numbers=numbers, of=of)
+    click.echo(json.dumps(summary, indent=2))
+    sys.exit(0 if summary["ok"] else 1)
+
+
+@main.command("retire")
+@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
+@click.argument("targets", nargs=-1, required=True, metavar="HOST...")
+@click.option("--dry", is_flag=True, help="Say what would be retired on each host and change nothing.")
+@click.option("--remove-checkpoints", is_flag=True, help="Remove the retired engines' checkpoints too (kept "
+              "by default).")
+@click.option("--ssh-user", help="SSH user, as pyinfra's --ssh-user.")
+@click.option("--ssh-port", type=click.IntRange(min=1, max=65535), help="SSH port, as pyinfra's --ssh-port.")
+@click.option("--ssh-key", type=click.Path(exists=True, dir_okay=False), help="SSH key, as pyinfra's --ssh-key.")
+@click.option("--known-hosts", type=click.Path(exists=True, dir_okay=False),
+              help="known_hosts file for these hosts (pyinfra's ssh_known_hosts_file).")
+@click.option("--json", "as_json", is_flag=True, help="Print what was (or would be) retired as JSON.")
+@inventory_options
+def retire_cmd(inventory: str, targets, dry: bool, remove_checkpoints: bool, ssh_user, ssh_port, ssh_key,
+               known_hosts, as_json: bool, group_data, data) -> None:
+    """Retire HOSTs that left INVENTORY (each as pyinfra takes a host: an address or name, @ssh/ADDRESS): every
+    unit modelfleet wrote there is stopped, disabled and removed with its container and files; units it did not
+    write are left alone; checkpoints stay unless --remove-checkpoints. A host INVENTORY still holds is refused
+    (exit 2): a converge retires what its inventory drops. Exit 1 when a host could not be retired."""
+    from modelfleet import retire
+
+    refused = retire.still_named(resolved_or_exit(inventory, group_data, data), tuple(targets))
+    if refused:
+        click.echo("\n".join(f"modelfleet retire: {line}" for line in refused), err=True)
+        sys.exit(2)
+    options = [*(["--ssh-user", ssh_user] if ssh_user else []), *(["--ssh-port", str(ssh_port)] if ssh_port else []),
+               *(["--ssh-key", ssh_key] if ssh_key else []),
+               *(["--data", f"ssh_known_hosts_file={known_hosts}"] if known_hosts else [])]
+    out = retire.run(tuple(targets), dry, remove_checkpoints, options)
+    output = out.pop("output")
+    lines = []
+    for row in out["hosts"]:
+        if row["retired"] is None:  # the deploy never planned there (unreachable, refused)
+            lines.append(f"{row['host']}: not reached")
+        for r in row["retired"] or []:
+            lines.append(f"{row['host']}: {'would retire' if dry else 'retired'} {r['unit']} ({r['what']})"
+                         + (f", container {r['container']}" if r["container"] else "")
+                         + (f", port {r['port']}" if r["port"] else ""))
+        if row["retired"] == []:
+            lines.append(f"{row['host']}: no unit modelfleet wrote")
+    if not out["ok"]:
+        click.echo(output[-3000:], err=True)
+    emit(out, as_json, "\n".join(lines))
+    sys.exit(0 if out["ok"] else 1)
+
+
+@main.command()
+@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
+@click.argument("dest", type=click.Path(file_okay=False))
+@click.option("--limit", "limit", multiple=True, metavar="HOST|GROUP",
+              help="Only the revisions these hosts serve: a name, a glob or a group, as pyinfra's --limit "
+                   "(repeatable; default: every host).")
+@click.option("--from-host", "from_host", metavar="HOST",
+              help="Copy from this host of INVENTORY, which holds the revisions verified (SFTP over the "
+                   "inventory's SSH settings), instead of the hub.")
+@inventory_options
+def mirror(inventory: str, dest: str, limit, from_host: str | None, group_data, data) -> None:
+    """Write into DEST the checkpoint mirror that `model_source` reads: every revision INVENTORY's hosts serve,
+    as DEST/<hub repo>/<commit>/ with its manifest, each file verified before it is renamed into place. From
+    the hub (hf_endpoint, the token hf_token_env names), or --from-host. A re-run copies nothing already
+    verified. Progress on stderr, a JSON summary on stdout; exit 1 on failure."""
+    from pathlib import Path
+
+    from modelfleet.mirror import MirrorError, build
+
+    result = resolved_or_exit(inventory, group_data, data)
+    try:
+        summary = build(result, selected(result, limit), Path(dest), from_host,
+                        log=lambda line: click.echo(line, err=True))
+    except MirrorError as error:
+        click.echo(f"modelfleet mirror: {error}", err=True)
+        sys.exit(1)
+    click.echo(json.dumps(summary, indent=2))
