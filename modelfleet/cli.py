@@ -317,8 +317,12 @@ def show(inventory: str, host: str, group_data, data, as_json: bool) -> None:
     rows += [{"key": k, "value": f.default, "from": "default"} for k, f in HostData.model_fields.items()
              if k not in given and k != "services"]
     width = max(len(r["key"]) for r in rows)
-    _emit(rows, as_json, "\n".join(f"{r['key']:<{width}}  {json.dumps(r['value'], default=str)}  ({r['from']})"
-                                   for r in rows))
+    text = "\n".join(f"{r['key']:<{width}}  {json.dumps(r['value'], default=str)}  ({r['from']})" for r in rows)
+    from modelfleet.inventory import endpoints  # the front doors it runs, the services it serves
+
+    found = endpoints.rows(result, host)
+    rows += [{"key": f"endpoint: {e['endpoint']}", "value": e, "from": "the resolved plan"} for e in found]
+    _emit(rows, as_json, text + "".join(f"\nendpoint: {line}" for line in endpoints.lines(found)))
     if result.errors:
         mine = [e for e in result.errors if e[0] == f"host {host}" or e[2].startswith(f"host {host} ")]
         others = len(result.errors) - len(mine)
