@@ -87,3 +87,14 @@ def test_retire_keeps_the_front_door_units_of_a_router_only_host_and_retires_its
 def test_named_reads_router_from_host_data_and_services_entries():
     entries = [("x", {"router": "gw"}), ("y", {"services": [{"router": "gw2"}, "junk"]}), ("z", "not a dict")]
     assert router_only.named(entries) == {"gw", "gw2"}
+
+
+def test_plan_of_a_router_only_host_says_it_sizes_nothing(tmp_path):
+    from click.testing import CliRunner
+
+    from modelfleet.cli import main
+
+    inv = tmp_path / "inv.py"
+    inv.write_text(f"hosts = {fleet()!r}\n")
+    done = CliRunner().invoke(main, ["plan", str(inv), "gw"])
+    assert (done.exit_code, done.output) == (0, "gw serves no model (router_only): nothing to size\n")
