@@ -5,49 +5,34 @@ the router host holds the router's unit and files and nothing of an engine host 
 checkpoint, no fetch tool); `show` names the endpoint clients use; a second converge retires nothing there."""
 
 import json
-import secrets
 
 import pytest
 from click.testing import CliRunner
 
 from lab import NET, ssh
+from lab import scenario as lab_scenario
 from modelfleet import router
 from modelfleet.cli import main
-from modelfleet.commands import run_pyinfra
 from modelfleet.inventory import open_inventory
+from tests.lab.test_front_door_lab_e2e import KEY, _curl, converge
 
 pytestmark = pytest.mark.lab
 
-KEY = "lab-router-only-" + secrets.token_hex(12)
 PORT = 18810 + 20 * NET  # beside test_front_door_lab_e2e's port, apart from other labs'
-
-
-def converge():
-    return run_pyinfra("inventories/lab.py", "deploys/serve.py", env={"LAB_API_KEY": KEY}, timeout=600)
 
 
 @pytest.fixture(scope="module")
 def gateway(lab_hosts):
-    from lab import scenario as lab_scenario
-
-    router_host, replica = lab_hosts[0], lab_hosts[1]
-    fields = dict(only=[router_host["name"], replica["name"]], engine="sglang", api_key_env="LAB_API_KEY",
-                  router=router_host["name"], router_port=PORT, router_only=True)
-    with lab_scenario.applied(**fields):
+    """(router host, replica host, first and second converge, the resolved inventory, `show --json` of the router
+    host), the router host written router_only."""
+    with lab_scenario.applied(only=[s["name"] for s in lab_hosts[:2]], engine="sglang", api_key_env="LAB_API_KEY",
+                              router=lab_hosts[0]["name"], router_port=PORT, router_only=True):
         resolved = open_inventory("inventories/lab.py", offline=True)
-        first = converge()
-        second = converge()
-        shown = CliRunner().invoke(main, ["show", "--json", "inventories/lab.py", router_host["name"]],
+        runs = converge(), converge()
+        shown = CliRunner().invoke(main, ["show", "--json", "inventories/lab.py", lab_hosts[0]["name"]],
                                    env={"LAB_API_KEY": KEY})
     assert resolved.errors == [], resolved.errors
-    yield router_host, replica, first, second, resolved, shown
-
-
-def _curl(spec, args: str) -> tuple[str, str]:
-    got = ssh(spec, f"curl -s -m 20 -o /tmp/door-body -w '%{{http_code}}' {args}; echo; cat /tmp/door-body; "
-                    "rm -f /tmp/door-body")
-    status, _, body = got.stdout.partition("\n")
-    return status.strip(), body
+    yield lab_hosts[0], lab_hosts[1], *runs, resolved, shown
 
 
 def test_the_router_only_host_serves_the_model_through_its_front_door_and_runs_no_engine(gateway):

@@ -5,8 +5,7 @@ a GPU board, or no service names it; its router and proxy units are never retire
 import pytest
 
 from modelfleet import render, retire, router
-from modelfleet.inventory import resolve
-from modelfleet.inventory import router_only
+from modelfleet.inventory import resolve, router_only
 from modelfleet.stages import gpu_stack
 
 KEY = "router-only-key-0123456"
