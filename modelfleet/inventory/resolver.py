@@ -333,7 +333,7 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
         addresses[(address, host.ssh_port)] = name
         hw, board = None, router_only.board(host.router_only, host.hardware)
         if board is None:
-            errors.append((where, "hardware", "missing (a host that runs only front doors: router_only = True)"))
+            errors.append((where, "hardware", "missing"))
         elif board not in cat.hardware:
             errors.append((where, "hardware", f"unknown hardware {board!r} "
                            f"(known: {', '.join(sorted(cat.hardware))})"))
