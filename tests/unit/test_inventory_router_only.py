@@ -97,3 +97,20 @@ def test_plan_of_a_router_only_host_says_it_sizes_nothing(tmp_path):
     inv.write_text(f"hosts = {fleet()!r}\n")
     done = CliRunner().invoke(main, ["plan", str(inv), "gw"])
     assert (done.exit_code, done.output) == (0, "gw serves no model (router_only): nothing to size\n")
+
+
+def test_render_of_a_router_only_host_is_its_front_doors_files_only(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from modelfleet.cli import main
+
+    inv = tmp_path / "inv.py"
+    inv.write_text(f"hosts = {fleet()!r}\n")
+    done = CliRunner().invoke(main, ["render", "--json", str(inv), "gw"])
+    assert done.exit_code == 0, done.output
+    shown = json.loads(done.output)
+    rp = resolve(fleet()).routers["tiny-lab"]
+    assert {f["path"] for f in shown["files"]} == {f["path"] for f in router.preview(rp)[0]}
+    assert KEY not in done.output
