@@ -117,6 +117,13 @@ lab_hosts = [
     if not _scenario.only or spec["name"] in _scenario.only
 ]
 
+if _scenario.router_only and _scenario.router:  # the router host runs only the front door: no board, no service
+    from modelfleet.inventory.schema import SERVICE_KEYS as _SERVICE_KEYS  # noqa: E402
+
+    lab_hosts = [(name, {**{k: v for k, v in data.items() if k not in ("hardware", "gpu_count", "services",
+                                                                       *_SERVICE_KEYS)}, "router_only": True})
+                 if name == _scenario.router else (name, data) for name, data in lab_hosts]
+
 # Every host, group_data file and recipe is validated here, before pyinfra connects to any host (exit 2).
 from modelfleet.inventory import refuse_invalid as _refuse_invalid  # noqa: E402
 

@@ -75,6 +75,8 @@ class Scenario:
     # on router_port + 10 (beside the router: loopback; elsewhere: the host's address).
     router: str | None = None
     router_port: int = 8800
+    # The router host runs only the front door (`router_only`: no board, no service of its own).
+    router_only: bool = False
     # That host serves the tiny Llama checkpoint (the hub double's modelfleet/tiny-llama) with the real vLLM, a CPU
     # build (recipe tiny-llama-vllm-cpu, image lab/build-vllm.sh) instead of its engine double; a checkpoint group
     # of its own. About 3 GB of memory and half a minute (quiet machine) to a few minutes (loaded) to get ready.

@@ -231,7 +231,8 @@ def api_key(rp: RouterPlan) -> str | None:
 
 def summary(rp: RouterPlan) -> dict:
     """A front door as `validate --json` and `status --json` list it: where clients reach it and its replicas."""
-    return {"name": rp.name, "host": rp.host, "url": f"{rp.base_url}/v1", "tls": rp.tls,
+    return {"name": rp.name, "host": rp.host, "bind_address": rp.bind_address, "port": rp.port,
+            "url": f"{rp.base_url}/v1", "tls": rp.tls,
             "router": f"{spec(rp).package} {spec(rp).version}", "proxy": behind_proxy(rp),
             "client_keys_env": list(rp.client_keys_env or (rp.api_key_env,)),
             "replicas": [{"pool": w.pool, "host": w.host, "url": w.url} for w in rp.workers]}

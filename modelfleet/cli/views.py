@@ -95,7 +95,9 @@ def plan(inventory, host, group_data, data, model: str, hardware: str, gpus: int
         reports = [(svc.recipe, plan_capacity(svc.model, svc.hardware, svc.gpus, svc.nnodes, recipe=svc.recipe,
                                               keep_revisions=target.model_keep_revisions,
                                               host_ram_gib=target.host_ram_gib)) for svc in target.services]
-        emit([{**r.to_json(), "recipe": recipe.id if recipe else None} for recipe, r in reports], as_json, "\n\n".join(_plan_text(r, recipe) for recipe, r in reports))
+        emit([{**r.to_json(), "recipe": recipe.id if recipe else None} for recipe, r in reports], as_json,
+             "\n\n".join(_plan_text(r, recipe) for recipe, r in reports)
+             or f"{host} serves no model (router_only): nothing to size")
         sys.exit(0 if all(r.fits for _, r in reports) else 1)
     if not (model and hardware and gpus):
         raise click.UsageError("give INVENTORY HOST, or --model, --hardware and --gpus")
@@ -262,8 +264,12 @@ def show(inventory: str, host: str, group_data, data, as_json: bool) -> None:
     rows += [{"key": k, "value": f.default, "from": "default"} for k, f in HostData.model_fields.items()
              if k not in given and k != "services"]
     width = max(len(r["key"]) for r in rows)
-    emit(rows, as_json, "\n".join(f"{r['key']:<{width}}  {json.dumps(r['value'], default=str)}  ({r['from']})"
-                                   for r in rows))
+    text = "\n".join(f"{r['key']:<{width}}  {json.dumps(r['value'], default=str)}  ({r['from']})" for r in rows)
+    from modelfleet.inventory import endpoints  # the front doors it runs, the services it serves
+
+    found = endpoints.rows(result, host)
+    rows += [{"key": f"endpoint: {e['endpoint']}", "value": e, "from": "the resolved plan"} for e in found]
+    emit(rows, as_json, text + "".join(f"\nendpoint: {line}" for line in endpoints.lines(found)))
     if result.errors:
         mine = [e for e in result.errors if e[0] == f"host {host}" or e[2].startswith(f"host {host} ")]
         others = len(result.errors) - len(mine)

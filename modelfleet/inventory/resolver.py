@@ -25,7 +25,7 @@ from modelfleet.catalog import (
 )
 from modelfleet.catalog.routers import pd_role
 from modelfleet.exposure import off_loopback_problem
-from modelfleet.inventory import routed
+from modelfleet.inventory import routed, router_only
 from modelfleet.inventory.plan import (
     GPU_CHECK_IMAGES,
     STACK_KEYS,
@@ -307,6 +307,7 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
     skipped: list[tuple[str, str, str]] | None = [] if offline else None
     hosts: dict[str, HostPlan] = {}
     addresses: dict[tuple[str, int], str] = {}
+    lone_routers: list[str] = []  # hosts with router_only
     if not entries:
         errors.append(("inventory", "hosts", "no hosts: the inventory defines no group with a host"))
     for name, data in entries:
@@ -329,14 +330,17 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
             errors.append((where, "ssh_hostname", f"duplicate host: {address}:{host.ssh_port} is also "
                            f"{addresses[(address, host.ssh_port)]}"))
         addresses[(address, host.ssh_port)] = name
-        hw = None
-        if host.hardware is None:
+        hw, board = None, router_only.board(host.router_only, host.hardware)
+        if board is None:
             errors.append((where, "hardware", "missing"))
-        elif host.hardware not in cat.hardware:
-            errors.append((where, "hardware", f"unknown hardware {host.hardware!r} "
+        elif board not in cat.hardware:
+            errors.append((where, "hardware", f"unknown hardware {board!r} "
                            f"(known: {', '.join(sorted(cat.hardware))})"))
         else:
-            hw = cat.hardware[host.hardware]
+            hw = cat.hardware[board]
+        if host.router_only:
+            errors += router_only.problems(where, data, hw)
+            lone_routers.append(name)
         if host.driver_version and host.driver_version.split(".")[0] != host.driver_branch:
             errors.append((where, "driver_version", f"{host.driver_version} is not a release of driver_branch "
                                                     f"{host.driver_branch}"))
@@ -350,7 +354,7 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
         services = []
         ports: dict[int, str] = {}
         reserved = {**RESERVED_PORTS, host.ssh_port: "SSH"}
-        for raw in _service_entries(data, host):
+        for raw in [] if host.router_only else _service_entries(data, host):
             if not isinstance(raw, dict):
                 errors.append((where, "services", f"each entry must be a dict, got {type(raw).__name__}"))
                 continue
@@ -406,7 +410,8 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
                                                    repo_key_fingerprints=trust.pinned(host.repo_key_fingerprints),
                                                    gpu_check_image=_from_registry(host, host.gpu_check_image or
                                                                                   GPU_CHECK_IMAGES.get(hw.vendor, ""))))
-    errors += _single_node_engines(entries, cat)
+    errors += _single_node_engines([(n, d) for n, d in entries if n not in lone_routers], cat)
+    errors += router_only.idle(lone_routers, router_only.named(entries))
     pools = _resolve_pools(hosts, errors)
     hosts = _with_ranks(hosts, pools)
     hosts, routers = routed.resolve(hosts, pools, errors, RESERVED_PORTS, offline=offline)

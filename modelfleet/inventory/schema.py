@@ -175,6 +175,9 @@ class HostData(BaseModel):
         "own network; loopback always may. Never for a model that runs its own code.")
     gpu_passthrough: bool = Field(True, description="Hand the service's GPUs to its container (NVIDIA: CDI "
                                   "devices; AMD: /dev/kfd and its render nodes); False: the container gets none.")
+    router_only: bool = Field(False, description="The host runs only front doors (a service elsewhere names it "
+                              "in `router`), no engine: no `services` nor `model`, `hardware` unset (the catalog's "
+                              "`cpu` board, no GPUs) and no driver, checkpoint or engine image.")
     services: Annotated[list[dict[str, Any]], Field(min_length=1)] | None = Field(
         None, description="Several services on one host, each entry a set of service settings; unset: the "
         "host's own service settings are its one service.")

@@ -176,6 +176,8 @@ def _to_prune(tree: dict, commit: str, keep: int) -> list[str]:
 @deploy("modelfleet model")
 def run(ctx: HostRun):
     plan = ctx.plan
+    if not plan.services:  # a router-only host (modelfleet.inventory.router_only): nothing to fetch or check
+        return
     mine = ctx.deployed()
     directory(name=f"Config directory {plan.config_dir} (0700)", path=plan.config_dir,
               current=mine["paths"].get(plan.config_dir), mode="0700")

@@ -332,6 +332,8 @@ def _needed(ctx: HostRun, svc: ServicePlan) -> bool:
 @deploy("modelfleet netcheck")
 def run(ctx: HostRun):
     plan = ctx.plan
+    if not plan.services:  # a router-only host (modelfleet.inventory.router_only): nothing to fetch or check
+        return
     mine = ctx.deployed()
     directory(name=f"Tools directory {TOOLS_BIN}", path=TOOLS_BIN, current=mine["paths"].get(TOOLS_BIN))
     content_file(name=f"Check script {SCRIPT}", dest=SCRIPT, content=(FILES_DIR / "nccl_check.py")
