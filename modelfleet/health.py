@@ -11,6 +11,7 @@ import re
 import time
 import xml.etree.ElementTree as ET
 
+from modelfleet import nvlink_errors as nvlink_counters
 from modelfleet import xids as xid_catalog
 from modelfleet.operations.report import report_path
 
@@ -254,9 +255,11 @@ def _check(name: str, gpu, value, threshold, ok: bool, reason: str = "") -> dict
 
 def verdict(gpus: list[dict], xids: list[dict], expected_count: int, min_memory_mib: int,
             min_pcie_gen: int | None, min_pcie_width: int | None, fabric_expected: bool,
-            aggregate_uncorrectable_max: int = 0, nvlink: dict[int, dict] | None = None) -> dict:
+            aggregate_uncorrectable_max: int = 0, nvlink: dict[int, dict] | None = None,
+            nvlink_errors: dict[int, dict] | None = None) -> dict:
     """Every check on every GPU; `ok` only when all pass. `nvlink` (parse_nvlink), where the board's GPUs talk
-    over NVLink: a GPU with an inactive link is refused (a GPU that lists no link is not judged)."""
+    over NVLink: a GPU with an inactive link is refused (a GPU that lists no link is not judged);
+    `nvlink_errors` (nvlink_errors.parse) judged by the catalog's thresholds (modelfleet/nvlink_errors.py)."""
     checks = [_check("gpu_count", None, len(gpus), expected_count, len(gpus) >= expected_count,
                      f"{len(gpus)} GPU(s) answer, the inventory expects {expected_count}")]
     for gpu in gpus:
@@ -293,6 +296,8 @@ def verdict(gpus: list[dict], xids: list[dict], expected_count: int, min_memory_
             checks.append(_check("nvlink_inactive", i, links["inactive"], [], not links["inactive"],
                                  f"GPU {i}: NVLink link(s) {', '.join(map(str, links['inactive']))} of "
                                  f"{links['links']} inactive"))
+        if (nvlink_errors or {}).get(i):
+            checks.extend(nvlink_counters.checks(i, nvlink_errors[i]))
         if fabric_expected:
             state = gpu["fabric"]["state"]
             checks.append(_check("fabric_state", i, state, "Completed", state == "Completed",
