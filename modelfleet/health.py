@@ -18,7 +18,6 @@ from modelfleet.operations.report import report_path
 # Clock event reasons that mean the hardware is slowing the GPU down (idle, application clocks and the
 # software power cap are normal).
 SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
-NVLINK_GPU = re.compile(r"^GPU (\d+): ")
 NVLINK_LINK = re.compile(r"^\s+Link (\d+): (.*)$")
 XID_LINE = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+),?\s*(.*)")
 # A GPU off the bus reported without an Xid line (public samples: NVSentinel issue #155, driver 570, in three
@@ -114,18 +113,11 @@ def parse_nvlink(lines: list[str]) -> dict[int, dict]:
     """`nvidia-smi nvlink -s`: {gpu index: {"links": n, "inactive": [link numbers]}}. A link prints its speed
     ("Link 0: 26.562 GB/s") or `<inactive>`; a GPU with no NVLink prints no links (then it is absent here)."""
     out: dict[int, dict] = {}
-    gpu = None
-    for line in lines:
-        head = NVLINK_GPU.match(line)
-        if head:
-            gpu = int(head.group(1))
-            continue
-        link = NVLINK_LINK.match(line)
-        if link and gpu is not None:
-            entry = out.setdefault(gpu, {"links": 0, "inactive": []})
-            entry["links"] += 1
-            if "inactive" in link.group(2).lower():
-                entry["inactive"].append(int(link.group(1)))
+    for gpu, link in nvlink_counters.gpu_lines(lines, NVLINK_LINK):
+        entry = out.setdefault(gpu, {"links": 0, "inactive": []})
+        entry["links"] += 1
+        if "inactive" in link.group(2).lower():
+            entry["inactive"].append(int(link.group(1)))
     return out
 
 

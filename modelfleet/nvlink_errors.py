@@ -22,20 +22,24 @@ def catalog() -> dict:
     return yaml.safe_load((CATALOG_DIR / "nvlink_errors.yaml").read_text())
 
 
-def parse(lines: list[str]) -> dict[int, dict[int, dict[str, int]]]:
-    """{gpu index: {link: {counter name: value}}}; a GPU without NVLink prints no link lines (then absent), a line
-    that is not a counter (blank, `[...]`, an error) is skipped."""
-    out: dict[int, dict[int, dict[str, int]]] = {}
+def gpu_lines(lines: list[str], pattern: re.Pattern):
+    """(GPU index, match) for each line matching `pattern` under a `GPU n: ...` head, as every `nvidia-smi nvlink`
+    listing prints its links (-s, -e)."""
     gpu = None
     for line in lines:
         head = GPU_LINE.match(line)
         if head:
             gpu = int(head.group(1))
-            continue
-        counter = COUNTER_LINE.match(line)
-        if counter and gpu is not None:
-            link, name, value = int(counter.group(1)), counter.group(2), int(counter.group(3))
-            out.setdefault(gpu, {}).setdefault(link, {})[name] = value
+        elif gpu is not None and (match := pattern.match(line)):
+            yield gpu, match
+
+
+def parse(lines: list[str]) -> dict[int, dict[int, dict[str, int]]]:
+    """{gpu index: {link: {counter name: value}}}; a GPU without NVLink prints no link lines (then absent), a line
+    that is not a counter (blank, `[...]`, an error) is skipped."""
+    out: dict[int, dict[int, dict[str, int]]] = {}
+    for gpu, counter in gpu_lines(lines, COUNTER_LINE):
+        out.setdefault(gpu, {}).setdefault(int(counter.group(1)), {})[counter.group(2)] = int(counter.group(3))
     return out
 
 
