@@ -189,9 +189,10 @@ def _drop_last_gpus(recordings: Path, count: int) -> None:
     for name in ("nvidia-smi-L.txt", "nvidia-smi-query-gpu.txt"):
         lines = (recordings / name).read_text().splitlines(keepends=True)
         (recordings / name).write_text("".join(lines[:-count]))
-    nvlink = recordings / "nvidia-smi-nvlink-s.txt"
-    blocks = re.split(r"(?m)^(?=GPU \d+:)", nvlink.read_text())
-    nvlink.write_text("".join(blocks[:-count]))
+    for nvlink in (recordings / "nvidia-smi-nvlink-s.txt", recordings / "nvidia-smi-nvlink-e.txt"):
+        if nvlink.exists():
+            blocks = re.split(r"(?m)^(?=GPU \d+:)", nvlink.read_text())
+            nvlink.write_text("".join(blocks[:-count]))
 
 
 def _host_files(index: int, persona: str) -> dict:

@@ -11,13 +11,13 @@ import re
 import time
 import xml.etree.ElementTree as ET
 
+from modelfleet import nvlink_errors as nvlink_counters
 from modelfleet import xids as xid_catalog
 from modelfleet.operations.report import report_path
 
 # Clock event reasons that mean the hardware is slowing the GPU down (idle, application clocks and the
 # software power cap are normal).
 SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
-NVLINK_GPU = re.compile(r"^GPU (\d+): ")
 NVLINK_LINK = re.compile(r"^\s+Link (\d+): (.*)$")
 XID_LINE = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+),?\s*(.*)")
 # A GPU off the bus reported without an Xid line (public samples: NVSentinel issue #155, driver 570, in three
@@ -113,18 +113,11 @@ def parse_nvlink(lines: list[str]) -> dict[int, dict]:
     """`nvidia-smi nvlink -s`: {gpu index: {"links": n, "inactive": [link numbers]}}. A link prints its speed
     ("Link 0: 26.562 GB/s") or `<inactive>`; a GPU with no NVLink prints no links (then it is absent here)."""
     out: dict[int, dict] = {}
-    gpu = None
-    for line in lines:
-        head = NVLINK_GPU.match(line)
-        if head:
-            gpu = int(head.group(1))
-            continue
-        link = NVLINK_LINK.match(line)
-        if link and gpu is not None:
-            entry = out.setdefault(gpu, {"links": 0, "inactive": []})
-            entry["links"] += 1
-            if "inactive" in link.group(2).lower():
-                entry["inactive"].append(int(link.group(1)))
+    for gpu, link in nvlink_counters.gpu_lines(lines, NVLINK_LINK):
+        entry = out.setdefault(gpu, {"links": 0, "inactive": []})
+        entry["links"] += 1
+        if "inactive" in link.group(2).lower():
+            entry["inactive"].append(int(link.group(1)))
     return out
 
 
@@ -254,9 +247,11 @@ def _check(name: str, gpu, value, threshold, ok: bool, reason: str = "") -> dict
 
 def verdict(gpus: list[dict], xids: list[dict], expected_count: int, min_memory_mib: int,
             min_pcie_gen: int | None, min_pcie_width: int | None, fabric_expected: bool,
-            aggregate_uncorrectable_max: int = 0, nvlink: dict[int, dict] | None = None) -> dict:
+            aggregate_uncorrectable_max: int = 0, nvlink: dict[int, dict] | None = None,
+            nvlink_errors: dict[int, dict] | None = None) -> dict:
     """Every check on every GPU; `ok` only when all pass. `nvlink` (parse_nvlink), where the board's GPUs talk
-    over NVLink: a GPU with an inactive link is refused (a GPU that lists no link is not judged)."""
+    over NVLink: a GPU with an inactive link is refused (a GPU that lists no link is not judged);
+    `nvlink_errors` (nvlink_errors.parse) judged by the catalog's thresholds (modelfleet/nvlink_errors.py)."""
     checks = [_check("gpu_count", None, len(gpus), expected_count, len(gpus) >= expected_count,
                      f"{len(gpus)} GPU(s) answer, the inventory expects {expected_count}")]
     for gpu in gpus:
@@ -293,6 +288,8 @@ def verdict(gpus: list[dict], xids: list[dict], expected_count: int, min_memory_
             checks.append(_check("nvlink_inactive", i, links["inactive"], [], not links["inactive"],
                                  f"GPU {i}: NVLink link(s) {', '.join(map(str, links['inactive']))} of "
                                  f"{links['links']} inactive"))
+        if (nvlink_errors or {}).get(i):
+            checks.extend(nvlink_counters.checks(i, nvlink_errors[i]))
         if fabric_expected:
             state = gpu["fabric"]["state"]
             checks.append(_check("fabric_state", i, state, "Completed", state == "Completed",

@@ -116,6 +116,7 @@ AMD_RENDER_NODES_SH = "ls /dev/dri | grep -c renderD"
 # AMD's ECC and PCIe metrics as JSON.
 NVIDIA_HEALTH_XML = "nvidia-smi -q -x"
 NVIDIA_NVLINK_STATUS = "nvidia-smi nvlink -s"
+NVIDIA_NVLINK_ERRORS = "nvidia-smi nvlink -e"  # replay/recovery/CRC counters since the driver loaded
 AMD_METRICS = "amd-smi metric --ecc --pcie --json"
 AMD_GPUS = "amd-smi static --asic --vram --json"
 

@@ -50,7 +50,8 @@ def _admission(report: dict | None, now: float) -> dict | None:
         return None
     until = report.get("valid_until")
     return {"ok": report.get("ok"), "at": report.get("admitted_at"), "valid_until": until,
-            "expired": bool(report.get("ok")) and (not until or now >= until), "reasons": report.get("reasons", [])}
+            "expired": bool(report.get("ok")) and (not until or now >= until), "reasons": report.get("reasons", []),
+            "nvlink_errors": report.get("nvlink_errors", [])}  # counters above 0 when it was judged
 
 
 def record(plan, output: str, driver: str | None, services: list[dict], admission: dict | None,

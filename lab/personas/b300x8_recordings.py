@@ -1,8 +1,10 @@
-"""Writes the synthetic B300 persona's `nvidia-smi -q -x` and `nvidia-smi nvlink -s` (no 8-GPU host was ever
+"""Writes the synthetic B300 persona's `nvidia-smi -q -x`, `nvlink -s` and `nvlink -e` (no 8-GPU host was ever
 recorded here): each GPU of its query CSV as the recorded H200's <gpu> element with that GPU's bus id, UUID,
 minor number, name and memory, and the fabric registered (`Completed` / `Success`, what a finished Fabric Manager
 shows: NVIDIA's Fabric Manager user guide); NVLink status in the format of the public B300 sample
-(tests/fixtures/public-samples/b300x7-nvidia-smi-nvlink-status.txt: 18 links at 53.125 GB/s per GPU).
+(tests/fixtures/public-samples/b300x7-nvidia-smi-nvlink-status.txt: 18 links at 53.125 GB/s per GPU); NVLink
+error counters in the format of the public H100 sample (tests/fixtures/public-samples/
+h100-nvidia-smi-nvlink-e-excerpt.txt: replay, recovery and CRC per link, a blank line between links), all 0.
 Run from the checkout root; the outputs are committed beside the persona's other recordings (its SOURCE)."""
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ def main() -> None:
     (B300 / "nvidia-smi-q-x.txt").write_text(head + gpus + H200[H200.index("\t</gpu>\n") + len("\t</gpu>\n"):])
     (B300 / "nvidia-smi-nvlink-s.txt").write_text("".join(
         f"GPU {r[0]}: {r[1]} (UUID: {r[2]})\n" + "".join(f"         Link {n}: {LINK_SPEED}\n" for n in range(LINKS))
+        for r in rows))
+    (B300 / "nvidia-smi-nvlink-e.txt").write_text("".join(
+        f"GPU {r[0]}: {r[1]} (UUID: {r[2]})\n" + "\n".join(
+            "".join(f"         Link {n}: {name} Errors: 0\n" for name in ("Replay", "Recovery", "CRC"))
+            for n in range(LINKS))
         for r in rows))
 
 

@@ -14,6 +14,7 @@ import time
 from pyinfra import host
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
+from modelfleet import nvlink_errors
 from modelfleet.context import HostRun
 from modelfleet.facts.health import GpuHealth
 from modelfleet.gpu_predicates import fabric_manager_needed, replaces_driver
@@ -54,12 +55,14 @@ def judge(plan, health: dict, probe: dict, dcgm: dict | None = None) -> dict:
         nvlink = health.get("nvlink") if hw.interconnect.startswith("nvlink") and plan.gpu_count > 1 else None
         result = verdict(gpus, health.get("xids") or [], expected_count=plan.gpu_count, min_memory_mib=hw.hbm_mib,
                          min_pcie_gen=hw.pcie_gen, min_pcie_width=hw.pcie_width,
-                         fabric_expected=fabric_manager_needed(plan, probe), nvlink=nvlink)
+                         fabric_expected=fabric_manager_needed(plan, probe), nvlink=nvlink,
+                         nvlink_errors=health.get("nvlink_errors") if nvlink is not None else None)
     if dcgm is not None:
         checks = result["checks"] + [dcgm]
         result = {"ok": all(c["ok"] for c in checks) and bool(result["checks"]), "checks": checks,
                   "reasons": result["reasons"] + ([] if dcgm["ok"] else [dcgm["reason"]])}
-    return {"host": plan.name, **result, "admitted_at": now if result["ok"] else None,
+    counters = nvlink_errors.nonzero(health.get("nvlink_errors") or {}) if hw.vendor == "nvidia" else []
+    return {"host": plan.name, **result, "nvlink_errors": counters, "admitted_at": now if result["ok"] else None,
             "valid_until": now + plan.admission_valid_h * 3600 if result["ok"] else None,
             "fingerprint": {"driver": health.get("driver"), "kernel": health.get("kernel"),
                             "boot_id": health.get("boot_id"), "module_signer": health.get("module_signer"),

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.lab
 # fault persona -> the one check admission must fail on it
 FAULTS = {"h200x1-ecc": "ecc_volatile_uncorrectable", "h200x1-xid79": "xid", "h200x1-pcie-x8": "pcie_width",
           "h200x1-throttled": "clock_slowdown", "h200x1-persistence-off": "persistence_mode",
-          "b300x8-nvlink-down": "nvlink_inactive", "b300x8-fabric-in-progress": "fabric_state",
+          "b300x8-nvlink-down": "nvlink_inactive", "b300x8-nvlink-replay": "nvlink_errors",
+          "b300x8-fabric-in-progress": "fabric_state",
           "b300x8-gpu-missing": "preflight",  # preflight counts the GPUs first and stops the host there
           "mi355x8-ecc": "ecc_uncorrectable", "mi355x8-ras-fault": "amdgpu_fault"}
 # the healthy 8-GPU boards the b300x8 and mi355x8 faults are edits of (admitted like the recorded H200)
@@ -67,6 +68,12 @@ def test_the_recorded_h200_is_admitted_and_each_fault_is_refused_by_its_own_chec
     assert judged["admit_s"] < 60, judged["admit_s"]
     xid = reports[judged["xid_host"]["name"]]
     assert "Xid 79" in xid["reasons"][0] and "fallen off the bus" in xid["reasons"][0]
+    replay = reports[next(s["name"] for s in judged["faulty"] if s["persona"] == "b300x8-nvlink-replay")]
+    assert replay["reasons"][0].startswith("GPU 0 NVLink link 5: 37 Replay Errors since the driver loaded"), replay
+    # the CRC count beside it is recorded, not refused (DCGM judges CRC by a rate one reading lacks)
+    assert replay["nvlink_errors"] == [{"gpu": 0, "link": 5, "counter": "CRC Errors", "value": 1204},
+                                       {"gpu": 0, "link": 5, "counter": "Replay Errors", "value": 37}]
+    assert all(reports[b["name"]]["nvlink_errors"] == [] for b in judged["boards"])
 
 
 def test_dcgm_diagnostic_by_setting(judged):
@@ -82,6 +89,9 @@ def test_dcgm_diagnostic_by_setting(judged):
 def test_status_shows_each_hosts_verdict(judged):
     rows = {r["host"]: r for r in json.loads(judged["status"].stdout)}
     assert rows[judged["healthy"]["name"]]["admission"]["valid"]
+    replay = next(s["name"] for s in judged["faulty"] if s["persona"] == "b300x8-nvlink-replay")
+    record = rows[replay]["record"]["admission"]  # the host record names the link and counter
+    assert {"gpu": 0, "link": 5, "counter": "Replay Errors", "value": 37} in record["nvlink_errors"], record
     # a host preflight stopped was never judged by admission: no verdict, so never admitted
     assert all(not (rows[s["name"]]["admission"] or {}).get("ok") for s in judged["faulty"])
 

@@ -24,7 +24,8 @@ def plan():
 
 
 def test_the_record_carries_what_the_host_is():
-    admitted = {"ok": True, "admitted_at": 1000.0, "valid_until": 1000.0 + 24 * 3600, "reasons": []}
+    admitted = {"ok": True, "admitted_at": 1000.0, "valid_until": 1000.0 + 24 * 3600, "reasons": [],
+                "nvlink_errors": [{"gpu": 0, "link": 9, "counter": "CRC Errors", "value": 12}]}
     got = host_record.record(plan(), OUTPUT, "580.159.04", SERVICES, admitted, now=2000.0)
     assert got == {
         "os": "Ubuntu 24.04.3 LTS", "kernel": "6.8.0-87-generic", "kernel_flavour": "generic",
@@ -34,7 +35,7 @@ def test_the_record_carries_what_the_host_is():
         "fabric_manager": "580.159.04", "imex": None, "vbios": ["96.00.AF.00.01"],
         "pools": {"p": {"image": SERVICES[0]["image"], "image_id": SERVICES[0]["image_id"], "revision": "e" * 40}},
         "admission": {"ok": True, "at": 1000.0, "valid_until": 1000.0 + 24 * 3600, "expired": False,
-                      "reasons": []}}
+                      "reasons": [], "nvlink_errors": [{"gpu": 0, "link": 9, "counter": "CRC Errors", "value": 12}]}}
 
 
 def test_an_admission_past_its_expiry_or_never_made_says_so():
@@ -42,7 +43,8 @@ def test_an_admission_past_its_expiry_or_never_made_says_so():
     assert host_record.record(plan(), OUTPUT, None, [], admitted, now=5000.0)["admission"]["expired"]
     refused = {"ok": False, "admitted_at": None, "valid_until": None, "reasons": ["GPU 3: fallen off the bus"]}
     assert host_record.record(plan(), OUTPUT, None, [], refused, now=5000.0)["admission"] == {
-        "ok": False, "at": None, "valid_until": None, "expired": False, "reasons": ["GPU 3: fallen off the bus"]}
+        "ok": False, "at": None, "valid_until": None, "expired": False, "reasons": ["GPU 3: fallen off the bus"],
+        "nvlink_errors": []}  # a report written before the counters were read has none
     assert host_record.record(plan(), "", None, [], None)["admission"] is None
 
 

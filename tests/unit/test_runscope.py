@@ -18,7 +18,7 @@ PACKAGE_CONSTANTS = {
     ("catalog/__init__.py", "load_catalog"), ("stages/netcheck.py", "fabric_catalog"), ("catalog/routers.py", "specs"),
     ("exposure.py", "key_coverage"), ("inventory/resolver.py", "_pyinfra_keys"), ("op_order.py", "_GLOBAL_ARGUMENTS"),
     ("engine_flags.py", "table"),
-    ("xids.py", "catalog"),
+    ("xids.py", "catalog"), ("nvlink_errors.py", "catalog"),
 }
 # Module-level holders allowed: the run store itself, and the record of which pyinfra command line the
 # inventory guard validated (made before pyinfra builds its State, for that one process's command); the secrets
