@@ -165,8 +165,10 @@ def units_retired(retired: list[Retired], remove_checkpoints: bool = False):
     for r in retired:
         yield FunctionCommand(note, (r.line(remove_checkpoints),), {})
         yield StringCommand("systemctl", "disable", "--now", "--", shlex.quote(r.unit))
-        # An engine stopped under `docker run` ends failed: forgotten now, while systemd still has it loaded.
-        yield StringCommand("systemctl", "reset-failed", "--", shlex.quote(r.unit))
+        # An engine stopped under `docker run` ends failed: forgotten now, while systemd still has it loaded (a
+        # unit systemd never loaded, e.g. written but not yet reloaded, has no failed state to forget).
+        yield StringCommand("if", "systemctl", "is-failed", "--quiet", "--", shlex.quote(r.unit), ";", "then",
+                            "systemctl", "reset-failed", "--", shlex.quote(r.unit), ";", "fi")
         if r.container:
             name = shlex.quote(r.container)
             yield StringCommand(f"if {DOCKER} container inspect {name} >/dev/null 2>&1; then "

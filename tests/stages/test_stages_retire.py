@@ -51,7 +51,8 @@ def test_a_unit_no_longer_named_is_stopped_disabled_and_removed_and_a_named_one_
     commands = fake.executed(state, "a")
     assert commands[1:] == [
         "systemctl disable --now -- modelfleet-gone.service",
-        "systemctl reset-failed -- modelfleet-gone.service",
+        "if systemctl is-failed --quiet -- modelfleet-gone.service ; then systemctl reset-failed -- "
+        "modelfleet-gone.service ; fi",
         f"if /usr/bin/docker container inspect {gone.container_name} >/dev/null 2>&1; then /usr/bin/docker rm -f "
         f"{gone.container_name} >/dev/null; fi",
         f"rm -f -- {UNIT_DIR}/modelfleet-gone.service {gone.env_file} {gone.secrets_config_file} {gone.auth_file}",
