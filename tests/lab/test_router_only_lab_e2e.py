@@ -28,6 +28,11 @@ def gateway(lab_hosts):
     with lab_scenario.applied(only=[s["name"] for s in lab_hosts[:2]], engine="sglang", api_key_env="LAB_API_KEY",
                               router=lab_hosts[0]["name"], router_port=PORT, router_only=True):
         resolved = open_inventory("inventories/lab.py", offline=True)
+        plan = resolved.hosts[lab_hosts[0]["name"]]
+        # The router host as it arrives: what earlier tests of the session left on this lab host goes first (the
+        # test below asserts on what the run itself writes there).
+        ssh(lab_hosts[0], f"rm -rf {plan.model_root}/tiny-lab /opt/modelfleet/bin/modelfleet_fetch.py "
+                          f"/opt/modelfleet/bin/nccl_check.py {plan.config_dir}/hf-token")
         runs = converge(), converge()
         shown = CliRunner().invoke(main, ["show", "--json", "inventories/lab.py", lab_hosts[0]["name"]],
                                    env={"LAB_API_KEY": KEY})
