@@ -53,19 +53,25 @@ def start(state: Path, name: str, argv: list[str], listen: str, env: dict | None
     raise RuntimeError(f"lab {name} did not start on {listen}; see {state / f'{name}.log'}")
 
 
+def stop(state: Path, name: str) -> bool:
+    """Stop the service this lab started under `name` (its whole process group); False: none was running."""
+    pidfile = state / f"{name}.pid"
+    if not pidfile.exists():
+        return False
+    try:
+        pid = int(pidfile.read_text())
+        os.killpg(pid, signal.SIGTERM)
+        wait_gone(pid)
+        stopped = True
+    except (ProcessLookupError, ValueError):
+        stopped = False
+    pidfile.unlink()
+    return stopped
+
+
 def stop_all(state: Path) -> list[str]:
     """Stop every service this lab started (its whole process group); returns their names."""
-    stopped = []
-    for pidfile in sorted(state.glob("*.pid")):
-        try:
-            pid = int(pidfile.read_text())
-            os.killpg(pid, signal.SIGTERM)
-            stopped.append(pidfile.stem)
-            wait_gone(pid)
-        except (ProcessLookupError, ValueError):
-            pass
-        pidfile.unlink()
-    return stopped
+    return [pidfile.stem for pidfile in sorted(state.glob("*.pid")) if stop(state, pidfile.stem)]
 
 
 def wait_gone(pid: int, timeout_s: float = 5) -> None:

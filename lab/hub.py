@@ -78,7 +78,10 @@ def ensure(state: Path, lab_dir: Path, vllm_image: str | None = None) -> dict:
         revision.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(moe, revision / MOE_FILE)
     if vllm_image:
+        made = not (state / "hub" / "files" / LLAMA_REPO / LLAMA_REVISION / "config.json").exists()
         tiny_llama(state, lab_dir, vllm_image)
+        if made:  # the hub double reads its commits when it starts: one started before knows nothing of it
+            daemons.stop(state, "hub")
     daemons.start(state, "hub", argv, LISTEN)
     return {"endpoint": ENDPOINT, "token_file": str(token_file(state))}
 
