@@ -22,7 +22,7 @@ FROM_REPOS = ("cuda-keyring", "nvidia-driver-pinning-580", "nvidia-driver-580-op
 @pytest.fixture(scope="module")
 def taken_over(lab_hosts, tmp_path_factory):
     personas = [s["persona"] for s in lab_hosts] + ["h200x1-bare"]
-    bare = lab.up(len(personas), personas=personas)[-1]
+    bare = lab.up(len(personas), personas=personas, disks=1)[-1]
     ours = lab.apt.fingerprint(lab.STATE / "gnupg")
     attacker = tmp_path_factory.mktemp("attacker-gnupg")
     lab.apt.build(lab.STATE, lab.LAB_DIR, signer=attacker)

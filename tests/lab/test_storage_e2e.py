@@ -12,11 +12,7 @@ import pytest
 from lab import scenario, ssh
 from modelfleet.commands import run_pyinfra
 
-# Quarantined (not strict: a pass shows as XPASS): after this session's changes, both tests do nothing on a lab host
-# that earlier tests of the full suite served (the storage run plans no operation and exits 0); run first or alone
-# they pass. The cause is not yet found: the stop note of 2026-12-05 names it as an open defect.
-pytestmark = [pytest.mark.lab, pytest.mark.xfail(reason="storage plans nothing on a lab host an earlier test "
-                                                        "served: open defect, see the module comment", strict=False)]
+pytestmark = pytest.mark.lab
 ROOT = "/srv/models-nvme"
 
 
