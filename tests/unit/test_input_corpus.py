@@ -6,6 +6,7 @@ against a listener that counts connections (none allowed)."""
 from __future__ import annotations
 
 import json
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,8 @@ from tests.listener import CountingListener
 BASE = {"ssh_hostname": "192.0.2.10", "hardware": "h200", "gpu_count": 2, "model": "qwen3-8b", "engine": "vllm"}
 DIGEST = "sha256:" + "a" * 64
 # A made-up hub token, built here so no token-shaped string sits in the tree.
-FAKE_HF_TOKEN = "hf_" + "AbCdEf0123456789" * 2
+FAKE_HF_TOKEN = "hf_" + secrets.token_hex(16)
+FAKE_API_KEY = "sk-proj-" + secrets.token_hex(12)
 
 
 def host(**changes) -> dict:
@@ -138,7 +140,7 @@ CASES = [
     # secrets
     ("secret", "key var unset", [("h1", host(api_key_env="MODELFLEET_CORPUS_UNSET"))], "host h1", "api_key_env"),
     ("secret", "key var empty", [("h1", host(api_key_env="MODELFLEET_CORPUS_EMPTY"))], "host h1", "api_key_env"),
-    ("secret", "token as key var", [("h1", host(api_key_env="sk-proj-Abc123Def456Ghi789"))], "host h1",
+    ("secret", "token as key var", [("h1", host(api_key_env=FAKE_API_KEY))], "host h1",
      "api_key_env"),
     ("secret", "hf token as var", [("h1", host(hf_token_env=FAKE_HF_TOKEN))],
      "host h1", "hf_token_env"),
@@ -209,7 +211,7 @@ def test_malformed_inventory_is_refused_naming_host_and_field(tmp_path, kind, ca
     report = json.loads(result.output)
     named = [(e["where"], e["field"].split(".")[0]) for e in report["errors"]]
     assert (where, field) in named, report["errors"]
-    for secret in ("sk-proj-Abc123Def456Ghi789", FAKE_HF_TOKEN, "a-key"):
+    for secret in (FAKE_API_KEY, FAKE_HF_TOKEN, "a-key"):
         assert secret not in result.output  # a pasted token is never echoed
 
 

@@ -2,6 +2,7 @@
 the recording lacks fails the run instead of passing as a no-op."""
 
 import hashlib
+import secrets
 from types import SimpleNamespace
 
 import pytest
@@ -52,5 +53,5 @@ def test_a_command_or_file_the_recording_lacks_fails():
 
 
 def test_the_key_holds_no_command_text():
-    secret = "hf_abcdefghijklmnopqrstuvwxyz012345"
+    secret = "hf_" + secrets.token_hex(16)
     assert secret not in replay.key("h0", StringCommand(f"echo {secret} > /etc/token"), {})

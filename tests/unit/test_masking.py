@@ -3,6 +3,7 @@ stream that masks a secret split across writes; `logs` masks the key an engine l
 
 import io
 import json
+import secrets
 
 import pytest
 
@@ -74,7 +75,8 @@ def test_learn_data_and_inventory(monkeypatch):
     from modelfleet.inventory.resolver import resolve
 
     monkeypatch.setenv("MY_KEY_VAR", "key-value-123")
-    monkeypatch.setenv("HF_TOKEN", "hf_tokenvalue99")
+    token = "hf_" + secrets.token_hex(6)
+    monkeypatch.setenv("HF_TOKEN", token)
     data = {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm",
             "api_key_env": "MY_KEY_VAR", "_sudo_password": "sudo-pw-55",
             "model_source": "https://u:url-pw-66@m.example/x"}
@@ -82,7 +84,7 @@ def test_learn_data_and_inventory(monkeypatch):
     assert not result.errors, result.errors
     result.data = {"h1": data}
     masking.learn_inventory(result)
-    text = "key-value-123 hf_tokenvalue99 sudo-pw-55 url-pw-66"
+    text = f"key-value-123 {token} sudo-pw-55 url-pw-66"
     assert masking.mask(text) == " ".join([MASK] * 4)
 
 
