@@ -11,6 +11,7 @@ from modelfleet import pipeline, router  # noqa: E402
 from modelfleet.inventory import resolve  # noqa: E402
 from modelfleet.stages import TOOLS_BIN  # noqa: E402
 from modelfleet.stages import router as router_stage  # noqa: E402
+from tests.pem import private_key
 
 KEY = "stage-test-key-0123456"
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "router"
@@ -165,7 +166,7 @@ def rp_urls(rp):
 def test_a_tls_front_door_gets_the_sites_certificate_and_key_as_0600_files(fake, uploads, env, tmp_path):
     cert, key = tmp_path / "door.crt", tmp_path / "door.key"
     cert.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
-    key.write_text("-----BEGIN PRIVATE KEY-----\ntls-secret-bytes\n-----END PRIVATE KEY-----\n")
+    key.write_text(private_key())
     hosts = [(n, {**d, "engine": "vllm", "recipe": "tiny-lab-vllm", "router_tls_cert": str(cert),
                   "router_tls_key": str(key)}) for n, d in inventory()]
     rp = front_door(hosts)
@@ -173,7 +174,7 @@ def test_a_tls_front_door_gets_the_sites_certificate_and_key_as_0600_files(fake,
     p = router.paths(rp)
     assert uploads.files[p["tls_cert"]] == cert.read_text() and uploads.files[p["tls_key"]] == key.read_text()
     assert all(written_0600(p[f], commands) for f in ("tls_cert", "tls_key")), commands
-    assert not any("tls-secret-bytes" in c for c in commands)
+    assert not any(key.read_text().splitlines()[1] in c for c in commands)
     assert "listen 127.0.0.1:8800 ssl;" in uploads.files[p["proxy"]]
     assert env[0]["ep"].base_url == "https://127.0.0.1:8800" and env[0]["ep"].ca_file == str(cert)
 
@@ -192,7 +193,7 @@ def test_sglangs_worker_api_key_is_made_on_the_router_host_once(fake, env):
 def test_what_render_previews_for_the_router_host_is_what_the_stage_writes(fake, uploads, env, tmp_path):
     cert, key = tmp_path / "door.crt", tmp_path / "door.key"
     cert.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
-    key.write_text("-----BEGIN PRIVATE KEY-----\ntls-secret-bytes\n-----END PRIVATE KEY-----\n")
+    key.write_text(private_key())
     for engine, tls in (("vllm", {"router_tls_cert": str(cert), "router_tls_key": str(key)}), ("sglang", {})):
         uploads.files.clear()
         hosts = [(n, {**d, "engine": engine, "recipe": f"tiny-lab-{engine}", **tls}) for n, d in inventory()]
@@ -205,7 +206,7 @@ def test_what_render_previews_for_the_router_host_is_what_the_stage_writes(fake,
         masked = {p for p, c in shown.items() if "********" in c}
         assert set(shown) == set(uploads.files), engine  # every file the run writes there, and no other
         assert {p: shown[p] for p in set(shown) - masked} == {p: uploads.files[p] for p in set(shown) - masked}
-        assert all(KEY not in c and "tls-secret-bytes" not in c for c in shown.values())
+        assert all(KEY not in c and key.read_text().splitlines()[1] not in c for c in shown.values())
         assert masked == {router.paths(rp)[f] for f in ("key", *(("proxy_key", "tls_key") if tls else ()))}
         assert notes[0].startswith(f"front door tiny-lab: {rp.base_url}/v1 for clients (")
         assert ("TLS with" in notes[0]) == bool(tls) and ("plain HTTP" in notes[0]) != bool(tls)

@@ -13,6 +13,7 @@ from modelfleet.inventory import resolve
 from modelfleet.inventory.plan import RouterPlan, Worker
 from modelfleet.stages.router import registration
 from tests.front_doors import KEY, fleet, recorded
+from tests.pem import private_key
 
 
 @pytest.fixture(autouse=True)
@@ -125,7 +126,7 @@ def test_the_router_host_asks_every_replica_off_loopback_each_route_that_runs_th
 def test_tls_needs_both_files_pem_on_the_control_node_and_nginx_before_the_router(tmp_path):
     cert, key = tmp_path / "door.crt", tmp_path / "door.key"
     cert.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
-    key.write_text("-----BEGIN PRIVATE KEY-----\nsecret-bytes-never-shown\n-----END PRIVATE KEY-----\n")
+    key.write_text(private_key())
 
     def errors(engine="vllm", **tls):
         return [(w, f, m) for w, f, m in resolve(fleet(engine, **tls)).errors]
@@ -196,7 +197,7 @@ def test_every_file_a_front_door_writes_in_the_config_dir_is_one_modelfleet_owns
 
     cert = tmp_path / "c.pem"
     cert.write_text("-----BEGIN CERTIFICATE-----\n")
-    (tmp_path / "k.pem").write_text("-----BEGIN PRIVATE KEY-----\n")
+    (tmp_path / "k.pem").write_text(private_key().splitlines()[0] + "\n")
     for engine in ("vllm", "sglang"):
         rp = resolve(fleet(engine)).routers["tiny-lab"]
         names = [Path(path).name for path in router.paths(rp).values() if path.startswith(rp.config_dir + "/")]
