@@ -206,7 +206,8 @@ def fanout_serving(group: str, directory_: str, address: str, port: int, serve: 
                               {})
         argv = ["systemd-run", f"--unit={unit}", f"--property=RuntimeMaxSec={lifetime_s}", "--collect",
                 *(f"--property={p}" for p in SERVER_PROPERTIES), f"--property=StandardInput=file:{job}",
-                "python3", FETCH, "serve"]
+                # PrivateTmp hides /tmp: the served tree is bound in read-only at its own path, wherever it is
+                f"--property=BindReadOnlyPaths={directory_}", "python3", FETCH, "serve"]
         start = " ".join(map(shlex.quote, argv))
         yield StringCommand("sh", "-c", shlex.quote(f"systemctl is-active --quiet {shlex.quote(unit)} || {start}"))
         yield StringCommand(*map(shlex.quote, ["python3", FETCH, "probe", job, host.name]))
