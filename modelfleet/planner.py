@@ -40,6 +40,8 @@ class CapacityReport:
     reason: str
     # Experts in host RAM (llama.cpp offload recipes); None: everything is on the GPUs.
     offload: dict | None = None
+    # The restart tier's weight cache (weight_cache_share); None: the service has none.
+    weight_cache: dict | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -130,9 +132,20 @@ def _split(model: Model, hardware: Hardware, total_gpus: int, usable: float, ckp
     return split, None
 
 
+def weight_cache_share(per_gpu: float) -> dict:
+    """What a weight cache unit holds on each GPU. The daemon keeps its rank's shard in GPU memory and the engine
+    maps it (vLLM's `zero_copy`, SGLang's client mode): one copy, counted once in the engine's weights, and it
+    stays resident while the engine restarts (the engine's KV room comes back on top of it, the weights do not
+    have to)."""
+    return {"mode": "zero_copy", "held_on": "gpu", "per_gpu_bytes": per_gpu, "counted_once": True,
+            "resident_while_engine_restarts_bytes": per_gpu}
+
+
 def plan_capacity(model: Model, hardware: Hardware, gpus: int, nodes: int = 1, recipe: Recipe | None = None,
-                  keep_revisions: int = 1, host_ram_gib: int | None = None) -> CapacityReport:
-    """`host_ram_gib`: the RAM a llama.cpp offload recipe may fill (None: the hardware catalog's figure)."""
+                  keep_revisions: int = 1, host_ram_gib: int | None = None,
+                  weight_cache: bool = False) -> CapacityReport:
+    """`host_ram_gib`: the RAM a llama.cpp offload recipe may fill (None: the hardware catalog's figure);
+    `weight_cache`: the service keeps its weights in a weight cache unit (the restart tier)."""
     total_gpus = gpus * nodes
     fraction = recipe.memory_fraction if recipe else 0.9
     ckpt, estimated = checkpoint_size(model, recipe)
@@ -169,11 +182,14 @@ def plan_capacity(model: Model, hardware: Hardware, gpus: int, nodes: int = 1, r
                   f"{_tb(split['ram_need_bytes'])} of experts in host RAM of {split['host_ram_gib']} GiB")
     else:
         reason = (f"fits: {_tb(per_gpu)} weights per GPU, {_tb(kv_room)} left for KV cache per GPU")
+    if weight_cache and fits:
+        reason += f"; the weight cache holds those {_tb(per_gpu)} per GPU, also while the engine restarts"
     return CapacityReport(
         model=model.id, hardware=hardware.id, gpus_per_node=gpus, nodes=nodes, raw_bytes=raw,
         checkpoint_bytes=ckpt, checkpoint_estimated=estimated, weights_per_gpu_bytes=per_gpu,
         hbm_per_gpu_bytes=hbm, memory_fraction=fraction, usable_per_gpu_bytes=usable,
         kv_room_per_gpu_bytes=kv_room, disk_needed_bytes=disk, fits=fits, reason=reason, offload=split,
+        weight_cache=weight_cache_share(per_gpu) if weight_cache else None,
     )
 
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import jinja2
 import yaml
 
-from modelfleet import TEMPLATES_DIR, caches, grammar, keys, masking, runscope
+from modelfleet import TEMPLATES_DIR, caches, grammar, keys, masking, runscope, weight_cache
 from modelfleet.catalog.routers import pd_role, pd_spec
 from modelfleet.inventory import ServicePlan
 
@@ -69,6 +69,7 @@ def engine_argv(svc: ServicePlan) -> list[str]:
         argv += [engine.memory_fraction_flag, str(recipe.memory_fraction)]
     argv += list(recipe.args) + multinode_args(svc) + [a for flag, value in pd_values(svc, "engine_args").items()
                                                        for a in (flag, value)]
+    argv += weight_cache.engine_args(svc)
     for name, parameter in recipe.parameters.items():
         if name in svc.recipe_params:
             argv += [parameter.flag, str(svc.recipe_params[name])]
@@ -169,11 +170,63 @@ def docker_run_argv(svc: ServicePlan) -> list[str]:
     argv += gpu_flags(svc) + fabric_flags(svc.fabric)
     # Secrets and recipe env come from a 0600 file, never from this command line.
     argv += ["--env-file", svc.env_file, "-v", f"{svc.model_dir}:{CONTAINER_MODEL_DIR}:ro"]
-    argv += caches.docker_flags(engine_cache(svc))
+    argv += caches.docker_flags(engine_cache(svc)) + weights_mount(svc)
     if svc.api_key_env and svc.engine.api_key_config_file:
         argv += ["-v", f"{svc.secrets_config_file}:{CONTAINER_SECRETS}:ro"]
     argv += ["--entrypoint", svc.engine.entrypoint, svc.image]
     return argv + engine_argv(svc)
+
+
+def weights_mount(svc: ServicePlan) -> list[str]:
+    """The weight cache's sockets (both containers), and what both need beside the host's IPC namespace."""
+    cache = weight_cache.spec(svc)
+    if cache is None:
+        return []
+    return ["-v", f"{weight_cache.socket_dir(svc)}:{weight_cache.CONTAINER_SOCKETS}", *cache.docker_args]
+
+
+# The weight cache unit names its image through its environment file (systemd expands it in ExecStart): an
+# image-only change rewrites that file, not the unit, so the running daemon keeps its weights.
+WEIGHTS_IMAGE_VAR = "MODELFLEET_WEIGHTS_IMAGE"
+_IMAGE_MARK = "@MODELFLEET_WEIGHTS_IMAGE@"
+
+
+def weights_docker_argv(svc: ServicePlan) -> list[str]:
+    """The weight cache daemon's container: the engine's GPUs, fabric and environment (no key), the revision's
+    folder read-only, the sockets' folder; its image from the unit's environment file."""
+    cache = weight_cache.spec(svc)
+    model_path = f"{CONTAINER_MODEL_DIR}/{svc.model_file}" if svc.model_file else CONTAINER_MODEL_DIR
+    argv = [DOCKER, "run", "--rm", "--name", weight_cache.container_name(svc), "--init", "--network", "host",
+            f"--ipc={svc.recipe.docker.get('ipc', 'host')}"]
+    argv += ["--shm-size", svc.recipe.docker["shm_size"]] if "shm_size" in svc.recipe.docker else []
+    argv += gpu_flags(svc) + fabric_flags(svc.fabric)
+    argv += ["--env-file", weight_cache.env_file(svc), "-v", f"{svc.model_dir}:{CONTAINER_MODEL_DIR}:ro"]
+    argv += weights_mount(svc) + ["--entrypoint", cache.daemon_entrypoint, _IMAGE_MARK]
+    return argv + weight_cache.daemon_argv(svc, engine_argv(svc), model_path, rendezvous_address(svc))
+
+
+def weights_env(svc: ServicePlan, mask: bool = False) -> dict[str, str]:
+    """The daemon's environment: the engine's without its key and its compile caches (not mounted there), and
+    the image its unit runs."""
+    cache = engine_cache(svc)
+    left_out = {svc.engine.api_key_env, *(cache.env if cache else ())}
+    env = {k: v for k, v in env_values(svc, mask).items() if k not in left_out}
+    return {**env, WEIGHTS_IMAGE_VAR: svc.image}
+
+
+def render_weights_unit(svc: ServicePlan) -> str:
+    argv = one_line_each(weights_docker_argv(svc))
+    ready = (f"until [ $(find {weight_cache.socket_dir(svc)} -maxdepth 1 -type s | wc -l) -ge {svc.gpus} ]; "
+             "do sleep 2; done")
+    return render_template("weights.service.j2", svc=svc, unit=weight_cache, key=weight_cache.key_hash(
+        svc, engine_argv(svc)), exec_start=Lines(exec_start(argv).replace(_IMAGE_MARK, "${" + WEIGHTS_IMAGE_VAR + "}")),
+        exec_ready=exec_start(["/bin/sh", "-c", ready]))
+
+
+def render_weights_env(svc: ServicePlan, mask: bool = False) -> str:
+    env = weights_env(svc, mask)
+    one_line_each([*env, *env.values()])
+    return _env.get_template("engine.env.j2").render(svc=svc, env=env, what="weight cache")
 
 
 def engine_cache(svc: ServicePlan) -> caches.EngineCache | None:
@@ -224,7 +277,8 @@ def one_line_each(values) -> list[str]:
 
 
 def render_unit(svc: ServicePlan) -> str:
-    return render_template("engine.service.j2", svc=svc,
+    weights = weight_cache.unit_name(svc) if weight_cache.spec(svc) else None
+    return render_template("engine.service.j2", svc=svc, weights=weights, unit=weight_cache,
                            exec_start=exec_start(one_line_each(docker_run_argv(svc))))
 
 
@@ -234,7 +288,8 @@ def api_key(svc: ServicePlan) -> str | None:
 
 def env_values(svc: ServicePlan, mask: bool = False) -> dict[str, str]:
     cache = engine_cache(svc)
-    env = {**(cache.env if cache else {}), **pd_values(svc, "engine_env"), **svc.env, **fabric_env(svc)}
+    env = {**(cache.env if cache else {}), **pd_values(svc, "engine_env"), **weight_cache.env(svc), **svc.env,
+           **fabric_env(svc)}
     key = api_key(svc)
     if key and svc.engine.api_key_env:
         env[svc.engine.api_key_env] = MASK if mask else key

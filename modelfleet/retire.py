@@ -27,7 +27,7 @@ from modelfleet.host_commands import revisions_dir
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.report import note, report_path, save_json
 from modelfleet.render import CONTAINER_MODEL_DIR, DOCKER
-from modelfleet.units import UNIT_DIR, unit_paths
+from modelfleet.units import UNIT_DIR, unit_names, unit_paths
 
 # Where `modelfleet retire` asks the deploy to say what it found on each host (read while planning, so a
 # `--dry` run says it too): a folder, one JSON file per host.
@@ -115,8 +115,8 @@ def named_units(plan: HostPlan) -> set[str]:
     retires itself; its front doors; its exporter)."""
     from modelfleet.stages import exporters
 
-    names = {svc.unit_name for svc in plan.services} | {svc.legacy_unit_name for svc in plan.services
-                                                        if svc.legacy_unit_name}
+    names = {unit for svc in plan.services for unit in unit_names(svc)}
+    names |= {svc.legacy_unit_name for svc in plan.services if svc.legacy_unit_name}
     names |= {unit for rp in plan.routers for unit in (rp.unit_name, rp.proxy_unit_name)}
     names |= {replica_door.unit_name(svc) for svc in replica_door.doors(plan)}
     return names | ({exporters.UNIT} if exporters.enabled(plan) else set())

@@ -35,6 +35,10 @@ VLLM_EVENTS = (
     ("graphs_captured", r"Graph capturing finished in (?P<s>[\d.]+) secs"),
     ("engine_initialized", r"init engine \(profile, create kv cache, warmup model\) took (?P<s>[\d.]+) seconds"),
     ("api_server_started", r"Starting vLLM API server"),
+    # The restart tier (--load-format ipc_cache: model_loader/weight_cache/ipc_loader.py, 0.34.0): it prints this
+    # instead of "Loading weights took", or that it fell back to the disk load.
+    ("weights_mapped", r"Mapped (?P<tensors>\d+) tensors from the weight cache daemon \((?P<mode>\w+) mode\)"),
+    ("weights_fallback", r"Weight cache (?:unusable \((?P<why>.*)\); falling back|IPC loading failed; falling back)"),
 )
 # SGLang's, from python/sglang/srt/model_executor/model_runner.py ("Load weight end." has carried `elapsed=` since
 # late 2025), model_executor/cuda_graph_runner.py ("Time elapsed: %.2f s", later "elapsed=") and
@@ -47,6 +51,11 @@ SGLANG_EVENTS = (
     ("graphs_captured", r"Capture (?:cuda graph|[\w ]*CUDA graph) end\. (?:Time elapsed: |elapsed=)(?P<s>[\d.]+) s"),
     ("api_server_started", r"Application startup complete\."),
     ("server_ready", r"The server is fired up and ready to roll!"),
+    # --weight-cache-mode client (srt/weight_cache/ipc_loader.py, 0.5.23): inside "Load weight begin/end", which
+    # it still prints, the weights came from the daemon, or it fell back to the disk.
+    ("weights_mapped", r"\[IpcModelLoader\] Loaded model via IPC \(mode=(?P<mode>\w+)\), total=(?P<s>[\d.]+)s"),
+    ("weights_fallback", r"\[IpcModelLoader\] (?:Weight cache not available or config mismatch, falling back|"
+                         r"Daemon socket not found)"),
 )
 # llama-server's, from tools/server/server.cpp (load_model, and the server's own "model loaded" / "listening on",
 # printed by `main` in older builds and `llama_server` in newer ones).
@@ -154,7 +163,17 @@ def parse_boot(engine: str, lines: list[str]) -> dict | None:
             summary[record["event"]] = max(summary.get(record["event"], 0.0), record["seconds"])
     kinds = {record["event"] for record in events}
     cache = "cold" if "graph_compiled" in kinds else "warm" if "graph_loaded_from_cache" in kinds else None
-    return {"events": events, "summary": summary, "compile_cache": cache}
+    return {"events": events, "summary": summary, "compile_cache": cache, "weight_load": weight_load(kinds)}
+
+
+def weight_load(kinds: set[str]) -> str | None:
+    """`skipped` when the engine mapped its weights from the weight cache (the restart tier), `fallback` when it
+    asked the cache and loaded from disk, `loaded` when it only loaded; None when its log says neither."""
+    if "weights_fallback" in kinds:
+        return "fallback"
+    if "weights_mapped" in kinds:
+        return "skipped"
+    return "loaded" if "weights_loaded" in kinds else None
 
 
 def boot_log_command(container: str) -> StringCommand:
@@ -162,7 +181,7 @@ def boot_log_command(container: str) -> StringCommand:
     script = (f"docker logs --timestamps {shlex.quote(container)} 2>&1 | "
               "grep -E ' took | takes |transform time|Starting vLLM API server|Using cache directory|"
               "Graph capturing finished|Load weight|graph end|startup complete|fired up|Init torch distributed|"
-              "loading model|n_slots|model loaded|listening on' | "
+              "loading model|n_slots|model loaded|listening on|weight cache|IpcModelLoader' | "
               "head -n 2000")
     return StringCommand("sh", "-c", shlex.quote(script))
 

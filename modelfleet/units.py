@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from modelfleet import render, runscope
+from modelfleet import render, runscope, weight_cache
 from modelfleet.inventory import HostPlan, ServicePlan
 from modelfleet.operations.files import content_changes
 from modelfleet.pins import pinned_service
@@ -14,10 +14,26 @@ from modelfleet.pins import pinned_service
 UNIT_DIR = "/etc/systemd/system"
 
 
-def unit_paths(svc: ServicePlan) -> list[str]:
-    """Where unit_files puts the service's files (known without rendering them)."""
+def _engine_paths(svc: ServicePlan) -> list[str]:
     paths = [f"{UNIT_DIR}/{svc.unit_name}", svc.env_file]
     return paths + ([svc.secrets_config_file] if render.secrets_in_config(svc) else [])
+
+
+def weights_paths(svc: ServicePlan) -> list[str]:
+    """The weight cache unit's file and its environment file, where the service has one."""
+    if weight_cache.spec(svc) is None:
+        return []
+    return [f"{UNIT_DIR}/{weight_cache.unit_name(svc)}", weight_cache.env_file(svc)]
+
+
+def unit_paths(svc: ServicePlan) -> list[str]:
+    """Where unit_files puts the service's files (known without rendering them)."""
+    return _engine_paths(svc) + weights_paths(svc)
+
+
+def unit_names(svc: ServicePlan) -> list[str]:
+    """The service's units: its engine's, and its weight cache's where it has one."""
+    return [svc.unit_name] + ([weight_cache.unit_name(svc)] if weight_cache.spec(svc) else [])
 
 
 def unit_files(svc: ServicePlan) -> list[tuple[str, str, str, bool]]:
@@ -27,16 +43,21 @@ def unit_files(svc: ServicePlan) -> list[tuple[str, str, str, bool]]:
 
 
 def _rendered(svc: ServicePlan) -> list[tuple[str, str, str, bool]]:
-    unit, env, *secrets = unit_paths(svc)
+    unit, env, *secrets = _engine_paths(svc)
     files = [(unit, render.render_unit(svc), "0644", False), (env, render.render_env(svc), "0600", True)]
-    return files + [(path, render.render_secrets_config(svc), "0600", True) for path in secrets]
+    files += [(path, render.render_secrets_config(svc), "0600", True) for path in secrets]
+    weights = weights_paths(svc)
+    if weights:
+        files += [(weights[0], render.render_weights_unit(svc), "0644", False),
+                  (weights[1], render.render_weights_env(svc), "0600", True)]
+    return files
 
 
 def start_reads(plan: HostPlan) -> dict[str, list[str]]:
     """What starts() reads of a host: declared by every stage that asks whether a pool (re)starts (names and
     paths only: no pin is needed to know them)."""
     return {"paths": [path for svc in plan.services for path in unit_paths(svc)],
-            "units": [svc.unit_name for svc in plan.services]}
+            "units": [unit for svc in plan.services for unit in unit_names(svc)]}
 
 
 def pinned_services(plan: HostPlan) -> list[ServicePlan]:
@@ -48,6 +69,12 @@ def pinned_services(plan: HostPlan) -> list[ServicePlan]:
 def edited(svc: ServicePlan, state: dict) -> dict[str, bool]:
     at = state["paths"].get
     return {path: content_changes(at(path), content, mode) for path, content, mode, _ in unit_files(svc)}
+
+
+def engine_edited(svc: ServicePlan, state: dict) -> bool:
+    """Does the engine's unit change (its own files: the weight cache's change restarts only the cache)?"""
+    weights = weights_paths(svc)
+    return any(changed for path, changed in edited(svc, state).items() if path not in weights)
 
 
 @dataclass(frozen=True)
@@ -111,6 +138,6 @@ def starts(plan: HostPlan, state: dict, pool: str, as_run=None) -> bool:
             if as_run is not None:
                 svc = as_run(svc)
             unit = state["units"].get(svc.unit_name) or {}
-            return (any(edited(svc, state).values()) or unit.get("ActiveState") != "active"
+            return (engine_edited(svc, state) or unit.get("ActiveState") != "active"
                     or merged(svc.unit_name, unit).restart)
     return False

@@ -147,6 +147,25 @@ class ExpertOffload(_Strict):
     fit: list[str] = []
 
 
+class WeightCache(_Strict):
+    """The engine's same-host restart tier (docs/restart-tier.md; modelfleet/weight_cache.py): a daemon that
+    holds each rank's loaded shard and hands it to a restarted engine. `since`: the first engine version read to
+    have it; `engine_args`/`env` turn the engine into its client ({socket_dir}: the sockets' directory inside
+    the containers); the daemon runs `daemon_entrypoint daemon_argv` ({model_path}) with the engine argv's
+    `shard_flags` (what shapes a rank's shard: the cache's key) and, in a pool across hosts, `daemon_multinode`
+    ({head}, {port}: its own rendezvous, apart from the engine's)."""
+
+    source: str
+    since: Version
+    engine_args: list[str]
+    env: dict[str, str] = {}
+    daemon_entrypoint: str
+    daemon_argv: list[str]
+    shard_flags: list[str]
+    daemon_multinode: list[str] = []
+    docker_args: list[str] = []  # what both containers need beside the host's IPC namespace (--ipc=host)
+
+
 # The families of boot lines modelfleet/timeline.py reads from an engine's log (its line head and its messages).
 BootLog = Literal["vllm", "sglang", "llama.cpp"]
 
@@ -188,6 +207,7 @@ class Engine(_Strict):
     # How the engine's parser reads a flag (modelfleet/engine_flags.py): argparse (prefixes, aliases), vllm
     # (argparse, plus `_` for `-`, dotted JSON keys, --config files), exact (whole names only).
     flag_parser: Literal["argparse", "vllm", "exact"] = "argparse"
+    weight_cache: WeightCache | None = None  # none: no restart tier
 
 
 class Layout(_Strict):

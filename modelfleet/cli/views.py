@@ -94,7 +94,8 @@ def plan(inventory, host, group_data, data, model: str, hardware: str, gpus: int
         target = result.hosts[host]
         reports = [(svc.recipe, plan_capacity(svc.model, svc.hardware, svc.gpus, svc.nnodes, recipe=svc.recipe,
                                               keep_revisions=target.model_keep_revisions,
-                                              host_ram_gib=target.host_ram_gib)) for svc in target.services]
+                                              host_ram_gib=target.host_ram_gib, weight_cache=svc.weight_cache))
+                   for svc in target.services]
         emit([{**r.to_json(), "recipe": recipe.id if recipe else None} for recipe, r in reports], as_json,
              "\n\n".join(_plan_text(r, recipe) for recipe, r in reports)
              or f"{host} serves no model (router_only): nothing to size")

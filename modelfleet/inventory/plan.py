@@ -153,6 +153,7 @@ class ServicePlan:
     head_address: str = ""
     checkpoint_group: str = ""
     engine_cache_sharing: bool = True
+    weight_cache: bool = False  # the restart tier's unit beside the engine's (modelfleet.weight_cache)
     netcheck_min_busbw_gbps: float | None = _default("netcheck_min_busbw_gbps", ServiceData)
     netcheck_timeout_s: int = _default("netcheck_timeout_s", ServiceData)
     recipe_params: dict = field(default_factory=dict)  # values for the recipe's required parameters

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from modelfleet import engine_flags, grammar, host_commands, image_runtime, keys, masking, trust
+from modelfleet import engine_flags, grammar, host_commands, image_runtime, keys, masking, trust, weight_cache
 from modelfleet.catalog import (
     Catalog,
     Engine,
@@ -146,6 +146,8 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
     if hw.vendor == "nvidia" and recipe.min_driver and int(host.driver_branch) < int(recipe.min_driver.split(".")[0]):
         errors.append((where, "driver_branch", f"{host.driver_branch} is older than recipe {recipe.id} needs "
                                                f"({recipe.min_driver})"))
+    if svc.weight_cache and (refused := weight_cache.refusal(svc.engine, engine, recipe)):
+        errors.append((where, "weight_cache", refused))
     # The image's CUDA against the driver, and a service's own image against the recipe's CUDA/ROCm.
     runtime = [("image", image_runtime.tag_problem(svc.image, recipe.cuda, recipe.rocm) if svc.image else None),
                ("driver_branch", image_runtime.driver_problem(recipe.cuda, host.driver_branch)
@@ -164,7 +166,7 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
         model_dir=host_commands.model_dir(host.model_root, model.id, revision_dir),
         gpu_passthrough=host.gpu_passthrough, config_dir=host.config_dir.rstrip("/"),
         checkpoint_group=svc.checkpoint_group or svc.pool or _slug(name),
-        engine_cache_sharing=svc.engine_cache_sharing,
+        engine_cache_sharing=svc.engine_cache_sharing, weight_cache=svc.weight_cache,
         netcheck_min_busbw_gbps=svc.netcheck_min_busbw_gbps, netcheck_timeout_s=svc.netcheck_timeout_s,
         recipe_params=dict(svc.recipe_params), model_file=recipe.model_file,
         gpu_indices=tuple(svc.gpu_indices or ()),
@@ -507,7 +509,7 @@ def _resolve_pools(hosts: dict[str, HostPlan], errors: list) -> dict[str, PoolPl
         where = f"pool {pool.name}"
         head = pool.services[0]
         for fld in ("model", "engine_name", "recipe", "hardware", "served_name", "port", "revision", "image",
-                    "gpus"):
+                    "gpus", "weight_cache"):
             values = sorted({str(getattr(getattr(s, fld), "id", getattr(s, fld))) for s in pool.services})
             if len(values) > 1:
                 label = "mixed hardware" if fld == "hardware" else "members disagree"
@@ -533,7 +535,8 @@ def _resolve_pools(hosts: dict[str, HostPlan], errors: list) -> dict[str, PoolPl
                            f"({len(pool.hosts)} host(s) x {head.gpus})"))
         if head.hardware.vendor != "none":
             report = plan_capacity(head.model, head.hardware, gpus=head.gpus, nodes=len(pool.hosts),
-                                   recipe=head.recipe, host_ram_gib=hosts[pool.hosts[0]].host_ram_gib)
+                                   recipe=head.recipe, host_ram_gib=hosts[pool.hosts[0]].host_ram_gib,
+                                   weight_cache=head.weight_cache)
             if not report.fits:
                 errors.append((where, "model", report.reason))
     return dict(pools)

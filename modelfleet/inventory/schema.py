@@ -94,6 +94,10 @@ class ServiceData(BaseModel):
         {}, description="Environment for the engine container, over the recipe's and the network settings.")
     checkpoint_group: Name | None = Field(None, description="Hosts that copy the checkpoint from each other (one "
                                           "hub download per group); unset: the pool.")
+    weight_cache: bool = Field(False, description="Keep the loaded weights in a cache unit beside the engine "
+                               "(`modelfleet-<pool>-weights.service`), so an engine restart, an image-only "
+                               "upgrade or a drain/undrain maps them instead of loading them (docs/restart-tier.md); "
+                               "only where the recipe's engine version has one (vLLM, SGLang).")
     engine_cache_sharing: bool = Field(True, description="Whether this service's engine cache is copied between "
                                        "hosts with the same cache key (code one host's engine wrote, another's "
                                        "runs; docs/engine-caches.md); false: each host compiles its own.")

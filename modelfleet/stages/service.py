@@ -15,7 +15,7 @@ from modelfleet.operations.mounts import MOUNTINFO, private_bind
 from modelfleet.operations.owned_unit import owned_running, refused_when_kept, unmasked
 from modelfleet.operations.report import fail_host, note_once
 from modelfleet.operations.service import unit_retired, wait_ready, worker_up
-from modelfleet.units import UNIT_DIR, edited, pinned_services, start_reads, unit_files
+from modelfleet.units import UNIT_DIR, edited, pinned_services, start_reads, unit_files, weights_paths
 
 NAME = "service"
 PINS: frozenset[str] = frozenset({"images", "revisions"})
@@ -48,7 +48,7 @@ def run(ctx: HostRun):
     services = [ctx.as_run(svc) for svc in pinned_services(plan)]
     state = ctx.deployed()
     at = state["paths"].get
-    units = {svc.unit_name: state["units"].get(svc.unit_name) or {} for svc in services}
+    units = {unit: state["units"].get(unit) or {} for unit in start_reads(plan)["units"]}
     if refused_when_kept(plan.unit_dropins == "keep", units):  # the site's own: refused by name, nothing touched
         return
 
@@ -77,6 +77,9 @@ def run(ctx: HostRun):
         changed = edited(svc, state)
         unit = units[svc.unit_name]
         extra = unmasked(svc.unit_name, unit)
+        weights = weights_paths(svc)
+        cache_unit = posixpath.basename(weights[0]) if weights else ""
+        cache_extra = unmasked(cache_unit, units[cache_unit]) if weights else None
         for path, content, mode, secret in files_:
             content_file(name=f"File {path} ({mode})", dest=path, content=content, current=at(path), mode=mode,
                          secret=secret)
@@ -84,8 +87,11 @@ def run(ctx: HostRun):
             content_file(name=f"Client auth header {svc.auth_file} (0600)", dest=svc.auth_file,
                          content=f"Authorization: Bearer {key}\n", current=at(svc.auth_file), mode="0600",
                          secret=True)
+        if weights:  # first, and waited for (its ExecStartPost): the engine then maps the weights it loaded
+            owned_running(cache_unit, units[cache_unit], cache_extra, reload=changed[weights[0]],
+                          restart=changed[weights[0]])
         starts = owned_running(svc.unit_name, unit, extra, reload=changed[f"{UNIT_DIR}/{svc.unit_name}"],
-                               restart=any(changed.values()))
+                               restart=any(v for path, v in changed.items() if path not in weights))
         timeline.watch(host.name, svc.pool, svc.served_name)
         if starts and svc.node_rank:
             worker_up(name=f"Worker {svc.unit_name} (rank {svc.node_rank} of pool {svc.pool}) stays up",
