@@ -59,8 +59,7 @@ def engine_argv(svc: ServicePlan) -> list[str]:
     (validate refuses extra_args that repeat one).
     """
     engine, recipe = svc.engine, svc.recipe
-    model_path = f"{CONTAINER_MODEL_DIR}/{svc.model_file}" if svc.model_file else CONTAINER_MODEL_DIR
-    argv = [a.format(model_path=model_path) for a in engine.argv]
+    argv = [a.format(model_path=_model_path(svc)) for a in engine.argv]
     argv += [engine.served_name_flag, *served_names(svc), engine.host_flag, svc.bind_address,
              engine.port_flag, str(svc.port)]
     in_recipe = {grammar.flag_name(a) for a in recipe.args}
@@ -194,15 +193,22 @@ _IMAGE_MARK = "@MODELFLEET_WEIGHTS_IMAGE@"
 def weights_docker_argv(svc: ServicePlan) -> list[str]:
     """The weight cache daemon's container: the engine's GPUs, fabric and environment (no key), the revision's
     folder read-only, the sockets' folder; its image from the unit's environment file."""
-    cache = weight_cache.spec(svc)
-    model_path = f"{CONTAINER_MODEL_DIR}/{svc.model_file}" if svc.model_file else CONTAINER_MODEL_DIR
     argv = [DOCKER, "run", "--rm", "--name", weight_cache.container_name(svc), "--init", "--network", "host",
             f"--ipc={svc.recipe.docker.get('ipc', 'host')}"]
     argv += ["--shm-size", svc.recipe.docker["shm_size"]] if "shm_size" in svc.recipe.docker else []
     argv += gpu_flags(svc) + fabric_flags(svc.fabric)
     argv += ["--env-file", weight_cache.env_file(svc), "-v", f"{svc.model_dir}:{CONTAINER_MODEL_DIR}:ro"]
-    argv += weights_mount(svc) + ["--entrypoint", cache.daemon_entrypoint, _IMAGE_MARK]
-    return argv + weight_cache.daemon_argv(svc, engine_argv(svc), model_path, rendezvous_address(svc))
+    argv += weights_mount(svc) + ["--entrypoint", weight_cache.spec(svc).daemon_entrypoint, _IMAGE_MARK]
+    return argv + weights_daemon_argv(svc)
+
+
+def weights_daemon_argv(svc: ServicePlan) -> list[str]:
+    """The daemon's own command line (what follows its entrypoint and image)."""
+    return weight_cache.daemon_argv(svc, engine_argv(svc), _model_path(svc), rendezvous_address(svc))
+
+
+def _model_path(svc: ServicePlan) -> str:
+    return f"{CONTAINER_MODEL_DIR}/{svc.model_file}" if svc.model_file else CONTAINER_MODEL_DIR
 
 
 def weights_env(svc: ServicePlan, mask: bool = False) -> dict[str, str]:

