@@ -22,7 +22,7 @@ from pathlib import Path
 import paramiko
 from fabric import Connection
 
-from modelfleet import host_record, masking, router
+from modelfleet import host_record, masking, router, weight_cache
 from modelfleet.errors import ModelfleetError
 from modelfleet.health import admission_state
 from modelfleet.host_commands import (
@@ -195,10 +195,11 @@ def _unreachable(outcome: Exception) -> str:
 
 
 def drain(plans: list[HostPlan]) -> dict[str, str | None]:
-    """Stop the hosts' engine units and keep them from starting at boot (a driver upgrade reboots them; the
-    service stage enables and starts them again once admission and the gate passed). Host -> error or None."""
+    """Stop the hosts' engine units, and their weight caches (the driver is replaced under them), and keep them
+    from starting at boot (a driver upgrade reboots them; the service stage enables and starts them again once
+    admission and the gate passed). Host -> error or None."""
     def script(plan: HostPlan) -> str:
-        units = " ".join(shlex.quote(svc.unit_name) for svc in plan.services)
+        units = " ".join(shlex.quote(unit) for svc in plan.services for unit in weight_cache.unit_names(svc))
         return f"systemctl disable --now {units}" if units else "true"
 
     out = {}

@@ -27,7 +27,8 @@ from modelfleet.host_commands import revisions_dir
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.report import note, report_path, save_json
 from modelfleet.render import CONTAINER_MODEL_DIR, DOCKER
-from modelfleet.units import UNIT_DIR, unit_names, unit_paths
+from modelfleet.units import UNIT_DIR, unit_paths
+from modelfleet.weight_cache import unit_names
 
 # Where `modelfleet retire` asks the deploy to say what it found on each host (read while planning, so a
 # `--dry` run says it too): a folder, one JSON file per host.

@@ -176,13 +176,16 @@ def weight_load(kinds: set[str]) -> str | None:
     return "loaded" if "weights_loaded" in kinds else None
 
 
+# What may be a boot line (grep -E): a word of each event's message.
+BOOT_LINE_FILTER = (" took | takes |transform time|Starting vLLM API server|Using cache directory|"
+                    "Graph capturing finished|Load weight|graph end|startup complete|fired up|Init torch distributed|"
+                    "loading model|n_slots|model loaded|listening on|[Ww]eight cache|IpcModelLoader")
+
+
 def boot_log_command(container: str) -> StringCommand:
     """The container's log since it started, timestamped by docker; only lines that may be boot lines."""
     script = (f"docker logs --timestamps {shlex.quote(container)} 2>&1 | "
-              "grep -E ' took | takes |transform time|Starting vLLM API server|Using cache directory|"
-              "Graph capturing finished|Load weight|graph end|startup complete|fired up|Init torch distributed|"
-              "loading model|n_slots|model loaded|listening on|weight cache|IpcModelLoader' | "
-              "head -n 2000")
+              f"grep -E '{BOOT_LINE_FILTER}' | head -n 2000")
     return StringCommand("sh", "-c", shlex.quote(script))
 
 

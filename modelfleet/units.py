@@ -31,11 +31,6 @@ def unit_paths(svc: ServicePlan) -> list[str]:
     return _engine_paths(svc) + weights_paths(svc)
 
 
-def unit_names(svc: ServicePlan) -> list[str]:
-    """The service's units: its engine's, and its weight cache's where it has one."""
-    return [svc.unit_name] + ([weight_cache.unit_name(svc)] if weight_cache.spec(svc) else [])
-
-
 def unit_files(svc: ServicePlan) -> list[tuple[str, str, str, bool]]:
     """(path, content, mode, secret) for everything the service's unit depends on; rendered once per run for
     each form of the service (as pinned, as its host runs it), however many stages and peers ask."""
@@ -57,7 +52,7 @@ def start_reads(plan: HostPlan) -> dict[str, list[str]]:
     """What starts() reads of a host: declared by every stage that asks whether a pool (re)starts (names and
     paths only: no pin is needed to know them)."""
     return {"paths": [path for svc in plan.services for path in unit_paths(svc)],
-            "units": [unit for svc in plan.services for unit in unit_names(svc)]}
+            "units": [unit for svc in plan.services for unit in weight_cache.unit_names(svc)]}
 
 
 def pinned_services(plan: HostPlan) -> list[ServicePlan]:

@@ -50,6 +50,11 @@ def unit_name(svc) -> str:
     return svc.unit_name.removesuffix(".service") + "-weights.service"
 
 
+def unit_names(svc) -> list[str]:
+    """The service's units: its engine's, and its weight cache's where it has one."""
+    return [svc.unit_name] + ([unit_name(svc)] if spec(svc) else [])
+
+
 def container_name(svc) -> str:
     return f"{svc.container_name}-weights"
 
