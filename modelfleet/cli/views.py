@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from modelfleet import masking, render
+from modelfleet import masking, render, weight_cache
 from modelfleet.cli.common import (
     emit,
     inventory_options,
@@ -206,6 +206,13 @@ def render_cmd(inventory: str, host: str, group_data, data, as_json: bool, pin: 
         secrets = render.render_secrets_config(svc, mask=True)
         if secrets:
             files.append({"path": svc.secrets_config_file, "mode": "0600", "content": secrets})
+        if weight_cache.spec(svc):  # the restart tier beside it (docs/restart-tier.md)
+            notes.append(f"weight cache {weight_cache.unit_name(svc)}: keeps the loaded weights across engine "
+                         "restarts; only a change of its key (in its unit file) restarts it")
+            files.append({"path": f"/etc/systemd/system/{weight_cache.unit_name(svc)}", "mode": "0644",
+                          "content": render.render_weights_unit(svc)})
+            files.append({"path": weight_cache.env_file(svc), "mode": "0600",
+                          "content": render.render_weights_env(svc, mask=True)})
     for rp in plan.routers:  # the front doors this host runs (modelfleet.router)
         from modelfleet.router import preview
         door_files, door_notes = preview(rp)

@@ -259,3 +259,27 @@ def test_the_boot_log_filter_keeps_the_ipc_loaders_lines():
 
     for line in (VLLM_MAPPED, VLLM_FALLBACK, SGLANG_MAPPED, SGLANG_MISSING):
         assert re.search(timeline.BOOT_LINE_FILTER, line), line
+
+
+def test_render_shows_the_cache_unit_as_the_run_writes_it_and_validate_names_host_and_field(tmp_path):
+    """`modelfleet render` and the run (units.unit_files) render the cache's unit alike; a host whose engine has
+    no weight cache is refused by validate, exit 2, host and field named, no traceback."""
+    from tests.cli_runner import H200, inventory, run
+
+    inv = inventory(tmp_path, {"g1": {**H200, "weight_cache": True}})
+    out = run("render", "--json", inv, "g1")
+    assert out.exit_code == 0, out.output
+    shown = {f["path"]: f["content"] for f in json.loads(out.output)["files"]}
+    result = resolve([("g1", {**H200, "weight_cache": True})])
+    svc = result.hosts["g1"].services[0]
+    written = files(svc)
+    cache_unit = f"{units.UNIT_DIR}/{weight_cache.unit_name(svc)}"
+    assert shown[cache_unit] == written[cache_unit] and shown[units.UNIT_DIR + "/" + svc.unit_name] == written[
+        units.UNIT_DIR + "/" + svc.unit_name]
+    assert shown[weight_cache.env_file(svc)] == written[weight_cache.env_file(svc)]  # no key here: nothing masked
+    llama = {"hardware": "h200", "gpu_count": 8, "model": "kimi-k3", "engine": "llama.cpp",
+             "recipe": "kimi-k3-llamacpp-ud-iq1-m", "gpu_stack": False, "weight_cache": True}
+    out = run("validate", "--json", inventory(tmp_path, {"g2": llama}))
+    assert out.exit_code == 2 and "Traceback" not in out.output
+    errors = {(e["where"], e["field"]) for e in json.loads(out.output)["errors"]}
+    assert ("host g2", "weight_cache") in errors
