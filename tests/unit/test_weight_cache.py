@@ -283,3 +283,30 @@ def test_render_shows_the_cache_unit_as_the_run_writes_it_and_validate_names_hos
     assert out.exit_code == 2 and "Traceback" not in out.output
     errors = {(e["where"], e["field"]) for e in json.loads(out.output)["errors"]}
     assert ("host g2", "weight_cache") in errors
+
+
+@pytest.mark.slow  # systemd's own parser, another program
+@pytest.mark.parametrize("recipe", [VLLM, SGLANG])
+def test_systemd_reads_both_units_without_a_complaint(recipe, tmp_path):
+    """`systemd-analyze verify` over the engine's and the cache's unit as rendered (their env files beside them):
+    every key known, every Exec line an absolute program; a broken copy is refused (the check can fail)."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("systemd-analyze") or not shutil.which("docker"):
+        pytest.skip("systemd-analyze and docker are needed (verify checks that ExecStart's program exists)")
+    svc = service(recipe)
+    names = []
+    for path, content, _, _ in units.unit_files(svc):
+        local = tmp_path / path.rsplit("/", 1)[1]
+        local.write_text(content.replace(weight_cache.env_file(svc), str(tmp_path / "weights.env"))
+                         .replace("/usr/bin/docker", shutil.which("docker")))
+        names += [str(local)] if path.endswith(".service") else []
+    (tmp_path / "weights.env").write_text(files(svc)[weight_cache.env_file(svc)])
+    verify = ["systemd-analyze", "verify", "--man=no"]
+    done = subprocess.run(verify + names, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    broken = tmp_path / "broken-weights.service"
+    broken.write_text(weights_unit(svc).replace("RuntimeDirectoryMode=", "RuntimeDirectoryMod="))
+    done = subprocess.run(verify + [str(broken)], capture_output=True, text=True, timeout=60)
+    assert "Unknown key 'RuntimeDirectoryMod'" in done.stderr
