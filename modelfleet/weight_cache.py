@@ -29,8 +29,9 @@ def version_tuple(text: str) -> tuple[int, ...] | None:
     return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else None
 
 
-def refusal(engine_name: str, engine: Engine, recipe: Recipe) -> str | None:
-    """Why the recipe's engine version has no restart tier (None: it has one)."""
+def refusal(engine_name: str, engine: Engine, recipe: Recipe, extra_args=()) -> str | None:
+    """Why the service cannot have the restart tier (None: it can): its engine version has none, or its
+    `extra_args` set a flag the client flags set."""
     spec = engine.weight_cache
     if spec is None:
         return f"{engine_name} has no weight cache (no restart tier): take `weight_cache` out"
@@ -38,7 +39,35 @@ def refusal(engine_name: str, engine: Engine, recipe: Recipe) -> str | None:
     if have is None or since is None or have < since:
         return (f"recipe {recipe.id} runs {engine_name} {recipe.engine_version}, which has no weight cache (it is "
                 f"read in {engine_name} {spec.since} and later): take `weight_cache` out or use a newer recipe")
+    clash = sorted(_client_flags(spec) & {grammar.flag_name(a) for a in extra_args})
+    if clash:
+        return f"extra_args set {', '.join(clash)}, which the weight cache's client sets: take one of them out"
     return None
+
+
+def _client_flags(spec: WeightCache) -> set[str]:
+    return {name for a in spec.engine_args if (name := grammar.flag_name(a))}
+
+
+def displaced(svc, args) -> tuple[list[str], list[str]]:
+    """The recipe's args split in two: what the engine keeps, and the flags (with their values) the client flags
+    replace, which go to the daemon, the one that loads from disk now (a recipe's `--load-format
+    fastsafetensors` is how it loads)."""
+    cache = spec(svc)
+    if cache is None:
+        return list(args), []
+    kept, moved, client, skip = [], [], _client_flags(cache), False
+    for i, arg in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if grammar.flag_name(arg) in client:
+            following = args[i + 1] if i + 1 < len(args) else None
+            skip = "=" not in arg and following is not None and grammar.flag_name(following) is None
+            moved += [arg] + ([following] if skip else [])
+        else:
+            kept.append(arg)
+    return kept, moved
 
 
 def spec(svc) -> WeightCache | None:
@@ -112,7 +141,7 @@ def daemon_argv(svc, engine_argv: list[str], model_path: str, head: str) -> list
     pool across hosts."""
     cache = spec(svc)
     argv = [_filled(a, model_path=model_path, socket_dir=CONTAINER_SOCKETS) for a in cache.daemon_argv]
-    argv += shard_args(svc, engine_argv)
+    argv += shard_args(svc, engine_argv) + displaced(svc, svc.recipe.args)[1]
     if svc.nnodes > 1:
         argv += [_filled(a, head=head, port=MASTER_PORT) for a in cache.daemon_multinode]
     return argv

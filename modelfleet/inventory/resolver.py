@@ -146,7 +146,7 @@ def _resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[s
     if hw.vendor == "nvidia" and recipe.min_driver and int(host.driver_branch) < int(recipe.min_driver.split(".")[0]):
         errors.append((where, "driver_branch", f"{host.driver_branch} is older than recipe {recipe.id} needs "
                                                f"({recipe.min_driver})"))
-    if svc.weight_cache and (refused := weight_cache.refusal(svc.engine, engine, recipe)):
+    if svc.weight_cache and (refused := weight_cache.refusal(svc.engine, engine, recipe, svc.extra_args)):
         errors.append((where, "weight_cache", refused))
     # The image's CUDA against the driver, and a service's own image against the recipe's CUDA/ROCm.
     runtime = [("image", image_runtime.tag_problem(svc.image, recipe.cuda, recipe.rocm) if svc.image else None),

@@ -62,3 +62,62 @@ def test_replicas_share_one_unit_name_and_a_replicas_unit_under_its_pool_name_is
     retired = commands.index(f"systemctl disable --now {old}")
     assert commands[retired + 1] == f"rm -f -- /etc/systemd/system/{old}"
     assert retired < commands.index("systemctl start modelfleet-kimi-local.service")
+
+
+def _cache_host(image=IMAGE):
+    """Kimi K3.1 on 8x B300 with the restart tier (its recipe's --load-format goes to the daemon)."""
+    return {**b300_host(), "weight_cache": True, "image": image}
+
+
+def _converged_with_cache(fake, svc):
+    """What a host whose engine and cache units run as `svc` renders them reports."""
+    from modelfleet import render, weight_cache
+
+    replies = converged_replies(fake, svc)
+    lines = []
+    for path, content in ((f"/etc/systemd/system/{weight_cache.unit_name(svc)}", render.render_weights_unit(svc)),
+                          (weight_cache.env_file(svc), render.render_weights_env(svc))):
+        mode = 644 if path.endswith(".service") else 600
+        lines += [f"@@modelfleet-state path {path}",
+                  f"file {mode} root root {hashlib.sha256(content.encode()).hexdigest()}"]
+    lines += [f"@@modelfleet-state unit {weight_cache.unit_name(svc)}", "ActiveState=active", "UnitFileState=enabled"]
+    return {**replies, "@@modelfleet-state": replies["@@modelfleet-state"] + lines}
+
+
+def test_the_weight_cache_starts_before_the_engine_beside_it(fake, uploads):
+    host = {**_cache_host(), "fake_responses": {"@@modelfleet-probe": b300_probe(fake)}}
+    commands = fake.executed(fake.run_fake([("b300-01", host)], serve), "b300-01")
+    cache = "modelfleet-k31-weights.service"
+    assert commands.index(f"systemctl start {cache}") < commands.index("systemctl start modelfleet-k31.service")
+    assert f"systemctl enable {cache}" in commands
+    unit = uploads.files[f"/etc/systemd/system/{cache}"]
+    assert "preload" in unit and "--load-format fastsafetensors" in unit and "${MODELFLEET_WEIGHTS_IMAGE}" in unit
+    engine = uploads.files["/etc/systemd/system/modelfleet-k31.service"]
+    assert "--load-format ipc_cache" in engine and "fastsafetensors" not in engine
+    assert f"\nMODELFLEET_WEIGHTS_IMAGE={IMAGE}\n" in uploads.files["/etc/modelfleet/k31-weights.env"]
+
+
+def test_a_converged_cache_gets_nothing_and_an_image_only_upgrade_restarts_only_the_engine(fake, uploads):
+    svc = resolve([("@fake/b300-01", _cache_host())]).hosts["@fake/b300-01"].services[0]
+    replies = _converged_with_cache(fake, svc)
+    state = fake.run_fake([("b300-01", {**_cache_host(), "fake_responses": replies})], serve)
+    assert changed_ops(state, "b300-01") == []
+    newer = "vllm/vllm-openai:v0.34.0@sha256:" + "e" * 64
+    replies["@@modelfleet-state"] += [f"@@modelfleet-state image {newer}", "id=sha256:" + "2" * 64]
+    commands = fake.executed(fake.run_fake([("b300-01", {**_cache_host(newer), "fake_responses": replies})],
+                                           serve), "b300-01")
+    assert "systemctl restart modelfleet-k31.service" in commands
+    assert not [c for c in commands if c.startswith("systemctl") and "weights" in c], commands
+    # Its env file takes the new image (the cache's next start uses it); its unit file is not rewritten.
+    assert f"\nMODELFLEET_WEIGHTS_IMAGE={newer}\n" in uploads.files["/etc/modelfleet/k31-weights.env"]
+    assert "/etc/systemd/system/modelfleet-k31-weights.service" not in uploads.files
+
+
+def test_a_new_revision_restarts_the_cache_before_the_engine(fake, uploads):
+    svc = resolve([("@fake/b300-01", _cache_host())]).hosts["@fake/b300-01"].services[0]
+    replies = _converged_with_cache(fake, svc)
+    moved = {**_cache_host(), "revision": "d" * 40}
+    commands = fake.executed(fake.run_fake([("b300-01", {**moved, "fake_responses": replies})], serve), "b300-01")
+    cache = "systemctl restart modelfleet-k31-weights.service"
+    assert cache in commands and commands.index(cache) < commands.index("systemctl restart modelfleet-k31.service")
+    assert "d" * 40 in uploads.files["/etc/systemd/system/modelfleet-k31-weights.service"]

@@ -310,3 +310,16 @@ def test_systemd_reads_both_units_without_a_complaint(recipe, tmp_path):
     broken.write_text(weights_unit(svc).replace("RuntimeDirectoryMode=", "RuntimeDirectoryMod="))
     done = subprocess.run(verify + [str(broken)], capture_output=True, text=True, timeout=60)
     assert "Unknown key 'RuntimeDirectoryMod'" in done.stderr
+
+
+def test_a_recipes_load_format_goes_to_the_daemon_and_extra_args_may_not_set_the_client_flags():
+    svc = service(("kimi-k3.1-pro-vllm-b300", "b300"))
+    argv = render.engine_argv(svc)
+    assert argv.count("--load-format") == 1 and argv[argv.index("--load-format") + 1] == "ipc_cache"
+    daemon = render.weights_daemon_argv(svc)
+    assert daemon[daemon.index("--load-format") + 1] == "fastsafetensors"
+    result = pool("kimi-k3.1-pro-vllm-b300", "b300", weight_cache=True, extra_args=["--max-num-seqs", "8",
+                                                                                     "--model-loader-extra-config",
+                                                                                     "{}"])
+    assert ("host n0", "weight_cache", "extra_args set --model-loader-extra-config, which the weight cache's client "
+            "sets: take one of them out") in result.errors
