@@ -224,9 +224,10 @@ def render_weights_unit(svc: ServicePlan) -> str:
     argv = one_line_each(weights_docker_argv(svc))
     ready = (f"until [ $(find {weight_cache.socket_dir(svc)} -maxdepth 1 -type s | wc -l) -ge {svc.gpus} ]; "
              "do sleep 2; done")
+    stale = f"find {weight_cache.socket_dir(svc)} -mindepth 1 -maxdepth 1 -delete"
     return render_template("weights.service.j2", svc=svc, unit=weight_cache, key=weight_cache.key_hash(
         svc, engine_argv(svc)), exec_start=Lines(exec_start(argv).replace(_IMAGE_MARK, "${" + WEIGHTS_IMAGE_VAR + "}")),
-        exec_ready=exec_start(["/bin/sh", "-c", ready]))
+        exec_ready=exec_start(["/bin/sh", "-c", ready]), exec_clean=exec_start(["/bin/sh", "-c", stale]))
 
 
 def render_weights_env(svc: ServicePlan, mask: bool = False) -> str:

@@ -7,6 +7,7 @@ is tests/unit/test_engine_parsers.py; nothing here loads weights (CUDA IPC needs
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from dataclasses import replace
 
@@ -112,8 +113,14 @@ def test_an_engine_restart_leaves_the_cache_running():
         assert not any(line.startswith(("Requires=", "BindsTo=", "PartOf=", "Requisite=")) for line in text.splitlines())
     assert svc.unit_name not in cache
     # The cache's unit waits for every GPU's socket (the weights loaded) before it counts as started.
-    post = next(line for line in cache.replace(" \\\n", " ").splitlines() if line.startswith("ExecStartPost="))
+    post = next(line for line in re.sub(r" \\\n\s*", " ", cache).splitlines() if line.startswith("ExecStartPost="))
     assert f"find {weight_cache.socket_dir(svc)} -maxdepth 1 -type s" in post and f"-ge {svc.gpus}" in post
+    # ... fresh ones: the last daemon's are removed first (its container gone), or the wait would pass at once.
+    lines = re.sub(r" \\\n\s*", " ", cache).splitlines()
+    pre = [line for line in lines if line.startswith("ExecStartPre=")]
+    assert pre[0].startswith("ExecStartPre=-/usr/bin/docker rm -f ")
+    assert pre[1] == f"ExecStartPre=/bin/sh -c 'find {weight_cache.socket_dir(svc)} -mindepth 1 -maxdepth 1 -delete'"
+    assert lines.index(pre[1]) < lines.index(post)
 
 
 def test_sglang_the_standalone_daemon_and_the_client_mode_share_one_pid_namespace():
@@ -255,8 +262,6 @@ def test_the_timeline_shows_the_load_skipped(engine, lines, load):
 
 
 def test_the_boot_log_filter_keeps_the_ipc_loaders_lines():
-    import re
-
     for line in (VLLM_MAPPED, VLLM_FALLBACK, SGLANG_MAPPED, SGLANG_MISSING):
         assert re.search(timeline.BOOT_LINE_FILTER, line), line
 
