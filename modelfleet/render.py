@@ -222,8 +222,12 @@ def weights_env(svc: ServicePlan, mask: bool = False) -> dict[str, str]:
 
 def render_weights_unit(svc: ServicePlan) -> str:
     argv = one_line_each(weights_docker_argv(svc))
-    ready = (f"until [ $(find {weight_cache.socket_dir(svc)} -maxdepth 1 -type s | wc -l) -ge {svc.gpus} ]; "
-             "do sleep 2; done")
+    # Every GPU's socket, or the daemon's container gone (after its first 30 s: docker may not have made it
+    # yet): a failed daemon fails its unit at once, and the engine waiting on it starts and loads from disk.
+    running = f"{DOCKER} container inspect -f {{{{.State.Running}}}} {weight_cache.container_name(svc)}"
+    ready = (f"n=0; until [ $(find {weight_cache.socket_dir(svc)} -maxdepth 1 -type s | wc -l) -ge {svc.gpus} ]; "
+             f"do n=$((n + 1)); if [ $n -gt 15 ] && [ \"$({running} 2>/dev/null)\" != true ]; then exit 1; fi; "
+             "sleep 2; done")
     stale = f"find {weight_cache.socket_dir(svc)} -mindepth 1 -maxdepth 1 -delete"
     return render_template("weights.service.j2", svc=svc, unit=weight_cache, key=weight_cache.key_hash(
         svc, engine_argv(svc)), exec_start=Lines(exec_start(argv).replace(_IMAGE_MARK, "${" + WEIGHTS_IMAGE_VAR + "}")),

@@ -328,3 +328,32 @@ def test_a_recipes_load_format_goes_to_the_daemon_and_extra_args_may_not_set_the
                                                                                      "{}"])
     assert ("host n0", "weight_cache", "extra_args set --model-loader-extra-config, which the weight cache's client "
             "sets: take one of them out") in result.errors
+
+
+@pytest.mark.slow  # /bin/sh and the docker CLI
+def test_the_readiness_wait_passes_on_every_gpus_socket_and_fails_when_the_daemon_is_gone(tmp_path):
+    """The cache unit's ExecStartPost script, as systemd hands it to /bin/sh (`$$` is `$`), over a folder of
+    real Unix sockets; with none and no container of that name, it fails (its first 30 s cut short here)."""
+    import shutil
+    import socket
+    import subprocess
+
+    if not shutil.which("docker"):
+        pytest.skip("the script asks docker whether the daemon's container runs")
+    svc = service()
+    text = re.sub(r" \\\n\s*", " ", weights_unit(svc))
+    script = shlex.split(next(line for line in text.splitlines() if line.startswith("ExecStartPost="))
+                         .removeprefix("ExecStartPost="))[2].replace("$$", "$")
+    script = script.replace(weight_cache.socket_dir(svc), str(tmp_path)).replace(render.DOCKER, shutil.which("docker"))
+    held = []
+    for i in range(svc.gpus):
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(tmp_path / f"rank{i}.sock"))
+        held.append(s)
+    assert subprocess.run(["/bin/sh", "-c", script], timeout=20).returncode == 0
+    for s in held:
+        s.close()
+    for path in tmp_path.iterdir():
+        path.unlink()
+    quick = script.replace("-gt 15", "-gt 1").replace("sleep 2", "sleep 0.1")
+    assert quick != script and subprocess.run(["/bin/sh", "-c", quick], timeout=20).returncode == 1
