@@ -66,8 +66,9 @@ def engine_argv(svc: ServicePlan) -> list[str]:
     argv += [a for a in engine.metrics_args if grammar.flag_name(a) not in in_recipe]
     if engine.memory_fraction_flag and engine.memory_fraction_flag not in in_recipe:
         argv += [engine.memory_fraction_flag, str(recipe.memory_fraction)]
-    argv += weight_cache.displaced(svc, recipe.args)[0] + multinode_args(svc) + [a for flag, value in pd_values(svc, "engine_args").items()
-                                                       for a in (flag, value)]
+    # With the weight cache, a recipe flag its client flags replace (--load-format) goes to the daemon.
+    argv += weight_cache.displaced(svc, recipe.args)[0] + multinode_args(svc)
+    argv += [a for flag, value in pd_values(svc, "engine_args").items() for a in (flag, value)]
     argv += weight_cache.engine_args(svc)
     for name, parameter in recipe.parameters.items():
         if name in svc.recipe_params:

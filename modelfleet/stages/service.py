@@ -15,7 +15,15 @@ from modelfleet.operations.mounts import MOUNTINFO, private_bind
 from modelfleet.operations.owned_unit import owned_running, refused_when_kept, unmasked
 from modelfleet.operations.report import fail_host, note_once
 from modelfleet.operations.service import unit_retired, wait_ready, worker_up
-from modelfleet.units import UNIT_DIR, edited, pinned_services, start_reads, unit_files, weights_paths
+from modelfleet.units import (
+    UNIT_DIR,
+    edited,
+    engine_edited,
+    pinned_services,
+    start_reads,
+    unit_files,
+    weights_paths,
+)
 
 NAME = "service"
 PINS: frozenset[str] = frozenset({"images", "revisions"})
@@ -91,7 +99,7 @@ def run(ctx: HostRun):
             owned_running(cache_unit, units[cache_unit], cache_extra, reload=changed[weights[0]],
                           restart=changed[weights[0]])
         starts = owned_running(svc.unit_name, unit, extra, reload=changed[f"{UNIT_DIR}/{svc.unit_name}"],
-                               restart=any(v for path, v in changed.items() if path not in weights))
+                               restart=engine_edited(svc, state))
         timeline.watch(host.name, svc.pool, svc.served_name)
         if starts and svc.node_rank:
             worker_up(name=f"Worker {svc.unit_name} (rank {svc.node_rank} of pool {svc.pool}) stays up",
