@@ -93,7 +93,7 @@ class DriverPlan:
         return [*self.os.missing(self.packages, installed), *exact]
 
     def installs(self, installed: dict) -> list[str]:
-        """The packages this plan installs on a host with `installed` (the repository's .deb included)."""
+        """The packages this plan installs on a host with `installed` (the repository's own package included)."""
         from_repo = [p for p in self._packages_installed(installed) if p not in self.from_archive]
         return ([self.repo_package] if from_repo and self.repo_package and not installed.get(self.repo_package)
                 else []) + self._packages_installed(installed)
