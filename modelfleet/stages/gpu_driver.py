@@ -132,9 +132,9 @@ def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
     out.source = "ubuntu-signed" if signed else "cuda"
     if signed:  # known on every run (a converged host's holds are read by these names)
         out.from_archive = {signed.modules, signed.modules_flavour, signed.userspace, signed.utils}
-    out.driver_package = signed.userspace if signed else \
-        f"nvidia-driver-{branch}" + ("-open" if stack.driver_flavor == "open" else "")
-    pinning = f"nvidia-driver-pinning-{branch}" if stack.driver_pinning and not signed else None
+    flavor = "-open" if stack.driver_flavor == "open" else ""
+    out.driver_package = signed.userspace if signed else fam.names("nvidia_driver").format(branch=branch, flavor=flavor)
+    pinning = fam.names("nvidia_pinning").format(branch=branch) if stack.driver_pinning and not signed else None
     installed = state["packages"]
     if replaces_driver(plan, probe) and signed:
         # Canonical's module signed for the running kernel (the flavour's package follows its kernel updates),
@@ -156,7 +156,7 @@ def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
         target = stack.driver_version or (fam.upstream(have["version"]) if have else f"branch {branch}")
         out.reboot_reason = f"driver {target} installed, {loaded or 'no driver'} loaded"
     if stack.cuda_toolkit:
-        out.packages[f"cuda-toolkit-{stack.cuda_toolkit}"] = None
+        out.packages[fam.names("cuda_toolkit").format(version=stack.cuda_toolkit)] = None
     if out.driver_package in out.packages or installed.get(out.driver_package):
         # Held even with the pinning package (it pins the branch, not the release): no upgrade (by hand or
         # unattended) moves the libraries under a running engine. (A driver installed another way,
@@ -166,7 +166,7 @@ def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
             out.hold += [signed.utils, signed.modules, signed.modules_flavour]
     out.units.append(PERSISTENCED)
     if fabric_manager_needed(plan, probe):
-        fm = f"nvidia-fabricmanager-{branch}"
+        fm = fam.names("fabric_manager").format(branch=branch)
         extras = [p.format(branch=branch) for p in hw.extra_packages]
         out.exact = [fm] + [p for p in extras if str(branch) in p]
         out.packages.update({p: None for p in extras if str(branch) not in p})
