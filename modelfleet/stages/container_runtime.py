@@ -129,7 +129,7 @@ def run(ctx: HostRun, driver_changes: bool = False, reboot_pending: bool = False
     for list_path, content, key_url, key_path in d.sources:
         repo = PurePosixPath(key_path).stem  # the keys are named after their repository (docker.asc, ...)
         fam.key_fetched(name=f"Signing key {key_path}", url=key_url, dest=key_path, current=paths.get(key_path),
-                    repo=repo, fingerprints=trust.expected(plan.stack.repo_key_fingerprints, repo))
+                        repo=repo, fingerprints=trust.expected(plan.stack.repo_key_fingerprints, repo))
         content_file(name=f"Source list {list_path}", dest=list_path, content=content, current=paths.get(list_path))
     fam.packages(name="Docker and the container toolkit", wanted=d.packages, current=state["packages"])
     # Held: an upgrade of Docker restarts dockerd (and every engine); one of the toolkit changes how GPUs reach
