@@ -30,6 +30,7 @@ from typing import Any
 from pyinfra import state as pyinfra_state
 from pyinfra.context import ctx_host
 
+from modelfleet import os as osfam
 from modelfleet import runscope
 from modelfleet.errors import ModelfleetError
 from modelfleet.fabric import PoolFabric, derive
@@ -203,8 +204,10 @@ class HostRun:
                         merged[kind] |= items
                 target = pyinfra_state.inventory.get_host(name)
                 with ctx_host.use(target):
-                    cache.deployed[name] = target.get_fact(DeployedState, **{k: tuple(sorted(v))
-                                                                            for k, v in merged.items()})
+                    # Packages as the host's OS family reads them (preflight's probe names the OS).
+                    family = osfam.family_name((cache.probes.get(name) or {}).get("os"))
+                    cache.deployed[name] = target.get_fact(DeployedState, family=family,
+                                                           **{k: tuple(sorted(v)) for k, v in merged.items()})
         return cache.deployed[name]
 
     def pool_checks(self, pool: str) -> dict[str, dict]:

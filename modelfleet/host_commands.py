@@ -51,16 +51,6 @@ def revisions_dir(model_dir: str) -> str:
     return model_dir.rstrip("/").rsplit("/", 1)[0]
 
 
-def deb_upstream(deb_version: str) -> str:
-    """'1:580.159.04-1ubuntu1' -> '580.159.04' (no epoch, no Debian revision)."""
-    return re.sub(r"-[^-]*$", "", deb_version.split(":", 1)[-1])
-
-
-def deb_upstream_sh(package: str) -> str:
-    """Prints the installed `package`'s upstream version, as deb_upstream reads it (fails when not installed)."""
-    return (f"dpkg-query -W -f='${{Version}}' {shlex.quote(package)} | sed 's/^[0-9]*://; s/-[^-]*$//'")
-
-
 # The signer of the nvidia module the running kernel loads (Canonical's key for Ubuntu's signed modules, DKMS's
 # MOK for a module built here; nothing for an unsigned one).
 MODULE_SIGNER = "modinfo -F signer nvidia"

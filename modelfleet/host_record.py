@@ -8,9 +8,10 @@ from __future__ import annotations
 import json
 import time
 
+from modelfleet import os as osfam
 from modelfleet import secure_boot
 from modelfleet.facts.host import OsRelease
-from modelfleet.host_commands import MODULE_SIGNER, deb_upstream_sh, fabric_manager_version_sh
+from modelfleet.host_commands import MODULE_SIGNER, fabric_manager_version_sh
 from modelfleet.operations.report import report_path
 
 MARK = "@@modelfleet-record"
@@ -21,7 +22,7 @@ def script() -> str:
     return (f"echo '{MARK} os'; ( {OsRelease().command()} ) 2>/dev/null; "
             f"echo '{MARK} tools'; echo \"signer=$({MODULE_SIGNER} 2>/dev/null)\"; "
             f"echo \"fabric_manager=$({fabric_manager_version_sh()})\"; "
-            f"echo \"imex=$({deb_upstream_sh('nvidia-imex')} 2>/dev/null)\"; "
+            f"echo \"imex=$({osfam.family(None).upstream_sh('nvidia-imex')} 2>/dev/null)\"; "
             f"echo \"vbios=$({VBIOS} 2>/dev/null | sort -u | tr '\\n' ' ')\"; echo '{MARK} end';")
 
 

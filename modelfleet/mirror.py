@@ -335,46 +335,30 @@ def build(result: Resolved, names: list[str], dest: Path, from_host: str | None 
 
 # --- the outside URLs a run uses ------------------------------------------------------------------------------
 
-# The release codename /etc/os-release gives (VERSION_CODENAME) for each OS the GPU stack supports (the keys
-# of gpu_driver's CUDA_DISTROS and AMD_CODENAMES): Docker's repository names its suite by it.
-OS_CODENAMES = {("ubuntu", "22.04"): "jammy", ("ubuntu", "24.04"): "noble", ("debian", "12"): "bookworm"}
 # pip's own default index: what a host's `pip install` reaches unless its pip.conf names another.
 PIP_DEFAULT_INDEX = "https://pypi.org/simple/"
 
 
 def known_systems() -> list[str]:
     """Every `ID-VERSION` the GPU stack installs on (either vendor), as `urls --os` takes them."""
-    from modelfleet.stages import gpu_driver
+    from modelfleet import os as osfam
 
-    return sorted({f"{os_id}-{version}" for os_id, version in {*gpu_driver.CUDA_DISTROS, *gpu_driver.AMD_CODENAMES}})
+    return sorted({f"{os_id}-{version}" for os_id, version in {*osfam.releases("cuda"), *osfam.releases("amdgpu")}})
 
 
 def stack_systems(vendor: str, only: tuple[str, ...] = (), arches: tuple[str, ...] = ()) -> list[dict]:
     """The OS releases and architectures the GPU stack installs on for `vendor`, as preflight's probe reports
     them (`only`: e.g. ("ubuntu-24.04",); `arches`: e.g. ("x86_64",))."""
-    from modelfleet.stages import gpu_driver
+    from modelfleet import os as osfam
 
     if vendor == "amd":
-        releases, machine = list(gpu_driver.AMD_CODENAMES), ["x86_64"]  # amdgpu's lists are arch=amd64
+        releases, machine = osfam.releases("amdgpu"), ["x86_64"]  # amdgpu's lists are arch=amd64
     else:
-        releases, machine = list(gpu_driver.CUDA_DISTROS), list(gpu_driver.CUDA_ARCHES)
-    return [{"id": os_id, "version_id": version, "arch": arch, "codename": OS_CODENAMES.get((os_id, version)),
+        releases, machine = osfam.releases("cuda"), list(osfam.cuda_arches())
+    return [{"id": os_id, "version_id": version, "arch": arch, "codename": osfam.codename(os_id, version),
              "pretty_name": f"{os_id} {version}"}
             for os_id, version in releases for arch in machine
             if (not only or f"{os_id}-{version}" in only) and (not arches or arch in arches)]
-
-
-def _apt_line(line: str, deb_arch: str) -> tuple[str, str]:
-    """`deb [options] URL SUITE [COMPONENTS]` -> (URL, suite); apt's $(ARCH) as the host's dpkg arch."""
-    words = line.split()
-    while words and words[0] in ("deb", "deb-src"):
-        words = words[1:]
-    if words and words[0].startswith("["):
-        while words and not words[0].endswith("]"):
-            words = words[1:]
-        words = words[1:]
-    url, suite = (words + ["", ""])[:2]
-    return url.replace("$(ARCH)", deb_arch), suite.replace("$(ARCH)", deb_arch)
 
 
 def outside_urls(result: Resolved, names: list[str], only_os: tuple[str, ...] = (),
@@ -383,6 +367,7 @@ def outside_urls(result: Resolved, names: list[str], only_os: tuple[str, ...] = 
     own decisions (a bare host of each OS release the stack supports, or `only_os`), the images the units and
     checks run, and the checkpoint source. Each entry: url (None for what the hosts' own configuration names),
     kind, what, used_by, hosts, os."""
+    from modelfleet import os as osfam
     from modelfleet import router
     from modelfleet.registry import base_url, insecure_of, split_reference
     from modelfleet.stages import container_runtime, exporters, gpu_driver, os_base
@@ -408,24 +393,23 @@ def outside_urls(result: Resolved, names: list[str], only_os: tuple[str, ...] = 
         plan = result.hosts[name]
         vendor = plan.hardware.vendor
         for system in (stack_systems(vendor, only_os, arches) if plan.stack_ours else []):
-            probe = {"os": system}
-            deb_arch = container_runtime.DEB_ARCHES.get(system["arch"], "amd64")
+            probe, fam = {"os": system}, osfam.family(system)
+            arch = fam.arch(system["arch"])
             driver = gpu_driver.decide(plan, probe, {"packages": {}})
             runtime = container_runtime.decide(plan, probe, {"texts": {}, "paths": {}, "units": {}})
             if driver.repo_deb_url:
                 add(driver.repo_deb_url, "package", f"{driver.repo_package} (the vendor's repository and key)",
                     "hosts", name, system)
             for list_path, content in driver.sources:
-                for line in content.splitlines():
-                    url, suite = _apt_line(line, deb_arch)
-                    add(url, "apt repository", f"{list_path} (suite {suite})", "hosts", name, system)
+                for url, suite in fam.source_urls(content, arch):
+                    add(url, fam.SOURCE_KIND, f"{list_path} (suite {suite})", "hosts", name, system)
             for list_path, content, key_url, key_path in runtime.sources:
-                url, suite = _apt_line(content, deb_arch)
                 add(key_url, "signing key", f"{key_path}, for {list_path}", "hosts", name, system)
-                add(url, "apt repository", f"{list_path} (suite {suite})", "hosts", name, system)
+                for url, suite in fam.source_urls(content, arch):
+                    add(url, fam.SOURCE_KIND, f"{list_path} (suite {suite})", "hosts", name, system)
             packages = list(os_base.base_packages(plan, {"kernel": "<kernel>"}, builds_module=driver.builds_module))
             packages += [p for p in runtime.packages if p == "docker.io"]
-            add(None, "distribution archive", ", ".join(packages), "hosts (their own apt sources)", name, system)
+            add(None, "distribution archive", ", ".join(packages), f"hosts ({fam.OWN_SOURCES})", name, system)
         images = [(svc.image, "control node (digest) and hosts (pull)", f"engine image of pool {svc.pool}")
                   for svc in plan.services]
         if exporters.enabled(plan):
@@ -455,7 +439,7 @@ def outside_urls(result: Resolved, names: list[str], only_os: tuple[str, ...] = 
                     "name another)", "hosts (the first of each checkpoint group)", name)
         if plan.routers:
             add(None, "distribution archive", ", ".join(router_stage.wanted_packages(plan)),
-                "hosts (their own apt sources)", name)
+                f"hosts ({osfam.family(None).OWN_SOURCES})", name)
         for rp in plan.routers:
             spec = router.spec(rp)
             add(PIP_DEFAULT_INDEX, "pip index", f"{spec.package}=={spec.version} (pip's default; a host's pip.conf "

@@ -1,5 +1,6 @@
 """What a stage has already put on a host, read in one round trip: paths (kind, mode, owner, sha256), units
-local images, checkpoint trees (files with size and mtime, the manifest, free space) and Debian packages."""
+local images, checkpoint trees (files with size and mtime, the manifest, free space) and packages (as the host's
+OS family's package database has them)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 
 from pyinfra.api import FactBase
 
+from modelfleet import os as osfam
 from modelfleet.host_commands import (
     CURRENT,
     FETCH_LOCK,
@@ -56,13 +58,15 @@ class DeployedState(FactBase):
 
     def command(self, paths: tuple[str, ...] = (), units: tuple[str, ...] = (), images: tuple[str, ...] = (),
                 trees: tuple[str, ...] = (), packages: tuple[str, ...] = (), texts: tuple[str, ...] = (),
-                owned: tuple[str, ...] = ()) -> str:
+                owned: tuple[str, ...] = (), family: str | None = None) -> str:
+        """`family`: the host's OS family (modelfleet.os), which reads its packages; the default one if None."""
         kinds = {"path": paths, "unit": units, "image": images, "tree": trees, "package": packages, "text": texts,
                  "owned": owned}
         return program("deployed_state", *(f"{kind}={value}" for kind, values in kinds.items() for value in values),
                        env={"MARK": MARK, "MANIFEST": MANIFEST, "FETCH_LOCK": FETCH_LOCK, "PARTIAL": PARTIAL,
                             "CURRENT": CURRENT, "OWNED_MARK": OWNED_MARK},
-                       functions={"unit_show": unit_show_command('"$1"', UNIT_PROPERTIES)})
+                       functions={"unit_show": unit_show_command('"$1"', UNIT_PROPERTIES),
+                                  "package_state": osfam.by_name(family).PACKAGE_STATE_SH})
 
     def process(self, output):
         result = self.default()

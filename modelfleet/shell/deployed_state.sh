@@ -2,7 +2,7 @@
 # What a stage has already put on a host, for modelfleet.facts.state.DeployedState. Arguments are KIND=VALUE
 # (path, unit, image, tree, package, text, owned); each answer starts with a "$MARK KIND VALUE" line.
 # Set by the caller: MARK, MANIFEST, FETCH_LOCK, PARTIAL, CURRENT, OWNED_MARK, unit_show (systemctl show for unit
-# "$1").
+# "$1"), package_state (the OS family's installed version of package "$1").
 for arg; do
   kind=${arg%%=*}
   value=${arg#*=}
@@ -56,8 +56,8 @@ for arg; do
       [ -f "$d/$MANIFEST" ] || echo "unfinished $r"
     done ;;
   package)
-    # Installed packages only ("ii"); a hold shows as "hi".
-    dpkg-query -W -f='${db:Status-Abbrev} ${Version}\n' -- "$value" 2>/dev/null | grep -E '^[hi]i ' ;;
+    # Installed packages only ("ii VERSION"); a hold shows as "hi VERSION" (the OS family's query).
+    package_state "$value" ;;
   text)
     [ -f "$value" ] && sed 's/^/= /' -- "$value" ;;
   owned)

@@ -1,6 +1,6 @@
 """Stage container_runtime: Docker Engine and the NVIDIA Container Toolkit, and a container that sees the GPUs.
 
-Docker from Docker's apt repository (docker-ce and its plugins; `docker_source: distro` takes the
+Docker from Docker's repository (docker-ce and its plugins; `docker_source: distro` takes the
 distribution's docker.io instead), the NVIDIA Container Toolkit from NVIDIA's repository,
 `nvidia-ctk runtime configure --runtime=docker` when daemon.json lacks the nvidia runtime, a CDI spec from
 `nvidia-ctk cdi generate`, Docker restarted only when its configuration changed, and a check that a container
@@ -17,11 +17,11 @@ from pathlib import PurePosixPath
 from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
 
+from modelfleet import os as osfam
 from modelfleet import trust
 from modelfleet.context import HostRun
 from modelfleet.host_commands import container_gpu_check
 from modelfleet.inventory import HostPlan
-from modelfleet.operations.apt import held, key_fetched, missing, packages
 from modelfleet.operations.files import content_file
 from modelfleet.operations.service import unit_running
 
@@ -29,17 +29,19 @@ NAME = "container_runtime"  # a part of the gpu_stack stage
 
 DAEMON_JSON = "/etc/docker/daemon.json"
 CDI_SPEC = "/etc/cdi/nvidia.yaml"
-KEYRINGS = "/etc/apt/keyrings"
-DOCKER_PACKAGES = ("docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin", "docker-compose-plugin")
-RUNTIME_HOLDS = ("docker-ce", "docker-ce-cli", "containerd.io", "docker.io", "nvidia-container-toolkit")
-DEB_ARCHES = {"x86_64": "amd64", "aarch64": "arm64"}
+TOOLKIT_PACKAGE = "nvidia-container-toolkit"
+
+
+def runtime_holds(fam) -> set[str]:
+    """What is held: Docker's engine and containerd (from either source), and the toolkit."""
+    return {*fam.names("docker_holds"), fam.names("distro_docker"), TOOLKIT_PACKAGE}
 
 
 @dataclass
 class RuntimePlan:
     manage: bool
     vendor: str = "none"
-    sources: list[tuple[str, str, str, str]] = field(default_factory=list)  # (list path, content, key url, key path)
+    sources: list[tuple[str, str, str, str]] = field(default_factory=list)  # (source file, content, key url, key path)
     packages: dict[str, None] = field(default_factory=dict)
     configure_nvidia: bool = False
     cdi: bool = False
@@ -64,25 +66,20 @@ def decide(plan: HostPlan, probe: dict, state: dict, driver_changes: bool = Fals
         return RuntimePlan(manage=False)
     out = RuntimePlan(manage=True, vendor=vendor)
     os_info = probe.get("os") or {}
-    arch = DEB_ARCHES.get(os_info.get("arch") or "", "amd64")
+    fam = osfam.family(os_info)
     if stack.docker_source == "docker":
         distro = os_info.get("id") or "ubuntu"
-        key = f"{KEYRINGS}/docker.asc"
-        out.sources.append((
-            "/etc/apt/sources.list.d/docker.list",
-            f"deb [arch={arch} signed-by={key}] {stack.docker_repo_url.rstrip('/')}/{distro} "
-            f"{os_info.get('codename') or 'stable'} stable\n",
-            f"{stack.docker_repo_url.rstrip('/')}/{distro}/gpg", key))
-        out.packages.update(dict.fromkeys(DOCKER_PACKAGES))
+        key, url = fam.key_path("docker"), f"{stack.docker_repo_url.rstrip('/')}/{distro}"
+        out.sources.append((*fam.source("docker", url, os_info.get("codename") or "stable", "stable", key,
+                                        fam.arch(os_info.get("arch"))), f"{url}/gpg", key))
+        out.packages.update(dict.fromkeys(fam.names("docker")))
     else:
-        out.packages["docker.io"] = None
+        out.packages[fam.names("distro_docker")] = None
     if vendor == "nvidia":
-        key = f"{KEYRINGS}/nvidia-container-toolkit.asc"
-        out.sources.append((
-            "/etc/apt/sources.list.d/nvidia-container-toolkit.list",
-            f"deb [signed-by={key}] {stack.container_toolkit_repo_url.rstrip('/')}/$(ARCH) /\n",
-            stack.container_toolkit_key_url, key))
-        out.packages["nvidia-container-toolkit"] = None
+        key = fam.key_path(TOOLKIT_PACKAGE)
+        out.sources.append((*fam.source(TOOLKIT_PACKAGE, f"{stack.container_toolkit_repo_url.rstrip('/')}/$(ARCH)",
+                                        "/", key=key), stack.container_toolkit_key_url, key))
+        out.packages[TOOLKIT_PACKAGE] = None
         out.configure_nvidia = not nvidia_runtime_configured(state["texts"].get(DAEMON_JSON))
         # The spec names the driver's libraries by version: regenerate it when the driver changes. nvidia-ctk
         # asks the loaded driver, so with a reboot pending it waits for the next run.
@@ -127,22 +124,23 @@ def run(ctx: HostRun, driver_changes: bool = False, reboot_pending: bool = False
     plan = ctx.plan
     state = ctx.deployed()
     d = decide(plan, ctx.probe, state, driver_changes, reboot_pending)
+    fam = osfam.family(ctx.probe.get("os"))
     paths = state["paths"]
     for list_path, content, key_url, key_path in d.sources:
         repo = PurePosixPath(key_path).stem  # the keys are named after their repository (docker.asc, ...)
-        key_fetched(name=f"Signing key {key_path}", url=key_url, dest=key_path, current=paths.get(key_path),
-                    repo=repo, fingerprints=trust.expected(plan.stack.repo_key_fingerprints, repo))
+        fam.key_fetched(name=f"Signing key {key_path}", url=key_url, dest=key_path, current=paths.get(key_path),
+                        repo=repo, fingerprints=trust.expected(plan.stack.repo_key_fingerprints, repo))
         content_file(name=f"Source list {list_path}", dest=list_path, content=content, current=paths.get(list_path))
-    packages(name="Docker and the container toolkit", wanted=d.packages, current=state["packages"])
+    fam.packages(name="Docker and the container toolkit", wanted=d.packages, current=state["packages"])
     # Held: an upgrade of Docker restarts dockerd (and every engine); one of the toolkit changes how GPUs reach
     # them. Both change only through modelfleet.
-    held(name="Hold Docker and the container toolkit", names=[p for p in d.packages if p in RUNTIME_HOLDS],
-         current=state["packages"])
+    fam.held(name="Hold Docker and the container toolkit", names=[p for p in d.packages if p in runtime_holds(fam)],
+             current=state["packages"])
     nvidia_runtime(name="NVIDIA runtime for Docker and CDI spec", configure=d.configure_nvidia, cdi=d.cdi)
     if d.manage:
         unit_running(name="Run docker.service", unit="docker.service",
                      current=state["units"].get("docker.service") or {}, reload=False, restart=d.restart_docker)
-    changed = bool(missing(d.packages, state["packages"]) or d.configure_nvidia or d.cdi or driver_changes)
+    changed = bool(fam.missing(d.packages, state["packages"]) or d.configure_nvidia or d.cdi or driver_changes)
     passthrough = plan.services[0].gpu_passthrough if plan.services else True
     skip = ("GPU stack not managed here" if not d.manage else
             "inventory says gpu_passthrough: false (no GPUs to hand to containers)" if not passthrough else

@@ -1,9 +1,9 @@
-"""Stage gpu_driver: the GPU driver from its vendor's apt repository, held on its branch (or at the release
+"""Stage gpu_driver: the GPU driver from its vendor's repository, held on its branch (or at the release
 `driver_version` names: changing it is a driver upgrade, `modelfleet upgrade` rolls it batch by batch).
 
-NVIDIA: the CUDA network repository through its `cuda-keyring` package (arch x86_64 or sbsa), the driver
-branch's metapackage (open kernel modules by default), NVIDIA's pinning package for the branch (else
-`apt-mark hold`), `cuda-toolkit-X-Y` only where asked, nvidia-persistenced enabled. Where NVSwitch needs it,
+NVIDIA: the CUDA network repository (Debian family: through its `cuda-keyring` package; arch x86_64 or sbsa),
+the driver branch's metapackage (open kernel modules by default), NVIDIA's pinning package for the branch (else
+a hold), `cuda-toolkit-X-Y` only where asked, nvidia-persistenced enabled. Where NVSwitch needs it,
 Fabric Manager (and the board's extra packages: nvlsm, nvidia-imex) at exactly the driver's version, held.
 Under UEFI Secure Boot (preflight reads it) a DKMS module is refused before anything is installed, unless its key
 is enrolled; on Ubuntu `driver_source` (auto there) takes Canonical's signed modules for the running kernel
@@ -24,20 +24,18 @@ from dataclasses import dataclass, field
 from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
 
+from modelfleet import os as osfam
 from modelfleet import secure_boot, trust
 from modelfleet.context import HostRun
 from modelfleet.gpu_predicates import branch_of, fabric_manager_needed, loaded_driver, replaces_driver
 from modelfleet.host_commands import (
     amd_gpu_count_sh,
-    deb_upstream,
-    deb_upstream_sh,
     driver_version_sh,
     fabric_manager_version_sh,
     nvidia_gpu_count_sh,
     program,
 )
 from modelfleet.inventory import HostPlan
-from modelfleet.operations.apt import apt_get, deb_from_url, held, missing, packages
 from modelfleet.operations.files import content_file
 from modelfleet.operations.reboot import reboot_and_wait
 from modelfleet.operations.report import fail_host
@@ -45,31 +43,10 @@ from modelfleet.operations.service import unit_running
 
 NAME = "gpu_driver"  # a part of the gpu_stack stage
 
-# NVIDIA's repository names (https://developer.download.nvidia.com/compute/cuda/repos/)
-CUDA_DISTROS = {("ubuntu", "22.04"): "ubuntu2204", ("ubuntu", "24.04"): "ubuntu2404", ("debian", "12"): "debian12"}
-CUDA_ARCHES = {"x86_64": "x86_64", "aarch64": "sbsa"}
-CUDA_KEYRING = ("cuda-keyring", "cuda-keyring_1.1-1_all.deb", "/usr/share/keyrings/cuda-archive-keyring.gpg")
-# AMD publishes amdgpu-install per Ubuntu release; its Debian 12 instructions use the jammy packages.
-AMD_CODENAMES = {("ubuntu", "22.04"): "jammy", ("ubuntu", "24.04"): "noble", ("debian", "12"): "jammy"}
-AMD_KEYRING = "/etc/apt/keyrings/rocm.gpg"  # what amdgpu-install brings, for its two lists
+# Which release takes which of NVIDIA's and AMD's repositories: catalog/os.yaml (modelfleet.os).
 PERSISTENCED = "nvidia-persistenced.service"
 FABRIC_MANAGER = "nvidia-fabricmanager.service"
 GROUP_FILE = "/etc/group"
-# Debian/Ubuntu flag a pending kernel (or library) update here; reported, never a reason to reboot by itself.
-REBOOT_REQUIRED = "/run/reboot-required"
-# unattended-upgrades skips these (regular expressions; it honours holds too, this covers what is not held):
-# the driver, Fabric Manager, CUDA and the container stack change only through modelfleet, never under a
-# running engine (NVML then fails with "Driver/library version mismatch" until a reboot).
-UNATTENDED_CONF = "/etc/apt/apt.conf.d/51modelfleet-unattended-upgrades"
-UNATTENDED_BLACKLIST = ("nvidia-", "libnvidia-", "linux-modules-nvidia-", "cuda-", "nvidia-container-", "docker-ce",
-                        "containerd.io", "amdgpu", "rocm")
-
-
-def unattended_conf() -> str:
-    items = "".join(f'    "{pattern}";\n' for pattern in UNATTENDED_BLACKLIST)
-    return ("// Managed by modelfleet: GPU driver, Fabric Manager, CUDA and the container runtime are changed\n"
-            "// only by modelfleet's GPU stack (never under a running engine).\n"
-            f"Unattended-Upgrade::Package-Blacklist {{\n{items}}};\n")
 
 
 @dataclass
@@ -78,10 +55,11 @@ class DriverPlan:
 
     vendor: str
     problems: list[str] = field(default_factory=list)
-    repo_package: str | None = None  # cuda-keyring / amdgpu-install, from a .deb at repo_deb_url
+    family: str = ""  # the host's OS family (modelfleet.os), which speaks the package manager
+    repo_package: str | None = None  # cuda-keyring / amdgpu-install, from a package at repo_deb_url
     repo_deb_url: str | None = None
-    repo_keyring: tuple[str, str] | None = None  # (repository, keyring path inside the .deb): checked before install
-    sources: list[tuple[str, str]] = field(default_factory=list)  # (list file, content) with the configured URL
+    repo_keyring: tuple[str, str] | None = None  # (repository, keyring path inside the package): checked first
+    sources: list[tuple[str, str]] = field(default_factory=list)  # (source file, content) with the configured URL
     packages: dict[str, str | None] = field(default_factory=dict)
     hold: list[str] = field(default_factory=list)
     exact: list[str] = field(default_factory=list)  # installed at exactly the driver's version (FM, IMEX)
@@ -105,13 +83,17 @@ class DriverPlan:
         """The new module is installed but not loaded, and the inventory said not to reboot."""
         return self.reboot and not self.allowed_reboot
 
+    @property
+    def os(self):
+        return osfam.by_name(self.family)
+
     def _packages_installed(self, installed: dict) -> list[str]:
         exact = self.exact if not self.exact_version else list(
-            missing(dict.fromkeys(self.exact, self.exact_version), installed))
-        return [*missing(self.packages, installed), *exact]
+            self.os.missing(dict.fromkeys(self.exact, self.exact_version), installed))
+        return [*self.os.missing(self.packages, installed), *exact]
 
     def installs(self, installed: dict) -> list[str]:
-        """The packages this plan installs on a host with `installed` (the repository's .deb included)."""
+        """The packages this plan installs on a host with `installed` (the repository's own package included)."""
         from_repo = [p for p in self._packages_installed(installed) if p not in self.from_archive]
         return ([self.repo_package] if from_repo and self.repo_package and not installed.get(self.repo_package)
                 else []) + self._packages_installed(installed)
@@ -123,21 +105,19 @@ def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
     if not plan.stack_ours:
         return DriverPlan(vendor="none")
     os_info = probe.get("os") or {}
-    key = (os_info.get("id"), os_info.get("version_id"))
+    fam = osfam.family(os_info)
     if hw.vendor == "amd":
-        return _decide_amd(plan, probe, state, key)
-    out = DriverPlan(vendor="nvidia", allowed_reboot=stack.reboot)
-    distro, arch = CUDA_DISTROS.get(key), CUDA_ARCHES.get(os_info.get("arch") or "")
+        return _decide_amd(plan, probe, state)
+    out = DriverPlan(vendor="nvidia", allowed_reboot=stack.reboot, family=fam.NAME)
+    key = (os_info.get("id"), os_info.get("version_id"))
+    distro, arch = (osfam.release(os_info) or {}).get("cuda"), osfam.cuda_arches().get(os_info.get("arch") or "")
     if not distro or not arch:
         out.problems.append(f"os: {os_info.get('pretty_name') or key} on {os_info.get('arch')} has no NVIDIA "
-                            "CUDA repository here (supported: Ubuntu 22.04, 24.04, Debian 12; x86_64, aarch64)")
+                            f"CUDA repository here (supported: {osfam.supported('cuda')}; "
+                            f"{', '.join(osfam.cuda_arches())})")
         return out
     branch = int(stack.driver_branch)
-    repo = f"{stack.nvidia_repo_url.rstrip('/')}/{distro}/{arch}/"
-    name, deb, keyring = CUDA_KEYRING
-    out.repo_package, out.repo_deb_url, out.repo_keyring = name, repo + deb, ("cuda", keyring)
-    # The list file cuda-keyring ships, rewritten with the configured URL (identical unless a mirror is set).
-    out.sources = [(f"/etc/apt/sources.list.d/cuda-{distro}-{arch}.list", f"deb [signed-by={keyring}] {repo} /\n")]
+    _repository(out, fam.cuda_repository(stack.nvidia_repo_url, distro, arch))
     out.loaded = loaded = loaded_driver(probe)
     if branch_of(loaded) > branch and not stack.driver_allow_downgrade:
         out.problems.append(f"driver_branch: the loaded driver {loaded} is newer than branch {branch}; set "
@@ -152,9 +132,9 @@ def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
     out.source = "ubuntu-signed" if signed else "cuda"
     if signed:  # known on every run (a converged host's holds are read by these names)
         out.from_archive = {signed.modules, signed.modules_flavour, signed.userspace, signed.utils}
-    out.driver_package = signed.userspace if signed else \
-        f"nvidia-driver-{branch}" + ("-open" if stack.driver_flavor == "open" else "")
-    pinning = f"nvidia-driver-pinning-{branch}" if stack.driver_pinning and not signed else None
+    flavor = "-open" if stack.driver_flavor == "open" else ""
+    out.driver_package = signed.userspace if signed else fam.names("nvidia_driver").format(branch=branch, flavor=flavor)
+    pinning = fam.names("nvidia_pinning").format(branch=branch) if stack.driver_pinning and not signed else None
     installed = state["packages"]
     if replaces_driver(plan, probe) and signed:
         # Canonical's module signed for the running kernel (the flavour's package follows its kernel updates),
@@ -173,20 +153,20 @@ def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
             out.problems.append(unsigned)
             return out
         have = installed.get(out.driver_package)
-        target = stack.driver_version or (deb_upstream(have["version"]) if have else f"branch {branch}")
+        target = stack.driver_version or (fam.upstream(have["version"]) if have else f"branch {branch}")
         out.reboot_reason = f"driver {target} installed, {loaded or 'no driver'} loaded"
     if stack.cuda_toolkit:
-        out.packages[f"cuda-toolkit-{stack.cuda_toolkit}"] = None
+        out.packages[fam.names("cuda_toolkit").format(version=stack.cuda_toolkit)] = None
     if out.driver_package in out.packages or installed.get(out.driver_package):
-        # Held even with the pinning package (it pins the branch, not the release): no `apt-get upgrade` or
-        # unattended upgrade moves the libraries under a running engine. (A driver installed another way,
+        # Held even with the pinning package (it pins the branch, not the release): no upgrade (by hand or
+        # unattended) moves the libraries under a running engine. (A driver installed another way,
         # e.g. the .run file, is not ours to hold.)
         out.hold.append(out.driver_package)
         if signed:  # the module for this kernel and the tools at the driver's release stay with it
             out.hold += [signed.utils, signed.modules, signed.modules_flavour]
     out.units.append(PERSISTENCED)
     if fabric_manager_needed(plan, probe):
-        fm = f"nvidia-fabricmanager-{branch}"
+        fm = fam.names("fabric_manager").format(branch=branch)
         extras = [p.format(branch=branch) for p in hw.extra_packages]
         out.exact = [fm] + [p for p in extras if str(branch) in p]
         out.packages.update({p: None for p in extras if str(branch) not in p})
@@ -194,9 +174,14 @@ def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
         out.units.append(FABRIC_MANAGER)
         # Known now when the wanted branch is loaded; else it is whatever driver this run installs.
         out.exact_version = stack.driver_version or (loaded if not out.reboot else None)
-        if out.exact_version and missing({p: out.exact_version for p in out.exact}, installed):
+        if out.exact_version and fam.missing({p: out.exact_version for p in out.exact}, installed):
             out.restart_units.append(FABRIC_MANAGER)
     return _repository_if_needed(out, installed)
+
+
+def _repository(out: DriverPlan, repo: osfam.VendorRepo) -> None:
+    out.repo_package, out.repo_deb_url, out.sources = repo.package, repo.package_url, repo.sources
+    out.repo_keyring = (repo.repo, repo.keyring) if repo.keyring else None
 
 
 def _repository_if_needed(out: DriverPlan, installed: dict) -> DriverPlan:
@@ -208,25 +193,22 @@ def _repository_if_needed(out: DriverPlan, installed: dict) -> DriverPlan:
     return out
 
 
-def _decide_amd(plan: HostPlan, probe: dict, state: dict, key: tuple) -> DriverPlan:
-    stack = plan.stack
-    out = DriverPlan(vendor="amd", allowed_reboot=stack.reboot)
-    codename = AMD_CODENAMES.get(key)
+def _decide_amd(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
+    stack, os_info = plan.stack, probe.get("os") or {}
+    fam = osfam.family(os_info)
+    out = DriverPlan(vendor="amd", allowed_reboot=stack.reboot, family=fam.NAME)
+    codename = (osfam.release(os_info) or {}).get("amdgpu")
     if not codename:
-        out.problems.append(f"os: {key} has no amdgpu-install package (supported: Ubuntu 22.04, 24.04, Debian 12)")
+        key = (os_info.get("id"), os_info.get("version_id"))
+        out.problems.append(f"os: {key} has no amdgpu-install package (supported: {osfam.supported('amdgpu')})")
         return out
-    amd, version = stack.amd_repo_url.rstrip("/"), stack.rocm_version
-    out.repo_package, out.repo_keyring = "amdgpu-install", ("rocm", AMD_KEYRING)
-    out.repo_deb_url = f"{amd}/amdgpu-install/{version}/ubuntu/{codename}/amdgpu-install_{stack.amdgpu_install_build}_all.deb"
-    # amdgpu-install's two lists, with the configured URL, so a site mirror serves the packages too.
-    signed = f"[arch=amd64 signed-by={AMD_KEYRING}]"
-    out.sources = [("/etc/apt/sources.list.d/amdgpu.list", f"deb {signed} {amd}/amdgpu/{version}/ubuntu {codename} main\n"),
-                   ("/etc/apt/sources.list.d/rocm.list", f"deb {signed} {amd}/rocm/apt/{version} {codename} main\n")]
+    _repository(out, fam.amd_repository(stack.amd_repo_url, stack.rocm_version, codename,
+                                         stack.amdgpu_install_build))
     out.packages = {"amdgpu-dkms": None, "rocm": None}
     # A new amdgpu-dkms needs a boot; so does one installed by an earlier run that amd-smi cannot see yet.
     if not state["packages"].get("amdgpu-dkms"):
         out.reboot, out.reboot_reason, out.builds_module = True, "amdgpu-dkms installed (new kernel module)", True
-        unsigned = secure_boot.dkms_problem(probe.get("os") or {}, "amdgpu-dkms")
+        unsigned = secure_boot.dkms_problem(os_info, "amdgpu-dkms")
         if unsigned:
             out.problems.append(unsigned)
             return out
@@ -258,24 +240,19 @@ def in_groups(user: str, groups: list[str], group_file: str | None):
     yield StringCommand("usermod", "-a", "-G", ",".join(todo), user)
 
 
-def exact_install_script(names: list[str], driver_package: str) -> str:
-    """Install `names` at the installed driver package's upstream version (read on the host after the driver
-    was installed in this run), allowing a downgrade and a held package to move."""
-    install = apt_get("install", "--allow-downgrades", "--allow-change-held-packages",
-                      *[f"{shlex.quote(n)}=\"$v-*\"" for n in names]).get_raw_value()
-    return f"v=$({deb_upstream_sh(driver_package)}) && [ -n \"$v\" ] && {install}"
-
-
 @operation()
-def at_driver_version(names: list[str], driver_package: str | None, version: str | None, current: dict):
-    """Fabric Manager (and IMEX) at exactly the driver's version: the usual cause of CUDA error 802 is skew."""
+def at_driver_version(names: list[str], driver_package: str | None, version: str | None, current: dict,
+                      family: str | None = None):
+    """Fabric Manager (and IMEX) at exactly the driver's version: the usual cause of CUDA error 802 is skew.
+    Without `version`: the installed driver package's, read on the host after this run installed it."""
     if not names:
         host.noop("no NVSwitch: Fabric Manager not needed")
         return
+    fam = osfam.by_name(family)
     if version:
-        yield from packages._inner(wanted={n: version for n in names}, current=current)
+        yield from fam.packages._inner(wanted={n: version for n in names}, current=current)
         return
-    yield StringCommand("sh", "-c", shlex.quote(exact_install_script(names, driver_package)))
+    yield StringCommand("sh", "-c", shlex.quote(fam.exact_install_sh(names, driver_package)))
 
 
 def stack_check_script(plan: HostPlan, fabric: bool) -> str:
@@ -307,7 +284,7 @@ def wants(plan: HostPlan, probe: dict) -> dict:
     d = decide(plan, probe, empty)  # with nothing installed: every package and list it may need
     return {"packages": [p for p in [d.repo_package, d.driver_package, *d.packages, *d.exact, *sorted(d.from_archive)]
                          if p],
-            "paths": [path for path, _ in d.sources] + [REBOOT_REQUIRED, UNATTENDED_CONF], "units": d.units,
+            "paths": [path for path, _ in d.sources] + [d.os.REBOOT_REQUIRED, d.os.UPGRADES_CONF], "units": d.units,
             "texts": [GROUP_FILE] if d.groups else []}
 
 
@@ -320,20 +297,20 @@ def run(ctx: HostRun, decided: DriverPlan | None = None) -> DriverPlan:
     if d.problems:  # the pipeline refuses before os_base; this is for the stage run on its own
         fail_host(name="GPU driver: refused", reasons=d.problems)
         return d
-    current = state["packages"]
+    current, fam = state["packages"], d.os
     # Operation names are the same on every host (pyinfra shows one name per operation across hosts).
     repo, keyring = d.repo_keyring or ("", None)
-    deb_from_url(name="Vendor repository package (cuda-keyring / amdgpu-install)", package=d.repo_package,
+    fam.repo_package(name="Vendor repository package (cuda-keyring / amdgpu-install)", package=d.repo_package,
                  url=d.repo_deb_url, current=current, keyring=keyring, repo=repo,
                  fingerprints=trust.expected(plan.stack.repo_key_fingerprints, repo))
     for path, content in d.sources:
         content_file(name="Vendor source list", dest=path, content=content, current=state["paths"].get(path))
-    packages(name="GPU driver packages", wanted=d.packages, current=current)
+    fam.packages(name="GPU driver packages", wanted=d.packages, current=current)
     at_driver_version(name="Fabric Manager at the driver's exact version", names=d.exact,
-                      driver_package=d.driver_package, version=d.exact_version, current=current)
-    held(name="Hold the driver branch", names=d.hold, current=current)
-    content_file(name=f"Unattended upgrades leave the GPU stack alone ({UNATTENDED_CONF})", dest=UNATTENDED_CONF,
-                 content=unattended_conf(), current=state["paths"].get(UNATTENDED_CONF))
+                      driver_package=d.driver_package, version=d.exact_version, current=current, family=d.family)
+    fam.held(name="Hold the driver branch", names=d.hold, current=current)
+    content_file(name=f"Unattended upgrades leave the GPU stack alone ({fam.UPGRADES_CONF})", dest=fam.UPGRADES_CONF,
+                 content=fam.upgrades_conf(), current=state["paths"].get(fam.UPGRADES_CONF))
     if d.groups:
         in_groups(name=f"{plan.stack.service_user} in {', '.join(d.groups)}", user=plan.stack.service_user,
                   groups=d.groups, group_file=state["texts"].get(GROUP_FILE))
@@ -345,6 +322,6 @@ def run(ctx: HostRun, decided: DriverPlan | None = None) -> DriverPlan:
                     needed=d.reboot and d.allowed_reboot, reason=d.reboot_reason, check_command=check,
                     _serial=True)
     stack_checked(name="GPUs answer at the wanted driver", script=check,
-                  needed=bool(d.vendor != "none" and not d.reboot and (missing(d.packages, current) or
+                  needed=bool(d.vendor != "none" and not d.reboot and (fam.missing(d.packages, current) or
                                                                      d.restart_units)))
     return d

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pyinfra import host, state
 
+from modelfleet import os as osfam
 from modelfleet.context import HostRun
 from modelfleet.inventory import HostPlan
-from modelfleet.operations.apt import in_archive, missing
 from modelfleet.operations.report import fail_host, report_path, save_report, write_report
 from modelfleet.stages import container_runtime, gpu_driver, os_base
 
@@ -44,28 +44,29 @@ def run(ctx: HostRun) -> bool:
         fail_host(name="GPU driver: refused", reasons=decided.problems)
         return False
     before = set(state.ops[host])
+    fam = osfam.family(ctx.probe.get("os"))
     # Secure Boot: Canonical's signed module for this kernel is in the archive, or nothing is installed at all.
-    in_archive(name="Signed NVIDIA module for the running kernel", package=decided.signed_modules,
+    fam.in_archive(name="Signed NVIDIA module for the running kernel", package=decided.signed_modules,
                refusal=decided.signed_refusal, current=deployed["packages"])
     os_base.run(ctx, builds_module=decided.builds_module)
     driver = gpu_driver.run(ctx, decided=decided)
     installed = deployed["packages"]
     runtime = container_runtime.run(ctx, driver_changes=bool(driver.installs(installed)) or driver.reboot,
                                     reboot_pending=driver.pending)
-    base = missing(os_base.base_packages(plan, ctx.probe.get("os"), driver.builds_module), installed)
+    base = fam.missing(os_base.base_packages(plan, ctx.probe.get("os"), driver.builds_module), installed)
     report = {
         "host": plan.name, "managed": plan.stack.manage, "vendor": driver.vendor,
         "stages": ["preflight", *(part.NAME for part in PARTS)],
         "driver_loaded_before": driver.loaded, "driver_branch": plan.stack.driver_branch,
         "driver_source": driver.source, "secure_boot": (ctx.probe.get("os") or {}).get("secure_boot"),
-        "packages_installed": sorted({*base, *driver.installs(installed), *missing(runtime.packages, installed)}),
+        "packages_installed": sorted({*base, *driver.installs(installed), *fam.missing(runtime.packages, installed)}),
         "fabric_manager": {"packages": driver.exact, "at_version": driver.exact_version or
                            ("the installed driver's" if driver.exact else None)},
         "reboot": {"needed": driver.reboot, "taken": driver.reboot and driver.allowed_reboot,
                    "pending": driver.pending, "reason": driver.reboot_reason},
         "docker_restarted": runtime.restart_docker, "cdi_generated": runtime.cdi,
         # A kernel update waiting for its boot: the DKMS module must be built for that kernel too; not acted on.
-        "kernel_update_pending": bool(deployed["paths"].get(gpu_driver.REBOOT_REQUIRED)),
+        "kernel_update_pending": bool(deployed["paths"].get(fam.REBOOT_REQUIRED)),
         # Known before the run: does any stack operation send a command? If none does, the report is true
         # now (and a converged host shows no change); otherwise it is written once those operations succeeded.
         "changes": any(state.get_op_data_for_host(host, h).operation_meta.will_change

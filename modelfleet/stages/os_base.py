@@ -8,23 +8,22 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import deploy
 
+from modelfleet import os as osfam
 from modelfleet.context import HostRun
 from modelfleet.facts.host import OsRelease
 from modelfleet.inventory import HostPlan
-from modelfleet.operations.apt import packages
 
 NAME = "os_base"  # a part of the gpu_stack stage
 
-BASE_PACKAGES = ("ca-certificates", "curl")
-
 
 def base_packages(plan: HostPlan, os_info: dict | None, builds_module: bool = True) -> dict[str, None]:
-    """Package name -> any version; empty where the stack is not ours to manage."""
+    """Package name -> any version (the OS family's names); empty where the stack is not ours to manage."""
     if not plan.stack_ours:
         return {}
-    names = list(BASE_PACKAGES)
+    fam = osfam.family(os_info)
+    names = list(fam.names("base"))
     if builds_module and (os_info or {}).get("kernel"):
-        names.append(f"linux-headers-{os_info['kernel']}")
+        names.append(fam.names("kernel_headers").format(kernel=os_info["kernel"]))
     return dict.fromkeys(names)
 
 
@@ -40,6 +39,7 @@ def wants(plan: HostPlan, probe: dict) -> dict:
 @deploy("modelfleet os_base")
 def run(ctx: HostRun, builds_module: bool = True):
     plan = ctx.plan
-    wanted = base_packages(plan, _os_info(ctx.probe), builds_module)
+    os_info = _os_info(ctx.probe)
+    wanted = base_packages(plan, os_info, builds_module)
     state = ctx.deployed()
-    packages(name="Base packages and kernel headers", wanted=wanted, current=state["packages"])
+    osfam.family(os_info).packages(name="Base packages and kernel headers", wanted=wanted, current=state["packages"])

@@ -38,7 +38,7 @@ def evaluate(plan: HostPlan, probe: dict, defer_stack: bool = False) -> dict:
     module = (probe.get("nvidia_module") or {}).get("version")
     if hw.vendor == "nvidia" and not pending and module and not versions.get("driver"):
         # The kernel runs a module but nvidia-smi cannot talk to it: the libraries on disk are another release
-        # (an `apt-get upgrade` or unattended upgrade moved them under the running engine).
+        # (an upgrade, by hand or unattended, moved them under the running engine).
         problems.append(f"driver mismatch: the loaded kernel module is {module} but nvidia-smi fails (the "
                         "driver's libraries were changed without a reboot); reboot the host, then re-run")
     elif hw.vendor != "none" and not pending:

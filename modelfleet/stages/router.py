@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from pyinfra import host, state
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
+from modelfleet import os as osfam
 from modelfleet import render, replica_door, router
 from modelfleet.checks import Endpoint, exposure
 from modelfleet.checks.gate import run_gate
@@ -23,7 +24,6 @@ from modelfleet.context import HostRun
 from modelfleet.host_commands import TOOLS_BIN
 from modelfleet.inventory import HostPlan
 from modelfleet.inventory.plan import RouterPlan, _is_loopback
-from modelfleet.operations.apt import packages
 from modelfleet.operations.files import content_changes, content_file, directory
 from modelfleet.operations.owned_unit import owned_running, refused_when_kept, unmasked
 from modelfleet.operations.report import fail_host, note, refuse, reports_dir, save_report
@@ -31,13 +31,14 @@ from modelfleet.operations.report import fail_host, note, refuse, reports_dir, s
 NAME = "router"
 PINS: frozenset[str] = frozenset()
 
-BASE_PACKAGES = ("python3-venv", "curl")
 PROXY_PACKAGE = "nginx"
 
 
-def wanted_packages(plan: HostPlan) -> dict[str, None]:
+def wanted_packages(plan: HostPlan, os_info: dict | None = None) -> dict[str, None]:
+    """A router's venv and checks need the OS family's `router_base` packages; a proxy, nginx."""
     proxy = any(router.behind_proxy(rp) for rp in plan.routers) or bool(replica_door.doors(plan))
-    return dict.fromkeys(list(BASE_PACKAGES) * bool(plan.routers) + [PROXY_PACKAGE] * proxy)
+    base = osfam.family(os_info).names("router_base")
+    return dict.fromkeys(list(base) * bool(plan.routers) + [PROXY_PACKAGE] * proxy)
 
 
 def wants(plan: HostPlan, probe: dict) -> dict:
@@ -50,7 +51,7 @@ def wants(plan: HostPlan, probe: dict) -> dict:
     units = [unit for rp in plan.routers
              for unit in (rp.unit_name, *([rp.proxy_unit_name] if router.behind_proxy(rp) else []))]
     units += [replica_door.unit_name(svc) for svc in doors]
-    return {"paths": paths, "units": units, "packages": list(wanted_packages(plan))}
+    return {"paths": paths, "units": units, "packages": list(wanted_packages(plan, probe.get("os")))}
 
 
 @operation()
@@ -122,8 +123,10 @@ def run(ctx: HostRun):
     if refused_when_kept(plan.unit_dropins == "keep", {u: deployed["units"].get(u) or {} for u in wants(plan, {})[
             "units"]}, name="Front door units: files modelfleet did not write"):
         return
-    packages(name=f"Packages for the front door ({', '.join(wanted_packages(plan))})",
-             wanted=wanted_packages(plan), current=deployed["packages"])
+    os_info = ctx.probe.get("os")
+    wanted = wanted_packages(plan, os_info)
+    osfam.family(os_info).packages(name=f"Packages for the front door ({', '.join(wanted)})", wanted=wanted,
+                                   current=deployed["packages"])
     directory(name=f"Config directory {plan.config_dir} (0700)", path=plan.config_dir, current=at(plan.config_dir),
               mode="0700")
     # Before any front door's operations: a router registers its replicas through their proxies.

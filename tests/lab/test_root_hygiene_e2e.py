@@ -12,8 +12,8 @@ import pytest
 import lab
 from lab import apt as lab_apt
 from modelfleet.commands import run_pyinfra
-from modelfleet.operations.apt import deb_from_url
 from modelfleet.operations.mounts import FLAGS, MOUNTINFO, mount_options, private_bind
+from modelfleet.os.debian import repo_package
 
 pytestmark = pytest.mark.lab
 AS_NOBODY = "setpriv --reuid=65534 --regid=65534 --clear-groups"
@@ -54,7 +54,7 @@ def test_root_installs_a_vendor_deb_without_writing_through_a_planted_tmp_symlin
     root(spec, f"rm -f /tmp/modelfleet-cuda-keyring.deb {PWNED}")
     root(spec, f"{AS_NOBODY} ln -s {PWNED} /tmp/modelfleet-cuda-keyring.deb")
     try:
-        [command] = deb_from_url._inner(package="cuda-keyring", url=url, current={})
+        [command] = repo_package._inner(package="cuda-keyring", url=url, current={})
         done = lab.ssh(spec, command.get_raw_value())
         assert done.returncode == 0, done.stdout + done.stderr
         assert root(spec, "dpkg-query -W -f '${Status}' cuda-keyring") == "install ok installed"

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from modelfleet.os import debian  # noqa: E402
 from modelfleet.pipeline import run_stages  # noqa: E402
 from modelfleet.stages import gpu_driver, gpu_stack, preflight  # noqa: E402
 
@@ -133,8 +134,8 @@ def converged_state(fm_version="580.159.04") -> list[str]:
               "@@modelfleet-state path /etc/apt/keyrings/docker.asc", "file 644 root root " + "0" * 64,
               "@@modelfleet-state path /etc/apt/keyrings/nvidia-container-toolkit.asc", "file 644 root root " + "0" * 64,
               "@@modelfleet-state path /etc/cdi/nvidia.yaml", "file 644 root root " + "0" * 64,
-              f"@@modelfleet-state path {gpu_driver.UNATTENDED_CONF}",
-              "file 644 root root " + hashlib.sha256(gpu_driver.unattended_conf().encode()).hexdigest(),
+              f"@@modelfleet-state path {debian.UPGRADES_CONF}",
+              "file 644 root root " + hashlib.sha256(debian.upgrades_conf().encode()).hexdigest(),
               *[x for path, text in SOURCES.items() for x in (
                   f"@@modelfleet-state path {path}", f"file 644 root root {hashlib.sha256(text.encode()).hexdigest()}")],
               "@@modelfleet-state text /etc/docker/daemon.json", "= {", '=     "runtimes": {"nvidia": {}},', '=     "features": {"cdi": true}', "= }"]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from modelfleet import os as osfam  # noqa: E402
 from modelfleet import pipeline, router  # noqa: E402
 from modelfleet.inventory import resolve  # noqa: E402
 from modelfleet.stages import TOOLS_BIN  # noqa: E402
@@ -61,7 +62,7 @@ def state_lines(rp, units_active=True) -> list[str]:
         lines += [f"@@modelfleet-state path {path}", file_line(content, mode)]
     lines += [f"@@modelfleet-state unit {rp.unit_name}",
               f"ActiveState={'active' if units_active else 'inactive'}", "UnitFileState=enabled"]
-    for package in router_stage.BASE_PACKAGES:
+    for package in osfam.family(None).names("router_base"):
         lines += [f"@@modelfleet-state package {package}", "ii  1.0-1"]
     return lines
 

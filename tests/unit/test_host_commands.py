@@ -86,10 +86,3 @@ def test_the_checkpoint_layout_is_the_one_plans_use():
     pinned = svc.at_commit("a" * 40)
     assert pinned.model_dir == hc.model_dir("/srv/models", "tiny-lab", "a" * 40)
     assert hc.revisions_dir(pinned.model_dir) == hc.revisions_dir(svc.model_dir) == "/srv/models/tiny-lab"
-
-
-@pytest.mark.parametrize("version,upstream", [("1:580.159.04-1ubuntu1", "580.159.04"), ("580.95.05-0ubuntu1", "580.95.05"),
-                                              ("2.28.1", "2.28.1")])
-def test_debian_upstream_version_reads_the_same_in_shell_and_python(tmp_path, version, upstream):
-    assert hc.deb_upstream(version) == upstream
-    assert run_with_tool(tmp_path, "dpkg-query", version, hc.deb_upstream_sh("nvidia-driver-580-open")) == upstream

@@ -13,7 +13,7 @@ from pyinfra.api import deploy
 
 from modelfleet import trust
 from modelfleet.inventory.resolver import resolve
-from modelfleet.operations.apt import deb_from_url, key_fetched
+from modelfleet.os.debian import key_fetched, repo_package
 
 HOST = {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm"}
 
@@ -133,7 +133,7 @@ def test_keyring_package_checked_before_install(fake, tmp_path, two_keys, served
     subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(root), str(tmp_path / "k.deb")], check=True,
                    capture_output=True)
     package = f"mf-test-keyring-{served}-{tmp_path.name}"
-    cmds = commands(fake, deb_from_url, package=package, url=f"file://{tmp_path}/k.deb", current={},
+    cmds = commands(fake, repo_package, package=package, url=f"file://{tmp_path}/k.deb", current={},
                     keyring="/usr/share/keyrings/cuda-archive-keyring.gpg", repo="cuda",
                     fingerprints=(two_keys["vendor"][2],))
     # apt-get as a stand-in that records what it was asked to install (the real one would install it here)

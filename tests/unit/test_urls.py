@@ -12,10 +12,11 @@ import sys
 import pytest
 
 from modelfleet import checkpoint, mirror, pins, registry  # noqa: E402
+from modelfleet import os as osfam  # noqa: E402
 from modelfleet.checkpoint import Snapshot  # noqa: E402
 from modelfleet.inventory import open_inventory, resolve  # noqa: E402
 from modelfleet.pipeline import run_stages  # noqa: E402
-from modelfleet.stages import container_runtime, gpu_stack, preflight  # noqa: E402
+from modelfleet.stages import gpu_stack, preflight  # noqa: E402
 
 URL = re.compile(r"(?:https?|file)://[^\s'\"]+")
 STACK_KINDS = ("package", "apt repository", "signing key")
@@ -71,7 +72,7 @@ def test_the_gpu_stack_uses_exactly_the_urls_the_preview_lists(fake, vendor, sys
     os_lines = os_release(fake, system) + ["KERNEL_RELEASE=6.8.0-87-generic", f"MACHINE_ARCH={system['arch']}"]
     probe = fake.probe_reply({"os": os_lines, "disk": DF, "ports": []})
     state = fake.run_fake([("n1", {**data, "fake_responses": {"@@modelfleet-probe": probe}})], stack_only, dry=True)
-    deb_arch = container_runtime.DEB_ARCHES[system["arch"]]
+    deb_arch = osfam.family(system).arch(system["arch"])
     used, commands = stage_urls(state, "n1", deb_arch)
     assert used, "the dry run used no URL: the fake host was not bare"
     label = f"{system['id']}-{system['version_id']} {system['arch']}"

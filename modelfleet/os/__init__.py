@@ -1,0 +1,106 @@
+"""The OS seam: what the stages ask of a host's operating system family, and the tables of the releases it covers.
+
+A stage never speaks a package manager itself: it asks `family(os_info)` (os_info as preflight's probe reads
+/etc/os-release) and uses what that module defines. The tables (releases, their codenames and vendor repository
+names, each family's package names) live in catalog/os.yaml; the family's code in modelfleet/os/<family>.py,
+loaded by the name the data gives it, so a new family is its own module and a data section, nothing else.
+
+A family module defines (modelfleet/os/debian.py is the first):
+- operations, each deciding from DeployedState's view: `packages(wanted, current)` (name -> upstream version or
+  None), `held(names, current)`, `repo_package(package, url, current, keyring, repo, fingerprints)` (a vendor's
+  repository package published at a URL, its key checked first), `key_fetched(url, dest, current, repo,
+  fingerprints)`, `in_archive(package, refusal, current)`; and `missing(wanted, current)`, the pure decision;
+- repositories: `key_path(repo)`, `source(name, url, suite, components, key, arch)` -> (file, content),
+  `source_urls(content, arch)` -> [(url, suite)], `cuda_repository(url, cuda_dir, cuda_arch)` and
+  `amd_repository(url, version, codename, build)` -> VendorRepo;
+- versions: `upstream(version)`, `upstream_sh(package)`, `exact_install_sh(names, reference_package)`;
+- the host's package database for DeployedState: `PACKAGE_STATE_SH` (prints `ii VERSION`, or `hi VERSION` for a
+  held package, for the package "$1"), and paths: `REBOOT_REQUIRED`, `UPGRADES_CONF`, `upgrades_conf()`;
+- `arch(machine)` (the package manager's name for `uname -m`), `names(role)` (catalog/os.yaml's package names).
+The service manager is systemd for every family (modelfleet.operations.service, modelfleet.units).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass, field
+from types import ModuleType
+
+import yaml
+
+from modelfleet import PACKAGE_DIR
+
+DATA_FILE = PACKAGE_DIR / "catalog" / "os.yaml"
+
+
+@functools.cache
+def table() -> dict:
+    return yaml.safe_load(DATA_FILE.read_text())
+
+
+@dataclass
+class VendorRepo:
+    """A vendor's repository as a family brings it in: a package published at a URL that installs it (and its
+    key, a path inside the package, checked against the pins of `repo` first), and the source files rewritten
+    with the configured URL (so a site mirror serves the packages too)."""
+
+    repo: str  # its name in catalog/signing_keys.yaml
+    package: str | None = None
+    package_url: str | None = None
+    keyring: str | None = None
+    sources: list[tuple[str, str]] = field(default_factory=list)  # (file, content)
+
+
+def family_name(os_info: dict | None) -> str:
+    """The family of an OS by its /etc/os-release ID; the default family for one no family lists (or unknown)."""
+    os_id = (os_info or {}).get("id")
+    for name, fam in table()["families"].items():
+        if os_id in fam["ids"]:
+            return name
+    return table()["default_family"]
+
+
+def family(os_info: dict | None = None) -> ModuleType:
+    """The family module for this OS (modelfleet/os/<family>.py)."""
+    return by_name(family_name(os_info))
+
+
+def by_name(name: str | None) -> ModuleType:
+    """The family module of that name (the default family for None)."""
+    name = name or table()["default_family"]
+    if name not in table()["families"]:
+        raise KeyError(f"catalog/os.yaml: no family {name!r}")
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+def family_data(name: str) -> dict:
+    return table()["families"][name]
+
+
+def release(os_info: dict | None) -> dict | None:
+    """The release entry for (ID, VERSION_ID), or None when the stack does not cover it."""
+    key = ((os_info or {}).get("id"), (os_info or {}).get("version_id"))
+    return next((r for r in table()["releases"] if (r["id"], r["version_id"]) == key), None)
+
+
+def releases(having: str) -> list[tuple[str, str]]:
+    """(ID, VERSION_ID) of every release with a `having` entry (cuda: NVIDIA's repository, amdgpu: AMD's)."""
+    return [(r["id"], r["version_id"]) for r in table()["releases"] if r.get(having)]
+
+
+def supported(having: str) -> str:
+    """The releases with `having`, as a refusal names them: "Ubuntu 22.04, 24.04, Debian 12"."""
+    by_id: dict[str, list[str]] = {}
+    for os_id, version in releases(having):
+        by_id.setdefault(os_id, []).append(version)
+    return ", ".join(f"{os_id.capitalize()} {', '.join(versions)}" for os_id, versions in by_id.items())
+
+
+def codename(os_id: str, version_id: str) -> str | None:
+    return (release({"id": os_id, "version_id": version_id}) or {}).get("codename")
+
+
+def cuda_arches() -> dict[str, str]:
+    """`uname -m` -> the architecture directory of NVIDIA's CUDA repository."""
+    return table()["cuda_arches"]
