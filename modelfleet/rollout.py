@@ -24,6 +24,7 @@ import urllib.request
 from modelfleet import fleet, render
 from modelfleet.commands import deploy, run_pyinfra
 from modelfleet.inventory import Resolved
+from modelfleet.inventory.services import service_entries
 from modelfleet.operations.report import report_path
 
 
@@ -108,12 +109,28 @@ class Watcher:
         return {"endpoint_requests": requests, "endpoint_failures": failures, "failures_outside_batch": outside}
 
 
-def _pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict[str, str], env: dict,
+def _pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict, env: dict,
              inventory_args: list[str] = ()) -> tuple[bool, str]:
-    # The rollout's own data (a rollback's image and revision) comes last: it wins over the operator's --data.
+    # The rollout's own data (a rollback's services) comes last: it wins over the operator's --data. pyinfra
+    # reads a value as JSON where it parses as such (a list of services does).
     run = run_pyinfra(inventory, deploy, limit=hosts, env=env, timeout=None,
-                      extra=[*inventory_args, *(arg for k, v in data.items() for arg in ("--data", f"{k}={v}"))])
+                      extra=[*inventory_args, *(arg for k, v in data.items()
+                                                for arg in ("--data", f"{k}={v if isinstance(v, str) else json.dumps(v)}"))])
     return run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+
+
+def rollback_data(resolved: Resolved, host: str, row: dict) -> dict[str, list[dict]]:
+    """The `--data` that puts EVERY service of `host` back on the image and revision it ran before (`row`: the
+    host's status before the rollout): its `services` entries as the inventory gives them, each with its own old
+    values. (A host-level `--data image=` would give every service the first one's, and not reach an entry that
+    names its own.) The resolver keeps the entries' order, so entry i is service i of the plan."""
+    plans = resolved.hosts[host].services
+    if not plans:  # a front door's own host serves no engine: nothing to put back
+        return {}
+    was = {s.get("pool"): s for s in row.get("services", [])}
+    return {"services": [{**entry, **{k: was.get(svc.pool, {}).get(k) for k in ("image", "revision")
+                                      if was.get(svc.pool, {}).get(k)}}
+                         for entry, svc in zip(service_entries(resolved.data[host]), plans, strict=True)]}
 
 
 def driver_moves(plan, row: dict) -> bool:
@@ -292,10 +309,11 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
             log(f"batch {batch}: gate failed, rolling back")
             where["step"] = "rollback"
             for host in batch:
-                old = next((s for s in before[host].get("services", [])), {})
-                data = {k: v for k, v in (("image", old.get("image")), ("revision", old.get("revision"))) if v}
+                data = rollback_data(resolved, host, before[host])
                 back, back_out = _pyinfra(inventory, deploy("serve"), [host], data, env or {}, inventory_args)
-                report["rolled_back"].append({"host": host, **data, "ok": back})
+                report["rolled_back"].append({"host": host, "services": [
+                    {k: s.get(k) for k in ("pool", "image", "revision")} for s in before[host].get("services", [])],
+                    "ok": back})
                 if not back:
                     entry["rollback_output"] = back_out
             watcher.switching(batch, switch_start)
