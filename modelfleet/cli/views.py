@@ -316,7 +316,7 @@ def urls(inventory: str, limit, hosts, only_os, arches, as_json: bool, group_dat
     """Every outside URL a run over INVENTORY will use, without connecting to anything: the GPU stack's apt
     repositories, packages and keys, the images' registries, the hub or the checkpoint mirror, pip's index;
     and the origins (scheme://host:port) a firewall must let through."""
-    from modelfleet.mirror import known_systems, origins, outside_urls
+    from modelfleet.urls import known_systems, origins, outside_urls
 
     unknown = [name for name in only_os if name not in known_systems()]
     if unknown:
