@@ -229,6 +229,47 @@ def _with_sha256(folder: Path, rel: str, entry: dict) -> dict:
     return {**entry, "sha256": fetch.sha256_of(folder / rel)}
 
 
+def _copy(want: Wanted, commit: str, files: dict[str, dict], source, target: Path, staging: Path,
+          verified: dict[str, dict], label: str, log: Callable[[str], None]) -> list[str]:
+    """Copy `files` from `source` into `staging`, check each as a host would, and move each good one into
+    `target` (adding it to `verified`); the files that did not match, which stay out."""
+    staging.mkdir(parents=True, exist_ok=True)
+    failed: list[str] = []
+    done = [0]
+    counted = threading.Lock()
+
+    def one(rel: str) -> None:
+        source.copy(want, commit, rel, staging)
+        good, bad = fetch.check(staging, {rel: files[rel]}, {}, True)
+        if bad:
+            (staging / rel).unlink(missing_ok=True)
+            failed.append(rel)
+            log(f"mirror: {label}: {rel} does not match {source.name}'s size and checksum: not kept")
+            return
+        final = target / rel
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(staging / rel, 0o644)
+        (staging / rel).replace(final)
+        st = final.stat()
+        verified[rel] = _with_sha256(target, rel, {**good[rel], "size": st.st_size, "mtime": st.st_mtime})
+        with counted:
+            done[0] += 1
+            count = done[0]
+        log(f"mirror: {label}: {rel} ({files[rel]['size'] / 1e6:.1f} MB) verified [{count}/{len(files)}]")
+
+    workers = fetch.WORKERS if isinstance(source, HubSource) else 1  # one SFTP channel: prefetch fills it
+    with ThreadPoolExecutor(workers) as pool:
+        futures = [pool.submit(one, rel) for rel in files]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:
+            for future in futures:
+                future.cancel()  # the copies under way finish (and are verified); no new one starts
+            raise
+    return failed
+
+
 def _one(want: Wanted, dest: Path, source, staging_root: Path, log: Callable[[str], None]) -> dict:
     commit, files = source.listing(want)
     outside = sorted(rel for rel in files if not inside(rel))
@@ -252,41 +293,8 @@ def _one(want: Wanted, dest: Path, source, staging_root: Path, log: Callable[[st
     size = sum(files[p]["size"] for p in missing)
     log(f"mirror: {label}: {len(files)} file(s), {len(files) - len(missing)} already verified, {len(missing)} to "
         f"copy ({size / 1e6:.1f} MB) from {source.name} ({source.describe(want)})")
-    staging = staging_root / want.repo / commit
-    staging.mkdir(parents=True, exist_ok=True)
-    failed: list[str] = []
-    done = [0]
-    counted = threading.Lock()
-
-    def one(rel: str) -> None:
-        source.copy(want, commit, rel, staging)
-        good, bad = fetch.check(staging, {rel: files[rel]}, {}, True)
-        if bad:
-            (staging / rel).unlink(missing_ok=True)
-            failed.append(rel)
-            log(f"mirror: {label}: {rel} does not match {source.name}'s size and checksum: not kept")
-            return
-        final = target / rel
-        final.parent.mkdir(parents=True, exist_ok=True)
-        os.chmod(staging / rel, 0o644)
-        (staging / rel).replace(final)
-        st = final.stat()
-        verified[rel] = _with_sha256(target, rel, {**good[rel], "size": st.st_size, "mtime": st.st_mtime})
-        with counted:
-            done[0] += 1
-            count = done[0]
-        log(f"mirror: {label}: {rel} ({files[rel]['size'] / 1e6:.1f} MB) verified [{count}/{len(missing)}]")
-
-    workers = fetch.WORKERS if isinstance(source, HubSource) else 1  # one SFTP channel: prefetch fills it
-    with ThreadPoolExecutor(workers) as pool:
-        futures = [pool.submit(one, rel) for rel in missing]
-        try:
-            for future in futures:
-                future.result()
-        except BaseException:
-            for future in futures:
-                future.cancel()  # the copies under way finish (and are verified); no new one starts
-            raise
+    failed = _copy(want, commit, {rel: files[rel] for rel in missing}, source, target,
+                   staging_root / want.repo / commit, verified, label, log)
     if failed:
         raise MirrorError(f"refused {label}: {len(failed)} file(s) do not match {source.name}'s size and checksum "
                           f"({', '.join(sorted(failed)[:5])}); the manifest is not written, so no host takes this "
