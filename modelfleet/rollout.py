@@ -22,7 +22,8 @@ import urllib.error
 import urllib.request
 
 from modelfleet import fleet, render
-from modelfleet.commands import deploy, run_pyinfra
+from modelfleet.commands import run_pyinfra
+from modelfleet.deploys import deploy
 from modelfleet.inventory import Resolved
 from modelfleet.inventory.services import service_entries
 from modelfleet.operations.report import report_path
