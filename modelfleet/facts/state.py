@@ -19,6 +19,9 @@ from modelfleet.host_commands import (
 )
 
 MARK = "@@modelfleet-state"
+# The kinds of things the fact reads, each a key of its result and a keyword of its command (a stage's wants()
+# declares what it reads by these kinds).
+STATE_KINDS = ("paths", "units", "images", "trees", "packages", "texts", "owned")
 # The first line of every unit file modelfleet writes (templates/*.service.j2): what marks a unit as its own, so
 # one the inventory no longer names may be retired (modelfleet.retire), and one a user wrote never is.
 OWNED_MARK = "# Managed by modelfleet - do not edit; re-run the deploy instead."
@@ -52,7 +55,7 @@ class DeployedState(FactBase):
 
     @staticmethod
     def default():
-        return {"paths": {}, "units": {}, "images": {}, "trees": {}, "packages": {}, "texts": {}, "owned": {}}
+        return {kind: {} for kind in STATE_KINDS}
 
     def command(self, paths: tuple[str, ...] = (), units: tuple[str, ...] = (), images: tuple[str, ...] = (),
                 trees: tuple[str, ...] = (), packages: tuple[str, ...] = (), texts: tuple[str, ...] = (),
