@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet.fabric import _gid_families
 from modelfleet.facts import fabric as ff
 from modelfleet.facts.probe import HostProbe
 from modelfleet.host_commands import FABRIC_MARK, fabric_command
+from modelfleet.rails import gid_families
 from tests.public_samples import public_sample_lines
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -221,8 +221,8 @@ def test_show_gids_public_samples_and_their_address_families():
                          for r in rows if r["dev"] == dev}}
 
     # NCCL_IB_ADDR_FAMILY follows the RoCE v2 GIDs: IPv4-mapped on the ConnectX-6, global IPv6 on the MI355 NICs.
-    assert _gid_families(port(rows, "mlx5_0")) == {"AF_INET"}
-    assert _gid_families(port(mi355, "rocep105s0")) == {"AF_INET6"}
+    assert gid_families(port(rows, "mlx5_0")) == {"AF_INET"}
+    assert gid_families(port(mi355, "rocep105s0")) == {"AF_INET6"}
 
 
 def test_rdma_link_public_sample():
