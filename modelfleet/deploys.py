@@ -30,12 +30,10 @@ from modelfleet.stages import storage as storage_stage
 from modelfleet.stages import verify as verify_stage
 from modelfleet.units import UNIT_DIR
 
-# The entry points by name, each defined once below with @_entry_point (a checkout's deploys/<name>.py calls it).
-DEPLOYS: dict[str, Callable[[], None]] = {}
-
 
 def _entry_point(function: Callable[[], None]) -> Callable[[], None]:
-    DEPLOYS[function.__name__] = function
+    """Marks a function of this module as an entry point: DEPLOYS (at the end) names it."""
+    function.is_entry_point = True
     return function
 
 
@@ -130,3 +128,7 @@ def retire() -> None:
     say_plan(retired)
     units_retired(name="Retire " + (", ".join(r.unit for r in retired) or "units") + " (host not in the inventory)",
                   retired=retired, remove_checkpoints=os.environ.get(CHECKPOINTS_ENV) == "1")
+
+
+# The entry points by name, each defined once above with @_entry_point (a checkout's deploys/<name>.py calls it).
+DEPLOYS = tuple(name for name, value in list(globals().items()) if getattr(value, "is_entry_point", False))

@@ -72,6 +72,7 @@ def resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[st
         host=name, pool=svc.pool or _slug(name), unit_stem="" if svc.pool else _slug(svc.served_name or model.id),
         model=model, engine_name=svc.engine, engine=engine,
         recipe=recipe, hardware=hw, gpus=gpus, served_name=svc.served_name or model.id, port=port,
+        driver_branch=host.driver_branch,
         bind_address=svc.bind_address, api_key_env=svc.api_key_env, revision=svc.revision,
         trust_remote_code=trust, image=image, extra_args=tuple(svc.extra_args),
         env={**recipe.env, **network_env(host), **svc.env},
