@@ -89,27 +89,7 @@ class DeployedState(FactBase):
                 entries = result["paths"][name].setdefault("entries", [])
                 entries += [line[6:]] if line != "entries" else []
             elif kind == "tree":
-                tree = result["trees"][name]
-                word, _, rest = line.partition(" ")
-                if word == "free" and rest.isdigit():
-                    tree["free_bytes"] = int(rest)
-                elif word == "manifest":
-                    try:
-                        tree["manifest"] = json.loads(rest)
-                    except ValueError:
-                        tree["manifest"] = None
-                elif word == "current":
-                    tree["current"] = rest or None
-                elif word == "revisions":
-                    tree["revisions"] = rest.split()
-                elif word == "file":
-                    size, mtime, rel = rest.split(" ", 2)
-                    tree["files"][rel] = [int(size), float(mtime)]
-                elif word == "partial":
-                    size, rel = rest.split(" ", 1)
-                    tree.setdefault("partials", {})[rel] = int(size)
-                elif word in ("busy", "unfinished", "odd"):
-                    tree.setdefault(word, []).append(rest)
+                _tree_line(result["trees"][name], line)
             elif kind == "text" and (line.startswith("= ") or line == "="):
                 result["texts"][name] = (result["texts"][name] or "") + line[2:] + "\n"
             elif kind == "package" and line[:3] in ("ii ", "hi "):
@@ -127,6 +107,30 @@ class DeployedState(FactBase):
             elif kind == "owned" and result["owned"][name]:
                 owned.update(_unit_properties(parse_unit_show([line])))
         return result
+
+
+def _tree_line(tree: dict, line: str) -> None:
+    """One line of a checkpoint tree's section into `tree` (the keys DeployedState's doc lists under "trees")."""
+    word, _, rest = line.partition(" ")
+    if word == "free" and rest.isdigit():
+        tree["free_bytes"] = int(rest)
+    elif word == "manifest":
+        try:
+            tree["manifest"] = json.loads(rest)
+        except ValueError:
+            tree["manifest"] = None
+    elif word == "current":
+        tree["current"] = rest or None
+    elif word == "revisions":
+        tree["revisions"] = rest.split()
+    elif word == "file":
+        size, mtime, rel = rest.split(" ", 2)
+        tree["files"][rel] = [int(size), float(mtime)]
+    elif word == "partial":
+        size, rel = rest.split(" ", 1)
+        tree.setdefault("partials", {})[rel] = int(size)
+    elif word in ("busy", "unfinished", "odd"):
+        tree.setdefault(word, []).append(rest)
 
 
 def _unit_properties(props: dict[str, str]) -> dict:
