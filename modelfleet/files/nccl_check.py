@@ -95,13 +95,7 @@ def worker(local_rank: int, args) -> None:
         fail(report, f"rank {rank}: rendezvous at {args.master_addr}:{args.master_port} failed within "
                      f"{args.timeout} s ({type(error).__name__}: {str(error).splitlines()[0][:300]}); a rank never "
                      f"joined or the address/interface is wrong")
-    copies = []
-    if args.h2d_bytes:
-        for turn in range(args.local_procs):  # one GPU at a time: they share the host's memory and PCIe root
-            dist.barrier()
-            if turn == local_rank:
-                copies = copy_bandwidth(torch, device, args.h2d_bytes, args.iters)
-        dist.barrier()
+    copies = copies_in_turn(local_rank, args, torch, dist, device) if args.h2d_bytes else []
     results = []
     try:
         for op in args.ops:
@@ -128,6 +122,18 @@ def worker(local_rank: int, args) -> None:
     print(json.dumps(report), flush=True)
     if wrong:
         sys.exit(1)
+
+
+def copies_in_turn(local_rank: int, args, torch, dist, device) -> list[float]:
+    """This rank's host-to-device copy rates, one GPU of the host at a time (they share the host's memory and
+    PCIe root); every local rank waits its turn at the barriers."""
+    copies = []
+    for turn in range(args.local_procs):
+        dist.barrier()
+        if turn == local_rank:
+            copies = copy_bandwidth(torch, device, args.h2d_bytes, args.iters)
+    dist.barrier()
+    return copies
 
 
 def summarize(report: dict, results: list[dict], gathered: list[list[tuple[float, float]]],
