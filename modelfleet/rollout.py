@@ -27,7 +27,6 @@ from modelfleet import fleet, render
 from modelfleet.commands import run_pyinfra
 from modelfleet.deploys import deploy
 from modelfleet.inventory import Resolved
-from modelfleet.inventory.services import service_entries
 from modelfleet.operations.report import report_path
 
 
@@ -112,28 +111,33 @@ class Watcher:
         return {"endpoint_requests": requests, "endpoint_failures": failures, "failures_outside_batch": outside}
 
 
-def _pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict, env: dict,
+def _pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict[str, str], env: dict,
              inventory_args: list[str] = ()) -> tuple[bool, str]:
-    # The rollout's own data (a rollback's services) comes last: it wins over the operator's --data. pyinfra
-    # reads a value as JSON where it parses as such (a list of services does).
+    # The rollout's own data (a rollback's image and revision) comes last: it wins over the operator's --data.
     run = run_pyinfra(inventory, deploy, limit=hosts, env=env, timeout=None,
-                      extra=[*inventory_args, *(arg for k, v in data.items()
-                                                for arg in ("--data", f"{k}={v if isinstance(v, str) else json.dumps(v)}"))])
+                      extra=[*inventory_args, *(arg for k, v in data.items() for arg in ("--data", f"{k}={v}"))])
     return run.returncode == 0, (run.stdout + run.stderr)[-3000:]
 
 
-def rollback_data(resolved: Resolved, host: str, row: dict) -> dict[str, list[dict]]:
+def rollback_data(resolved: Resolved, host: str, row: dict) -> tuple[dict[str, str], str | None]:
     """The `--data` that puts EVERY service of `host` back on the image and revision it ran before (`row`: the
-    host's status before the rollout): its `services` entries as the inventory gives them, each with its own old
-    values. (A host-level `--data image=` would give every service the first one's, and not reach an entry that
-    names its own.) The resolver keeps the entries' order, so entry i is service i of the plan."""
-    plans = resolved.hosts[host].services
-    if not plans:  # a front door's own host serves no engine: nothing to put back
-        return {}
-    was = {s.get("pool"): s for s in row.get("services", [])}
-    return {"services": [{**entry, **{k: was.get(svc.pool, {}).get(k) for k in ("image", "revision")
-                                      if was.get(svc.pool, {}).get(k)}}
-                         for entry, svc in zip(service_entries(resolved.data[host]), plans, strict=True)]}
+    host's status before the rollout), or why no `--data` can (then nothing is run). pyinfra's `--data` reaches
+    every host of the inventory alike, so it can say one image and revision, at host level: that serves where the
+    host's services all ran the same ones and none of its `services` entries names its own (which would win
+    over the host's). A host whose services ran different ones is left for the operator, each one named, rather
+    than put back on the first one's."""
+    if not resolved.hosts[host].services:  # a front door's own host serves no engine: nothing to put back
+        return {}, None
+    was = {(s.get("image"), s.get("revision")) for s in row.get("services", [])}
+    own = {k for entry in resolved.data.get(host, {}).get("services") or [] if isinstance(entry, dict)
+           for k in ("image", "revision") if k in entry}
+    if len(was) > 1 or own:
+        ran = "; ".join(f"{s.get('pool')}: {s.get('image')} at {s.get('revision')}" for s in row.get("services", []))
+        why = (f"its services ran different images or revisions ({ran})" if len(was) > 1 else
+               f"its `services` entries name their own {' and '.join(sorted(own))}, which `--data` cannot reach")
+        return {}, f"not rolled back: {why}; set them back in the inventory and run deploys/serve.py on {host}"
+    image, revision = next(iter(was)) if was else (None, None)
+    return {k: v for k, v in (("image", image), ("revision", revision)) if v}, None
 
 
 def driver_moves(plan, row: dict) -> bool:
@@ -362,7 +366,9 @@ def _batch(run: _Run, number: int, batch: list[str]) -> bool:
     entry.update(result="gate failed: rolled back", output=out)
     _roll_back(run, entry, batch)
     run.watcher.switching(batch, switch_start)
-    report["stopped"] = f"the gate failed on {batch}; rolled back to the previous image and revision"
+    left = [r["host"] for r in report["rolled_back"] if r.get("refused")]
+    report["stopped"] = f"the gate failed on {batch}; rolled back to the previous image and revision" + (
+        f" (not {', '.join(left)}: see rolled_back)" if left else "")
     _back_in_failed(report, batch, _back_in(run.everything, batch, log))
     return False
 
@@ -372,10 +378,13 @@ def _roll_back(run: _Run, entry: dict, batch: list[str]) -> None:
     run.log(f"batch {batch}: gate failed, rolling back")
     run.where["step"] = "rollback"
     for host in batch:
-        back, back_out = run.pyinfra("serve", [host], rollback_data(run.resolved, host, run.before[host]))
-        run.report["rolled_back"].append({"host": host, "services": [
-            {k: s.get(k) for k in ("pool", "image", "revision")} for s in run.before[host].get("services", [])],
-            "ok": back})
+        data, refused = rollback_data(run.resolved, host, run.before[host])
+        if refused:
+            run.log(f"batch {batch}: {host}: {refused}")
+            run.report["rolled_back"].append({"host": host, "ok": False, "refused": refused})
+            continue
+        back, back_out = run.pyinfra("serve", [host], data)
+        run.report["rolled_back"].append({"host": host, **data, "ok": back})
         if not back:
             entry["rollback_output"] = back_out
 

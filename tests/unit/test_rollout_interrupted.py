@@ -5,7 +5,6 @@ import subprocess
 
 from modelfleet import rollout
 from modelfleet.inventory import resolve
-from modelfleet.inventory.door import parse_data
 
 ONE = {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm"}
 
@@ -59,9 +58,8 @@ def test_by_default_a_model_keeps_a_healthy_endpoint_outside_the_switching_batch
 
 def test_every_pyinfra_run_of_the_rollout_gets_the_operators_data_and_a_rollback_wins_over_it(monkeypatch):
     resolved = resolve([("a", {**ONE, "pool": "a"})])
-    resolved.data = {"a": {**ONE, "pool": "a"}}  # the merged host data, as the inventory door sets it
-    rows = [{"host": "a", "reachable": True, "services": [{"pool": "a", "image": "img:1", "revision": "r1",
-                                                          "health": "200", "endpoint": "x"}]}]
+    rows = [{"host": "a", "reachable": True, "services": [{"image": "img:1", "revision": "r1", "health": "200",
+                                                          "endpoint": "x"}]}]
     monkeypatch.setattr(rollout.fleet, "status", lambda plans: rows)
     argvs = []
 
@@ -77,8 +75,4 @@ def test_every_pyinfra_run_of_the_rollout_gets_the_operators_data_and_a_rollback
     assert [b["result"] for b in report["batches"]] == ["gate failed: rolled back"]
     assert all(argv[argv.index("--group-data"):][:4] == args for argv in argvs)
     rollback = argvs[-1]
-    # The rollback's own services come after the operator's --data, and each names its image: they win.
-    put_back = next(arg for arg in rollback if arg.startswith("services="))
-    assert rollback.index(put_back) > rollback.index("image=img:2")
-    assert parse_data([put_back])["services"] == [{"model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm",
-                                                   "pool": "a", "image": "img:1", "revision": "r1"}]
+    assert rollback.index("image=img:1") > rollback.index("image=img:2")  # pyinfra's last --data wins
