@@ -11,17 +11,6 @@ import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 
-# The stages' entry points by name, as the installed package has them (a checkout's deploys/*.py call the same).
-DEPLOYS = ("serve", "preflight", "admission", "gpu_stack", "prefetch", "storage", "model", "netcheck", "verify",
-           "retire")
-
-
-def deploy(name: str) -> str:
-    """The pyinfra deploy argument for one of DEPLOYS (works from an installed package and a checkout alike)."""
-    if name not in DEPLOYS:
-        raise ValueError(f"no deploy {name!r} (deploys: {', '.join(DEPLOYS)})")
-    return f"modelfleet.deploys.{name}"
-
 
 def inventory_args(group_data: Iterable[str] = (), data: Iterable[str] = ()) -> list[str]:
     """pyinfra's `--group-data FOLDER` and `--data KEY=VALUE` arguments, in that order."""

@@ -35,9 +35,8 @@ from modelfleet import runscope
 from modelfleet.errors import ModelfleetError
 from modelfleet.fabric import PoolFabric, derive
 from modelfleet.facts.probe import HostProbe
-from modelfleet.facts.state import DeployedState
+from modelfleet.facts.state import STATE_KINDS, DeployedState
 from modelfleet.inventory import HostPlan, InventoryError, Resolved, door
-from modelfleet.stages import STATE_KINDS
 from modelfleet.units import starts
 
 

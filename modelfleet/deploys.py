@@ -11,6 +11,7 @@ deploy's stages are written here only.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from pyinfra import host
 from pyinfra.context import ctx_state
@@ -28,6 +29,19 @@ from modelfleet.stages import preflight as preflight_stage
 from modelfleet.stages import storage as storage_stage
 from modelfleet.stages import verify as verify_stage
 from modelfleet.units import UNIT_DIR
+
+
+def _entry_point(function: Callable[[], None]) -> Callable[[], None]:
+    """Marks a function of this module as an entry point: DEPLOYS (at the end) names it."""
+    function.is_entry_point = True
+    return function
+
+
+def deploy(name: str) -> str:
+    """The pyinfra deploy argument for one of DEPLOYS (works from an installed package and a checkout alike)."""
+    if name not in DEPLOYS:
+        raise ValueError(f"no deploy {name!r} (deploys: {', '.join(DEPLOYS)})")
+    return f"{__name__}.{name}"
 
 
 def run_stages(*stages) -> None:
@@ -51,48 +65,58 @@ def run_stages(*stages) -> None:
     pipeline.run_stages(*stages, ctx=ctx)
 
 
+@_entry_point
 def serve() -> None:
     """Every stage, in pipeline.SERVE's order (what deploys/serve.py runs)."""
     run_stages(*pipeline.SERVE)
 
 
+@_entry_point
 def gpu_stack() -> None:
     """Preflight and the host stack: a bare node to GPU-visible containers, nothing that serves."""
     run_stages(preflight_stage, gpu_stack_stage)
 
 
+@_entry_point
 def prefetch() -> None:
     """What an upgrade needs, fetched while the old revision and image keep serving: the new revision beside
     the old one, the new image pulled. No unit is touched."""
     run_stages(storage_stage, model_stage, images)
 
 
+@_entry_point
 def admission() -> None:
     """Preflight, then the GPU admission checks (reports/admission/<host>.json); nothing is changed."""
     run_stages(preflight_stage, admission_stage)
 
 
+@_entry_point
 def preflight() -> None:
     """Facts and the plan's checks only; refuses a host that cannot serve (nothing is changed)."""
     run_stages(preflight_stage)
 
 
+@_entry_point
 def storage() -> None:
     run_stages(storage_stage)
 
 
+@_entry_point
 def model() -> None:
     run_stages(model_stage)
 
 
+@_entry_point
 def netcheck() -> None:
     run_stages(netcheck_stage)
 
 
+@_entry_point
 def verify() -> None:
     run_stages(verify_stage)
 
 
+@_entry_point
 def retire() -> None:
     """A host that left the inventory (`modelfleet retire INVENTORY HOST...` runs this over pyinfra's own host
     arguments): every unit modelfleet wrote there stopped and removed, nothing else (modelfleet.retire)."""
@@ -104,3 +128,7 @@ def retire() -> None:
     say_plan(retired)
     units_retired(name="Retire " + (", ".join(r.unit for r in retired) or "units") + " (host not in the inventory)",
                   retired=retired, remove_checkpoints=os.environ.get(CHECKPOINTS_ENV) == "1")
+
+
+# The entry points by name, each defined once above with @_entry_point (a checkout's deploys/<name>.py calls it).
+DEPLOYS = tuple(name for name, value in list(globals().items()) if getattr(value, "is_entry_point", False))

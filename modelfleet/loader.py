@@ -133,16 +133,10 @@ class Loaded:
     problems: list[tuple[str, str, str]] = field(default_factory=list)
 
 
-def read_inventory(path: str, cwd: str | None = None, group_data: tuple[str, ...] = (),
-                   override_data: dict[str, Any] | None = None) -> Loaded:
-    """Every host of the inventory file with its merged data, in file order, by pyinfra's rules: group_data
-    folders (`group_data_folders`), `--data` overrides (`override_data`) above host data above group data."""
-    from pyinfra.api import Inventory  # the API only: no gevent patching
-
-    cwd = str(Path(cwd or Path.cwd()).resolve())
-    inventory_file = Path(path)
-    if not inventory_file.is_file():
-        raise InventoryFileError(path, "no such inventory file")
+def _groups(inventory_file: Path) -> tuple[dict[str, tuple[list, dict]], dict[str, Any], list]:
+    """The file's groups as pyinfra reads them (name -> (hosts, group data)), its other top-level values, and
+    what is refused though it loads (a host given data in two groups). A group named `all` or a host listed
+    twice in a group cannot be read as meant: an error naming the file."""
     groups: dict[str, tuple[list, dict]] = {}
     data_from: dict[str, str] = {}  # host -> the group whose entry gave it data
     module_values: dict[str, Any] = {}
@@ -171,6 +165,20 @@ def read_inventory(path: str, cwd: str | None = None, group_data: tuple[str, ...
                 data_from[entry[0]] = key
         data = value[1] if isinstance(value, tuple) else {}
         groups[key] = (hosts, dict(data))
+    return groups, module_values, problems
+
+
+def read_inventory(path: str, cwd: str | None = None, group_data: tuple[str, ...] = (),
+                   override_data: dict[str, Any] | None = None) -> Loaded:
+    """Every host of the inventory file with its merged data, in file order, by pyinfra's rules: group_data
+    folders (`group_data_folders`), `--data` overrides (`override_data`) above host data above group data."""
+    from pyinfra.api import Inventory  # the API only: no gevent patching
+
+    cwd = str(Path(cwd or Path.cwd()).resolve())
+    inventory_file = Path(path)
+    if not inventory_file.is_file():
+        raise InventoryFileError(path, "no such inventory file")
+    groups, module_values, problems = _groups(inventory_file)
     given_by = {(group, k): str(inventory_file) for group, (_, data) in groups.items() for k in data}
     all_hosts, all_data = groups.pop("all", ([], {}))
     names = [h[0] if isinstance(h, tuple) else h for h in all_hosts]
@@ -192,17 +200,24 @@ def read_inventory(path: str, cwd: str | None = None, group_data: tuple[str, ...
     inventory = Inventory((all_hosts or names, all_data), override_data=override, **groups)
     loaded.groups = {name: [h.name for h in hosts] for name, hosts in inventory.groups.items()}
     for host in inventory:
-        merged = host.data.dict()
-        loaded.entries.append((host.name, merged))
-        own = inventory.get_host_data(host.name)
-        sources = {}
-        for key in merged:
-            if key in override:
-                sources[key] = "--data"
-            elif key in own:
-                sources[key] = str(inventory_file)
-            else:
-                group = next((g for g in reversed(host.groups) if key in inventory.get_group_data(g)), "all")
-                sources[key] = given_by.get((group, key), str(inventory_file))
-        loaded.sources[host.name] = sources
+        loaded.entries.append((host.name, host.data.dict()))
+        loaded.sources[host.name] = _sources(inventory, host, override, given_by, str(inventory_file))
     return loaded
+
+
+
+def _sources(inventory, host, override: dict[str, Any], given_by: dict[tuple[str, str], str],
+             inventory_file: str) -> dict[str, str]:
+    """Where each key of the host's merged data came from: `--data`, the inventory file, or the file of the
+    group (or group_data) that gave it."""
+    own = inventory.get_host_data(host.name)
+    sources = {}
+    for key in host.data.dict():
+        if key in override:
+            sources[key] = "--data"
+        elif key in own:
+            sources[key] = inventory_file
+        else:
+            group = next((g for g in reversed(host.groups) if key in inventory.get_group_data(g)), "all")
+            sources[key] = given_by.get((group, key), inventory_file)
+    return sources

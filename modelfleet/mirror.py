@@ -1,5 +1,5 @@
-"""Air-gapped sites: the checkpoint mirror that `model_source` reads, built by `modelfleet mirror`, and the
-preview of every outside URL a run will use (`modelfleet urls`).
+"""Air-gapped sites: the checkpoint mirror that `model_source` reads, built by `modelfleet mirror` (the preview of
+every outside URL a run uses, `modelfleet urls`, is modelfleet/urls.py).
 
 The mirror's layout (what checkpoint.snapshot and the model stage read through `model_source`):
 
@@ -229,6 +229,47 @@ def _with_sha256(folder: Path, rel: str, entry: dict) -> dict:
     return {**entry, "sha256": fetch.sha256_of(folder / rel)}
 
 
+def _copy(want: Wanted, commit: str, files: dict[str, dict], source, target: Path, staging: Path,
+          verified: dict[str, dict], label: str, log: Callable[[str], None]) -> list[str]:
+    """Copy `files` from `source` into `staging`, check each as a host would, and move each good one into
+    `target` (adding it to `verified`); the files that did not match, which stay out."""
+    staging.mkdir(parents=True, exist_ok=True)
+    failed: list[str] = []
+    done = [0]
+    counted = threading.Lock()
+
+    def one(rel: str) -> None:
+        source.copy(want, commit, rel, staging)
+        good, bad = fetch.check(staging, {rel: files[rel]}, {}, True)
+        if bad:
+            (staging / rel).unlink(missing_ok=True)
+            failed.append(rel)
+            log(f"mirror: {label}: {rel} does not match {source.name}'s size and checksum: not kept")
+            return
+        final = target / rel
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(staging / rel, 0o644)
+        (staging / rel).replace(final)
+        st = final.stat()
+        verified[rel] = _with_sha256(target, rel, {**good[rel], "size": st.st_size, "mtime": st.st_mtime})
+        with counted:
+            done[0] += 1
+            count = done[0]
+        log(f"mirror: {label}: {rel} ({files[rel]['size'] / 1e6:.1f} MB) verified [{count}/{len(files)}]")
+
+    workers = fetch.WORKERS if isinstance(source, HubSource) else 1  # one SFTP channel: prefetch fills it
+    with ThreadPoolExecutor(workers) as pool:
+        futures = [pool.submit(one, rel) for rel in files]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:
+            for future in futures:
+                future.cancel()  # the copies under way finish (and are verified); no new one starts
+            raise
+    return failed
+
+
 def _one(want: Wanted, dest: Path, source, staging_root: Path, log: Callable[[str], None]) -> dict:
     commit, files = source.listing(want)
     outside = sorted(rel for rel in files if not inside(rel))
@@ -252,41 +293,8 @@ def _one(want: Wanted, dest: Path, source, staging_root: Path, log: Callable[[st
     size = sum(files[p]["size"] for p in missing)
     log(f"mirror: {label}: {len(files)} file(s), {len(files) - len(missing)} already verified, {len(missing)} to "
         f"copy ({size / 1e6:.1f} MB) from {source.name} ({source.describe(want)})")
-    staging = staging_root / want.repo / commit
-    staging.mkdir(parents=True, exist_ok=True)
-    failed: list[str] = []
-    done = [0]
-    counted = threading.Lock()
-
-    def one(rel: str) -> None:
-        source.copy(want, commit, rel, staging)
-        good, bad = fetch.check(staging, {rel: files[rel]}, {}, True)
-        if bad:
-            (staging / rel).unlink(missing_ok=True)
-            failed.append(rel)
-            log(f"mirror: {label}: {rel} does not match {source.name}'s size and checksum: not kept")
-            return
-        final = target / rel
-        final.parent.mkdir(parents=True, exist_ok=True)
-        os.chmod(staging / rel, 0o644)
-        (staging / rel).replace(final)
-        st = final.stat()
-        verified[rel] = _with_sha256(target, rel, {**good[rel], "size": st.st_size, "mtime": st.st_mtime})
-        with counted:
-            done[0] += 1
-            count = done[0]
-        log(f"mirror: {label}: {rel} ({files[rel]['size'] / 1e6:.1f} MB) verified [{count}/{len(missing)}]")
-
-    workers = fetch.WORKERS if isinstance(source, HubSource) else 1  # one SFTP channel: prefetch fills it
-    with ThreadPoolExecutor(workers) as pool:
-        futures = [pool.submit(one, rel) for rel in missing]
-        try:
-            for future in futures:
-                future.result()
-        except BaseException:
-            for future in futures:
-                future.cancel()  # the copies under way finish (and are verified); no new one starts
-            raise
+    failed = _copy(want, commit, {rel: files[rel] for rel in missing}, source, target,
+                   staging_root / want.repo / commit, verified, label, log)
     if failed:
         raise MirrorError(f"refused {label}: {len(failed)} file(s) do not match {source.name}'s size and checksum "
                           f"({', '.join(sorted(failed)[:5])}); the manifest is not written, so no host takes this "
@@ -331,135 +339,3 @@ def build(result: Resolved, names: list[str], dest: Path, from_host: str | None 
             "copied": sum(r["copied"] for r in revisions), "bytes_copied": sum(r["bytes_copied"] for r in revisions),
             "notes": [f"{r['repo']}: pin revision = \"{r['commit']}\" (was {r['revision']!r}): model_source "
                       "needs commits" for r in pins]}
-
-
-# --- the outside URLs a run uses ------------------------------------------------------------------------------
-
-# pip's own default index: what a host's `pip install` reaches unless its pip.conf names another.
-PIP_DEFAULT_INDEX = "https://pypi.org/simple/"
-
-
-def known_systems() -> list[str]:
-    """Every `ID-VERSION` the GPU stack installs on (either vendor), as `urls --os` takes them."""
-    from modelfleet import os as osfam
-
-    return sorted({f"{os_id}-{version}" for os_id, version in {*osfam.releases("cuda"), *osfam.releases("amdgpu")}})
-
-
-def stack_systems(vendor: str, only: tuple[str, ...] = (), arches: tuple[str, ...] = ()) -> list[dict]:
-    """The OS releases and architectures the GPU stack installs on for `vendor`, as preflight's probe reports
-    them (`only`: e.g. ("ubuntu-24.04",); `arches`: e.g. ("x86_64",))."""
-    from modelfleet import os as osfam
-
-    if vendor == "amd":
-        releases, machine = osfam.releases("amdgpu"), ["x86_64"]  # amdgpu's lists are arch=amd64
-    else:
-        releases, machine = osfam.releases("cuda"), list(osfam.cuda_arches())
-    return [{"id": os_id, "version_id": version, "arch": arch, "codename": osfam.codename(os_id, version),
-             "pretty_name": f"{os_id} {version}"}
-            for os_id, version in releases for arch in machine
-            if (not only or f"{os_id}-{version}" in only) and (not arches or arch in arches)]
-
-
-def outside_urls(result: Resolved, names: list[str], only_os: tuple[str, ...] = (),
-                 arches: tuple[str, ...] = ()) -> list[dict]:
-    """Every outside URL a run over the named hosts uses, without connecting to anything: asked of the stages'
-    own decisions (a bare host of each OS release the stack supports, or `only_os`), the images the units and
-    checks run, and the checkpoint source. Each entry: url (None for what the hosts' own configuration names),
-    kind, what, used_by, hosts, os."""
-    from modelfleet import os as osfam
-    from modelfleet import router
-    from modelfleet.registry import base_url, insecure_of, split_reference
-    from modelfleet.stages import container_runtime, exporters, gpu_driver, os_base
-    from modelfleet.stages import model as model_stage
-    from modelfleet.stages import router as router_stage
-
-    entries: dict[tuple, dict] = {}
-
-    def add(url, kind, what, used_by, host, system=None):
-        entry = entries.setdefault((url, kind, used_by), {"url": url, "kind": kind, "what": [], "used_by": used_by,
-                                                          "hosts": [], "os": []})
-        if what not in entry["what"]:
-            entry["what"].append(what)
-        if host not in entry["hosts"]:
-            entry["hosts"].append(host)
-        label = f"{system['id']}-{system['version_id']} {system['arch']}" if system else None
-        if label and label not in entry["os"]:
-            entry["os"].append(label)
-
-    insecure = insecure_of(result.data.values())
-    chosen = set(names)
-    for name in names:
-        plan = result.hosts[name]
-        vendor = plan.hardware.vendor
-        for system in (stack_systems(vendor, only_os, arches) if plan.stack_ours else []):
-            probe, fam = {"os": system}, osfam.family(system)
-            arch = fam.arch(system["arch"])
-            driver = gpu_driver.decide(plan, probe, {"packages": {}})
-            runtime = container_runtime.decide(plan, probe, {"texts": {}, "paths": {}, "units": {}})
-            if driver.repo_deb_url:
-                add(driver.repo_deb_url, "package", f"{driver.repo_package} (the vendor's repository and key)",
-                    "hosts", name, system)
-            for list_path, content in driver.sources:
-                for url, suite in fam.source_urls(content, arch):
-                    add(url, fam.SOURCE_KIND, f"{list_path} (suite {suite})", "hosts", name, system)
-            for list_path, content, key_url, key_path in runtime.sources:
-                add(key_url, "signing key", f"{key_path}, for {list_path}", "hosts", name, system)
-                for url, suite in fam.source_urls(content, arch):
-                    add(url, fam.SOURCE_KIND, f"{list_path} (suite {suite})", "hosts", name, system)
-            packages = list(os_base.base_packages(plan, {"kernel": "<kernel>"}, builds_module=driver.builds_module))
-            packages += [p for p in runtime.packages if p == "docker.io"]
-            add(None, "distribution archive", ", ".join(packages), f"hosts ({fam.OWN_SOURCES})", name, system)
-        images = [(svc.image, "control node (digest) and hosts (pull)", f"engine image of pool {svc.pool}")
-                  for svc in plan.services]
-        if exporters.enabled(plan):
-            images.append((plan.dcgm_exporter_image, "control node (digest) and hosts (pull)", "DCGM exporter"))
-        passthrough = plan.services[0].gpu_passthrough if plan.services else True
-        if plan.stack_ours and passthrough:
-            images.append((plan.stack.gpu_check_image, "hosts (pull)", "GPU check after the stack"))
-        for image, used_by, why in images:
-            add(base_url(split_reference(image)[0], insecure), "registry", f"{why}: {image.partition('@')[0]}",
-                used_by, name)
-        for svc in plan.services:
-            members = [h for h, p in result.hosts.items() if h in chosen and any(
-                s.checkpoint_group == svc.checkpoint_group and s.model.id == svc.model.id for s in p.services)]
-            revision = svc.revision or "main"
-            if plan.model_source:
-                add(f"{plan.model_source.rstrip('/')}/{svc.hf_repo}/{revision}/", "checkpoint mirror",
-                    f"{svc.hf_repo}@{revision}", "control node (manifest)", name)
-                if members and members[0] == name:
-                    add(f"{plan.model_source.rstrip('/')}/{svc.hf_repo}/{revision}/", "checkpoint mirror",
-                        f"{svc.hf_repo}@{revision}", "hosts (files, the first of each checkpoint group)", name)
-                continue
-            add(plan.hf_endpoint, "hub", f"{svc.hf_repo}@{revision} (commit and checksums)", "control node", name)
-            if members and members[0] == name:
-                add(plan.hf_endpoint, "hub", f"{svc.hf_repo}@{revision} (files; the hub may redirect them to its "
-                    "storage)", "hosts (the first of each checkpoint group)", name)
-                add(PIP_DEFAULT_INDEX, "pip index", f"{model_stage.HF_CLIENT} (pip's default; a host's pip.conf may "
-                    "name another)", "hosts (the first of each checkpoint group)", name)
-        if plan.routers:
-            add(None, "distribution archive", ", ".join(router_stage.wanted_packages(plan)),
-                f"hosts ({osfam.family(None).OWN_SOURCES})", name)
-        for rp in plan.routers:
-            spec = router.spec(rp)
-            add(PIP_DEFAULT_INDEX, "pip index", f"{spec.package}=={spec.version} (pip's default; a host's pip.conf "
-                "may name another)", "hosts (front doors)", name)
-    return list(entries.values())
-
-
-def origins(entries: list[dict]) -> list[str]:
-    """scheme://host:port of every URL: what a firewall must let through."""
-    import urllib.parse
-
-    out = []
-    for entry in entries:
-        if not entry["url"]:
-            continue
-        parts = urllib.parse.urlsplit(entry["url"])
-        if parts.scheme == "file":
-            continue
-        port = parts.port or {"https": 443, "http": 80}.get(parts.scheme)
-        origin = f"{parts.scheme}://{parts.hostname}:{port}"
-        if origin not in out:
-            out.append(origin)
-    return out

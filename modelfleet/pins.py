@@ -6,7 +6,6 @@ that needed it, naming what failed and what to do, instead of a traceback from i
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import replace
 
 from modelfleet.checkpoint import ModelSourceError, Snapshot, snapshot
 from modelfleet.inventory import COMMIT_RE, HostPlan, ServicePlan
@@ -18,20 +17,21 @@ def pinned_image(svc: ServicePlan) -> str:
     return pinned(svc.image)
 
 
-def pinned_revision(plan: HostPlan, svc: ServicePlan) -> ServicePlan:
+def pinned_revision(plan: HostPlan, svc: ServicePlan, **pinned) -> ServicePlan:
     """The service at the commit its revision resolves to (what this stage fetches and the unit mounts), with
-    the file the engine loads when the recipe names it by pattern (a GGUF's first shard)."""
+    the file the engine loads when the recipe names it by pattern (a GGUF's first shard). `pinned`: other
+    pinned fields, set in the same rebuild of the service."""
     needs_files = bool(svc.model_file and any(c in svc.model_file for c in "*?["))
     if svc.revision and COMMIT_RE.match(svc.revision) and not needs_files:
-        return svc.at_commit(svc.revision)  # already immutable: no need to ask the hub
+        return svc.at_commit(svc.revision, **pinned)  # already immutable: no need to ask the hub
     snap = checkpoint_of(plan, svc)
     if not needs_files:
-        return svc.at_commit(snap.commit)
+        return svc.at_commit(snap.commit, **pinned)
     found = sorted(fnmatch.filter(snap.files, svc.model_file))
     if not found:
         raise ModelSourceError(f"{snap.repo}@{snap.commit[:12]} has no file matching {svc.model_file} "
                                f"(recipe {svc.recipe.id})")
-    return svc.at_commit(snap.commit, model_file=found[0])
+    return svc.at_commit(snap.commit, model_file=found[0], **pinned)
 
 
 def checkpoint_of(plan: HostPlan, svc: ServicePlan) -> Snapshot:
@@ -42,7 +42,7 @@ def checkpoint_of(plan: HostPlan, svc: ServicePlan) -> Snapshot:
 
 def pinned_service(plan: HostPlan, svc: ServicePlan) -> ServicePlan:
     """The service as its unit runs it: image by digest, checkpoint at its commit."""
-    return replace(pinned_revision(plan, svc), image=pinned_image(svc))
+    return pinned_revision(plan, svc, image=pinned_image(svc))
 
 
 def problems(plan: HostPlan, images: bool = True, revisions: bool = True, listings: bool = False) -> list[str]:

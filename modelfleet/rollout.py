@@ -20,9 +20,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from modelfleet import fleet, render
-from modelfleet.commands import deploy, run_pyinfra
+from modelfleet.commands import run_pyinfra
+from modelfleet.deploys import deploy
 from modelfleet.inventory import Resolved
 from modelfleet.operations.report import report_path
 
@@ -114,6 +117,27 @@ def _pyinfra(inventory: str, deploy: str, hosts: list[str], data: dict[str, str]
     run = run_pyinfra(inventory, deploy, limit=hosts, env=env, timeout=None,
                       extra=[*inventory_args, *(arg for k, v in data.items() for arg in ("--data", f"{k}={v}"))])
     return run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+
+
+def rollback_data(resolved: Resolved, host: str, row: dict) -> tuple[dict[str, str], str | None]:
+    """The `--data` that puts EVERY service of `host` back on the image and revision it ran before (`row`: the
+    host's status before the rollout), or why no `--data` can (then nothing is run). pyinfra's `--data` reaches
+    every host of the inventory alike, so it can say one image and revision, at host level: that serves where the
+    host's services all ran the same ones and none of its `services` entries names its own (which would win
+    over the host's). A host whose services ran different ones is left for the operator, each one named, rather
+    than put back on the first one's."""
+    if not resolved.hosts[host].services:  # a front door's own host serves no engine: nothing to put back
+        return {}, None
+    was = {(s.get("image"), s.get("revision")) for s in row.get("services", [])}
+    own = {k for entry in resolved.data.get(host, {}).get("services") or [] if isinstance(entry, dict)
+           for k in ("image", "revision") if k in entry}
+    if len(was) > 1 or own:
+        ran = "; ".join(f"{s.get('pool')}: {s.get('image')} at {s.get('revision')}" for s in row.get("services", []))
+        why = (f"its services ran different images or revisions ({ran})" if len(was) > 1 else
+               f"its `services` entries name their own {' and '.join(sorted(own))}, which `--data` cannot reach")
+        return {}, f"not rolled back: {why}; set them back in the inventory and run deploys/serve.py on {host}"
+    image, revision = next(iter(was)) if was else (None, None)
+    return {k: v for k, v in (("image", image), ("revision", revision)) if v}, None
 
 
 def driver_moves(plan, row: dict) -> bool:
@@ -215,6 +239,26 @@ def _back_in_failed(report: dict, batch: list[str], refused: dict) -> None:
             f"putting {batch} back into the front door failed: {refused}")
 
 
+@dataclass
+class _Run:
+    """What every batch of one rollout shares: the inventory and its arguments, the hosts' status before it, the
+    report being written, the watcher, and `where` (batch, hosts, step) for an interrupted run's report."""
+
+    inventory: str
+    resolved: Resolved
+    everything: Resolved
+    before: dict[str, dict]
+    report: dict
+    watcher: Watcher
+    env: dict
+    log: Callable[[str], None]
+    inventory_args: list[str]
+    where: dict = field(default_factory=dict)
+
+    def pyinfra(self, name: str, hosts: list[str], data: dict | None = None) -> tuple[bool, str]:
+        return _pyinfra(self.inventory, deploy(name), hosts, data or {}, self.env, self.inventory_args)
+
+
 def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: int | None = None,
             env: dict | None = None, log=print, limit: tuple[str, ...] = (), inventory_args: list[str] = (),
             everything: Resolved | None = None) -> dict:
@@ -222,108 +266,136 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
     `everything`: the whole inventory when `resolved` is cut down by --limit (the front doors' hosts).
     A replica behind a front door is taken out of it before its batch switches and put back after its gate.
     `min_healthy` None: each model keeps a healthy endpoint outside the switching batch where it has one."""
-    everything = everything or resolved
     plans = [resolved.hosts[name] for name in resolved.hosts]
-    before = {row["host"]: row for row in fleet.status(plans)}
-    report = {"batches": [], "upgraded": [], "rolled_back": [], "drained": [], "stopped": None}
-    watcher = Watcher(resolved)
-    started = time.monotonic()
-    where = {}
+    run = _Run(inventory=inventory, resolved=resolved, everything=everything or resolved,
+               before={row["host"]: row for row in fleet.status(plans)},
+               report={"batches": [], "upgraded": [], "rolled_back": [], "drained": [], "stopped": None},
+               watcher=Watcher(resolved), env=env or {}, log=log, inventory_args=inventory_args)
+    report, started = run.report, time.monotonic()
     try:
         for number, batch in enumerate(batches(resolved, parallel), 1):
-            where.update(batch=number, hosts=batch, step="health check")
-            healthy = _healthy(fleet.status(plans))
-            if min_healthy is not None and len(healthy - set(batch)) < min_healthy:
-                report["stopped"] = (f"switching {batch} would leave {len(healthy - set(batch))} healthy endpoint(s), "
-                                     f"fewer than min_healthy {min_healthy}")
+            run.where.update(batch=number, hosts=batch, step="health check")
+            stop = _refused(resolved, batch, _healthy(fleet.status(plans)), min_healthy)
+            if stop:
+                report["stopped"] = stop
                 break
-            down = [] if min_healthy is not None else unserved(resolved, batch, healthy)
-            if down:
-                report["stopped"] = (f"switching {batch} would leave {', '.join(down)} with no healthy endpoint "
-                                     "(its other hosts are not healthy); fix them first, or set --min-healthy 0")
+            if not _batch(run, number, batch):
                 break
-            moving = [h for h in batch if driver_moves(resolved.hosts[h], before[h])]
-            entry = {"hosts": batch, "driver_upgrade": bool(moving)}
-            report["batches"].append(entry)
-            log(f"batch {batch}: prefetch")
-            where["step"] = "prefetch"
-            ok, out = _pyinfra(inventory, deploy("prefetch"), batch, {}, env or {}, inventory_args)
-            if not ok:
-                entry.update(result="prefetch failed", output=out)
-                report["stopped"] = f"prefetch failed on {batch}: the old version keeps serving"
-                break
-            switch_start = time.time()
-
-            def drain(batch=batch, moving=moving):
-                log(f"batch {batch}: drain for the driver upgrade ({', '.join(moving)})")
-                return fleet.drain([resolved.hosts[h] for h in batch])
-
-            outcome, out = switch_batch(
-                everything, batch, lambda batch=batch: _pyinfra(inventory, deploy("serve"), batch, {}, env or {},
-                                                                inventory_args),
-                drain=drain if moving else None, log=log, step=lambda name: where.update(step=name))
-            if outcome == "front door refused":
-                entry.update(result="front door refused", errors=out)
-                report["stopped"] = f"taking {batch} out of the front door failed: {out}; nothing switched"
-                break
-            if outcome == "drain failed":
-                _left_drained(report, entry, watcher, switch_start, f"draining {batch} failed: {out}",
-                              result="drain failed", errors=out)
-                break
-            if outcome in ("upgraded", "back in failed"):
-                watcher.switching(batch, switch_start)
-                entry["result"] = "upgraded"
-                entry["ready_budget"] = restart_budgets(resolved, batch, switch_start)
-                for pool in (p for p in entry["ready_budget"] if p["over"]):
-                    line = (f"batch {number} {batch}: pool {pool['pool']} ready {pool['ready_s']} s after its run "
-                            f"started, over its restart budget of {pool['budget_s']} s ({pool['recipe']})")
-                    report.setdefault("over_budget", []).append(line)
-                    log(line)
-                report["upgraded"] += batch
-                if outcome == "back in failed":
-                    _back_in_failed(report, batch, out)
-                    break
-                continue
-            if moving:
-                _left_drained(report, entry, watcher, switch_start, f"the driver upgrade failed on {batch}; the batch "
-                              "stays drained, the rest is untouched", result="driver upgrade failed", output=out)
-                break
-            entry.update(result="gate failed: rolled back", output=out)
-            log(f"batch {batch}: gate failed, rolling back")
-            where["step"] = "rollback"
-            for host in batch:
-                old = next((s for s in before[host].get("services", [])), {})
-                data = {k: v for k, v in (("image", old.get("image")), ("revision", old.get("revision"))) if v}
-                back, back_out = _pyinfra(inventory, deploy("serve"), [host], data, env or {}, inventory_args)
-                report["rolled_back"].append({"host": host, **data, "ok": back})
-                if not back:
-                    entry["rollback_output"] = back_out
-            watcher.switching(batch, switch_start)
-            report["stopped"] = f"the gate failed on {batch}; rolled back to the previous image and revision"
-            _back_in_failed(report, batch, _back_in(everything, batch, log))
-            break
     except KeyboardInterrupt:  # Ctrl-C: what was cut off, where each host stands, and how to finish
         again = " ".join(["modelfleet", "upgrade", shlex.quote(inventory), "--parallel", str(parallel),
                           *(["--min-healthy", str(min_healthy)] if min_healthy is not None else []),
                           *(f"--limit {shlex.quote(name)}" for name in limit),
                           *(shlex.quote(arg) for arg in inventory_args)])
+        where = run.where
         report["stopped"] = (f"interrupted in batch {where.get('batch')} {where.get('hosts')} during its "
                              f"{where.get('step')}; finish with: {again}")
         report["interrupted"] = {**where, "finish_with": again}
         log(f"interrupted in batch {where.get('batch')} {where.get('hosts')} during its {where.get('step')}")
     finally:
-        counts = watcher.stop()
+        counts = run.watcher.stop()
     after = {row["host"]: row for row in fleet.status(plans)}
     if "interrupted" in report:
-        report["interrupted"]["hosts_now"] = {
-            h: {"reachable": row.get("reachable"),
-                "services": [{k: s.get(k) for k in ("unit", "image", "revision", "health")}
-                             for s in row.get("services", [])]} for h, row in after.items()}
-        for h, row in report["interrupted"]["hosts_now"].items():
-            log(f"  {h}: " + ("unreachable" if not row["reachable"] else "; ".join(
-                f"{s['image']} health {s['health']}" for s in row["services"]) or "no service"))
-        log(f"finish with: {report['interrupted']['finish_with']}")
+        _hosts_now(report, after, log)
+    before = run.before
     report["drivers"] = {h: {"before": before[h].get("driver"), "after": after[h].get("driver")} for h in after}
     report["rebooted"] = [h for h in after if before[h].get("boot") and after[h].get("boot") != before[h]["boot"]]
     report.update(seconds=round(time.monotonic() - started, 1), **counts)
     return report
+
+
+def _refused(resolved: Resolved, batch: list[str], healthy: set[str], min_healthy: int | None) -> str | None:
+    """Why switching `batch` now would leave too little serving (None: it may switch)."""
+    if min_healthy is not None and len(healthy - set(batch)) < min_healthy:
+        return (f"switching {batch} would leave {len(healthy - set(batch))} healthy endpoint(s), "
+                f"fewer than min_healthy {min_healthy}")
+    down = [] if min_healthy is not None else unserved(resolved, batch, healthy)
+    if down:
+        return (f"switching {batch} would leave {', '.join(down)} with no healthy endpoint "
+                "(its other hosts are not healthy); fix them first, or set --min-healthy 0")
+    return None
+
+
+def _batch(run: _Run, number: int, batch: list[str]) -> bool:
+    """One batch: prefetch, switch (drained first where its driver moves), and on a failed gate the rollback.
+    False when the rollout stops here (the report says why)."""
+    resolved, report, log, where = run.resolved, run.report, run.log, run.where
+    moving = [h for h in batch if driver_moves(resolved.hosts[h], run.before[h])]
+    entry = {"hosts": batch, "driver_upgrade": bool(moving)}
+    report["batches"].append(entry)
+    log(f"batch {batch}: prefetch")
+    where["step"] = "prefetch"
+    ok, out = run.pyinfra("prefetch", batch)
+    if not ok:
+        entry.update(result="prefetch failed", output=out)
+        report["stopped"] = f"prefetch failed on {batch}: the old version keeps serving"
+        return False
+    switch_start = time.time()
+
+    def drain():
+        log(f"batch {batch}: drain for the driver upgrade ({', '.join(moving)})")
+        return fleet.drain([resolved.hosts[h] for h in batch])
+
+    outcome, out = switch_batch(run.everything, batch, lambda: run.pyinfra("serve", batch),
+                                drain=drain if moving else None, log=log, step=lambda name: where.update(step=name))
+    if outcome == "front door refused":
+        entry.update(result="front door refused", errors=out)
+        report["stopped"] = f"taking {batch} out of the front door failed: {out}; nothing switched"
+        return False
+    if outcome == "drain failed":
+        _left_drained(report, entry, run.watcher, switch_start, f"draining {batch} failed: {out}",
+                      result="drain failed", errors=out)
+        return False
+    if outcome in ("upgraded", "back in failed"):
+        run.watcher.switching(batch, switch_start)
+        entry["result"] = "upgraded"
+        entry["ready_budget"] = restart_budgets(resolved, batch, switch_start)
+        for pool in (p for p in entry["ready_budget"] if p["over"]):
+            line = (f"batch {number} {batch}: pool {pool['pool']} ready {pool['ready_s']} s after its run "
+                    f"started, over its restart budget of {pool['budget_s']} s ({pool['recipe']})")
+            report.setdefault("over_budget", []).append(line)
+            log(line)
+        report["upgraded"] += batch
+        if outcome == "back in failed":
+            _back_in_failed(report, batch, out)
+            return False
+        return True
+    if moving:
+        _left_drained(report, entry, run.watcher, switch_start, f"the driver upgrade failed on {batch}; the batch "
+                      "stays drained, the rest is untouched", result="driver upgrade failed", output=out)
+        return False
+    entry.update(result="gate failed: rolled back", output=out)
+    _roll_back(run, entry, batch)
+    run.watcher.switching(batch, switch_start)
+    left = [r["host"] for r in report["rolled_back"] if r.get("refused")]
+    report["stopped"] = f"the gate failed on {batch}; rolled back to the previous image and revision" + (
+        f" (not {', '.join(left)}: see rolled_back)" if left else "")
+    _back_in_failed(report, batch, _back_in(run.everything, batch, log))
+    return False
+
+
+def _roll_back(run: _Run, entry: dict, batch: list[str]) -> None:
+    """Every host of the batch, every service, back on the image and revision it ran before the rollout."""
+    run.log(f"batch {batch}: gate failed, rolling back")
+    run.where["step"] = "rollback"
+    for host in batch:
+        data, refused = rollback_data(run.resolved, host, run.before[host])
+        if refused:
+            run.log(f"batch {batch}: {host}: {refused}")
+            run.report["rolled_back"].append({"host": host, "ok": False, "refused": refused})
+            continue
+        back, back_out = run.pyinfra("serve", [host], data)
+        run.report["rolled_back"].append({"host": host, **data, "ok": back})
+        if not back:
+            entry["rollback_output"] = back_out
+
+
+def _hosts_now(report: dict, after: dict[str, dict], log) -> None:
+    """An interrupted rollout's report: where each host stands now, and the command that finishes it."""
+    report["interrupted"]["hosts_now"] = {
+        h: {"reachable": row.get("reachable"),
+            "services": [{k: s.get(k) for k in ("unit", "image", "revision", "health")}
+                         for s in row.get("services", [])]} for h, row in after.items()}
+    for h, row in report["interrupted"]["hosts_now"].items():
+        log(f"  {h}: " + ("unreachable" if not row["reachable"] else "; ".join(
+            f"{s['image']} health {s['health']}" for s in row["services"]) or "no service"))
+    log(f"finish with: {report['interrupted']['finish_with']}")

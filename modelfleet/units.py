@@ -31,20 +31,23 @@ def unit_paths(svc: ServicePlan) -> list[str]:
     return _engine_paths(svc) + weights_paths(svc)
 
 
-def unit_files(svc: ServicePlan) -> list[tuple[str, str, str, bool]]:
+def unit_files(svc: ServicePlan, mask: bool = False) -> list[tuple[str, str, str, bool]]:
     """(path, content, mode, secret) for everything the service's unit depends on; rendered once per run for
-    each form of the service (as pinned, as its host runs it), however many stages and peers ask."""
+    each form of the service (as pinned, as its host runs it), however many stages and peers ask. `mask`: the
+    secret files with their secrets masked, as `modelfleet render` shows them (never memoized: shown once)."""
+    if mask:
+        return _rendered(svc, mask=True)
     return list(runscope.memo("unit files", svc, lambda: _rendered(svc)))
 
 
-def _rendered(svc: ServicePlan) -> list[tuple[str, str, str, bool]]:
+def _rendered(svc: ServicePlan, mask: bool = False) -> list[tuple[str, str, str, bool]]:
     unit, env, *secrets = _engine_paths(svc)
-    files = [(unit, render.render_unit(svc), "0644", False), (env, render.render_env(svc), "0600", True)]
-    files += [(path, render.render_secrets_config(svc), "0600", True) for path in secrets]
+    files = [(unit, render.render_unit(svc), "0644", False), (env, render.render_env(svc, mask=mask), "0600", True)]
+    files += [(path, render.render_secrets_config(svc, mask=mask), "0600", True) for path in secrets]
     weights = weights_paths(svc)
     if weights:
         files += [(weights[0], render.render_weights_unit(svc), "0644", False),
-                  (weights[1], render.render_weights_env(svc), "0600", True)]
+                  (weights[1], render.render_weights_env(svc, mask=mask), "0600", True)]
     return files
 
 

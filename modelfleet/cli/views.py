@@ -160,9 +160,8 @@ def render_cmd(inventory: str, host: str, group_data, data, as_json: bool, pin: 
     """Print HOST's systemd unit(s) and env file(s) as the run writes them, secrets masked. Without --pin, images
     by tag and the revision as written (the run pins them, and the engine cache directory is named after the
     pins); with --pin, as pinned."""
-    from modelfleet import engine_flags, image_runtime
+    from modelfleet import units
     from modelfleet.errors import ModelfleetError
-    from modelfleet.inventory import COMMIT_RE
     from modelfleet.pins import pinned_service
 
     result = resolved_or_exit(inventory, group_data, data)
@@ -177,42 +176,13 @@ def render_cmd(inventory: str, host: str, group_data, data, as_json: bool, pin: 
             except ModelfleetError as error:
                 click.echo(f"modelfleet render --pin: {host}: pool {svc.pool}: {error}", err=True)
                 sys.exit(1)
-        elif "@sha256:" not in svc.image or not COMMIT_RE.match(svc.revision or ""):
-            notes.append(f"image {svc.image} and revision {svc.revision or 'main'} as written: the run pins them "
-                         "(digest, commit) and names the engine cache directory after the pins (render --pin "
-                         "shows them pinned)")
-        notes.append(f"recipe {svc.recipe.id} ({'verified' if svc.recipe.verified else 'not verified'} by "
-                     f"modelfleet; source: {svc.recipe.source})")
-        flags = engine_flags.table(svc.engine_name, svc.engine.flag_parser)
-        notes.append(f"image {svc.image}: " + engine_flags.check_claim(svc.recipe, svc.engine_name, flags,
-                                                                       site=bool(svc.recipe.site)))
-        notes.append(image_runtime.render_note(svc.image, svc.recipe.cuda, svc.recipe.rocm, svc.recipe.runtime_source,
-                                               svc.hardware.vendor, plan.stack.driver_branch))
-        fraction = (f"{svc.engine.memory_fraction_flag} {svc.recipe.memory_fraction}" if svc.engine.memory_fraction_flag
-                    else f"{svc.recipe.memory_fraction} (planning only: {svc.engine_name} has no such flag)")
-        notes.append(f"memory fraction the plan sized with: {fraction}; clients call it: "
-                     f"{', '.join(render.served_names(svc))}; GPUs: {', '.join(map(str, svc.gpu_indices)) or 'none'}")
-        if svc.hardware.vendor == "amd" and svc.gpu_passthrough:
-            notes.append("the run adds the host's render group by number (`getent group render` on the host, read "
-                         "with preflight's probe) after `--group-add video`: a name would resolve in the image")
-        if not pin and svc.model_file and any(c in svc.model_file for c in "*?["):
-            notes.append(f"model file {svc.model_file} is a pattern: the run names the revision's first matching "
-                         "file (sorted, e.g. the GGUF's -00001-of- shard) in the unit; systemd and docker never "
-                         "expand it")
+        notes += _service_notes(plan, svc, pin)
         svc = _with_expected_fabric(result, svc, notes)
-        files.append({"path": f"/etc/systemd/system/{svc.unit_name}", "mode": "0644",
-                      "content": render.render_unit(svc)})
-        files.append({"path": svc.env_file, "mode": "0600", "content": render.render_env(svc, mask=True)})
-        secrets = render.render_secrets_config(svc, mask=True)
-        if secrets:
-            files.append({"path": svc.secrets_config_file, "mode": "0600", "content": secrets})
         if weight_cache.spec(svc):  # the restart tier beside it (docs/restart-tier.md)
             notes.append(f"weight cache {weight_cache.unit_name(svc)}: keeps the loaded weights across engine "
                          "restarts; only a change of its key (in its unit file) restarts it")
-            files.append({"path": f"/etc/systemd/system/{weight_cache.unit_name(svc)}", "mode": "0644",
-                          "content": render.render_weights_unit(svc)})
-            files.append({"path": weight_cache.env_file(svc), "mode": "0600",
-                          "content": render.render_weights_env(svc, mask=True)})
+        files += [{"path": path, "mode": mode, "content": content}
+                  for path, content, mode, _ in units.unit_files(svc, mask=True)]  # the run's one rendering path
     for rp in plan.routers:  # the front doors this host runs (modelfleet.router)
         from modelfleet.router import preview
         door_files, door_notes = preview(rp)
@@ -225,6 +195,38 @@ def render_cmd(inventory: str, host: str, group_data, data, as_json: bool, pin: 
     for f in files:
         click.echo(f"# ==> {f['path']}" + (f" ({f['mode']})" if f["mode"] == "0600" else ""))
         click.echo(f["content"])
+
+
+def _service_notes(plan, svc, pin: bool) -> list[str]:
+    """What `render` says above a service's files: pins, the recipe and its flag check, the image's runtime, the
+    memory fraction, names and GPUs, and what the run fills in on the host."""
+    from modelfleet import engine_flags, image_runtime
+    from modelfleet.inventory import COMMIT_RE
+
+    notes: list[str] = []
+    if not pin and ("@sha256:" not in svc.image or not COMMIT_RE.match(svc.revision or "")):
+        notes.append(f"image {svc.image} and revision {svc.revision or 'main'} as written: the run pins them "
+                     "(digest, commit) and names the engine cache directory after the pins (render --pin "
+                     "shows them pinned)")
+    notes.append(f"recipe {svc.recipe.id} ({'verified' if svc.recipe.verified else 'not verified'} by "
+                 f"modelfleet; source: {svc.recipe.source})")
+    flags = engine_flags.table(svc.engine_name, svc.engine.flag_parser)
+    notes.append(f"image {svc.image}: " + engine_flags.check_claim(svc.recipe, svc.engine_name, flags,
+                                                                   site=bool(svc.recipe.site)))
+    notes.append(image_runtime.render_note(svc.image, svc.recipe.cuda, svc.recipe.rocm, svc.recipe.runtime_source,
+                                           svc.hardware.vendor, plan.stack.driver_branch))
+    fraction = (f"{svc.engine.memory_fraction_flag} {svc.recipe.memory_fraction}" if svc.engine.memory_fraction_flag
+                else f"{svc.recipe.memory_fraction} (planning only: {svc.engine_name} has no such flag)")
+    notes.append(f"memory fraction the plan sized with: {fraction}; clients call it: "
+                 f"{', '.join(render.served_names(svc))}; GPUs: {', '.join(map(str, svc.gpu_indices)) or 'none'}")
+    if svc.hardware.vendor == "amd" and svc.gpu_passthrough:
+        notes.append("the run adds the host's render group by number (`getent group render` on the host, read "
+                     "with preflight's probe) after `--group-add video`: a name would resolve in the image")
+    if not pin and svc.model_file and any(c in svc.model_file for c in "*?["):
+        notes.append(f"model file {svc.model_file} is a pattern: the run names the revision's first matching "
+                     "file (sorted, e.g. the GGUF's -00001-of- shard) in the unit; systemd and docker never "
+                     "expand it")
+    return notes
 
 
 def _with_expected_fabric(result, svc, notes: list[str]):
@@ -324,7 +326,7 @@ def urls(inventory: str, limit, hosts, only_os, arches, as_json: bool, group_dat
     """Every outside URL a run over INVENTORY will use, without connecting to anything: the GPU stack's apt
     repositories, packages and keys, the images' registries, the hub or the checkpoint mirror, pip's index;
     and the origins (scheme://host:port) a firewall must let through."""
-    from modelfleet.mirror import known_systems, origins, outside_urls
+    from modelfleet.urls import known_systems, origins, outside_urls
 
     unknown = [name for name in only_os if name not in known_systems()]
     if unknown:

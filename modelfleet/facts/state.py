@@ -21,6 +21,9 @@ from modelfleet.host_commands import (
 )
 
 MARK = "@@modelfleet-state"
+# The kinds of things the fact reads, each a key of its result and a keyword of its command (a stage's wants()
+# declares what it reads by these kinds).
+STATE_KINDS = ("paths", "units", "images", "trees", "packages", "texts", "owned")
 # The first line of every unit file modelfleet writes (templates/*.service.j2): what marks a unit as its own, so
 # one the inventory no longer names may be retired (modelfleet.retire), and one a user wrote never is.
 OWNED_MARK = "# Managed by modelfleet - do not edit; re-run the deploy instead."
@@ -54,7 +57,7 @@ class DeployedState(FactBase):
 
     @staticmethod
     def default():
-        return {"paths": {}, "units": {}, "images": {}, "trees": {}, "packages": {}, "texts": {}, "owned": {}}
+        return {kind: {} for kind in STATE_KINDS}
 
     def command(self, paths: tuple[str, ...] = (), units: tuple[str, ...] = (), images: tuple[str, ...] = (),
                 trees: tuple[str, ...] = (), packages: tuple[str, ...] = (), texts: tuple[str, ...] = (),
@@ -90,27 +93,7 @@ class DeployedState(FactBase):
                 entries = result["paths"][name].setdefault("entries", [])
                 entries += [line[6:]] if line != "entries" else []
             elif kind == "tree":
-                tree = result["trees"][name]
-                word, _, rest = line.partition(" ")
-                if word == "free" and rest.isdigit():
-                    tree["free_bytes"] = int(rest)
-                elif word == "manifest":
-                    try:
-                        tree["manifest"] = json.loads(rest)
-                    except ValueError:
-                        tree["manifest"] = None
-                elif word == "current":
-                    tree["current"] = rest or None
-                elif word == "revisions":
-                    tree["revisions"] = rest.split()
-                elif word == "file":
-                    size, mtime, rel = rest.split(" ", 2)
-                    tree["files"][rel] = [int(size), float(mtime)]
-                elif word == "partial":
-                    size, rel = rest.split(" ", 1)
-                    tree.setdefault("partials", {})[rel] = int(size)
-                elif word in ("busy", "unfinished", "odd"):
-                    tree.setdefault(word, []).append(rest)
+                _tree_line(result["trees"][name], line)
             elif kind == "text" and (line.startswith("= ") or line == "="):
                 result["texts"][name] = (result["texts"][name] or "") + line[2:] + "\n"
             elif kind == "package" and line[:3] in ("ii ", "hi "):
@@ -128,6 +111,30 @@ class DeployedState(FactBase):
             elif kind == "owned" and result["owned"][name]:
                 owned.update(_unit_properties(parse_unit_show([line])))
         return result
+
+
+def _tree_line(tree: dict, line: str) -> None:
+    """One line of a checkpoint tree's section into `tree` (the keys DeployedState's doc lists under "trees")."""
+    word, _, rest = line.partition(" ")
+    if word == "free" and rest.isdigit():
+        tree["free_bytes"] = int(rest)
+    elif word == "manifest":
+        try:
+            tree["manifest"] = json.loads(rest)
+        except ValueError:
+            tree["manifest"] = None
+    elif word == "current":
+        tree["current"] = rest or None
+    elif word == "revisions":
+        tree["revisions"] = rest.split()
+    elif word == "file":
+        size, mtime, rel = rest.split(" ", 2)
+        tree["files"][rel] = [int(size), float(mtime)]
+    elif word == "partial":
+        size, rel = rest.split(" ", 1)
+        tree.setdefault("partials", {})[rel] = int(size)
+    elif word in ("busy", "unfinished", "odd"):
+        tree.setdefault(word, []).append(rest)
 
 
 def _unit_properties(props: dict[str, str]) -> dict:

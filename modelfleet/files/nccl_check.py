@@ -95,13 +95,7 @@ def worker(local_rank: int, args) -> None:
         fail(report, f"rank {rank}: rendezvous at {args.master_addr}:{args.master_port} failed within "
                      f"{args.timeout} s ({type(error).__name__}: {str(error).splitlines()[0][:300]}); a rank never "
                      f"joined or the address/interface is wrong")
-    copies = []
-    if args.h2d_bytes:
-        for turn in range(args.local_procs):  # one GPU at a time: they share the host's memory and PCIe root
-            dist.barrier()
-            if turn == local_rank:
-                copies = copy_bandwidth(torch, device, args.h2d_bytes, args.iters)
-        dist.barrier()
+    copies = copies_in_turn(local_rank, args, torch, dist, device) if args.h2d_bytes else []
     results = []
     try:
         for op in args.ops:
@@ -123,21 +117,42 @@ def worker(local_rank: int, args) -> None:
     dist.destroy_process_group()
     if local_rank:
         return
+    wrong = summarize(report, results, [[(float(x), float(y)) for x, y in g.tolist()] for g in gathered],
+                      [tuple(map(float, c.tolist())) for c in every_copy], args, world)
+    print(json.dumps(report), flush=True)
+    if wrong:
+        sys.exit(1)
+
+
+def copies_in_turn(local_rank: int, args, torch, dist, device) -> list[float]:
+    """This rank's host-to-device copy rates, one GPU of the host at a time (they share the host's memory and
+    PCIe root); every local rank waits its turn at the barriers."""
+    copies = []
+    for turn in range(args.local_procs):
+        dist.barrier()
+        if turn == local_rank:
+            copies = copy_bandwidth(torch, device, args.h2d_bytes, args.iters)
+    dist.barrier()
+    return copies
+
+
+def summarize(report: dict, results: list[dict], gathered: list[list[tuple[float, float]]],
+              copies: list[tuple[float, float]], args, world: int) -> list[str]:
+    """The node's report from every rank's (time, correct) per result and (h2d, d2h) copy rates: each result at
+    the slowest rank's time with its bandwidths, this host's GPUs' copy rates. Returns the wrong results."""
     if args.h2d_bytes:  # this host's GPUs
         first = args.node_rank * args.local_procs
-        report["h2d"] = [{"gpu": i, "bytes": args.h2d_bytes, "h2d_gbs": round(float(every_copy[first + i][0]), 2),
-                          "d2h_gbs": round(float(every_copy[first + i][1]), 2)} for i in range(args.local_procs)]
+        report["h2d"] = [{"gpu": i, "bytes": args.h2d_bytes, "h2d_gbs": round(copies[first + i][0], 2),
+                          "d2h_gbs": round(copies[first + i][1], 2)} for i in range(args.local_procs)]
     for i, r in enumerate(results):
-        r["time_us"] = round(max(float(g[i][0]) for g in gathered), 2)
-        r["correct"] = all(float(g[i][1]) == 1.0 for g in gathered)
+        r["time_us"] = round(max(g[i][0] for g in gathered), 2)
+        r["correct"] = all(g[i][1] == 1.0 for g in gathered)
         r["algbw_gbs"] = round(r["bytes"] / (r["time_us"] / 1e6) / 1e9, 3)
         r["busbw_gbs"] = round(r["algbw_gbs"] * BUS_FACTOR[r["op"]](world), 3)
     wrong = [f"{r['op']} {r['bytes']} B" for r in results if not r["correct"]]
     report.update(ok=not wrong, results=results,
                   error=f"wrong results: {', '.join(wrong)}" if wrong else None)
-    print(json.dumps(report), flush=True)
-    if wrong:
-        sys.exit(1)
+    return wrong
 
 
 def copy_bandwidth(torch, device, nbytes: int, iters: int) -> list[float]:

@@ -169,11 +169,12 @@ class ServicePlan:
     unit_stem: str = ""
     render_gid: int | None = None  # AMD: the host's render group (read with the probe), added by number
 
-    def at_commit(self, commit: str, model_file: str | None = None) -> "ServicePlan":
+    def at_commit(self, commit: str, model_file: str | None = None, **pinned) -> "ServicePlan":
         """The same service pinned to a resolved 40-hex commit: its own model directory, so a new revision
-        changes the unit (and restarts the engine) while the old one stays on disk for rollback."""
+        changes the unit (and restarts the engine) while the old one stays on disk for rollback. `pinned`:
+        other pinned fields set in the same step (the image by digest)."""
         return replace(self, revision=commit, model_dir=f"{revisions_dir(self.model_dir)}/{commit}",
-                       model_file=model_file or self.model_file)
+                       model_file=model_file or self.model_file, **pinned)
 
     @property
     def hf_repo(self) -> str:
@@ -269,9 +270,11 @@ class HostPlan:
     routers: tuple[RouterPlan, ...] = ()  # the front doors this host runs (modelfleet.inventory.routed)
 
     def __post_init__(self):
-        # The engine cache's key names the driver branch; services learn it from their host, its one home.
-        object.__setattr__(self, "services", tuple(replace(s, driver_branch=self.stack.driver_branch)
-                                                   for s in self.services))
+        # The engine cache's key names the driver branch; services learn it from their host, its one home. The
+        # resolver builds them with it already: a service is rebuilt here only where it differs.
+        branch = self.stack.driver_branch if self.stack else ""
+        if any(s.driver_branch != branch for s in self.services):
+            object.__setattr__(self, "services", tuple(replace(s, driver_branch=branch) for s in self.services))
 
     @property
     def stack_ours(self) -> bool:

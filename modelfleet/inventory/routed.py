@@ -43,95 +43,122 @@ def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list
     lone = {served for (_, served), found in _pd_parts(pools).items() if not all(found.values())}
     routers: dict[str, RouterPlan] = {}
     for (router_host, served), services in routed.items():
-        name = front_door_name(served)
-        where = f"router {name}"
-        problems = len(errors)
-        head = services[0]
-        for svc in services:
-            if not svc.api_key_env:
-                errors.append((f"host {svc.host}", "api_key_env", f"{served} is served through the front door on "
-                               f"{router_host}, which refuses requests without the model's key: set api_key_env"))
-        if router_host not in hosts:
-            errors.append((f"host {head.host}", "router", f"{router_host!r} is not a host of this inventory "
-                           f"(hosts: {', '.join(sorted(hosts))})"))
-            continue
-        if head.engine_name not in specs():
-            errors.append((f"host {head.host}", "router", f"{head.engine_name} has no router in the catalog "
-                           f"(routers: {', '.join(sorted(specs()))})"))
-            continue
-        for fld, value in (("engine", lambda s: s.engine_name), ("model", lambda s: s.model.id),
-                           ("api_key_env", lambda s: s.api_key_env or ""), ("router_port", lambda s: s.router.port),
-                           ("router_bind_address", lambda s: s.router.bind_address or ""),
-                           ("router_policy", lambda s: s.router.policy),
-                           ("router_tls_cert", lambda s: s.router.tls_cert or ""),
-                           ("router_client_keys_env", lambda s: ",".join(s.router.client_keys_env)),
-                           ("router_tls_key", lambda s: s.router.tls_key or "")):
-            values = sorted({str(value(s)) for s in services})
-            if len(values) > 1:
-                errors.append((where, fld, f"the replicas of {served} disagree: {', '.join(values)}"))
-        rhost = hosts[router_host]
-        rspec = specs()[head.engine_name]
-        roles = {s.pool: pd_role(s.recipe, s.engine_name) for s in services}
-        if any(roles.values()) and not all(roles.values()):
-            plain = sorted(p for p, role in roles.items() if not role)
-            errors.append((where, "recipe", f"the front door of {served} pairs prefill and decode pools, but "
-                           f"{', '.join(plain)} run a recipe of neither part: serve it under another name"))
-        elif any(roles.values()) and set(roles.values()) != {"prefill", "decode"} and served not in lone:
-            errors.append((where, "router", f"the front door of {served} on {router_host} has only "
-                           f"{next(iter(set(roles.values())))} pools: its prefill and decode pools name one router"))
-        if head.router.policy not in rspec.policies:
-            errors.append((where, "router_policy", f"{head.router.policy} is not a policy of {rspec.package} "
-                           f"(it has: {', '.join(rspec.policies)})"))
-        bind = head.router.bind_address or rhost.address
-        if not _ip(bind):
-            errors.append((where, "router_bind_address", f"unset, and the router host's address {bind!r} is not "
-                           "an IP address to listen on: set router_bind_address"))
-        taken = {**reserved, rhost.ssh_port: "SSH", **{s.port: f"pool {s.pool}" for s in rhost.services}}
-        for port, what in ((head.router.port, "the front door"), (head.router.port + 1, "the router behind it"),
-                           (head.router.port + 2, "the router's metrics")):
-            if port > 65535 or port in taken:
-                errors.append((where, "router_port", f"{head.router.port}: port {port} ({what}) is "
-                               f"{'out of range' if port > 65535 else 'used by ' + taken[port]} on {router_host}"))
-        key = keys.from_env(head.api_key_env)
-        proxied = rspec.auth == "proxy" or head.router.tls_cert or head.router.client_keys_env
-        if proxied and key and not offline and not 8 <= len(key.strip()) <= 512:
-            errors.append((where, "api_key_env", f"the value of {head.api_key_env} (not shown) is "
-                           f"{len(key.strip())} characters long: the front door takes keys of 8 to 512"))
-        elif proxied and key and not offline and not PROXY_KEY.match(key.strip()):
-            errors.append((where, "api_key_env", f"the value of {head.api_key_env} (not shown) has characters the "
-                           "proxy's config cannot hold: use 8-512 of A-Z a-z 0-9 . _ ~ + / = -"))
-        if name in routers:
-            errors.append((where, "router", f"{served} already has a front door on {routers[name].host}"))
-        errors += tls_problems(where, head.router, offline)
-        errors += client_key_problems(where, head.router.client_keys_env, head.api_key_env, offline)
-        if len(errors) > problems:
-            continue
-        workers = tuple(Worker(pool=s.pool, host=s.host, url=f"http://{_replica_address(hosts, s, router_host)}:"
-                               f"{s.port}", role=roles[s.pool],
-                               bootstrap_port=bootstrap_port(s.recipe, s.engine_name) if roles[s.pool] == "prefill"
-                               else None) for s in services if s.node_rank == 0)
-        routers[name] = RouterPlan(name=name, host=router_host, engine_name=head.engine_name, served_name=served,
-                                   bind_address=bind, port=head.router.port, policy=head.router.policy,
-                                   api_key_env=head.api_key_env, config_dir=rhost.config_dir,
-                                   workers=tuple(sorted(workers, key=lambda w: w.url)), pd=any(roles.values()),
-                                   tls_cert=head.router.tls_cert, tls_key=head.router.tls_key,
-                                   client_keys_env=head.router.client_keys_env)
-        # Refused, though planned (the plan shows what would run): a replica off loopback whose engine leaves a
-        # route open and that no keyed proxy can cover (a PD server, whose other part reaches it directly too; an
-        # engine whose key coverage modelfleet does not know).
-        for svc in services:
-            address = _replica_address(hosts, svc, router_host)
-            if _is_loopback(address) or (door_needed(svc.engine_name) and not roles[svc.pool]):
-                continue
-            exposed = routed_replica_problem(svc.engine_name, address, router_host, roles[svc.pool])
-            if exposed:
-                errors.append((f"host {svc.host}", "router", exposed))
+        door = _front_door(hosts, router_host, served, services, served in lone, routers, errors, reserved, offline)
+        if door is not None:
+            routers[door.name] = door
     out = {}
     for name, plan in hosts.items():
         services = tuple(_bound(hosts, s) if s.router else s for s in plan.services)
         out[name] = replace(plan, services=services,
                             routers=tuple(rp for rp in routers.values() if rp.host == name))
     return out, routers
+
+
+def _front_door(hosts: dict[str, HostPlan], router_host: str, served: str, services: list, lone: bool,
+                routers: dict[str, RouterPlan], errors: list, reserved: dict[int, str],
+                offline: bool) -> RouterPlan | None:
+    """The front door of `served` on `router_host` over its replicas `services`; None where it has a problem
+    (in `errors`). `lone`: a prefill/decode part whose other part is missing (said once, by pd_pairs)."""
+    name = front_door_name(served)
+    where = f"router {name}"
+    problems = len(errors)
+    head = services[0]
+    for svc in services:
+        if not svc.api_key_env:
+            errors.append((f"host {svc.host}", "api_key_env", f"{served} is served through the front door on "
+                           f"{router_host}, which refuses requests without the model's key: set api_key_env"))
+    if router_host not in hosts:
+        errors.append((f"host {head.host}", "router", f"{router_host!r} is not a host of this inventory "
+                       f"(hosts: {', '.join(sorted(hosts))})"))
+        return None
+    if head.engine_name not in specs():
+        errors.append((f"host {head.host}", "router", f"{head.engine_name} has no router in the catalog "
+                       f"(routers: {', '.join(sorted(specs()))})"))
+        return None
+    errors += _disagreements(where, served, services)
+    rhost = hosts[router_host]
+    roles = {s.pool: pd_role(s.recipe, s.engine_name) for s in services}
+    errors += _door_problems(where, served, head, rhost, roles, lone, reserved, offline)
+    if name in routers:
+        errors.append((where, "router", f"{served} already has a front door on {routers[name].host}"))
+    if len(errors) > problems:
+        return None
+    workers = tuple(Worker(pool=s.pool, host=s.host, url=f"http://{_replica_address(hosts, s, router_host)}:"
+                           f"{s.port}", role=roles[s.pool],
+                           bootstrap_port=bootstrap_port(s.recipe, s.engine_name) if roles[s.pool] == "prefill"
+                           else None) for s in services if s.node_rank == 0)
+    door = RouterPlan(name=name, host=router_host, engine_name=head.engine_name, served_name=served,
+                      bind_address=head.router.bind_address or rhost.address, port=head.router.port,
+                      policy=head.router.policy, api_key_env=head.api_key_env, config_dir=rhost.config_dir,
+                      workers=tuple(sorted(workers, key=lambda w: w.url)), pd=any(roles.values()),
+                      tls_cert=head.router.tls_cert, tls_key=head.router.tls_key,
+                      client_keys_env=head.router.client_keys_env)
+    # Refused, though planned (the plan shows what would run): a replica off loopback whose engine leaves a
+    # route open and that no keyed proxy can cover (a PD server, whose other part reaches it directly too; an
+    # engine whose key coverage modelfleet does not know).
+    for svc in services:
+        address = _replica_address(hosts, svc, router_host)
+        if _is_loopback(address) or (door_needed(svc.engine_name) and not roles[svc.pool]):
+            continue
+        exposed = routed_replica_problem(svc.engine_name, address, router_host, roles[svc.pool])
+        if exposed:
+            errors.append((f"host {svc.host}", "router", exposed))
+    return door
+
+
+def _disagreements(where: str, served: str, services: list) -> list[tuple[str, str, str]]:
+    """The replicas of one front door name one engine, model, key and router settings."""
+    out = []
+    for fld, value in (("engine", lambda s: s.engine_name), ("model", lambda s: s.model.id),
+                       ("api_key_env", lambda s: s.api_key_env or ""), ("router_port", lambda s: s.router.port),
+                       ("router_bind_address", lambda s: s.router.bind_address or ""),
+                       ("router_policy", lambda s: s.router.policy),
+                       ("router_tls_cert", lambda s: s.router.tls_cert or ""),
+                       ("router_client_keys_env", lambda s: ",".join(s.router.client_keys_env)),
+                       ("router_tls_key", lambda s: s.router.tls_key or "")):
+        values = sorted({str(value(s)) for s in services})
+        if len(values) > 1:
+            out.append((where, fld, f"the replicas of {served} disagree: {', '.join(values)}"))
+    return out
+
+
+def _door_problems(where: str, served: str, head, rhost: HostPlan, roles: dict[str, str | None], lone: bool,
+                   reserved: dict[int, str], offline: bool) -> list[tuple[str, str, str]]:
+    """The front door's own settings (its head replica's): prefill/decode parts whole, the policy its router
+    has, an address to listen on, three free ports, a key the proxy can hold, TLS files and clients' keys."""
+    errors = []
+    router_host, rspec = rhost.name, specs()[head.engine_name]
+    if any(roles.values()) and not all(roles.values()):
+        plain = sorted(p for p, role in roles.items() if not role)
+        errors.append((where, "recipe", f"the front door of {served} pairs prefill and decode pools, but "
+                       f"{', '.join(plain)} run a recipe of neither part: serve it under another name"))
+    elif any(roles.values()) and set(roles.values()) != {"prefill", "decode"} and not lone:
+        errors.append((where, "router", f"the front door of {served} on {router_host} has only "
+                       f"{next(iter(set(roles.values())))} pools: its prefill and decode pools name one router"))
+    if head.router.policy not in rspec.policies:
+        errors.append((where, "router_policy", f"{head.router.policy} is not a policy of {rspec.package} "
+                       f"(it has: {', '.join(rspec.policies)})"))
+    bind = head.router.bind_address or rhost.address
+    if not _ip(bind):
+        errors.append((where, "router_bind_address", f"unset, and the router host's address {bind!r} is not "
+                       "an IP address to listen on: set router_bind_address"))
+    taken = {**reserved, rhost.ssh_port: "SSH", **{s.port: f"pool {s.pool}" for s in rhost.services}}
+    for port, what in ((head.router.port, "the front door"), (head.router.port + 1, "the router behind it"),
+                       (head.router.port + 2, "the router's metrics")):
+        if port > 65535 or port in taken:
+            errors.append((where, "router_port", f"{head.router.port}: port {port} ({what}) is "
+                           f"{'out of range' if port > 65535 else 'used by ' + taken[port]} on {router_host}"))
+    key = keys.from_env(head.api_key_env)
+    proxied = rspec.auth == "proxy" or head.router.tls_cert or head.router.client_keys_env
+    if proxied and key and not offline and not 8 <= len(key.strip()) <= 512:
+        errors.append((where, "api_key_env", f"the value of {head.api_key_env} (not shown) is "
+                       f"{len(key.strip())} characters long: the front door takes keys of 8 to 512"))
+    elif proxied and key and not offline and not PROXY_KEY.match(key.strip()):
+        errors.append((where, "api_key_env", f"the value of {head.api_key_env} (not shown) has characters the "
+                       "proxy's config cannot hold: use 8-512 of A-Z a-z 0-9 . _ ~ + / = -"))
+    errors += tls_problems(where, head.router, offline)
+    errors += client_key_problems(where, head.router.client_keys_env, head.api_key_env, offline)
+    return errors
 
 
 def tls_problems(where: str, choice, offline: bool) -> list[tuple[str, str, str]]:

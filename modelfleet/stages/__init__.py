@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from modelfleet.facts.state import STATE_KINDS  # its home is the state fact
 from modelfleet.host_commands import TOOLS_BIN  # noqa: F401  (re-exported: its home is the host commands)
 
 if TYPE_CHECKING:
     from modelfleet.context import HostRun
     from modelfleet.inventory import HostPlan
 
-# What a stage may declare in wants(): the parts of the host's DeployedState it reads (modelfleet.facts.state),
-# and `probe`, the parts of preflight's HostProbe that preflight must read for it (e.g. the GPUs' health).
-STATE_KINDS = ("paths", "units", "images", "trees", "packages", "texts", "owned")
+# What a stage may declare in wants(): the parts of the host's DeployedState it reads (STATE_KINDS, whose home is
+# that fact), and `probe`, the parts of preflight's HostProbe that preflight must read for it (e.g. the GPUs' health).
 WANT_KINDS = (*STATE_KINDS, "probe")
 
 

@@ -62,25 +62,10 @@ def evaluate(plan: HostPlan, probe: dict, defer_stack: bool = False) -> dict:
     disk = probe.get("disk") or {}
     disk_needed = 0.0
     for svc in plan.services:
-        reasons = []
-        cap = plan_capacity(svc.model, hw, gpus=svc.gpus, nodes=svc.nnodes, recipe=svc.recipe,
-                            host_ram_gib=plan.host_ram_gib)
-        if hw.vendor != "none" and not cap.fits:
-            reasons.append(f"planner: {cap.reason}")
-        disk_needed += cap.disk_needed_bytes
-        recipe = svc.recipe
-        if recipe.min_driver and hw.vendor == "nvidia" and not pending:
-            driver = versions.get("driver")
-            if _version_tuple(driver) < _version_tuple(recipe.min_driver):
-                reasons.append(f"driver {driver or 'absent'} < {recipe.min_driver} required by {recipe.id}")
-            if recipe.cuda and _version_tuple(versions.get("cuda")) < _version_tuple(recipe.cuda):
-                reasons.append(f"CUDA {versions.get('cuda') or 'absent'} < {recipe.cuda} required by {recipe.id}")
-        listener = ports.get(svc.port)
-        if listener and listener["process"] not in ("", "docker-proxy") and svc.engine_name not in listener["process"]:
-            reasons.append(f"port {svc.port} is in use by {listener['process']}")
-        services.append({"pool": svc.pool, "model": svc.model.id, "recipe": recipe.id, "fits": cap.fits,
-                         "capacity": cap.reason, "ok": not reasons, "problems": reasons})
-        problems += [f"{svc.pool}: {r}" for r in reasons]
+        row, disk_bytes = _service_row(plan, svc, versions, ports, pending)
+        services.append(row)
+        disk_needed += disk_bytes
+        problems += [f"{svc.pool}: {r}" for r in row["problems"]]
     if disk and disk_needed and hw.vendor != "none" and disk["avail"] < disk_needed:
         problems.append(f"disk: {disk['avail'] / 1e9:.1f} GB free on {disk['mount']} for {plan.model_root}, "
                         f"plan needs {disk_needed / 1e9:.1f} GB (checkpoint + temporary files + rollback copy)")
@@ -93,6 +78,27 @@ def evaluate(plan: HostPlan, probe: dict, defer_stack: bool = False) -> dict:
         "os": probe.get("os"),
         "container_runtime": probe.get("runtime"), "disk": disk, "services": services,
     }
+
+
+def _service_row(plan: HostPlan, svc, versions: dict, ports: dict, pending: bool) -> tuple[dict, float]:
+    """One service held to the host: the planner's fit, the recipe's driver and CUDA, its port free; and the
+    disk its checkpoint needs."""
+    hw, recipe, reasons = plan.hardware, svc.recipe, []
+    cap = plan_capacity(svc.model, hw, gpus=svc.gpus, nodes=svc.nnodes, recipe=recipe,
+                        host_ram_gib=plan.host_ram_gib)
+    if hw.vendor != "none" and not cap.fits:
+        reasons.append(f"planner: {cap.reason}")
+    if recipe.min_driver and hw.vendor == "nvidia" and not pending:
+        driver = versions.get("driver")
+        if _version_tuple(driver) < _version_tuple(recipe.min_driver):
+            reasons.append(f"driver {driver or 'absent'} < {recipe.min_driver} required by {recipe.id}")
+        if recipe.cuda and _version_tuple(versions.get("cuda")) < _version_tuple(recipe.cuda):
+            reasons.append(f"CUDA {versions.get('cuda') or 'absent'} < {recipe.cuda} required by {recipe.id}")
+    listener = ports.get(svc.port)
+    if listener and listener["process"] not in ("", "docker-proxy") and svc.engine_name not in listener["process"]:
+        reasons.append(f"port {svc.port} is in use by {listener['process']}")
+    return ({"pool": svc.pool, "model": svc.model.id, "recipe": recipe.id, "fits": cap.fits,
+             "capacity": cap.reason, "ok": not reasons, "problems": reasons}, cap.disk_needed_bytes)
 
 
 def host_ram_problems(plan: HostPlan, mem_total_kib: int | None) -> list[str]:

@@ -46,6 +46,24 @@ def _cache_paths(cache) -> list[str]:
 
 
 
+def _engine_cache(svc, state: dict, bound: set[str]) -> None:
+    """The service's engine cache directory and key file, its caches' directory bound nosuid,nodev once per
+    host (`bound`). A key change is a unit change: the engine restarts on it."""
+    cache = render.engine_cache(svc)
+    if not cache:
+        return
+    at = state["paths"].get
+    directory(name=f"Engine cache root {cache.root}", path=cache.root, current=at(cache.root))
+    directory(name=f"Engine cache {cache.dir}", path=cache.dir, current=at(cache.dir))
+    caches_dir = posixpath.dirname(cache.root)  # the container writes code there: nosuid,nodev
+    if caches_dir not in bound:
+        bound.add(caches_dir)
+        private_bind(name=f"Engine caches {caches_dir} (nosuid,nodev)", path=caches_dir,
+                     mountinfo=state["texts"].get(MOUNTINFO))
+    content_file(name=f"Engine cache key {cache.key_file}", dest=cache.key_file, content=cache.key_json,
+                 current=at(cache.key_file), mode="0644")
+
+
 @deploy("modelfleet service")
 def run(ctx: HostRun):
     plan = ctx.plan
@@ -66,17 +84,7 @@ def run(ctx: HostRun):
     for svc in services:
         files_, key = unit_files(svc), render.api_key(svc)
         directory(name=f"Model directory {svc.model_dir}", path=svc.model_dir, current=at(svc.model_dir))
-        cache = render.engine_cache(svc)
-        if cache:  # before the unit that mounts it (a key change is a unit change: the engine restarts on it)
-            directory(name=f"Engine cache root {cache.root}", path=cache.root, current=at(cache.root))
-            directory(name=f"Engine cache {cache.dir}", path=cache.dir, current=at(cache.dir))
-            caches_dir = posixpath.dirname(cache.root)  # the container writes code there: nosuid,nodev
-            if caches_dir not in bound:
-                bound.add(caches_dir)
-                private_bind(name=f"Engine caches {caches_dir} (nosuid,nodev)", path=caches_dir,
-                             mountinfo=state["texts"].get(MOUNTINFO))
-            content_file(name=f"Engine cache key {cache.key_file}", dest=cache.key_file, content=cache.key_json,
-                         current=at(cache.key_file), mode="0644")
+        _engine_cache(svc, state, bound)  # before the unit that mounts it
         old = svc.legacy_unit_name
         if old and at(f"{UNIT_DIR}/{old}"):  # the same replica under its pool's name: stopped, then replaced
             note_once(name=f"Unit {old}: replaced", message=f"modelfleet: {old} serves as {svc.unit_name} (replicas "

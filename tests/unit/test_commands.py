@@ -12,15 +12,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_deploy_names_a_stage_entry_point_of_the_package_and_of_the_checkout():
-    for name in commands.DEPLOYS:
-        module, _, function = commands.deploy(name).rpartition(".")
-        assert module == deploys.__name__ and callable(getattr(deploys, function))
-    assert sorted(commands.DEPLOYS) == sorted(p.stem for p in (ROOT / "deploys").glob("*.py"))
+    for name in deploys.DEPLOYS:
+        module, _, function = deploys.deploy(name).rpartition(".")
+        assert module == deploys.__name__ and function == name and callable(getattr(deploys, name))
+    assert sorted(deploys.DEPLOYS) == sorted(p.stem for p in (ROOT / "deploys").glob("*.py"))
+    assert {"serve", "prefetch", "retire"} <= set(deploys.DEPLOYS) and "run_stages" not in deploys.DEPLOYS
 
 
 def test_an_unknown_deploy_is_refused_naming_the_known_ones():
-    with pytest.raises(ValueError, match="no deploy 'serv' .*serve, preflight"):
-        commands.deploy("serv")
+    with pytest.raises(ValueError, match="no deploy 'serv' .*serve, gpu_stack, prefetch"):
+        deploys.deploy("serv")
 
 
 def test_inventory_arguments_keep_group_data_before_data_and_their_order():

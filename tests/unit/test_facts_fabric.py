@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet.fabric import _gid_families
 from modelfleet.facts import fabric as ff
+from modelfleet.facts import fabric_tools as tools
 from modelfleet.facts.probe import HostProbe
 from modelfleet.host_commands import FABRIC_MARK, fabric_command
 from tests.public_samples import public_sample_lines
@@ -154,7 +154,7 @@ def test_hcas_from_sysfs_ports_gids_and_pci():
 @pytest.mark.parametrize("sample_name,dump", [("b300x8-nvidia-smi-topo-m-9nic.txt", "b300-head.txt")])
 def test_pcie_distances_from_sysfs_match_nvidia_smi_topo(sample_name, dump):
     """Each GPU's distance to each HCA, from the PCI paths, is what the published `topo -m` of the board says."""
-    topo = ff.topology_distances(public_sample_lines(sample_name))
+    topo = tools.topology_distances(public_sample_lines(sample_name))
     f = fact(dump)
     by_index = {str(i): f["distances"][pci] for i, pci in enumerate(sorted(f["gpus"]))}
     assert by_index == topo
@@ -169,23 +169,9 @@ def test_pcie_distance_words():
     assert ff.pcie_distance(f"{root}/0000:01:00.0", "/sys/devices/pci0000:80/0000:80:01.0/0000:81:00.0", 0, 1) == "SYS"
 
 
-def test_nic_legend_of_topo_m():
-    assert ff.parse_nic_legend(public_sample_lines("b300x8-nvidia-smi-topo-m-9nic.txt"))["NIC8"] == "mlx5_bond_0"
-    legend = ff.parse_nic_legend(public_sample_lines("nv18x8-nvidia-smi-topo-m-12nic-spaces.txt"))
-    assert len(legend) == 12 and legend["NIC11"] == "mlx5_11"
-
-
-def test_ibstat_public_samples():
-    b300 = ff.parse_ibstat(public_sample_lines("b300x7-ibstat-cx8-down.txt"))
-    assert b300["mlx5_0"]["ports"]["1"] == {"state": "Down", "phys_state": "Disabled", "rate": "10", "lid": "65535",
-                                            "link_layer": "InfiniBand"}
-    assert b300["mlx5_0"]["type"] == "MT4131" and b300["mlx5_2"]["ports"]["1"]["state"] == "Active"
-    assert sum(p["state"] == "Active" for c in b300.values() for p in c["ports"].values()) == 4
-
-
 def test_the_infiniband_h100_dump_agrees_with_its_ibstat():
     """The synthetic H100 dump carries the HCAs of the published ibstat: same states, link layers, rates."""
-    ibstat = ff.parse_ibstat(public_sample_lines("nv18x8-ibstat-cx7-cx6dx.txt"))
+    ibstat = tools.parse_ibstat(public_sample_lines("nv18x8-ibstat-cx7-cx6dx.txt"))
     f = fact("h100-ib-0.txt")
     assert f["source"] == "sysfs" and set(f["hcas"]) == set(ibstat)
     for name, hca in f["hcas"].items():
@@ -193,42 +179,6 @@ def test_the_infiniband_h100_dump_agrees_with_its_ibstat():
         assert mine["state"].lower() == theirs["state"].lower(), name
         assert mine["phys_state"] == theirs["phys_state"] and mine["link_layer"] == theirs["link_layer"], name
         assert mine["rate"].split()[0] == theirs["rate"], name
-
-
-def test_ibv_devinfo_public_excerpts():
-    down = ff.parse_ibv_devinfo(sample("ibv-devinfo-cx7-ib-port-down-excerpt.txt"))
-    assert down["mlx5_0"]["ports"]["1"] == {"gids": {}, "state": "DOWN", "link_layer": "InfiniBand"}
-    assert down["mlx5_1"]["ports"] == {}  # the excerpt ends before its port block
-    # The -v excerpt starts at the port block: it is read as the port of one HCA.
-    roce = ff.parse_ibv_devinfo(["hca_id: mlx5_0", *sample("ibv-devinfo-v-roce-port-excerpt.txt")])
-    port = roce["mlx5_0"]["ports"]["1"]
-    assert (port["state"], port["phys_state"], port["link_layer"]) == ("ACTIVE", "LinkUp", "Ethernet")
-    assert port["gids"] == {"14": {"gid": "0000:0000:0000:0000:0000:ffff:c0a8:0606"},
-                            "15": {"gid": "0000:0000:0000:0000:0000:ffff:c0a8:0606"}}
-
-
-def test_show_gids_public_samples_and_their_address_families():
-    rows = ff.parse_show_gids(sample("show-gids-cx6-ens1f0.txt"))
-    assert len(rows) == 6 and rows[5] == {"dev": "mlx5_0", "port": "1", "index": "5",
-                                          "gid": "0000:0000:0000:0000:0000:ffff:ac13:003c", "ipv4": "172.19.0.60",
-                                          "version": "v2", "netdev": "ens1f0"}
-    assert ff.parse_show_gids(sample("show-gids-empty-pod.txt")) == []
-    mi355 = ff.parse_show_gids(sample("show-gids-mi355-rocep-excerpt.txt"))
-    assert len(mi355) == 10 and mi355[8]["version"] == "v1" and mi355[8]["netdev"] == "enp193s0f0np0"
-
-    def port(rows, dev):
-        return {"gids": {r["index"]: {"gid": r["gid"], "type": "RoCE v2" if r["version"] == "v2" else "IB/RoCE v1"}
-                         for r in rows if r["dev"] == dev}}
-
-    # NCCL_IB_ADDR_FAMILY follows the RoCE v2 GIDs: IPv4-mapped on the ConnectX-6, global IPv6 on the MI355 NICs.
-    assert _gid_families(port(rows, "mlx5_0")) == {"AF_INET"}
-    assert _gid_families(port(mi355, "rocep105s0")) == {"AF_INET6"}
-
-
-def test_rdma_link_public_sample():
-    assert ff.parse_rdma_link(sample("rdma-link-cx6dx.txt")) == {
-        "mlx5_0/1": {"state": "ACTIVE", "phys_state": "LINK_UP", "netdev": "p1p1"},
-        "mlx5_1/1": {"state": "ACTIVE", "phys_state": "LINK_UP", "netdev": "p1p2"}}
 
 
 def test_the_probe_carries_the_fabric_only_when_asked():

@@ -107,3 +107,22 @@ def test_the_hca_loopback_runs_this_host_alone_with_shm_p2p_and_nvls_off(monkeyp
     child.write_text("#!/bin/sh\necho '{\"ok\": false, \"error\": \"rank 2: NCCL error: unhandled system error\"}'\n")
     assert check.hca_loopback(args) == {"ok": False, "error": "HCA loopback: rank 2: NCCL error: unhandled system "
                                         "error", "net_lines": []}
+
+
+def test_the_node_report_takes_the_slowest_rank_and_fails_a_result_any_rank_got_wrong():
+    from types import SimpleNamespace
+
+    from modelfleet.files import nccl_check
+
+    args = SimpleNamespace(h2d_bytes=1 << 20, node_rank=1, local_procs=2)
+    results = [{"op": "all_reduce", "bytes": 1_000_000}, {"op": "all_gather", "bytes": 2_000_000}]
+    gathered = [[(10.0, 1.0), (20.0, 1.0)], [(40.0, 1.0), (5.0, 0.0)]]  # rank 1: slower first, wrong second
+    copies = [(1.0, 1.0), (2.0, 2.0), (30.5, 28.25), (31.0, 29.0)]  # node 1 holds ranks 2 and 3
+    report = {"ok": False}
+    wrong = nccl_check.summarize(report, results, gathered, copies, args, world=2)
+    assert wrong == ["all_gather 2000000 B"] and report["ok"] is False
+    assert report["error"] == "wrong results: all_gather 2000000 B"
+    first = report["results"][0]
+    assert first["time_us"] == 40.0 and first["correct"] and first["algbw_gbs"] == 25.0
+    assert first["busbw_gbs"] == round(25.0 * nccl_check.BUS_FACTOR["all_reduce"](2), 3)
+    assert [h["gpu"] for h in report["h2d"]] == [0, 1] and report["h2d"][0]["h2d_gbs"] == 30.5

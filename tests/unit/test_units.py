@@ -107,3 +107,25 @@ def test_a_converge_renders_each_unit_once(fake, monkeypatch, tmp_path):
     calls.update(unit=0, argv=0)  # from here: the run alone
     fake.run_fake([("b1", host)], lambda: run_stages(preflight, images, service, netcheck))
     assert calls == {"unit": 1, "argv": 2}  # the unit as run; the argv as pinned (its cache's key) and as run
+
+
+def test_render_shows_the_runs_files_with_only_the_secret_masked(monkeypatch):
+    """`modelfleet render` shows unit_files(mask=True): the files the run writes (same paths, modes, unit text),
+    the key nowhere in them."""
+    import secrets
+
+    from modelfleet.inventory import resolve
+    from modelfleet.units import unit_files
+
+    key = "k-" + secrets.token_hex(12)
+    monkeypatch.setenv("MF_UNITS_KEY", key)
+    for engine, recipe in (("vllm", "tiny-lab-vllm"), ("sglang", "tiny-lab-sglang")):
+        result = resolve([("h", {"hardware": "lab-cpu", "model": "tiny-lab", "engine": engine, "recipe": recipe,
+                                 "api_key_env": "MF_UNITS_KEY"})])
+        assert not result.errors, result.errors
+        svc = result.hosts["h"].services[0]
+        run, shown = unit_files(svc), unit_files(svc, mask=True)
+        assert [(p, m, s) for p, _, m, s in shown] == [(p, m, s) for p, _, m, s in run]
+        assert shown[0][1] == run[0][1]  # the unit itself carries no secret
+        assert any(key in content for _, content, _, _ in run)
+        assert not any(key in content for _, content, _, _ in shown)

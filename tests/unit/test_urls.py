@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from modelfleet import checkpoint, mirror, pins, registry  # noqa: E402
+from modelfleet import checkpoint, pins, registry, urls  # noqa: E402
 from modelfleet import os as osfam  # noqa: E402
 from modelfleet.checkpoint import Snapshot  # noqa: E402
 from modelfleet.inventory import open_inventory, resolve  # noqa: E402
@@ -58,11 +58,11 @@ def stage_urls(state, name: str, deb_arch: str) -> tuple[set[str], list[str]]:
                     texts.append(command.src.getvalue().decode())
                 else:
                     texts.append(command.get_masked_value())
-    urls = {u.replace("$(ARCH)", deb_arch) for text in texts for u in URL.findall(text)}
-    return urls, texts
+    found = {u.replace("$(ARCH)", deb_arch) for text in texts for u in URL.findall(text)}
+    return found, texts
 
 
-SYSTEMS = [(vendor, system) for vendor in ("nvidia", "amd") for system in mirror.stack_systems(vendor)]
+SYSTEMS = [(vendor, system) for vendor in ("nvidia", "amd") for system in urls.stack_systems(vendor)]
 
 
 @pytest.mark.parametrize("vendor,system", SYSTEMS, ids=[f"{v}-{s['id']}{s['version_id']}-{s['arch']}"
@@ -76,7 +76,7 @@ def test_the_gpu_stack_uses_exactly_the_urls_the_preview_lists(fake, vendor, sys
     used, commands = stage_urls(state, "n1", deb_arch)
     assert used, "the dry run used no URL: the fake host was not bare"
     label = f"{system['id']}-{system['version_id']} {system['arch']}"
-    preview = mirror.outside_urls(resolve([("n1", data)]), ["n1"])
+    preview = urls.outside_urls(resolve([("n1", data)]), ["n1"])
     listed = {e["url"] for e in preview if e["kind"] in STACK_KINDS and label in e["os"]}
     assert listed == used
     # The container check's image: pulled by the host from the registry the preview names.
@@ -88,7 +88,7 @@ def test_the_gpu_stack_uses_exactly_the_urls_the_preview_lists(fake, vendor, sys
 
 def test_the_preview_filters_by_release_and_architecture():
     result = resolve([("n1", {**HOSTS["nvidia"], "pool": "p", "revision": "e" * 40})])
-    entries = mirror.outside_urls(result, ["n1"], only_os=("debian-12",), arches=("aarch64",))
+    entries = urls.outside_urls(result, ["n1"], only_os=("debian-12",), arches=("aarch64",))
     systems = {label for e in entries for label in e["os"]}
     assert systems == {"debian-12 aarch64"}
     assert any(e["url"].endswith("/debian12/sbsa/") for e in entries if e["kind"] == "apt repository")
@@ -138,7 +138,7 @@ def test_registries_and_hub_are_what_the_pins_reach(monkeypatch):
     assert result.errors == [] and result.data
     images, checkpoints, _ = pins_asked(result, monkeypatch)
     assert images and checkpoints
-    preview = mirror.outside_urls(result, list(result.hosts))
+    preview = urls.outside_urls(result, list(result.hosts))
     pinned_registries = {registry.base_url(registry.split_reference(image)[0], insecure)
                          for image, insecure in images}
     assert pinned_registries == {e["url"] for e in preview if e["kind"] == "registry"
@@ -155,7 +155,7 @@ def test_the_mirror_url_is_where_the_manifest_is_read(monkeypatch):
     assert result.errors == []
     _, checkpoints, opened = pins_asked(result, monkeypatch)
     assert opened and all(source == "https://mirror.site/models" for *_, source in checkpoints)
-    preview = mirror.outside_urls(result, list(result.hosts))
+    preview = urls.outside_urls(result, list(result.hosts))
     mirrors = {e["url"] for e in preview if e["kind"] == "checkpoint mirror"}
     assert not [e for e in preview if e["kind"] in ("hub", "pip index") and "huggingface_hub" in str(e["what"])]
     assert mirrors and all(any(url.startswith(m) for m in mirrors) for url in opened)
@@ -170,7 +170,7 @@ def test_nothing_is_connected_to(monkeypatch):
 
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket, "create_connection", refuse)
-    entries = mirror.outside_urls(result, list(result.hosts))
+    entries = urls.outside_urls(result, list(result.hosts))
     assert {e["kind"] for e in entries} >= {"package", "apt repository", "signing key", "registry", "hub",
                                              "pip index", "distribution archive"}
 

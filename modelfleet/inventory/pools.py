@@ -1,0 +1,141 @@
+"""The pools the hosts' services form: each pool checked as one (members agree, the layout fits its hosts and
+GPUs, the model fits), node ranks given in host order, and what is allowed but rarely meant (warnings) or only
+said (the recipes' notes)."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import replace
+
+from modelfleet import grammar
+from modelfleet.catalog.routers import pd_role
+from modelfleet.inventory.plan import HostPlan, PoolPlan
+from modelfleet.inventory.schema import COMMIT_RE
+from modelfleet.inventory.services import unknown_extra_flags
+from modelfleet.planner import plan_capacity
+
+
+def information(pools: dict[str, PoolPlan]) -> list[tuple[str, str, str]]:
+    """What a recipe says of itself (its notes): the author's information, not a problem `--strict` refuses."""
+    return [(f"pool {pool.name}", "recipe", f"{head.recipe.id}: {' '.join(head.recipe.notes.split())}")
+            for pool in pools.values() for head in pool.services[:1] if head.recipe.notes]
+
+
+PLACEHOLDER_REVISION = re.compile(r"^(0+|f+|x+)$", re.IGNORECASE)
+
+
+TAG_VERSION = re.compile(r"(?:^|[^0-9])v?([0-9]+\.[0-9]+(?:\.[0-9]+)?)(?:$|[^0-9.])")
+
+
+# llama.cpp's images name their build: server-cuda13-b11434, full-b11669 (github.com/ggml-org/llama.cpp releases).
+TAG_BUILD = re.compile(r"(?:^|[^A-Za-z0-9])(b[0-9]+)(?:$|[^0-9])")
+
+
+def warnings(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], data: dict[str, dict]) -> list:
+    """What is allowed but is rarely meant: `validate` prints these as `warning:` lines, `--strict` refuses
+    them."""
+    out: list[tuple[str, str, str]] = []
+    for name, plan in hosts.items():
+        where = f"host {name}"
+        for fld in ("config_dir", "model_root"):
+            temp = grammar.temporary(getattr(plan, fld))
+            if temp:
+                out.append((where, fld, f"{getattr(plan, fld)} is inside {temp}, emptied at boot: checkpoints "
+                                        "would download again, env and key files be gone until the next converge"))
+        used = sum(s.gpus for s in plan.services)
+        if plan.services and plan.hardware.vendor != "none" and used < plan.gpu_count:
+            out.append((where, "gpus", f"{plan.gpu_count - used} of its {plan.gpu_count} GPUs serve nothing "
+                                       f"(services use {used}): set `gpus`, add a service, or set `gpu_count`"))
+        for svc in plan.services:
+            out += [(where, "extra_args", f"{p}: the engine would refuse to start") for p in unknown_extra_flags(svc)]
+            if svc.recipe.gguf_quant and svc.model.gguf and not COMMIT_RE.match(svc.revision or ""):
+                out.append((where, "revision", f"{svc.revision or 'main'} is not a commit: the weights come from "
+                                               f"the GGUF repository {svc.hf_repo} (not {svc.model.hf_repo}); pin "
+                                               "its commit so a re-upload cannot change what serves (llama.cpp "
+                                               "runs no model code: no trust_remote_code needed)"))
+            if svc.revision and PLACEHOLDER_REVISION.match(svc.revision):
+                out.append((where, "revision", f"{svc.revision} is a placeholder, not a commit: pin the revision "
+                                               "you reviewed (the hub's commit id)"))
+    for pool in pools.values():
+        head = pool.services[0]
+        where = f"pool {pool.name}"
+        tag = head.image.rsplit("/", 1)[-1].partition(":")[2].split("@")[0]
+        version = TAG_BUILD.search(tag) or TAG_VERSION.search(tag)
+        if version is None or version.group(1) == "":
+            out.append((where, "image", f"{head.image} names no engine version: its flags were checked with "
+                                        f"{head.engine_name} {head.recipe.engine_version}'s parser; pin an image "
+                                        "of that version"))
+        elif version.group(1) != head.recipe.engine_version.lstrip("v"):
+            out.append((where, "image", f"{head.image} is {head.engine_name} {version.group(1)}, but recipe "
+                                        f"{head.recipe.id}'s flags were checked with {head.recipe.engine_version}"))
+        role = pd_role(head.recipe, head.engine_name)
+        if role and not head.router:
+            out.append((where, "router", f"unset: the {role} part of {head.served_name} is reached only through "
+                                         "its router in PD mode (set `router` on its prefill and decode pools)"))
+        if len(pool.hosts) > 1:
+            on_ssh = [h for h in pool.hosts if "fabric_address" not in data.get(h, {})]
+            if on_ssh:
+                out.append((where, "fabric_address", f"multi-node pool on the SSH address of {', '.join(on_ssh)}: "
+                                                     "set `fabric_address` to each host's address on the pool "
+                                                     "network (the NCCL/RDMA interface)"))
+    return out
+
+
+def resolve_pools(hosts: dict[str, HostPlan], errors: list) -> dict[str, PoolPlan]:
+    pools: dict[str, PoolPlan] = defaultdict(lambda: PoolPlan(name=""))
+    for plan in hosts.values():
+        for svc in plan.services:
+            pool = pools[svc.pool]
+            pool.name = svc.pool
+            pool.hosts.append(plan.name)
+            pool.services.append(svc)
+    for pool in pools.values():
+        where = f"pool {pool.name}"
+        head = pool.services[0]
+        for fld in ("model", "engine_name", "recipe", "hardware", "served_name", "port", "revision", "image",
+                    "gpus", "weight_cache"):
+            values = sorted({str(getattr(getattr(s, fld), "id", getattr(s, fld))) for s in pool.services})
+            if len(values) > 1:
+                label = "mixed hardware" if fld == "hardware" else "members disagree"
+                errors.append((where, fld.removesuffix("_name"), f"{label}: {', '.join(values)}"))
+        layout = head.recipe.layout
+        pool_gpus = sum(s.gpus for s in pool.services)
+        if layout.nodes > 1 and not head.engine.multinode and (where, "engine") not in {e[:2] for e in errors}:
+            errors.append((where, "engine", f"{head.engine_name} has no multi-node mode: use an engine that has one "
+                           f"for {layout.nodes} nodes"))
+        if layout.nodes > 1 and layout.dp > 1 and layout.dp % layout.nodes:
+            errors.append((where, "recipe", f"dp {layout.dp} does not split evenly over {layout.nodes} nodes"))
+        if len(pool.hosts) != layout.nodes and layout.nodes == 1:
+            errors.append((where, "hosts", f"recipe {head.recipe.id} is single-node, pool has {len(pool.hosts)} "
+                           f"hosts ({', '.join(pool.hosts)}): for replicas, leave `pool` unset (each host is then a "
+                           "pool of its own serving the same model; give them one `checkpoint_group` to download "
+                           "once) or give each host its own `pool`"))
+        elif len(pool.hosts) != layout.nodes:
+            errors.append((where, "hosts", f"recipe {head.recipe.id} needs {layout.nodes} node(s), pool has "
+                           f"{len(pool.hosts)}"))
+        if layout.world_size != pool_gpus:
+            errors.append((where, "gpus", f"tp {layout.tp} x pp {layout.pp} x dp {layout.dp} = "
+                           f"{layout.world_size} GPUs, but the pool has {pool_gpus} "
+                           f"({len(pool.hosts)} host(s) x {head.gpus})"))
+        if head.hardware.vendor != "none":
+            report = plan_capacity(head.model, head.hardware, gpus=head.gpus, nodes=len(pool.hosts),
+                                   recipe=head.recipe, host_ram_gib=hosts[pool.hosts[0]].host_ram_gib,
+                                   weight_cache=head.weight_cache)
+            if not report.fits:
+                errors.append((where, "model", report.reason))
+    return dict(pools)
+
+
+def with_ranks(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan]) -> dict[str, HostPlan]:
+    """Give each service its node rank from the pool's host order (the first host is the head)."""
+    out = {}
+    for name, plan in hosts.items():
+        services = []
+        for svc in plan.services:
+            pool = pools[svc.pool]
+            head = hosts[pool.hosts[0]]
+            services.append(replace(svc, node_rank=pool.hosts.index(name), nnodes=len(pool.hosts),
+                                     head_address=head.fabric_address or head.address))
+        out[name] = replace(plan, services=tuple(services))
+    return out
