@@ -8,8 +8,8 @@ and if that fails, put back the image digest and revision the batch ran before (
 first), restart it, stop the rollout and report. A batch whose driver changes is drained first (its units
 stopped and disabled), then serve.py installs the driver with Fabric Manager, reboots, and passes admission,
 the NCCL gate and verify before its units start again; a failure leaves that batch drained and reported (a
-driver is not rolled back in place) and the rest untouched. A watcher thread asks every endpoint /v1/models twice a
-second throughout, so the report says how many requests failed, inside and outside the batch being switched.
+driver is not rolled back in place). A watcher asks every endpoint /v1/models twice a second throughout, so the
+report says how many requests failed, inside and outside the batch being switched.
 """
 
 from __future__ import annotations
