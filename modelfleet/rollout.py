@@ -1,7 +1,5 @@
 """Rolling upgrade: change the image, the model revision or the driver release (`driver_version`) in the
-inventory, then `modelfleet upgrade INVENTORY`.
-
-Batches: a multi-node pool is one batch; single-node hosts go `parallel` at a time, never leaving fewer healthy
+inventory, then `modelfleet upgrade INVENTORY`. Batches: a multi-node pool is one batch; single-node hosts go `parallel` at a time, never leaving fewer healthy
 endpoints than `min_healthy`. Per batch: prefetch (deploys/prefetch.py: the new revision beside the old one,
 the new image pulled, while the old one serves), switch (deploys/serve.py: units restart, the verify gate runs),
 and if that fails, put back the image digest and revision the batch ran before (read with `modelfleet status`
