@@ -46,6 +46,10 @@ def _machine_ram_gib() -> int:
 
 
 def _pool(index: int, spec: dict) -> dict:
+    if index < _gate_hosts and _scenario.real_vllm_pool:
+        return {"pool": "gate", "recipe": f"tiny-llama-vllm-cpu-dp{_gate_hosts}", "engine": "vllm", "port": 8100,
+                "model": "tiny-llama", "checkpoint_group": None, "netcheck_min_busbw_gbps": _scenario.gate_min_busbw,
+                "netcheck_timeout_s": 60}
     if index < _gate_hosts:
         return {"pool": "gate", "recipe": f"tiny-lab-vllm-dp{_gate_hosts}", "engine": "vllm", "port": 8100, "netcheck_min_busbw_gbps": _scenario.gate_min_busbw,
                 "netcheck_timeout_s": 15, **_gate_faults.get(index, {})}
