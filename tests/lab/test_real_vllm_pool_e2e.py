@@ -106,6 +106,10 @@ def test_the_pool_launches_after_the_gate_meeting_at_the_fabric_address(pool):
     # the headless rank dialled the head at that address, by its own account
     journal = ssh(hosts[1], f"journalctl -u {UNIT} --no-pager -o cat").stdout
     assert f"in headless mode, with head node address tcp://{head_address}:" in journal, journal[-3000:]
+    # the boot timeline read the real engine's own lines (0.32.0's wording: tests/unit/test_timeline.py)
+    boot = json.loads((reports / "timeline" / "gate.json").read_text())["hosts"][hosts[0]["name"]]["engine_boot"]
+    events = [e["event"] for e in boot["events"]]
+    assert {"weights_loaded", "engine_initialized"} <= set(events) and events.count("api_server_started") == 2, boot
     print(f"real vLLM DP2 pool: serve.py to ready in {seconds:.0f} s")
 
 
