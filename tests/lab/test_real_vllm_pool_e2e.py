@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-import lab
 from lab import scenario, ssh
 from modelfleet import REPO_ROOT
 from modelfleet.commands import modelfleet_argv, run_pyinfra
