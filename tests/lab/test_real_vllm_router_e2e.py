@@ -5,7 +5,6 @@ tests/router does (the lab's apt archive carries no nginx). A replica joins and 
 worker-API commands modelfleet runs on a router host (router.add_script / remove_script), the router's process
 the same throughout; which replica served is read from each replica's own /metrics."""
 
-import json
 import time
 import urllib.request
 
@@ -15,16 +14,7 @@ from lab import scenario
 from modelfleet import REPO_ROOT, router
 from modelfleet.commands import run_pyinfra
 from modelfleet.inventory.plan import RouterPlan, Worker
-from tests.router.front_door import (
-    KEY,
-    free_base_port,
-    http,
-    listed,
-    sh,
-    start_front_door,
-    stop_all,
-    wait_for,
-)
+from tests.router import front_door as door
 
 pytestmark = pytest.mark.lab
 
@@ -41,7 +31,7 @@ def replicas(lab_hosts):
     started = time.monotonic()
     with scenario.applied(**fields):
         served = run_pyinfra("inventories/lab.py", "deploys/serve.py", timeout=1200, cwd=REPO_ROOT,
-                             env={KEY_ENV: KEY})
+                             env={KEY_ENV: door.KEY})
     seconds = time.monotonic() - started
     try:
         assert served.returncode == 0, (served.stdout + served.stderr)[-5000:]
@@ -62,45 +52,44 @@ def _served(url: str) -> float:
 
 def _settle(url: str, want: float) -> float:
     """A replica's count once it reaches `want` (vLLM updates it as it records the request, about when it answers)."""
-    wait_for(lambda: _served(url) >= want, 20, f"{url} counts {want} chats")
+    door.wait_for(lambda: _served(url) >= want, 20, f"{url} counts {want} chats")
     return _served(url)
 
 
 def _chats(front: str, count: int) -> list[int]:
-    return [http("POST", f"{front}/v1/chat/completions", CHAT, KEY, timeout=120)[0] for _ in range(count)]
+    return [door.http("POST", f"{front}/v1/chat/completions", CHAT, door.KEY, timeout=120)[0] for _ in range(count)]
 
 
 def test_a_replica_joins_and_another_leaves_the_real_router_without_a_restart(replicas, tmp_path):
     (_, first), (_, second) = replicas
     rp = RouterPlan(name=SERVED, host="local", engine_name="vllm", served_name=SERVED, bind_address="127.0.0.1",
-                    port=free_base_port(3), policy="round_robin", api_key_env=KEY_ENV, config_dir=str(tmp_path),
-                    workers=(Worker("tiny-1", "local", first),))
-    procs = start_front_door(rp, tmp_path)
+                    port=door.free_base_port(3), policy="round_robin", api_key_env=KEY_ENV,
+                    config_dir=str(tmp_path), workers=(Worker("tiny-1", "local", first),))
+    procs = door.start_front_door(rp, tmp_path)
     try:
         router_proc, front = procs[0], rp.base_url
         assert len(procs) == 2  # vllm-router checks no client key: nginx is its front door
-        wait_for(lambda: set(listed(rp)) == {first}, 60, "the router lists the first replica")
-        wait_for(lambda: http("POST", f"{front}/v1/chat/completions", CHAT, KEY, timeout=120)[0] == 200, 120,
-                 "a chat through the front door")
-        assert http("POST", f"{front}/v1/chat/completions", CHAT, "wrong")[0] == 401
+        door.wait_for(lambda: set(door.listed(rp)) == {first}, 60, "the router lists the first replica")
+        door.wait_for(lambda: _chats(front, 1) == [200], 120, "a chat through the front door")
+        assert door.http("POST", f"{front}/v1/chat/completions", CHAT, "wrong")[0] == 401
         before = _served(first), _served(second)
         assert _chats(front, 4) == [200] * 4
         assert _settle(first, before[0] + 4) == before[0] + 4 and _served(second) == before[1]
 
-        sh(router.add_script(rp, second))  # what the router stage runs on its host when a replica joins
-        assert set(listed(rp)) == {first, second}
+        door.sh(router.add_script(rp, second))  # what the router stage runs on its host when a replica joins
+        assert set(door.listed(rp)) == {first, second}
         joined = _served(first), _served(second)
         assert _chats(front, 6) == [200] * 6
-        wait_for(lambda: _served(first) - joined[0] + _served(second) - joined[1] == 6, 20, "six chats counted")
+        door.wait_for(lambda: _served(first) - joined[0] + _served(second) - joined[1] == 6, 20, "six chats counted")
         assert _served(second) - joined[1] >= 2, "the added replica served none of the chats (its own metrics)"
 
-        sh(router.remove_script(rp, first, listed(rp)[first]["id"]))
-        assert set(listed(rp)) == {second}
+        door.sh(router.remove_script(rp, first, door.listed(rp)[first]["id"]))
+        assert set(door.listed(rp)) == {second}
         left = _served(first), _served(second)
         assert _chats(front, 4) == [200] * 4
         assert _settle(second, left[1] + 4) == left[1] + 4 and _served(first) == left[0]
         assert router_proc.poll() is None  # the same router process throughout: never restarted
         log = (tmp_path / "router.log").read_text()
-        assert json.dumps(KEY) not in log and KEY not in log
+        assert door.KEY not in log
     finally:
-        stop_all(procs)
+        door.stop_all(procs)
