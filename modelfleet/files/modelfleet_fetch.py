@@ -592,7 +592,8 @@ def readable_to_peers(directory: Path, rels: list[str]) -> None:
     """The peer server runs unprivileged (DynamicUser) and an engine writes its cache as mkstemp and mkdtemp
     make them, 0600 files in 0700 directories (vLLM 0.32.0's modelinfos: the server answered 403 and the
     joining host failed): the indexed files become readable by all, their directories searchable, as the
-    cache's own directory is. Each component opened without following a symlink; only regular files."""
+    cache's own directory is. Each component opened without following a symlink; only regular files of one
+    link (a hard link may be a file from elsewhere: left as it is, the server refuses it and the copy fails)."""
     root = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         for rel in rels:
@@ -608,7 +609,8 @@ def readable_to_peers(directory: Path, rels: list[str]) -> None:
             finally:
                 os.close(fd)
             try:
-                if stat.S_ISREG(os.fstat(leaf).st_mode):
+                held = os.fstat(leaf)
+                if stat.S_ISREG(held.st_mode) and held.st_nlink == 1:
                     _grant(leaf, 0o044)
             finally:
                 os.close(leaf)
