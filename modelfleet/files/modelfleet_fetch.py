@@ -590,7 +590,7 @@ def _grant(fd: int, bits: int) -> None:
 
 def readable_to_peers(directory: Path, rels: list[str]) -> None:
     """The peer server runs unprivileged (DynamicUser) and an engine writes its cache as mkstemp and mkdtemp
-    make them, 0600 files in 0700 directories (vLLM 0.32.0's modelinfos: the server answered 403 and the
+    make them, 0600 files and 0700 directories (vLLM 0.32.0's modelinfos file: the server answered 403 and the
     joining host failed): the indexed files become readable by all, their directories searchable, as the
     cache's own directory is. Each component opened without following a symlink; only regular files of one
     link (a hard link may be a file from elsewhere: left as it is, the server refuses it and the copy fails)."""
