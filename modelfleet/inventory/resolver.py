@@ -392,6 +392,7 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
                                    hf_endpoint=endpoint,
                                    model_source=host.model_source, model_keep_revisions=host.model_keep_revisions,
                                    model_reverify=host.model_reverify, model_fanout_width=host.model_fanout_width,
+                                   model_fanout=host.model_fanout,
                                    model_fanout_rate_mb_s=host.model_fanout_rate_mb_s,
                                    model_stall_s=host.model_stall_s,
                                    fabric_address=host.fabric_address or address, network_env=_network_env(host),
