@@ -142,8 +142,8 @@ def pieces_read(group: str, directory_: str, files: dict, needed: bool):
     yield FunctionCommand(_read_pieces, (group, directory_, files), {})
 
 
-def _swarm_copy(state, host, job_path: str, job: dict, group: str, peers: dict[str, str], rate_mb_s: int | None,
-                restart: list[str]) -> bool:
+def _swarm_copy(state, host, job_path: str, job: dict, group: str, peers: dict[str, str], holders: list[str],
+                rate_mb_s: int | None, restart: list[str]) -> bool:
     """FunctionCommand body: copy from every peer of the group still in the run at once (modelfleet_swarm)."""
     failed = {h.name for h in state.failed_hosts}
     pieces = group_pieces(group)
@@ -151,6 +151,9 @@ def _swarm_copy(state, host, job_path: str, job: dict, group: str, peers: dict[s
         return refuse(state, host, ["no piece digests from the group's seed (it failed earlier in this run, see "
                                     "its error): nothing to copy from; fix it and re-run"])
     usable = {name: url for name, url in peers.items() if name not in failed}
+    if holders and not set(holders) - failed:  # the receivers alone hold no piece yet
+        return refuse(state, host, [f"copy source {', '.join(holders)} failed earlier in this run (see its error): "
+                                    "nothing to copy from; fix it and re-run"])
     peer_job = f"{job_path.removesuffix('.json')}.peer.json"
     body = {**job, "token": fanout_token(group), "pieces": pieces, "piece_size": PIECE_SIZE, "peers": usable,
             "rate_mb_s": rate_mb_s}
@@ -160,13 +163,14 @@ def _swarm_copy(state, host, job_path: str, job: dict, group: str, peers: dict[s
 
 
 @operation(is_idempotent=False)
-def swarm_copied(job_path: str, job: dict, group: str, peers: dict[str, str], needed: bool,
+def swarm_copied(job_path: str, job: dict, group: str, peers: dict[str, str], holders: list[str], needed: bool,
                  rate_mb_s: int | None = None, restart: list[str] = ()):
-    """Copy this group's checkpoint piece by piece from all its peers at once, serving verified pieces meanwhile."""
+    """Copy this group's checkpoint piece by piece from all its `peers` at once (`holders`: those with a whole
+    copy), serving verified pieces meanwhile."""
     if not needed:
         host.noop("this host holds the checkpoint")
         return
-    yield FunctionCommand(_swarm_copy, (job_path, job, group, peers, rate_mb_s, list(restart)), {})
+    yield FunctionCommand(_swarm_copy, (job_path, job, group, peers, list(holders), rate_mb_s, list(restart)), {})
 
 
 def _fetch_command(job: str, mode: str, source: str | None, reverify: bool,

@@ -267,6 +267,7 @@ def _swarm(ctx: HostRun, plan: HostPlan, snap: Snapshot, members: list[str], mod
                    lifetime_s=int(FANOUT_MARGIN_S + snap.total_bytes * len(receivers) / FANOUT_FLOOR_BYTES_S))
     swarm_copied(name=f"Copy {snap.repo}@{snap.commit[:12]} piece by piece from the group's peers", job_path=job,
                  job=peer_job, group=group, peers={name: urls[name] for name in members if name != host.name},
+                 holders=[name for name in members if name not in receivers],
                  needed=bool(receiving), rate_mb_s=plan.model_fanout_rate_mb_s, restart=_engines_of(plan, model_dir))
     fanout_serving(name="Stop serving to peers", group=group, directory_=model_dir,
                    address=fanout_address(plan), port=FANOUT_PORT, serve=False, needed=bool(receivers),
