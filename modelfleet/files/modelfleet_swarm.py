@@ -31,6 +31,7 @@ PIECES_CACHE = ".modelfleet-pieces.json"
 PER_PEER = 2  # pieces one receiver asks of one peer at once: the others' requests get its uplink too
 WORKERS = 6
 POLL_S = 0.3
+BUSY_S = 0.2  # a peer that said it is sending all it can (503) is asked again after this
 RECV = 256 << 10
 
 
@@ -138,6 +139,7 @@ class Swarm:
         self.cond = threading.Condition()
         self.views: dict[str, dict] = {}
         self.down_until: dict[str, float] = {}
+        self.busy_until: dict[str, float] = {}
         self.active = {name: 0 for name in self.peers}
         self.banned: dict[str, str] = {}
         self.refused: list[dict] = []
@@ -220,7 +222,8 @@ class Swarm:
     def choose(self) -> tuple[tuple[str, int], str] | None:
         """The rarest piece not yet asked for that a free peer has, and the least busy such peer."""
         now, best, best_count = time.monotonic(), [], None
-        usable = [n for n in self.peers if n not in self.banned and now >= self.down_until.get(n, 0)]
+        usable = [n for n in self.peers if n not in self.banned and now >= self.down_until.get(n, 0)
+                  and now >= self.busy_until.get(n, 0)]
         for key in self.todo - self.inflight:
             holders = [n for n in usable if self.has(n, *key)]
             free = [n for n in holders if self.active[n] < PER_PEER]
@@ -270,10 +273,13 @@ class Swarm:
             connection, response = self.request(name, "/" + urllib.parse.quote(rel),
                                                 {"Range": f"bytes={offset}-{offset + length - 1}"})
             with contextlib.closing(connection):
-                if response.status != 206:  # busy (503), not (yet) held (404): another peer or later
+                if response.status != 206:  # busy (503): a moment later; not (yet) held (404): next poll
                     response.read()
                     with self.cond:
-                        self.views.get(name, {}).pop(rel, None)
+                        if response.status == 503:
+                            self.busy_until[name] = time.monotonic() + BUSY_S
+                        else:
+                            self.views.get(name, {}).pop(rel, None)
                     return
                 while got < length:
                     if self.pace:
