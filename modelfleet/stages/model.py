@@ -3,8 +3,9 @@ model_root/<model>/<commit>, with a `current` pointer and older revisions pruned
 
 One host per checkpoint group (the pool by default) downloads from the hub (or the air-gapped source); the
 others copy from it over HTTP on the pool's network while it serves its verified copy from a transient unit,
-so hub egress for a group is one checkpoint. Beyond model_fanout_width peers, hosts that got their copy serve
-the next ones (fanout_waves): a large group is served in log(N) waves and no host serves more than the width.
+so hub egress for a group is one checkpoint. By default (model_fanout: swarm) the others fetch it piece by
+piece from every member at once, each serving the pieces it verified while it receives (_swarm); with `tree`,
+hosts that got their copy serve the next ones (fanout_waves): log(N) waves, no host serving more than the width.
 Every host verifies what it got (files/modelfleet_fetch.py).
 Which hosts lack what is known before anything runs: the group's hosts' state is read once each.
 """
