@@ -385,7 +385,7 @@ def serve(job: dict) -> None:
     sendfile(2), no copy through Python, paced to the job's `rate_mb_s` in all when given."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from modelfleet_swarm import HAVE, HAVE_PATH, PIECE, HaveView, piece_of
+    from modelfleet_swarm import HAVE, HAVE_PATH, PIECE, SENDING, HaveView, piece_of
 
     token, names = job["token"], frozenset(job["files"])
     expected = f"Bearer {token}".encode()
@@ -400,6 +400,7 @@ def serve(job: dict) -> None:
     # A holder sends every listed file; a receiver of a swarm only the pieces its fetch verified (HAVE).
     view = HaveView(read_have, names, complete=not job.get("swarm"))
     slots = threading.BoundedSemaphore(int(job.get("slots") or 4))  # pieces sent at once: each goes out fast
+    sending: set[tuple[str, int]] = set()
 
     idle_s = float(job.get("idle_s") or 0)
     guard, activity = threading.Lock(), {"open": 0, "last": time.monotonic()}
@@ -415,6 +416,7 @@ def serve(job: dict) -> None:
 
     class Handler(BaseHTTPRequestHandler):
         server_version, sys_version = "modelfleet", ""
+        index = None
 
         def handle(self):
             with guard:
@@ -441,7 +443,10 @@ def serve(job: dict) -> None:
             if not hmac.compare_digest(self.headers.get("Authorization", "").encode(), expected):
                 return self.answer(401)
             if path == HAVE_PATH:
-                return self.answer(200, json.dumps({rel: e["have"] for rel, e in view.current().items()}).encode())
+                held = {rel: e["have"] for rel, e in view.current().items()}
+                with guard:  # what it is sending now: soon held by another, so no longer rare
+                    held[SENDING] = sorted(f"{r}:{i}" for r, i in sending)
+                return self.answer(200, json.dumps(held).encode())
             rel, ranged = path[1:], self.headers.get("Range")
             if rel not in names:
                 return self.answer(404)
@@ -453,6 +458,8 @@ def serve(job: dict) -> None:
                 self.ranged(rel, ranged)
             finally:
                 slots.release()
+                with guard:
+                    sending.discard((rel, self.index))
 
         def whole(self, rel: str) -> None:
             where = view.source(rel, None)
@@ -476,7 +483,7 @@ def serve(job: dict) -> None:
                 size = int(job["sizes"][rel])
             except (OSError, KeyError, TypeError, ValueError):
                 return self.answer(404)
-            index = piece_of(ranged, size, piece)
+            index = self.index = piece_of(ranged, size, piece)
             if index is None:
                 return self.answer(416)
             where = view.source(rel, index)
@@ -488,6 +495,8 @@ def serve(job: dict) -> None:
                 return self.answer(404)
             offset = index * piece
             length = min(piece, size - offset)
+            with guard:
+                sending.add((rel, index))
             with os.fdopen(fd, "rb") as source:
                 self.send_response(206)
                 self.send_header("Content-Length", str(length))

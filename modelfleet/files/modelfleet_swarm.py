@@ -30,7 +30,8 @@ HAVE_PATH = "/.modelfleet-have"
 PIECES_CACHE = ".modelfleet-pieces.json"
 PER_PEER = 2  # pieces one receiver asks of one peer at once: the others' requests get its uplink too
 WORKERS = 6
-POLL_S = 0.3
+POLL_S = 0.5
+SENDING = "/sending"  # the key of a have answer that lists the pieces the server is sending now ("rel:index")
 BUSY_S = 0.2  # a peer that said it is sending all it can (503) is asked again after this
 RECV = 256 << 10
 
@@ -140,6 +141,7 @@ class Swarm:
         self.views: dict[str, dict] = {}
         self.down_until: dict[str, float] = {}
         self.busy_until: dict[str, float] = {}
+        self.sending: dict[str, set] = {}
         self.active = {name: 0 for name in self.peers}
         self.banned: dict[str, str] = {}
         self.refused: list[dict] = []
@@ -202,6 +204,9 @@ class Swarm:
                         self.down(name)
                     else:
                         self.views[name] = {rel: v for rel, v in view.items() if isinstance(v, str)}
+                        sent = view.get(SENDING)
+                        self.sending[name] = {tuple(k.rsplit(":", 1)) for k in sent if isinstance(k, str)} \
+                            if isinstance(sent, list) else set()
                     self.cond.notify_all()
             time.sleep(POLL_S)
 
@@ -210,6 +215,7 @@ class Swarm:
         self.lost.add(name)
         self.down_until[name] = time.monotonic() + 1
         self.views.pop(name, None)
+        self.sending.pop(name, None)
 
     def done(self) -> bool:
         with self.cond:
@@ -224,14 +230,18 @@ class Swarm:
         now, best, best_count = time.monotonic(), [], None
         usable = [n for n in self.peers if n not in self.banned and now >= self.down_until.get(n, 0)
                   and now >= self.busy_until.get(n, 0)]
+        # A piece a peer is sending someone now counts as one more holder: the seed's uplink goes to pieces
+        # no one else will have soon, not to a second copy of the one it is sending.
+        sent = {(rel, int(i)) for keys in self.sending.values() for rel, i in keys if i.isdigit()}
         for key in self.todo - self.inflight:
             holders = [n for n in usable if self.has(n, *key)]
             free = [n for n in holders if self.active[n] < PER_PEER]
             if not free:
                 continue
-            if best_count is None or len(holders) < best_count:
-                best, best_count = [(key, free)], len(holders)
-            elif len(holders) == best_count:
+            count = len(holders) + (key in sent)
+            if best_count is None or count < best_count:
+                best, best_count = [(key, free)], count
+            elif count == best_count:
                 best.append((key, free))
         if not best:
             return None

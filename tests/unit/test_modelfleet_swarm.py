@@ -203,7 +203,7 @@ def test_the_server_refuses_a_piece_it_has_not_verified(group, tmp_path):
             urllib.request.urlopen(whole, timeout=5)
         assert refused.value.code == 404
         have = urllib.request.Request(url + ".modelfleet-have", headers={"Authorization": f"Bearer {TOKEN}"})
-        assert json.loads(urllib.request.urlopen(have, timeout=5).read()) == {rel: "010"}
+        assert json.loads(urllib.request.urlopen(have, timeout=5).read()) == {rel: "010", swarm.SENDING: []}
         with pytest.raises(urllib.error.HTTPError) as anonymous:
             urllib.request.urlopen(url + ".modelfleet-have", timeout=5)
         assert anonymous.value.code == 401
