@@ -533,13 +533,14 @@ def serve(job: dict) -> None:
     server.serve_forever()
 
 
-def listener_of(port: int) -> str | None:
-    """Who listens on `port` on this host, as `ss` names it (process, pid, user), for the one-line refusal;
+def listener_of(port: int, address: str | None = None) -> str | None:
+    """Who listens on `address`:`port` on this host (a swarm's peers listen on the same port at their own
+    addresses, in one network namespace on the lab), as `ss` names it (process, pid, user), for the one-line refusal;
     None when nothing does. Where `ss` cannot name the process (root without CAP_SYS_PTRACE, as in a container,
     cannot read another user's descriptors), the socket's owner and that user's processes."""
     try:
-        shown = subprocess.run(["ss", "-Hltnpe", f"sport = :{port}"], capture_output=True, text=True,
-                               timeout=10).stdout
+        where = ["src", f"{address}:{port}"] if address else [f"sport = :{port}"]
+        shown = subprocess.run(["ss", "-Hltnpe", *where], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return "a process `ss` could not name"
     if not shown.strip():
@@ -579,7 +580,7 @@ def probe(job_path: str, host_name: str, wait_s: float = 10) -> None:
         if not wrong.startswith("no answer (URLError: <urlopen error [Errno 111]"):  # someone answered
             break
         time.sleep(0.2)
-    holder = listener_of(int(job["port"]))
+    holder = listener_of(int(job["port"]), job["address"])
     if holder is None:
         raise FetchError(f"host {host_name}: the fan-out server did not start on {job['address']}:{job['port']} "
                          f"({wrong}); see `journalctl -u modelfleet-fanout-*` there; no peer copies from this host")
