@@ -36,8 +36,8 @@ demo: install lab-setup
 bench-converge: install lab-setup
 	$(PYTHON) -m lab.bench_converge 16 48
 
-# Checkpoint distribution on 1, 3 and 6 lab hosts: hub egress ratio and fan-out vs raw copy rate, and the
-# receiver beside curl, curl + sha256sum, aria2c and cp on this machine (JSON).
+# A 1 GiB checkpoint to 3, 6 and 12 lab hosts, each capped: group fill time ÷ one copy's time, swarm and tree in
+# the same run, and hub egress (JSON). `python -m lab.bench_fanout --receiver` adds the receiver beside curl.
 bench-fanout: install lab-setup
 	$(PYTHON) -m lab.bench_fanout
 

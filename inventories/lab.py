@@ -111,6 +111,7 @@ lab_hosts = [
         "nvme_devices": spec.get("disks", [])[:1] if _scenario.nvme else [],
         "model_keep_revisions": _scenario.keep_revisions,
         "model_fanout_width": _scenario.fanout_width,
+        "model_fanout": _scenario.fanout,
         **({"model_fanout_rate_mb_s": _scenario.fanout_rate_mb_s} if _scenario.fanout_rate_mb_s else {}),
         **({"model_stall_s": _scenario.stall_s} if _scenario.stall_s else {}),
         **({"model_reverify": True} if _scenario.reverify else {}),

@@ -1,19 +1,21 @@
-"""`make bench-fanout`: checkpoint distribution figures on the lab, one run, JSON.
+"""`make bench-fanout`: a checkpoint group's fill time against physics, on the lab, one run, JSON.
 
-hub_egress_ratio: bytes the hub double served for a group of 1, 3 and 6 hosts ÷ checkpoint bytes (1.0 means one
-download per group). fanout_vs_copy: the group's copy rate (bytes the peers received ÷ the copy operation's
-wall time, peers in parallel, each verifying sha256) ÷ the raw copy rate of the same bytes on the same machine
-(`cp` of the checkpoint to as many directories at once, on the seed host, page cache warm for both).
+Every host's fan-out is capped at RATE_MB_S in each direction (the same cap on every host stands in for its line
+rate; low enough that this machine's 2 cores are not the limit), and the checkpoint is REVISION (8 x 128 MiB).
+`one_copy_s`: one receiver copying from the seed alone (a group of 2); the physical limit for a group is that
+time, since every host must receive the checkpoint once at its line rate. For groups of 3, 6 and 12 hosts, in
+the same run:
 
-receiver: lab/fanout_compare.py on this machine (loopback, the peer server as the fan-out runs it): the fetch
-script beside curl with as many streams, curl + sha256sum, aria2c where installed, and cp, with each client's CPU
-per GB; on a machine of few cores the receiver's CPU per byte (hashing while it receives) sets its rate.
+- swarm (model_fanout: swarm): the seed downloads from the hub, then every other host copies piece by piece
+  from all the others. `fill_s` = last receiver's finish - first receiver's start (from the fetch reports);
+  `fill_vs_one_copy` = fill_s ÷ one_copy_s; hub egress = bytes the hub double served ÷ checkpoint bytes.
+- tree (model_fanout: tree, width TREE_WIDTH, the seed holding its copy): the store-and-forward waves, timed
+  the same way.
 
-tree: the same checkpoint to 12 hosts with each server capped at TREE_RATE_MB_S (a link the fan-out shares),
-once as a star (model_fanout_width 11: the seed serves everyone) and once as a tree (width TREE_WIDTH: hosts
-that got their copy serve the next ones); copy wall time = last peer's finish - first peer's start.
+`--receiver` adds lab/fanout_compare.py (the receiver beside curl, aria2c and cp on loopback).
 """
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -21,19 +23,20 @@ import sys
 import time
 
 import lab
-from lab import hub, ssh
+from lab import daemons, hub, ssh
 from modelfleet.commands import run_pyinfra
 from modelfleet.host_commands import CURRENT, MANIFEST
 
 ROOT = "/srv/models-fanout"
-REVISION = "bench-64m"
-TREE_HOSTS, TREE_WIDTH, TREE_RATE_MB_S = 12, 2, 100
+REVISION, SHARDS, SHARD_MIB = "bench-1g", 8, 128
+SIZES, TREE_WIDTH, RATE_MB_S = (3, 6, 12), 2, 25
 
 
 def run_model(limit: list[str], **fields) -> str:
     """deploys/model.py over `limit`, the bench's root and revision (and the scenario's other `fields`)."""
-    with lab.scenario.applied(model_root=ROOT, revision=REVISION, **fields):
-        run = run_pyinfra("inventories/lab.py", "deploys/model.py", limit=limit, extra=["-vvv"])
+    with lab.scenario.applied(model_root=ROOT, revision=REVISION, fanout_rate_mb_s=RATE_MB_S, stall_s=120,
+                              **fields):
+        run = run_pyinfra("inventories/lab.py", "deploys/model.py", limit=limit, extra=["-vvv"], timeout=1200)
     if run.returncode:
         sys.exit(run.stdout[-4000:] + run.stderr[-2000:])
     return run.stdout + run.stderr
@@ -44,69 +47,76 @@ def fetch_reports(out: str) -> dict[str, dict]:
     return {name: json.loads(text) for name, text in re.findall(rf"\[({lab.PREFIX}\d+)\]\s+(\{{\"commit\".*\}})", out)}
 
 
-def tree_run(specs: list[dict], width: int) -> dict:
-    """One fan-out to all of `specs` from a seed that has the checkpoint, each server capped."""
-    for spec in specs[1:]:
+def clean(specs: list[dict]) -> None:
+    for spec in specs:
         ssh(spec, f"rm -rf {ROOT}")
-    start = time.perf_counter()
-    out = run_model([s["name"] for s in specs], fanout_width=width, fanout_rate_mb_s=TREE_RATE_MB_S)
-    wall = time.perf_counter() - start
+
+
+def timed(specs: list[dict], fanout: str, **fields) -> dict:
+    """One run of the model stage over `specs`; the receivers' copy window and what the hub served."""
+    hub.reset_stats()
+    out = run_model([s["name"] for s in specs], fanout=fanout, **fields)
+    served = hub.stats()["bytes_served"]
     peers = [r for name, r in fetch_reports(out).items() if name != specs[0]["name"]]
-    copy_s = max(r["finished_at"] for r in peers) - min(r["finished_at"] - r["seconds"] for r in peers)
-    # Per wave (one "Copy ... (wave k/n)" operation each): how many peers each source served at once.
-    per_wave = [re.findall(r"modelfleet_fetch\.py \S+ peer http://([0-9.]+):", part)
-                for part in out.split("--> Starting operation:") if "from a peer (wave" in part.split("\n")[0]]
-    waves = max((int(n) for n in re.findall(r"from a peer \(wave \d+/(\d+)\)", out)), default=0)
-    return {"width": width, "peers": len(peers), "waves": int(waves), "copy_wall_s": round(copy_s, 2),
-            "pyinfra_wall_s": round(wall, 2),
-            "most_peers_one_host_served_at_once": max(max(map(w.count, w)) for w in per_wave if w)}
+    if len(peers) != len(specs) - 1:
+        sys.exit(f"{fanout}: {len(peers)} receiver reports for {len(specs) - 1} receivers\n{out[-3000:]}")
+    fill = max(r["finished_at"] for r in peers) - min(r["finished_at"] - r["seconds"] for r in peers)
+    result = {"hosts": len(specs), "receivers": len(peers), "fill_s": round(fill, 2), "hub_bytes_served": served}
+    if fanout == "tree":
+        result["waves"] = max((int(n) for n in re.findall(r"from a peer \(wave \d+/(\d+)\)", out)), default=0)
+    else:
+        by_peer: dict[str, int] = {}
+        for report in peers:
+            for name, got in report.get("bytes_by_peer", {}).items():
+                by_peer[name] = by_peer.get(name, 0) + got
+        result["seed_share_of_bytes_sent"] = round(by_peer.get(specs[0]["name"], 0) / max(1, sum(by_peer.values())), 3)
+    return result
+
+
+def hub_revision() -> None:
+    """REVISION in the hub double's data (made once), the double restarted to read it."""
+    spec = importlib.util.spec_from_file_location("hub_double", lab.LAB_DIR / "hub_double" / "hub_double.py")
+    double = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(double)
+    if not (lab.STATE / "hub" / "files" / "modelfleet" / "tiny-lab" / REVISION / "model.safetensors.index.json").exists():
+        double.generate(lab.STATE / "hub", "modelfleet/tiny-lab", REVISION, SHARDS, SHARD_MIB)
+        daemons.stop(lab.STATE, "hub")
 
 
 def main() -> None:
-    specs = lab.up(TREE_HOSTS)
-    sizes, figures = [1, 3, 6], {}
-    for n in sizes:
-        group = specs[:n]
-        for spec in specs:
-            ssh(spec, f"rm -rf {ROOT}")
-        hub.reset_stats()
-        out = run_model([s["name"] for s in group])
-        served = hub.stats()["bytes_served"]
-        shown = ssh(group[0], f"cat {ROOT}/tiny-lab/{CURRENT}/{MANIFEST}")
-        if shown.returncode:
-            sys.exit(f"no manifest on {group[0]['name']}: {shown.stderr}\n{out[-3000:]}")
-        manifest = json.loads(shown.stdout)
-        total = sum(f["size"] for f in manifest["files"].values())
-        peers = [r for name, r in fetch_reports(out).items() if name != group[0]["name"]]
-        figures[n] = {"hosts": n, "checkpoint_bytes": total, "hub_bytes_served": served,
-                      "hub_egress_ratio": round(served / total, 3)}
-        if n > 1:
-            received = sum(c["bytes_fetched"] for c in peers)
-            seconds = max(c["seconds"] for c in peers)
-            dest = " ".join(f"/srv/rawcopy-{i}" for i in range(n - 1))
-            cp = ssh(group[0], f"rm -rf {dest}; s=$(date +%s.%N); for d in {dest}; do "
-                               f"cp -r {ROOT}/tiny-lab/current/ $d & done; wait; e=$(date +%s.%N); "
-                               f"rm -rf {dest}; echo $s $e").stdout.split()
-            raw_rate = (n - 1) * total / (float(cp[1]) - float(cp[0]))
-            figures[n].update(fanout_bytes=received, fanout_seconds=seconds,
-                              fanout_rate_mb_s=round(received / seconds / 1e6, 1),
-                              raw_copy_rate_mb_s=round(raw_rate / 1e6, 1),
-                              fanout_vs_copy=round(received / seconds / raw_rate, 3))
-    run_model([specs[0]["name"]])  # the seed holds it: the tree runs time the copies alone
-    star, tree = tree_run(specs, TREE_HOSTS - 1), tree_run(specs, TREE_WIDTH)
-    for spec in specs:
-        ssh(spec, f"rm -rf {ROOT}")
-    compare = subprocess.run([sys.executable, "lab/fanout_compare.py", "--work", f"{lab.STATE}/fanout-compare",
-                              "--files", "8", "--size-mib", "256", "--runs", "3"], capture_output=True, text=True)
-    if compare.returncode:
-        sys.exit(compare.stdout[-2000:] + compare.stderr[-2000:])
-    print(json.dumps({"revision": REVISION, "date": time.strftime("%Y-%m-%d"), "groups": list(figures.values()),
-                      "hub_egress_ratio": {n: f["hub_egress_ratio"] for n, f in figures.items()},
-                      "fanout_vs_copy": {n: f.get("fanout_vs_copy") for n, f in figures.items() if n > 1},
-                      "tree": {"hosts": TREE_HOSTS, "server_cap_mb_s": TREE_RATE_MB_S, "star": star, "tree": tree,
-                               "copy_wall_ratio_tree_vs_star": round(tree["copy_wall_s"] / star["copy_wall_s"], 3)},
-                      "receiver": json.loads(compare.stdout)},
-                     indent=2))
+    receiver = "--receiver" in sys.argv
+    specs = lab.up(max(SIZES))
+    hub_revision()
+    specs = lab.up(max(SIZES))  # the hub double again, now serving REVISION
+    clean(specs)
+    run_model([specs[0]["name"]], fanout="swarm")
+    shown = ssh(specs[0], f"cat {ROOT}/tiny-lab/{CURRENT}/{MANIFEST}")
+    total = sum(f["size"] for f in json.loads(shown.stdout)["files"].values())
+    one = timed(specs[:2], "swarm")
+    figures = {"one_copy": one}
+    for n in SIZES:
+        clean(specs)
+        swarm = timed(specs[:n], "swarm")  # the seed downloads from the hub in this run: hub egress for n hosts
+        clean(specs[1:])
+        tree = timed(specs[:n], "tree", fanout_width=TREE_WIDTH)
+        figures[n] = {"swarm": {**swarm, "hub_egress_ratio": round(swarm["hub_bytes_served"] / total, 3),
+                                "fill_vs_one_copy": round(swarm["fill_s"] / one["fill_s"], 3)},
+                      "tree": {**tree, "fill_vs_one_copy": round(tree["fill_s"] / one["fill_s"], 3)}}
+    clean(specs)
+    result = {"revision": REVISION, "checkpoint_bytes": total, "date": time.strftime("%Y-%m-%d"),
+              "rate_cap_mb_s_each_way": RATE_MB_S, "one_copy_s": one["fill_s"],
+              "one_copy_at_cap_s": round(total / (RATE_MB_S * 1e6), 2),
+              "fill_vs_one_copy": {n: {"swarm": figures[n]["swarm"]["fill_vs_one_copy"],
+                                       "tree": figures[n]["tree"]["fill_vs_one_copy"]} for n in SIZES},
+              "hub_egress_ratio": {n: figures[n]["swarm"]["hub_egress_ratio"] for n in SIZES},
+              "groups": {str(n): figures[n] for n in SIZES}, "one_copy": one}
+    if receiver:
+        compare = subprocess.run([sys.executable, "lab/fanout_compare.py", "--work", f"{lab.STATE}/fanout-compare",
+                                  "--files", "8", "--size-mib", "256", "--runs", "3"], capture_output=True, text=True)
+        if compare.returncode:
+            sys.exit(compare.stdout[-2000:] + compare.stderr[-2000:])
+        result["receiver"] = json.loads(compare.stdout)
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

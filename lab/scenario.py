@@ -100,6 +100,8 @@ class Scenario:
     keep_revisions: int = 1
     # The checkpoint fan-out's tree width.
     fanout_width: int = 8
+    # The checkpoint fan-out: `swarm` (pieces from every peer) or `tree` (whole copies in waves).
+    fanout: str = "swarm"
     # The fan-out's per-server send cap (MB/s); None: uncapped.
     fanout_rate_mb_s: int | None = None
     # A download or copy's no-progress deadline (model_stall_s); None: the product's default.

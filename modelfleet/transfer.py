@@ -25,6 +25,9 @@ from modelfleet.operations.report import note, refuse
 from modelfleet.stages import TOOLS_BIN
 
 FETCH = f"{TOOLS_BIN}/modelfleet_fetch.py"
+SWARM = f"{TOOLS_BIN}/modelfleet_swarm.py"  # imported by FETCH for a swarm's copy and its server
+PIECE_SIZE = 8 << 20  # the swarm's piece: a receiver serves a piece as soon as it has checked it
+HAVE = ".modelfleet-have.json"  # a swarm receiver's verified pieces, read by its server (modelfleet_swarm.HAVE)
 VENV = "/opt/modelfleet/hf-venv"  # the hub client the fetch script downloads with
 FANOUT_PORT = 18431
 # The peer server's lifetime: the group's missing bytes at this floor rate, plus a margin. A control node
@@ -87,12 +90,87 @@ def _put_secret(host, dest: str, content: str) -> bool:
 
 
 def _serve_job(state, host, dest: str, group: str, directory_: str, address: str, port: int, files_key: tuple,
-               rate_mb_s: int | None, idle_s: int) -> bool:
-    """FunctionCommand body: the server's job, with the names the control node holds for this holder now."""
-    names = sorted(held_files(files_key))
-    job = {"dir": directory_, "address": address, "port": port, "token": fanout_token(group), "files": names,
-           "rate_mb_s": rate_mb_s, "idle_s": idle_s}
+               rate_mb_s: int | None, idle_s: int, swarm: bool = False) -> bool:
+    """FunctionCommand body: the server's job, with the names the control node holds for this holder now (a
+    swarm's receiver: the names it will hold, served piece by piece as its fetch verifies them)."""
+    files = held_files(files_key)
+    job = {"dir": directory_, "address": address, "port": port, "token": fanout_token(group), "files": sorted(files),
+           "sizes": {rel: meta["size"] for rel, meta in files.items()}, "rate_mb_s": rate_mb_s, "idle_s": idle_s,
+           "swarm": swarm, "piece_size": PIECE_SIZE}
     return _put_secret(host, dest, json.dumps(job))
+
+
+def group_pieces(group: str) -> dict:
+    """The group's piece digests for this run ({rel: [sha256]}), as the control node read them from its seed."""
+    return runscope.slot("fanout-pieces", dict).setdefault(group, {})
+
+
+def checked_pieces(listed: dict, files: dict, where: str) -> dict:
+    """The seed's piece list as receivers' jobs take it: for every file of `files`, ceil(size / PIECE_SIZE)
+    sha256s, or a ValueError naming the first file that does not have them."""
+    if listed.get("piece_size") != PIECE_SIZE:
+        raise ValueError(f"{where}: piece size {listed.get('piece_size')!r}, not {PIECE_SIZE}")
+    out = {}
+    for rel, meta in files.items():
+        digests = listed.get("files", {}).get(rel)
+        if not isinstance(digests, list) or len(digests) != -(-meta["size"] // PIECE_SIZE) \
+                or not all(SHA256_RE.fullmatch(str(d)) for d in digests):
+            raise ValueError(f"{where}: no piece digests for {rel} of its {meta['size']} bytes")
+        out[rel] = digests
+    return out
+
+
+def _read_pieces(state, host, group: str, directory_: str, files: dict) -> bool:
+    """FunctionCommand body, on the seed: its verified copy's piece digests, read over SSH for the receivers."""
+    command = StringCommand(*map(shlex.quote, ["python3", FETCH, "pieces", directory_, str(PIECE_SIZE)]))
+    ok, output = host.run_shell_command(command, print_output=False)
+    if not ok:
+        return refuse(state, host, output.stderr_lines or [f"could not read the piece digests of {directory_}"])
+    try:
+        group_pieces(group).update(checked_pieces(json.loads(output.stdout), files, f"{host.name}:{directory_}"))
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        return refuse(state, host, [str(error)])
+    return True
+
+
+@operation(is_idempotent=False)
+def pieces_read(group: str, directory_: str, files: dict, needed: bool):
+    """Read the seed's piece digests (computed once per file version and kept beside its copy)."""
+    if not needed:
+        host.noop("no piece list needed from this host")
+        return
+    yield FunctionCommand(_read_pieces, (group, directory_, files), {})
+
+
+def _swarm_copy(state, host, job_path: str, job: dict, group: str, peers: dict[str, str], holders: list[str],
+                rate_mb_s: int | None, restart: list[str]) -> bool:
+    """FunctionCommand body: copy from every peer of the group still in the run at once (modelfleet_swarm)."""
+    failed = {h.name for h in state.failed_hosts}
+    pieces = group_pieces(group)
+    if not pieces:
+        return refuse(state, host, ["no piece digests from the group's seed (it failed earlier in this run, see "
+                                    "its error): nothing to copy from; fix it and re-run"])
+    usable = {name: url for name, url in peers.items() if name not in failed}
+    if holders and not set(holders) - failed:  # the receivers alone hold no piece yet
+        return refuse(state, host, [f"copy source {', '.join(holders)} failed earlier in this run (see its error): "
+                                    "nothing to copy from; fix it and re-run"])
+    peer_job = f"{job_path.removesuffix('.json')}.peer.json"
+    body = {**job, "token": fanout_token(group), "pieces": pieces, "piece_size": PIECE_SIZE, "peers": usable,
+            "rate_mb_s": rate_mb_s}
+    if not _put_secret(host, peer_job, json.dumps(body)):
+        return refuse(state, host, [f"could not write {peer_job}"])
+    return _run_fetch(state, host, _fetch_command(peer_job, "swarm", None, False), "the group's peers", restart)
+
+
+@operation(is_idempotent=False)
+def swarm_copied(job_path: str, job: dict, group: str, peers: dict[str, str], holders: list[str], needed: bool,
+                 rate_mb_s: int | None = None, restart: list[str] = ()):
+    """Copy this group's checkpoint piece by piece from all its `peers` at once (`holders`: those with a whole
+    copy), serving verified pieces meanwhile."""
+    if not needed:
+        host.noop("this host holds the checkpoint")
+        return
+    yield FunctionCommand(_swarm_copy, (job_path, job, group, peers, list(holders), rate_mb_s, list(restart)), {})
 
 
 def _fetch_command(job: str, mode: str, source: str | None, reverify: bool,
@@ -141,6 +219,13 @@ def _run_fetch(state, host, command: StringCommand, source: str, restart: list[s
     if not ok:
         return refuse(state, host, output.stderr_lines or [f"the fetch from {source} failed"])
     report = next((json.loads(line) for line in reversed(output.stdout_lines) if line.startswith("{")), {})
+    for bad in report.get("refused_pieces", []):
+        note(state, host, f"refused piece {bad['piece']} of {report.get('dest')}/{bad['file']} sent by peer "
+                          f"{bad['peer']}: sha256 {bad['found']}, expected {bad['expected']}; nothing more was asked "
+                          f"of {bad['peer']}, the piece came from another peer; {bad['peer']}'s copy is bad: run with "
+                          f"model_reverify=true on {bad['peer']} (--limit {bad['peer']})")
+    for name in report.get("unproven_peers", []):
+        note(state, host, f"peer {name} did not prove it is this run's fan-out server: nothing was asked of it")
     for fixed in report.get("repaired", []):
         note(state, host, f"repaired on {host.name}: {report.get('dest')}/{fixed['file']} was corrupt (expected "
                           f"{fixed['expected']}, found {fixed['found']}); replaced from {source}")
@@ -186,7 +271,7 @@ def fanout_unit(group: str) -> str:
 @operation(is_idempotent=False)
 def fanout_serving(group: str, directory_: str, address: str, port: int, serve: bool, needed: bool,
                    config_dir: str = "", files_key: tuple = (), lifetime_s: int = 0, leftover: bool = False,
-                   rate_mb_s: int | None = None, idle_s: int = 120):
+                   rate_mb_s: int | None = None, idle_s: int = 120, swarm: bool = False):
     """Serve this host's verified copy to the group's peers for at most `lifetime_s`, ending sooner when no
     request came for `idle_s` (the run that started it is gone however it ended: its receivers went with it),
     proven to be this run's server at every wave it serves (started again where it ended between waves), or
@@ -202,8 +287,8 @@ def fanout_serving(group: str, directory_: str, address: str, port: int, serve: 
         return
     if serve:
         job = serve_job_path(config_dir, group)
-        yield FunctionCommand(_serve_job, (job, group, directory_, address, port, files_key, rate_mb_s, idle_s),
-                              {})
+        yield FunctionCommand(_serve_job, (job, group, directory_, address, port, files_key, rate_mb_s, idle_s,
+                                           swarm), {})
         argv = ["systemd-run", f"--unit={unit}", f"--property=RuntimeMaxSec={lifetime_s}", "--collect",
                 *(f"--property={p}" for p in SERVER_PROPERTIES), f"--property=StandardInput=file:{job}",
                 # PrivateTmp hides /tmp: the served tree is bound in read-only at its own path, wherever it is
@@ -214,7 +299,9 @@ def fanout_serving(group: str, directory_: str, address: str, port: int, serve: 
     else:
         # A server that already ended (its lifetime, its host restarted) left nothing to stop: say nothing. Its
         # job goes with it (the run's token is worth nothing once the run ends, but need not stay).
-        yield StringCommand("sh", "-c", shlex.quote(f"rm -f {shlex.quote(serve_job_path(config_dir, group))}; "
+        # A swarm receiver's list of verified pieces goes too: only its own server read it.
+        yield StringCommand("sh", "-c", shlex.quote(f"rm -f {shlex.quote(serve_job_path(config_dir, group))} "
+                                                    f"{shlex.quote(posixpath.join(directory_, HAVE))}; "
                                                     f"systemctl is-active --quiet {shlex.quote(unit)} || exit 0; "
                                                     f"systemctl stop {shlex.quote(unit)}"))
 

@@ -4,6 +4,9 @@
     modelfleet_fetch.py JOB.json hub            download from the hub (huggingface_hub, in the stage's venv)
     modelfleet_fetch.py JOB.json peer URL       copy from a pool peer that holds verified files (HTTP)
     ... [--source-name=HOST]                    the peer's name, for the messages
+    modelfleet_fetch.py JOB.json swarm          copy piece by piece from the job's `peers` at once, serving the
+                                                verified pieces meanwhile (modelfleet_swarm.py, beside this)
+    modelfleet_fetch.py pieces DIR PIECE_SIZE   the sha256 of every piece of DIR's verified files (JSON)
     modelfleet_fetch.py JOB.json verify         verify only
     ... [--reverify]                            hash every file, even those the manifest vouches for
     modelfleet_fetch.py serve < SERVE.json      serve the files SERVE.json names to this run's peers
@@ -26,7 +29,9 @@ never argv.
 The peer server (`serve`, started by the stage as an unprivileged transient unit, its job on stdin) answers
 GET of exactly the names its job lists, each opened below its directory without following a symlink, to a
 request carrying the run's token (`Authorization: Bearer`); no listing, nothing else. Before a token is sent,
-the listener proves it is the run's server: it answers a nonce with HMAC-SHA256(token, nonce).
+the listener proves it is the run's server: it answers a nonce with HMAC-SHA256(token, nonce). It also answers
+`/.modelfleet-have` (which files, or which pieces of them, it holds verified) and a Range request of exactly one
+piece it holds; a receiver's server (`swarm` in its job) holds only what its fetch wrote in .modelfleet-have.json.
 
 One fetch per destination at a time (an flock on DEST/.modelfleet-lock, held until the manifest is written),
 and partial files are named per process, so two runs can never interleave bytes; the manifest records only
@@ -295,6 +300,43 @@ def fetch_from_peer(job: dict, paths: list[str], base_url: str, name: str | None
         return dict(pool.map(one, paths))
 
 
+def whole_file_wrong(path: Path, meta: dict) -> tuple[str, str] | None:
+    """None when `path` is the file `meta` (the control node's) describes, else (expected, found)."""
+    if meta.get("sha256"):
+        found = sha256_of(path)
+        return None if found == meta["sha256"] else (f"sha256 {meta['sha256']}", f"sha256 {found}")
+    if meta.get("blob_id"):
+        found = git_blob_id(path)
+        return None if found == meta["blob_id"] else (f"git blob {meta['blob_id']}", f"git blob {found}")
+    return None if path.stat().st_size == meta["size"] else (f"{meta['size']} bytes", f"{path.stat().st_size} bytes")
+
+
+def fetch_from_swarm(job: dict, paths: list[str], complete: list[str], watch: Watchdog, report: dict) -> dict:
+    """Copy `paths` piece by piece from the group's peers (modelfleet_swarm), serving what is verified meanwhile.
+    Each peer proves it is the run's server before it gets the token; one that cannot is named and left out."""
+    from modelfleet_swarm import Swarm
+
+    peers, unproven = {}, []
+    for name, url in sorted(job["peers"].items()):
+        wrong = challenge(url, job["token"])
+        if wrong:
+            unproven.append(f"{name} ({wrong})")
+        else:
+            peers[name] = url
+    if not peers:
+        raise FetchError(f"no peer of the group proved it is this run's fan-out server ({', '.join(unproven)}): "
+                         "nothing was asked of them; fix those hosts and re-run")
+    swarm = Swarm({**job, "peers": peers}, paths, complete, whole_file_wrong,
+                  Pace(job["rate_mb_s"] * 1e6) if job.get("rate_mb_s") else None, watch.moved)
+    digests = swarm.run()
+    report.update(peers=sorted(peers), unproven_peers=unproven, refused_pieces=swarm.refused,
+                  peers_lost=sorted(swarm.lost), bytes_by_peer=swarm.received)
+    if swarm.failure:
+        raise FetchError(f"the copy from the group's peers failed: {swarm.failure}; files already verified are "
+                         "kept, re-run")
+    return digests
+
+
 def stopped(source: str, rel: str, how: str) -> FetchError:
     """The source went away in the middle of a file (connection reset, a short read): a dead source, not bad
     bytes."""
@@ -343,10 +385,22 @@ def serve(job: dict) -> None:
     sendfile(2), no copy through Python, paced to the job's `rate_mb_s` in all when given."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+    from modelfleet_swarm import HAVE, HAVE_PATH, PIECE, SENDING, HaveView, piece_of
+
     token, names = job["token"], frozenset(job["files"])
     expected = f"Bearer {token}".encode()
     root = os.open(job["dir"], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     pace = Pace(job["rate_mb_s"] * 1e6) if job.get("rate_mb_s") else None
+    piece = int(job.get("piece_size") or PIECE)
+
+    def read_have() -> bytes:
+        with os.fdopen(open_beneath(root, HAVE), "rb") as f:
+            return f.read()
+
+    # A holder sends every listed file; a receiver of a swarm only the pieces its fetch verified (HAVE).
+    view = HaveView(read_have, names, complete=not job.get("swarm"))
+    slots = threading.BoundedSemaphore(int(job.get("slots") or 4))  # pieces sent at once: each goes out fast
+    sending: set[tuple[str, int]] = set()
 
     idle_s = float(job.get("idle_s") or 0)
     guard, activity = threading.Lock(), {"open": 0, "last": time.monotonic()}
@@ -362,6 +416,7 @@ def serve(job: dict) -> None:
 
     class Handler(BaseHTTPRequestHandler):
         server_version, sys_version = "modelfleet", ""
+        index = None
 
         def handle(self):
             with guard:
@@ -387,28 +442,75 @@ def serve(job: dict) -> None:
                     else self.answer(400)
             if not hmac.compare_digest(self.headers.get("Authorization", "").encode(), expected):
                 return self.answer(401)
-            if path[1:] not in names:
+            if path == HAVE_PATH:
+                held = {rel: e["have"] for rel, e in view.current().items()}
+                with guard:  # what it is sending now: soon held by another, so no longer rare
+                    held[SENDING] = sorted(f"{r}:{i}" for r, i in sending)
+                return self.answer(200, json.dumps(held).encode())
+            rel, ranged = path[1:], self.headers.get("Range")
+            if rel not in names:
                 return self.answer(404)
+            if ranged is None:
+                return self.whole(rel)
+            if not slots.acquire(blocking=False):
+                return self.answer(503)
             try:
-                fd = open_beneath(root, path[1:])
+                self.ranged(rel, ranged)
+            finally:
+                slots.release()
+                with guard:
+                    sending.discard((rel, self.index))
+
+        def whole(self, rel: str) -> None:
+            where = view.source(rel, None)
+            try:
+                fd = open_beneath(root, where) if where else None
             except OSError:
                 return self.answer(403)
+            if fd is None:
+                return self.answer(404)
             with os.fdopen(fd, "rb") as source:
                 size = os.fstat(fd).st_size
                 self.send_response(200)
                 self.send_header("Content-Length", str(size))
                 self.end_headers()
                 self.wfile.flush()
-                self.send_file(source)
+                self.send_file(source, 0, size)
 
-        def send_file(self, source) -> None:
-            if not pace:
-                self.connection.sendfile(source)
-                return
-            offset = 0
-            while True:
-                pace.wait(CHUNK)
-                sent = self.connection.sendfile(source, offset, CHUNK)
+        def ranged(self, rel: str, ranged: str) -> None:
+            """One whole piece this host has verified (206), else 416 (not a piece) or 404 (not held yet)."""
+            try:
+                size = int(job["sizes"][rel])
+            except (OSError, KeyError, TypeError, ValueError):
+                return self.answer(404)
+            index = self.index = piece_of(ranged, size, piece)
+            if index is None:
+                return self.answer(416)
+            where = view.source(rel, index)
+            try:
+                fd = open_beneath(root, where) if where else None
+            except OSError:
+                return self.answer(404)  # a partial that took its name meanwhile: asked again
+            if fd is None:
+                return self.answer(404)
+            offset = index * piece
+            length = min(piece, size - offset)
+            with guard:
+                sending.add((rel, index))
+            with os.fdopen(fd, "rb") as source:
+                self.send_response(206)
+                self.send_header("Content-Length", str(length))
+                self.send_header("Content-Range", f"bytes {offset}-{offset + length - 1}/{size}")
+                self.end_headers()
+                self.wfile.flush()
+                self.send_file(source, offset, length)
+
+        def send_file(self, source, offset: int, length: int) -> None:
+            end = offset + length
+            while offset < end:
+                if pace:
+                    pace.wait(min(CHUNK, end - offset))
+                sent = self.connection.sendfile(source, offset, min(CHUNK, end - offset))
                 if not sent:
                     return
                 offset += sent
@@ -431,13 +533,14 @@ def serve(job: dict) -> None:
     server.serve_forever()
 
 
-def listener_of(port: int) -> str | None:
-    """Who listens on `port` on this host, as `ss` names it (process, pid, user), for the one-line refusal;
+def listener_of(port: int, address: str | None = None) -> str | None:
+    """Who listens on `address`:`port` on this host (a swarm's peers listen on the same port at their own
+    addresses, in one network namespace on the lab), as `ss` names it (process, pid, user), for the one-line refusal;
     None when nothing does. Where `ss` cannot name the process (root without CAP_SYS_PTRACE, as in a container,
     cannot read another user's descriptors), the socket's owner and that user's processes."""
     try:
-        shown = subprocess.run(["ss", "-Hltnpe", f"sport = :{port}"], capture_output=True, text=True,
-                               timeout=10).stdout
+        where = ["src", f"{address}:{port}"] if address else [f"sport = :{port}"]
+        shown = subprocess.run(["ss", "-Hltnpe", *where], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return "a process `ss` could not name"
     if not shown.strip():
@@ -477,7 +580,7 @@ def probe(job_path: str, host_name: str, wait_s: float = 10) -> None:
         if not wrong.startswith("no answer (URLError: <urlopen error [Errno 111]"):  # someone answered
             break
         time.sleep(0.2)
-    holder = listener_of(int(job["port"]))
+    holder = listener_of(int(job["port"]), job["address"])
     if holder is None:
         raise FetchError(f"host {host_name}: the fan-out server did not start on {job['address']}:{job['port']} "
                          f"({wrong}); see `journalctl -u modelfleet-fanout-*` there; no peer copies from this host")
@@ -645,6 +748,13 @@ def main(argv: list[str]) -> int:
     if argv[0] == "index":
         print(json.dumps(index(Path(argv[1]), argv[2])))
         return 0
+    if argv[0] == "pieces":  # the verified copy's piece digests, for the control node to hand the receivers
+        from modelfleet_swarm import pieces_of
+
+        directory = Path(argv[1])
+        manifest = json.loads((directory / MANIFEST).read_text())["files"]
+        print(json.dumps(pieces_of(directory, sorted(manifest), int(argv[2]))))
+        return 0
     job = json.loads(Path(argv[0]).read_text())
     if job.get("token"):  # a peer copy's job holds the run's token: on disk no longer than it is read
         Path(argv[0]).unlink(missing_ok=True)
@@ -665,11 +775,14 @@ def main(argv: list[str]) -> int:
         name = next((a.split("=", 1)[1] for a in argv if a.startswith("--source-name=")), None)
         waiting = missing
         source = f"peer {name} ({argv[2]})" if name else f"the mirror ({argv[2]})" if mode == "peer" \
-            else f"the hub ({job['endpoint']})"
+            else "the group's peers" if mode == "swarm" else f"the hub ({job['endpoint']})"
         watch.arm(source, lambda: [rel for rel in waiting if not (dest / rel).is_file()
                                    or (dest / rel).stat().st_size != files[rel]["size"]])
-        streamed = fetch_from_hub(job, missing) if mode == "hub" else \
-            fetch_from_peer(job, missing, argv[2], name, watch)
+        if mode == "swarm":
+            streamed = fetch_from_swarm(job, missing, sorted(verified), watch, report)
+        else:
+            streamed = fetch_from_hub(job, missing) if mode == "hub" else \
+                fetch_from_peer(job, missing, argv[2], name, watch)
         watch.armed = False
         report["fetched"] = missing
         report["bytes_fetched"] = sum(files[rel]["size"] for rel in missing)

@@ -245,6 +245,7 @@ class HostPlan:
     model_keep_revisions: int = _default("model_keep_revisions")
     model_reverify: bool = _default("model_reverify")
     model_fanout_width: int = _default("model_fanout_width")
+    model_fanout: str = _default("model_fanout")
     model_fanout_rate_mb_s: int | None = _default("model_fanout_rate_mb_s")
     model_stall_s: int = _default("model_stall_s")
     fabric_address: str = ""

@@ -220,6 +220,7 @@ def _host_plan(name: str, host: HostData, hw: Hardware, gpu_count: int, services
                     hf_endpoint=endpoint,
                     model_source=host.model_source, model_keep_revisions=host.model_keep_revisions,
                     model_reverify=host.model_reverify, model_fanout_width=host.model_fanout_width,
+                    model_fanout=host.model_fanout,
                     model_fanout_rate_mb_s=host.model_fanout_rate_mb_s,
                     model_stall_s=host.model_stall_s,
                     fabric_address=host.fabric_address or address, network_env=network_env(host),

@@ -202,6 +202,11 @@ class HostData(BaseModel):
     # Hosts that got their copy serve the next wave (a tree), so a large group takes log(N) waves, not N.
     model_fanout_width: int = Field(8, ge=1, le=1024, description="Peers one host serves the checkpoint to at "
                                     "once (the group's first host's value counts for the group).")
+    model_fanout: Literal["swarm", "tree"] = Field("swarm", description="How a group's hosts copy the checkpoint: "
+                                                   "`swarm`, piece by piece from every peer at once, each serving "
+                                                   "the pieces it verified while it receives; `tree`, whole copies "
+                                                   "in waves of model_fanout_width (the group's first host's value "
+                                                   "counts).")
     model_fanout_rate_mb_s: int | None = Field(None, ge=1, le=1_000_000, description="Cap on what a host serving peers sends "
                                                "in all, MB/s, leaving room for inference; unset: no cap.")
     model_stall_s: int = Field(60, ge=5, le=3600, description="Seconds a download or peer copy may go without "

@@ -3,8 +3,9 @@ model_root/<model>/<commit>, with a `current` pointer and older revisions pruned
 
 One host per checkpoint group (the pool by default) downloads from the hub (or the air-gapped source); the
 others copy from it over HTTP on the pool's network while it serves its verified copy from a transient unit,
-so hub egress for a group is one checkpoint. Beyond model_fanout_width peers, hosts that got their copy serve
-the next ones (fanout_waves): a large group is served in log(N) waves and no host serves more than the width.
+so hub egress for a group is one checkpoint. By default (model_fanout: swarm) the others fetch it piece by
+piece from every member at once, each serving the pieces it verified while it receives (_swarm); with `tree`,
+hosts that got their copy serve the next ones (fanout_waves): log(N) waves, no host serving more than the width.
 Every host verifies what it got (files/modelfleet_fetch.py).
 Which hosts lack what is known before anything runs: the group's hosts' state is read once each.
 """
@@ -33,6 +34,7 @@ from modelfleet.transfer import (
     FANOUT_MARGIN_S,
     FANOUT_PORT,
     FETCH,
+    SWARM,
     VENV,
     checkpoint_fetched,
     fanout_address,
@@ -41,6 +43,8 @@ from modelfleet.transfer import (
     fanout_waves,
     held_files,
     peer_copied,
+    pieces_read,
+    swarm_copied,
     wave_sources,
 )
 
@@ -84,7 +88,7 @@ def _downloader(ctx: HostRun, svc: ServicePlan) -> str:
 def wants(plan: HostPlan, probe: dict) -> dict:
     dirs = list(_checkpoints(plan))
     return {"trees": dirs, "units": [f"{fanout_unit(s.checkpoint_group)}.service" for s in plan.services],
-            "paths": [TOOLS_BIN, FETCH, f"{VENV}/bin/python", plan.config_dir,
+            "paths": [TOOLS_BIN, FETCH, SWARM, f"{VENV}/bin/python", plan.config_dir,
                                      f"{plan.config_dir}/hf-token", *dirs, *(_job_path(plan, d) for d in dirs)]}
 
 
@@ -186,6 +190,8 @@ def run(ctx: HostRun):
     directory(name=f"Tools directory {TOOLS_BIN}", path=TOOLS_BIN, current=mine["paths"].get(TOOLS_BIN))
     content_file(name=f"Fetch script {FETCH}", dest=FETCH, content=(FILES_DIR / "modelfleet_fetch.py")
                  .read_text(), current=mine["paths"].get(FETCH), mode="0755")
+    content_file(name=f"Swarm module {SWARM}", dest=SWARM, content=(FILES_DIR / "modelfleet_swarm.py").read_text(),
+                 current=mine["paths"].get(SWARM), mode="0644")
     for model_dir, (svc, snap) in _checkpoints(plan).items():
         tree = mine["trees"][model_dir]
         members = _group(ctx, svc)
@@ -230,38 +236,73 @@ def run(ctx: HostRun):
         hub_token_file(name=f"Hub token {plan.config_dir}/hf-token removed after the download "
                        "(not the group's downloader)", dest=f"{plan.config_dir}/hf-token", token=None,
                        current={"kind": "file"} if borrowed else None)
-        waves = ctx.fanout((svc.checkpoint_group, snap.repo, snap.commit), partial(_group_waves, ctx, members, snap))
-        copies = sum(len(wave) for wave in waves)
         unit_state = mine["units"].get(f"{fanout_unit(svc.checkpoint_group)}.service") or {}
         leftover = unit_state.get("ActiveState") in ("active", "activating", "failed")
-        served = False
         group = svc.checkpoint_group
         urls = {name: f"http://{fanout_address(ctx.inventory.hosts[name])}:{FANOUT_PORT}/" for name in members}
-        peer_job = json.loads(_job(plan, svc, snap))
-        # One serve + copy pair per wave (at least one, so a leftover server is always looked at); every host
-        # lists them all, so wave k's copies run after wave k-1's on every host.
-        for number, wave in enumerate(waves or [{}], 1):
-            serves = host.name in wave.values()
-            if serves:
-                held_files((group, host.name)).update(snap.files)
-            fanout_serving(name=f"Serve {snap.commit[:12]} to the group's peers (wave {number}/{len(waves) or 1})",
-                           group=group, directory_=model_dir, address=fanout_address(plan), port=FANOUT_PORT,
-                           serve=True, needed=serves, leftover=leftover and number == 1, config_dir=plan.config_dir,
-                           files_key=(group, host.name), rate_mb_s=plan.model_fanout_rate_mb_s,
-                           idle_s=2 * plan.model_stall_s,
-                           lifetime_s=int(FANOUT_MARGIN_S + snap.total_bytes * copies / FANOUT_FLOOR_BYTES_S))
-            served = served or serves
-            peer_copied(name=f"Copy {snap.repo}@{snap.commit[:12]} from a peer (wave {number}/{len(waves) or 1})",
-                        job_path=job, job={**peer_job, "kind": "checkpoint"}, group=group,
-                        source=wave.get(host.name), alternatives=wave_sources(waves, number), urls=urls,
-                        needed=bool(missing), reverify=plan.model_reverify, restart=_engines_of(plan, model_dir))
-        fanout_serving(name="Stop serving to peers", group=group, directory_=model_dir,
-                       address=fanout_address(plan), port=FANOUT_PORT, serve=False, needed=served,
-                       config_dir=plan.config_dir)
+        peer_job = {**json.loads(_job(plan, svc, snap)), "kind": "checkpoint"}
+        if ctx.inventory.hosts[members[0]].model_fanout == "swarm":
+            _swarm(ctx, plan, snap, members, model_dir, job, bool(missing), leftover, urls, peer_job, group)
+        else:
+            _tree(ctx, plan, snap, members, model_dir, job, bool(missing), leftover, urls, peer_job, group)
         current_pointer(name=f"{parent}/{CURRENT} -> {snap.commit[:12]}", parent=parent, commit=snap.commit,
                         current=tree.get("current"))
         revisions_pruned(name=f"Prune revisions of {svc.model.id} beyond {plan.model_keep_revisions}",
                          parent=parent, remove=_to_prune(_finished(tree), snap.commit, plan.model_keep_revisions))
+
+
+def _swarm(ctx: HostRun, plan: HostPlan, snap: Snapshot, members: list[str], model_dir: str, job: str,
+           missing: bool, leftover: bool, urls: dict, peer_job: dict, group: str) -> None:
+    """One copy for the whole group: every host lacking files fetches pieces from all the others at once, each
+    serving what it verified meanwhile (its server reads the pieces its fetch checked); the seed's piece
+    digests reach the receivers through the control node."""
+    receivers = ctx.fanout((group, snap.repo, snap.commit, "swarm"),
+                           lambda: [name for name in members[1:] if _peer_missing(ctx, name, snap)])
+    receiving = host.name in receivers and missing
+    held_files((group, host.name)).update(snap.files)  # holder or receiver: the names its server may send
+    pieces_read(name=f"Piece digests of {snap.commit[:12]} for the group's receivers", group=group,
+                directory_=model_dir, files=snap.files, needed=bool(receivers) and host.name == members[0])
+    fanout_serving(name=f"Serve {snap.commit[:12]} to the group's peers (verified pieces as they arrive)",
+                   group=group, directory_=model_dir, address=fanout_address(plan), port=FANOUT_PORT,
+                   serve=True, needed=bool(receivers), leftover=leftover, config_dir=plan.config_dir,
+                   files_key=(group, host.name), rate_mb_s=plan.model_fanout_rate_mb_s,
+                   idle_s=2 * plan.model_stall_s, swarm=bool(receiving),
+                   lifetime_s=int(FANOUT_MARGIN_S + snap.total_bytes * len(receivers) / FANOUT_FLOOR_BYTES_S))
+    swarm_copied(name=f"Copy {snap.repo}@{snap.commit[:12]} piece by piece from the group's peers", job_path=job,
+                 job=peer_job, group=group, peers={name: urls[name] for name in members if name != host.name},
+                 holders=[name for name in members if name not in receivers],
+                 needed=bool(receiving), rate_mb_s=plan.model_fanout_rate_mb_s, restart=_engines_of(plan, model_dir))
+    fanout_serving(name="Stop serving to peers", group=group, directory_=model_dir,
+                   address=fanout_address(plan), port=FANOUT_PORT, serve=False, needed=bool(receivers),
+                   config_dir=plan.config_dir)
+
+
+def _tree(ctx: HostRun, plan: HostPlan, snap: Snapshot, members: list[str], model_dir: str, job: str,
+          missing: bool, leftover: bool, urls: dict, peer_job: dict, group: str) -> None:
+    """Whole copies in waves: hosts that got theirs serve the next wave (model_fanout `tree`)."""
+    waves = ctx.fanout((group, snap.repo, snap.commit), partial(_group_waves, ctx, members, snap))
+    copies = sum(len(wave) for wave in waves)
+    served = False
+    # One serve + copy pair per wave (at least one, so a leftover server is always looked at); every host
+    # lists them all, so wave k's copies run after wave k-1's on every host.
+    for number, wave in enumerate(waves or [{}], 1):
+        serves = host.name in wave.values()
+        if serves:
+            held_files((group, host.name)).update(snap.files)
+        fanout_serving(name=f"Serve {snap.commit[:12]} to the group's peers (wave {number}/{len(waves) or 1})",
+                       group=group, directory_=model_dir, address=fanout_address(plan), port=FANOUT_PORT,
+                       serve=True, needed=serves, leftover=leftover and number == 1, config_dir=plan.config_dir,
+                       files_key=(group, host.name), rate_mb_s=plan.model_fanout_rate_mb_s,
+                       idle_s=2 * plan.model_stall_s,
+                       lifetime_s=int(FANOUT_MARGIN_S + snap.total_bytes * copies / FANOUT_FLOOR_BYTES_S))
+        served = served or serves
+        peer_copied(name=f"Copy {snap.repo}@{snap.commit[:12]} from a peer (wave {number}/{len(waves) or 1})",
+                    job_path=job, job=peer_job, group=group,
+                    source=wave.get(host.name), alternatives=wave_sources(waves, number), urls=urls,
+                    needed=missing, reverify=plan.model_reverify, restart=_engines_of(plan, model_dir))
+    fanout_serving(name="Stop serving to peers", group=group, directory_=model_dir,
+                   address=fanout_address(plan), port=FANOUT_PORT, serve=False, needed=served,
+                   config_dir=plan.config_dir)
 
 
 def _finished(tree: dict) -> dict:

@@ -94,7 +94,7 @@ def test_a_tree_fan_out_has_hosts_that_just_got_their_copy_serve_the_next(checkp
     for spec in specs[1:]:
         ssh(spec, f"rm -rf {ROOT}")
     hub.reset_stats()
-    run = model_run("-vvv", fanout_width=1, fanout_rate_mb_s=500)
+    run = model_run("-vvv", fanout="tree", fanout_width=1, fanout_rate_mb_s=500)
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-3000:]
     assert hub.stats()["bytes_served"] == 0  # the seed kept its copy: nothing from the hub

@@ -59,3 +59,22 @@ def test_a_receiver_whose_source_failed_may_turn_to_the_sources_serving_by_its_w
     waves = fanout_waves([f"h{i}" for i in range(7)], {"h0"}, 2)
     assert wave_sources(waves, 1) == ["h0"]
     assert set(wave_sources(waves, 2)) == {"h0", "h1", "h2"}
+
+
+def test_the_control_node_takes_a_seeds_piece_list_only_whole_and_well_formed():
+    from modelfleet.transfer import PIECE_SIZE, checked_pieces
+    files = {"a.safetensors": {"size": 2 * PIECE_SIZE + 1}, "config.json": {"size": 10}, "empty": {"size": 0}}
+    good = {"piece_size": PIECE_SIZE, "files": {"a.safetensors": ["a" * 64] * 3, "config.json": ["b" * 64],
+                                                "empty": [], "extra.bin": ["c" * 64]}}
+    assert checked_pieces(good, files, "gpu-01:/m") == {"a.safetensors": ["a" * 64] * 3, "config.json": ["b" * 64],
+                                                        "empty": []}  # what the job lists, nothing else
+    for bad in ({**good, "piece_size": PIECE_SIZE // 2},
+                {**good, "files": {**good["files"], "a.safetensors": ["a" * 64] * 2}},  # a piece short
+                {**good, "files": {**good["files"], "config.json": ["B" * 64]}},  # not a sha256
+                {**good, "files": {k: v for k, v in good["files"].items() if k != "config.json"}}):
+        try:
+            checked_pieces(bad, files, "gpu-01:/m")
+        except ValueError as error:
+            assert "gpu-01:/m" in str(error)
+        else:
+            raise AssertionError(f"accepted {bad}")
