@@ -37,6 +37,10 @@ One fetch per destination at a time (an flock on DEST/.modelfleet-lock, held unt
 and partial files are named per process, so two runs can never interleave bytes; the manifest records only
 digests of the bytes now on disk. Any failure ends in one line on stderr (`modelfleet: ...`, exit 1) saying
 what failed and what to do; the traceback goes to JOB.json's `.log` beside it.
+
+Why one file of over 400 lines: it runs on hosts with python3's standard library alone (the hub download in the
+stage's venv), copied beside modelfleet_swarm.py (the piece exchange); its commands share the job format, the
+verification and the lock, which a split would have to ship and version together anyway.
 """
 
 from __future__ import annotations
