@@ -386,7 +386,9 @@ def open_beneath(root: int, rel: str) -> int:
 
 def serve(job: dict) -> None:
     """HTTP for the run's peers: GET of a name the job lists, with the run's token; files go out with
-    sendfile(2), no copy through Python, paced to the job's `rate_mb_s` in all when given."""
+    sendfile(2), no copy through Python, paced to the job's `rate_mb_s` in all when given. Long because its
+    handler class is defined inside it: every check a request passes reads the job and the pacing state it closes
+    over, and nothing of it is reachable but through this one listener."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from modelfleet_swarm import HAVE, HAVE_PATH, PIECE, SENDING, HaveView, piece_of
@@ -743,6 +745,7 @@ def index(directory: Path, name: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    # One branch per command of the module's docstring, in its order: a table would hide their different argv.
     if argv[0] == "serve":  # the job on stdin: systemd opened the 0600 file this unprivileged server cannot
         serve(json.load(sys.stdin))
         return 0

@@ -64,6 +64,16 @@ def _engine_cache(svc, state: dict, bound: set[str]) -> None:
                  current=at(cache.key_file), mode="0644")
 
 
+def _prune_caches(services: list, keep: int, at) -> None:
+    """Engine cache keys no service of the host uses, beyond the `keep` newest, in each cache root."""
+    in_use: dict[str, set[str]] = {}
+    for cache in filter(None, map(render.engine_cache, services)):
+        in_use.setdefault(cache.root, set()).add(cache.key)
+    for root, keys in in_use.items():
+        caches.caches_pruned(name=f"Prune engine cache keys in {root} beyond {keep}", root=root,
+                             stale=caches.stale_keys((at(root) or {}).get("entries"), keys), keep=keep)
+
+
 @deploy("modelfleet service")
 def run(ctx: HostRun):
     plan = ctx.plan
@@ -119,10 +129,4 @@ def run(ctx: HostRun):
         if starts:
             timeline.boot_recorded(name=f"Boot timeline of {svc.container_name}", pool=svc.pool,
                                    engine=svc.engine_name, container=svc.container_name)
-    in_use: dict[str, set[str]] = {}
-    for cache in filter(None, map(render.engine_cache, services)):
-        in_use.setdefault(cache.root, set()).add(cache.key)
-    for root, keys in in_use.items():
-        caches.caches_pruned(name=f"Prune engine cache keys in {root} beyond {plan.model_keep_revisions}",
-                             root=root, stale=caches.stale_keys((at(root) or {}).get("entries"), keys),
-                             keep=plan.model_keep_revisions)
+    _prune_caches(services, plan.model_keep_revisions, at)
