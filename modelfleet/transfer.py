@@ -155,8 +155,11 @@ def _swarm_copy(state, host, job_path: str, job: dict, group: str, peers: dict[s
         return refuse(state, host, [f"copy source {', '.join(holders)} failed earlier in this run (see its error): "
                                     "nothing to copy from; fix it and re-run"])
     peer_job = f"{job_path.removesuffix('.json')}.peer.json"
+    # Each receiver first asks for its own share of the pieces no one else holds yet, so the seed's uplink sends
+    # each piece once and the receivers trade the rest (BitTorrent's super-seeding, decided here instead).
+    receivers = sorted({host.name, *(name for name in usable if name not in holders)})
     body = {**job, "token": fanout_token(group), "pieces": pieces, "piece_size": PIECE_SIZE, "peers": usable,
-            "rate_mb_s": rate_mb_s}
+            "rate_mb_s": rate_mb_s, "stripe": [receivers.index(host.name), len(receivers)]}
     if not _put_secret(host, peer_job, json.dumps(body)):
         return refuse(state, host, [f"could not write {peer_job}"])
     return _run_fetch(state, host, _fetch_command(peer_job, "swarm", None, False), "the group's peers", restart)

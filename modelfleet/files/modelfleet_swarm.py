@@ -22,6 +22,7 @@ import re
 import threading
 import time
 import urllib.parse
+import zlib
 from pathlib import Path
 
 PIECE = 8 << 20
@@ -137,6 +138,7 @@ class Swarm:
         self.piece, self.pieces = int(job["piece_size"]), job["pieces"]
         self.peers, self.verify, self.pace, self.moved = dict(job["peers"]), verify, pace, moved or (lambda n: None)
         self.timeout = float(job.get("stall_s") or 60)
+        self.slot, self.slots = job.get("stripe") or (0, 1)  # this receiver's share: see mine()
         self.cond = threading.Condition()
         self.views: dict[str, dict] = {}
         self.down_until: dict[str, float] = {}
@@ -225,6 +227,11 @@ class Swarm:
         bits = self.views.get(name, {}).get(rel)
         return bits == "*" or bits is not None and index < len(bits) and bits[index] == "1"
 
+    def mine(self, key: tuple[str, int]) -> bool:
+        """Whether a piece is in this receiver's share: among pieces equally rare, receivers ask for their own
+        share first, so no two ask the seed for the same piece while it holds pieces no one else has."""
+        return (zlib.crc32(key[0].encode()) + key[1]) % self.slots == self.slot
+
     def choose(self) -> tuple[tuple[str, int], str] | None:
         """The rarest piece not yet asked for that a free peer has, and the least busy such peer."""
         now, best, best_count = time.monotonic(), [], None
@@ -245,6 +252,7 @@ class Swarm:
                 best.append((key, free))
         if not best:
             return None
+        best = [choice for choice in best if self.mine(choice[0])] or best
         key, free = random.choice(best)
         low = min(self.active[n] for n in free)
         return key, random.choice([n for n in free if self.active[n] == low])

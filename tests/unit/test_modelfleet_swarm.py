@@ -209,3 +209,21 @@ def test_the_server_refuses_a_piece_it_has_not_verified(group, tmp_path):
         assert anonymous.value.code == 401
     finally:
         proc.kill()
+
+
+def test_receivers_first_ask_the_seed_for_disjoint_shares(group):
+    """Every piece only the seed holds is in exactly one receiver's share, and each receiver's first choices come
+    from its own share: the seed's uplink is not spent twice on one piece while others wait."""
+    tmp_path, seed, meta, pieces = group
+    shares = []
+    for slot in range(3):
+        (tmp_path / f"r{slot}").mkdir()
+        job = json.loads(receiver_job(tmp_path, f"r{slot}", meta, pieces, {"seed": "http://127.0.0.1:9/"}).read_text())
+        receiver = swarm.Swarm({**job, "stripe": [slot, 3]}, sorted(meta), [], verify=lambda *_: None)
+        receiver.views["seed"] = {rel: "*" for rel in meta}
+        keys = set(receiver.todo)
+        shares.append({key for key in keys if receiver.mine(key)})
+        for _ in range(20):
+            key, peer = receiver.choose()
+            assert peer == "seed" and key in shares[-1]
+    assert set().union(*shares) == keys and sum(map(len, shares)) == len(keys)
