@@ -209,7 +209,8 @@ def run(targets: tuple[str, ...], dry: bool, remove_checkpoints: bool, pyinfra_o
     import subprocess
     import tempfile
 
-    from modelfleet.commands import deploy, pyinfra_argv
+    from modelfleet.commands import pyinfra_argv
+    from modelfleet.deploys import deploy
 
     with tempfile.TemporaryDirectory(prefix="modelfleet-retire-") as folder:
         env = {**os.environ, PLAN_ENV: folder, CHECKPOINTS_ENV: "1" if remove_checkpoints else "0"}

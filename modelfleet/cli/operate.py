@@ -94,7 +94,8 @@ def prometheus(inventory: str, dcgm: bool, node_exporter: bool, output: str | No
 def admit(inventory: str, limit, hosts, group_data, data) -> None:
     """GPU admission on every host (pyinfra, nothing changed): each host's checks as JSON; exit 1 if one is
     refused. Reports: reports/admission/<host>.json."""
-    from modelfleet.commands import deploy, run_pyinfra
+    from modelfleet.commands import run_pyinfra
+    from modelfleet.deploys import deploy
     from modelfleet.operations.report import report_path
 
     result = resolved_or_exit(inventory, group_data, data)

@@ -171,3 +171,24 @@ def test_imports_that_run_later_make_no_circle(tmp_path):
     edges = import_graph(pkg)
     assert edges["pkg.a"] == {"pkg.b"} and edges["pkg.c"] == {"pkg.a"}
     assert cycles(edges) == []
+
+
+def test_every_import_inside_a_function_names_what_exists():
+    """Imports inside functions run only when the function does: one naming a module or name that moved fails a
+    command on a user's host long after the move (`modelfleet admit` did, once `deploy` left modelfleet.commands).
+    Every `from modelfleet... import NAME`, wherever it stands, must resolve now."""
+    import importlib
+
+    broken = []
+    for name, path in _modules(PACKAGE_DIR).items():
+        if "files" in name.split("."):  # host-side programs, run by python3 alone on hosts
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                    and node.module.split(".")[0] == "modelfleet"):
+                continue
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                if not hasattr(module, alias.name) and importlib.util.find_spec(f"{node.module}.{alias.name}") is None:
+                    broken.append(f"{path.name}:{node.lineno}: from {node.module} import {alias.name}")
+    assert broken == []
