@@ -147,13 +147,13 @@ def _swarm_copy(state, host, job_path: str, job: dict, group: str, peers: dict[s
     """FunctionCommand body: copy from every peer of the group still in the run at once (modelfleet_swarm)."""
     failed = {h.name for h in state.failed_hosts}
     pieces = group_pieces(group)
+    if holders and not set(holders) - failed:  # the receivers alone hold no piece yet
+        return refuse(state, host, [f"copy source {', '.join(holders)} failed earlier in this run (see its error): "
+                                    "nothing to copy from; fix it and re-run"])
     if not pieces:
         return refuse(state, host, ["no piece digests from the group's seed (it failed earlier in this run, see "
                                     "its error): nothing to copy from; fix it and re-run"])
     usable = {name: url for name, url in peers.items() if name not in failed}
-    if holders and not set(holders) - failed:  # the receivers alone hold no piece yet
-        return refuse(state, host, [f"copy source {', '.join(holders)} failed earlier in this run (see its error): "
-                                    "nothing to copy from; fix it and re-run"])
     peer_job = f"{job_path.removesuffix('.json')}.peer.json"
     # Each receiver first asks for its own share of the pieces no one else holds yet, so the seed's uplink sends
     # each piece once and the receivers trade the rest (BitTorrent's super-seeding, decided here instead).

@@ -122,7 +122,8 @@ class Watchdog(threading.Thread):
             elif now - self.last > self.stall_s:
                 names = self.waiting()
                 shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-                say(f"host {self.host}: no byte from {self.source} for {self.stall_s:g} s while fetching "
+                source = self.source() if callable(self.source) else self.source
+                say(f"host {self.host}: no byte from {source} for {self.stall_s:g} s while fetching "
                     f"{shown or 'the checkpoint'} (model_stall_s): the source froze; files already verified "
                     "are kept, the other hosts go on; re-run when it answers")
                 drop_partials(self.dest)
@@ -332,6 +333,13 @@ def fetch_from_swarm(job: dict, paths: list[str], complete: list[str], watch: Wa
                          "nothing was asked of them; fix those hosts and re-run")
     swarm = Swarm({**job, "peers": peers}, paths, complete, whole_file_wrong,
                   Pace(job["rate_mb_s"] * 1e6) if job.get("rate_mb_s") else None, watch.moved)
+    def source() -> str:  # for the stall line: the peers that stopped answering, by name
+        now = time.monotonic()
+        gone = [name for name in sorted(swarm.lost) if now < swarm.down_until.get(name, 0) + 5]
+        return "the group's peers" + (f" ({', '.join(f'source {n} ({peers[n]})' for n in gone)} stopped "
+                                      "answering)" if gone else "")
+
+    watch.source = source
     digests = swarm.run()
     report.update(peers=sorted(peers), unproven_peers=unproven, refused_pieces=swarm.refused,
                   peers_lost=sorted(swarm.lost), bytes_by_peer=swarm.received)
