@@ -128,6 +128,7 @@ def _read_pieces(state, host, group: str, directory_: str, files: dict) -> bool:
         return refuse(state, host, output.stderr_lines or [f"could not read the piece digests of {directory_}"])
     try:
         group_pieces(group).update(checked_pieces(json.loads(output.stdout), files, f"{host.name}:{directory_}"))
+        runscope.slot("fanout-pieces-from", dict)[group] = host.name
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         return refuse(state, host, [str(error)])
     return True
@@ -143,7 +144,7 @@ def pieces_read(group: str, directory_: str, files: dict, needed: bool):
 
 
 def _swarm_copy(state, host, job_path: str, job: dict, group: str, peers: dict[str, str], holders: list[str],
-                rate_mb_s: int | None, restart: list[str]) -> bool:
+                rate_mb_s: int | None, reverify: bool, restart: list[str]) -> bool:
     """FunctionCommand body: copy from every peer of the group still in the run at once (modelfleet_swarm)."""
     failed = {h.name for h in state.failed_hosts}
     pieces = group_pieces(group)
@@ -159,21 +160,24 @@ def _swarm_copy(state, host, job_path: str, job: dict, group: str, peers: dict[s
     # each piece once and the receivers trade the rest (BitTorrent's super-seeding, decided here instead).
     receivers = sorted({host.name, *(name for name in usable if name not in holders)})
     body = {**job, "token": fanout_token(group), "pieces": pieces, "piece_size": PIECE_SIZE, "peers": usable,
-            "rate_mb_s": rate_mb_s, "stripe": [receivers.index(host.name), len(receivers)]}
+            "rate_mb_s": rate_mb_s, "stripe": [receivers.index(host.name), len(receivers)],
+            "pieces_from": runscope.slot("fanout-pieces-from", dict).get(group)}
     if not _put_secret(host, peer_job, json.dumps(body)):
         return refuse(state, host, [f"could not write {peer_job}"])
-    return _run_fetch(state, host, _fetch_command(peer_job, "swarm", None, False), "the group's peers", restart)
+    return _run_fetch(state, host, _fetch_command(peer_job, "swarm", None, reverify), "the group's peers",
+                      restart)
 
 
 @operation(is_idempotent=False)
 def swarm_copied(job_path: str, job: dict, group: str, peers: dict[str, str], holders: list[str], needed: bool,
-                 rate_mb_s: int | None = None, restart: list[str] = ()):
+                 rate_mb_s: int | None = None, reverify: bool = False, restart: list[str] = ()):
     """Copy this group's checkpoint piece by piece from all its `peers` at once (`holders`: those with a whole
     copy), serving verified pieces meanwhile."""
     if not needed:
         host.noop("this host holds the checkpoint")
         return
-    yield FunctionCommand(_swarm_copy, (job_path, job, group, peers, list(holders), rate_mb_s, list(restart)), {})
+    yield FunctionCommand(_swarm_copy, (job_path, job, group, peers, list(holders), rate_mb_s, reverify,
+                                        list(restart)), {})
 
 
 def _fetch_command(job: str, mode: str, source: str | None, reverify: bool,

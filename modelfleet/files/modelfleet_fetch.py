@@ -333,11 +333,13 @@ def fetch_from_swarm(job: dict, paths: list[str], complete: list[str], watch: Wa
                          "nothing was asked of them; fix those hosts and re-run")
     swarm = Swarm({**job, "peers": peers}, paths, complete, whole_file_wrong,
                   Pace(job["rate_mb_s"] * 1e6) if job.get("rate_mb_s") else None, watch.moved)
-    def source() -> str:  # for the stall line: the peers that stopped answering, by name
+    def source() -> str:  # for the stall line: the peers that stopped answering or were asked and send nothing
         now = time.monotonic()
         gone = [name for name in sorted(swarm.lost) if now < swarm.down_until.get(name, 0) + 5]
-        return "the group's peers" + (f" ({', '.join(f'source {n} ({peers[n]})' for n in gone)} stopped "
-                                      "answering)" if gone else "")
+        asked = [name for name in sorted(peers) if swarm.active.get(name) and name not in gone]
+        said = [f"source {name} ({peers[name]}) stopped answering" for name in gone]
+        said += [f"peer {name} ({peers[name]}) was asked and sends nothing" for name in asked]
+        return "the group's peers" + (f" ({'; '.join(said)})" if said else "")
 
     watch.source = source
     digests = swarm.run()

@@ -139,6 +139,7 @@ class Swarm:
         self.peers, self.verify, self.pace, self.moved = dict(job["peers"]), verify, pace, moved or (lambda n: None)
         self.timeout = float(job.get("stall_s") or 60)
         self.slot, self.slots = job.get("stripe") or (0, 1)  # this receiver's share: see mine()
+        self.pieces_from = job.get("pieces_from") or "the seed"  # the host whose copy the piece digests describe
         self.cond = threading.Condition()
         self.views: dict[str, dict] = {}
         self.down_until: dict[str, float] = {}
@@ -343,9 +344,10 @@ class Swarm:
         if wrong:
             partial.unlink(missing_ok=True)
             with self.cond:
-                self.failure = (f"{rel}: every piece matched the seed's piece digests but the whole file does not "
-                                f"match the control node's (expected {wrong[0]}, found {wrong[1]}): the seed's copy "
-                                "is bad")
+                seed = self.pieces_from
+                self.failure = (f"{rel}: every piece matched the piece digests read from {seed}, but the whole file "
+                                f"does not match the control node's (expected {wrong[0]}, found {wrong[1]}): the copy "
+                                f"on {seed} is bad: run with model_reverify=true on {seed} (--limit {seed})")
             return
         partial.replace(self.dest / rel)
         with self.cond:

@@ -258,10 +258,14 @@ def _swarm(ctx: HostRun, plan: HostPlan, snap: Snapshot, members: list[str], mod
     digests reach the receivers through the control node."""
     receivers = ctx.fanout((group, snap.repo, snap.commit, "swarm"),
                            lambda: [name for name in members[1:] if _peer_missing(ctx, name, snap)])
+    # The piece digests come from a member that holds a verified copy before this run (the seed downloading
+    # now only when none does): a seed whose hub froze leaves the others a source.
+    reader = ctx.fanout((group, snap.repo, snap.commit, "pieces"), lambda: next(
+        (name for name in members if name not in receivers and not _peer_missing(ctx, name, snap)), members[0]))
     receiving = host.name in receivers and missing
     held_files((group, host.name)).update(snap.files)  # holder or receiver: the names its server may send
     pieces_read(name=f"Piece digests of {snap.commit[:12]} for the group's receivers", group=group,
-                directory_=model_dir, files=snap.files, needed=bool(receivers) and host.name == members[0])
+                directory_=model_dir, files=snap.files, needed=bool(receivers) and host.name == reader)
     fanout_serving(name=f"Serve {snap.commit[:12]} to the group's peers (verified pieces as they arrive)",
                    group=group, directory_=model_dir, address=fanout_address(plan), port=FANOUT_PORT,
                    serve=True, needed=bool(receivers), leftover=leftover, config_dir=plan.config_dir,
@@ -271,7 +275,8 @@ def _swarm(ctx: HostRun, plan: HostPlan, snap: Snapshot, members: list[str], mod
     swarm_copied(name=f"Copy {snap.repo}@{snap.commit[:12]} piece by piece from the group's peers", job_path=job,
                  job=peer_job, group=group, peers={name: urls[name] for name in members if name != host.name},
                  holders=[name for name in members if name not in receivers],
-                 needed=bool(receiving), rate_mb_s=plan.model_fanout_rate_mb_s, restart=_engines_of(plan, model_dir))
+                 needed=bool(receiving), rate_mb_s=plan.model_fanout_rate_mb_s, reverify=plan.model_reverify,
+                 restart=_engines_of(plan, model_dir))
     fanout_serving(name="Stop serving to peers", group=group, directory_=model_dir,
                    address=fanout_address(plan), port=FANOUT_PORT, serve=False, needed=bool(receivers),
                    config_dir=plan.config_dir)
