@@ -37,9 +37,10 @@ bench-converge: install lab-setup
 	$(PYTHON) -m lab.bench_converge 16 48
 
 # A 1 GiB checkpoint to 3, 6 and 12 lab hosts, each capped: group fill time ÷ one copy's time, swarm and tree in
-# the same run, and hub egress (JSON). `python -m lab.bench_fanout --receiver` adds the receiver beside curl.
+# the same run, hub egress and the machine's busy CPU share per run (JSON). BENCH_FANOUT_ARGS="--rate 15" sets the
+# cap (MB/s); "--receiver" adds the receiver beside curl.
 bench-fanout: install lab-setup
-	$(PYTHON) -m lab.bench_fanout
+	$(PYTHON) -m lab.bench_fanout $(BENCH_FANOUT_ARGS)
 
 # Time from `pyinfra` start to the first answer for a cold deploy, a restart and a member joining, each split by
 # stage from its timeline report, on the lab's llama-server; ratios restart/cold and join/cold (JSON). On the real

@@ -1,7 +1,9 @@
 """`make bench-fanout`: a checkpoint group's fill time against physics, on the lab, one run, JSON.
 
-Every host's fan-out is capped at RATE_MB_S in each direction (the same cap on every host stands in for its line
-rate; low enough that this machine's 2 cores are not the limit), and the checkpoint is REVISION (8 x 128 MiB).
+Every host's fan-out is capped at RATE_MB_S in each direction (`--rate MB/s`; the same cap on every host stands
+in for its line rate; low enough that this machine's 2 cores are not the limit: each run's `cpu_busy`, the
+machine's busy share of its CPU time from /proc/stat over the run, says whether they were), and the checkpoint is
+REVISION (8 x 128 MiB).
 `one_copy_s`: one receiver copying from the seed alone (a group of 2); the physical limit for a group is that
 time, since every host must receive the checkpoint once at its line rate. For groups of 3, 6 and 12 hosts, in
 the same run:
@@ -32,9 +34,17 @@ REVISION, SHARDS, SHARD_MIB = "bench-1g", 8, 128
 SIZES, TREE_WIDTH, RATE_MB_S = (3, 6, 12), 2, 25
 
 
-def run_model(limit: list[str], **fields) -> str:
-    """deploys/model.py over `limit`, the bench's root and revision (and the scenario's other `fields`)."""
-    with lab.scenario.applied(model_root=ROOT, revision=REVISION, fanout_rate_mb_s=RATE_MB_S, stall_s=120,
+def cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of the machine, from /proc/stat's cpu line."""
+    fields = [int(v) for v in open("/proc/stat").readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def run_model(limit: list[str], rate: int, **fields) -> str:
+    """deploys/model.py over `limit`, the bench's root and revision, each host capped at `rate` MB/s (and the
+    scenario's other `fields`)."""
+    with lab.scenario.applied(model_root=ROOT, revision=REVISION, fanout_rate_mb_s=rate, stall_s=120,
                               **fields):
         run = run_pyinfra("inventories/lab.py", "deploys/model.py", limit=limit, extra=["-vvv"], timeout=1200)
     if run.returncode:
@@ -52,16 +62,19 @@ def clean(specs: list[dict]) -> None:
         ssh(spec, f"rm -rf {ROOT}")
 
 
-def timed(specs: list[dict], fanout: str, **fields) -> dict:
+def timed(specs: list[dict], fanout: str, rate: int, **fields) -> dict:
     """One run of the model stage over `specs`; the receivers' copy window and what the hub served."""
     hub.reset_stats()
-    out = run_model([s["name"] for s in specs], fanout=fanout, **fields)
+    busy0, total0 = cpu_times()
+    out = run_model([s["name"] for s in specs], rate, fanout=fanout, **fields)
+    busy1, total1 = cpu_times()
     served = hub.stats()["bytes_served"]
     peers = [r for name, r in fetch_reports(out).items() if name != specs[0]["name"]]
     if len(peers) != len(specs) - 1:
         sys.exit(f"{fanout}: {len(peers)} receiver reports for {len(specs) - 1} receivers\n{out[-3000:]}")
     fill = max(r["finished_at"] for r in peers) - min(r["finished_at"] - r["seconds"] for r in peers)
-    result = {"hosts": len(specs), "receivers": len(peers), "fill_s": round(fill, 2), "hub_bytes_served": served}
+    result = {"hosts": len(specs), "receivers": len(peers), "fill_s": round(fill, 2), "hub_bytes_served": served,
+              "cpu_busy": round((busy1 - busy0) / max(1, total1 - total0), 3)}
     if fanout == "tree":
         result["waves"] = max((int(n) for n in re.findall(r"from a peer \(wave \d+/(\d+)\)", out)), default=0)
     else:
@@ -85,27 +98,28 @@ def hub_revision() -> None:
 
 def main() -> None:
     receiver = "--receiver" in sys.argv
+    rate = int(sys.argv[sys.argv.index("--rate") + 1]) if "--rate" in sys.argv else RATE_MB_S
     specs = lab.up(max(SIZES))
     hub_revision()
     specs = lab.up(max(SIZES))  # the hub double again, now serving REVISION
     clean(specs)
-    run_model([specs[0]["name"]], fanout="swarm")
+    run_model([specs[0]["name"]], rate, fanout="swarm")
     shown = ssh(specs[0], f"cat {ROOT}/tiny-lab/{CURRENT}/{MANIFEST}")
     total = sum(f["size"] for f in json.loads(shown.stdout)["files"].values())
-    one = timed(specs[:2], "swarm")
+    one = timed(specs[:2], "swarm", rate)
     figures = {"one_copy": one}
     for n in SIZES:
         clean(specs)
-        swarm = timed(specs[:n], "swarm")  # the seed downloads from the hub in this run: hub egress for n hosts
+        swarm = timed(specs[:n], "swarm", rate)  # the seed downloads from the hub in this run: hub egress for n hosts
         clean(specs[1:])
-        tree = timed(specs[:n], "tree", fanout_width=TREE_WIDTH)
+        tree = timed(specs[:n], "tree", rate, fanout_width=TREE_WIDTH)
         figures[n] = {"swarm": {**swarm, "hub_egress_ratio": round(swarm["hub_bytes_served"] / total, 3),
                                 "fill_vs_one_copy": round(swarm["fill_s"] / one["fill_s"], 3)},
                       "tree": {**tree, "fill_vs_one_copy": round(tree["fill_s"] / one["fill_s"], 3)}}
     clean(specs)
     result = {"revision": REVISION, "checkpoint_bytes": total, "date": time.strftime("%Y-%m-%d"),
-              "rate_cap_mb_s_each_way": RATE_MB_S, "one_copy_s": one["fill_s"],
-              "one_copy_at_cap_s": round(total / (RATE_MB_S * 1e6), 2),
+              "rate_cap_mb_s_each_way": rate, "one_copy_s": one["fill_s"],
+              "one_copy_at_cap_s": round(total / (rate * 1e6), 2),
               "fill_vs_one_copy": {n: {"swarm": figures[n]["swarm"]["fill_vs_one_copy"],
                                        "tree": figures[n]["tree"]["fill_vs_one_copy"]} for n in SIZES},
               "hub_egress_ratio": {n: figures[n]["swarm"]["hub_egress_ratio"] for n in SIZES},
