@@ -16,6 +16,7 @@ pyinfra's State, so a new run (or a new test) never sees an older inventory or h
 - `stage` / `followed()`: the stage running now, and whether stages follow it in this run.
 - `alone`: the stage runs on its own (`pyinfra INV deploys/verify.py`) and acts on everything it covers.
 - `pool_starts(pool)`: will this run (re)start a unit of the pool on any of its hosts; computed once per pool.
+- `ranks_restarted(pool)`: the pool's hosts whose rank systemd restarted on its own (the pool restarts whole).
 - `pool_checks(pool)`: the pool's collective-check reports, filled while executing, judged by its gate.
 - `admission`: each host's admission verdict, so a refused host fails its whole pool.
 - `fanout(group, schedule)`: a checkpoint group's copy waves (who copies from whom), computed once per run.
@@ -37,7 +38,7 @@ from modelfleet.fabric import PoolFabric, derive
 from modelfleet.facts.probe import HostProbe
 from modelfleet.facts.state import STATE_KINDS, DeployedState
 from modelfleet.inventory import HostPlan, InventoryError, Resolved, door
-from modelfleet.units import starts
+from modelfleet.units import rank_restarted, starts
 
 
 class UndeclaredRead(ModelfleetError):
@@ -53,6 +54,7 @@ class _RunCache:
     probes: dict[str, dict] = field(default_factory=dict)
     deployed: dict[str, dict] = field(default_factory=dict)
     pool_starts: dict[str, bool] = field(default_factory=dict)
+    ranks_restarted: dict[str, dict[str, int]] = field(default_factory=dict)  # pool -> {host: systemd's restarts}
     pool_checks: dict[str, dict[str, dict]] = field(default_factory=dict)
     admission: dict[str, dict] = field(default_factory=dict)  # host -> its verdict in this run
     fanouts: dict[tuple, list] = field(default_factory=dict)  # checkpoint group -> its copy waves
@@ -235,6 +237,16 @@ class HostRun:
             cache.pool_starts[pool] = any(starts(cache.inventory.hosts[name], self.deployed_on(name), pool,
                                                  self.as_run) for name in members)
         return cache.pool_starts[pool]
+
+    def ranks_restarted(self, pool: str) -> dict[str, int]:
+        """The hosts of a pool across hosts whose rank systemd restarted on its own, with how often (read through
+        the asking stage's view, as pool_starts)."""
+        cache = self._cache
+        if pool not in cache.ranks_restarted:
+            counts = {name: rank_restarted(cache.inventory.hosts[name], self.deployed_on(name), pool)
+                      for name in cache.inventory.pools[pool].hosts}
+            cache.ranks_restarted[pool] = {name: n for name, n in counts.items() if n}
+        return cache.ranks_restarted[pool]
 
 
 def multi_node(plan: HostPlan) -> bool:

@@ -127,6 +127,18 @@ def what_it_sets(unit: str, current: dict, path: str) -> str:
     return f"sets {', '.join(dict.fromkeys(keys))}" if keys else "sets no [Service] setting"
 
 
+def rank_restarted(plan: HostPlan, state: dict, pool: str) -> int:
+    """How often systemd restarted the host's rank of `pool` on its own since it was last started (0 for a pool on
+    one host). A rank of a pool across hosts that died cannot rejoin the ranks still running (their collectives,
+    and vLLM's data-parallel handshake, form once at start: the real vLLM's restarted headless rank waits for good),
+    so the whole pool restarts. The service stage sets the count back to 0 once a pool it started is up."""
+    for svc in pinned_services(plan):
+        if svc.pool == pool and svc.nnodes > 1:
+            count = (state["units"].get(svc.unit_name) or {}).get("NRestarts") or "0"
+            return int(count) if count.isdigit() else 0
+    return 0
+
+
 def starts(plan: HostPlan, state: dict, pool: str, as_run=None) -> bool:
     """Will this run (re)start the host's unit of `pool`? (What the netcheck gate must clear first.) `as_run`:
     the service as its containers run on the host (fabric_run.as_run), so its unit is compared as the service
@@ -137,5 +149,5 @@ def starts(plan: HostPlan, state: dict, pool: str, as_run=None) -> bool:
                 svc = as_run(svc)
             unit = state["units"].get(svc.unit_name) or {}
             return (engine_edited(svc, state) or unit.get("ActiveState") != "active"
-                    or merged(svc.unit_name, unit).restart)
+                    or merged(svc.unit_name, unit).restart or rank_restarted(plan, state, pool) > 0)
     return False

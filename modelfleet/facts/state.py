@@ -28,9 +28,10 @@ STATE_KINDS = ("paths", "units", "images", "trees", "packages", "texts", "owned"
 # one the inventory no longer names may be retired (modelfleet.retire), and one a user wrote never is.
 OWNED_MARK = "# Managed by modelfleet - do not edit; re-run the deploy instead."
 # What systemd makes of a unit: its state, where its file and drop-ins are, and the effective command and restart
-# policy (a drop-in or a unit file elsewhere can change them while the file modelfleet wrote stays the same).
+# policy (a drop-in or a unit file elsewhere can change them while the file modelfleet wrote stays the same), and
+# how often systemd restarted it on its own since it was last started (a pool's rank that died: units.rank_restarted).
 UNIT_PROPERTIES = ("ActiveState", "UnitFileState", "LoadState", "FragmentPath", "DropInPaths", "NeedDaemonReload",
-                   "ExecStart", "Restart")
+                   "ExecStart", "Restart", "NRestarts")
 
 
 class DeployedState(FactBase):
@@ -38,7 +39,7 @@ class DeployedState(FactBase):
     {"paths": {path: None | {"kind": "dir"|"file", "mode": "600", "user", "group", "sha256",
                              "entries": a directory's first 64 names (LC_ALL=C order)}},
      "units": {unit: {"ActiveState", "UnitFileState", "LoadState", "FragmentPath", "NeedDaemonReload",
-                      "Restart": ...,
+                      "Restart", "NRestarts": ...,
                       "ExecStart": [argv, ...] (systemd's effective command lines),
                       "DropInPaths": [path, ...], "dropins": {path: content}}} (what systemd merges into the unit),
      "images": {ref: None | {"id": "sha256:..."}},

@@ -38,6 +38,14 @@ def wait_ready(unit: str, base_url: str, served_name: str, timeout_s: int, auth_
 
 
 @operation(is_idempotent=False)
+def restarts_counted(unit: str):
+    """systemd's count of the unit's own restarts set back to 0 once its pool is up (a restart by systemctl keeps
+    it): a restart counted after this is a rank that died (units.rank_restarted), not one that retried while the
+    pool formed."""
+    yield StringCommand("systemctl", "reset-failed", shlex.quote(unit))
+
+
+@operation(is_idempotent=False)
 def unit_retired(unit: str, path: str):
     """A unit modelfleet wrote under a name its plan does not use: stopped, disabled, its file removed."""
     yield StringCommand("systemctl", "disable", "--now", shlex.quote(unit))

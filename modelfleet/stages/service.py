@@ -14,7 +14,7 @@ from modelfleet.operations.files import content_file, directory
 from modelfleet.operations.mounts import MOUNTINFO, private_bind
 from modelfleet.operations.owned_unit import owned_running, refused_when_kept, unmasked
 from modelfleet.operations.report import fail_host, note_once
-from modelfleet.operations.service import unit_retired, wait_ready, worker_up
+from modelfleet.operations.service import restarts_counted, unit_retired, wait_ready, worker_up
 from modelfleet.units import (
     UNIT_DIR,
     edited,
@@ -74,6 +74,26 @@ def _prune_caches(services: list, keep: int, at) -> None:
                              stale=caches.stale_keys((at(root) or {}).get("entries"), keys), keep=keep)
 
 
+def _rank_lost(ctx: HostRun, svc) -> bool:
+    """A rank of the service's pool died and systemd restarted it: it cannot rejoin, so every rank restarts."""
+    lost = ctx.ranks_restarted(svc.pool) if svc.nnodes > 1 else {}
+    if lost:
+        where = ", ".join(f"{name} ({n} time{'s' * (n > 1)})" for name, n in sorted(lost.items()))
+        note_once(name=f"Pool {svc.pool}: a rank died", message=f"modelfleet: pool {svc.pool}: systemd restarted "
+                  f"its rank on {where} after it died; a restarted rank cannot rejoin the ranks still running: "
+                  "restarting the pool on every host")
+    return bool(lost)
+
+
+def _restarts_counted(started: list) -> None:
+    """Each rank of a pool across hosts started in this run counts systemd's restarts from here: its head's ready
+    wait is an earlier operation, run on every host first, so the pool is up."""
+    for svc in started:
+        if svc.nnodes > 1:
+            restarts_counted(name=f"Count {svc.unit_name}'s restarts from here (pool {svc.pool} is up)",
+                             unit=svc.unit_name)
+
+
 @deploy("modelfleet service")
 def run(ctx: HostRun):
     plan = ctx.plan
@@ -91,6 +111,7 @@ def run(ctx: HostRun):
     directory(name=f"Config directory {plan.config_dir} (0700)", path=plan.config_dir,
               current=at(plan.config_dir), mode="0700")
     bound: set[str] = set()
+    started = []
     for svc in services:
         files_, key = unit_files(svc), render.api_key(svc)
         directory(name=f"Model directory {svc.model_dir}", path=svc.model_dir, current=at(svc.model_dir))
@@ -117,7 +138,7 @@ def run(ctx: HostRun):
             owned_running(cache_unit, units[cache_unit], cache_extra, reload=changed[weights[0]],
                           restart=changed[weights[0]])
         starts = owned_running(svc.unit_name, unit, extra, reload=changed[f"{UNIT_DIR}/{svc.unit_name}"],
-                               restart=engine_edited(svc, state))
+                               restart=engine_edited(svc, state) or _rank_lost(ctx, svc))
         timeline.watch(host.name, svc.pool, svc.served_name)
         if starts and svc.node_rank:
             worker_up(name=f"Worker {svc.unit_name} (rank {svc.node_rank} of pool {svc.pool}) stays up",
@@ -127,6 +148,8 @@ def run(ctx: HostRun):
                        base_url=svc.base_url, served_name=svc.served_name, timeout_s=svc.recipe.ready_timeout_s,
                        auth_file=svc.auth_file if key else None)
         if starts:
+            started.append(svc)
             timeline.boot_recorded(name=f"Boot timeline of {svc.container_name}", pool=svc.pool,
                                    engine=svc.engine_name, container=svc.container_name)
+    _restarts_counted(started)
     _prune_caches(services, plan.model_keep_revisions, at)

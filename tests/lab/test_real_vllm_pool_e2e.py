@@ -151,6 +151,28 @@ def test_a_killed_worker_is_named_by_its_host(pool):
     assert "status=137/n/a" in journal, journal[-2000:]
 
 
+def test_the_next_converge_restarts_the_pool_whose_rank_died(pool):
+    """After the kill above, systemd's restarted rank waits for the head's handshake for good: serve.py names
+    the rank's host and restarts every rank, and the head's chats reach the rank on the other host again."""
+    hosts, base, reports, _, _ = pool
+    shown = ssh(hosts[1], f"systemctl show -p NRestarts --value {UNIT}").stdout.strip()
+    assert shown not in ("", "0"), shown  # the kill above left systemd's count on the worker's unit
+    with scenario.applied(**_fields(hosts)):
+        served = run_pyinfra("inventories/lab.py", "deploys/serve.py", timeout=1200, cwd=REPO_ROOT,
+                             env={KEY_ENV: KEY, "MODELFLEET_REPORTS": str(reports)})
+    out = served.stdout + served.stderr
+    assert served.returncode == 0, out[-5000:]
+    assert f"pool gate: systemd restarted its rank on {hosts[1]['name']}" in out, out[-5000:]
+    for spec in hosts:  # started by modelfleet: systemd's count is back to 0 on both
+        assert ssh(spec, f"systemctl show -p NRestarts --value {UNIT}").stdout.strip() == "0", spec["name"]
+    before = _successes(base)
+    with ThreadPoolExecutor(8) as workers:
+        replies = list(workers.map(lambda _: _post(f"{base}/v1/chat/completions", CHAT, timeout=60), range(8)))
+    assert [status for status, _ in replies] == [200] * 8, replies
+    after = _successes(base)
+    assert after.get("1", 0) > before.get("1", 0), (before, after)  # the rank on the other host answers again
+
+
 def test_the_pools_stop_leaves_none_of_the_engines_files(pool):
     hosts, _, _, _, machine_before = pool
     for spec in hosts:

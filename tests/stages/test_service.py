@@ -121,3 +121,30 @@ def test_a_new_revision_restarts_the_cache_before_the_engine(fake, uploads):
     cache = "systemctl restart modelfleet-k31-weights.service"
     assert cache in commands and commands.index(cache) < commands.index("systemctl restart modelfleet-k31.service")
     assert "d" * 40 in uploads.files["/etc/systemd/system/modelfleet-k31-weights.service"]
+
+
+def _pool_hosts(fake, **extra):
+    """Two hosts of one data-parallel pool ('pair'), each probe with its fabric part (the recorded B300 dumps)."""
+    from tests.unit.test_fabric import FABRIC
+
+    pool = {"model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm-dp2", "pool": "pair",
+            "hardware": "lab-cpu", "revision": "e" * 40, "image": IMAGE}
+
+    def host(address, dump):
+        lines = (FABRIC / dump).read_text().splitlines()
+        return {**pool, "ssh_hostname": f"192.0.2.{address[-2:]}", "fabric_address": address,
+                "fake_responses": {"@@modelfleet-probe": fake.probe_reply({"fabric": lines}), **extra}}
+
+    return [("pa", host("10.0.0.11", "b300-head.txt")), ("pb", host("10.0.0.12", "b300-worker.txt"))]
+
+
+def test_a_pool_started_across_hosts_counts_its_ranks_restarts_from_when_it_is_up(fake, uploads):
+    """The ranks' restart counts are set back to 0 after the head's ready wait (systemctl restart keeps them), so
+    only a rank that died after the pool formed restarts the pool on the next converge (units.rank_restarted)."""
+    state = fake.run_fake(_pool_hosts(fake), serve)
+    for name in ("pa", "pb"):
+        commands = fake.executed(state, name)
+        started = commands.index("systemctl start modelfleet-pair.service")
+        assert commands.index("systemctl reset-failed modelfleet-pair.service") > started, commands
+    head = fake.executed(state, "pa")
+    assert any("/health" in c for c in head[:head.index("systemctl reset-failed modelfleet-pair.service")])

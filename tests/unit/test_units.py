@@ -129,3 +129,38 @@ def test_render_shows_the_runs_files_with_only_the_secret_masked(monkeypatch):
         assert shown[0][1] == run[0][1]  # the unit itself carries no secret
         assert any(key in content for _, content, _, _ in run)
         assert not any(key in content for _, content, _, _ in shown)
+
+
+def test_a_rank_systemd_restarted_restarts_its_pool_and_a_service_on_one_host_never_counts():
+    """systemd's NRestarts of a pool's rank (the real vLLM's restarted headless rank never rejoins): the rank's host
+    says how often, and so the pool starts again; a service on one host restarted by systemd is only itself."""
+    import hashlib
+
+    from modelfleet import units
+    from modelfleet.inventory import resolve
+    from tests.fake.hosts import b300_host
+
+    digest = "vllm/vllm-openai:v0.34.0@sha256:" + "a" * 64
+    pair = {"model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm-dp2", "pool": "pair",
+            "hardware": "lab-cpu", "revision": "e" * 40, "image": digest}
+    plans = resolve([("@fake/a", {**pair, "ssh_hostname": "192.0.2.1"}),
+                     ("@fake/b", {**pair, "ssh_hostname": "192.0.2.2"})]).hosts
+    worker = plans["@fake/b"]
+    unit = worker.services[0].unit_name
+    # the worker's files as the run writes them: nothing else would start it
+    written = {path: {"kind": "file", "mode": mode[1:], "user": "root", "group": "root",
+                      "sha256": hashlib.sha256(content.encode()).hexdigest()}
+               for path, content, mode, _ in units.unit_files(units.pinned_services(worker)[0])}
+
+    def state(**props):
+        return {"paths": written, "units": {unit: {"ActiveState": "active", **props}}}
+
+    assert units.rank_restarted(worker, state(NRestarts="2"), "pair") == 2
+    assert units.rank_restarted(worker, state(NRestarts="0"), "pair") == 0
+    assert units.rank_restarted(worker, state(), "pair") == 0  # a unit systemd does not know
+    assert units.rank_restarted(worker, state(NRestarts="2"), "other") == 0
+    assert not units.starts(worker, state(NRestarts="0"), "pair")
+    assert units.starts(worker, state(NRestarts="1"), "pair")  # the gate and verify run again: the pool restarts
+    single = resolve([("@fake/b300-01", b300_host())]).hosts["@fake/b300-01"]
+    one = {"paths": {}, "units": {single.services[0].unit_name: {"ActiveState": "active", "NRestarts": "3"}}}
+    assert units.rank_restarted(single, one, single.services[0].pool) == 0
