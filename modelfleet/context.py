@@ -35,6 +35,7 @@ from modelfleet import os as osfam
 from modelfleet import runscope
 from modelfleet.errors import ModelfleetError
 from modelfleet.fabric import PoolFabric, derive
+from modelfleet.fabric_run import as_run
 from modelfleet.facts.probe import HostProbe
 from modelfleet.facts.state import STATE_KINDS, DeployedState
 from modelfleet.inventory import HostPlan, InventoryError, Resolved, door
@@ -171,8 +172,6 @@ class HostRun:
     def as_run(self, svc):
         """fabric_run.as_run, once per service per run: the same object each time, so what is rendered from it
         (units.unit_files) is rendered once."""
-        from modelfleet.fabric_run import as_run
-
         return runscope.memo("services as run", svc, lambda: as_run(self, svc))
 
     def deployed(self) -> dict:

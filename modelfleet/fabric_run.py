@@ -5,13 +5,20 @@ containers run on its host (as_run)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from modelfleet.fabric import PoolFabric
-from modelfleet.inventory import ServicePlan
+from modelfleet.inventory import Resolved, ServicePlan
 
-if TYPE_CHECKING:  # for annotations only: the run context sits above this module
-    from modelfleet.context import HostRun
+
+class HostRun(Protocol):
+    """What these functions ask of the run context (modelfleet.context.HostRun, which sits above this module)."""
+
+    inventory: Resolved
+
+    def fabric(self, pool: str) -> PoolFabric: ...
+
+    def probe_on(self, name: str) -> dict: ...
 
 
 def pool_fabric(ctx: HostRun, pool: str) -> PoolFabric | None:

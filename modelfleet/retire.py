@@ -203,18 +203,19 @@ def still_named(result, targets: tuple[str, ...]) -> list[str]:
     return out
 
 
-def run(targets: tuple[str, ...], dry: bool, remove_checkpoints: bool, pyinfra_options: list[str]) -> dict:
-    """`modelfleet.deploys.retire` over pyinfra on the targets (its host arguments, comma-joined as pyinfra takes
-    them); what each host retired (or, dry, would retire), read from what the deploy wrote while planning."""
+def run(targets: tuple[str, ...], deploy_file: str, dry: bool, remove_checkpoints: bool,
+        pyinfra_options: list[str]) -> dict:
+    """The retire deploy (`deploy_file`: modelfleet.deploys.retire's, which imports this module) over pyinfra on
+    the targets (its host arguments, comma-joined as pyinfra takes them); what each host retired (or, dry, would
+    retire), read from what the deploy wrote while planning."""
     import subprocess
     import tempfile
 
     from modelfleet.commands import pyinfra_argv
-    from modelfleet.deploys import deploy
 
     with tempfile.TemporaryDirectory(prefix="modelfleet-retire-") as folder:
         env = {**os.environ, PLAN_ENV: folder, CHECKPOINTS_ENV: "1" if remove_checkpoints else "0"}
-        argv = pyinfra_argv(",".join(targets), deploy("retire"), extra=[*pyinfra_options, *["--dry"] * dry])
+        argv = pyinfra_argv(",".join(targets), deploy_file, extra=[*pyinfra_options, *["--dry"] * dry])
         done = subprocess.run(argv, env=env, capture_output=True, text=True)
         said = [json.loads(p.read_text()) for p in Path(folder).glob("*.json")]
     found = {entry["host"]: entry["retired"] for entry in said}

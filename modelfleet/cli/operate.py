@@ -189,6 +189,7 @@ def retire_cmd(inventory: str, targets, dry: bool, remove_checkpoints: bool, ssh
     write are left alone; checkpoints stay unless --remove-checkpoints. A host INVENTORY still holds is refused
     (exit 2): a converge retires what its inventory drops. Exit 1 when a host could not be retired."""
     from modelfleet import retire
+    from modelfleet.deploys import deploy
 
     refused = retire.still_named(resolved_or_exit(inventory, group_data, data), tuple(targets))
     if refused:
@@ -197,7 +198,7 @@ def retire_cmd(inventory: str, targets, dry: bool, remove_checkpoints: bool, ssh
     options = [*(["--ssh-user", ssh_user] if ssh_user else []), *(["--ssh-port", str(ssh_port)] if ssh_port else []),
                *(["--ssh-key", ssh_key] if ssh_key else []),
                *(["--data", f"ssh_known_hosts_file={known_hosts}"] if known_hosts else [])]
-    out = retire.run(tuple(targets), dry, remove_checkpoints, options)
+    out = retire.run(tuple(targets), deploy("retire"), dry, remove_checkpoints, options)
     output = out.pop("output")
     lines = []
     for row in out["hosts"]:
