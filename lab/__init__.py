@@ -115,11 +115,28 @@ def ensure_registry() -> None:
 
 
 def ensure_images() -> None:
-    # Progress to stderr: commands that print JSON on stdout (bench-*, demo) call this too.
-    subprocess.run([str(LAB_DIR / "build-base.sh"), BASE_IMAGE], check=True, stdout=sys.stderr)
-    subprocess.run([str(LAB_DIR / "build-llama-server.sh"), LLAMA_SERVER_IMAGE], check=True, stdout=sys.stderr)
-    subprocess.run([str(LAB_DIR / "build-vllm.sh"), VLLM_IMAGE], check=True, stdout=sys.stderr,
-                   env={**os.environ, "PYTHON": sys.executable})
+    """The lab's images, each built once per machine: the three root filesystems at once (each spends its time
+    waiting on Debian's mirror and PyPI more than on a core), then the engine double; a line per image on stderr
+    (commands that print JSON on stdout, bench-* and demo, call this too) with its time, or `present`."""
+    logs = STATE / "build-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    builds = {BASE_IMAGE: "build-base.sh", LLAMA_SERVER_IMAGE: "build-llama-server.sh", VLLM_IMAGE: "build-vllm.sh"}
+    missing = [image for image in builds if not _image_present(image)]
+    started, running = time.monotonic(), {}
+    for image in missing:
+        log = logs / f"{builds[image]}.log"
+        running[image] = (subprocess.Popen([str(LAB_DIR / builds[image]), image], stdout=log.open("w"),
+                                           stderr=subprocess.STDOUT, env={**os.environ, "PYTHON": sys.executable}),
+                          log)
+    if missing:
+        print(f"lab: building {len(missing)} image(s) once for this machine ({', '.join(missing)}; logs in {logs})",
+              file=sys.stderr, flush=True)
+    for image, (process, log) in running.items():
+        if process.wait():
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+            raise RuntimeError(f"lab: building {image} failed ({builds[image]}, exit {process.returncode}); "
+                               f"the end of {log}:\n{tail}")
+        print(f"lab: {image} built ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
     local = DOUBLE_IMAGE
     # Build context: the double, and the PyTorch CPU wheels (for the netcheck gate) fetched once into .lab/.
     wheels = STATE / "wheels"
@@ -138,10 +155,17 @@ def ensure_images() -> None:
     sources = {image: local for image in ENGINE_IMAGES[:2]}
     sources[ENGINE_IMAGES[2]] = LLAMA_SERVER_IMAGE
     sources.update({UPGRADE_IMAGE: f"{local}-0.35", BROKEN_IMAGE: f"{local}-broken", REAL_VLLM_TAG: VLLM_IMAGE})
+    started = time.monotonic()
     for image, source in sources.items():
         target = f"{REGISTRY}/{image}"
         sh("docker", "tag", source, target)
         sh("docker", "push", "-q", target, capture=True)
+    print(f"lab: images in the lab's registry {REGISTRY} ({time.monotonic() - started:.0f} s; "
+          "a new lab's registry starts from another lab's of this checkout)", file=sys.stderr, flush=True)
+
+
+def _image_present(image: str) -> bool:
+    return sh("docker", "image", "inspect", image, check=False, capture=True).returncode == 0
 
 
 def _keys() -> None:

@@ -5,6 +5,7 @@ one is the lab's engine double (its kernels need a GPU). `served_by` says which 
 
 import json
 import sys
+import time
 import urllib.request
 
 from openai import OpenAI
@@ -27,13 +28,24 @@ REAL_VLLM_RECIPE = "tiny-llama-vllm-cpu"
 
 
 def main() -> int:
+    began = time.monotonic()
+    first = not all(lab._image_present(image) for image in (lab.BASE_IMAGE, lab.LLAMA_SERVER_IMAGE, lab.VLLM_IMAGE))
+    _say("modelfleet demo: 3 lab hosts (systemd + sshd containers on loopback), serve.py over SSH, one question "
+         "per endpoint. " + ("First run on this machine: the lab's images are built once (a Debian root for the "
+                             "hosts, the real llama-server, the real vLLM's CPU build: 3.4 GB), about 10 minutes on "
+                             "2 quiet cores, then about 2 minutes." if first else "Images present: about 2 minutes."))
+    _say("step 1/3: the lab (images, registry, package archive, hub double, hosts)")
     lab.up(3)
+    _say(f"step 2/3: pyinfra inventories/lab.py deploys/serve.py ({time.monotonic() - began:.0f} s so far)")
     # The first host (the vLLM one) serves with the real vLLM; the scenario the user had is restored after.
     with scenario.applied(**{**_current(), "real_vllm": f"{lab.PREFIX}1"}):
         run = run_pyinfra("inventories/lab.py", "deploys/serve.py", capture=False)
         if run.returncode:
+            _say(f"serve.py failed (exit {run.returncode}): its lines above name the host and the stage; "
+                 "`.venv/bin/modelfleet lab status` shows the lab, `make lab-down` removes it")
             return run.returncode
         result = resolve_inventory("inventories/lab.py")
+    _say(f"step 3/3: one chat completion per endpoint ({time.monotonic() - began:.0f} s so far)")
     answers = []
     for plan in result.hosts.values():
         for svc in plan.services:
@@ -44,7 +56,24 @@ def main() -> int:
                             "answer": reply.choices[0].message.content,
                             "finish_reason": reply.choices[0].finish_reason, "served_by": served_by(svc, reply)})
     print(json.dumps(answers, indent=2))
+    _say(f"done in {time.monotonic() - began:.0f} s. {ABOUT_ANSWERS}\n{NEXT_STEPS}")
     return 0
+
+
+ABOUT_ANSWERS = ("The answers are noise on purpose: the lab's models are tiny and have random weights (no real "
+                 "checkpoint is reachable here); what the demo shows is the path, from bare hosts to an "
+                 "OpenAI-compatible endpoint that answered, with the real vLLM and the real llama-server.")
+NEXT_STEPS = """Next:
+  pyinfra -y inventories/lab.py deploys/serve.py   converge again: nothing changes
+  .venv/bin/modelfleet status inventories/lab.py   what each host serves, and its endpoint
+  make lab-verify                                  verify gate, a short bench and cost per task
+  make lab-down                                    remove the lab (images stay for next time)
+  README.md "Quickstart: your own hosts"            the same commands on your GPU hosts"""
+
+
+def _say(line: str) -> None:
+    # stderr: stdout carries the answers' JSON only
+    print(f"modelfleet demo: {line}", file=sys.stderr, flush=True)
 
 
 def _current() -> dict:
