@@ -17,12 +17,16 @@ spec nvidia-ctk writes for them; the inventory then hands their services the GPU
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import posixpath
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -157,11 +161,97 @@ def ensure_images() -> None:
     sources.update({UPGRADE_IMAGE: f"{local}-0.35", BROKEN_IMAGE: f"{local}-broken", REAL_VLLM_TAG: VLLM_IMAGE})
     started = time.monotonic()
     for image, source in sources.items():
-        target = f"{REGISTRY}/{image}"
-        sh("docker", "tag", source, target)
-        sh("docker", "push", "-q", target, capture=True)
-    print(f"lab: images in the lab's registry {REGISTRY} ({time.monotonic() - started:.0f} s; "
-          "a new lab's registry starts from another lab's of this checkout)", file=sys.stderr, flush=True)
+        sh("docker", "tag", source, f"{REGISTRY}/{image}")
+        _publish(source, image)
+    print(f"lab: images in the lab's registry {REGISTRY} ({time.monotonic() - started:.0f} s)",
+          file=sys.stderr, flush=True)
+
+
+def _registry_v2() -> Path:
+    return STATE / "registry" / "docker" / "registry" / "v2"
+
+
+def _publish(source: str, image: str) -> None:
+    """Put a local image into the lab's registry under `image` as `docker push` would, but with its layers as
+    `docker save` writes them, uncompressed: `docker push` spends minutes gzipping the real vLLM's 3.4 GB on two
+    cores. The registry serves it as any other (a real docker-registry); a host's `docker pull` by digest finds
+    the image's config already in the machine's dockerd and fetches nothing, and a host with a dockerd of its own
+    (CDI) downloads the layers uncompressed (dockerd detects the compression of what it is given)."""
+    repo, tag = image.rsplit(":", 1)
+    v2 = _registry_v2()
+    image_id = sh("docker", "image", "inspect", "-f", "{{.Id}}", source, capture=True).stdout.strip()
+    if _published_config(v2, repo, tag) == image_id:
+        return
+    blobs: dict[str, tuple[str, int]] = {}  # path in the saved archive -> (digest, size)
+    links: dict[str, str] = {}  # a layer saved twice links to its first copy
+    saved = subprocess.Popen(["docker", "save", source], stdout=subprocess.PIPE)
+    with tarfile.open(fileobj=saved.stdout, mode="r|") as archive:
+        for member in archive:
+            if member.issym():
+                links[member.name] = posixpath.normpath(posixpath.join(posixpath.dirname(member.name),
+                                                                       member.linkname))
+            elif member.islnk():
+                links[member.name] = member.linkname
+            elif member.isfile():
+                blobs[member.name] = _store_blob(v2, archive.extractfile(member))
+    blobs.update({name: blobs[target] for name, target in links.items() if target in blobs})
+    if saved.wait():
+        raise RuntimeError(f"lab: docker save {source} failed (exit {saved.returncode})")
+    manifest_in = json.loads(_blob_path(v2, blobs["manifest.json"][0]).read_bytes())[0]
+    config = blobs[manifest_in["Config"]]
+    layers = [blobs[layer] for layer in manifest_in["Layers"]]
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+        "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "size": config[1],
+                   "digest": config[0]},
+        "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar", "size": size, "digest": digest}
+                   for digest, size in layers]}, indent=3).encode()
+    manifest_digest, _ = _store_blob(v2, io.BytesIO(manifest))
+    repository = v2 / "repositories" / repo
+    for digest, _ in [config, *layers]:
+        _link(repository / "_layers" / "sha256" / digest.split(":")[1] / "link", digest)
+    hexdigest = manifest_digest.split(":")[1]
+    _link(repository / "_manifests" / "revisions" / "sha256" / hexdigest / "link", manifest_digest)
+    _link(repository / "_manifests" / "tags" / tag / "index" / "sha256" / hexdigest / "link", manifest_digest)
+    _link(repository / "_manifests" / "tags" / tag / "current" / "link", manifest_digest)
+
+
+def _blob_path(v2: Path, digest: str) -> Path:
+    hexdigest = digest.split(":")[1]
+    return v2 / "blobs" / "sha256" / hexdigest[:2] / hexdigest / "data"
+
+
+def _store_blob(v2: Path, stream) -> tuple[str, int]:
+    """One content-addressed blob, written once (a blob already there is kept: its name is its content)."""
+    (v2 / "blobs").mkdir(parents=True, exist_ok=True)
+    digest, size = hashlib.sha256(), 0
+    with tempfile.NamedTemporaryFile(dir=v2 / "blobs", delete=False) as out:
+        while chunk := stream.read(1 << 20):
+            digest.update(chunk)
+            out.write(chunk)
+            size += len(chunk)
+    name = f"sha256:{digest.hexdigest()}"
+    final = _blob_path(v2, name)
+    if final.exists():
+        os.unlink(out.name)
+    else:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(out.name, final)
+    return name, size
+
+
+def _link(path: Path, digest: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(digest)
+
+
+def _published_config(v2: Path, repo: str, tag: str) -> str | None:
+    """The config digest (= the local image ID) the registry's tag points at, or None."""
+    try:
+        current = (v2 / "repositories" / repo / "_manifests" / "tags" / tag / "current" / "link").read_text()
+        return json.loads(_blob_path(v2, current).read_bytes())["config"]["digest"]
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def _image_present(image: str) -> bool:
