@@ -107,7 +107,8 @@ def learn_inventory(result) -> None:
     for plan in (getattr(result, "hosts", None) or {}).values():
         names.add(plan.hf_token_env)
         names |= {svc.api_key_env for svc in plan.services}
-        names |= {getattr(rp, "api_key_env", None) for rp in getattr(plan, "routers", ())}
+        for rp in getattr(plan, "routers", ()):
+            names |= {rp.api_key_env, *rp.client_keys_env}  # the front door's clients' keys too
         for url in (plan.hf_endpoint, plan.model_source):
             if url:
                 _from_url(url)
