@@ -233,7 +233,11 @@ def _open_debug_log(file, mode="r", *args, **kwargs):
 
 def install() -> None:
     """For the rest of the process (pyinfra's run): its streams masked, an uncaught exception's traceback with
-    them, and the traceback pyinfra writes to DEBUG_LOG on an internal error."""
+    them, and the traceback pyinfra writes to DEBUG_LOG on an internal error; sudo's password on stdin, never
+    on a host's command line (modelfleet.sudo)."""
+    from modelfleet import sudo
+
+    sudo.install()
     sys.excepthook = _excepthook
     pyinfra_errors = sys.modules.get("pyinfra_cli.exceptions")
     if pyinfra_errors is not None:
