@@ -43,8 +43,9 @@ def test_blank_device_becomes_xfs_at_model_root_and_a_rerun_changes_nothing(lab_
                      re.M)
     # What an engine container (it writes its caches below model_root) plants there gives nobody root or a disk.
     planted = ssh(spec, f"cp /usr/bin/id {ROOT}/suid-id && chmod 4755 {ROOT}/suid-id && "
-                        f"set -- $(stat -c '%t %T' {disk}) && mknod -m 0644 {ROOT}/disk b $((0x$1)) $((0x$2)) && {AS_NOBODY} {ROOT}/suid-id -u; "
-                        f"{AS_NOBODY} sh -c 'head -c1 {ROOT}/disk' ; rm -f {ROOT}/suid-id {ROOT}/disk")
+                        f"set -- $(stat -c '%t %T' {disk}) && mknod -m 0644 {ROOT}/disk b $((0x$1)) $((0x$2)) && "
+                        f"{AS_NOBODY} {ROOT}/suid-id -u; {AS_NOBODY} sh -c 'head -c1 {ROOT}/disk' >/dev/null; "
+                        f"rm -f {ROOT}/suid-id {ROOT}/disk")
     assert planted.stdout.splitlines()[0] == "65534", planted.stdout + planted.stderr  # not 0: the bit is ignored
     assert "Permission denied" in planted.stderr
     ssh(spec, f"echo kept > {ROOT}/marker")
