@@ -11,6 +11,7 @@ A password pyinfra prompts for (none given, sudo asked) goes the same way.
 
 from __future__ import annotations
 
+import shlex
 from getpass import getpass
 from typing import Any
 
@@ -48,6 +49,32 @@ def reading_stdin(command: StringCommand) -> StringCommand:
     raise PyinfraError(f"modelfleet: no `sudo -H -n` in pyinfra's command to give the password on stdin: {command}")
 
 
+def asks(connector, user: str | None) -> bool:
+    """Whether sudo asks this host's SSH user a password for `sh` (as every command runs) as `user` (None: root);
+    asked once per host and user."""
+    key = f"modelfleet_sudo_asks__{user or ''}"
+    if key not in connector.host.connector_data:
+        probe = StringCommand("sudo", "-H", "-n", "-k", *(["-u", QuoteString(user)] if user else []),
+                              "sh", "-c", "true")
+        ok, _ = connector.run_shell_command(probe)  # no _sudo argument: run as it is
+        connector.host.connector_data[key] = not ok
+    return connector.host.connector_data[key]
+
+
+def prefix(host) -> tuple[list[str], str | None]:
+    """For a program modelfleet runs on its own SSH channel (the run lock's holder): the words that make it root
+    where the run reaches root through sudo (host data `_sudo`), and the password to send as the first line of
+    its stdin (None: none)."""
+    if not host.data.get("_sudo"):
+        return [], None
+    user = host.data.get("_sudo_user")
+    words = ["sudo", "-H", *(["-u", shlex.quote(user)] if user else [])]
+    password = host.data.get("_sudo_password") or host.connector_data.get(PROMPTED)
+    if password and asks(host.connector, user):
+        return [*words, "-S", "-k", "--prompt="], password
+    return [*words, "-n"], None
+
+
 def _patch(module) -> None:
     connector = module.LocalConnector if module is local else module.SSHConnector
     make_command, run = module.make_unix_command_for_host, connector.run_shell_command
@@ -62,17 +89,6 @@ def _patch(module) -> None:
             if prompted is not None:
                 host.connector_data[PROMPTED] = prompted
 
-    def asks(self, arguments) -> bool:
-        """Whether sudo asks this host's user a password for `sh` (as every command runs) as the sudo user."""
-        user = arguments.get("_sudo_user")
-        key = f"modelfleet_sudo_asks__{user or ''}"
-        if key not in self.host.connector_data:
-            probe = StringCommand("sudo", "-H", "-n", "-k", *(["-u", QuoteString(user)] if user else []),
-                                  "sh", "-c", "true")
-            ok, _ = run(self, probe)
-            self.host.connector_data[key] = not ok
-        return self.host.connector_data[key]
-
     def run_shell_command(self, command, print_output=False, print_input=False, **arguments):
         password = _password(self.host, arguments)
         if not password:
@@ -83,7 +99,7 @@ def _patch(module) -> None:
                 return run_shell_command(self, command, print_output, print_input, **arguments)
             return ok, output
         arguments = {**arguments, "_sudo_password": ""}  # pyinfra builds `sudo -H -n`: nothing secret on the line
-        if not asks(self, arguments):
+        if not asks(self, arguments.get("_sudo_user")):
             return run(self, command, print_output, print_input, **arguments)
         if arguments.get("_get_pty"):
             raise PyinfraError("modelfleet: a sudo password with _get_pty: a terminal would echo the password")

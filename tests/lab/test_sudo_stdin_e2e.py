@@ -2,7 +2,7 @@
 `_sudo_password` puts the password on no remote command line. sshd starts the user's shell as `SHELL -c COMMAND`,
 so the shell's argv (what /proc/PID/cmdline shows any local user) is the command line pyinfra sends: the user's
 shell here records its own argv before it runs the command. The commands still ran as root, stdin and uploads
-included."""
+included, and modelfleet's preflight took the run lock as root (its holder runs on an SSH channel of its own)."""
 
 import secrets
 import textwrap
@@ -47,12 +47,19 @@ def test_the_sudo_password_reaches_no_remote_command_line(lab_hosts, tmp_path):
         server.shell(name="stdin kept", commands=["cat > /root/mfsudo-stdin"], _stdin="the command's own input")
         files.put(name="upload", src={str(tmp_path / "up.txt")!r}, dest="/root/mfsudo-put")
         """))
+    as_user = {"ssh_user": USER, "_sudo": "true", "_sudo_password": password}
     try:
+        root(spec, "rm -rf /run/modelfleet")
         with lab.scenario.applied(only=[spec["name"]]):
-            run = run_pyinfra("inventories/lab.py", str(deploy), timeout=300,
-                              data={"ssh_user": USER, "_sudo": "true", "_sudo_password": password})
-        out = run.stdout + run.stderr
-        assert run.returncode == 0, out[-3000:]
+            run = run_pyinfra("inventories/lab.py", str(deploy), timeout=300, data=as_user)
+            out = run.stdout + run.stderr
+            assert run.returncode == 0, out[-3000:]
+            # modelfleet's own stage: its facts through sudo, and the run lock's holder on its own SSH channel.
+            preflight = run_pyinfra("inventories/lab.py", "deploys/preflight.py", timeout=300, data=as_user)
+        out += preflight.stdout + preflight.stderr
+        assert preflight.returncode == 0 and "run lock" not in out.lower(), out[-3000:]
+        assert root(spec, "stat -c '%U %a' /run/modelfleet /run/modelfleet/run.lock").split() == [
+            "root", "700", "root", "600"]  # the holder ran as root
         assert password not in out
         command_lines = root(spec, f"cat {ARGV_LOG}")
         assert "sudo" in command_lines and "-c" in command_lines  # the shell recorded pyinfra's commands
