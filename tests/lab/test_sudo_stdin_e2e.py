@@ -57,7 +57,7 @@ def test_the_sudo_password_reaches_no_remote_command_line(lab_hosts, tmp_path):
             # modelfleet's own stage: its facts through sudo, and the run lock's holder on its own SSH channel.
             preflight = run_pyinfra("inventories/lab.py", "deploys/preflight.py", timeout=300, data=as_user)
         out += preflight.stdout + preflight.stderr
-        assert preflight.returncode == 0 and "run lock" not in out.lower(), out[-3000:]
+        assert preflight.returncode == 0 and "Run lock" not in out, out[-3000:]
         assert root(spec, "stat -c '%U %a' /run/modelfleet /run/modelfleet/run.lock").split() == [
             "root", "700", "root", "600"]  # the holder ran as root
         assert password not in out
