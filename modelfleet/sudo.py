@@ -65,11 +65,17 @@ def prefix(host) -> tuple[list[str], str | None]:
     """For a program modelfleet runs on its own SSH channel (the run lock's holder): the words that make it root
     where the run reaches root through sudo (host data `_sudo`), and the password to send as the first line of
     its stdin (None: none)."""
-    if not host.data.get("_sudo"):
+    config = getattr(host.state, "config", None)
+
+    def setting(key: str):  # host data, else the run's config (pyinfra's --sudo, --sudo-user, --sudo-password)
+        value = host.data.get(f"_{key}")
+        return value if value is not None else getattr(config, key.upper(), None)
+
+    if not setting("sudo"):
         return [], None
-    user = host.data.get("_sudo_user")
+    user = setting("sudo_user")
     words = ["sudo", "-H", *(["-u", shlex.quote(user)] if user else [])]
-    password = host.data.get("_sudo_password") or host.connector_data.get(PROMPTED)
+    password = setting("sudo_password") or host.connector_data.get(PROMPTED)
     if password and asks(host.connector, user):
         return [*words, "-S", "-k", "--prompt="], password
     return [*words, "-n"], None
