@@ -37,7 +37,9 @@ def test_blank_device_becomes_xfs_at_model_root_and_a_rerun_changes_nothing(lab_
     first = storage(spec["name"])
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
     assert ssh(spec, f"findmnt -n -o SOURCE,FSTYPE,OPTIONS {ROOT}").stdout.split()[:2] == [disk, "xfs"]
-    assert {"noatime", "nosuid", "nodev"} <= set(ssh(spec, f"findmnt -n -o OPTIONS {ROOT}").stdout.strip().split(","))
+    options = ssh(spec, f"findmnt -n -o OPTIONS {ROOT}").stdout.strip()
+    assert {"noatime", "nosuid", "nodev"} <= set(options.split(",")), (
+        options, ssh(spec, "cat /etc/fstab").stdout, first.stdout[-3000:])
     uuid = ssh(spec, f"blkid -s UUID -o value {disk}").stdout.strip()
     assert re.search(rf"^UUID={uuid} {ROOT} xfs noatime,nosuid,nodev,nofail 0 2$", ssh(spec, "cat /etc/fstab").stdout,
                      re.M)
