@@ -54,18 +54,18 @@ def test_the_sudo_password_reaches_no_remote_command_line(lab_hosts, tmp_path):
             run = run_pyinfra("inventories/lab.py", str(deploy), timeout=300, data=as_user)
             out = run.stdout + run.stderr
             assert run.returncode == 0, out[-3000:]
+            command_lines = root(spec, f"cat {ARGV_LOG}")
+            assert "sudo" in command_lines and "-c" in command_lines  # the shell recorded pyinfra's commands
+            assert password not in command_lines, [line for line in command_lines.splitlines() if password in line]
+            assert root(spec, "cat /root/mfsudo-ran").strip() == "0"  # the password worked: root ran them
+            assert root(spec, "cat /root/mfsudo-stdin") == "the command's own input\n"
+            assert root(spec, "cat /root/mfsudo-put") == "uploaded as root\n"
             # modelfleet's own stage: its facts through sudo, and the run lock's holder on its own SSH channel.
             preflight = run_pyinfra("inventories/lab.py", "deploys/preflight.py", timeout=300, data=as_user)
         out += preflight.stdout + preflight.stderr
         assert preflight.returncode == 0 and "Run lock" not in out, out[-3000:]
         assert root(spec, "stat -c '%U %a' /run/modelfleet /run/modelfleet/run.lock").split() == [
             "root", "700", "root", "600"]  # the holder ran as root
-        assert password not in out
-        command_lines = root(spec, f"cat {ARGV_LOG}")
-        assert "sudo" in command_lines and "-c" in command_lines  # the shell recorded pyinfra's commands
-        assert password not in command_lines, [line for line in command_lines.splitlines() if password in line]
-        assert root(spec, "cat /root/mfsudo-ran").strip() == "0"  # the password worked: root ran them
-        assert root(spec, "cat /root/mfsudo-stdin") == "the command's own input\n"
-        assert root(spec, "cat /root/mfsudo-put") == "uploaded as root\n"
+        assert password not in out and password not in root(spec, f"cat {ARGV_LOG}")
     finally:
         root(spec, f"rm -f /etc/sudoers.d/{USER} {ARGV_LOG} /root/mfsudo-*; userdel -r {USER} 2>/dev/null; true")
