@@ -17,10 +17,13 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m pip install -q -c requirements.lock -e '.[test]'
 	touch $@
 
-# Refresh requirements.lock from pyproject.toml's ranges (uv's resolver, run from .venv).
+# Refresh requirements.lock from pyproject.toml's ranges (uv's resolver, run from .venv), and the hub client's
+# hashed lock for hosts (every file of every pinned version, for each Python and machine the hosts run).
 lock: install
 	$(PYTHON) -m pip install -q uv
 	$(VENV)/bin/uv pip compile -q --python-version 3.11 --extra test -o requirements.lock pyproject.toml
+	cd modelfleet/files && $(abspath $(VENV))/bin/uv pip compile -q --universal --python-version 3.10 --generate-hashes \
+	    --custom-compile-command "make lock" -o hub_client.txt hub_client.in
 
 # Debian packages (docker.io, mmdebstrap, docker-registry) and a running dockerd, for the lab.
 lab-setup:

@@ -194,9 +194,10 @@ def owned_directory(value: str) -> str | None:
       temporary trees /tmp, /var/tmp, /dev/shm and their first level (any user may make /tmp/x first; all of
       it is emptied at boot: deeper, validate warns);
     - refused themselves: the FHS top levels /, /home, /media, /mnt, /opt, /root, /srv, /tmp (a directory below
-      them is a site's own), a user's home (/home/NAME), and the hidden directories of a home with what is
-      below them (/root/.ssh, /home/NAME/.config/...); the GPU vendors' trees /opt/rocm*, /opt/amdgpu*,
-      /opt/nvidia* with what is below them;
+      them is a site's own), and the hidden directories of /root with what is below them (/root/.ssh); the
+      GPU vendors' trees /opt/rocm*, /opt/amdgpu*, /opt/nvidia* with what is below them;
+    - refused with everything below them: a user's home (/home/NAME/...): an ordinary user owns it, and may
+      swap what is in it for a symlink root would follow;
     - anything else is a site's own directory, a top level included (/data, /models, /nvme0, /raid0, /scratch).
     At run time the stages still take over only a directory modelfleet made (operations.files.directory).
     """
@@ -236,7 +237,9 @@ def _system_directory(path: str, parts: list[str]) -> str | None:
         return "is a system directory"
     if parts[0] == "home" and len(parts) == 2:
         return "is a user's home directory"
-    home_depth = 1 if parts[0] == "root" else 2 if parts[0] == "home" else 0
+    if parts[0] == "home":  # its owner may swap what is in it for a symlink that root would then follow
+        return f"is inside /home/{parts[1]}, a directory an ordinary user owns"
+    home_depth = 1 if parts[0] == "root" else 0
     if home_depth and len(parts) > home_depth and parts[home_depth].startswith("."):
         return f"is inside the hidden directory /{'/'.join(parts[:home_depth + 1])} of a home"
     if VENDOR_TREES.match(path):

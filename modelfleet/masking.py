@@ -11,7 +11,9 @@ as `\\n`). The CLI and the pyinfra run write their streams through `streams()`, 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
+import os
 import re
 import sys
 import threading
@@ -107,7 +109,8 @@ def learn_inventory(result) -> None:
     for plan in (getattr(result, "hosts", None) or {}).values():
         names.add(plan.hf_token_env)
         names |= {svc.api_key_env for svc in plan.services}
-        names |= {getattr(rp, "api_key_env", None) for rp in getattr(plan, "routers", ())}
+        for rp in getattr(plan, "routers", ()):
+            names |= {rp.api_key_env, *rp.client_keys_env}  # the front door's clients' keys too
         for url in (plan.hf_endpoint, plan.model_source):
             if url:
                 _from_url(url)
@@ -201,10 +204,44 @@ def streams():
         sys.stdout, sys.stderr = saved
 
 
+class _MaskedFile(MaskedStream):
+    """A file written through `mask`, usable in `with` (special methods are looked up on the class)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.flush()
+        self._stream.close()
+
+
+DEBUG_LOG = "pyinfra-debug.log"
+
+
+def _open_debug_log(file, mode="r", *args, **kwargs):
+    """pyinfra's `open` in the module that writes DEBUG_LOG (an internal error's full traceback, in the working
+    directory): that file is written masked and 0600, never through a symlink; anything else opens as usual."""
+    if str(file).rpartition("/")[2] != DEBUG_LOG or "w" not in mode:
+        return open(file, mode, *args, **kwargs)
+    try:
+        fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        os.fchmod(fd, 0o600)  # a file left by an earlier run keeps its mode through O_TRUNC
+    except OSError:
+        return _MaskedFile(io.StringIO())  # a link or someone else's file there: the traceback is on stderr
+    return _MaskedFile(os.fdopen(fd, "w", encoding="utf-8"))
+
+
 def install() -> None:
-    """For the rest of the process (pyinfra's run): its streams masked, and an uncaught exception's
-    traceback with them."""
+    """For the rest of the process (pyinfra's run): its streams masked, an uncaught exception's traceback with
+    them, and the traceback pyinfra writes to DEBUG_LOG on an internal error; sudo's password on stdin, never
+    on a host's command line (modelfleet.sudo)."""
+    from modelfleet import sudo
+
+    sudo.install()
     sys.excepthook = _excepthook
+    pyinfra_errors = sys.modules.get("pyinfra_cli.exceptions")
+    if pyinfra_errors is not None:
+        pyinfra_errors.open = _open_debug_log  # a module global shadows the builtin there
     if not isinstance(sys.stdout, MaskedStream):
         sys.stdout = MaskedStream(sys.stdout)
     if not isinstance(sys.stderr, MaskedStream):

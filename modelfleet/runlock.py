@@ -20,7 +20,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from modelfleet import FILES_DIR, runscope
+from modelfleet import FILES_DIR, runscope, sudo
 
 LOCK_DIR = "/run/modelfleet"
 PROGRAM = FILES_DIR / "run_lock.py"
@@ -82,15 +82,20 @@ def describe(holder: dict) -> str:
             f"since {holder.get('since')}")
 
 
-def _open_ssh(client, script: str):
+def _open_ssh(client, script: str, password: str | None):
     channel = client.get_transport().open_session()
     channel.exec_command(script)
+    if password:
+        channel.sendall((password + "\n").encode())
     reply = channel.makefile("r").readline().strip()
     return channel, reply
 
 
-def _open_local(script: str):
+def _open_local(script: str, password: str | None):
     proc = subprocess.Popen(["sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    if password:
+        proc.stdin.write(password + "\n")
+        proc.stdin.flush()
     return proc, (proc.stdout.readline() or "").strip()
 
 
@@ -117,9 +122,11 @@ def acquire(run_state, host) -> tuple[bool, str]:
     if client is None and connector != "LocalConnector":
         return True, ""
     record, stale = holder_record(), None
+    # As root: through sudo where the run uses it, its password on stdin, never on the host's command line.
+    words, password = sudo.prefix(host) if hasattr(host, "data") else ([], None)
     for attempt in (1, 2):
-        script = hold_script(record, stale)
-        handle, reply = _open_ssh(client, script) if client is not None else _open_local(script)
+        script = " ".join([*words, hold_script(record, stale)])
+        handle, reply = _open_ssh(client, script, password) if client is not None else _open_local(script, password)
         if reply == "locked":
             held[host.name] = handle
             return True, ("took over the lock of a run of this control node that died" if stale else "")

@@ -97,6 +97,13 @@ def runtime_directory(svc) -> str:
     return f"{SOCKETS_ROOT.removeprefix('/run/')}/{svc.pool}"
 
 
+def runtime_directories(svc) -> str:
+    """RuntimeDirectory= of both units: the sockets' folder and each parent, so systemd makes every one 0700 (it
+    makes unlisted parents 0755, and /run/modelfleet holds the run lock, which wants it 0700)."""
+    parts = runtime_directory(svc).split("/")
+    return " ".join("/".join(parts[:i]) for i in range(1, len(parts) + 1))
+
+
 def socket_dir(svc) -> str:
     return f"/run/{runtime_directory(svc)}"
 

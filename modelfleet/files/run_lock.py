@@ -3,9 +3,10 @@
     run_lock.py DIR RECORD [STALE]
 
 Takes an flock on DIR/run.lock, or prints who holds it (`busy <pid> <record>`); then holds it, as this very
-process, until stdin closes at the run's end. DIR is created 0700 and must be this user's, mode 0700, not a
-symlink: nobody else can put a name in it. Every name in it is opened with O_NOFOLLOW and must be a regular file
-of this user, so a symlink or a FIFO planted there (by root alone) is refused, never followed or waited on.
+process, until stdin closes at the run's end. DIR is created 0700 and must be this user's, writable by no one
+else, not a symlink (nobody else can put a name in it); it is made 0700 again where it is not. Every name in it
+is opened with O_NOFOLLOW and must be a regular file of this user, so a symlink or a FIFO planted there (by root
+alone) is refused, never followed or waited on.
 
 STALE is the holder record the control node judged dead (its run's process gone). The lock is taken over only
 when the holder file still says exactly that, and the pid it names is the process that holds the flock on this
@@ -52,17 +53,27 @@ def flock_holders(st: os.stat_result) -> set[int]:
 
 
 def own_dir(path: str) -> int:
-    """A descriptor of DIR, created 0700 when absent; None when it is not this user's private directory."""
+    """A descriptor of DIR, created 0700 when absent; None when it is not this user's private directory. One
+    only this user could write (systemd makes a unit's RuntimeDirectory parents 0755) is made 0700 again: nobody
+    else can have put a name in it."""
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        fd = None
+    st = os.fstat(fd) if fd is not None else os.lstat(path)
+    if fd is None or st.st_uid != os.geteuid() or st.st_mode & 0o022:
         print(f"refused: {path} is not a directory of uid {os.geteuid()} with mode 0700 (uid {st.st_uid}, "
               f"mode {stat.filemode(st.st_mode)}); remove it", flush=True)
+        if fd is not None:
+            os.close(fd)
         return None
-    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    if st.st_mode & 0o077:
+        os.fchmod(fd, 0o700)
+    return fd
 
 
 def open_own(dir_fd: int, name: str, flags: int):

@@ -12,13 +12,16 @@ Which hosts lack what is known before anything runs: the group's hosts' state is
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import posixpath
 import shlex
 from functools import partial
+from io import BytesIO
 
 from pyinfra import host, state
-from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
+from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand, deploy, operation
 
 from modelfleet import FILES_DIR, masking
 from modelfleet.checkpoint import Snapshot, missing_files
@@ -51,7 +54,12 @@ from modelfleet.transfer import (
 NAME = "model"
 PINS: frozenset[str] = frozenset({"revisions", "listings"})
 
-HF_CLIENT = "huggingface_hub[hf_xet]>=0.34,<3"
+# The hub client, pinned with the sha256 of every file pip may take (files/hub_client.in, `make lock`); the venv
+# keeps the lock it was built from, so a venv of another lock (or of none: an older modelfleet's) is built again.
+HF_CLIENT = next(line for line in (FILES_DIR / "hub_client.in").read_text().splitlines()
+                 if line.strip() and not line.startswith("#"))  # the requirement, as `urls` lists it
+HUB_CLIENT_LOCK = FILES_DIR / "hub_client.txt"
+HUB_CLIENT_BUILT = f"{VENV}/modelfleet-hub-client.txt"
 TEMP_FACTOR = 1.05  # partial files beside the ones being replaced
 
 
@@ -88,7 +96,7 @@ def _downloader(ctx: HostRun, svc: ServicePlan) -> str:
 def wants(plan: HostPlan, probe: dict) -> dict:
     dirs = list(_checkpoints(plan))
     return {"trees": dirs, "units": [f"{fanout_unit(s.checkpoint_group)}.service" for s in plan.services],
-            "paths": [TOOLS_BIN, FETCH, SWARM, f"{VENV}/bin/python", plan.config_dir,
+            "paths": [TOOLS_BIN, FETCH, SWARM, HUB_CLIENT_BUILT, plan.config_dir,
                                      f"{plan.config_dir}/hf-token", *dirs, *(_job_path(plan, d) for d in dirs)]}
 
 
@@ -148,13 +156,23 @@ def litter_removed(parent: str, commit: str, partials: dict, unfinished: list[st
 
 
 @operation()
-def hf_client_installed(present: bool, needed: bool):
-    """A venv the stage owns, with huggingface_hub (and hf_xet where the platform has wheels)."""
-    if present or not needed:
-        host.noop(f"{VENV} has huggingface_hub" if present else "this host does not download from the hub")
+def hf_client_installed(built: dict | None, needed: bool):
+    """A venv the stage owns, with huggingface_hub (and hf_xet) from the hashed lock: pip refuses a file whose
+    sha256 the lock does not name, and installs nothing the lock does not list. `built`: the state of the lock
+    the venv was built from (HUB_CLIENT_BUILT)."""
+    lock = HUB_CLIENT_LOCK.read_text()
+    if not needed:
+        host.noop("this host does not download from the hub")
         return
-    yield StringCommand("python3", "-m", "venv", VENV, "&&", f"{VENV}/bin/pip", "install", "-q",
-                        "--disable-pip-version-check", shlex.quote(HF_CLIENT))
+    if (built or {}).get("sha256") == hashlib.sha256(lock.encode()).hexdigest():
+        host.noop(f"{VENV} has huggingface_hub from {HUB_CLIENT_LOCK.name}")
+        return
+    temp = f"{VENV}.{HUB_CLIENT_LOCK.name}.modelfleet-tmp"  # in root's /opt/modelfleet, beside the venv
+    yield StringCommand("mkdir", "-p", posixpath.dirname(VENV))
+    yield FileUploadCommand(BytesIO(lock.encode()), temp)
+    yield StringCommand("python3", "-m", "venv", "--clear", VENV, "&&", f"{VENV}/bin/pip", "install", "-q",
+                        "--disable-pip-version-check", "--require-hashes", "--no-deps", "-r", temp, "&&",
+                        "mv", "-f", temp, HUB_CLIENT_BUILT)
 
 
 @operation()
@@ -219,7 +237,7 @@ def run(ctx: HostRun):
         source_url = f"{plan.model_source.rstrip('/')}/{snap.repo}/{snap.commit}/" if plan.model_source else None
         from_hub = is_seed and not source_url
         hf_client_installed(name=f"huggingface_hub in {VENV}", needed=from_hub and bool(missing),
-                            present=bool(mine["paths"].get(f"{VENV}/bin/python")))
+                            built=mine["paths"].get(HUB_CLIENT_BUILT))
         # Only the group's downloader keeps the token; a host a --limit run (a rolling upgrade's batch) left to
         # download without it gets one for that download alone, as a full run would have it.
         downloader = _downloader(ctx, svc)

@@ -1,6 +1,6 @@
 """Stage storage: NVMe for model_root. The inventory's `nvme_devices` (paths, or ["auto"] for every blank NVMe
 disk) become one filesystem (several: an mdadm RAID0 first), XFS by default, mounted at model_root by UUID
-through fstab with noatime.
+through fstab with noatime,nosuid,nodev (engine containers write their caches below it).
 
 Safety: a device holding a partition table, a filesystem, RAID metadata or a mount is never formatted unless
 its serial number is in `format_allow_serials`; the host is refused, naming the device, before anything is
@@ -21,6 +21,7 @@ from modelfleet.facts.host import BlockDevices
 from modelfleet.host_commands import program
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.files import MARKER, directory
+from modelfleet.operations.mounts import FLAGS, MOUNTINFO, mount_options
 from modelfleet.operations.report import fail_host
 
 NAME = "storage"
@@ -31,7 +32,7 @@ RAID = "/dev/md/modelfleet"
 
 
 def wants(plan: HostPlan, probe: dict) -> dict:
-    return {"paths": [plan.model_root]} if plan.nvme_devices else {}
+    return {"paths": [plan.model_root], "texts": [MOUNTINFO]} if plan.nvme_devices else {}
 
 
 def _flatten(devices: list[dict]) -> dict[str, dict]:
@@ -119,11 +120,13 @@ def filesystem_made(device: str, filesystem: str, ours: bool, overwrite: bool):
 
 
 @operation()
-def mounted_by_uuid(device: str, mount: str, filesystem: str, mounted_at: str | None):
-    if mounted_at == mount:
-        host.noop(f"{device} is mounted at {mount}")
+def mounted_by_uuid(device: str, mount: str, filesystem: str, mounted_at: str | None, mountinfo: str | None = None):
+    """Mounted nosuid,nodev (engine containers write below model_root: their caches); a mount without them, as
+    an older modelfleet made it, is remounted so. `mountinfo`: the host's /proc/self/mountinfo."""
+    if mounted_at == mount and set(FLAGS) <= (mount_options(mountinfo, mount) or set()):
+        host.noop(f"{device} is mounted at {mount} ({','.join(FLAGS)})")
         return
-    yield StringCommand(program("mounted_by_uuid", device, mount, filesystem))
+    yield StringCommand(program("mounted_by_uuid", device, mount, filesystem, env={"FLAGS": ",".join(FLAGS)}))
 
 
 @deploy("modelfleet storage")
@@ -152,8 +155,9 @@ def run(ctx: HostRun):
                     present=bool(raid))
     filesystem_made(name=f"{plan.model_filesystem} on {device}", device=device, filesystem=plan.model_filesystem,
                     ours=_ours(target, plan), overwrite=any(holds_data(t) for t in targets))
-    mounted_by_uuid(name=f"Mount {device} at {plan.model_root} (fstab, UUID, noatime)", device=device,
-                    mount=plan.model_root, filesystem=plan.model_filesystem, mounted_at=target.get("mountpoint"))
+    mounted_by_uuid(name=f"Mount {device} at {plan.model_root} (fstab, UUID, noatime,{','.join(FLAGS)})",
+                    device=device, mount=plan.model_root, filesystem=plan.model_filesystem,
+                    mounted_at=target.get("mountpoint"), mountinfo=state["texts"].get(MOUNTINFO))
     # The filesystem there is the one this stage made (its label): what it holds is modelfleet's.
     directory(name=f"Model root {plan.model_root}", path=plan.model_root,
               current=state["paths"].get(plan.model_root) if target.get("mountpoint") == plan.model_root else None,

@@ -119,3 +119,26 @@ def test_secret_in_env_refused_without_echo(fake, tmp_path, name):
         assert not leaks(done.stdout + done.stderr)
     shown = modelfleet("show", str(inv), HOST, tmp=tmp_path)
     assert shown.returncode == 2 and not leaks(shown.stdout + shown.stderr)
+
+
+def test_pyinfra_debug_log_is_masked_and_private(tmp_path):
+    """An internal error in a run makes pyinfra write the full traceback to ./pyinfra-debug.log: a reader of that
+    file (0644 by default, and one left by an earlier run) gets the key masked, and no one else can read it."""
+    (tmp_path / "inv.py").write_text(
+        "hosts = [('@fake/h1', {'hardware': 'lab-cpu', 'model': 'tiny-lab', 'engine': 'vllm', "
+        "'recipe': 'tiny-lab-vllm', 'api_key_env': 'MF_TEST_API_KEY', 'fake_delay': 0, 'fake_delay_jitter': 0})]\n"
+        "from modelfleet.inventory import refuse_invalid; refuse_invalid(__file__)\n")
+    (tmp_path / "boom.py").write_text(
+        "import os\nfrom pyinfra.operations import server\n\n\ndef boom():\n"
+        "    raise RuntimeError('the key is ' + os.environ['MF_TEST_API_KEY'])\n\n\n"
+        "server.shell(name='x', commands=['true'], _if=boom)\n")
+    log = tmp_path / "pyinfra-debug.log"
+    log.write_text("an earlier run's\n")
+    log.chmod(0o644)
+    done = run([sys.executable, str(HERE / "pyinfra_fake_cli.py"), "-y", "inv.py", "boom.py"], tmp_path)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0 and "written to pyinfra-debug.log" in out, out[-3000:]
+    written = log.read_text()
+    assert "RuntimeError: the key is ********" in written, written
+    assert not leaks(written) and not leaks(out), (leaks(written), leaks(out))
+    assert log.stat().st_mode & 0o777 == 0o600

@@ -11,6 +11,7 @@ import pytest
 import lab
 from lab import STATE, hub, ssh
 from modelfleet.commands import run_pyinfra
+from modelfleet.stages import model as model_stage
 
 pytestmark = pytest.mark.lab
 ROOT = "/srv/models-e2e"
@@ -55,6 +56,8 @@ def test_group_of_three_downloads_once_and_every_host_verifies(checkpoint):
                           f"{spec['config_dir']}/checkpoint-tiny-lab-{manifests[0]['commit'][:12]}.json verify --reverify")
         assert json.loads(check.stdout)["ok"], check.stdout + check.stderr
     assert ssh(specs[1], "test -e /opt/modelfleet/hf-venv || echo absent").stdout.strip() == "absent"
+    # The downloader's hub client came from the hashed lock (pip --require-hashes), and says so.
+    assert ssh(specs[0], f"cat {model_stage.HUB_CLIENT_BUILT}").stdout == model_stage.HUB_CLIENT_LOCK.read_text()
 
 
 def test_second_run_transfers_nothing(checkpoint):

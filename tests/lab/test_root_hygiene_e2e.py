@@ -5,7 +5,11 @@
 - the vendor .deb: a symlink planted at the old fixed /tmp path; root installs through its own mktemp directory
   and writes nothing through the link;
 - the engine caches' directory: bind-mounted nosuid,nodev, so a setuid-root binary planted there runs as its
-  caller and a device node there cannot be opened."""
+  caller and a device node there cannot be opened;
+- /run/modelfleet after a boot that started a restart-tier unit (its RuntimeDirectory lines): 0700, and the next
+  run takes the lock."""
+
+import time
 
 import pytest
 
@@ -82,3 +86,32 @@ def test_the_engine_caches_directory_gives_no_setuid_and_no_device(lab_hosts):
         assert f"{caches} {caches} none bind,nosuid,nodev,nofail 0 0" in root(spec, "cat /etc/fstab")
     finally:
         lab.ssh(spec, f"umount {caches}; sed -i '\\#{caches}#d' /etc/fstab; rm -rf {caches}")
+
+
+def test_the_run_lock_directory_is_private_after_a_boot_that_starts_the_restart_tier(lab_hosts):
+    """A restart-tier unit starts at boot, before any run: its RuntimeDirectory lines (as modelfleet renders
+    them) leave /run/modelfleet 0700, and the next run takes the run lock."""
+    from tests.unit.test_weight_cache import service, weights_unit
+
+    spec = lab_hosts[1]
+    lines = [line for line in weights_unit(service()).splitlines() if line.startswith("RuntimeDirectory")]
+    unit = "\n".join(["[Service]", *lines, "ExecStart=/bin/sleep infinity", "[Install]",
+                      "WantedBy=multi-user.target", ""])
+    root(spec, f"printf '%s' '{unit}' > /etc/systemd/system/mf-boot-probe.service && "
+               "systemctl enable -q mf-boot-probe && rm -rf /run/modelfleet")
+    try:
+        before = lab.restarts(spec["name"])
+        lab.ssh(spec, "systemctl reboot")
+        deadline = time.time() + 180
+        while lab.restarts(spec["name"]) == before and time.time() < deadline:
+            time.sleep(1)
+        lab.wait_ssh(spec, 120)
+        while lab.ssh(spec, "systemctl is-active -q mf-boot-probe").returncode != 0 and time.time() < deadline:
+            time.sleep(1)
+        assert root(spec, "systemctl is-active mf-boot-probe").strip() == "active"  # the unit ran at this boot
+        assert root(spec, "stat -c '%U %a' /run/modelfleet").strip() == "root 700"
+        with lab.scenario.applied(only=[spec["name"]]):
+            run = run_pyinfra("inventories/lab.py", "deploys/preflight.py", timeout=300)
+        assert run.returncode == 0 and "Run lock" not in run.stdout + run.stderr, (run.stdout + run.stderr)[-3000:]
+    finally:
+        lab.ssh(spec, "systemctl disable -q --now mf-boot-probe; rm -f /etc/systemd/system/mf-boot-probe.service")

@@ -1,5 +1,6 @@
 """The storage stage on lab hosts whose `nvme_devices` are loop devices (lab up --disks 1): a blank device
-becomes XFS at model_root by UUID with noatime and stays untouched on a re-run; a device that holds a
+becomes XFS at model_root by UUID with noatime,nosuid,nodev (a setuid binary or a device node planted there gives
+nobody root or the disk) and stays untouched on a re-run; a device that holds a
 filesystem is refused before anything is written to it."""
 
 import hashlib
@@ -14,6 +15,7 @@ from modelfleet.commands import run_pyinfra
 
 pytestmark = pytest.mark.lab
 ROOT = "/srv/models-nvme"
+AS_NOBODY = "setpriv --reuid=65534 --regid=65534 --clear-groups"
 
 
 def storage(limit: str):
@@ -35,9 +37,19 @@ def test_blank_device_becomes_xfs_at_model_root_and_a_rerun_changes_nothing(lab_
     first = storage(spec["name"])
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
     assert ssh(spec, f"findmnt -n -o SOURCE,FSTYPE,OPTIONS {ROOT}").stdout.split()[:2] == [disk, "xfs"]
-    assert "noatime" in ssh(spec, f"findmnt -n -o OPTIONS {ROOT}").stdout
+    options = ssh(spec, f"findmnt -n -o OPTIONS {ROOT}").stdout.strip()
+    assert {"noatime", "nosuid", "nodev"} <= set(options.split(",")), (
+        options, ssh(spec, "cat /etc/fstab").stdout, first.stdout[-3000:])
     uuid = ssh(spec, f"blkid -s UUID -o value {disk}").stdout.strip()
-    assert re.search(rf"^UUID={uuid} {ROOT} xfs noatime,nofail 0 2$", ssh(spec, "cat /etc/fstab").stdout, re.M)
+    assert re.search(rf"^UUID={uuid} {ROOT} xfs noatime,nosuid,nodev,nofail 0 2$", ssh(spec, "cat /etc/fstab").stdout,
+                     re.M)
+    # What an engine container (it writes its caches below model_root) plants there gives nobody root or a disk.
+    planted = ssh(spec, f"cp /usr/bin/id {ROOT}/suid-id && chmod 4755 {ROOT}/suid-id && "
+                        f"set -- $(stat -c '%t %T' {disk}) && mknod -m 0644 {ROOT}/disk b $((0x$1)) $((0x$2)) && "
+                        f"{AS_NOBODY} {ROOT}/suid-id -u; {AS_NOBODY} sh -c 'head -c1 {ROOT}/disk' >/dev/null; "
+                        f"rm -f {ROOT}/suid-id {ROOT}/disk")
+    assert planted.stdout.splitlines()[0] == "65534", planted.stdout + planted.stderr  # not 0: the bit is ignored
+    assert "Permission denied" in planted.stderr
     ssh(spec, f"echo kept > {ROOT}/marker")
     second = storage(spec["name"])
     total = re.search(r"Grand total\s+(\d+)\s+(\S+)", second.stdout + second.stderr)

@@ -155,3 +155,26 @@ def test_the_programs_and_templates_modelfleet_writes_to_hosts_pass_the_mask_unc
     assert sources
     changed = [p.name for p in sources if masking.mask(p.read_text()) != p.read_text()]
     assert changed == []
+
+
+def test_front_door_client_keys_masked_where_the_run_prints_them(monkeypatch):
+    """The keys a front door's clients use (router_client_keys_env) are known to the mask: the nginx map that
+    holds them (the 0600 file a `--diff` or a failing upload would print) reaches a reader masked."""
+    from modelfleet import router
+    from modelfleet.inventory import resolve
+    from tests.front_doors import KEY, fleet
+
+    client = "client-" + secrets.token_hex(8)
+    monkeypatch.setenv("MF_ROUTER_KEY", KEY)
+    monkeypatch.setenv("MF_CLIENT_ONE", client)
+    result = resolve(fleet("vllm", router_client_keys_env=["MF_CLIENT_ONE"]))
+    assert result.errors == []
+    masking.learn_inventory(result)
+    rp = result.routers["tiny-lab"]
+    sink = io.StringIO()
+    stream = masking.MaskedStream(sink)
+    stream.write(router.proxy_key_conf(router.client_keys(rp), KEY) + f"curl -H 'x-key: {client}'\n")
+    stream.flush()
+    assert client in router.proxy_key_conf(router.client_keys(rp), KEY)  # the file itself holds the key
+    assert client not in sink.getvalue() and KEY not in sink.getvalue(), sink.getvalue()
+    assert MASK in sink.getvalue()

@@ -22,10 +22,12 @@ REFUSED = ["/", "/var/lib", "/usr/bin", "/etc/ssh", "/var/lib/docker", "/boot/ef
            "/usr/", "/var", "/sys/fs/cgroup", "/dev/shm", "/run/modelfleet", "/lib64/x", "/snap/x", "/srv", "/mnt",
            "/opt", "/tmp", "/root", "/media", "/home/alice", "/root/.ssh", "/home/alice/.config/models",
            "/opt/rocm-7.0", "/opt/nvidia/models", "/etc/modelfleetx", "/tmp/models", "/var/tmp/x", "/dev/shm/m",
-           "/etc/modelfleet-../ssh"]
+           "/etc/modelfleet-../ssh",
+           # below a home: its owner (an ordinary user) may swap what is in it for a symlink root would follow
+           "/home/alice/models", "/home/alice/a/b/cache"]
 ACCEPTED = ["/srv/models", "/etc/modelfleet", "/etc/modelfleet/site-a", "/var/lib/modelfleet",
             "/var/lib/modelfleet/models", "/data", "/data1/models", "/models", "/nvme0/models", "/raid0", "/scratch/m",
-            "/mnt/nvme0", "/opt/modelfleet", "/home/alice/models", "/root/modelfleet/models", "/tmp/ci-clone/models",
+            "/mnt/nvme0", "/opt/modelfleet", "/root/modelfleet/models", "/tmp/ci-clone/models",
             # directories of modelfleet's own inside the system trees (issue 40)
             "/etc/modelfleet-prod", "/var/lib/modelfleet-other", "/etc/modelfleet_b/keys"]
 
@@ -53,7 +55,7 @@ def test_the_schema_defaults_and_the_labs_paths_pass():
     assert owned_directory(defaults.model_root) is None and owned_directory(defaults.config_dir) is None
     # lab/__init__.py puts each lab host's directories in the lab's state folder of the checkout (wherever it
     # is cloned: CI clones into a temporary directory) and the lab e2e tests use /srv/models-* roots.
-    for top in (ROOT, Path("/tmp/tmp.Ab12/modelfleet"), Path("/root/src/modelfleet"), Path("/home/ci/modelfleet")):
+    for top in (ROOT, Path("/tmp/tmp.Ab12/modelfleet"), Path("/root/src/modelfleet")):
         for state in (".lab", ".lab-test", ".lab-test2"):
             home = top / state / "hosts" / "mflab-1"
             for path in (home / "models", home / "etc-modelfleet"):
@@ -69,6 +71,10 @@ def test_validate_names_host_and_field():
     found = {(w, f): m for w, f, m in result.errors}
     assert "/etc/ssh is inside the system directory /etc" in found[("host gpu-3", "config_dir")]
     assert "/var/lib/docker is inside the system directory /var" in found[("host gpu-3", "model_root")]
+    result = resolve([("gpu-4", {"hardware": "h200", "model": "qwen3-8b", "engine": "vllm",
+                                 "model_root": "/home/alice/models"})])
+    assert [(w, f) for w, f, _ in result.errors] == [("host gpu-4", "model_root")]
+    assert "/home/alice/models is inside /home/alice, a directory an ordinary user owns" in result.errors[0][2]
 
 
 def dir_state(*entries: str) -> dict:

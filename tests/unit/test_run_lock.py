@@ -65,3 +65,15 @@ def test_a_symlink_or_fifo_at_the_lock_is_refused_at_once(lock_in, tmp_path, pla
 def test_the_start_time_is_the_process_s_own():
     me = run_lock.start_time(os.getpid())
     assert me.isdigit() and run_lock.start_time(os.getpid()) == me and run_lock.start_time(2 ** 22 + 1) == ""
+
+
+def test_a_lock_directory_made_0755_by_a_unit_at_boot_is_taken_and_made_private(lock_in):
+    """systemd makes a unit's RuntimeDirectory parents 0755 (the restart tier's /run/modelfleet/weights/POOL):
+    only root can write such a directory, so the next run takes the lock, and the directory is 0700 again."""
+    os.makedirs(f"{runlock.LOCK_DIR}/weights/pool", 0o755)
+    os.chmod(runlock.LOCK_DIR, 0o755)
+    run = Run()
+    taken, message = runlock.acquire(run, lock_in)
+    end(run)
+    assert taken, message
+    assert os.stat(runlock.LOCK_DIR).st_mode & 0o777 == 0o700

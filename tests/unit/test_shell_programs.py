@@ -154,25 +154,46 @@ def test_container_gpu_check_compares_what_the_host_and_a_container_list(tmp_pat
 
 
 def test_mounted_by_uuid_adds_one_fstab_line_and_mounts_once(tmp_path):
-    """Stand-in blkid, mountpoint and mount; fstab a file of our own. A second run adds no line and mounts
-    nothing (the mount is there); a device without a UUID stops the chain before anything is written."""
+    """Stand-in blkid, mountpoint and mount; fstab a file of our own. A second run adds no line and remounts
+    nosuid,nodev (the mount is there); a device without a UUID stops the chain before anything is written."""
     tools, fstab, mounts = tmp_path / "bin", tmp_path / "fstab", tmp_path / "mounts"
     fstab.write_text("# static\n")
     tool(tools, "blkid", 'case "$*" in *nvme1n1) echo 1234-abcd;; esac')
-    tool(tools, "mountpoint", f'grep -qx "$2" {mounts} 2>/dev/null')
-    tool(tools, "mount", f'echo "$1" >> {mounts}')
-
-    def mount(device):
-        return sh(hc.program("mounted_by_uuid", device, str(tmp_path / "models"), "xfs").replace(
-            "/etc/fstab", str(fstab)), tools)
+    tool(tools, "mountpoint", f'grep -q "$2$" {mounts} 2>/dev/null')
+    tool(tools, "mount", f'echo "$*" >> {mounts}')
 
     for _ in range(2):
-        run = mount("/dev/nvme1n1")
+        run = mount_models(tmp_path, tools, fstab, "/dev/nvme1n1")
         assert run.returncode == 0, run.stderr
-    assert fstab.read_text() == f"# static\nUUID=1234-abcd {tmp_path}/models xfs noatime,nofail 0 2\n"
-    assert mounts.read_text() == f"{tmp_path}/models\n" and (tmp_path / "models").is_dir()
-    assert mount("/dev/nvme9n1").returncode == 1
+    models = tmp_path / "models"
+    assert fstab.read_text() == f"# static\nUUID=1234-abcd {models} xfs noatime,nosuid,nodev,nofail 0 2\n"
+    assert mounts.read_text() == f"{models}\n-o remount,nosuid,nodev {models}\n" and models.is_dir()
+    assert mount_models(tmp_path, tools, fstab, "/dev/nvme9n1").returncode == 1
     assert fstab.read_text().count("UUID=") == 1
+
+
+def mount_models(tmp_path, tools, fstab, device):
+    return sh(hc.program("mounted_by_uuid", device, str(tmp_path / "models"), "xfs", env={"FLAGS": "nosuid,nodev"})
+              .replace("/etc/fstab", str(fstab)), tools)
+
+
+def test_mounted_by_uuid_gives_an_older_mount_nosuid_nodev(tmp_path):
+    """A model filesystem an older modelfleet mounted (fstab noatime,nofail): its line gains nosuid,nodev, the
+    rest of fstab is kept byte for byte, and the mount is remounted so."""
+    tools, fstab, mounts = tmp_path / "bin", tmp_path / "fstab", tmp_path / "mounts"
+    models = tmp_path / "models"
+    other = "UUID=9999 /data   ext4  defaults  0 2\n"
+    fstab.write_text(f"# static  line\nUUID=1234-abcd {models} xfs noatime,nofail 0 2\n{other}")
+    mounts.write_text(f"x {models}\n")
+    tool(tools, "blkid", "echo 1234-abcd")
+    tool(tools, "mountpoint", f'grep -q " $2$" {mounts}')
+    tool(tools, "mount", f'echo "$*" >> {mounts}')
+    run = mount_models(tmp_path, tools, fstab, "/dev/nvme1n1")
+    assert run.returncode == 0, run.stderr
+    assert fstab.read_text() == (f"# static  line\nUUID=1234-abcd {models} xfs noatime,nofail,nosuid,nodev 0 2\n"
+                                 f"{other}")
+    assert oct(fstab.stat().st_mode & 0o777) == "0o644"
+    assert mounts.read_text().splitlines()[-1] == f"-o remount,nosuid,nodev {models}"
 
 
 def engine_host(tools: Path, unit_state: str, answers: str = "") -> None:

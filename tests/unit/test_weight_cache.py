@@ -94,9 +94,14 @@ def test_vllm_the_cache_unit_runs_beside_the_engine_with_its_gpus_and_a_read_onl
 
 
 def test_the_sockets_directory_is_0700_and_both_units_keep_it():
+    """Each parent too (systemd makes unlisted ones 0755): /run/modelfleet holds the run lock, which is refused
+    in a directory others may read."""
+    from modelfleet import runlock
+
     svc = service()
     for text in (render.render_unit(svc), weights_unit(svc)):
-        assert f"RuntimeDirectory={weight_cache.runtime_directory(svc)}\n" in text
+        assert f"RuntimeDirectory=modelfleet modelfleet/weights {weight_cache.runtime_directory(svc)}\n" in text
+        assert f"/run/{weight_cache.runtime_directories(svc).split()[0]}" == runlock.LOCK_DIR
         assert "RuntimeDirectoryMode=0700\n" in text and "RuntimeDirectoryPreserve=yes\n" in text
     assert weight_cache.socket_dir(svc) == f"/run/modelfleet/weights/{svc.pool}"
 
