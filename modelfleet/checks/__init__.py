@@ -23,21 +23,36 @@ class Endpoint:
     final_tool_choice: str = "auto"
     refused_routes: tuple[str, ...] = ()  # a front door's inference routes: each must refuse a key-less request
     ca_file: str | None = None  # a TLS front door's certificate chain (control node): the checks trust it only
+    server_name: str | None = None  # the name its certificate must cover (router_server_name, else its address)
 
     @property
     def openai_base_url(self) -> str:
         return f"{self.base_url}/v1"
 
 
+class _NamedContext(ssl.SSLContext):
+    """A client context that checks the certificate against the name clients use, wherever the check connects
+    (the front door's address, an SSH tunnel's 127.0.0.1): urllib and httpx pass the URL's host to
+    wrap_socket, which this replaces."""
+
+    server_name: str | None = None
+
+    def wrap_socket(self, sock, *args, server_hostname=None, **kwargs):
+        return super().wrap_socket(sock, *args, server_hostname=self.server_name or server_hostname, **kwargs)
+
+
 def tls_context(ep: Endpoint) -> ssl.SSLContext | None:
     """The checks' TLS view of a front door with its own certificate: pinned to the chain the site gave (any
-    certificate of it is an anchor, so a CA-issued chain and a self-signed one both verify), and nothing else;
-    the pin stands in for the name check, which an SSH tunnel's 127.0.0.1 would fail. None: plain HTTP."""
+    certificate of it is an anchor, so a CA-issued chain and a self-signed one both verify), and the name checked
+    as a client checks it: the endpoint's `server_name` (router_server_name), whatever address the check dials.
+    None: plain HTTP."""
     if not ep.ca_file:
         return None
-    context = ssl.create_default_context(cafile=ep.ca_file)
+    context = _NamedContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.load_verify_locations(cafile=ep.ca_file)
     context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
-    context.check_hostname = False
+    context.check_hostname = True
+    context.server_name = ep.server_name
     return context
 
 

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from modelfleet import grammar, trust
 from modelfleet.catalog import Catalog, Hardware, load_catalog
-from modelfleet.inventory import routed, router_only
+from modelfleet.inventory import applies, routed, router_only
 from modelfleet.inventory.plan import GPU_CHECK_IMAGES, STACK_KEYS, HostPlan, Resolved, ServicePlan, StackPlan
 from modelfleet.inventory.pools import information, resolve_pools, warnings, with_ranks
 from modelfleet.inventory.schema import HUB_ENDPOINT, SERVICE_KEYS, HostData
@@ -123,10 +123,11 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
     errors += router_only.idle(lone_routers, router_only.named(entries))
     pools = resolve_pools(hosts, errors)
     hosts = with_ranks(hosts, pools)
-    hosts, routers = routed.resolve(hosts, pools, errors, RESERVED_PORTS, offline=offline)
+    door_warnings: list[tuple[str, str, str]] = []
+    hosts, routers = routed.resolve(hosts, pools, errors, RESERVED_PORTS, offline=offline, warnings=door_warnings)
+    found = warnings(hosts, pools, {n: d for n, d in entries if isinstance(d, dict)}) + door_warnings
     return Resolved(hosts=hosts, pools=pools, routers=routers, errors=_name_sources(errors, sources or {}),
-                    warnings=_name_sources(warnings(hosts, pools, {n: d for n, d in entries if isinstance(d, dict)}),
-                                           sources or {}),
+                    warnings=_name_sources(found, sources or {}),
                     skipped=skipped or [], info=information(pools))
 
 
@@ -163,6 +164,7 @@ def _host(name: str, data: Any, cat: Catalog, addresses: dict[tuple[str, int], s
         hw = cat.hardware[board]
     if host.router_only:
         errors += router_only.problems(where, data, hw)
+    errors += applies.host_problems(host, hw, where)
     if host.driver_version and host.driver_version.split(".")[0] != host.driver_branch:
         errors.append((where, "driver_version", f"{host.driver_version} is not a release of driver_branch "
                                                 f"{host.driver_branch}"))

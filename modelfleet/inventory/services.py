@@ -14,6 +14,7 @@ from modelfleet import engine_flags, host_commands, image_runtime, keys, masking
 from modelfleet.catalog import Catalog, Engine, Hardware, Recipe
 from modelfleet.catalog.routers import pd_role
 from modelfleet.exposure import off_loopback_problem
+from modelfleet.inventory import applies
 from modelfleet.inventory.plan import RouterChoice, ServicePlan, _is_loopback, _slug
 from modelfleet.inventory.schema import COMMIT_RE, SERVICE_KEYS, HostData, ServiceData
 
@@ -86,7 +87,8 @@ def resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[st
         router=RouterChoice(host=svc.router, port=svc.router_port, bind_address=svc.router_bind_address,
                             policy=svc.router_policy, tls_cert=svc.router_tls_cert,
                             client_keys_env=tuple(svc.router_client_keys_env or ()),
-                            tls_key=svc.router_tls_key) if svc.router else None,
+                            tls_key=svc.router_tls_key, server_name=svc.router_server_name)
+        if svc.router else None,
     )
 
 
@@ -124,7 +126,7 @@ def _problems(where: str, svc: ServiceData, host: HostData, hw: Hardware, recipe
     """What is wrong with a service that names a known model, engine and recipe: its port, its image against the
     board and the driver, trust_remote_code without a pinned commit, its exposure and key, extra_args, env
     names, recipe parameters."""
-    errors: list[tuple[str, str, str]] = []
+    errors: list[tuple[str, str, str]] = applies.service_problems(svc, where)
     if not 1 <= port <= 65535:
         errors.append((where, "port", f"{port} is outside 1-65535"))
     if recipe.rocm and hw.vendor != "amd":

@@ -1,0 +1,61 @@
+"""No setting vanishes: each setting of the schema declares where it can apply (`applies(scope)` in its field),
+and a value other than its default where the scope does not hold is refused, naming the host and the field,
+instead of being dropped in silence (an NVIDIA setting on an AMD host, a GPU setting on the router-only board,
+a front door's setting on a service with no `router`)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+# scope -> (who it applies to, in the error's words)
+SCOPES = {
+    "nvidia": "NVIDIA hosts",
+    "amd": "AMD hosts",
+    "gpu": "hosts with GPUs",
+    "router": "a service with a front door (`router` set)",
+}
+
+
+def scope_of(model: type[BaseModel], name: str) -> str | None:
+    extra = model.model_fields[name].json_schema_extra
+    return extra.get("applies") if isinstance(extra, dict) else None
+
+
+def _given(value: BaseModel, name: str) -> bool:
+    """Set by the inventory to something other than the default (a default written out changes nothing)."""
+    return name in value.model_fields_set and getattr(value, name) != type(value).model_fields[name].default
+
+
+def host_scopes(vendor: str) -> set[str]:
+    """The scopes that hold on a host whose board's GPU vendor is `vendor` (`none`: no GPUs)."""
+    return {"nvidia", "gpu"} if vendor == "nvidia" else {"amd", "gpu"} if vendor == "amd" else set()
+
+
+def unused(value: BaseModel, holding: set[str], where: str, what: str) -> list[tuple[str, str, str]]:
+    """(where, field, reason) for each setting `value` gives whose scope is not in `holding`; `what` says what
+    the host or service is (`an AMD host (mi355x)`)."""
+    out = []
+    for name in type(value).model_fields:
+        scope = scope_of(type(value), name)
+        if scope and scope not in holding and scope in SCOPES and _given(value, name):
+            hint = "set `router`, or take it out" if scope == "router" else \
+                "take it out (a group's value reaches every host of the group: set it on the group of the hosts " \
+                "it is for)"
+            out.append((where, name, f"set, but {what}: {name} applies only to {SCOPES[scope]}, so it would be "
+                                     f"ignored here; {hint}"))
+    return out
+
+
+def host_problems(host: BaseModel, hardware, where: str) -> list[tuple[str, str, str]]:
+    """The host-level settings that cannot apply to the host's board (vendor, GPUs)."""
+    if hardware is None:
+        return []
+    vendor = hardware.vendor
+    what = {"nvidia": "an NVIDIA host", "amd": "an AMD host"}.get(vendor, "a host without GPUs")
+    return unused(host, host_scopes(vendor), where, f"this is {what} ({hardware.id} board)")
+
+
+def service_problems(service: BaseModel, where: str) -> list[tuple[str, str, str]]:
+    """A service's settings that need what it lacks (a front door's settings without `router`)."""
+    holding = {"router"} if getattr(service, "router", None) else set()
+    return unused(service, holding, where, "the service names no `router` (it has no front door)")
