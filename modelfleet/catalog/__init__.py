@@ -43,12 +43,41 @@ class CatalogError(ModelfleetError):
 
 # libyaml's loader where PyYAML was built with it: the same safe subset, read in C. Every run (a converge, each
 # shard) reads the whole catalog before its first host; in Python that was a tenth of a no-op converge's CPU.
-_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """The safe subset, with a key written twice in one mapping refused (YAML says keys are unique; PyYAML would
+    keep the last without a word)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is written twice in one mapping",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 def read_yaml(text: str):
-    """YAML's safe subset, read with libyaml where there is one (every catalog file goes through here)."""
-    return yaml.load(text, Loader=_SafeLoader)
+    """YAML's safe subset, read with libyaml where there is one (every catalog file goes through here); a key
+    written twice is an error."""
+    return yaml.load(text, Loader=_StrictLoader)
+
+
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def yaml_files(folder: Path) -> list[Path]:
+    """A catalog or site folder's YAML files (`.yaml` and `.yml`, sorted); anything else named like one (a
+    folder, a link to nowhere) is an error naming it, not a file skipped or a traceback."""
+    out = []
+    for path in sorted(p for p in folder.iterdir() if p.suffix in YAML_SUFFIXES):
+        if not path.is_file():
+            kind = "a folder" if path.is_dir() else "not a regular file"
+            raise CatalogError(str(path), f"is {kind}, but its name says it is a YAML file of {folder.name}/: "
+                                          "rename or remove it")
+        out.append(path)
+    return out
 
 
 def _read(path: Path, cls):
@@ -126,7 +155,7 @@ def _check_layouts(recipes: dict, engines: dict, where) -> None:
 
 def _load_dir(folder: Path, cls):
     items: dict = {}
-    for path in sorted(folder.glob("*.yaml")):
+    for path in yaml_files(folder):
         item = _read(path, cls)
         if item.id in items:
             raise CatalogError(str(path), f"id {item.id} is already defined by another file of {folder}")
@@ -145,7 +174,7 @@ def _with_site(folder: Path, cls, shipped: dict, kind: str, check=None) -> tuple
     """Shipped items plus a site's (each file of `folder`, read as `cls`), and the file of each site item: an id
     that shadows a shipped one without `overrides`, or that two site files define, is an error."""
     items, files = dict(shipped), {}
-    for path in sorted(folder.glob("*.yaml")):
+    for path in yaml_files(folder):
         site = _read(path, cls)
         if site.overrides and site.overrides not in shipped:
             raise CatalogError(str(path), f"overrides: no shipped {kind} {site.overrides!r}")
@@ -219,7 +248,7 @@ def load_catalog(root: Path = CATALOG_DIR) -> Catalog:
     engines = _load_engines(root / "engines.yaml")
     recipes = _load_dir(root / "recipes", Recipe)
     _check_layouts(recipes, engines, lambda recipe: next(
-        str(p) for p in sorted((root / "recipes").glob("*.yaml")) if _read(p, Recipe).id == recipe.id))
+        str(p) for p in yaml_files(root / "recipes") if _read(p, Recipe).id == recipe.id))
     return Catalog(
         models=_load_dir(root / "models", Model),
         hardware=_load_dir(root / "hardware", Hardware),

@@ -101,9 +101,16 @@ def open_inventory(inventory: str, *, cwd: str | None = None, group_data: tuple[
     result.group_data_folders = loaded.folders if loaded else []
     result.sources = loaded.sources if loaded else {}
     recipes, boards = site_recipes(inventory), site_hardware(inventory)
-    result.site_recipe_files = sorted(str(p) for p in recipes.glob("*.yaml")) if recipes.is_dir() else []
-    result.site_hardware_files = sorted(str(p) for p in boards.glob("*.yaml")) if boards.is_dir() else []
+    result.site_recipe_files, result.site_hardware_files = _yaml_listed(recipes), _yaml_listed(boards)
     return result
+
+
+def _yaml_listed(folder: Path) -> list[str]:
+    """The YAML files of a site folder, as the catalog reads them (one that is not a file was an error)."""
+    from modelfleet.catalog import YAML_SUFFIXES
+
+    return sorted(str(p) for p in folder.iterdir() if p.suffix in YAML_SUFFIXES and p.is_file()) \
+        if folder.is_dir() else []
 
 
 def module_settings(inventory: str, values: dict[str, Any]) -> list[tuple[str, str, str]]:

@@ -12,12 +12,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from modelfleet import grammar, trust
+from modelfleet import claims, grammar, trust
 from modelfleet.catalog import Catalog, Hardware, load_catalog
 from modelfleet.inventory import applies, routed, router_only
 from modelfleet.inventory.plan import GPU_CHECK_IMAGES, STACK_KEYS, HostPlan, Resolved, ServicePlan, StackPlan
 from modelfleet.inventory.pools import information, resolve_pools, warnings, with_ranks
-from modelfleet.inventory.schema import HUB_ENDPOINT, SERVICE_KEYS, HostData
+from modelfleet.inventory.schema import COMMIT_RE, HUB_ENDPOINT, SERVICE_KEYS, HostData
 from modelfleet.inventory.services import (
     assign_gpus,
     from_registry,
@@ -114,6 +114,10 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
                                                         "GPUs (hardware catalog)"))
         services = _services(name, data, host, hw, gpu_count, cat, errors, skipped)
         endpoint = (host.hf_endpoint or os.environ.get("HF_ENDPOINT") or HUB_ENDPOINT).rstrip("/")
+        errors += [(f"host {name}", "revision", f"{svc.revision or 'main (unset)'} is not a commit, but model_source "
+                    "is a mirror, which has no branches to resolve: pin `revision` to the 40-hex commit it holds "
+                    f"(pool {svc.pool})") for svc in services
+                   if host.model_source and not COMMIT_RE.match(svc.revision or "")]
         errors += [(f"host {name}", fld, message) for fld, message in trust.transport_problems(
             endpoint, host.model_source, host.hf_token_env, [s.model.id for s in services if s.trust_remote_code],
             host.insecure_http_hosts)]
@@ -125,6 +129,7 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
     hosts = with_ranks(hosts, pools)
     door_warnings: list[tuple[str, str, str]] = []
     hosts, routers = routed.resolve(hosts, pools, errors, RESERVED_PORTS, offline=offline, warnings=door_warnings)
+    errors += claims.collisions(hosts)
     found = warnings(hosts, pools, {n: d for n, d in entries if isinstance(d, dict)}) + door_warnings
     return Resolved(hosts=hosts, pools=pools, routers=routers, errors=_name_sources(errors, sources or {}),
                     warnings=_name_sources(found, sources or {}),

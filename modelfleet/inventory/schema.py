@@ -28,7 +28,11 @@ def _unique(values):
 def _url(value: str) -> str | None:
     if grammar.no_control(value) or " " in value:
         return "may not contain spaces or control characters"
-    return None if re.match(r"^(https?|file)://[^\s]+$", value) else "is not an http(s):// or file:// URL"
+    if not re.match(r"^(https?|file)://[^\s]+$", value):
+        return "is not an http(s):// or file:// URL"
+    if value.startswith("file://") and not value.startswith("file:///"):
+        return "is a file:// URL without an absolute path (file://x/y names the host x): write file:///srv/mirror"
+    return None
 
 
 def _registry(value: str) -> str | None:
@@ -46,6 +50,27 @@ def _registry(value: str) -> str | None:
 def _host_name(value: str) -> str | None:
     """A host of the inventory, as pyinfra names it (`@local`, `@fake/x` for connectors)."""
     return grammar.host_address(value.lstrip("@").replace("/", "."))
+
+
+def _http_host(value: str) -> str | None:
+    """host[:port], an IPv4 address[:port], an IPv6 address, or [IPv6][:port]."""
+    if grammar.no_control(value):
+        return grammar.no_control(value)
+    host, port = value, None
+    if value.startswith("["):
+        host, _, rest = value[1:].partition("]")
+        if grammar.address(host) or ":" not in host or (rest and not re.fullmatch(r":[0-9]{1,5}", rest)):
+            return "is not [IPv6 address] or [IPv6 address]:port"
+        port = rest[1:] or None
+    elif value.count(":") > 1:
+        return None if grammar.address(value) is None else "is neither host[:port] nor an IPv6 address"
+    elif ":" in value:
+        host, port = value.split(":")
+        if not re.fullmatch(r"[0-9]{1,5}", port):
+            return "has a port that is not a number"
+    if port is not None and not 1 <= int(port) <= 65535:
+        return "has a port outside 1-65535"
+    return grammar.host_address(host)
 
 
 def _bind(value: str) -> str | None:
@@ -184,7 +209,7 @@ class HostData(BaseModel):
         [], description="Registries (host[:port], as the images name them) the control node reaches over plain "
         "HTTP to pin digests, as Docker's insecure-registries (the hosts' dockerd must name them too); loopback "
         "always is.")
-    insecure_http_hosts: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9.-]+(:[0-9]+)?$")]] = Field(
+    insecure_http_hosts: list[Annotated[str, _fits(_http_host)]] = Field(
         [], description="Hosts (host[:port]) the hub token may reach over plain HTTP (`hf_endpoint`): a site's "
         "own network; loopback always may. Never for a model that runs its own code.")
     gpu_passthrough: bool = Field(True, description="Hand the service's GPUs to its container (NVIDIA: CDI "
