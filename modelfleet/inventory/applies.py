@@ -16,6 +16,9 @@ SCOPES = {
 }
 
 
+UNUSED = "set, but "  # how each of this module's problems starts
+
+
 def scope_of(model: type[BaseModel], name: str) -> str | None:
     extra = model.model_fields[name].json_schema_extra
     return extra.get("applies") if isinstance(extra, dict) else None
@@ -41,7 +44,7 @@ def unused(value: BaseModel, holding: set[str], where: str, what: str) -> list[t
             hint = "set `router`, or take it out" if scope == "router" else \
                 "take it out (a group's value reaches every host of the group: set it on the group of the hosts " \
                 "it is for)"
-            out.append((where, name, f"set, but {what}: {name} applies only to {SCOPES[scope]}, so it would be "
+            out.append((where, name, f"{UNUSED}{what}: {name} applies only to {SCOPES[scope]}, so it would be "
                                      f"ignored here; {hint}"))
     return out
 
@@ -59,3 +62,20 @@ def service_problems(service: BaseModel, where: str) -> list[tuple[str, str, str
     """A service's settings that need what it lacks (a front door's settings without `router`)."""
     holding = {"router"} if getattr(service, "router", None) else set()
     return unused(service, holding, where, "the service names no `router` (it has no front door)")
+
+
+def fleet_wide(problems: list[tuple[str, str, str]], sources: dict[str, dict[str, str]]
+               ) -> tuple[list[tuple[str, str, str]], list[tuple[str, str, str]]]:
+    """(errors, warnings): a setting that cannot apply, given to the whole fleet (`--data`, group_data/all.py),
+    is meant for the hosts where it applies: said as a warning there, refused where a host or its own group
+    gives it."""
+    errors, warnings = [], []
+    for problem in problems:
+        where, fld, message = problem
+        origin = sources.get(where.removeprefix("host "), {}).get(fld, "")
+        if message.startswith(UNUSED) and " applies only to " in message and (origin == "--data" or origin.endswith("group_data/all.py")):
+            warnings.append((where, fld, message.replace("; take it out (a group's value", "; (the whole fleet's "
+                                                         "value, kept for the hosts it applies to; a group's value")))
+        else:
+            errors.append(problem)
+    return errors, warnings

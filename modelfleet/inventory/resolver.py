@@ -130,7 +130,8 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
     door_warnings: list[tuple[str, str, str]] = []
     hosts, routers = routed.resolve(hosts, pools, errors, RESERVED_PORTS, offline=offline, warnings=door_warnings)
     errors += claims.collisions(hosts)
-    found = warnings(hosts, pools, {n: d for n, d in entries if isinstance(d, dict)}) + door_warnings
+    errors, fleet = applies.fleet_wide(errors, sources or {})
+    found = warnings(hosts, pools, {n: d for n, d in entries if isinstance(d, dict)}) + door_warnings + fleet
     return Resolved(hosts=hosts, pools=pools, routers=routers, errors=_name_sources(errors, sources or {}),
                     warnings=_name_sources(found, sources or {}),
                     skipped=skipped or [], info=information(pools))
