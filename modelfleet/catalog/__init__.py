@@ -107,10 +107,12 @@ def validation_message(error: ValidationError, cls) -> str:
     return f"{where}: {first['msg'].removeprefix('Value error, ')}"
 
 
-def _flag_value(args: list[str], flags: list[str]) -> str | None:
+def _flag_value(args: list[str], flags: list[str], engine_name: str = "", parser: str = "argparse") -> str | None:
+    """The value ARGS give one of FLAGS, read as the engine's parser reads them (`--tensor_parallel_size=2`)."""
+    wanted = {o for f in flags for o in engine_flags.reads_as(engine_name, parser, f)}
     for i, arg in enumerate(args):
-        name, eq, value = arg.partition("=")
-        if name in flags:
+        _, eq, value = arg.partition("=")
+        if engine_flags.reads_as(engine_name, parser, arg) & wanted:
             return value if eq else (args[i + 1] if i + 1 < len(args) else "")
     return None
 
@@ -120,7 +122,8 @@ def layout_problems(recipe: "Recipe", engine: "Engine") -> list[str]:
     needs that no flag sets (the engine would run with 1 while holding the layout's GPUs)."""
     out = []
     for dim, flags in engine.parallel_flags.items():
-        wanted, given = getattr(recipe.layout, dim), _flag_value(recipe.args, flags)
+        wanted, given = getattr(recipe.layout, dim), _flag_value(recipe.args, flags, recipe.engine,
+                                                                 engine.flag_parser)
         if given is not None and given != str(wanted):
             out.append(f"args set {flags[0]} {given} but layout says {dim} {wanted}")
         elif given is None and wanted > 1 and not (recipe.layout.nodes > 1 and dim in engine.multinode):

@@ -150,7 +150,8 @@ def _problems(where: str, svc: ServiceData, host: HostData, hw: Hardware, recipe
     elif svc.api_key_env and not keys.stripped(svc.api_key_env):
         errors.append((where, "api_key_env", f"{svc.api_key_env} is set but empty: the endpoint would serve "
                                              "without a key"))
-    if not trust and "--trust-remote-code" in recipe.args:
+    if not trust and any("--trust-remote-code" in engine_flags.reads_as(svc.engine, engine.flag_parser, a)
+                         for a in recipe.args):
         errors.append((where, "trust_remote_code", f"false, but recipe {recipe.id} passes --trust-remote-code: "
                                                    "the model needs it (pin `revision` to a commit instead)"))
     errors += [(where, "extra_args", message) for message in _extra_args_problems(svc.extra_args, engine, recipe,
