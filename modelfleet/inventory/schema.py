@@ -182,8 +182,9 @@ class HostData(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     hardware: Name | None = Field(None, description="Catalog hardware id of the board, e.g. `b300`, `gb300`, "
                                   "`mi355x` (required).")
-    gpu_count: Annotated[int, Field(ge=1, le=72, json_schema_extra=applies("gpu"))] | None = Field(None, description="GPUs the host has; unset: the "
-                                                          "hardware catalog's GPUs per node.")
+    gpu_count: Annotated[int, Field(ge=1, le=72)] | None = Field(None, description="GPUs the host has; unset: the "
+                                                          "hardware catalog's GPUs per node.",
+                                                          json_schema_extra=applies("gpu"))
     ssh_hostname: Annotated[str, _fits(grammar.host_address)] | None = Field(
         None, description="pyinfra's own: the address to SSH to; unset: the inventory's host name.")
     ssh_port: Port = Field(22, description="pyinfra's own: the SSH port (an engine may not take it).")
@@ -304,9 +305,9 @@ class HostData(BaseModel):
                                          "branch (refused otherwise).", json_schema_extra=applies("nvidia"))
     driver_pinning: bool = Field(True, description="Hold the branch with NVIDIA's "
                                  "nvidia-driver-pinning-<branch> package; False: `apt-mark hold`.", json_schema_extra=applies("nvidia"))
-    cuda_toolkit: Annotated[str, Field(pattern=r"^[0-9]{1,2}-[0-9]{1,2}$", json_schema_extra=applies("nvidia"))] | None = Field(
+    cuda_toolkit: Annotated[str, Field(pattern=r"^[0-9]{1,2}-[0-9]{1,2}$")] | None = Field(
         None, description="e.g. `13-0` installs cuda-toolkit-13-0; unset: none (the engine images bring their "
-        "own).")
+        "own).", json_schema_extra=applies("nvidia"))
     reboot: bool = Field(True, description="Reboot when the driver's kernel module changed; False "
                          "(`--data reboot=false`): record \"reboot pending\" instead.")
     # https://docs.nvidia.com/datacenter/tesla/driver-installation-guide/ (network repository, cuda-keyring)
