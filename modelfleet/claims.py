@@ -51,6 +51,7 @@ def collisions(hosts: dict[str, HostPlan]) -> list[tuple[str, str, str]]:
                 continue
             fix = "give one of them another `router_port`" if kind == "port" else \
                 f"rename one of them (`{first[1]}` of {first[0]}, or `{fld}` of {owner})"
-            errors.append((f"host {name}", fld, f"{kind} {value} would be both {first[0]}'s and {owner}'s, one "
+            named = "pool" if "pool" in (first[1], fld) else fld  # a pool's name is the one free to change
+            errors.append((f"host {name}", named, f"{kind} {value} would be both {first[0]}'s and {owner}'s, one "
                                                 f"overwriting the other: {fix}"))
     return errors

@@ -97,3 +97,19 @@ def test_a_fleet_wide_value_is_a_warning_on_the_hosts_it_cannot_apply_to(tmp_pat
     result = open_inventory(str(inv), cwd=str(tmp_path))
     assert unused(result, "m1") == {"cuda_toolkit"}
     assert "group_data/amd.py)" in next(m for w, f, m in result.errors if f == "cuda_toolkit")
+
+
+@pytest.mark.parametrize("engine_recipe,spelling", [
+    (("kimi-k2-thinking-vllm-h200", "h200"), ["--load_format", "safetensors"]),
+    (("kimi-k2-thinking-vllm-h200", "h200"), ["--load-format=safetensors"]),
+    (("kimi-k2-thinking-vllm-h200", "h200"), ["--load_format=safetensors"]),
+    (("kimi-k2-thinking-vllm-h200", "h200"), ["--model-loader-extra-config.socket_dir=/tmp/x"]),
+    (("kimi-k3-sglang-b300", "b300"), ["--weight-cache-mode=off"]),
+])
+def test_weight_cache_beside_its_own_flag_in_any_spelling_the_engine_reads_is_refused(engine_recipe, spelling):
+    """`--load_format` is vLLM's `--load-format`: beside `weight_cache` (whose client sets it) the engine would
+    load the weights twice per GPU; refused as the written spelling was."""
+    from tests.recipe_pools import pool
+
+    result = pool(*engine_recipe, weight_cache=True, extra_args=spelling)
+    assert ("host n0", "weight_cache") in [(w, f) for w, f, _ in result.errors], (spelling, result.errors)
