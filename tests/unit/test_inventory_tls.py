@@ -188,3 +188,26 @@ def test_the_verify_gate_checks_the_name_clients_use_not_the_address_it_dials(tm
         assert not answer["ok"] and "other.lab" in answer["readiness"]["error"], answer
     finally:
         server.shutdown()
+
+
+def test_validate_and_show_print_the_url_by_the_name_clients_use(tmp_path):
+    from click.testing import CliRunner
+
+    from modelfleet.cli import main
+
+    cert, key = certificate(tmp_path, names=("DNS:door.example.com",))
+    hosts = fleet("vllm", router_tls_cert=str(cert), router_tls_key=str(key), router_server_name="door.example.com")
+    inv = tmp_path / "inv.py"
+    inv.write_text(f"doors = {hosts!r}\n")
+    said = CliRunner().invoke(main, ["validate", str(inv)])
+    assert said.exit_code == 0 and "https://door.example.com:8800/v1 (TLS)" in said.output, said.output
+    shown = CliRunner().invoke(main, ["show", str(inv), "r1"])
+    assert "clients use https://door.example.com:8800/v1" in shown.output and "10.0.0.1:8800/v1" not in shown.output
+
+
+def test_a_door_on_every_address_is_printed_at_the_hosts_address_not_0_0_0_0():
+    result = resolve(fleet("vllm", router_bind_address="0.0.0.0"))
+    door = result.routers["tiny-lab"]
+    assert result.errors == [] and door.base_url == "http://10.0.0.1:8800" and door.dial_url == door.base_url
+    named = resolve(fleet("vllm", router_bind_address="0.0.0.0", router_server_name="door.lab")).routers["tiny-lab"]
+    assert named.base_url == "http://door.lab:8800" and named.dial_url == "http://10.0.0.1:8800"
