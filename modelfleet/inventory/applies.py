@@ -25,8 +25,10 @@ def scope_of(model: type[BaseModel], name: str) -> str | None:
 
 
 def _given(value: BaseModel, name: str) -> bool:
-    """Set by the inventory to something other than the default (a default written out changes nothing)."""
-    return name in value.model_fields_set and getattr(value, name) != type(value).model_fields[name].default
+    """Set by the inventory to ask for something: not the default (a default written out changes nothing), and
+    not off (`admission: False` where there is nothing to admit turns off what is not there)."""
+    setting = getattr(value, name)
+    return name in value.model_fields_set and setting != type(value).model_fields[name].default and bool(setting)
 
 
 def host_scopes(vendor: str) -> set[str]:
@@ -79,3 +81,20 @@ def fleet_wide(problems: list[tuple[str, str, str]], sources: dict[str, dict[str
         else:
             errors.append(problem)
     return errors, warnings
+
+
+def router_only_problems(data: dict, where: str) -> list[tuple[str, str, str]]:
+    """A router-only host serves no model: a service setting given to it (an engine, a port, extra_args, a
+    router of its own) would be ignored. `model` and `services` are router_only's own refusals."""
+    from modelfleet.inventory.schema import SERVICE_KEYS, ServiceData
+
+    out = []
+    for name in SERVICE_KEYS:
+        if name == "model" or name not in data:
+            continue
+        value, default = data[name], ServiceData.model_fields[name].default
+        if value != default and value not in (None, [], {}, False, 0, ""):
+            out.append((where, name, f"{UNUSED}this host is router_only (it serves no model): {name} applies only "
+                                     "to a host that serves a model, so it would be ignored here; take it out (a "
+                                     "group's value reaches every host of the group: move the host out of it)"))
+    return out

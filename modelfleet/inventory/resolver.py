@@ -169,7 +169,7 @@ def _host(name: str, data: Any, cat: Catalog, addresses: dict[tuple[str, int], s
     else:
         hw = cat.hardware[board]
     if host.router_only:
-        errors += router_only.problems(where, data, hw)
+        errors += router_only.problems(where, data, hw) + applies.router_only_problems(data, where)
     errors += applies.host_problems(host, hw, where)
     if host.driver_version and host.driver_version.split(".")[0] != host.driver_branch:
         errors.append((where, "driver_version", f"{host.driver_version} is not a release of driver_branch "

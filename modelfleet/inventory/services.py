@@ -66,6 +66,10 @@ def resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[st
     gguf = bool(recipe.gguf_quant and model.gguf)
     trust = not gguf and (model.trust_remote_code if svc.trust_remote_code is None else svc.trust_remote_code)
     errors += _problems(where, svc, host, hw, recipe, engine, port, trust, skipped)
+    if gguf and svc.trust_remote_code:
+        errors.append((where, "trust_remote_code", f"True, but recipe {recipe.id} serves GGUF weights with "
+                                                   f"{svc.engine}, which runs none of the checkpoint's code: it "
+                                                   "would be ignored; take it out"))
     gpus = svc.gpus if svc.gpus is not None else recipe.layout.gpus_per_node
     image = from_registry(host, svc.image or recipe.image)
     revision_dir = svc.revision or "main"

@@ -69,6 +69,9 @@ def test_a_setting_where_it_cannot_apply_is_refused_naming_host_and_field(name):
     scope = DECLARED[name]
     for where in WHERE_NOT[scope]:
         result = resolve(_fleet(where, name, SAMPLES[name]))
+        if not SAMPLES[name]:  # turning off what the host does not have asks for nothing
+            assert name not in unused(result, HOST_OF[where]), (name, where, result.errors)
+            continue
         assert name in unused(result, HOST_OF[where]), (name, where, result.errors)
         message = next(m for w, f, m in result.errors if f == name and " applies only to " in m)
         assert SCOPES[scope] in message
@@ -113,3 +116,20 @@ def test_weight_cache_beside_its_own_flag_in_any_spelling_the_engine_reads_is_re
 
     result = pool(*engine_recipe, weight_cache=True, extra_args=spelling)
     assert ("host n0", "weight_cache") in [(w, f) for w, f, _ in result.errors], (spelling, result.errors)
+
+
+@pytest.mark.parametrize("name,value", [("engine", "vllm"), ("port", 8123), ("extra_args", ["--seed", "1"]),
+                                        ("router", "gw"), ("weight_cache", True), ("gpus", 1)])
+def test_a_service_setting_on_a_router_only_host_is_refused(name, value):
+    result = resolve(_fleet("router_only", name, value))
+    assert name in unused(result, "gw"), result.errors
+    assert "router_only (it serves no model)" in next(m for w, f, m in result.errors if f == name)
+
+
+def test_trust_remote_code_on_gguf_weights_is_refused():
+    """llama.cpp reads GGUF weights and runs no checkpoint code: the setting would vanish."""
+    from tests.recipe_pools import pool
+
+    result = pool("kimi-k3-llamacpp-ud-iq1-m", "h200", trust_remote_code=True)
+    assert [(w, f) for w, f, _ in result.errors] == [("host n0", "trust_remote_code")], result.errors
+    assert pool("kimi-k3-llamacpp-ud-iq1-m", "h200", trust_remote_code=False).errors == []
