@@ -42,6 +42,9 @@ def _run_file(path: Path) -> dict[str, Any]:
         raise InventoryFileError(f"{path}:{error.lineno}", f"syntax error: {error.msg}") from None
     except OSError as error:
         raise InventoryFileError(str(path), f"cannot read: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise InventoryFileError(str(path), "is not UTF-8 text") from None
+    _duplicate_keys(path)
     namespace: dict[str, Any] = {"__file__": str(path)}
     token = LOADING.set(True)
     try:
@@ -55,6 +58,22 @@ def _run_file(path: Path) -> dict[str, Any]:
     finally:
         LOADING.reset(token)
     return namespace
+
+
+def _duplicate_keys(path: Path) -> None:
+    """A dict literal that writes one key twice keeps the last without a word (a host's `port` given twice):
+    refused at the second, as a site YAML file's is."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Dict):
+            continue
+        seen: dict[Any, int] = {}
+        for key in node.keys:
+            if isinstance(key, ast.Constant) and isinstance(key.value, (str, int)):
+                if key.value in seen:
+                    raise InventoryFileError(f"{path}:{key.lineno}", f"key {key.value!r} is written twice in one "
+                                             f"dict (first on line {seen[key.value]}): Python would keep the last "
+                                             "without a word")
+                seen[key.value] = key.lineno
 
 
 def _imported_names(path: Path) -> set[str]:

@@ -82,7 +82,11 @@ def yaml_files(folder: Path) -> list[Path]:
 
 def _read(path: Path, cls):
     try:
-        data = read_yaml(path.read_text())
+        data = read_yaml(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise CatalogError(str(path), "is not UTF-8 text") from None
+    except OSError as error:
+        raise CatalogError(str(path), f"cannot be read ({error.strerror})") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)

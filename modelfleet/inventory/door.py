@@ -63,6 +63,10 @@ def site_hardware(inventory: str) -> Path:
 def catalog_for(inventory: str | None):
     """The shipped catalog plus the site's boards, then its recipes (a site recipe may name a site board)."""
     catalog = load_catalog()
+    for folder in (site_hardware(inventory), site_recipes(inventory)) if inventory else ():
+        if folder.exists() and not folder.is_dir():
+            raise CatalogError(str(folder), f"is not a folder: a site's {folder.name} are YAML files in a "
+                                            f"{folder.name}/ folder beside the inventory")
     if inventory and site_hardware(inventory).is_dir():
         catalog = with_site_hardware(catalog, site_hardware(inventory))
     if inventory and site_recipes(inventory).is_dir():

@@ -44,7 +44,7 @@ def site(tmp_path: Path, data: dict, files: dict[str, str] | None = None) -> Pat
         if text is None:
             path.mkdir()
         else:
-            path.write_text(text)
+            path.write_bytes(text.encode("latin-1" if "latin" in rel else "utf-8"))
     return inv
 
 
@@ -97,10 +97,26 @@ CASES = [
 ]
 
 
+CASES += [
+    ("a site board not UTF-8", {}, {"hardware/latin.yaml": "id: caf\xe9\n"}, ["latin.yaml", "UTF-8"]),
+    ("hardware/ is a file", {}, {"hardware": "id: x\n"}, ["hardware", "is not a folder"]),
+    ("recipes/ is a file", {}, {"recipes": ""}, ["recipes", "is not a folder"]),
+    ("a key written twice in a group_data file's dict", {}, {"group_data/all.py": "env = {'A': '1', 'A': '2'}\n"},
+     ["all.py:1", "'A' is written twice"]),
+]
+
+
 @pytest.mark.parametrize("case,change,files,words", CASES, ids=[c[0] for c in CASES])
 def test_refused_before_any_connection_by_every_command(tmp_path, case, change, files, words):
     data = {k: v for k, v in {**HOST, **change}.items() if v is not None}
     refused_everywhere(site(tmp_path, data, files), *words)
+
+
+def test_a_key_written_twice_in_the_inventorys_own_dict_is_refused(tmp_path):
+    inv = site(tmp_path, HOST)
+    inv.write_text("gpus = [('h1', {'hardware': 'h200', 'model': 'qwen3-8b', 'engine': 'vllm',\n"
+                   "                 'gpu_count': 1, 'port': 8000, 'port': 8001})]\n")
+    refused_everywhere(inv, "inv.py:2", "'port' is written twice", "first on line 2")
 
 
 def test_a_good_yml_board_and_recipe_are_read(tmp_path):
