@@ -9,7 +9,10 @@ of theirs is claimed here without a second list."""
 from __future__ import annotations
 
 from modelfleet import replica_door, router, weight_cache
+from modelfleet.catalog.routers import bootstrap_port, pd_role
 from modelfleet.inventory.plan import HostPlan
+
+ENGINE = "(its engine)"
 
 
 def _owned(plan: HostPlan) -> list[tuple[str, str, str, str]]:
@@ -19,7 +22,12 @@ def _owned(plan: HostPlan) -> list[tuple[str, str, str, str]]:
     for svc in plan.services:
         owner = f"pool {svc.pool}"
         out += [("unit", svc.unit_name, owner, "pool"), ("file", svc.env_file, owner, "pool"),
-                ("file", svc.secrets_config_file, owner, "pool"), ("file", svc.auth_file, owner, "pool")]
+                ("file", svc.secrets_config_file, owner, "pool"), ("file", svc.auth_file, owner, "pool"),
+                ("port", str(svc.port), f"{owner} (its engine)", "port")]
+        bootstrap = bootstrap_port(svc.recipe, svc.engine_name) if pd_role(svc.recipe, svc.engine_name) == \
+            "prefill" else None
+        if bootstrap:
+            out.append(("port", str(bootstrap), f"{owner} (its prefill bootstrap server)", "recipe"))
         if weight_cache.spec(svc):
             owner = f"the weight cache of pool {svc.pool}"
             out += [("unit", weight_cache.unit_name(svc), owner, "pool"),
@@ -40,18 +48,20 @@ def _owned(plan: HostPlan) -> list[tuple[str, str, str, str]]:
 
 
 def collisions(hosts: dict[str, HostPlan]) -> list[tuple[str, str, str]]:
-    """(host, field, reason) for each unit, file or front-door port two owners on one host would share. Ports of
-    pools are checked with the services (and against front doors by the front door's own check)."""
+    """(host, field, reason) for each unit, file or port two owners on one host would share. Two engines' ports,
+    and an engine's against a front door's, are said by the services' and the front door's own checks."""
     errors = []
     for name, plan in hosts.items():
         taken: dict[tuple[str, str], tuple[str, str]] = {}
         for kind, value, owner, fld in _owned(plan):
             first = taken.setdefault((kind, value), (owner, fld))
-            if first[0] == owner or first[0].split(" (")[0] == owner.split(" (")[0]:
+            if first[0] == owner:
                 continue
-            fix = "give one of them another `router_port`" if kind == "port" else \
-                f"rename one of them (`{first[1]}` of {first[0]}, or `{fld}` of {owner})"
-            named = "pool" if "pool" in (first[1], fld) else fld  # a pool's name is the one free to change
-            errors.append((f"host {name}", named, f"{kind} {value} would be both {first[0]}'s and {owner}'s, one "
-                                                f"overwriting the other: {fix}"))
+            if ENGINE in (first[0] + owner) and "bootstrap" not in first[0] + owner:
+                continue  # an engine's port against another's or a front door's: said by those checks
+            fix = f"change `{first[1]}` of {first[0]} or `{fld}` of {owner}"
+            # The field to change: a pool's name or an engine's port is the one free to change.
+            named = next((f for f in ("pool", "port") if f in (first[1], fld)), fld)
+            errors.append((f"host {name}", named, f"{kind} {value} would be taken by both {first[0]} and {owner}, "
+                                                f"one overwriting the other: {fix}"))
     return errors

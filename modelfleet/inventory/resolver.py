@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from modelfleet import claims, grammar, trust
+from modelfleet import claims, grammar, trust, weight_cache
 from modelfleet.catalog import Catalog, Hardware, load_catalog
 from modelfleet.inventory import applies, routed, router_only
 from modelfleet.inventory.plan import GPU_CHECK_IMAGES, STACK_KEYS, HostPlan, Resolved, ServicePlan, StackPlan
@@ -28,7 +28,8 @@ from modelfleet.inventory.services import (
 
 # Ports an engine may not take: SSH, the exporters', and the pool's rendezvous and fan-out ports.
 RESERVED_PORTS = {22: "SSH", 9100: "node exporter", 9400: "DCGM exporter", 13345: "vLLM data-parallel RPC",
-                  18431: "checkpoint fan-out", 29500: "multi-node rendezvous"}
+                  18431: "checkpoint fan-out", 29500: "multi-node rendezvous",
+                  weight_cache.MASTER_PORT: "the weight caches' rendezvous"}
 
 
 @functools.cache

@@ -35,7 +35,7 @@ def test_two_front_doors_on_one_router_host_cannot_take_one_port():
              ("b", replica("10.0.0.3", "10.1.0.3", served_name="tiny-b"))]
     found = collisions(resolve(hosts), "gw")
     assert {f for f, _ in found} == {"router_port"} and len(found) == 3, found  # door, router behind, metrics
-    assert "port 8800 would be both the front door of tiny-lab" in found[0][1] and "tiny-b" in found[0][1]
+    assert "port 8800 would be taken by both the front door of tiny-lab" in found[0][1] and "tiny-b" in found[0][1]
     # Overlapping by one (8800-8802 and 8802-8804): the metrics port of one is the door of the other.
     hosts[2] = ("b", replica("10.0.0.3", "10.1.0.3", served_name="tiny-b", router_port=8802))
     assert [f for f, _ in collisions(resolve(hosts), "gw")] == ["router_port"]
@@ -56,6 +56,19 @@ def test_a_pool_named_like_a_front_doors_unit_is_refused(pool_name, what):
     found = collisions(resolve(hosts), "gw")
     assert found and found[0][0] == "pool" and what in found[0][1], resolve(hosts).errors
     assert f"pool {pool_name}" in found[0][1] and "the front door of tiny-lab" in found[0][1]
+
+
+def test_a_prefill_servers_bootstrap_port_is_a_port_of_its_host():
+    """SGLang's prefill server also listens on its bootstrap port (8998 by default): an engine port on it is
+    refused like any other collision."""
+    from modelfleet.catalog.routers import bootstrap_port
+    from tests.recipe_pools import CATALOG
+
+    taken = bootstrap_port(CATALOG.recipes["kimi-k3-sglang-pd-prefill-b300"], "sglang")
+    result = pool("kimi-k3-sglang-pd-prefill-b300", "b300", port=taken)
+    found = collisions(result, "n0")
+    assert [f for f, _ in found] == ["port"] and "prefill bootstrap server" in found[0][1], result.errors
+    assert collisions(pool("kimi-k3-sglang-pd-prefill-b300", "b300", port=taken + 1), "n0") == []
 
 
 def test_a_host_in_two_groups_whose_data_disagree_is_refused_naming_both(tmp_path):
