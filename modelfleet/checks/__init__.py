@@ -30,29 +30,25 @@ class Endpoint:
         return f"{self.base_url}/v1"
 
 
-class _NamedContext(ssl.SSLContext):
-    """A client context that checks the certificate against the name clients use, wherever the check connects
-    (the front door's address, an SSH tunnel's 127.0.0.1): urllib and httpx pass the URL's host to
-    wrap_socket, which this replaces."""
-
-    server_name: str | None = None
-
-    def wrap_socket(self, sock, *args, server_hostname=None, **kwargs):
-        return super().wrap_socket(sock, *args, server_hostname=self.server_name or server_hostname, **kwargs)
-
-
 def tls_context(ep: Endpoint) -> ssl.SSLContext | None:
     """The checks' TLS view of a front door with its own certificate: pinned to the chain the site gave (any
     certificate of it is an anchor, so a CA-issued chain and a self-signed one both verify), and the name checked
-    as a client checks it: the endpoint's `server_name` (router_server_name), whatever address the check dials.
-    None: plain HTTP."""
+    as a client checks it: the endpoint's `server_name` (router_server_name, else its address), whatever address
+    the check dials (the front door's, an SSH tunnel's 127.0.0.1). None: plain HTTP."""
     if not ep.ca_file:
         return None
-    context = _NamedContext(ssl.PROTOCOL_TLS_CLIENT)
-    context.load_verify_locations(cafile=ep.ca_file)
+    context = ssl.create_default_context(cafile=ep.ca_file)  # under pyinfra, gevent's (its patched ssl module)
     context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
     context.check_hostname = True
-    context.server_name = ep.server_name
+    if ep.server_name:
+        # urllib and httpx hand the URL's host to wrap_socket: the name clients use replaces it (an instance
+        # attribute, not a subclass, so gevent's context class stays the one in use).
+        dial = context.wrap_socket
+
+        def named(sock, *args, server_hostname=None, **kwargs):
+            return dial(sock, *args, server_hostname=ep.server_name, **kwargs)
+
+        context.wrap_socket = named
     return context
 
 
