@@ -253,11 +253,11 @@ class HostData(BaseModel):
     verify_full: bool = Field(False, description="Smoke test and tool probe on every converge, not only when a "
                               "unit (re)started.")
     admission: bool = Field(True, description="False: the admission stage leaves this host's GPUs unjudged "
-                            "(NVIDIA hosts only).", json_schema_extra=applies("nvidia"))
+                            "(NVIDIA: nvidia-smi -q -x; AMD: amd-smi metric).", json_schema_extra=applies("gpu"))
     admission_valid_h: int = Field(24, ge=1, le=720, description="Hours an admission pass holds "
-                                   "(reports/admission).", json_schema_extra=applies("nvidia"))
+                                   "(reports/admission).", json_schema_extra=applies("gpu"))
     admission_h2d: bool = Field(False, description="Also time each GPU's pinned host <-> device copies when the "
-                                "pool's gate runs, against the hardware catalog's h2d_min_gbps.", json_schema_extra=applies("nvidia"))
+                                "pool's gate runs, against the hardware catalog's h2d_min_gbps.", json_schema_extra=applies("gpu"))
     admission_dcgm_level: int = Field(0, ge=0, le=4, description="DCGM diagnostic level when admission judges "
                                       "the host (`dcgmi diag -r N`; 0 off, 1 about a minute, 3-4 half an hour+).", json_schema_extra=applies("nvidia"))
     dcgm_exporter: bool = Field(False, description="Run a DCGM exporter unit on NVIDIA hosts (:9400 on the "
