@@ -191,3 +191,11 @@ def test_the_guard_refuses_the_same_inputs_before_any_connection(tmp_path):
                   "applies only to AMD hosts"):
         assert words in out, (words, out[-3000:])
     assert listener.count == 0
+
+
+@pytest.mark.parametrize("levels", ["١,4", "²", "1,,4", "0"])
+def test_bench_concurrency_in_anything_but_ascii_digits_names_the_option(levels):
+    """Refused before any request (the base URL is a port nothing listens on)."""
+    result = invoke(["bench", "--base-url", "http://127.0.0.1:9", "--model", "m", "--concurrency", levels])
+    assert result.exit_code == 2 and "--concurrency" in result.output and "Traceback" not in result.output, \
+        result.output
