@@ -5,6 +5,7 @@ verify gate checks the certificate against it, whatever address it dials."""
 
 from __future__ import annotations
 
+import json
 import os
 import ssl
 import subprocess
@@ -211,3 +212,19 @@ def test_a_door_on_every_address_is_printed_at_the_hosts_address_not_0_0_0_0():
     assert result.errors == [] and door.base_url == "http://10.0.0.1:8800" and door.dial_url == door.base_url
     named = resolve(fleet("vllm", router_bind_address="0.0.0.0", router_server_name="door.lab")).routers["tiny-lab"]
     assert named.base_url == "http://door.lab:8800" and named.dial_url == "http://10.0.0.1:8800"
+
+
+def test_urls_lists_the_front_door_by_the_name_clients_use_and_not_as_an_origin_to_let_out(tmp_path):
+    from click.testing import CliRunner
+
+    from modelfleet.cli import main
+
+    cert, key = certificate(tmp_path, names=("DNS:door.example.com",))
+    hosts = fleet("vllm", router_tls_cert=str(cert), router_tls_key=str(key), router_server_name="door.example.com")
+    inv = tmp_path / "inv.py"
+    inv.write_text(f"doors = {hosts!r}\n")
+    said = CliRunner().invoke(main, ["urls", str(inv), "--json"])
+    out = json.loads(said.stdout)
+    doors = [e for e in out["urls"] if e["kind"] == "front door"]
+    assert [(e["url"], e["hosts"]) for e in doors] == [("https://door.example.com:8800/v1", ["r1"])], doors
+    assert not any("door.example.com" in origin for origin in out["origins"])
