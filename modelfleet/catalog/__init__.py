@@ -68,10 +68,10 @@ YAML_SUFFIXES = (".yaml", ".yml")
 
 
 def yaml_files(folder: Path) -> list[Path]:
-    """A catalog or site folder's YAML files (`.yaml` and `.yml`, sorted); anything else named like one (a
+    """A catalog or site folder's YAML files (`.yaml` and `.yml`, any case, sorted); anything else named like one (a
     folder, a link to nowhere) is an error naming it, not a file skipped or a traceback."""
     out = []
-    for path in sorted(p for p in folder.iterdir() if p.suffix in YAML_SUFFIXES):
+    for path in sorted(p for p in folder.iterdir() if p.suffix.lower() in YAML_SUFFIXES):
         if not path.is_file():
             kind = "a folder" if path.is_dir() else "not a regular file"
             raise CatalogError(str(path), f"is {kind}, but its name says it is a YAML file of {folder.name}/: "

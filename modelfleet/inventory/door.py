@@ -113,7 +113,7 @@ def _yaml_listed(folder: Path) -> list[str]:
     """The YAML files of a site folder, as the catalog reads them (one that is not a file was an error)."""
     from modelfleet.catalog import YAML_SUFFIXES
 
-    return sorted(str(p) for p in folder.iterdir() if p.suffix in YAML_SUFFIXES and p.is_file()) \
+    return sorted(str(p) for p in folder.iterdir() if p.suffix.lower() in YAML_SUFFIXES and p.is_file()) \
         if folder.is_dir() else []
 
 

@@ -58,8 +58,8 @@ def _http_host(value: str) -> str | None:
         return grammar.no_control(value)
     host, port = value, None
     if value.startswith("["):
-        host, _, rest = value[1:].partition("]")
-        if grammar.address(host) or ":" not in host or (rest and not re.fullmatch(r":[0-9]{1,5}", rest)):
+        host, closed, rest = value[1:].partition("]")
+        if not closed or grammar.address(host) or ":" not in host or (rest and not re.fullmatch(r":[0-9]{1,5}", rest)):
             return "is not [IPv6 address] or [IPv6 address]:port"
         port = rest[1:] or None
     elif value.count(":") > 1:

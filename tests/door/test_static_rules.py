@@ -94,6 +94,10 @@ CASES = [
      ["host h1", "insecure_http_hosts"]),
     ("insecure_http_hosts with a port out of range", {"insecure_http_hosts": ["[fd00::1]:70000"]}, {},
      ["host h1", "insecure_http_hosts"]),
+    ("insecure_http_hosts with an unclosed bracket", {"insecure_http_hosts": ["[fd00::1"]}, {},
+     ["host h1", "insecure_http_hosts"]),
+    ("a .YAML board is read too", {"hardware": "site-board"},
+     {"hardware/board.YAML": yaml_text({**BOARD, "id": "site-board", "hbm_mib": -1})}, ["board.YAML", "hbm_mib"]),
 ]
 
 
