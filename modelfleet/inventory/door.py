@@ -22,6 +22,13 @@ from modelfleet.inventory.resolver import resolve
 from modelfleet.loader import LOADING, InventoryFileError, read_inventory
 
 _guarded: set[tuple] = set()  # invocations guard() already validated (refuse_invalid then does nothing)
+# Where each host's values came from, per invocation validated: the run resolves pyinfra's merged data, which has
+# lost it, and a fleet-wide value (--data, group_data/all.py) is judged as validate judged it.
+_sources: dict[tuple, dict[str, dict[str, str]]] = {}
+
+
+def _key(run: dict[str, Any]) -> tuple:
+    return (run["inventory"], run["cwd"], run["group_data"], tuple(sorted(map(str, run["data"].items()))))
 
 
 def parse_value(text: str) -> Any:
@@ -155,7 +162,7 @@ def for_run(entries: list[tuple[str, dict[str, Any]]]) -> Resolved:
     rules, applied by pyinfra), with the catalog of the inventory the run was started with."""
     run = invocation()
     inventory = run["inventory"] if run and Path(run["inventory"]).is_file() else None
-    result = resolve(entries, catalog_for(inventory))
+    result = resolve(entries, catalog_for(inventory), sources=_sources.get(_key(run)) if run else None)
     for _, data in entries:
         masking.learn_data(data if isinstance(data, dict) else {})
     masking.learn_inventory(result)  # pyinfra's output from here on (operation names, command output) masked
@@ -172,7 +179,7 @@ def guard() -> None:
     if run is None or not Path(run["inventory"]).is_file():
         return
     masking.install()  # from here on, pyinfra's output is masked (its errors, operation names, command output)
-    key = (run["inventory"], run["cwd"], run["group_data"], tuple(sorted(map(str, run["data"].items()))))
+    key = _key(run)
     if key in _guarded:
         return
     result = open_inventory(run["inventory"], cwd=run["cwd"], group_data=run["group_data"], data=run["data"])
@@ -182,6 +189,7 @@ def guard() -> None:
               file=sys.stderr)
         raise SystemExit(2)
     _guarded.add(key)
+    _sources[key] = result.sources
 
 
 def guarded() -> bool:
@@ -250,6 +258,8 @@ def refuse_invalid(inventory_file: str) -> None:
     run = invocation() or {}
     options = {k: run[k] for k in ("cwd", "group_data", "data") if k in run}
     result = open_inventory(inventory_file, **options)
+    if run:
+        _sources[_key(run)] = result.sources
     if run:  # inside pyinfra: its output from here on is masked
         masking.learn_inventory(result)
         masking.install()

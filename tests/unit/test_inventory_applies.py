@@ -25,7 +25,8 @@ DECLARED = {name: scope_of(model, name) for model in (HostData, ServiceData) for
             if scope_of(model, name)}
 
 NVIDIA = {"ssh_hostname": "10.0.0.1", "hardware": "h200", "gpu_count": 1, "model": "qwen3-8b", "engine": "vllm"}
-AMD = {"ssh_hostname": "10.0.0.2", "hardware": "mi355x", "model": "kimi-k3", "engine": "sglang"}
+AMD = {"ssh_hostname": "10.0.0.2", "hardware": "mi355x", "model": "kimi-k3", "engine": "sglang", "revision": "c" * 40,
+       "recipe_params": {"mamba_full_memory_ratio": 0.5}}
 REPLICA = {"ssh_hostname": "10.0.0.4", "hardware": "lab-cpu", "model": "tiny-lab", "engine": "sglang",
            "recipe": "tiny-lab-sglang", "router": "gw", "api_key_env": "MF_APPLIES_KEY"}
 
@@ -133,3 +134,23 @@ def test_trust_remote_code_on_gguf_weights_is_refused():
     result = pool("kimi-k3-llamacpp-ud-iq1-m", "h200", trust_remote_code=True)
     assert [(w, f) for w, f, _ in result.errors] == [("host n0", "trust_remote_code")], result.errors
     assert pool("kimi-k3-llamacpp-ud-iq1-m", "h200", trust_remote_code=False).errors == []
+
+
+def test_the_runs_own_resolution_judges_a_fleet_wide_value_as_validate_did(tmp_path, monkeypatch):
+    """Inside `pyinfra INV ... --data dcgm_exporter=true`, the run resolves pyinfra's merged data (where the value
+    came from is lost there): the guard's sources keep it a warning on the AMD host, not a failure mid-run."""
+    from modelfleet.inventory import door
+    from modelfleet.loader import read_inventory
+
+    inv = tmp_path / "inv.py"
+    inv.write_text(f"nvidia = [('n1', {NVIDIA!r})]\namd = [('m1', {AMD!r})]\n")
+    run = {"inventory": str(inv), "cwd": str(tmp_path), "group_data": (), "data": {"dcgm_exporter": True}}
+    monkeypatch.setattr(door, "invocation", lambda: run)
+    monkeypatch.setattr(door, "_guarded", set())
+    monkeypatch.setattr(door, "_sources", {})
+    monkeypatch.setattr(door.masking, "install", lambda: None)
+    entries = read_inventory(str(inv), cwd=str(tmp_path), override_data=run["data"]).entries
+    assert "dcgm_exporter" in unused(door.for_run(entries), "m1")  # nothing to tell where it came from
+    door.guard()  # passes: a warning
+    result = door.for_run(entries)
+    assert unused(result, "m1") == set() and ("host m1", "dcgm_exporter") in [(w, f) for w, f, _ in result.warnings]
