@@ -66,12 +66,13 @@ def _pool(index: int, spec: dict) -> dict:
 
 
 def _for_vendor(settings: dict, hardware: str) -> dict:
-    """The lab's repository URLs a host's board can use (an NVIDIA repository on an AMD host is refused)."""
+    """The settings a host's board can use (an NVIDIA repository on an AMD host is refused; on the router-only
+    `cpu` board, nothing of GPUs or checkpoints)."""
     from modelfleet.catalog import load_catalog
     from modelfleet.inventory import HostData
     from modelfleet.inventory.applies import host_scopes, scope_of
 
-    held = host_scopes(load_catalog().hardware[hardware].vendor)
+    held = host_scopes(load_catalog().hardware[hardware].vendor) | ({"model"} if hardware != "cpu" else set())
     return {k: v for k, v in settings.items() if k not in HostData.model_fields or scope_of(HostData, k) in (None, *held)}
 
 
@@ -136,8 +137,10 @@ lab_hosts = [
 if _scenario.router_only and _scenario.router:  # the router host runs only the front door: no board, no service
     from modelfleet.inventory.schema import SERVICE_KEYS as _SERVICE_KEYS  # noqa: E402
 
-    lab_hosts = [(name, {**{k: v for k, v in data.items() if k not in ("hardware", "gpu_count", "services",
-                                                                       *_SERVICE_KEYS)}, "router_only": True})
+    # ...nor any setting that applies only to hosts with GPUs or serving a model (refused there).
+    lab_hosts = [(name, {**_for_vendor({k: v for k, v in data.items() if k not in ("hardware", "gpu_count",
+                                                                                   "services", *_SERVICE_KEYS)},
+                                       "cpu"), "router_only": True})
                  if name == _scenario.router else (name, data) for name, data in lab_hosts]
 
 # Every host, group_data file and recipe is validated here, before pyinfra connects to any host (exit 2).

@@ -12,6 +12,7 @@ SCOPES = {
     "nvidia": "NVIDIA hosts",
     "amd": "AMD hosts",
     "gpu": "hosts with GPUs",
+    "model": "hosts that serve a model (not router_only)",
     "router": "a service with a front door (`router` set)",
 }
 
@@ -55,9 +56,12 @@ def host_problems(host: BaseModel, hardware, where: str) -> list[tuple[str, str,
     """The host-level settings that cannot apply to the host's board (vendor, GPUs)."""
     if hardware is None:
         return []
-    vendor = hardware.vendor
+    vendor, serves = hardware.vendor, not getattr(host, "router_only", False)
     what = {"nvidia": "an NVIDIA host", "amd": "an AMD host"}.get(vendor, "a host without GPUs")
-    return unused(host, host_scopes(vendor), where, f"this is {what} ({hardware.id} board)")
+    if not serves:
+        what = "a router_only host without GPUs"
+    return unused(host, host_scopes(vendor) | ({"model"} if serves else set()), where,
+                  f"this is {what} ({hardware.id} board)")
 
 
 def service_problems(service: BaseModel, where: str) -> list[tuple[str, str, str]]:

@@ -202,7 +202,7 @@ class HostData(BaseModel):
     config_dir: OwnedDir = Field("/etc/modelfleet", description="Env and secret files (0700 directory, 0600 "
                                  "files).")
     hf_token_env: SecretVar = Field("HF_TOKEN", description="Name of the control-node variable holding the hub "
-                                    "token (reaches only the downloading host, in a 0600 file).")
+                                    "token (reaches only the downloading host, in a 0600 file).", json_schema_extra=applies("model"))
     image_registry: Annotated[str, _fits(_registry)] | None = Field(
         None, description="Registry prefix put before every image (site mirror, lab registry); unset: images "
         "as named.")
@@ -212,7 +212,7 @@ class HostData(BaseModel):
         "always is.")
     insecure_http_hosts: list[Annotated[str, _fits(_http_host)]] = Field(
         [], description="Hosts (host[:port]) the hub token may reach over plain HTTP (`hf_endpoint`): a site's "
-        "own network; loopback always may. Never for a model that runs its own code.")
+        "own network; loopback always may. Never for a model that runs its own code.", json_schema_extra=applies("model"))
     gpu_passthrough: bool = Field(True, description="Hand the service's GPUs to its container (NVIDIA: CDI "
                                   "devices; AMD: /dev/kfd and its render nodes); False: the container gets none.", json_schema_extra=applies("gpu"))
     router_only: bool = Field(False, description="The host runs only front doors (a service elsewhere names it "
@@ -222,32 +222,32 @@ class HostData(BaseModel):
         None, description="Several services on one host, each entry a set of service settings; unset: the "
         "host's own service settings are its one service.")
     assess_models: list[Name] = Field([], description="Catalog model ids preflight also reports on: would they "
-                                      "fit the measured GPUs.")
+                                      "fit the measured GPUs.", json_schema_extra=applies("gpu"))
     host_ram_gib: Annotated[int, Field(ge=1, le=65536)] | None = Field(
         None, description="Host RAM (GiB) that llama.cpp recipes keeping MoE experts in RAM may fill; the planner "
         "sizes them against it and preflight checks it against /proc/meminfo. Unset: the hardware catalog's "
-        "typical figure for the board.")
+        "typical figure for the board.", json_schema_extra=applies("model"))
     hf_endpoint: Url | None = Field(None, description="Hugging Face hub to fetch from; unset: the control "
-                                    f"node's HF_ENDPOINT, else {HUB_ENDPOINT}.")
+                                    f"node's HF_ENDPOINT, else {HUB_ENDPOINT}.", json_schema_extra=applies("model"))
     model_source: Url | None = Field(None, description="Air-gapped sites: a mirror URL or file:// directory "
-                                     "holding `<repo>/<commit>/` with its manifest, used instead of the hub.")
+                                     "holding `<repo>/<commit>/` with its manifest, used instead of the hub.", json_schema_extra=applies("model"))
     model_keep_revisions: int = Field(1, ge=0, le=100, description="Older revisions kept on disk for rollback beside the "
-                                      "served one.")
+                                      "served one.", json_schema_extra=applies("model"))
     model_reverify: bool = Field(False, description="Hash every file again instead of trusting the manifest's "
-                                 "size + mtime.")
+                                 "size + mtime.", json_schema_extra=applies("model"))
     # Hosts that got their copy serve the next wave (a tree), so a large group takes log(N) waves, not N.
     model_fanout_width: int = Field(8, ge=1, le=1024, description="Peers one host serves the checkpoint to at "
-                                    "once (the group's first host's value counts for the group).")
+                                    "once (the group's first host's value counts for the group).", json_schema_extra=applies("model"))
     model_fanout: Literal["swarm", "tree"] = Field("swarm", description="How a group's hosts copy the checkpoint: "
                                                    "`swarm`, piece by piece from every peer at once, each serving "
                                                    "the pieces it verified while it receives; `tree`, whole copies "
                                                    "in waves of model_fanout_width (the group's first host's value "
-                                                   "counts).")
+                                                   "counts).", json_schema_extra=applies("model"))
     model_fanout_rate_mb_s: int | None = Field(None, ge=1, le=1_000_000, description="Cap on what a host serving peers sends "
-                                               "in all, MB/s, leaving room for inference; unset: no cap.")
+                                               "in all, MB/s, leaving room for inference; unset: no cap.", json_schema_extra=applies("model"))
     model_stall_s: int = Field(60, ge=5, le=3600, description="Seconds a download or peer copy may go without "
                                "receiving a byte before it fails, naming host, source and file (other hosts go "
-                               "on); a peer server with no request for twice as long ends.")
+                               "on); a peer server with no request for twice as long ends.", json_schema_extra=applies("model"))
     verify_bench: bool = Field(False, description="The verify stage also runs a short bench and fails on a "
                                "regression against the previous one.")
     verify_full: bool = Field(False, description="Smoke test and tool probe on every converge, not only when a "

@@ -20,6 +20,10 @@ SAMPLES = {
     "router_port": 9000, "router_bind_address": "10.0.0.5", "router_client_keys_env": ["CLIENT_KEY"],
     "router_tls_cert": "/etc/door.crt", "router_tls_key": "/etc/door.key", "router_policy": "random",
     "router_server_name": "door.example.com",
+    "hf_token_env": "SITE_HF_TOKEN", "insecure_http_hosts": ["hub.site"], "host_ram_gib": 512,
+    "hf_endpoint": "https://hub.site", "model_source": "https://mirror.site/m", "model_keep_revisions": 2,
+    "model_reverify": True, "model_fanout_width": 4, "model_fanout": "tree", "model_fanout_rate_mb_s": 100,
+    "model_stall_s": 120, "assess_models": ["qwen3-8b"],
 }
 DECLARED = {name: scope_of(model, name) for model in (HostData, ServiceData) for name in model.model_fields
             if scope_of(model, name)}
@@ -60,8 +64,8 @@ def _fleet(where: str, name: str, value) -> list:
 
 
 WHERE_NOT = {"nvidia": ["amd", "router_only"], "amd": ["nvidia", "router_only"], "gpu": ["router_only"],
-             "router": ["nvidia"]}
-WHERE_YES = {"nvidia": "nvidia", "amd": "amd", "gpu": "nvidia", "router": "replica"}
+             "router": ["nvidia"], "model": ["router_only"]}
+WHERE_YES = {"nvidia": "nvidia", "amd": "amd", "gpu": "nvidia", "router": "replica", "model": "nvidia"}
 HOST_OF = {"nvidia": "n1", "amd": "m1", "router_only": "gw", "replica": "r1"}
 
 
