@@ -21,10 +21,10 @@ from modelfleet.inventory.plan import Resolved
 from modelfleet.inventory.resolver import resolve
 from modelfleet.loader import LOADING, InventoryFileError, read_inventory
 
-_guarded: set[tuple] = set()  # invocations guard() already validated (refuse_invalid then does nothing)
-# Where each host's values came from, per invocation validated: the run resolves pyinfra's merged data, which has
-# lost it, and a fleet-wide value (--data, group_data/all.py) is judged as validate judged it.
-_sources: dict[tuple, dict[str, dict[str, str]]] = {}
+# Invocations already validated (refuse_invalid then does nothing), each with where its hosts' values came from:
+# the run resolves pyinfra's merged data, which has lost that, and a fleet-wide value (--data,
+# group_data/all.py) is judged there as validate judged it.
+_guarded: dict[tuple, dict[str, dict[str, str]]] = {}
 
 
 def _key(run: dict[str, Any]) -> tuple:
@@ -162,7 +162,7 @@ def for_run(entries: list[tuple[str, dict[str, Any]]]) -> Resolved:
     rules, applied by pyinfra), with the catalog of the inventory the run was started with."""
     run = invocation()
     inventory = run["inventory"] if run and Path(run["inventory"]).is_file() else None
-    result = resolve(entries, catalog_for(inventory), sources=_sources.get(_key(run)) if run else None)
+    result = resolve(entries, catalog_for(inventory), sources=_guarded.get(_key(run)) if run else None)
     for _, data in entries:
         masking.learn_data(data if isinstance(data, dict) else {})
     masking.learn_inventory(result)  # pyinfra's output from here on (operation names, command output) masked
@@ -188,8 +188,7 @@ def guard() -> None:
         print(f"modelfleet: {run['inventory']} is not valid; nothing was touched:\n{result.error_report()}",
               file=sys.stderr)
         raise SystemExit(2)
-    _guarded.add(key)
-    _sources[key] = result.sources
+    _guarded[key] = result.sources
 
 
 def guarded() -> bool:
@@ -258,8 +257,6 @@ def refuse_invalid(inventory_file: str) -> None:
     run = invocation() or {}
     options = {k: run[k] for k in ("cwd", "group_data", "data") if k in run}
     result = open_inventory(inventory_file, **options)
-    if run:
-        _sources[_key(run)] = result.sources
     if run:  # inside pyinfra: its output from here on is masked
         masking.learn_inventory(result)
         masking.install()
@@ -267,3 +264,5 @@ def refuse_invalid(inventory_file: str) -> None:
         print(f"modelfleet: {inventory_file} is not valid; nothing was touched:\n{result.error_report()}",
               file=sys.stderr)
         raise SystemExit(2)
+    if run:
+        _guarded[_key(run)] = result.sources

@@ -150,8 +150,7 @@ def test_the_runs_own_resolution_judges_a_fleet_wide_value_as_validate_did(tmp_p
     inv.write_text(f"nvidia = [('n1', {NVIDIA!r})]\namd = [('m1', {AMD!r})]\n")
     run = {"inventory": str(inv), "cwd": str(tmp_path), "group_data": (), "data": {"dcgm_exporter": True}}
     monkeypatch.setattr(door, "invocation", lambda: run)
-    monkeypatch.setattr(door, "_guarded", set())
-    monkeypatch.setattr(door, "_sources", {})
+    monkeypatch.setattr(door, "_guarded", {})
     monkeypatch.setattr(door.masking, "install", lambda: None)
     entries = read_inventory(str(inv), cwd=str(tmp_path), override_data=run["data"]).entries
     assert "dcgm_exporter" in unused(door.for_run(entries), "m1")  # nothing to tell where it came from
