@@ -154,7 +154,15 @@ def _host(name: str, data: Any, cat: Catalog, addresses: dict[tuple[str, int], s
     except ValidationError as exc:
         for err in exc.errors():
             errors.append((where, ".".join(str(p) for p in err["loc"]), err["msg"].removeprefix("Value error, ")))
-        return None
+        # The other checks still run, the refused values left out, so every error is said at once (no plan runs
+        # while any is); `services` refused leaves nothing to check.
+        bad = {str(err["loc"][0]) for err in exc.errors() if err["loc"]}
+        if "services" in bad or not bad:
+            return None
+        try:
+            host = HostData(**{k: v for k, v in data.items() if k not in bad})
+        except ValidationError:
+            return None
     errors += _directory_clash(host, where)
     address = host.ssh_hostname or name
     if (address, host.ssh_port) in addresses:

@@ -203,3 +203,14 @@ def test_bench_concurrency_in_anything_but_ascii_digits_names_the_option(levels)
     result = invoke(["bench", "--base-url", "http://127.0.0.1:9", "--model", "m", "--concurrency", levels])
     assert result.exit_code == 2 and "--concurrency" in result.output and "Traceback" not in result.output, \
         result.output
+
+
+def test_a_value_the_schema_refuses_does_not_hide_the_hosts_other_errors(tmp_path):
+    """A malformed `insecure_http_hosts` entry and a relative file:// source (schema) beside an AMD-only setting
+    on an NVIDIA host and a mirror with a branch (cross-field): all four at once."""
+    inv = site(tmp_path, {**HOST, "insecure_http_hosts": ["a b"], "model_source": "file://srv/m",
+                          "rocm_version": "7.1", "revision": "main", "router_port": 9000})
+    result = invoke(["validate", inv, "--json"])
+    fields = {(e["where"], e["field"]) for e in json.loads(result.stdout)["errors"]}
+    assert result.exit_code == 2 and fields == {("host h1", "insecure_http_hosts.0"), ("host h1", "model_source"),
+                                                ("host h1", "rocm_version"), ("host h1", "router_port")}, fields
