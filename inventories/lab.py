@@ -65,6 +65,17 @@ def _pool(index: int, spec: dict) -> dict:
             **({"image": _scenario.image} if _scenario.image else {})}
 
 
+def _for_vendor(settings: dict, hardware: str) -> dict:
+    """The settings a host's board can use (an NVIDIA repository on an AMD host is refused; on the router-only
+    `cpu` board, nothing of GPUs or checkpoints)."""
+    from modelfleet.catalog import load_catalog
+    from modelfleet.inventory import HostData
+    from modelfleet.inventory.applies import host_scopes, scope_of
+
+    held = host_scopes(load_catalog().hardware[hardware].vendor) | ({"model"} if hardware != "cpu" else set())
+    return {k: v for k, v in settings.items() if k not in HostData.model_fields or scope_of(HostData, k) in (None, *held)}
+
+
 def _serves(index: int, spec: dict) -> dict:
     """What the host serves: one pool (service keys at the top), or the two pools of the scenario's two_pools."""
     service = {"model": "tiny-lab", "checkpoint_group": _scenario.checkpoint_group,
@@ -104,7 +115,7 @@ lab_hosts = [
         # from the lab's apt repositories (the real URLs' paths on 127.0.0.1:5080); the others come pre-built.
         "gpu_stack": spec.get("bare", False),
         **({"driver_version": _scenario.driver_version} if spec.get("bare") and _scenario.driver_version else {}),
-        **(_lab["apt"]["stack_urls"] if spec.get("bare") else {}),
+        **(_for_vendor(_lab["apt"]["stack_urls"], spec["hardware"]) if spec.get("bare") else {}),
         "hf_token_env": "MODELFLEET_LAB_HF_TOKEN",
         "hf_endpoint": _scenario.hf_endpoint or (_lab["hub"]["endpoint"] if _lab.get("hub") else None),
         "model_root": _scenario.model_root or spec["model_root"],
@@ -126,8 +137,10 @@ lab_hosts = [
 if _scenario.router_only and _scenario.router:  # the router host runs only the front door: no board, no service
     from modelfleet.inventory.schema import SERVICE_KEYS as _SERVICE_KEYS  # noqa: E402
 
-    lab_hosts = [(name, {**{k: v for k, v in data.items() if k not in ("hardware", "gpu_count", "services",
-                                                                       *_SERVICE_KEYS)}, "router_only": True})
+    # ...nor any setting that applies only to hosts with GPUs or serving a model (refused there).
+    lab_hosts = [(name, {**_for_vendor({k: v for k, v in data.items() if k not in ("hardware", "gpu_count",
+                                                                                   "services", *_SERVICE_KEYS)},
+                                       "cpu"), "router_only": True})
                  if name == _scenario.router else (name, data) for name, data in lab_hosts]
 
 # Every host, group_data file and recipe is validated here, before pyinfra connects to any host (exit 2).

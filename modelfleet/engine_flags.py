@@ -71,6 +71,17 @@ def table(engine_name: str, parser: str = "argparse") -> FlagTable | None:
     return FlagTable(engine_name, _version(spec.get("source", "")), canonical, parser)
 
 
+def reads_as(engine_name: str, parser: str, token: str) -> set[str]:
+    """The options the engine's parser reads TOKEN as (`--load_format=x` is vLLM's `--load-format`): every
+    check of one flag against another asks this, never the written text. Its written name where the engine has
+    no recorded list; empty for a value."""
+    if not is_flag(token) or token == "--":  # `--` ends the options: it is none of them
+        return set()
+    flags = table(engine_name, parser)
+    found = flags.reach(token) if flags is not None else set()
+    return found or {grammar.flag_name(token)}
+
+
 def is_flag(token: str) -> bool:
     return grammar.flag_name(token) is not None
 

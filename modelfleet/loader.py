@@ -42,6 +42,9 @@ def _run_file(path: Path) -> dict[str, Any]:
         raise InventoryFileError(f"{path}:{error.lineno}", f"syntax error: {error.msg}") from None
     except OSError as error:
         raise InventoryFileError(str(path), f"cannot read: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise InventoryFileError(str(path), "is not UTF-8 text") from None
+    _duplicate_keys(path)
     namespace: dict[str, Any] = {"__file__": str(path)}
     token = LOADING.set(True)
     try:
@@ -55,6 +58,22 @@ def _run_file(path: Path) -> dict[str, Any]:
     finally:
         LOADING.reset(token)
     return namespace
+
+
+def _duplicate_keys(path: Path) -> None:
+    """A dict literal that writes one key twice keeps the last without a word (a host's `port` given twice):
+    refused at the second, as a site YAML file's is."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Dict):
+            continue
+        seen: dict[Any, int] = {}
+        for key in node.keys:
+            if isinstance(key, ast.Constant) and isinstance(key.value, (str, int)):
+                if key.value in seen:
+                    raise InventoryFileError(f"{path}:{key.lineno}", f"key {key.value!r} is written twice in one "
+                                             f"dict (first on line {seen[key.value]}): Python would keep the last "
+                                             "without a word")
+                seen[key.value] = key.lineno
 
 
 def _imported_names(path: Path) -> set[str]:
@@ -192,6 +211,7 @@ def read_inventory(path: str, cwd: str | None = None, group_data: tuple[str, ...
     for group, data in extra.items():
         hosts, own = groups.get(group, ([], {}))
         groups[group] = (hosts, {**own, **data})
+    problems += _group_conflicts(groups, override_data or {})
     loaded = Loaded(entries=[], files=read, folders=[str(_shown(f)) for f in folders], module_values=module_values,
                     problems=problems)
     if not names:
@@ -204,6 +224,33 @@ def read_inventory(path: str, cwd: str | None = None, group_data: tuple[str, ...
         loaded.sources[host.name] = _sources(inventory, host, override, given_by, str(inventory_file))
     return loaded
 
+
+
+def _group_conflicts(groups: dict[str, tuple[list, dict]], override: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """A host in two groups whose data (the group's tuple or its group_data file) give one key different
+    values: pyinfra takes one of them without a word (a model switched, two front doors on one port). Refused,
+    naming both groups, unless the host's own data or `--data` settles the key."""
+    own: dict[str, dict] = {}
+    member: dict[str, list[str]] = {}
+    for group, (hosts, _) in groups.items():
+        for entry in hosts:
+            name = entry[0] if isinstance(entry, tuple) else entry
+            member.setdefault(name, []).append(group)
+            if isinstance(entry, tuple):
+                own.setdefault(name, {}).update(entry[1])
+    out = []
+    for name, names in member.items():
+        first: dict[str, tuple[str, Any]] = {}
+        for group in names:
+            for key, value in groups[group][1].items():
+                if key in own.get(name, {}) or key in override:
+                    continue
+                seen = first.setdefault(key, (group, value))
+                if seen[0] != group and seen[1] != value:
+                    out.append((f"host {name}", key, f"groups {seen[0]} and {group} give it different values and "
+                                                     "the host is in both: pyinfra would take one without a word; "
+                                                     "set it in the host's own data, or keep the host in one group"))
+    return out
 
 
 def _sources(inventory, host, override: dict[str, Any], given_by: dict[tuple[str, str], str],

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import jinja2
 import yaml
 
-from modelfleet import TEMPLATES_DIR, caches, grammar, keys, masking, runscope, weight_cache
+from modelfleet import TEMPLATES_DIR, caches, engine_flags, grammar, keys, masking, runscope, weight_cache
 from modelfleet.catalog.routers import pd_role, pd_spec
 from modelfleet.inventory import ServicePlan
 
@@ -62,9 +62,12 @@ def engine_argv(svc: ServicePlan) -> list[str]:
     argv = [a.format(model_path=_model_path(svc)) for a in engine.argv]
     argv += [engine.served_name_flag, *served_names(svc), engine.host_flag, svc.bind_address,
              engine.port_flag, str(svc.port)]
-    in_recipe = {grammar.flag_name(a) for a in recipe.args}
-    argv += [a for a in engine.metrics_args if grammar.flag_name(a) not in in_recipe]
-    if engine.memory_fraction_flag and engine.memory_fraction_flag not in in_recipe:
+    def reads(token: str) -> set[str]:  # as the engine's parser reads it: `--a_b=1` is `--a-b`
+        return engine_flags.reads_as(svc.engine_name, engine.flag_parser, token)
+
+    in_recipe = {o for a in recipe.args for o in reads(a)}
+    argv += [a for a in engine.metrics_args if not reads(a) & in_recipe]
+    if engine.memory_fraction_flag and not reads(engine.memory_fraction_flag) & in_recipe:
         argv += [engine.memory_fraction_flag, str(recipe.memory_fraction)]
     # With the weight cache, a recipe flag its client flags replace (--load-format) goes to the daemon.
     argv += weight_cache.displaced(svc, recipe.args)[0] + multinode_args(svc)

@@ -15,7 +15,7 @@ import annotated_types
 from pydantic import AfterValidator, BaseModel
 from pydantic.fields import FieldInfo
 
-from modelfleet.inventory import schema
+from modelfleet.inventory import applies, schema
 
 BEGIN, END = "<!-- settings:begin -->", "<!-- settings:end -->"
 
@@ -94,7 +94,13 @@ def rows(model: type[BaseModel]) -> list[str]:
         raise ValueError(f"{model.__name__}: no description for {', '.join(missing)} (give each field "
                          "Field(..., description=...))")
     return [f"| `{name}` | {_cell(type_name(field.annotation, field.metadata))} | {_cell(_default(field))} | "
-            f"{_cell(field.description.strip())} |" for name, field in model.model_fields.items()]
+            f"{_cell(field.description.strip())}{_applies(model, name)} |" for name, field in model.model_fields.items()]
+
+
+def _applies(model: type[BaseModel], name: str) -> str:
+    """Where a setting can apply (elsewhere it is refused), from its declaration."""
+    scope = applies.scope_of(model, name)
+    return f" Only for {applies.SCOPES[scope]}." if scope else ""
 
 
 def _pyinfra_keys() -> list[str]:

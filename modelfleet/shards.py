@@ -10,6 +10,7 @@ reports work as in one run, and its output goes to reports/converge/shard-<k>.lo
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 
@@ -55,11 +56,22 @@ def split(resolved: Resolved, count: int) -> list[list[str]]:
 def slice_of(resolved: Resolved, spec: str) -> tuple[int, int, list[str]]:
     """`--shard K/N`: slice K of the N that split() makes, the same on every control node that reads the same
     inventory (whole units, filled in inventory order); empty where the units make fewer than N."""
-    number, _, count = spec.partition("/")
-    if not (number.isdigit() and count.isdigit() and 1 <= int(number) <= int(count) <= 256):
-        raise ValueError(f"--shard {spec!r}: expected K/N with 1 <= K <= N <= 256")
-    shards = split(resolved, int(count))
-    return int(number), int(count), shards[int(number) - 1] if int(number) <= len(shards) else []
+    parts = re.fullmatch(r"([0-9]{1,3})/([0-9]{1,3})", spec)
+    if not (parts and 1 <= int(parts[1]) <= int(parts[2]) <= 256):
+        raise ValueError(f"--shard {spec!r}: expected K/N in ASCII digits with 1 <= K <= N <= 256")
+    number, count = int(parts[1]), int(parts[2])
+    shards = split(resolved, count)
+    return number, count, shards[number - 1] if number <= len(shards) else []
+
+
+def empty_slices(resolved: Resolved, spec: str) -> str | None:
+    """What `--shard K/N` with more slices than the hosts make says (each K/N job still runs; the ones past the
+    units converge nothing)."""
+    count, made = int(spec.partition("/")[2]), len(units(resolved))
+    if count <= made:
+        return None
+    return (f"--shard {spec}: the hosts chosen make only {made} slice(s) of whole pools and checkpoint groups, so "
+            f"slices {made + 1}-{count} of {count} converge nothing: use N at most {made}")
 
 
 def converge(inventory: str, deploy: str, shards: list[list[str]], progress=print, options: list[str] = (),

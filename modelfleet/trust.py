@@ -40,10 +40,30 @@ def loopback(url: str) -> bool:
     return False
 
 
+def http_host(entry: str) -> tuple[str, int | None]:
+    """An `insecure_http_hosts` entry as (host, port or None), compared as URLs' hosts are: lower case, an IPv6
+    address in its one written form, with or without brackets (`[fe80::1]:8080`, `FE80::1`)."""
+    entry = entry.strip()
+    host, port = entry, None
+    if entry.startswith("["):
+        host, _, rest = entry[1:].partition("]")
+        port = int(rest[1:]) if rest.startswith(":") and rest[1:].isdigit() else None
+    elif entry.count(":") == 1:
+        host, _, tail = entry.partition(":")
+        port = int(tail) if tail.isdigit() else None
+    with contextlib.suppress(ValueError):
+        host = ipaddress.ip_address(host).compressed
+    return host.lower().rstrip("."), port
+
+
 def listed(url: str, insecure: tuple[str, ...] | list[str]) -> bool:
-    """The URL's host (or host:port) is one the site named as reachable over plain HTTP."""
+    """The URL's host (or host:port) is one the site named as reachable over plain HTTP (case-insensitive; IPv6
+    in any notation)."""
     host, port = _host(url)
-    return host in insecure or (port is not None and f"{host}:{port}" in insecure)
+    with contextlib.suppress(ValueError):
+        host = ipaddress.ip_address(host).compressed
+    host = host.rstrip(".")
+    return any(h == host and (p is None or p == port) for h, p in map(http_host, insecure))
 
 
 def transport_problems(hf_endpoint: str, model_source: str | None, token_env: str, code_models: list[str],

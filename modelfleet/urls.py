@@ -8,6 +8,7 @@ from modelfleet.inventory import HostPlan, Resolved
 
 # pip's own default index: what a host's `pip install` reaches unless its pip.conf names another.
 PIP_DEFAULT_INDEX = "https://pypi.org/simple/"
+FRONT_DOOR = "front door"  # an entry clients reach (inbound), not one a firewall lets out
 
 
 def known_systems() -> list[str]:
@@ -147,6 +148,9 @@ def _front_doors(found: _Found, plan: HostPlan) -> None:
         found.add(None, "distribution archive", ", ".join(router_stage.wanted_packages(plan)),
                   f"hosts ({osfam.family(None).OWN_SOURCES})", plan.name)
     for rp in plan.routers:
+        # The one URL here clients come in by (never an outside one to let out): by router_server_name.
+        found.add(f"{rp.base_url}/v1", FRONT_DOOR, f"{rp.served_name} for clients ({'TLS' if rp.tls else 'plain HTTP'})",
+                  "clients (inbound)", plan.name)
         spec = router.spec(rp)
         found.add(PIP_DEFAULT_INDEX, "pip index", f"{spec.package}=={spec.version} (pip's default; a host's "
                   "pip.conf may name another)", "hosts (front doors)", plan.name)
@@ -158,7 +162,7 @@ def origins(entries: list[dict]) -> list[str]:
 
     out = []
     for entry in entries:
-        if not entry["url"]:
+        if not entry["url"] or entry["kind"] == FRONT_DOOR:
             continue
         parts = urllib.parse.urlsplit(entry["url"])
         if parts.scheme == "file":

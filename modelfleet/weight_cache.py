@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from modelfleet import grammar
+from modelfleet import engine_flags, grammar
 from modelfleet.catalog import Engine, Recipe, WeightCache
 
 # The host's directory of the sockets, one folder per pool (0700, created by systemd: RuntimeDirectory of both
@@ -39,14 +39,16 @@ def refusal(engine_name: str, engine: Engine, recipe: Recipe, extra_args=()) -> 
     if have is None or since is None or have < since:
         return (f"recipe {recipe.id} runs {engine_name} {recipe.engine_version}, which has no weight cache (it is "
                 f"read in {engine_name} {spec.since} and later): take `weight_cache` out or use a newer recipe")
-    clash = sorted(_client_flags(spec) & {grammar.flag_name(a) for a in extra_args})
+    clash = sorted(_client_flags(spec, engine_name, engine.flag_parser) &
+                   {o for a in extra_args for o in engine_flags.reads_as(engine_name, engine.flag_parser, a)})
     if clash:
         return f"extra_args set {', '.join(clash)}, which the weight cache's client sets: take one of them out"
     return None
 
 
-def _client_flags(spec: WeightCache) -> set[str]:
-    return {name for a in spec.engine_args if (name := grammar.flag_name(a))}
+def _client_flags(spec: WeightCache, engine_name: str, parser: str) -> set[str]:
+    """The options the client flags set, as the engine's parser reads them."""
+    return {o for a in spec.engine_args for o in engine_flags.reads_as(engine_name, parser, a)}
 
 
 def displaced(svc, args) -> tuple[list[str], list[str]]:
@@ -56,12 +58,13 @@ def displaced(svc, args) -> tuple[list[str], list[str]]:
     cache = spec(svc)
     if cache is None:
         return list(args), []
-    kept, moved, client, skip = [], [], _client_flags(cache), False
+    name, parser = svc.engine_name, svc.engine.flag_parser
+    kept, moved, client, skip = [], [], _client_flags(cache, name, parser), False
     for i, arg in enumerate(args):
         if skip:
             skip = False
             continue
-        if grammar.flag_name(arg) in client:
+        if engine_flags.reads_as(name, parser, arg) & client:
             following = args[i + 1] if i + 1 < len(args) else None
             skip = "=" not in arg and following is not None and grammar.flag_name(following) is None
             moved += [arg] + ([following] if skip else [])

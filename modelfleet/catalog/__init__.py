@@ -43,17 +43,50 @@ class CatalogError(ModelfleetError):
 
 # libyaml's loader where PyYAML was built with it: the same safe subset, read in C. Every run (a converge, each
 # shard) reads the whole catalog before its first host; in Python that was a tenth of a no-op converge's CPU.
-_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """The safe subset, with a key written twice in one mapping refused (YAML says keys are unique; PyYAML would
+    keep the last without a word)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is written twice in one mapping",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 def read_yaml(text: str):
-    """YAML's safe subset, read with libyaml where there is one (every catalog file goes through here)."""
-    return yaml.load(text, Loader=_SafeLoader)
+    """YAML's safe subset, read with libyaml where there is one (every catalog file goes through here); a key
+    written twice is an error."""
+    return yaml.load(text, Loader=_StrictLoader)
+
+
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def yaml_files(folder: Path) -> list[Path]:
+    """A catalog or site folder's YAML files (`.yaml` and `.yml`, any case, sorted); anything else named like one (a
+    folder, a link to nowhere) is an error naming it, not a file skipped or a traceback."""
+    out = []
+    for path in sorted(p for p in folder.iterdir() if p.suffix.lower() in YAML_SUFFIXES):
+        if not path.is_file():
+            kind = "a folder" if path.is_dir() else "not a regular file"
+            raise CatalogError(str(path), f"is {kind}, but its name says it is a YAML file of {folder.name}/: "
+                                          "rename or remove it")
+        out.append(path)
+    return out
 
 
 def _read(path: Path, cls):
     try:
-        data = read_yaml(path.read_text())
+        data = read_yaml(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise CatalogError(str(path), "is not UTF-8 text") from None
+    except OSError as error:
+        raise CatalogError(str(path), f"cannot be read ({error.strerror})") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
@@ -78,10 +111,12 @@ def validation_message(error: ValidationError, cls) -> str:
     return f"{where}: {first['msg'].removeprefix('Value error, ')}"
 
 
-def _flag_value(args: list[str], flags: list[str]) -> str | None:
+def _flag_value(args: list[str], flags: list[str], engine_name: str = "", parser: str = "argparse") -> str | None:
+    """The value ARGS give one of FLAGS, read as the engine's parser reads them (`--tensor_parallel_size=2`)."""
+    wanted = {o for f in flags for o in engine_flags.reads_as(engine_name, parser, f)}
     for i, arg in enumerate(args):
-        name, eq, value = arg.partition("=")
-        if name in flags:
+        _, eq, value = arg.partition("=")
+        if engine_flags.reads_as(engine_name, parser, arg) & wanted:
             return value if eq else (args[i + 1] if i + 1 < len(args) else "")
     return None
 
@@ -91,7 +126,8 @@ def layout_problems(recipe: "Recipe", engine: "Engine") -> list[str]:
     needs that no flag sets (the engine would run with 1 while holding the layout's GPUs)."""
     out = []
     for dim, flags in engine.parallel_flags.items():
-        wanted, given = getattr(recipe.layout, dim), _flag_value(recipe.args, flags)
+        wanted, given = getattr(recipe.layout, dim), _flag_value(recipe.args, flags, recipe.engine,
+                                                                 engine.flag_parser)
         if given is not None and given != str(wanted):
             out.append(f"args set {flags[0]} {given} but layout says {dim} {wanted}")
         elif given is None and wanted > 1 and not (recipe.layout.nodes > 1 and dim in engine.multinode):
@@ -126,7 +162,7 @@ def _check_layouts(recipes: dict, engines: dict, where) -> None:
 
 def _load_dir(folder: Path, cls):
     items: dict = {}
-    for path in sorted(folder.glob("*.yaml")):
+    for path in yaml_files(folder):
         item = _read(path, cls)
         if item.id in items:
             raise CatalogError(str(path), f"id {item.id} is already defined by another file of {folder}")
@@ -145,7 +181,7 @@ def _with_site(folder: Path, cls, shipped: dict, kind: str, check=None) -> tuple
     """Shipped items plus a site's (each file of `folder`, read as `cls`), and the file of each site item: an id
     that shadows a shipped one without `overrides`, or that two site files define, is an error."""
     items, files = dict(shipped), {}
-    for path in sorted(folder.glob("*.yaml")):
+    for path in yaml_files(folder):
         site = _read(path, cls)
         if site.overrides and site.overrides not in shipped:
             raise CatalogError(str(path), f"overrides: no shipped {kind} {site.overrides!r}")
@@ -219,7 +255,7 @@ def load_catalog(root: Path = CATALOG_DIR) -> Catalog:
     engines = _load_engines(root / "engines.yaml")
     recipes = _load_dir(root / "recipes", Recipe)
     _check_layouts(recipes, engines, lambda recipe: next(
-        str(p) for p in sorted((root / "recipes").glob("*.yaml")) if _read(p, Recipe).id == recipe.id))
+        str(p) for p in yaml_files(root / "recipes") if _read(p, Recipe).id == recipe.id))
     return Catalog(
         models=_load_dir(root / "models", Model),
         hardware=_load_dir(root / "hardware", Hardware),

@@ -23,6 +23,7 @@ class Endpoint:
     final_tool_choice: str = "auto"
     refused_routes: tuple[str, ...] = ()  # a front door's inference routes: each must refuse a key-less request
     ca_file: str | None = None  # a TLS front door's certificate chain (control node): the checks trust it only
+    server_name: str | None = None  # the name its certificate must cover (router_server_name, else its address)
 
     @property
     def openai_base_url(self) -> str:
@@ -31,13 +32,23 @@ class Endpoint:
 
 def tls_context(ep: Endpoint) -> ssl.SSLContext | None:
     """The checks' TLS view of a front door with its own certificate: pinned to the chain the site gave (any
-    certificate of it is an anchor, so a CA-issued chain and a self-signed one both verify), and nothing else;
-    the pin stands in for the name check, which an SSH tunnel's 127.0.0.1 would fail. None: plain HTTP."""
+    certificate of it is an anchor, so a CA-issued chain and a self-signed one both verify), and the name checked
+    as a client checks it: the endpoint's `server_name` (router_server_name, else its address), whatever address
+    the check dials (the front door's, an SSH tunnel's 127.0.0.1). None: plain HTTP."""
     if not ep.ca_file:
         return None
-    context = ssl.create_default_context(cafile=ep.ca_file)
+    context = ssl.create_default_context(cafile=ep.ca_file)  # under pyinfra, gevent's (its patched ssl module)
     context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
-    context.check_hostname = False
+    context.check_hostname = True
+    if ep.server_name:
+        # urllib and httpx hand the URL's host to wrap_socket: the name clients use replaces it (an instance
+        # attribute, not a subclass, so gevent's context class stays the one in use).
+        dial = context.wrap_socket
+
+        def named(sock, *args, server_hostname=None, **kwargs):
+            return dial(sock, *args, server_hostname=ep.server_name, **kwargs)
+
+        context.wrap_socket = named
     return context
 
 

@@ -81,7 +81,7 @@ def bench(inventory, limit, hosts, base_url, model, api_key_env, concurrency, nu
     from modelfleet.checks.bench import bench as run_bench
 
     try:
-        levels = [int(c) for c in concurrency.split(",")]
+        levels = [int(c) if c.strip().isascii() else -1 for c in concurrency.split(",")]  # `١` is no digit here
         if any(level < 1 for level in levels):
             raise ValueError
     except ValueError:
@@ -117,7 +117,11 @@ def cost(runs: tuple[str, ...], as_json: bool) -> None:
             prices = load_prices(Path(prices_path))
         except (OSError, PriceError) as error:
             raise click.UsageError(str(error)) from error
-        rows.append({"label": label, **cost_per_task(json.loads(Path(bench_path).read_text()), prices)})
+        try:
+            result = json.loads(Path(bench_path).read_text())
+        except (OSError, ValueError) as error:
+            raise click.UsageError(f"--run {run!r}: {bench_path}: not a bench result ({error})") from None
+        rows.append({"label": label, **cost_per_task(result, prices)})
     text = "\n".join(f"{r['label']:<16} ${r['cost_per_successful_task_usd']} per task "
                      f"({r['successful_tasks']} tasks, total ${r['total_usd']}: {r['basis']})" for r in rows)
     emit(rows, as_json, text)

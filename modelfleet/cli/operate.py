@@ -156,6 +156,8 @@ def converge(inventory: str, deploy: str, shards: int, slice_: str | None, dry: 
             number, of, hosts = sharding.slice_of(chosen, slice_)
         except ValueError as error:
             raise click.UsageError(str(error)) from None
+        if (empty := sharding.empty_slices(chosen, slice_)):
+            click.echo(f"warning: {empty}", err=True)
         split, numbers = ([hosts], [number]) if hosts else ([], [])
     else:
         split = sharding.split(chosen, shards)

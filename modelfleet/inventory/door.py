@@ -21,7 +21,14 @@ from modelfleet.inventory.plan import Resolved
 from modelfleet.inventory.resolver import resolve
 from modelfleet.loader import LOADING, InventoryFileError, read_inventory
 
-_guarded: set[tuple] = set()  # invocations guard() already validated (refuse_invalid then does nothing)
+# Invocations already validated (refuse_invalid then does nothing), each with where its hosts' values came from:
+# the run resolves pyinfra's merged data, which has lost that, and a fleet-wide value (--data,
+# group_data/all.py) is judged there as validate judged it.
+_guarded: dict[tuple, dict[str, dict[str, str]]] = {}
+
+
+def _key(run: dict[str, Any]) -> tuple:
+    return (run["inventory"], run["cwd"], run["group_data"], tuple(sorted(map(str, run["data"].items()))))
 
 
 def parse_value(text: str) -> Any:
@@ -63,6 +70,10 @@ def site_hardware(inventory: str) -> Path:
 def catalog_for(inventory: str | None):
     """The shipped catalog plus the site's boards, then its recipes (a site recipe may name a site board)."""
     catalog = load_catalog()
+    for folder in (site_hardware(inventory), site_recipes(inventory)) if inventory else ():
+        if folder.exists() and not folder.is_dir():
+            raise CatalogError(str(folder), f"is not a folder: a site's {folder.name} are YAML files in a "
+                                            f"{folder.name}/ folder beside the inventory")
     if inventory and site_hardware(inventory).is_dir():
         catalog = with_site_hardware(catalog, site_hardware(inventory))
     if inventory and site_recipes(inventory).is_dir():
@@ -101,9 +112,16 @@ def open_inventory(inventory: str, *, cwd: str | None = None, group_data: tuple[
     result.group_data_folders = loaded.folders if loaded else []
     result.sources = loaded.sources if loaded else {}
     recipes, boards = site_recipes(inventory), site_hardware(inventory)
-    result.site_recipe_files = sorted(str(p) for p in recipes.glob("*.yaml")) if recipes.is_dir() else []
-    result.site_hardware_files = sorted(str(p) for p in boards.glob("*.yaml")) if boards.is_dir() else []
+    result.site_recipe_files, result.site_hardware_files = _yaml_listed(recipes), _yaml_listed(boards)
     return result
+
+
+def _yaml_listed(folder: Path) -> list[str]:
+    """The YAML files of a site folder, as the catalog reads them (one that is not a file was an error)."""
+    from modelfleet.catalog import YAML_SUFFIXES
+
+    return sorted(str(p) for p in folder.iterdir() if p.suffix.lower() in YAML_SUFFIXES and p.is_file()) \
+        if folder.is_dir() else []
 
 
 def module_settings(inventory: str, values: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -144,7 +162,7 @@ def for_run(entries: list[tuple[str, dict[str, Any]]]) -> Resolved:
     rules, applied by pyinfra), with the catalog of the inventory the run was started with."""
     run = invocation()
     inventory = run["inventory"] if run and Path(run["inventory"]).is_file() else None
-    result = resolve(entries, catalog_for(inventory))
+    result = resolve(entries, catalog_for(inventory), sources=_guarded.get(_key(run)) if run else None)
     for _, data in entries:
         masking.learn_data(data if isinstance(data, dict) else {})
     masking.learn_inventory(result)  # pyinfra's output from here on (operation names, command output) masked
@@ -161,7 +179,7 @@ def guard() -> None:
     if run is None or not Path(run["inventory"]).is_file():
         return
     masking.install()  # from here on, pyinfra's output is masked (its errors, operation names, command output)
-    key = (run["inventory"], run["cwd"], run["group_data"], tuple(sorted(map(str, run["data"].items()))))
+    key = _key(run)
     if key in _guarded:
         return
     result = open_inventory(run["inventory"], cwd=run["cwd"], group_data=run["group_data"], data=run["data"])
@@ -170,7 +188,7 @@ def guard() -> None:
         print(f"modelfleet: {run['inventory']} is not valid; nothing was touched:\n{result.error_report()}",
               file=sys.stderr)
         raise SystemExit(2)
-    _guarded.add(key)
+    _guarded[key] = result.sources
 
 
 def guarded() -> bool:
@@ -246,3 +264,5 @@ def refuse_invalid(inventory_file: str) -> None:
         print(f"modelfleet: {inventory_file} is not valid; nothing was touched:\n{result.error_report()}",
               file=sys.stderr)
         raise SystemExit(2)
+    if run:
+        _guarded[_key(run)] = result.sources

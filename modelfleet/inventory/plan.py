@@ -66,6 +66,7 @@ class RouterChoice:
     tls_cert: str | None = None  # control-node files: the front door's certificate chain and its key
     tls_key: str | None = None
     client_keys_env: tuple[str, ...] = ()  # control-node variables of the keys clients use (none: api_key_env's)
+    server_name: str | None = None  # the name clients use (router_server_name)
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,8 @@ class RouterPlan:
     tls_key: str | None = None
     # The variables of the keys clients use; the front door then sends the replicas api_key_env's key instead.
     client_keys_env: tuple[str, ...] = ()
+    server_name: str | None = None  # the name clients use for it (router_server_name); None: its address
+    host_address: str = ""  # the router host's address: where a wildcard bind_address is reached
 
     @property
     def tls(self) -> bool:
@@ -122,8 +125,25 @@ class RouterPlan:
         return f"modelfleet-door-{self.name}.service"
 
     @property
+    def reached_at(self) -> str:
+        """The address clients and checks connect to: the bind address, the host's for a wildcard one."""
+        wildcard = self.host_address and self.bind_address in ("0.0.0.0", "::")
+        return self.host_address if wildcard else self.bind_address
+
+    @property
+    def client_name(self) -> str:
+        """The name clients use (and a TLS certificate must cover): `server_name`, else the address."""
+        return self.server_name or self.reached_at
+
+    @property
     def base_url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://{_url_host(self.bind_address)}:{self.port}"
+        """The URL clients use: by `server_name` where the inventory gives it, else the address."""
+        return f"{'https' if self.tls else 'http'}://{_url_host(self.client_name)}:{self.port}"
+
+    @property
+    def dial_url(self) -> str:
+        """Where the control node's checks connect (the address; with TLS they check `client_name`)."""
+        return f"{'https' if self.tls else 'http'}://{_url_host(self.reached_at)}:{self.port}"
 
 
 @dataclass(frozen=True)

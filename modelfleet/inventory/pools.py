@@ -99,6 +99,14 @@ def resolve_pools(hosts: dict[str, HostPlan], errors: list) -> dict[str, PoolPla
             if len(values) > 1:
                 label = "mixed hardware" if fld == "hardware" else "members disagree"
                 errors.append((where, fld.removesuffix("_name"), f"{label}: {', '.join(values)}"))
+        seen: dict[str, str] = {}
+        for member in pool.hosts:
+            fabric = hosts[member].fabric_address or hosts[member].address
+            if fabric in seen and seen[fabric] != member:
+                errors.append((f"host {member}", "fabric_address", f"{fabric} is also {seen[fabric]}'s, a member of "
+                               f"the same pool {pool.name}: each host of a pool needs its own address on the pool "
+                               "network (rendezvous and peers would reach one host twice)"))
+            seen.setdefault(fabric, member)
         layout = head.recipe.layout
         pool_gpus = sum(s.gpus for s in pool.services)
         if layout.nodes > 1 and not head.engine.multinode and (where, "engine") not in {e[:2] for e in errors}:

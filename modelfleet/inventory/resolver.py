@@ -12,12 +12,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from modelfleet import grammar, trust
+from modelfleet import claims, grammar, trust, weight_cache
 from modelfleet.catalog import Catalog, Hardware, load_catalog
-from modelfleet.inventory import routed, router_only
+from modelfleet.inventory import applies, routed, router_only
 from modelfleet.inventory.plan import GPU_CHECK_IMAGES, STACK_KEYS, HostPlan, Resolved, ServicePlan, StackPlan
 from modelfleet.inventory.pools import information, resolve_pools, warnings, with_ranks
-from modelfleet.inventory.schema import HUB_ENDPOINT, SERVICE_KEYS, HostData
+from modelfleet.inventory.schema import COMMIT_RE, HUB_ENDPOINT, SERVICE_KEYS, HostData
 from modelfleet.inventory.services import (
     assign_gpus,
     from_registry,
@@ -28,7 +28,8 @@ from modelfleet.inventory.services import (
 
 # Ports an engine may not take: SSH, the exporters', and the pool's rendezvous and fan-out ports.
 RESERVED_PORTS = {22: "SSH", 9100: "node exporter", 9400: "DCGM exporter", 13345: "vLLM data-parallel RPC",
-                  18431: "checkpoint fan-out", 29500: "multi-node rendezvous"}
+                  18431: "checkpoint fan-out", 29500: "multi-node rendezvous",
+                  weight_cache.MASTER_PORT: "the weight caches' rendezvous"}
 
 
 @functools.cache
@@ -114,6 +115,10 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
                                                         "GPUs (hardware catalog)"))
         services = _services(name, data, host, hw, gpu_count, cat, errors, skipped)
         endpoint = (host.hf_endpoint or os.environ.get("HF_ENDPOINT") or HUB_ENDPOINT).rstrip("/")
+        errors += [(f"host {name}", "revision", f"{svc.revision or 'main (unset)'} is not a commit, but model_source "
+                    "is a mirror, which has no branches to resolve: pin `revision` to the 40-hex commit it holds "
+                    f"(pool {svc.pool})") for svc in services
+                   if host.model_source and not COMMIT_RE.match(svc.revision or "")]
         errors += [(f"host {name}", fld, message) for fld, message in trust.transport_problems(
             endpoint, host.model_source, host.hf_token_env, [s.model.id for s in services if s.trust_remote_code],
             host.insecure_http_hosts)]
@@ -123,10 +128,13 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
     errors += router_only.idle(lone_routers, router_only.named(entries))
     pools = resolve_pools(hosts, errors)
     hosts = with_ranks(hosts, pools)
-    hosts, routers = routed.resolve(hosts, pools, errors, RESERVED_PORTS, offline=offline)
+    door_warnings: list[tuple[str, str, str]] = []
+    hosts, routers = routed.resolve(hosts, pools, errors, RESERVED_PORTS, offline=offline, warnings=door_warnings)
+    errors += claims.collisions(hosts)
+    errors, fleet = applies.fleet_wide(errors, sources or {})
+    found = warnings(hosts, pools, {n: d for n, d in entries if isinstance(d, dict)}) + door_warnings + fleet
     return Resolved(hosts=hosts, pools=pools, routers=routers, errors=_name_sources(errors, sources or {}),
-                    warnings=_name_sources(warnings(hosts, pools, {n: d for n, d in entries if isinstance(d, dict)}),
-                                           sources or {}),
+                    warnings=_name_sources(found, sources or {}),
                     skipped=skipped or [], info=information(pools))
 
 
@@ -146,7 +154,15 @@ def _host(name: str, data: Any, cat: Catalog, addresses: dict[tuple[str, int], s
     except ValidationError as exc:
         for err in exc.errors():
             errors.append((where, ".".join(str(p) for p in err["loc"]), err["msg"].removeprefix("Value error, ")))
-        return None
+        # The other checks still run, the refused values left out, so every error is said at once (no plan runs
+        # while any is); `services` refused leaves nothing to check.
+        bad = {str(err["loc"][0]) for err in exc.errors() if err["loc"]}
+        if "services" in bad or not bad:
+            return None
+        try:
+            host = HostData(**{k: v for k, v in data.items() if k not in bad})
+        except ValidationError:
+            return None
     errors += _directory_clash(host, where)
     address = host.ssh_hostname or name
     if (address, host.ssh_port) in addresses:
@@ -162,7 +178,8 @@ def _host(name: str, data: Any, cat: Catalog, addresses: dict[tuple[str, int], s
     else:
         hw = cat.hardware[board]
     if host.router_only:
-        errors += router_only.problems(where, data, hw)
+        errors += router_only.problems(where, data, hw) + applies.router_only_problems(data, where)
+    errors += applies.host_problems(host, hw, where)
     if host.driver_version and host.driver_version.split(".")[0] != host.driver_branch:
         errors.append((where, "driver_version", f"{host.driver_version} is not a release of driver_branch "
                                                 f"{host.driver_branch}"))

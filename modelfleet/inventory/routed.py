@@ -8,11 +8,11 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import replace
-from pathlib import Path
 
 from modelfleet import grammar, keys
 from modelfleet.catalog.routers import bootstrap_port, pd_role, specs
 from modelfleet.exposure import door_needed, routed_replica_problem
+from modelfleet.inventory import tls
 from modelfleet.inventory.plan import HostPlan, PoolPlan, RouterPlan, Worker, _is_loopback
 
 # What a proxy front door can hold in its config: a bearer token's characters (RFC 6750 b64token).
@@ -28,7 +28,7 @@ def _wildcard(address: str) -> bool:
 
 
 def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list, reserved: dict[int, str],
-            offline: bool = False) -> tuple[dict[str, HostPlan], dict[str, RouterPlan]]:
+            offline: bool = False, warnings: list | None = None) -> tuple[dict[str, HostPlan], dict[str, RouterPlan]]:
     """
     The front doors the services' `router*` settings ask for (one per router host and served name), and the
     hosts with their routed replicas bound where only the router reaches them: loopback on the router host
@@ -43,7 +43,8 @@ def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list
     lone = {served for (_, served), found in _pd_parts(pools).items() if not all(found.values())}
     routers: dict[str, RouterPlan] = {}
     for (router_host, served), services in routed.items():
-        door = _front_door(hosts, router_host, served, services, served in lone, routers, errors, reserved, offline)
+        door = _front_door(hosts, router_host, served, services, served in lone, routers, errors, reserved, offline,
+                           warnings)
         if door is not None:
             routers[door.name] = door
     out = {}
@@ -56,7 +57,7 @@ def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list
 
 def _front_door(hosts: dict[str, HostPlan], router_host: str, served: str, services: list, lone: bool,
                 routers: dict[str, RouterPlan], errors: list, reserved: dict[int, str],
-                offline: bool) -> RouterPlan | None:
+                offline: bool, warnings: list | None = None) -> RouterPlan | None:
     """The front door of `served` on `router_host` over its replicas `services`; None where it has a problem
     (in `errors`). `lone`: a prefill/decode part whose other part is missing (said once, by pd_pairs)."""
     name = front_door_name(served)
@@ -78,7 +79,7 @@ def _front_door(hosts: dict[str, HostPlan], router_host: str, served: str, servi
     errors += _disagreements(where, served, services)
     rhost = hosts[router_host]
     roles = {s.pool: pd_role(s.recipe, s.engine_name) for s in services}
-    errors += _door_problems(where, served, head, rhost, roles, lone, reserved, offline)
+    errors += _door_problems(where, served, head, rhost, roles, lone, reserved, offline, warnings)
     if name in routers:
         errors.append((where, "router", f"{served} already has a front door on {routers[name].host}"))
     if len(errors) > problems:
@@ -92,7 +93,8 @@ def _front_door(hosts: dict[str, HostPlan], router_host: str, served: str, servi
                       policy=head.router.policy, api_key_env=head.api_key_env, config_dir=rhost.config_dir,
                       workers=tuple(sorted(workers, key=lambda w: w.url)), pd=any(roles.values()),
                       tls_cert=head.router.tls_cert, tls_key=head.router.tls_key,
-                      client_keys_env=head.router.client_keys_env)
+                      client_keys_env=head.router.client_keys_env, server_name=head.router.server_name,
+                      host_address=rhost.address)
     # Refused, though planned (the plan shows what would run): a replica off loopback whose engine leaves a
     # route open and that no keyed proxy can cover (a PD server, whose other part reaches it directly too; an
     # engine whose key coverage modelfleet does not know).
@@ -114,6 +116,7 @@ def _disagreements(where: str, served: str, services: list) -> list[tuple[str, s
                        ("router_bind_address", lambda s: s.router.bind_address or ""),
                        ("router_policy", lambda s: s.router.policy),
                        ("router_tls_cert", lambda s: s.router.tls_cert or ""),
+                       ("router_server_name", lambda s: s.router.server_name or ""),
                        ("router_client_keys_env", lambda s: ",".join(s.router.client_keys_env)),
                        ("router_tls_key", lambda s: s.router.tls_key or "")):
         values = sorted({str(value(s)) for s in services})
@@ -123,7 +126,7 @@ def _disagreements(where: str, served: str, services: list) -> list[tuple[str, s
 
 
 def _door_problems(where: str, served: str, head, rhost: HostPlan, roles: dict[str, str | None], lone: bool,
-                   reserved: dict[int, str], offline: bool) -> list[tuple[str, str, str]]:
+                   reserved: dict[int, str], offline: bool, warnings: list | None = None) -> list[tuple[str, str, str]]:
     """The front door's own settings (its head replica's): prefill/decode parts whole, the policy its router
     has, an address to listen on, three free ports, a key the proxy can hold, TLS files and clients' keys."""
     errors = []
@@ -156,34 +159,29 @@ def _door_problems(where: str, served: str, head, rhost: HostPlan, roles: dict[s
     elif proxied and key and not offline and not PROXY_KEY.match(key.strip()):
         errors.append((where, "api_key_env", f"the value of {head.api_key_env} (not shown) has characters the "
                        "proxy's config cannot hold: use 8-512 of A-Z a-z 0-9 . _ ~ + / = -"))
-    errors += tls_problems(where, head.router, offline)
+    reached = rhost.address if bind in ("0.0.0.0", "::") else bind
+    errors += tls_problems(where, head.router, offline, head.router.server_name or reached, warnings)
     errors += client_key_problems(where, head.router.client_keys_env, head.api_key_env, offline)
     return errors
 
 
-def tls_problems(where: str, choice, offline: bool) -> list[tuple[str, str, str]]:
-    """The front door's certificate and key: both or neither, PEM files readable on the control node (not read
-    --offline). Their contents are never shown. nginx serves a front door with TLS (behind_proxy)."""
+def tls_problems(where: str, choice, offline: bool, name: str = "",
+                 warnings: list | None = None) -> list[tuple[str, str, str]]:
+    """The front door's certificate and key (modelfleet.inventory.tls): both or neither, and as a client and
+    nginx would take them for clients reaching it as `name` (not read --offline); a certificate close to its
+    end goes to `warnings`. Their contents are never shown. nginx serves a front door with TLS (behind_proxy)."""
     cert, key = choice.tls_cert, choice.tls_key
     if not cert and not key:
         return []
     if not (cert and key):
         given, missing = ("router_tls_cert", "router_tls_key") if cert else ("router_tls_key", "router_tls_cert")
         return [(where, missing, f"unset, but {given} is set: the front door needs both for TLS")]
-    out = []
-    for fld, path, marker in (("router_tls_cert", cert, "-----BEGIN CERTIFICATE-----"),
-                              ("router_tls_key", key, "PRIVATE KEY-----")):
-        if offline:
-            continue
-        try:
-            text = Path(path).read_text(errors="replace")
-        except OSError as error:
-            out.append((where, fld, f"{path}: cannot be read on the control node ({error.strerror})"))
-            continue
-        if marker not in text:
-            out.append((where, fld, f"{path}: not a PEM {'certificate' if fld == 'router_tls_cert' else 'private key'}"
-                        " (contents not shown)"))
-    return out
+    if offline:
+        return []
+    found, close = tls.problems(cert, key, name or choice.server_name or choice.bind_address or "")
+    if warnings is not None:
+        warnings += [(where, fld, message) for fld, message in close]
+    return [(where, fld, message) for fld, message in found]
 
 
 def client_key_problems(where: str, names: tuple[str, ...], model_key_env: str | None,

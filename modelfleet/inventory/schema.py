@@ -28,7 +28,11 @@ def _unique(values):
 def _url(value: str) -> str | None:
     if grammar.no_control(value) or " " in value:
         return "may not contain spaces or control characters"
-    return None if re.match(r"^(https?|file)://[^\s]+$", value) else "is not an http(s):// or file:// URL"
+    if not re.match(r"^(https?|file)://[^\s]+$", value):
+        return "is not an http(s):// or file:// URL"
+    if value.startswith("file://") and not value.startswith("file:///"):
+        return "is a file:// URL without an absolute path (file://x/y names the host x): write file:///srv/mirror"
+    return None
 
 
 def _registry(value: str) -> str | None:
@@ -48,8 +52,35 @@ def _host_name(value: str) -> str | None:
     return grammar.host_address(value.lstrip("@").replace("/", "."))
 
 
+def _http_host(value: str) -> str | None:
+    """host[:port], an IPv4 address[:port], an IPv6 address, or [IPv6][:port]."""
+    if grammar.no_control(value):
+        return grammar.no_control(value)
+    host, port = value, None
+    if value.startswith("["):
+        host, closed, rest = value[1:].partition("]")
+        if not closed or grammar.address(host) or ":" not in host or (rest and not re.fullmatch(r":[0-9]{1,5}", rest)):
+            return "is not [IPv6 address] or [IPv6 address]:port"
+        port = rest[1:] or None
+    elif value.count(":") > 1:
+        return None if grammar.address(value) is None else "is neither host[:port] nor an IPv6 address"
+    elif ":" in value:
+        host, port = value.split(":")
+        if not re.fullmatch(r"[0-9]{1,5}", port):
+            return "has a port that is not a number"
+    if port is not None and not 1 <= int(port) <= 65535:
+        return "has a port outside 1-65535"
+    return grammar.host_address(host)
+
+
 def _bind(value: str) -> str | None:
     return None if value == "localhost" else grammar.address(value)
+
+
+# Where a setting can apply (its `json_schema_extra`): the resolver refuses a value other than the default on a
+# host or service where it cannot (modelfleet.inventory.applies), so no setting vanishes in silence.
+def applies(scope: str) -> dict[str, str]:
+    return {"applies": scope}
 
 
 Name = Annotated[str, _fits(grammar.name)]
@@ -115,22 +146,26 @@ class ServiceData(BaseModel):
                                 "then listen on their fabric address, for the router only. Unset: no router.")
     router_port: Port = Field(8800, description="Port of the front door on `router_bind_address` (the router "
                               "host also uses the next two ports on loopback: the router behind a proxy, its "
-                              "metrics).")
+                              "metrics).", json_schema_extra=applies("router"))
     router_bind_address: Annotated[str, _fits(grammar.address)] | None = Field(
         None, description="Address the front door listens on, where clients reach it; unset: the router host's "
-        "SSH address.")
+        "SSH address.", json_schema_extra=applies("router"))
+    router_server_name: Annotated[str, _fits(grammar.host_address)] | None = Field(
+        None, description="The name clients use for the front door (`https://<name>:<port>/v1`, what `show` and "
+        "`validate` print); with TLS the certificate's names must cover it and the verify gate checks it. Unset: "
+        "the front door's address.", json_schema_extra=applies("router"))
     router_client_keys_env: list[SecretVar] | None = Field(
         None, description="Names of control-node variables, each holding a key the front door accepts from "
         "clients (an old and a new key overlap while clients move); the front door then reaches the replicas with "
-        "`api_key_env`'s key, which clients never see. Unset: clients use `api_key_env`'s key.")
+        "`api_key_env`'s key, which clients never see. Unset: clients use `api_key_env`'s key.", json_schema_extra=applies("router"))
     router_tls_cert: Annotated[str, _fits(grammar.no_control)] | None = Field(
         None, description="The front door's TLS certificate chain (PEM), a file on the control node, with "
-        "`router_tls_key`; unset: the front door speaks plain HTTP.")
+        "`router_tls_key`; unset: the front door speaks plain HTTP.", json_schema_extra=applies("router"))
     router_tls_key: Annotated[str, _fits(grammar.no_control)] | None = Field(
         None, description="The private key (PEM) of `router_tls_cert`, a file on the control node; the router "
-        "host gets it as a 0600 file.")
+        "host gets it as a 0600 file.", json_schema_extra=applies("router"))
     router_policy: Literal["random", "round_robin", "cache_aware", "power_of_two"] = Field(
-        "cache_aware", description="How the router picks a replica for each request (both routers' names).")
+        "cache_aware", description="How the router picks a replica for each request (both routers' names).", json_schema_extra=applies("router"))
     recipe_params: dict[Name, Annotated[float | int | str, _fits(grammar.flag_value)]] = Field(
         {}, description="Values for the recipe's required parameters (e.g. SGLang's `mamba_full_memory_ratio` "
         "for Kimi K3).")
@@ -148,7 +183,8 @@ class HostData(BaseModel):
     hardware: Name | None = Field(None, description="Catalog hardware id of the board, e.g. `b300`, `gb300`, "
                                   "`mi355x` (required).")
     gpu_count: Annotated[int, Field(ge=1, le=72)] | None = Field(None, description="GPUs the host has; unset: the "
-                                                          "hardware catalog's GPUs per node.")
+                                                          "hardware catalog's GPUs per node.",
+                                                          json_schema_extra=applies("gpu"))
     ssh_hostname: Annotated[str, _fits(grammar.host_address)] | None = Field(
         None, description="pyinfra's own: the address to SSH to; unset: the inventory's host name.")
     ssh_port: Port = Field(22, description="pyinfra's own: the SSH port (an engine may not take it).")
@@ -166,7 +202,7 @@ class HostData(BaseModel):
     config_dir: OwnedDir = Field("/etc/modelfleet", description="Env and secret files (0700 directory, 0600 "
                                  "files).")
     hf_token_env: SecretVar = Field("HF_TOKEN", description="Name of the control-node variable holding the hub "
-                                    "token (reaches only the downloading host, in a 0600 file).")
+                                    "token (reaches only the downloading host, in a 0600 file).", json_schema_extra=applies("model"))
     image_registry: Annotated[str, _fits(_registry)] | None = Field(
         None, description="Registry prefix put before every image (site mirror, lab registry); unset: images "
         "as named.")
@@ -174,11 +210,11 @@ class HostData(BaseModel):
         [], description="Registries (host[:port], as the images name them) the control node reaches over plain "
         "HTTP to pin digests, as Docker's insecure-registries (the hosts' dockerd must name them too); loopback "
         "always is.")
-    insecure_http_hosts: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9.-]+(:[0-9]+)?$")]] = Field(
+    insecure_http_hosts: list[Annotated[str, _fits(_http_host)]] = Field(
         [], description="Hosts (host[:port]) the hub token may reach over plain HTTP (`hf_endpoint`): a site's "
-        "own network; loopback always may. Never for a model that runs its own code.")
+        "own network; loopback always may. Never for a model that runs its own code.", json_schema_extra=applies("model"))
     gpu_passthrough: bool = Field(True, description="Hand the service's GPUs to its container (NVIDIA: CDI "
-                                  "devices; AMD: /dev/kfd and its render nodes); False: the container gets none.")
+                                  "devices; AMD: /dev/kfd and its render nodes); False: the container gets none.", json_schema_extra=applies("gpu"))
     router_only: bool = Field(False, description="The host runs only front doors (a service elsewhere names it "
                               "in `router`), no engine: no `services` nor `model`, `hardware` unset (the catalog's "
                               "`cpu` board, no GPUs) and no driver, checkpoint or engine image.")
@@ -186,52 +222,52 @@ class HostData(BaseModel):
         None, description="Several services on one host, each entry a set of service settings; unset: the "
         "host's own service settings are its one service.")
     assess_models: list[Name] = Field([], description="Catalog model ids preflight also reports on: would they "
-                                      "fit the measured GPUs.")
+                                      "fit the measured GPUs.", json_schema_extra=applies("gpu"))
     host_ram_gib: Annotated[int, Field(ge=1, le=65536)] | None = Field(
         None, description="Host RAM (GiB) that llama.cpp recipes keeping MoE experts in RAM may fill; the planner "
         "sizes them against it and preflight checks it against /proc/meminfo. Unset: the hardware catalog's "
-        "typical figure for the board.")
+        "typical figure for the board.", json_schema_extra=applies("model"))
     hf_endpoint: Url | None = Field(None, description="Hugging Face hub to fetch from; unset: the control "
-                                    f"node's HF_ENDPOINT, else {HUB_ENDPOINT}.")
+                                    f"node's HF_ENDPOINT, else {HUB_ENDPOINT}.", json_schema_extra=applies("model"))
     model_source: Url | None = Field(None, description="Air-gapped sites: a mirror URL or file:// directory "
-                                     "holding `<repo>/<commit>/` with its manifest, used instead of the hub.")
+                                     "holding `<repo>/<commit>/` with its manifest, used instead of the hub.", json_schema_extra=applies("model"))
     model_keep_revisions: int = Field(1, ge=0, le=100, description="Older revisions kept on disk for rollback beside the "
-                                      "served one.")
+                                      "served one.", json_schema_extra=applies("model"))
     model_reverify: bool = Field(False, description="Hash every file again instead of trusting the manifest's "
-                                 "size + mtime.")
+                                 "size + mtime.", json_schema_extra=applies("model"))
     # Hosts that got their copy serve the next wave (a tree), so a large group takes log(N) waves, not N.
     model_fanout_width: int = Field(8, ge=1, le=1024, description="Peers one host serves the checkpoint to at "
-                                    "once (the group's first host's value counts for the group).")
+                                    "once (the group's first host's value counts for the group).", json_schema_extra=applies("model"))
     model_fanout: Literal["swarm", "tree"] = Field("swarm", description="How a group's hosts copy the checkpoint: "
                                                    "`swarm`, piece by piece from every peer at once, each serving "
                                                    "the pieces it verified while it receives; `tree`, whole copies "
                                                    "in waves of model_fanout_width (the group's first host's value "
-                                                   "counts).")
+                                                   "counts).", json_schema_extra=applies("model"))
     model_fanout_rate_mb_s: int | None = Field(None, ge=1, le=1_000_000, description="Cap on what a host serving peers sends "
-                                               "in all, MB/s, leaving room for inference; unset: no cap.")
+                                               "in all, MB/s, leaving room for inference; unset: no cap.", json_schema_extra=applies("model"))
     model_stall_s: int = Field(60, ge=5, le=3600, description="Seconds a download or peer copy may go without "
                                "receiving a byte before it fails, naming host, source and file (other hosts go "
-                               "on); a peer server with no request for twice as long ends.")
+                               "on); a peer server with no request for twice as long ends.", json_schema_extra=applies("model"))
     verify_bench: bool = Field(False, description="The verify stage also runs a short bench and fails on a "
                                "regression against the previous one.")
     verify_full: bool = Field(False, description="Smoke test and tool probe on every converge, not only when a "
                               "unit (re)started.")
     admission: bool = Field(True, description="False: the admission stage leaves this host's GPUs unjudged "
-                            "(NVIDIA hosts only).")
+                            "(NVIDIA: nvidia-smi -q -x; AMD: amd-smi metric).", json_schema_extra=applies("gpu"))
     admission_valid_h: int = Field(24, ge=1, le=720, description="Hours an admission pass holds "
-                                   "(reports/admission).")
+                                   "(reports/admission).", json_schema_extra=applies("gpu"))
     admission_h2d: bool = Field(False, description="Also time each GPU's pinned host <-> device copies when the "
-                                "pool's gate runs, against the hardware catalog's h2d_min_gbps.")
+                                "pool's gate runs, against the hardware catalog's h2d_min_gbps.", json_schema_extra=applies("gpu"))
     admission_dcgm_level: int = Field(0, ge=0, le=4, description="DCGM diagnostic level when admission judges "
-                                      "the host (`dcgmi diag -r N`; 0 off, 1 about a minute, 3-4 half an hour+).")
+                                      "the host (`dcgmi diag -r N`; 0 off, 1 about a minute, 3-4 half an hour+).", json_schema_extra=applies("nvidia"))
     dcgm_exporter: bool = Field(False, description="Run a DCGM exporter unit on NVIDIA hosts (:9400 on the "
-                                "fabric address).")
+                                "fabric address).", json_schema_extra=applies("nvidia"))
     unit_dropins: Literal["remove", "keep"] = Field(
         "remove", description="Drop-ins and masks on the units modelfleet writes, which it did not write: removed "
         "(remove), or the site keeps its own and the host is refused, naming each file (keep).")
     # NVIDIA's tag from github.com/NVIDIA/dcgm-exporter's README quickstart (DCGM 4.4.2, exporter 4.7.1)
     dcgm_exporter_image: Image = Field("nvcr.io/nvidia/k8s/dcgm-exporter:4.4.2-4.7.1-ubuntu22.04",
-                                       description="Image of the DCGM exporter unit.")
+                                       description="Image of the DCGM exporter unit.", json_schema_extra=applies("nvidia"))
     nvme_devices: Annotated[list[str], _each(lambda v: None if v == "auto" else grammar.device(v)),
                             _fits(_unique)] = Field(
         [], description="NVMe for model_root: device paths, or `[\"auto\"]` for every blank NVMe disk; several "
@@ -254,35 +290,35 @@ class HostData(BaseModel):
     gpu_stack: bool = Field(True, description="Install the driver, Fabric Manager, Docker and the toolkit; "
                             "False: someone else's job (checked, not installed).")
     driver_branch: str = Field("580", pattern=r"^[0-9]{3}$", description="NVIDIA driver branch installed and "
-                               "held.")
+                               "held.", json_schema_extra=applies("nvidia"))
     # Changing it is a driver upgrade (`modelfleet upgrade` drains, installs, reboots and gates batch by batch).
     driver_version: str | None = Field(None, pattern=r"^[0-9]{3}\.[0-9]{2,3}(\.[0-9]{2})?$", description="One "
                                        "release of the branch (e.g. 580.159.04), Fabric Manager at the same "
-                                       "version; unset: a loaded driver of the branch is kept, else the newest.")
+                                       "version; unset: a loaded driver of the branch is kept, else the newest.", json_schema_extra=applies("nvidia"))
     driver_flavor: Literal["open", "proprietary"] = Field("open", description="Open kernel modules (NVIDIA's "
-                                                          "default since R560) or the proprietary ones.")
+                                                          "default since R560) or the proprietary ones.", json_schema_extra=applies("nvidia"))
     driver_source: Literal["auto", "cuda", "ubuntu-signed"] = Field(
         "auto", description="Where the NVIDIA kernel module comes from: `cuda` (the CUDA repository, built by "
         "DKMS), `ubuntu-signed` (Canonical's signed modules for the running kernel); `auto`: ubuntu-signed on "
-        "Ubuntu with Secure Boot on and DKMS's key not enrolled, else cuda.")
+        "Ubuntu with Secure Boot on and DKMS's key not enrolled, else cuda.", json_schema_extra=applies("nvidia"))
     driver_allow_downgrade: bool = Field(False, description="Accept replacing a loaded driver newer than the "
-                                         "branch (refused otherwise).")
+                                         "branch (refused otherwise).", json_schema_extra=applies("nvidia"))
     driver_pinning: bool = Field(True, description="Hold the branch with NVIDIA's "
-                                 "nvidia-driver-pinning-<branch> package; False: `apt-mark hold`.")
+                                 "nvidia-driver-pinning-<branch> package; False: `apt-mark hold`.", json_schema_extra=applies("nvidia"))
     cuda_toolkit: Annotated[str, Field(pattern=r"^[0-9]{1,2}-[0-9]{1,2}$")] | None = Field(
         None, description="e.g. `13-0` installs cuda-toolkit-13-0; unset: none (the engine images bring their "
-        "own).")
+        "own).", json_schema_extra=applies("nvidia"))
     reboot: bool = Field(True, description="Reboot when the driver's kernel module changed; False "
                          "(`--data reboot=false`): record \"reboot pending\" instead.")
     # https://docs.nvidia.com/datacenter/tesla/driver-installation-guide/ (network repository, cuda-keyring)
     nvidia_repo_url: Url = Field("https://developer.download.nvidia.com/compute/cuda/repos",
                                  description="NVIDIA's CUDA network repository (cuda-keyring, driver, Fabric "
-                                 "Manager), or a site mirror of it.")
+                                 "Manager), or a site mirror of it.", json_schema_extra=applies("nvidia"))
     # https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/install-guide.html
     container_toolkit_repo_url: Url = Field("https://nvidia.github.io/libnvidia-container/stable/deb",
-                                            description="NVIDIA Container Toolkit repository, or a mirror.")
+                                            description="NVIDIA Container Toolkit repository, or a mirror.", json_schema_extra=applies("nvidia"))
     container_toolkit_key_url: Url = Field("https://nvidia.github.io/libnvidia-container/gpgkey",
-                                           description="Signing key of the Container Toolkit repository.")
+                                           description="Signing key of the Container Toolkit repository.", json_schema_extra=applies("nvidia"))
     repo_key_fingerprints: dict[Literal["cuda", "docker", "nvidia-container-toolkit", "rocm"],
                                 Annotated[list[Annotated[str, Field(pattern=r"^([0-9A-Fa-f]{40}|[0-9A-Fa-f]{64})$")]],
                                           Field(min_length=1)]] = Field(
@@ -295,14 +331,14 @@ class HostData(BaseModel):
                                  "mirror.")
     # https://rocm.docs.amd.com/projects/install-on-linux/ (amdgpu-install, then amdgpu-dkms and rocm)
     amd_repo_url: Url = Field("https://repo.radeon.com", description="AMD's repository (amdgpu-install, "
-                              "amdgpu-dkms, rocm), or a mirror.")
+                              "amdgpu-dkms, rocm), or a mirror.", json_schema_extra=applies("amd"))
     rocm_version: str = Field("7.0", pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$", description="ROCm release "
-                              "installed on AMD hosts.")
+                              "installed on AMD hosts.", json_schema_extra=applies("amd"))
     amdgpu_install_build: str = Field("7.0.70000-1", pattern=r"^[0-9][0-9.]*-[0-9]+$", description="Build of "
-                                      "amdgpu-install_<build>_all.deb for rocm_version.")
+                                      "amdgpu-install_<build>_all.deb for rocm_version.", json_schema_extra=applies("amd"))
     gpu_check_image: Image | None = Field(None, description="Image that must see the host's GPUs after the "
-                                          "stack; unset: NVIDIA's CUDA base image, Ubuntu's on AMD hosts.")
+                                          "stack; unset: NVIDIA's CUDA base image, Ubuntu's on AMD hosts.", json_schema_extra=applies("gpu"))
     service_user: str = Field("root", pattern=r"^[a-z_][a-z0-9_-]{0,31}$", description="User added to the "
-                              "render and video groups on AMD hosts.")
+                              "render and video groups on AMD hosts.", json_schema_extra=applies("amd"))
 
 

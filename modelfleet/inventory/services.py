@@ -14,6 +14,7 @@ from modelfleet import engine_flags, host_commands, image_runtime, keys, masking
 from modelfleet.catalog import Catalog, Engine, Hardware, Recipe
 from modelfleet.catalog.routers import pd_role
 from modelfleet.exposure import off_loopback_problem
+from modelfleet.inventory import applies
 from modelfleet.inventory.plan import RouterChoice, ServicePlan, _is_loopback, _slug
 from modelfleet.inventory.schema import COMMIT_RE, SERVICE_KEYS, HostData, ServiceData
 
@@ -65,6 +66,10 @@ def resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[st
     gguf = bool(recipe.gguf_quant and model.gguf)
     trust = not gguf and (model.trust_remote_code if svc.trust_remote_code is None else svc.trust_remote_code)
     errors += _problems(where, svc, host, hw, recipe, engine, port, trust, skipped)
+    if gguf and svc.trust_remote_code:
+        errors.append((where, "trust_remote_code", f"True, but recipe {recipe.id} serves GGUF weights with "
+                                                   f"{svc.engine}, which runs none of the checkpoint's code: it "
+                                                   "would be ignored; take it out"))
     gpus = svc.gpus if svc.gpus is not None else recipe.layout.gpus_per_node
     image = from_registry(host, svc.image or recipe.image)
     revision_dir = svc.revision or "main"
@@ -86,7 +91,8 @@ def resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[st
         router=RouterChoice(host=svc.router, port=svc.router_port, bind_address=svc.router_bind_address,
                             policy=svc.router_policy, tls_cert=svc.router_tls_cert,
                             client_keys_env=tuple(svc.router_client_keys_env or ()),
-                            tls_key=svc.router_tls_key) if svc.router else None,
+                            tls_key=svc.router_tls_key, server_name=svc.router_server_name)
+        if svc.router else None,
     )
 
 
@@ -124,7 +130,7 @@ def _problems(where: str, svc: ServiceData, host: HostData, hw: Hardware, recipe
     """What is wrong with a service that names a known model, engine and recipe: its port, its image against the
     board and the driver, trust_remote_code without a pinned commit, its exposure and key, extra_args, env
     names, recipe parameters."""
-    errors: list[tuple[str, str, str]] = []
+    errors: list[tuple[str, str, str]] = applies.service_problems(svc, where)
     if not 1 <= port <= 65535:
         errors.append((where, "port", f"{port} is outside 1-65535"))
     if recipe.rocm and hw.vendor != "amd":
@@ -148,7 +154,8 @@ def _problems(where: str, svc: ServiceData, host: HostData, hw: Hardware, recipe
     elif svc.api_key_env and not keys.stripped(svc.api_key_env):
         errors.append((where, "api_key_env", f"{svc.api_key_env} is set but empty: the endpoint would serve "
                                              "without a key"))
-    if not trust and "--trust-remote-code" in recipe.args:
+    if not trust and any("--trust-remote-code" in engine_flags.reads_as(svc.engine, engine.flag_parser, a)
+                         for a in recipe.args):
         errors.append((where, "trust_remote_code", f"false, but recipe {recipe.id} passes --trust-remote-code: "
                                                    "the model needs it (pin `revision` to a commit instead)"))
     errors += [(where, "extra_args", message) for message in _extra_args_problems(svc.extra_args, engine, recipe,

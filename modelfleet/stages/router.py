@@ -246,9 +246,9 @@ def endpoint_verified(ep: Endpoint, tunnel: tuple[str, int] | None, full: bool, 
 def front_door_endpoint(rp: RouterPlan, key: str) -> Endpoint:
     """The verify gate's view of the front door: the model through the router, and every inference route of
     the router asked without the key."""
-    return Endpoint(name=f"{rp.host}/router-{rp.name}", base_url=rp.base_url, model=rp.served_name,
+    return Endpoint(name=f"{rp.host}/router-{rp.name}", base_url=rp.dial_url, model=rp.served_name,
                     engine=rp.engine_name, api_key=key, refused_routes=tuple(router.spec(rp).inference_routes),
-                    ca_file=rp.tls_cert)
+                    ca_file=rp.tls_cert, server_name=rp.client_name if rp.tls else None)
 
 
 def _replica_door(svc, deployed: dict) -> None:

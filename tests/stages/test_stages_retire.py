@@ -41,7 +41,7 @@ def plans(hosts):
 
 
 def test_a_unit_no_longer_named_is_stopped_disabled_and_removed_and_a_named_one_left(fake, env):
-    hosts = [("a", {**replica("127.0.0.2", 18012), "router": None, "pool": "kept"})]
+    hosts = [("a", {**replica("127.0.0.2", 18012), "router": None, "router_bind_address": None, "pool": "kept"})]
     kept = plans(hosts).hosts["@fake/a"].services[0]
     gone = replace(kept, pool="gone")
     texts = {kept.unit_name: render.render_unit(kept), gone.unit_name: render.render_unit(gone)}
@@ -65,7 +65,7 @@ def test_a_unit_no_longer_named_is_stopped_disabled_and_removed_and_a_named_one_
 
 
 def test_nothing_to_retire_sends_no_command(fake):
-    hosts = [("a", {**replica("127.0.0.2", 18012), "router": None, "pool": "kept"})]
+    hosts = [("a", {**replica("127.0.0.2", 18012), "router": None, "router_bind_address": None, "pool": "kept"})]
     kept = plans(hosts).hosts["@fake/a"].services[0]
     hosts[0][1]["fake_responses"] = {"@@modelfleet-state": owned_lines({kept.unit_name: render.render_unit(kept)})}
     state = fake.run_fake(hosts, lambda: pipeline.run_stages(retire_stage))
@@ -105,7 +105,8 @@ def test_a_replica_dropped_from_the_front_door_leaves_the_router_before_its_unit
     old = before.hosts["@fake/a"].services[0]
     # Host a now serves another pool, behind no front door: its replica of tiny-lab is no longer named.
     hosts = [("r1", replica("127.0.0.1", 18011)), ("a", {**replica("127.0.0.2", 18012), "router": None,
-                                                         "pool": "solo", "port": 18020})]
+                                                         "router_bind_address": None, "pool": "solo",
+                                                         "port": 18020})]
     rp = plans(hosts).routers["tiny-lab"]
     a_url = next(w.url for w in before.routers["tiny-lab"].workers if "127.0.0.2" in w.url)
     data = dict(hosts)

@@ -12,7 +12,7 @@ from modelfleet import pipeline, router  # noqa: E402
 from modelfleet.inventory import resolve  # noqa: E402
 from modelfleet.stages import TOOLS_BIN  # noqa: E402
 from modelfleet.stages import router as router_stage  # noqa: E402
-from tests.pem import private_key
+from tests.pem import certificate
 
 KEY = "stage-test-key-0123456"
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "router"
@@ -165,9 +165,7 @@ def rp_urls(rp):
 
 
 def test_a_tls_front_door_gets_the_sites_certificate_and_key_as_0600_files(fake, uploads, env, tmp_path):
-    cert, key = tmp_path / "door.crt", tmp_path / "door.key"
-    cert.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
-    key.write_text(private_key())
+    cert, key = certificate(tmp_path, names=("IP:127.0.0.1",))
     hosts = [(n, {**d, "engine": "vllm", "recipe": "tiny-lab-vllm", "router_tls_cert": str(cert),
                   "router_tls_key": str(key)}) for n, d in inventory()]
     rp = front_door(hosts)
@@ -192,9 +190,7 @@ def test_sglangs_worker_api_key_is_made_on_the_router_host_once(fake, env):
 
 
 def test_what_render_previews_for_the_router_host_is_what_the_stage_writes(fake, uploads, env, tmp_path):
-    cert, key = tmp_path / "door.crt", tmp_path / "door.key"
-    cert.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
-    key.write_text(private_key())
+    cert, key = certificate(tmp_path, names=("IP:127.0.0.1",))
     for engine, tls in (("vllm", {"router_tls_cert": str(cert), "router_tls_key": str(key)}), ("sglang", {})):
         uploads.files.clear()
         hosts = [(n, {**d, "engine": engine, "recipe": f"tiny-lab-{engine}", **tls}) for n, d in inventory()]

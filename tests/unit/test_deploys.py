@@ -43,7 +43,7 @@ def h200(fake, closed_port, mirror, **data) -> dict:
         "disk": ["Filesystem 1-blocks Used Available Capacity Mounted on",
                  "/dev/vda 270553174016 17286574080 68702363648 21% /"]})
     return {"hardware": "h200", "gpu_count": 1, "model": "qwen3-8b", "engine": "vllm", "gpu_stack": False,
-            "revision": "main", "image_registry": f"127.0.0.1:{closed_port}",
+            "revision": "c" * 40, "image_registry": f"127.0.0.1:{closed_port}",
             "model_source": f"file://{mirror}", "fake_responses": {"@@modelfleet-probe": reply}, **data}
 
 

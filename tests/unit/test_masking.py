@@ -79,7 +79,7 @@ def test_learn_data_and_inventory(monkeypatch):
     monkeypatch.setenv("HF_TOKEN", token)
     data = {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm",
             "api_key_env": "MY_KEY_VAR", "_sudo_password": "sudo-pw-55",
-            "model_source": "https://u:url-pw-66@m.example/x"}
+            "model_source": "https://u:url-pw-66@m.example/x", "revision": "c" * 40}
     result = resolve([("h1", data)])
     assert not result.errors, result.errors
     result.data = {"h1": data}

@@ -95,9 +95,13 @@ def test_a_gguf_pattern_matching_nothing_names_the_recipe(asked, tmp_path):
 
 
 def test_problems_are_one_line_per_failing_pin_saying_what_to_check(asked, tmp_path):
+    from dataclasses import replace
+
     source = f"file://{tmp_path}"  # a mirror holds commits only: a branch cannot resolve there
-    plan, _ = one({**TINY, "revision": "main", "model_source": source, "image": "unreachable.site/engine:v1",
-                   "dcgm_exporter": True})
+    plan, svc = one({**TINY, "revision": PIN, "model_source": source, "image": "unreachable.site/engine:v1",
+                     "dcgm_exporter": True})
+    # validate refuses a branch with a mirror; the run's own pin says it too, for a plan made otherwise
+    plan = replace(plan, services=(replace(svc, revision="main"),))
     lines = pins.problems(plan)
     assert len(lines) == 2, lines
     assert lines[0].startswith("image digest: unreachable.site/engine:v1: cannot reach")

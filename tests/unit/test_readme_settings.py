@@ -48,7 +48,7 @@ def test_one_row_per_field_in_schema_order_with_its_default():
                 assert default == "unset"
             else:
                 assert ast.literal_eval(default.strip("`")) == field.default, name
-            assert meaning == field.description.replace("|", "\\|")
+            assert meaning == field.description.replace("|", "\\|") + settings_doc._applies(model, name)
 
 
 def test_types_come_from_the_annotations():
