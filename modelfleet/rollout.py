@@ -56,14 +56,25 @@ def endpoints(resolved: Resolved) -> dict[str, list[str]]:
 
 
 def outages(resolved: Resolved, planned: list[list[str]]) -> list[str]:
-    """Batches that take every endpoint of a model with several down at once (a smaller batch would keep one
-    serving)."""
+    """Batches that take every endpoint of a model down at once: all of its endpoints where it has several (a
+    smaller batch would keep one serving), its only one where it has one (a single host, a single multi-node
+    pool: no batch keeps it serving)."""
     out = []
     for number, batch in enumerate(planned, 1):
         for model, heads in endpoints(resolved).items():
-            if len(heads) > 1 and set(heads) <= set(batch):
+            if not set(heads) <= set(batch):
+                continue
+            if len(heads) > 1:
                 out.append(f"batch {number} ({', '.join(batch)}) takes all {len(heads)} endpoints of {model} down "
                            "at once")
+                continue
+            pools = {svc.pool for svc in resolved.hosts[heads[0]].services if svc.served_name == model}
+            members = [h for pool in sorted(pools) for h in (resolved.pools[pool].hosts if pool in resolved.pools
+                                                              else [heads[0]])]
+            where = f"pool {', '.join(sorted(pools))} on {', '.join(dict.fromkeys(members))}" if len(members) > 1 \
+                else f"host {heads[0]}"
+            out.append(f"batch {number} ({', '.join(batch)}) takes the only endpoint of {model} ({where}) down "
+                       "while it switches")
     return out
 
 

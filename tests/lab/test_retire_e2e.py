@@ -176,7 +176,7 @@ def test_a_host_that_left_the_inventory_is_retired_by_the_command(two_pools, sce
     # Still in the inventory: refused, by name and by address, nothing touched.
     for target in (name, address):
         held = run_modelfleet("retire", "inventories/lab.py", target, *ssh, cwd=REPO_ROOT, env=env)
-        assert held.returncode == 2 and f"is host {name} of the inventory" in held.stderr, held.stderr
+        assert held.returncode == 2 and f"reaches host {name} of the inventory" in held.stderr, held.stderr
         assert "Traceback" not in held.stderr
 
     inventory = derived(tmp, pools={"pair-b"}, hosts={name})
