@@ -187,7 +187,7 @@ def test_a_host_that_left_the_inventory_is_retired_by_the_command(two_pools, sce
     assert unit_state(spec, "modelfleet-pair-a.service") == ("active", "enabled", "file")
     assert served(address, 8000) == ["tiny-lab"]
 
-    done = run_modelfleet("retire", inventory, address, *ssh, cwd=REPO_ROOT, env=env)
+    done = run_modelfleet("retire", inventory, address, "-y", *ssh, cwd=REPO_ROOT, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"{address}: retired modelfleet-pair-a.service (pool pair-a)" in done.stdout
     active, enabled, file = unit_state(spec, "modelfleet-pair-a.service")
@@ -196,5 +196,5 @@ def test_a_host_that_left_the_inventory_is_retired_by_the_command(two_pools, sce
     assert unit_state(spec, HANDMADE) == ("active", "enabled", "file")
     assert any(os.scandir(spec["model_root"]))  # checkpoints stay without --remove-checkpoints
 
-    nothing = run_modelfleet("retire", inventory, address, "--json", *ssh, cwd=REPO_ROOT, env=env)
+    nothing = run_modelfleet("retire", inventory, address, "--json", "-y", *ssh, cwd=REPO_ROOT, env=env)
     assert nothing.returncode == 0 and json.loads(nothing.stdout)["hosts"][0]["retired"] == []
