@@ -1,4 +1,4 @@
-"""What changes hosts or the control node's files: converge, admit, upgrade, retire, mirror, prometheus."""
+"""What changes hosts or the control node's files: converge, admit, upgrade, retire, drain, mirror, prometheus."""
 
 from __future__ import annotations
 
@@ -279,6 +279,47 @@ def retire_cmd(inventory: str, targets, dry: bool, remove_checkpoints: bool, ssh
         click.echo(output[-3000:], err=True)
     emit(out, as_json, "\n".join(_retire_lines(out, dry)))
     sys.exit(0 if out["ok"] else 1)
+
+
+@main.command("drain")
+@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
+@click.argument("hosts", nargs=-1, required=True, metavar="HOST|GROUP...")
+@click.option("--allow-outage", is_flag=True, help="Accept a drain that leaves a model with no endpoint (refused "
+              "otherwise).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@inventory_options
+def drain_cmd(inventory: str, hosts, allow_outage: bool, as_json: bool, group_data, data) -> None:
+    """Take HOSTs of INVENTORY out of service for maintenance (names, globs or groups, as pyinfra's --limit; a
+    multi-node pool's member takes its pool along): their replicas out of their front doors, then their engines
+    and weight caches stopped and disabled. Nothing is removed; `modelfleet undrain` (or a converge) brings them
+    back. Exit 1 if a step failed (a front door that refuses stops the drain before any engine stops)."""
+    from modelfleet import drain
+
+    result = resolved_or_exit(inventory, group_data, data)
+    chosen = drain.with_pools(result, selected(result, hosts))
+    down = drain.outages(result, chosen)
+    if down and not allow_outage:
+        raise click.BadParameter("; ".join(down) + ": pass --allow-outage to accept that outage",
+                                 param_hint="--allow-outage")
+    report = drain.drain(result, chosen)
+    emit(report, as_json, "\n".join(drain.lines(report, undo=False)))
+    sys.exit(0 if report["ok"] else 1)
+
+
+@main.command("undrain")
+@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
+@click.argument("hosts", nargs=-1, required=True, metavar="HOST|GROUP...")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@inventory_options
+def undrain_cmd(inventory: str, hosts, as_json: bool, group_data, data) -> None:
+    """Bring drained HOSTs back: their weight caches and engines enabled and started, their replicas back into
+    their front doors once they answer /health from the router host. Exit 1 if a step failed."""
+    from modelfleet import drain
+
+    result = resolved_or_exit(inventory, group_data, data)
+    report = drain.undrain(result, drain.with_pools(result, selected(result, hosts)))
+    emit(report, as_json, "\n".join(drain.lines(report, undo=True)))
+    sys.exit(0 if report["ok"] else 1)
 
 
 def _retire_lines(out: dict, dry: bool) -> list[str]:
