@@ -141,19 +141,25 @@ def target(given: str) -> Target:
 
 def served(result) -> dict[str, tuple[frozenset[str], frozenset[str]]]:
     """Every host the inventory holds -> (its names as compared, the addresses it is reached at): its name, its
-    ssh_hostname, the SSH config's HostName for that (its own ssh_config_file too), and what each resolves to."""
-    out = {}
+    ssh_hostname, the SSH config's HostName for that (its own ssh_config_file too), and what each resolves to.
+    The names resolve at once (threads), so a slow resolver costs one timeout, not one per host."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    names, asked = {}, set()
     for name in dict.fromkeys([*result.hosts, *result.data]):
         data = result.data.get(name) or {}
         if name == LOCAL:
-            out[name] = (frozenset({LOCAL}), local_addresses())
+            names[name] = (frozenset({LOCAL}), ())
             continue
         bare = name.removeprefix("@ssh/")
         address = str(data.get("ssh_hostname") or getattr(result.hosts.get(name), "address", "") or bare)
         connects_to = ssh_hostname(address, data.get("ssh_config_file"))
-        names = frozenset(canonical_name(n) for n in (bare, address, connects_to))
-        out[name] = (names, _maybe(connects_to) | _maybe(bare))
-    return out
+        names[name] = (frozenset(canonical_name(n) for n in (bare, address, connects_to)), (connects_to, bare))
+        asked |= {connects_to, bare}
+    with ThreadPoolExecutor(max_workers=min(32, len(asked) or 1)) as pool:
+        found = dict(zip(asked, pool.map(_maybe, asked), strict=True))
+    return {name: (texts, local_addresses() if name == LOCAL else frozenset().union(*(found[n] for n in looked)))
+            for name, (texts, looked) in names.items()}
 
 
 def still_served(result, targets: list[Target]) -> list[str]:

@@ -78,7 +78,8 @@ def upgrade(inventory: str, parallel: int, min_healthy: int | None, allow_outage
     planned = batches(result, parallel)
     down = outages(everything, planned)  # endpoints outside --limit keep serving
     if down and not allow_outage:
-        several = any(" takes all " in line for line in down)
+        several = any(len(heads) > 1 and set(heads) <= set(batch) for batch in planned
+                      for heads in endpoints(everything).values())  # a smaller batch would keep one serving
         raise click.BadParameter("; ".join(down) + (": lower --parallel, or pass --allow-outage" if several else
                                  ": pass --allow-outage to accept that outage"),
                                  param_hint="--parallel" if several else "--allow-outage")
