@@ -22,7 +22,7 @@ HOST = {"hardware": "h200", "gpu_count": 1, "model": "qwen3-8b", "engine": "vllm
 # Each served host of the inventory below, with spellings pyinfra accepts for it (it connects each of them to
 # the served host).
 SPELLINGS = {
-    "g4": ["10.9.8.7", "@ssh/10.9.8.7", "012.011.010.07", "0x0a090807", "168364039", "10.9.2055", "10.9.8.07",
+    "g4": ["10.9.8.7", "@ssh/10.9.8.7", "10.9.8.7.", "0X0A090807", "012.011.010.07", "0x0a090807", "168364039", "10.9.2055", "10.9.8.07",
            "::ffff:10.9.8.7", "[::ffff:10.9.8.7]", "@ssh/[::ffff:a09:807]", "g4", "G4", "g4.", "@ssh/G4.",
            "alias-of-g4"],
     "g6": ["2001:db8::7", "2001:0DB8:0000:0000:0000:0000:0000:0007", "[2001:db8::7]", "@ssh/2001:db8:0::7",
@@ -105,6 +105,14 @@ def test_every_spelling_reaches_the_same_addresses_as_getaddrinfo_gives(inv):
             t = targets.target(given)
             _, reached = served["fe" if given.startswith("fe80") else host]
             assert t.addresses & reached or t.names & served[host][0], (given, t)
+
+
+def test_a_spelling_of_another_address_is_not_taken_for_a_served_host(inv):
+    """Octal is octal (inet_aton, as getaddrinfo reads it): 010.9.8.7 is 8.9.8.7, not g4's 10.9.8.7."""
+    result = open_checked(str(inv))
+    for given, address in (("010.9.8.7", "8.9.8.7"), ("10.9.8.070", "10.9.8.56"), ("0x0a090806", "10.9.8.6")):
+        t = targets.target(given)
+        assert t.addresses == {address} and targets.still_served(result, [t]) == [], (given, t)
 
 
 def test_a_name_that_does_not_resolve_is_not_retired(inv, no_connection):
