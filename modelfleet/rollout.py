@@ -270,8 +270,9 @@ class _Run:
 
 def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: int | None = None,
             env: dict | None = None, log=print, limit: tuple[str, ...] = (), inventory_args: list[str] = (),
-            everything: Resolved | None = None) -> dict:
+            everything: Resolved | None = None, allow_outage: bool = False) -> dict:
     """`inventory_args`: the `--group-data` / `--data` arguments every pyinfra run of the rollout gets.
+    `allow_outage`: the operator accepted an outage (the command that finishes an interrupted run says so too).
     `everything`: the whole inventory when `resolved` is cut down by --limit (the front doors' hosts).
     A replica behind a front door is taken out of it before its batch switches and put back after its gate.
     `min_healthy` None: each model keeps a healthy endpoint outside the switching batch where it has one."""
@@ -293,6 +294,7 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
     except KeyboardInterrupt:  # Ctrl-C: what was cut off, where each host stands, and how to finish
         again = " ".join(["modelfleet", "upgrade", shlex.quote(inventory), "--parallel", str(parallel),
                           *(["--min-healthy", str(min_healthy)] if min_healthy is not None else []),
+                          *(["--allow-outage"] if allow_outage else []),
                           *(f"--limit {shlex.quote(name)}" for name in limit),
                           *(shlex.quote(arg) for arg in inventory_args)])
         where = run.where

@@ -91,7 +91,8 @@ def upgrade(inventory: str, parallel: int, min_healthy: int | None, allow_outage
     asked("upgrade", upgrade_plan(everything, planned, down), f"Upgrade these {len(result.hosts)} host(s)?", yes)
     report = rollout(inventory, result, parallel, min_healthy, env=dict(os.environ),
                      log=lambda line: click.echo(line, err=True), limit=tuple(limit),
-                     inventory_args=inventory_args(group_data, data), everything=everything)
+                     inventory_args=inventory_args(group_data, data), everything=everything,
+                     allow_outage=allow_outage)
     click.echo(json.dumps(report, indent=2))
     sys.exit(0 if not report["stopped"] else 1)
 
