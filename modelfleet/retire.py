@@ -228,6 +228,13 @@ def _recorded(state, host, path: str, report: dict) -> bool:
     return True
 
 
+def _connect_error(output: str, name: str) -> str | None:
+    """pyinfra's own line for a host it could not connect to (`[NAME] Could not connect (...)`)."""
+    said = [line.strip().removeprefix(f"[{name}]").strip() for line in output.splitlines()
+            if line.strip().startswith(f"[{name}] ")]
+    return said[-1] if said else None
+
+
 def run(targets: list, served: dict, deploy_file: str, dry: bool, remove_checkpoints: bool,
         pyinfra_options: list[str]) -> dict:
     """The retire deploy (`deploy_file`: modelfleet.deploys.retire's, which imports this module) over pyinfra on
@@ -264,7 +271,8 @@ def run(targets: list, served: dict, deploy_file: str, dry: bool, remove_checkpo
         elif t.pyinfra in refused:
             row["error"] = f"refused: {refused[t.pyinfra]}"
         elif row["retired"] is None:
-            row["error"] = "not reached (see pyinfra's output)"
+            row["error"] = "not reached: " + (_connect_error(done.stdout + done.stderr, t.pyinfra) or
+                                              "see pyinfra's output")
         rows.append(row)
     ok = (done is None or done.returncode == 0) and not any("error" in row for row in rows)
     return {"dry": dry, "ok": ok, "checkpoints_removed": remove_checkpoints and not dry, "hosts": rows,
