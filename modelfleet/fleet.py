@@ -200,7 +200,9 @@ def drain(plans: list[HostPlan]) -> dict[str, str | None]:
     admission and the gate passed). Host -> error or None."""
     def script(plan: HostPlan) -> str:
         units = " ".join(shlex.quote(unit) for svc in plan.services for unit in weight_cache.unit_names(svc))
-        return f"systemctl disable --now {units}" if units else "true"
+        # An engine stopped under `docker run` ends failed: a drained unit reads inactive, not failed.
+        return f"systemctl disable --now {units} && {{ systemctl reset-failed {units} 2>/dev/null || true; }}" \
+            if units else "true"
 
     return {name: _error(outcome) for name, outcome in on_hosts(plans, script).items()}
 
