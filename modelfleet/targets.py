@@ -14,12 +14,14 @@ import ipaddress
 import socket
 from dataclasses import dataclass, field
 
+from modelfleet.errors import ModelfleetError
+
 # pyinfra's local connector: commands run on this machine.
 LOCAL = "@local"
 LOOPBACK = frozenset({"127.0.0.1", "::1"})
 
 
-class TargetError(ValueError):
+class TargetError(ModelfleetError, ValueError):
     """A host argument that is not one host as retire reaches it (the message says which and why)."""
 
 
