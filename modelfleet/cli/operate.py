@@ -269,13 +269,17 @@ def retire_cmd(inventory: str, targets, dry: bool, remove_checkpoints: bool, ssh
     def retired(dry: bool) -> dict:
         return retire.run(chosen, served, deploy("retire"), dry, remove_checkpoints, options)
 
+    out = None
     if not dry and not yes:
         can_ask("retire")  # before the dry pass connects
         seen = retired(True)
-        said = "\n".join(_retire_lines(seen, True)) + ("\n(checkpoints are removed too: --remove-checkpoints)"
-                                                       if remove_checkpoints else "")
-        asked("retire", f"modelfleet retire: what each host holds now:\n{said}", "Retire these units?", yes=False)
-    out = retired(dry)
+        if any(row["retired"] for row in seen["hosts"]):
+            said = "\n".join(_retire_lines(seen, True)) + ("\n(checkpoints are removed too: --remove-checkpoints)"
+                                                           if remove_checkpoints else "")
+            asked("retire", f"modelfleet retire: what each host holds now:\n{said}", "Retire these units?", yes=False)
+        else:  # nothing to retire anywhere: nothing to ask, and the run would change nothing
+            out = {**seen, "dry": False, "checkpoints_removed": False}
+    out = out or retired(dry)
     output = out.pop("output")
     if not out["ok"] and output:
         click.echo(output[-3000:], err=True)

@@ -24,9 +24,11 @@ def acted(monkeypatch):
     calls = []
     monkeypatch.setattr(rollout, "rollout", lambda *a, **k: calls.append("upgrade") or {"stopped": None})
     monkeypatch.setattr(shards, "converge", lambda *a, **k: calls.append("converge") or {"ok": True})
+    unit = {"unit": "modelfleet-gone.service", "what": "pool gone", "container": None, "port": 8000}
     monkeypatch.setattr(retire, "run", lambda targets, served, deploy, dry, *a: calls.append(
         f"retire dry={dry}") or {"dry": dry, "ok": True, "checkpoints_removed": False, "output": "",
-                                 "hosts": [{"host": t.given, "retired": []} for t in targets]})
+                                 "hosts": [{"host": t.given, "retired": [] if "nothing" in calls else [unit]}
+                                           for t in targets]})
 
     def refused(*args, **kwargs):
         raise AssertionError(f"started {args}")
@@ -61,7 +63,7 @@ def test_y_acts_without_asking(fleet, acted, command, ran):
     ["modelfleet upgrade: 2 batch(es)", "batch 1: g1", "batch 2: g2", "Upgrade these 2 host(s)? [y/N]"],
     ["modelfleet converge: modelfleet.deploys.serve on 2 host(s) in 1 pyinfra process(es)", "shard 1: g1, g2",
      "Run modelfleet.deploys.serve on these 2 host(s)? [y/N]"],
-    ["10.0.0.9: no unit modelfleet wrote", "Retire these units? [y/N]"]],
+    ["10.0.0.9: would retire modelfleet-gone.service (pool gone), port 8000", "Retire these units? [y/N]"]],
     [["upgrade"], ["converge"], ["retire dry=True", "retire dry=False"]], strict=True)))
 def test_at_a_terminal_it_shows_the_plan_and_acts_only_on_yes(fleet, acted, monkeypatch, command, plan, ran):
     monkeypatch.setattr(operate, "stdin_is_terminal", lambda: True)
@@ -72,6 +74,14 @@ def test_at_a_terminal_it_shows_the_plan_and_acts_only_on_yes(fleet, acted, monk
     acted.clear()
     yes = CliRunner().invoke(main, [command[0], fleet, *command[1:]], input="y\n")
     assert yes.exit_code == 0 and acted == ran, yes.output
+
+
+def test_retire_asks_nothing_where_no_host_holds_a_unit_to_retire(fleet, acted, monkeypatch):
+    monkeypatch.setattr(operate, "stdin_is_terminal", lambda: True)
+    acted.append("nothing")
+    out = CliRunner().invoke(main, ["retire", fleet, "10.0.0.9", "--json"])
+    assert out.exit_code == 0 and acted == ["nothing", "retire dry=True"], out.output
+    assert "?" not in out.stderr and json.loads(out.stdout)["hosts"] == [{"host": "10.0.0.9", "retired": []}]
 
 
 def test_dry_runs_never_ask(fleet, acted):
