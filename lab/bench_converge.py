@@ -58,7 +58,7 @@ def sharded(count: int) -> dict:
     """A no-op converge of every lab host in `count` shards: wall and CPU seconds (all its processes)."""
     cpu, start = cpu_seconds(), time.perf_counter()
     with lab.scenario.applied(checkpoint_group=None):  # each pool its own group: shards hold whole pools
-        run = run_modelfleet("converge", "inventories/lab.py", "deploys/serve.py", "--shards", str(count))
+        run = run_modelfleet("converge", "inventories/lab.py", "deploys/serve.py", "-y", "--shards", str(count))
     elapsed, cpu = time.perf_counter() - start, cpu_seconds() - cpu
     if run.returncode:
         sys.exit(run.stdout[-3000:] + run.stderr[-2000:])

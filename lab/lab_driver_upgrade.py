@@ -24,7 +24,7 @@ def rehearse(specs: list[dict], old: str = OLD, new: str = NEW) -> dict:
         raise RuntimeError(f"building at {old} failed:\n{(built.stdout + built.stderr)[-4000:]}")
     restarts_before = {name: lab.restarts(name) for name in names}
     with lab.scenario.applied(engine="vllm", only=names, driver_version=new):
-        upgrade = run_modelfleet("upgrade", "inventories/lab.py", "--min-healthy", str(len(names) - 1),
+        upgrade = run_modelfleet("upgrade", "inventories/lab.py", "-y", "--min-healthy", str(len(names) - 1),
                                  timeout=1800, cwd=REPO_ROOT)
     report = json.loads(upgrade.stdout)
     failures = sum(report["endpoint_failures"].values())

@@ -16,9 +16,9 @@ def main() -> int:
     if first.returncode:
         sys.exit(first.stdout[-3000:] + first.stderr[-2000:])
     with lab.scenario.applied(engine="vllm", image=lab.UPGRADE_IMAGE):
-        good = run_modelfleet("upgrade", "inventories/lab.py", "--min-healthy", "2", timeout=1800)
+        good = run_modelfleet("upgrade", "inventories/lab.py", "-y", "--min-healthy", "2", timeout=1800)
     with lab.scenario.applied(engine="vllm", image=lab.BROKEN_IMAGE):
-        bad = run_modelfleet("upgrade", "inventories/lab.py", "--min-healthy", "2", timeout=1800)
+        bad = run_modelfleet("upgrade", "inventories/lab.py", "-y", "--min-healthy", "2", timeout=1800)
     summary = {}
     for label, result in (("upgrade", good), ("broken_upgrade", bad)):
         report = json.loads(result.stdout)

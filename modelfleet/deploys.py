@@ -19,7 +19,7 @@ from pyinfra.context import ctx_state
 from modelfleet import pins, pipeline, runlock
 from modelfleet.facts.state import DeployedState
 from modelfleet.operations.report import fail_host, note_once
-from modelfleet.retire import CHECKPOINTS_ENV, say_plan, to_retire, units_retired
+from modelfleet.retire import CHECKPOINTS_ENV, guarded, say_plan, to_retire, units_retired
 from modelfleet.stages import admission as admission_stage
 from modelfleet.stages import gpu_stack as gpu_stack_stage
 from modelfleet.stages import images
@@ -119,7 +119,14 @@ def verify() -> None:
 @_entry_point
 def retire() -> None:
     """A host that left the inventory (`modelfleet retire INVENTORY HOST...` runs this over pyinfra's own host
-    arguments): every unit modelfleet wrote there stopped and removed, nothing else (modelfleet.retire)."""
+    arguments): every unit modelfleet wrote there stopped and removed, nothing else (modelfleet.retire). The
+    command's guard comes first: a host reached at an address the inventory still serves, or not at the one
+    checked before connecting, is refused before anything is asked of it."""
+    refused = guarded()
+    if refused:
+        say_plan([], refused)
+        fail_host(name="Retire guard", reasons=[refused])
+        return
     taken, message = runlock.acquire(ctx_state.get(), host)
     if not taken:
         fail_host(name="Run lock", reasons=[message])

@@ -200,13 +200,29 @@ def drain(plans: list[HostPlan]) -> dict[str, str | None]:
     admission and the gate passed). Host -> error or None."""
     def script(plan: HostPlan) -> str:
         units = " ".join(shlex.quote(unit) for svc in plan.services for unit in weight_cache.unit_names(svc))
-        return f"systemctl disable --now {units}" if units else "true"
+        # An engine stopped under `docker run` ends failed: a drained unit reads inactive, not failed.
+        return f"systemctl disable --now {units} && {{ systemctl reset-failed {units} 2>/dev/null || true; }}" \
+            if units else "true"
 
-    out = {}
-    for name, outcome in on_hosts(plans, script).items():
-        out[name] = (_unreachable(outcome) if isinstance(outcome, Exception) else
-                     None if outcome[0] == 0 else (outcome[2] or outcome[1]).strip()[-500:] or f"exit {outcome[0]}")
-    return out
+    return {name: _error(outcome) for name, outcome in on_hosts(plans, script).items()}
+
+
+def undrain(plans: list[HostPlan]) -> dict[str, str | None]:
+    """Enable and start what `drain` stopped: the weight caches first (the engine maps their weights), then the
+    engine units. Host -> error or None."""
+    def script(plan: HostPlan) -> str:
+        caches = [u for svc in plan.services for u in weight_cache.unit_names(svc)[1:]]
+        engines = [svc.unit_name for svc in plan.services]
+        return " && ".join(f"systemctl enable --now {' '.join(map(shlex.quote, units))}"
+                           for units in (caches, engines) if units) or "true"
+
+    return {name: _error(outcome) for name, outcome in on_hosts(plans, script).items()}
+
+
+def _error(outcome) -> str | None:
+    if isinstance(outcome, Exception):
+        return _unreachable(outcome)
+    return None if outcome[0] == 0 else (outcome[2] or outcome[1]).strip()[-500:] or f"exit {outcome[0]}"
 
 
 def behind_front_doors(resolved, hosts: list[str]) -> list[tuple]:

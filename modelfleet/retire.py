@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shlex
+import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -27,12 +28,17 @@ from modelfleet.host_commands import revisions_dir
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.report import note, report_path, save_json
 from modelfleet.render import CONTAINER_MODEL_DIR, DOCKER
+from modelfleet.targets import canonical_ip
 from modelfleet.units import UNIT_DIR, unit_paths
 from modelfleet.weight_cache import unit_names
 
 # Where `modelfleet retire` asks the deploy to say what it found on each host (read while planning, so a
 # `--dry` run says it too): a folder, one JSON file per host.
 PLAN_ENV = "MODELFLEET_RETIRE_PLAN"
+# Where `modelfleet retire` tells the deploy what it proved before connecting (JSON: "served", each address of a
+# host the inventory still serves -> that host; "proved", each target -> the addresses it resolved to): the deploy
+# compares the address pyinfra really connected to before it does anything.
+GUARD_ENV = "MODELFLEET_RETIRE_GUARD"
 # Set (to 1) by `modelfleet retire --remove-checkpoints`: the retired engines' checkpoints go too.
 CHECKPOINTS_ENV = "MODELFLEET_RETIRE_CHECKPOINTS"
 
@@ -138,12 +144,45 @@ def to_retire(owned: dict[str, dict], named: set[str] = frozenset(), kept: set[s
     return out
 
 
-def say_plan(retired: list[Retired]) -> None:
-    """Where `modelfleet retire` asked (PLAN_ENV): what this host would retire, written while planning."""
+def say_plan(retired: list[Retired], refused: str | None = None) -> None:
+    """Where `modelfleet retire` asked (PLAN_ENV): what this host would retire, written while planning (or why
+    it refused the host)."""
     folder = os.environ.get(PLAN_ENV)
     if folder:
         Path(folder, f"{slug(host.name)}.json").write_text(json.dumps(
-            {"host": host.name, "retired": [asdict(r) for r in retired]}, indent=2) + "\n")
+            {"host": host.name, "retired": [asdict(r) for r in retired], "refused": refused}, indent=2) + "\n")
+
+
+def peer_address() -> str | None:
+    """The address pyinfra's SSH connection to this host reached (None: not SSH, or through a proxy, whose
+    socket's peer is the proxy)."""
+    client = getattr(host.connector, "client", None)
+    sock = getattr(client.get_transport(), "sock", None) if client else None
+    return canonical_ip(str(sock.getpeername()[0])) if isinstance(sock, socket.socket) else None
+
+
+def guard_refusal(name: str, peer: str | None, guard: dict) -> str | None:
+    """Why this host must not be touched, judged on the address pyinfra really connected to (`guard`: what
+    `modelfleet retire` proved before connecting, GUARD_ENV): an address a host of the inventory is reached at
+    (a name that resolved elsewhere when checked), or not the address the check resolved this host to."""
+    if peer is None:
+        return None
+    held = guard.get("served", {}).get(peer)
+    if held:
+        return (f"connected to {peer}, an address of host {held}, which the inventory still serves: nothing "
+                "done")
+    proved = guard.get("proved", {}).get(name)
+    if proved is not None and peer not in proved:
+        return (f"connected to {peer}, not an address {name} resolved to when checked ({', '.join(proved)}): "
+                "nothing done")
+    return None
+
+
+def guarded() -> str | None:
+    """The guard of `modelfleet retire` for the current host (None where no guard was given: a plain pyinfra run
+    of the deploy)."""
+    path = os.environ.get(GUARD_ENV)
+    return guard_refusal(host.name, peer_address(), json.loads(Path(path).read_text())) if path else None
 
 
 def removable(checkpoint: str | None) -> bool:
@@ -189,37 +228,52 @@ def _recorded(state, host, path: str, report: dict) -> bool:
     return True
 
 
-def still_named(result, targets: tuple[str, ...]) -> list[str]:
-    """A line for each target (pyinfra's host argument) that is still a host of the resolved inventory, by name
-    or by address: its units are the inventory's, and a converge retires only what the inventory drops."""
-    by_address = {plan.address: name for name, plan in result.hosts.items()}
-    out = []
-    for target in targets:
-        address = target.split("/", 1)[1] if target.startswith("@ssh/") else target
-        name = target if target in result.hosts else by_address.get(address)
-        if name:
-            out.append(f"{target} is host {name} of the inventory: take it out of the inventory first (a converge "
-                       "retires what the inventory no longer names on the hosts it still holds)")
-    return out
+def _connect_error(output: str, name: str) -> str | None:
+    """pyinfra's own line for a host it could not connect to (`[NAME] Could not connect (...)`)."""
+    said = [line.strip().removeprefix(f"[{name}]").strip() for line in output.splitlines()
+            if line.strip().startswith(f"[{name}] ")]
+    return said[-1] if said else None
 
 
-def run(targets: tuple[str, ...], deploy_file: str, dry: bool, remove_checkpoints: bool,
+def run(targets: list, served: dict, deploy_file: str, dry: bool, remove_checkpoints: bool,
         pyinfra_options: list[str]) -> dict:
     """The retire deploy (`deploy_file`: modelfleet.deploys.retire's, which imports this module) over pyinfra on
-    the targets (its host arguments, comma-joined as pyinfra takes them); what each host retired (or, dry, would
-    retire), read from what the deploy wrote while planning."""
+    the targets (modelfleet.targets.Target, checked: each handed to pyinfra as its one spelling), with the guard
+    (`served`: modelfleet.targets.served of the inventory); what each host retired (or, dry, would retire), read
+    from what the deploy wrote while planning. A target that resolved to nothing is not handed to pyinfra; it
+    and any host the deploy did not plan on (unreachable, refused) make the run not ok."""
     import subprocess
     import tempfile
 
     from modelfleet.commands import pyinfra_argv
 
-    with tempfile.TemporaryDirectory(prefix="modelfleet-retire-") as folder:
-        env = {**os.environ, PLAN_ENV: folder, CHECKPOINTS_ENV: "1" if remove_checkpoints else "0"}
-        argv = pyinfra_argv(",".join(targets), deploy_file, extra=[*pyinfra_options, *["--dry"] * dry])
-        done = subprocess.run(argv, env=env, capture_output=True, text=True)
-        said = [json.loads(p.read_text()) for p in Path(folder).glob("*.json")]
-    found = {entry["host"]: entry["retired"] for entry in said}
-    found.update({f"@ssh/{name}": retired for name, retired in list(found.items())})
-    return {"dry": dry, "ok": done.returncode == 0, "checkpoints_removed": remove_checkpoints and not dry,
-            "hosts": [{"host": t, "retired": found.get(t)} for t in targets],
-            "output": done.stdout + done.stderr}
+    reachable = [t for t in targets if not t.unresolved]
+    found, refused, done = {}, {}, None
+    if reachable:
+        with tempfile.TemporaryDirectory(prefix="modelfleet-retire-") as folder:
+            guard = Path(folder, "guard")
+            guard.mkdir()
+            (guard / "guard.json").write_text(json.dumps({
+                "served": {ip: name for name, (_, ips) in served.items() for ip in sorted(ips)},
+                "proved": {t.pyinfra: sorted(t.addresses) for t in reachable if t.pyinfra.startswith("@ssh/")}}))
+            env = {**os.environ, PLAN_ENV: folder, GUARD_ENV: str(guard / "guard.json"),
+                   CHECKPOINTS_ENV: "1" if remove_checkpoints else "0"}
+            argv = pyinfra_argv(",".join(t.pyinfra for t in reachable), deploy_file,
+                                extra=[*pyinfra_options, *["--dry"] * dry])
+            done = subprocess.run(argv, env=env, capture_output=True, text=True)
+            for entry in (json.loads(p.read_text()) for p in Path(folder).glob("*.json")):
+                (refused if entry.get("refused") else found)[entry["host"]] = entry.get("refused") or entry["retired"]
+    rows = []
+    for t in targets:
+        row = {"host": t.given, "retired": found.get(t.pyinfra)}
+        if t.unresolved:
+            row["error"] = f"not reached: {t.unresolved}"
+        elif t.pyinfra in refused:
+            row["error"] = f"refused: {refused[t.pyinfra]}"
+        elif row["retired"] is None:
+            row["error"] = "not reached: " + (_connect_error(done.stdout + done.stderr, t.pyinfra) or
+                                              "see pyinfra's output")
+        rows.append(row)
+    ok = (done is None or done.returncode == 0) and not any("error" in row for row in rows)
+    return {"dry": dry, "ok": ok, "checkpoints_removed": remove_checkpoints and not dry, "hosts": rows,
+            "output": (done.stdout + done.stderr) if done else ""}

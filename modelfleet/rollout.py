@@ -56,14 +56,25 @@ def endpoints(resolved: Resolved) -> dict[str, list[str]]:
 
 
 def outages(resolved: Resolved, planned: list[list[str]]) -> list[str]:
-    """Batches that take every endpoint of a model with several down at once (a smaller batch would keep one
-    serving)."""
+    """Batches that take every endpoint of a model down at once: all of its endpoints where it has several (a
+    smaller batch would keep one serving), its only one where it has one (a single host, a single multi-node
+    pool: no batch keeps it serving)."""
     out = []
     for number, batch in enumerate(planned, 1):
         for model, heads in endpoints(resolved).items():
-            if len(heads) > 1 and set(heads) <= set(batch):
+            if not set(heads) <= set(batch):
+                continue
+            if len(heads) > 1:
                 out.append(f"batch {number} ({', '.join(batch)}) takes all {len(heads)} endpoints of {model} down "
                            "at once")
+                continue
+            pools = {svc.pool for svc in resolved.hosts[heads[0]].services if svc.served_name == model}
+            members = [h for pool in sorted(pools) for h in (resolved.pools[pool].hosts if pool in resolved.pools
+                                                              else [heads[0]])]
+            where = f"pool {', '.join(sorted(pools))} on {', '.join(dict.fromkeys(members))}" if len(members) > 1 \
+                else f"host {heads[0]}"
+            out.append(f"batch {number} ({', '.join(batch)}) takes the only endpoint of {model} ({where}) down "
+                       "while it switches")
     return out
 
 
@@ -259,8 +270,9 @@ class _Run:
 
 def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: int | None = None,
             env: dict | None = None, log=print, limit: tuple[str, ...] = (), inventory_args: list[str] = (),
-            everything: Resolved | None = None) -> dict:
+            everything: Resolved | None = None, allow_outage: bool = False) -> dict:
     """`inventory_args`: the `--group-data` / `--data` arguments every pyinfra run of the rollout gets.
+    `allow_outage`: the operator accepted an outage (the command that finishes an interrupted run says so too).
     `everything`: the whole inventory when `resolved` is cut down by --limit (the front doors' hosts).
     A replica behind a front door is taken out of it before its batch switches and put back after its gate.
     `min_healthy` None: each model keeps a healthy endpoint outside the switching batch where it has one."""
@@ -282,6 +294,7 @@ def rollout(inventory: str, resolved: Resolved, parallel: int = 1, min_healthy: 
     except KeyboardInterrupt:  # Ctrl-C: what was cut off, where each host stands, and how to finish
         again = " ".join(["modelfleet", "upgrade", shlex.quote(inventory), "--parallel", str(parallel),
                           *(["--min-healthy", str(min_healthy)] if min_healthy is not None else []),
+                          *(["--allow-outage"] if allow_outage else []),
                           *(f"--limit {shlex.quote(name)}" for name in limit),
                           *(shlex.quote(arg) for arg in inventory_args)])
         where = run.where

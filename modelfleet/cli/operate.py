@@ -1,4 +1,4 @@
-"""What changes hosts or the control node's files: converge, admit, upgrade, retire, mirror, prometheus."""
+"""What changes hosts or the control node's files: converge, admit, upgrade, retire, drain, mirror, prometheus."""
 
 from __future__ import annotations
 
@@ -12,6 +12,34 @@ from modelfleet.cli.common import emit, inventory_options, limit_option, main, r
 from modelfleet.commands import inventory_args
 
 
+def yes_option(command):
+    return click.option("-y", "--yes", "yes", is_flag=True,
+                        help="Go ahead without asking (pyinfra's -y); needed where stdin is not a terminal.")(command)
+
+
+def stdin_is_terminal() -> bool:
+    return sys.stdin.isatty()
+
+
+def can_ask(command: str) -> None:
+    """Where stdin is not a terminal nobody can answer: refused (exit 2) before anything is done or connected."""
+    if not stdin_is_terminal():
+        click.echo(f"modelfleet {command}: stdin is not a terminal, so it cannot ask before acting: pass -y (--yes) "
+                   "to go ahead, or --dry to see the plan", err=True)
+        sys.exit(2)
+
+
+def asked(command: str, plan: str, question: str, yes: bool) -> None:
+    """pyinfra's habit: say what will be done, then ask (unless -y); no answer but yes does nothing (exit 1)."""
+    if yes:
+        return
+    can_ask(command)
+    click.echo(plan, err=True)
+    if not click.confirm(question, default=False, err=True):
+        click.echo(f"modelfleet {command}: nothing done", err=True)
+        sys.exit(1)
+
+
 @main.command()
 @click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
 @click.option("--parallel", type=click.IntRange(min=1), default=1, show_default=True,
@@ -20,15 +48,16 @@ from modelfleet.commands import inventory_args
               help="Never leave fewer healthy endpoints than this while a batch switches (default: every model "
                    "served by hosts outside the batch keeps one of them healthy).")
 @click.option("--allow-outage", is_flag=True, help="Accept a batch that takes every endpoint of a model down at "
-              "once (refused otherwise).")
+              "once, also a model's only endpoint (a single host, a single multi-node pool); refused otherwise.")
 @click.option("--limit", "limit", multiple=True, metavar="HOST|GROUP",
               help="Only these hosts (a name, a glob or a group, as pyinfra's --limit), with the rest of their "
                    "pools (repeatable).")
 @click.option("--dry", is_flag=True, help="Print the batches (JSON), each host's changes (image, revision, driver: "
               "what it runs now, read from it, and what the inventory says) and each batch's drain; run nothing.")
+@yes_option
 @inventory_options
-def upgrade(inventory: str, parallel: int, min_healthy: int | None, allow_outage: bool, limit, dry: bool, group_data,
-            data) -> None:
+def upgrade(inventory: str, parallel: int, min_healthy: int | None, allow_outage: bool, limit, dry: bool, yes: bool,
+            group_data, data) -> None:
     """Rolling upgrade to what INVENTORY now says (image, revision, driver release): batch by batch (JSON)."""
     import os
     import signal
@@ -46,20 +75,41 @@ def upgrade(inventory: str, parallel: int, min_healthy: int | None, allow_outage
     if min_healthy is not None and min_healthy > served:
         raise click.BadParameter(f"{min_healthy} is more than the {served} endpoint(s) {inventory} serves: no "
                                  "batch could ever start", param_hint="--min-healthy")
-    down = outages(everything, batches(result, parallel))  # endpoints outside --limit keep serving
+    planned = batches(result, parallel)
+    down = outages(everything, planned)  # endpoints outside --limit keep serving
     if down and not allow_outage:
-        raise click.BadParameter("; ".join(down) + ": lower --parallel, or pass --allow-outage",
-                                 param_hint="--parallel")
+        several = any(len(heads) > 1 and set(heads) <= set(batch) for batch in planned
+                      for heads in endpoints(everything).values())  # a smaller batch would keep one serving
+        raise click.BadParameter("; ".join(down) + (": lower --parallel, or pass --allow-outage" if several else
+                                 ": pass --allow-outage to accept that outage"),
+                                 param_hint="--parallel" if several else "--allow-outage")
     if dry:
         from modelfleet.upgrade_dry import preview
 
         emit(preview(result, everything, parallel), True, "")
         return
+    asked("upgrade", upgrade_plan(everything, planned, down), f"Upgrade these {len(result.hosts)} host(s)?", yes)
     report = rollout(inventory, result, parallel, min_healthy, env=dict(os.environ),
                      log=lambda line: click.echo(line, err=True), limit=tuple(limit),
-                     inventory_args=inventory_args(group_data, data), everything=everything)
+                     inventory_args=inventory_args(group_data, data), everything=everything,
+                     allow_outage=allow_outage)
     click.echo(json.dumps(report, indent=2))
     sys.exit(0 if not report["stopped"] else 1)
+
+
+def upgrade_plan(everything, planned: list[list[str]], down: list[str]) -> str:
+    """What `upgrade` will do, said before it asks: its batches in order, each one's front doors, the outages
+    accepted (`upgrade --dry` adds each host's changes, read from the hosts)."""
+    from modelfleet import fleet
+
+    lines = [f"modelfleet upgrade: {len(planned)} batch(es), one after another; each is prefetched while it "
+             "serves, switched, verified, and rolled back if its gate fails:"]
+    for number, batch in enumerate(planned, 1):
+        doors = sorted({rp.name for rp, _ in fleet.behind_front_doors(everything, batch)})
+        lines.append(f"  batch {number}: {', '.join(batch)}" + (f" (out of {', '.join(doors)} while it switches)"
+                                                               if doors else ""))
+    lines += [f"  outage accepted (--allow-outage): {line}" for line in down]
+    return "\n".join(lines)
 
 
 @main.command()
@@ -137,8 +187,9 @@ def admit(inventory: str, limit, hosts, group_data, data) -> None:
 @click.option("--limit", "limit", multiple=True, metavar="HOST|GROUP",
               help="Only these hosts (a name, a glob or a group, as pyinfra's --limit), with the rest of their "
                    "pools and checkpoint groups (repeatable).")
+@yes_option
 @inventory_options
-def converge(inventory: str, deploy: str, shards: int, slice_: str | None, dry: bool, limit, group_data,
+def converge(inventory: str, deploy: str, shards: int, slice_: str | None, dry: bool, limit, yes: bool, group_data,
              data) -> None:
     """Run DEPLOY on every host of INVENTORY in SHARDS pyinfra processes at once (a pool or checkpoint group is
     never split), or only slice K/N of them (--shard); each shard's output in reports/converge/shard-<k>.log,
@@ -165,6 +216,11 @@ def converge(inventory: str, deploy: str, shards: int, slice_: str | None, dry: 
         named = zip(numbers or range(1, len(split) + 1), split, strict=True)
         click.echo(json.dumps({"shards": [{"shard": n, "hosts": hosts} for n, hosts in named]}, indent=2))
         return
+    count = sum(len(hosts) for hosts in split)
+    plan = "\n".join([f"modelfleet converge: {deploy} on {count} host(s) in {len(split)} pyinfra process(es):",
+                      *(f"  shard {n}: {', '.join(hosts)}" for n, hosts in zip(numbers or range(1, len(split) + 1),
+                                                                             split, strict=True))])
+    asked("converge", plan, f"Run {deploy} on these {count} host(s)?", yes)
     summary = sharding.converge(inventory, deploy, split, progress=lambda line: click.echo(line, err=True),
                                 options=inventory_args(group_data, data), numbers=numbers, of=of)
     click.echo(json.dumps(summary, indent=2))
@@ -183,39 +239,109 @@ def converge(inventory: str, deploy: str, shards: int, slice_: str | None, dry: 
 @click.option("--known-hosts", type=click.Path(exists=True, dir_okay=False),
               help="known_hosts file for these hosts (pyinfra's ssh_known_hosts_file).")
 @click.option("--json", "as_json", is_flag=True, help="Print what was (or would be) retired as JSON.")
+@yes_option
 @inventory_options
 def retire_cmd(inventory: str, targets, dry: bool, remove_checkpoints: bool, ssh_user, ssh_port, ssh_key,
-               known_hosts, as_json: bool, group_data, data) -> None:
-    """Retire HOSTs that left INVENTORY (each as pyinfra takes a host: an address or name, @ssh/ADDRESS): every
-    unit modelfleet wrote there is stopped, disabled and removed with its container and files; units it did not
-    write are left alone; checkpoints stay unless --remove-checkpoints. A host INVENTORY still holds is refused
-    (exit 2): a converge retires what its inventory drops. Exit 1 when a host could not be retired."""
+               known_hosts, as_json: bool, yes: bool, group_data, data) -> None:
+    """Retire HOSTs that left INVENTORY (one host per argument: a name or address, @ssh/HOST, @local): every unit
+    modelfleet wrote there is stopped, disabled and removed with its container and files; units it did not
+    write are left alone; checkpoints stay unless --remove-checkpoints. Each HOST is resolved as pyinfra would
+    connect to it (SSH config, getaddrinfo) and refused (exit 2), before anything connects, when it reaches a
+    host INVENTORY still serves: a converge retires what its inventory drops. Shows what it will retire and asks
+    unless -y. Exit 1 when a host could not be retired (not reached: name not resolving, connection refused)."""
     from modelfleet import retire
+    from modelfleet import targets as hosts
     from modelfleet.deploys import deploy
 
-    refused = retire.still_named(resolved_or_exit(inventory, group_data, data), tuple(targets))
+    result = resolved_or_exit(inventory, group_data, data)
+    try:
+        chosen = [hosts.target(t) for t in targets]
+    except hosts.TargetError as error:
+        click.echo(f"modelfleet retire: {error}", err=True)
+        sys.exit(2)
+    served = hosts.served(result)
+    refused = hosts.still_served(result, chosen) + hosts.same_machine(chosen)
     if refused:
         click.echo("\n".join(f"modelfleet retire: {line}" for line in refused), err=True)
         sys.exit(2)
     options = [*(["--ssh-user", ssh_user] if ssh_user else []), *(["--ssh-port", str(ssh_port)] if ssh_port else []),
                *(["--ssh-key", ssh_key] if ssh_key else []),
                *(["--data", f"ssh_known_hosts_file={known_hosts}"] if known_hosts else [])]
-    out = retire.run(tuple(targets), deploy("retire"), dry, remove_checkpoints, options)
+
+    def retired(dry: bool) -> dict:
+        return retire.run(chosen, served, deploy("retire"), dry, remove_checkpoints, options)
+
+    out = None
+    if not dry and not yes:
+        can_ask("retire")  # before the dry pass connects
+        seen = retired(True)
+        if any(row["retired"] for row in seen["hosts"]):
+            said = "\n".join(_retire_lines(seen, True)) + ("\n(checkpoints are removed too: --remove-checkpoints)"
+                                                           if remove_checkpoints else "")
+            asked("retire", f"modelfleet retire: what each host holds now:\n{said}", "Retire these units?", yes=False)
+        else:  # nothing to retire anywhere: nothing to ask, and the run would change nothing
+            out = {**seen, "dry": False, "checkpoints_removed": False}
+    out = out or retired(dry)
     output = out.pop("output")
+    if not out["ok"] and output:
+        click.echo(output[-3000:], err=True)
+    emit(out, as_json, "\n".join(_retire_lines(out, dry)))
+    sys.exit(0 if out["ok"] else 1)
+
+
+@main.command("drain")
+@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
+@click.argument("hosts", nargs=-1, required=True, metavar="HOST|GROUP...")
+@click.option("--allow-outage", is_flag=True, help="Accept a drain that leaves a model with no endpoint (refused "
+              "otherwise).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@inventory_options
+def drain_cmd(inventory: str, hosts, allow_outage: bool, as_json: bool, group_data, data) -> None:
+    """Take HOSTs of INVENTORY out of service for maintenance (names, globs or groups, as pyinfra's --limit; a
+    multi-node pool's member takes its pool along): their replicas out of their front doors, then their engines
+    and weight caches stopped and disabled. Nothing is removed; `modelfleet undrain` (or a converge) brings them
+    back. Exit 1 if a step failed (a front door that refuses stops the drain before any engine stops)."""
+    from modelfleet import drain
+
+    result = resolved_or_exit(inventory, group_data, data)
+    chosen = drain.with_pools(result, selected(result, hosts))
+    down = drain.outages(result, chosen)
+    if down and not allow_outage:
+        raise click.BadParameter("; ".join(down) + ": pass --allow-outage to accept that outage",
+                                 param_hint="--allow-outage")
+    report = drain.drain(result, chosen)
+    emit(report, as_json, "\n".join(drain.lines(report, undo=False)))
+    sys.exit(0 if report["ok"] else 1)
+
+
+@main.command("undrain")
+@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
+@click.argument("hosts", nargs=-1, required=True, metavar="HOST|GROUP...")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@inventory_options
+def undrain_cmd(inventory: str, hosts, as_json: bool, group_data, data) -> None:
+    """Bring drained HOSTs back: their weight caches and engines enabled and started, their replicas back into
+    their front doors once they answer /health from the router host. Exit 1 if a step failed."""
+    from modelfleet import drain
+
+    result = resolved_or_exit(inventory, group_data, data)
+    report = drain.undrain(result, drain.with_pools(result, selected(result, hosts)))
+    emit(report, as_json, "\n".join(drain.lines(report, undo=True)))
+    sys.exit(0 if report["ok"] else 1)
+
+
+def _retire_lines(out: dict, dry: bool) -> list[str]:
     lines = []
     for row in out["hosts"]:
-        if row["retired"] is None:  # the deploy never planned there (unreachable, refused)
-            lines.append(f"{row['host']}: not reached")
+        if row.get("error"):
+            lines.append(f"{row['host']}: {row['error']}")
         for r in row["retired"] or []:
             lines.append(f"{row['host']}: {'would retire' if dry else 'retired'} {r['unit']} ({r['what']})"
                          + (f", container {r['container']}" if r["container"] else "")
                          + (f", port {r['port']}" if r["port"] else ""))
         if row["retired"] == []:
             lines.append(f"{row['host']}: no unit modelfleet wrote")
-    if not out["ok"]:
-        click.echo(output[-3000:], err=True)
-    emit(out, as_json, "\n".join(lines))
-    sys.exit(0 if out["ok"] else 1)
+    return lines
 
 
 @main.command()

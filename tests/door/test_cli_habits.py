@@ -202,7 +202,7 @@ def slow(*args, **kwargs):
         return {{"stopped": "interrupted"}}
 
 rollout.rollout = slow
-cli.main(["upgrade", {str(inv)!r}])
+cli.main(["upgrade", "-y", "--allow-outage", {str(inv)!r}])
 """
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))

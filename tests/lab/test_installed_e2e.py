@@ -29,7 +29,7 @@ def test_the_wheel_runs_upgrade_by_module_path(installed, lab_hosts):
     bin_dir, work = installed
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     first = lab_hosts[0]["name"]
-    run = subprocess.run([str(bin_dir / "modelfleet"), "upgrade", "inventories/lab.py", "--limit", first],
+    run = subprocess.run([str(bin_dir / "modelfleet"), "upgrade", "inventories/lab.py", "-y", "--limit", first],
                          cwd=work, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     report = json.loads(run.stdout)

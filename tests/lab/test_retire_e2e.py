@@ -5,6 +5,7 @@ other pool still answers and a unit a user wrote under a modelfleet-like name ru
 nothing. Then the host leaves the inventory: `modelfleet retire --dry` says what would go and changes nothing,
 `modelfleet retire` retires it."""
 
+import ipaddress
 import json
 import os
 import shutil
@@ -173,11 +174,15 @@ def test_a_host_that_left_the_inventory_is_retired_by_the_command(two_pools, sce
     ssh = ["--ssh-user", "root", "--ssh-key", key, "--known-hosts", known]
     env = {"MODELFLEET_REPORTS": str(tmp / "reports")}
 
-    # Still in the inventory: refused, by name and by address, nothing touched.
-    for target in (name, address):
-        held = run_modelfleet("retire", "inventories/lab.py", target, *ssh, cwd=REPO_ROOT, env=env)
-        assert held.returncode == 2 and f"is host {name} of the inventory" in held.stderr, held.stderr
+    # Still in the inventory: refused under every spelling of its name and address, nothing touched.
+    number = int(ipaddress.ip_address(address))
+    spellings = (name, name.upper() + ".", address, f"@ssh/{address}", hex(number), str(number), f"::ffff:{address}",
+                 f"[::ffff:{address}]")
+    for target in spellings:
+        held = run_modelfleet("retire", "inventories/lab.py", target, "-y", *ssh, cwd=REPO_ROOT, env=env)
+        assert held.returncode == 2 and f"reaches host {name} of the inventory" in held.stderr, held.stderr
         assert "Traceback" not in held.stderr
+    assert unit_state(spec, "modelfleet-pair-a.service") == ("active", "enabled", "file")
 
     inventory = derived(tmp, pools={"pair-b"}, hosts={name})
     dry = run_modelfleet("retire", inventory, address, "--dry", "--json", *ssh, cwd=REPO_ROOT, env=env)
@@ -187,7 +192,7 @@ def test_a_host_that_left_the_inventory_is_retired_by_the_command(two_pools, sce
     assert unit_state(spec, "modelfleet-pair-a.service") == ("active", "enabled", "file")
     assert served(address, 8000) == ["tiny-lab"]
 
-    done = run_modelfleet("retire", inventory, address, *ssh, cwd=REPO_ROOT, env=env)
+    done = run_modelfleet("retire", inventory, address, "-y", *ssh, cwd=REPO_ROOT, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"{address}: retired modelfleet-pair-a.service (pool pair-a)" in done.stdout
     active, enabled, file = unit_state(spec, "modelfleet-pair-a.service")
@@ -196,5 +201,14 @@ def test_a_host_that_left_the_inventory_is_retired_by_the_command(two_pools, sce
     assert unit_state(spec, HANDMADE) == ("active", "enabled", "file")
     assert any(os.scandir(spec["model_root"]))  # checkpoints stay without --remove-checkpoints
 
-    nothing = run_modelfleet("retire", inventory, address, "--json", *ssh, cwd=REPO_ROOT, env=env)
+    nothing = run_modelfleet("retire", inventory, address, "--json", "-y", *ssh, cwd=REPO_ROOT, env=env)
     assert nothing.returncode == 0 and json.loads(nothing.stdout)["hosts"][0]["retired"] == []
+
+    # A host that cannot be reached (nothing listens on that port) is not retired: exit 1, "ok": false.
+    with socket.socket() as closed:
+        closed.bind((address, 0))
+        port = closed.getsockname()[1]
+    lost = run_modelfleet("retire", inventory, address, "--json", "-y", "--ssh-port", str(port), *ssh,
+                          cwd=REPO_ROOT, env=env)
+    said = json.loads(lost.stdout)
+    assert lost.returncode == 1 and said["ok"] is False and said["hosts"][0]["retired"] is None, lost.stdout

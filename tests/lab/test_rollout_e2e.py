@@ -26,7 +26,7 @@ def test_upgrade_then_a_broken_image_is_rolled_back(lab_hosts):
     first = run_pyinfra("inventories/lab.py", "deploys/serve.py", timeout=1200)
     assert first.returncode == 0, first.stdout[-3000:]
     before = {s["name"]: image_of(s) for s in lab_hosts}
-    good = run("upgrade", "inventories/lab.py", "--min-healthy", "2",
+    good = run("upgrade", "inventories/lab.py", "-y", "--min-healthy", "2",
                image=lab.UPGRADE_IMAGE)
     report = json.loads(good.stdout)
     assert good.returncode == 0, report
@@ -38,7 +38,7 @@ def test_upgrade_then_a_broken_image_is_rolled_back(lab_hosts):
     # At least 2 of 3 endpoints answered throughout: failures only ever hit the host being switched.
     assert set(report["endpoint_failures"]) <= set(report["upgraded"]) and report["failures_outside_batch"] == 0
 
-    bad = run("upgrade", "inventories/lab.py", "--min-healthy", "2",
+    bad = run("upgrade", "inventories/lab.py", "-y", "--min-healthy", "2",
               image=lab.BROKEN_IMAGE)
     report = json.loads(bad.stdout)
     first_host = lab_hosts[0]["name"]

@@ -28,7 +28,7 @@ def test_a_plain_converge_after_an_upgrade_changes_nothing(lab_hosts, scenario):
     first = run_pyinfra("inventories/lab.py", "deploys/serve.py", timeout=1200)
     assert first.returncode == 0, first.stdout[-3000:]
     scenario(**BASE, image=lab.UPGRADE_IMAGE, revision="v1.0")
-    upgrade = run_modelfleet("upgrade", "inventories/lab.py", "--min-healthy", "2", timeout=1200)
+    upgrade = run_modelfleet("upgrade", "inventories/lab.py", "-y", "--min-healthy", "2", timeout=1200)
     report = json.loads(upgrade.stdout)
     assert upgrade.returncode == 0, report
     assert report["upgraded"] == [s["name"] for s in lab_hosts]
@@ -42,7 +42,7 @@ def test_a_plain_converge_after_an_upgrade_changes_nothing(lab_hosts, scenario):
 def test_an_interrupted_upgrade_says_where_it_stopped_and_its_command_finishes_it(lab_hosts, scenario):
     scenario(**BASE, image=lab.ENGINE_IMAGES[0])  # back to v0.34.0
     second = lab_hosts[1]["name"]
-    upgrade = subprocess.Popen(modelfleet_argv("upgrade", "inventories/lab.py", "--min-healthy", "2"),
+    upgrade = subprocess.Popen(modelfleet_argv("upgrade", "inventories/lab.py", "-y", "--min-healthy", "2"),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     for line in upgrade.stderr:
         if f"batch ['{second}']: switch" in line:

@@ -11,8 +11,8 @@ import tomllib
 from modelfleet import PACKAGE_DIR
 from modelfleet.cli import main
 
-COMMANDS = {"admit", "bench", "catalog", "converge", "cost", "lab", "logs", "mirror", "plan", "prometheus", "render",
-            "retire", "show", "status", "tunnel", "upgrade", "urls", "validate", "verify"}
+COMMANDS = {"admit", "bench", "catalog", "converge", "cost", "drain", "lab", "logs", "mirror", "plan", "prometheus",
+            "render", "retire", "show", "status", "tunnel", "undrain", "upgrade", "urls", "validate", "verify"}
 
 
 def test_the_entry_point_is_the_one_group_with_every_command():

@@ -91,12 +91,11 @@ def test_only_owned_units_the_plan_does_not_name_are_retired_and_never_a_file_it
 
 
 def test_a_host_still_in_the_inventory_is_refused_by_name_or_address(resolved):
-    assert retire.still_named(resolved, ("@fake/a",)) == [
-        "@fake/a is host @fake/a of the inventory: take it out of the inventory first (a converge retires what "
-        "the inventory no longer names on the hosts it still holds)"]
+    from modelfleet import targets
+
     resolved.hosts["@fake/a"] = replace(resolved.hosts["@fake/a"], address="10.0.0.7")
-    assert len(retire.still_named(resolved, ("10.0.0.7", "@ssh/10.0.0.7"))) == 2
-    assert retire.still_named(resolved, ("10.0.0.8",)) == []
+    assert len(targets.still_served(resolved, [targets.target(t) for t in ("10.0.0.7", "@ssh/10.0.0.7")])) == 2
+    assert targets.still_served(resolved, [targets.target("10.0.0.8")]) == []
 
 
 def test_the_host_lists_only_unit_files_with_the_mark(tmp_path):
@@ -124,7 +123,7 @@ def test_the_retire_command_refuses_a_host_the_inventory_holds_before_connecting
     inv.write_text(f"gpus = {[('g1', host)]!r}\n")
     for target in ("g1", "10.9.8.7", "@ssh/10.9.8.7"):
         out = CliRunner().invoke(main, ["retire", str(inv), target, "--dry"])
-        assert out.exit_code == 2 and f"modelfleet retire: {target} is host g1 of the inventory" in out.output
+        assert out.exit_code == 2 and f"modelfleet retire: {target} reaches host g1 of the inventory" in out.output
         assert out.exception is None or isinstance(out.exception, SystemExit)
     bad = CliRunner().invoke(main, ["retire", str(inv), "10.9.8.6", "--ssh-port", "0"])
     assert bad.exit_code == 2 and "--ssh-port" in bad.output

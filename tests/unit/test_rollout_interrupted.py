@@ -27,12 +27,12 @@ def test_an_interrupted_switch_reports_batch_hosts_and_the_finishing_command(mon
     monkeypatch.setattr(rollout, "_pyinfra", pyinfra)
     lines = []
     report = rollout.rollout("inventories/site.py", resolved, parallel=1, min_healthy=2, log=lines.append,
-                             limit=("gpu*",))
+                             limit=("gpu*",), allow_outage=True)
     assert report["upgraded"] == ["a"]
     assert report["interrupted"]["batch"] == 2 and report["interrupted"]["hosts"] == ["b"]
     assert report["interrupted"]["step"] == "switch"
     assert report["interrupted"]["finish_with"] == \
-        "modelfleet upgrade inventories/site.py --parallel 1 --min-healthy 2 --limit 'gpu*'"
+        "modelfleet upgrade inventories/site.py --parallel 1 --min-healthy 2 --allow-outage --limit 'gpu*'"
     assert "batch 2 ['b'] during its switch" in report["stopped"]
     assert set(report["interrupted"]["hosts_now"]) == {"a", "b", "c"}
     assert "  b: img:1 health 200" in lines and lines[-1].startswith("finish with: modelfleet upgrade")

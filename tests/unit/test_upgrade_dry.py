@@ -72,7 +72,7 @@ def test_cli_dry_reads_the_hosts_and_prints_json(tmp_path, monkeypatch):
                         [{"host": "g1", "reachable": True, "driver": "580.95.05", "services": [
                             {"pool": "g1", "image": "vllm/vllm-openai:v0.33.0@sha256:" + "d" * 64,
                              "revision": "e" * 40}]}])
-    done = CliRunner().invoke(main, ["upgrade", "--dry", str(inv)])
+    done = CliRunner().invoke(main, ["upgrade", "--dry", "--allow-outage", str(inv)])
     assert done.exit_code == 0, done.output
     [batch] = json.loads(done.output)["batches"]
     assert asked == [["g1"]] and batch["changes"]["g1"]["services"][0]["image"]["changes"] is True

@@ -212,7 +212,8 @@ def test_a_driver_drain_stops_the_engine_and_its_cache(monkeypatch):
     monkeypatch.setattr(fleet, "on_hosts", lambda plans, script: {p.name: (0, "", "") for p in plans
                                                                    if scripts.append(script(p)) is None})
     assert fleet.drain([plan]) == {"n0": None}
-    assert scripts == [f"systemctl disable --now {svc.unit_name} {weight_cache.unit_name(svc)}"]
+    units = f"{svc.unit_name} {weight_cache.unit_name(svc)}"
+    assert scripts == [f"systemctl disable --now {units} && {{ systemctl reset-failed {units} 2>/dev/null || true; }}"]
 
 
 def test_the_cache_unit_is_retired_with_its_setting_or_its_service():
