@@ -53,10 +53,12 @@ KEY_FREE = {
     "vllm": lambda path: not path.startswith(("/v1", "/v2", "/inference")),  # vllm/entrypoints/.../api_server
     "sglang": lambda path: path.startswith(("/health", "/ready", "/metrics")),  # srt/utils/auth.py
     "llama.cpp": lambda path: path in ("/health", "/v1/health", "/models", "/v1/models", "/"),  # server-http.cpp
+    "tokenspeed": lambda path: True,  # modelfleet gives its gateway no key (catalog/engines.yaml)
 }
 # Each engine's non-/v1 inference route: vLLM's SageMaker-style /invocations (a chat or a completion request),
 # SGLang's native /generate, llama-server's /completion.
-NATIVE_ROUTES = {"vllm": "/invocations", "sglang": "/generate", "llama.cpp": "/completion"}
+NATIVE_ROUTES = {"vllm": "/invocations", "sglang": "/generate", "llama.cpp": "/completion",
+                 "tokenspeed": "/generate"}  # TokenSpeed: its smg gateway's SGLang-style /generate
 
 
 def engine_name() -> str:
@@ -68,7 +70,7 @@ def parse_args(engine: str, argv: list[str]) -> dict:
     spec = FLAGS[engine]["flags"]
     aliases = FLAGS[engine].get("aliases", {})
     args: dict = {"positional": []}
-    if engine in ("vllm", "sglang"):
+    if engine in ("vllm", "sglang", "tokenspeed"):
         if not argv or argv[0] != "serve":
             sys.exit(f"{engine}: expected the `serve` subcommand, got {argv[:1]}")
         argv = argv[1:]
@@ -123,6 +125,8 @@ class Engine:
     def _api_key(self, args: dict) -> str | None:
         if args.get("--api-key"):
             return args["--api-key"]
+        if self.engine == "tokenspeed":
+            return None  # `tokenspeed serve` hands --api-key to its gateway, which modelfleet never passes
         if self.engine == "sglang" and args.get("--config"):
             for line in Path(args["--config"]).read_text().splitlines():
                 key, _, value = line.partition(":")
@@ -215,6 +219,7 @@ def metrics_text(eng: Engine) -> str:
                       ("llamacpp:tokens_predicted_total", "counter", c["generation_tokens"]),
                       ("llamacpp:requests_processing", "gauge", c["running"]),
                       ("llamacpp:requests_deferred", "gauge", 0)],
+        "tokenspeed": [],  # smg's series are on its exporter's port, not the API's /metrics
     }[eng.engine]
     lines = []
     for name, kind, value in names:
@@ -318,8 +323,9 @@ class Handler(BaseHTTPRequestHandler):
         if not isinstance(prompt, str) or not prompt:
             return self._send(400, {"error": {"code": 400, "message": "a prompt (text) is required",
                                               "type": "BadRequestError"}})
+        sampling = (body.get("sampling_params") or {}).get("max_new_tokens")
         budget = {"vllm": body.get("max_tokens"), "llama.cpp": body.get("n_predict"),
-                  "sglang": (body.get("sampling_params") or {}).get("max_new_tokens")}[self.eng.engine]
+                  "sglang": sampling, "tokenspeed": sampling}[self.eng.engine]
         text = f"Hello from the modelfleet lab engine double ({self.eng.engine}, serving {self.eng.served})."
         out = text.split()[: int(budget)] if budget is not None and int(budget) >= 0 else text.split()
         cut = len(out) < len(text.split())
@@ -334,7 +340,7 @@ class Handler(BaseHTTPRequestHandler):
                                                  "finish_reason": "length" if cut else "stop"}],
                                     "usage": {"prompt_tokens": words(prompt), "completion_tokens": len(out),
                                               "total_tokens": words(prompt) + len(out)}})
-        if self.eng.engine == "sglang":
+        if self.eng.engine in ("sglang", "tokenspeed"):
             return self._send(200, {"text": " ".join(out), "meta_info": {
                 "id": uuid.uuid4().hex, "prompt_tokens": words(prompt), "completion_tokens": len(out),
                 "finish_reason": {"type": "length", "length": len(out)} if cut else {"type": "stop"}}})
