@@ -4,6 +4,7 @@ are catalog/types.py), and a site's own boards and recipes over the shipped ones
 from __future__ import annotations
 
 import difflib
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from modelfleet.catalog.types import (  # noqa: F401  (the catalog's types, impo
     EngineMetrics,
     ExpertOffload,
     Hardware,
+    LayerOffload,
     Layout,
     Model,
     MultinodeFlags,
@@ -26,6 +28,7 @@ from modelfleet.catalog.types import (  # noqa: F401  (the catalog's types, impo
     ReadyBudget,
     Recipe,
     RecipeParameter,
+    Registration,
     WeightCache,
 )
 from modelfleet.errors import ModelfleetError
@@ -115,11 +118,40 @@ def args_problems(recipe: "Recipe", engine: "Engine", engine_name: str) -> list[
     return out
 
 
+# A part of a split GGUF (llama.cpp's gguf-split names): an engine that loads one file cannot load it.
+SPLIT_GGUF = re.compile(r"-(\d{5}|\*)-of-(\d{5}|\*)\.gguf$")
+OLLAMA_SPLIT_ISSUE = "https://github.com/ollama/ollama/issues/5245"
+# llama.cpp's tensor placement, which keeps chosen tensors (MoE experts) in host RAM: -ot/--override-tensor.
+TENSOR_PLACEMENT = ("-ot", "--override-tensor")
+
+
+def engine_problems(recipe: "Recipe", engine: "Engine", engines: dict) -> list[str]:
+    """What a recipe asks of an engine that cannot do it: arguments for an engine configured only through its
+    environment; a split GGUF or MoE experts in host RAM for one that registers one file and places whole
+    layers (Ollama)."""
+    out = []
+    if engine.address_env and recipe.args:
+        out.append(f"args: {recipe.engine}'s server takes no arguments ({engine.source}): its settings are the "
+                   "recipe's env")
+    experts = {f for e in engines.values() if e.expert_offload for f in e.expert_offload.all +
+               e.expert_offload.layers + e.expert_offload.fit} | set(TENSOR_PLACEMENT)
+    asked = sorted({a.split("=", 1)[0] for a in recipe.args} & experts)
+    if engine.layer_offload and asked:
+        out.append(f"args: {', '.join(asked)} keep MoE experts in host RAM, which {recipe.engine} cannot do: it "
+                   f"offloads whole layers ({engine.layer_offload.parameter}); serve this with engine llama.cpp "
+                   "(its --cpu-moe recipes)")
+    if engine.registration and recipe.model_file and SPLIT_GGUF.search(recipe.model_file):
+        out.append(f"model_file: {recipe.model_file} is one part of a split GGUF, and {recipe.engine} loads a "
+                   f"single file only ({OLLAMA_SPLIT_ISSUE}): merge the parts first (llama-gguf-split --merge) "
+                   "and name the merged file, or serve it with engine llama.cpp")
+    return out
+
+
 def _check_layouts(recipes: dict, engines: dict, where) -> None:
     for recipe in recipes.values():
         engine = engines.get(recipe.engine)
         problems = [f"layout: {p}" for p in layout_problems(recipe, engine)] + \
-            args_problems(recipe, engine, recipe.engine) if engine else []
+            args_problems(recipe, engine, recipe.engine) + engine_problems(recipe, engine, engines) if engine else []
         if problems:
             raise CatalogError(where(recipe), "; ".join(problems) + f" (recipe {recipe.id})")
 

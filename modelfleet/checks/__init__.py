@@ -23,6 +23,8 @@ class Endpoint:
     final_tool_choice: str = "auto"
     refused_routes: tuple[str, ...] = ()  # a front door's inference routes: each must refuse a key-less request
     ca_file: str | None = None  # a TLS front door's certificate chain (control node): the checks trust it only
+    health_path: str = "/health"  # what answers 200 once the server is up (Ollama has no /health)
+    listed: str | None = None  # the served name as /v1/models lists it, where the engine adds to it (Ollama)
 
     @property
     def openai_base_url(self) -> str:
@@ -52,7 +54,8 @@ def reachable_from_control_node(plan: HostPlan, svc: ServicePlan) -> bool:
 def endpoint(plan: HostPlan, svc: ServicePlan) -> Endpoint:
     return Endpoint(name=f"{plan.name}/{svc.pool}", base_url=svc.base_url, model=svc.served_name,
                     engine=svc.engine_name, api_key=render.api_key(svc), pool=svc.pool,
-                    tool_choice=svc.recipe.probe.tool_choice, final_tool_choice=svc.recipe.probe.final_tool_choice)
+                    tool_choice=svc.recipe.probe.tool_choice, final_tool_choice=svc.recipe.probe.final_tool_choice,
+                    health_path=svc.engine.health_path, listed=render.listed_name(svc))
 
 
 def inventory_endpoints(resolved: Resolved, hosts: tuple[str, ...] = ()) -> list[Endpoint]:
