@@ -125,21 +125,26 @@ OLLAMA_SPLIT_ISSUE = "https://github.com/ollama/ollama/issues/5245"
 TENSOR_PLACEMENT = ("-ot", "--override-tensor")
 
 
-def engine_problems(recipe: "Recipe", engine: "Engine", engines: dict) -> list[str]:
-    """What a recipe asks of an engine that cannot do it: arguments for an engine configured only through its
-    environment; a split GGUF or MoE experts in host RAM for one that registers one file and places whole
-    layers (Ollama)."""
+def arg_refusals(args, engine_name: str, engine: "Engine", engines: dict) -> list[str]:
+    """Arguments an engine cannot take: any, for one configured only through its environment (Ollama's `serve`
+    takes none); MoE experts in host RAM, for one that places whole layers."""
     out = []
-    if engine.address_env and recipe.args:
-        out.append(f"args: {recipe.engine}'s server takes no arguments ({engine.source}): its settings are the "
-                   "recipe's env")
     experts = {f for e in engines.values() if e.expert_offload for f in e.expert_offload.all +
                e.expert_offload.layers + e.expert_offload.fit} | set(TENSOR_PLACEMENT)
-    asked = sorted({a.split("=", 1)[0] for a in recipe.args} & experts)
+    asked = sorted({str(a).split("=", 1)[0] for a in args} & experts)
     if engine.layer_offload and asked:
-        out.append(f"args: {', '.join(asked)} keep MoE experts in host RAM, which {recipe.engine} cannot do: it "
-                   f"offloads whole layers ({engine.layer_offload.parameter}); serve this with engine llama.cpp "
-                   "(its --cpu-moe recipes)")
+        out.append(f"{', '.join(asked)} keep MoE experts in host RAM, which {engine_name} cannot do: it offloads "
+                   f"whole layers ({engine.layer_offload.parameter}); serve this with engine llama.cpp (its "
+                   "--cpu-moe recipes, e.g. kimi-k3-llamacpp-q4-k-xl-1gpu-ram)")
+    elif engine.address_env and args:
+        out.append(f"{engine_name}'s server takes no arguments ({engine.source}): its settings are the recipe's env")
+    return out
+
+
+def engine_problems(recipe: "Recipe", engine: "Engine", engines: dict) -> list[str]:
+    """What a recipe asks of an engine that cannot do it: arguments it cannot take (arg_refusals); a split GGUF
+    for one that registers a single file (Ollama)."""
+    out = [f"args: {p}" for p in arg_refusals(recipe.args, recipe.engine, engine, engines)]
     if engine.registration and recipe.model_file and SPLIT_GGUF.search(recipe.model_file):
         out.append(f"model_file: {recipe.model_file} is one part of a split GGUF, and {recipe.engine} loads a "
                    f"single file only ({OLLAMA_SPLIT_ISSUE}): merge the parts first (llama-gguf-split --merge) "

@@ -28,6 +28,9 @@ def rows(result: Resolved, name: str) -> list[dict]:
         elif svc.router:  # a pool member that is not the head: its head's HTTP is the replica
             row.update({"router": None, "front_door": f"{router.front_door_name(svc.served_name)} on "
                         f"{svc.router.host} (through the pool's head)", "url": None, "tls": False})
+        elif svc.door_address:  # its engine holds no key: a keyed proxy of this host is its door
+            row.update({"router": None, "front_door": f"keyed proxy on {name}", "url": f"{svc.router_url}/v1",
+                        "tls": False})
         else:
             row.update({"router": None, "front_door": None, "url": f"{svc.base_url}/v1", "tls": False})
         out.append(row)
