@@ -538,6 +538,7 @@ def ollama_address() -> tuple[str, int]:
 def ollama_create(argv: list[str]) -> int:
     """`ollama create NAME -f MODELFILE`, as the CLI does it (cmd/cmd.go CreateHandler): the Modelfile's FROM
     file pushed as a blob (unless the server has it), then /api/create with its digest and the PARAMETERs."""
+    import urllib.error
     import urllib.request
 
     if len(argv) != 3 or argv[1] != "-f":
