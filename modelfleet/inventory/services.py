@@ -144,6 +144,10 @@ def _problems(where: str, svc: ServiceData, host: HostData, hw: Hardware, recipe
         off_loopback_problem(svc.engine, svc.bind_address, svc.api_key_env)
     if exposed:
         errors.append((where, "bind_address", exposed))
+    if svc.api_key_env and not svc.router and _is_loopback(svc.bind_address) and not engine.api_key_env \
+            and not engine.api_key_config_file:
+        errors.append((where, "api_key_env", f"{svc.engine} holds no key: on loopback nothing would check "
+                       f"{svc.api_key_env}; unset it, or set `bind_address` for a keyed proxy on that address"))
     door_key = keys.from_env(svc.api_key_env) if keyed_door(svc, engine) and skipped is None else None
     if door_key and not PROXY_KEY.match(door_key.strip()):
         errors.append((where, "api_key_env", f"the value of {svc.api_key_env} (not shown) has characters the keyed "

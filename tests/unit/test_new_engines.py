@@ -34,7 +34,9 @@ def unit_text(svc) -> str:
 
 def test_tokenspeed_listens_on_loopback_its_exporter_too_and_gets_no_key_in_its_command_line(monkeypatch):
     monkeypatch.setenv("DOOR_KEY", KEY)
-    svc = resolve([("t1", host("tokenspeed", api_key_env="DOOR_KEY"))]).hosts["t1"].services[0]
+    result = resolve([("t1", host("tokenspeed", api_key_env="DOOR_KEY", bind_address="10.0.0.9"))])
+    assert result.errors == []
+    svc = result.hosts["t1"].services[0]
     argv = render.engine_argv(svc)
     assert argv[:2] == ["serve", "/model"]
     assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("--prometheus-host") + 1] == "127.0.0.1"
@@ -171,3 +173,24 @@ def test_a_bad_engine_entry_is_refused_naming_engine_and_field(tmp_path, spec, f
     (root / "engines.yaml").write_text(yaml.safe_dump(entries))
     with pytest.raises(CatalogError, match=rf"engine new: .*{field}"):
         load_catalog.__wrapped__(root)
+
+
+def test_verify_asks_the_keyed_proxy_where_clients_do_and_its_health_path_stays_open(monkeypatch):
+    """The gate and the exposure probe go to the keyed proxy (not the keyless engine on loopback), which leaves
+    only the engine's health path open: a key-less request to it is answered, every other one is refused."""
+    from modelfleet.checks import endpoint, reachable_from_control_node
+
+    monkeypatch.setenv("DOOR_KEY", KEY)
+    result = resolve([("h1", host("ollama", bind_address="10.0.0.9", api_key_env="DOOR_KEY"))])
+    plan = result.hosts["h1"]
+    svc = plan.services[0]
+    ep = endpoint(plan, svc)
+    assert ep.base_url == "http://10.0.0.9:11434" and reachable_from_control_node(plan, svc)
+    assert "location = /api/version {" in replica_door.render_conf(svc)
+    assert "location = /health {" not in replica_door.render_conf(svc)
+
+
+def test_a_key_on_loopback_for_an_engine_that_holds_none_is_refused(monkeypatch):
+    monkeypatch.setenv("DOOR_KEY", KEY)
+    [(where, fld, message)] = resolve([("h1", host("tokenspeed", api_key_env="DOOR_KEY"))]).errors
+    assert (where, fld) == ("host h1", "api_key_env") and "tokenspeed holds no key" in message
