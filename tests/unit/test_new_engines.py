@@ -194,3 +194,20 @@ def test_a_key_on_loopback_for_an_engine_that_holds_none_is_refused(monkeypatch)
     monkeypatch.setenv("DOOR_KEY", KEY)
     [(where, fld, message)] = resolve([("h1", host("tokenspeed", api_key_env="DOOR_KEY"))]).errors
     assert (where, fld) == ("host h1", "api_key_env") and "tokenspeed holds no key" in message
+
+
+def test_a_pruned_revision_takes_the_store_it_was_registered_in_with_it(tmp_path):
+    """Ollama's store keeps a copy of the revision's file beside it (render.store_dir): pruning the revision
+    removes that copy too (the shell expands the pattern), and nothing of the revision kept."""
+    import subprocess
+
+    from modelfleet.stages.model import revisions_pruned
+
+    old, kept = "a" * 40, "b" * 40
+    svc = pool("tiny-lab-ollama", "h200").hosts["n0"].services[0]
+    assert render.store_dir(svc) == f"{svc.model_dir}.ollama-store"
+    for name in (old, f"{old}.ollama-store", kept, f"{kept}.ollama-store"):
+        (tmp_path / name).mkdir()
+    [command] = list(revisions_pruned._inner(parent=str(tmp_path), remove=[old]))
+    subprocess.run(["sh", "-c", str(command)], check=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [kept, f"{kept}.ollama-store"]
