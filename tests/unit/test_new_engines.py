@@ -211,3 +211,9 @@ def test_a_pruned_revision_takes_the_store_it_was_registered_in_with_it(tmp_path
     [command] = list(revisions_pruned._inner(parent=str(tmp_path), remove=[old]))
     subprocess.run(["sh", "-c", str(command)], check=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == [kept, f"{kept}.ollama-store"]
+
+
+def test_the_env_may_not_move_ollamas_address_or_store():
+    errors = resolve([("h1", host("ollama", env={"OLLAMA_HOST": "0.0.0.0:11434", "OLLAMA_MODELS": "/tmp/x"}))]).errors
+    assert [(w, f) for w, f, _ in errors] == [("host h1", "env.OLLAMA_HOST"), ("host h1", "env.OLLAMA_MODELS")]
+    assert all("set by modelfleet for ollama" in m for _, _, m in errors)
