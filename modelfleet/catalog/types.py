@@ -217,6 +217,8 @@ class Engine(_Strict):
     health_path: str = "/health"
     listed_name: str = "{name}"
     registration: Registration | None = None  # none: the engine serves the checkpoint it is started with
+    # Ports the engine also listens on, as offsets from its port (TokenSpeed's control server: port + 1).
+    side_ports: list[Annotated[int, Field(ge=1, le=100)]] = []
     layer_offload: LayerOffload | None = None
     api_key_env: str | None = None
     api_key_config_file: bool = False

@@ -217,3 +217,12 @@ def test_the_env_may_not_move_ollamas_address_or_store():
     errors = resolve([("h1", host("ollama", env={"OLLAMA_HOST": "0.0.0.0:11434", "OLLAMA_MODELS": "/tmp/x"}))]).errors
     assert [(w, f) for w, f, _ in errors] == [("host h1", "env.OLLAMA_HOST"), ("host h1", "env.OLLAMA_MODELS")]
     assert all("set by modelfleet for ollama" in m for _, _, m in errors)
+
+
+def test_tokenspeeds_control_server_port_is_held_apart_from_other_services():
+    """`tokenspeed serve` also listens on port + 1 (its control server): a service of the host there is refused."""
+    data = host("tokenspeed", services=[{"port": 8000}, {"model": "kimi-k3", "engine": "tokenspeed",
+                                                        "recipe": "kimi-k3-tokenspeed-b300", "port": 8001,
+                                                        "pool": "second", "gpus": 8}], gpu_count=16)
+    ports = [m for w, f, m in resolve([("h1", data)]).errors if f == "port"]
+    assert ports and ports[0].startswith("8001 is used by pools") and "at port + 1" in ports[0]
