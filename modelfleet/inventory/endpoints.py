@@ -47,6 +47,9 @@ def lines(found: list[dict]) -> list[str]:
         if row["endpoint"].startswith("front door"):
             out.append(f"{row['endpoint']}  listens {where}  router {row['router']}  clients use {row['url']} "
                        f"({scheme})  replicas: {', '.join(r['url'] for r in row['replicas']) or 'none'}")
+        elif row["front_door"] and row["front_door"].startswith("keyed proxy"):
+            out.append(f"{row['endpoint']}  listens {where}  behind its {row['front_door']}  clients use {row['url']} "
+                       f"({scheme})")
         elif row["front_door"]:
             out.append(f"{row['endpoint']}  listens {where}  replica behind front door {row['front_door']}"
                        + (f" (router {row['router']})  clients use {row['url']} ({scheme})" if row["url"] else ""))

@@ -3,6 +3,7 @@ file) and field, before any host is touched; every listener they start on loopba
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -226,3 +227,16 @@ def test_tokenspeeds_control_server_port_is_held_apart_from_other_services():
                                                         "pool": "second", "gpus": 8}], gpu_count=16)
     ports = [m for w, f, m in resolve([("h1", data)]).errors if f == "port"]
     assert ports and ports[0].startswith("8001 is used by pools") and "at port + 1" in ports[0]
+
+
+def test_render_shows_the_keyed_proxy_the_run_writes_with_its_key_masked(tmp_path, monkeypatch):
+    monkeypatch.setenv("DOOR_KEY", KEY)
+    data = host("ollama", bind_address="10.0.0.9", api_key_env="DOOR_KEY")
+    (tmp_path / "inv.py").write_text(f"hosts = [('h1', {data!r})]\n")
+    out = CliRunner().invoke(main, ["render", "--json", str(tmp_path / "inv.py"), "h1"])
+    assert out.exit_code == 0, out.output
+    shown = {f["path"]: f["content"] for f in json.loads(out.output)["files"]}
+    svc = resolve([("h1", data)]).hosts["h1"].services[0]
+    for path, content, _, secret in replica_door.files(svc, KEY):
+        assert (shown[path] == content) != secret  # the same file; the key map only masked
+    assert KEY not in out.output
