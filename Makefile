@@ -79,7 +79,8 @@ lab-down: install
 	$(PYTHON) -m modelfleet.cli lab down
 
 # The real vLLM and SGLang, far enough to import their argument parsers (lab/engine_parsers: several GB, in a
-# cache outside the checkout, built once per lab/engine_parsers/requirements.txt).
+# cache outside the checkout, built once per lab/engine_parsers/requirements.txt), and TokenSpeed's `serve`
+# parsers in an environment of their own (tokenspeed_requirements.txt).
 engine-parsers: install
 	SYSTEM_PYTHON=$(SYSTEM_PYTHON) $(PYTHON) -m lab.engine_parsers build
 
@@ -87,6 +88,8 @@ engine-parsers: install
 # llama.cpp's from the lab's real llama-server (`--help`, in its image: needs dockerd).
 engine-flags: engine-parsers lab-setup
 	$$($(PYTHON) -m lab.engine_parsers python) lab/engine_parsers/check.py flags modelfleet/catalog/engine_flags.json
+	$$($(PYTHON) -m lab.engine_parsers tokenspeed-python) lab/engine_parsers/tokenspeed_check.py flags \
+		modelfleet/catalog/engine_flags.json
 	$(PYTHON) -m lab.engine_parsers llama-flags modelfleet/catalog/engine_flags.json
 
 # The tests that need no lab, start no other interpreter or program and wait out no timeout (about 20 s on two

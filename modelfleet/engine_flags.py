@@ -125,7 +125,8 @@ RECIPE_SETS = ("--trust-remote-code",)
 def managed(engine, flags: FlagTable) -> dict[str, str]:
     """Options modelfleet sets itself (engines.yaml `managed_flags` and the address, port and name flags)."""
     multinode = [f for mode in engine.multinode.values() for f in mode.all + mode.workers if f.startswith("-")]
-    written = [*engine.managed_flags, engine.host_flag, engine.port_flag, engine.served_name_flag, *multinode]
+    own = [engine.host_flag, engine.port_flag, engine.served_name_flag]  # none where the environment says them
+    written = [*engine.managed_flags, *[flag for flag in own if flag], *multinode]
     return {option: "set by modelfleet (address, port, key, names, layout): use the inventory's own field or a "
                     "site recipe" for option in flags.options(written)}
 

@@ -112,7 +112,7 @@ def status_script(plan: HostPlan) -> str:
     for svc in plan.services:
         container = shlex.quote(svc.container_name)
         current = shlex.quote(f"{revisions_dir(svc.model_dir)}/{CURRENT}")
-        health = shlex.quote(f"{svc.base_url}/health") if svc.node_rank == 0 else ""
+        health = shlex.quote(f"{svc.base_url}{svc.engine.health_path}") if svc.node_rank == 0 else ""
         parts.append(
             f"echo '{MARK} service {svc.pool}'; "
             f"{unit_show_command(svc.unit_name, UNIT_PROPERTIES)}; "

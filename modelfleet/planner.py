@@ -163,6 +163,8 @@ def plan_capacity(model: Model, hardware: Hardware, gpus: int, nodes: int = 1, r
     per_gpu = need / total_gpus if total_gpus else need
     kv_room = usable - per_gpu
     disk = ckpt * (1 + keep_revisions) + ckpt * TEMP_FRACTION
+    if recipe is not None and load_catalog().engines[recipe.engine].registration:
+        disk += ckpt  # its own store holds a copy of the file it registers (Ollama's blob)
     raw = {"bf16": model.params_total * 2, "8bit": model.params_total * 1, "4bit": model.params_total * 0.5}
     reason = ""
     fits = True
@@ -171,6 +173,8 @@ def plan_capacity(model: Model, hardware: Hardware, gpus: int, nodes: int = 1, r
         fits, reason = False, f"{hardware.id} hosts carry {hardware.gpus_per_node} GPUs, not {gpus}"
     elif refusal:
         fits, reason = False, refusal
+    elif kv_room < MIN_KV_BYTES_PER_GPU and _by_layer(model, hardware, gpus, recipe, need, host_ram_gib):
+        fits, reason = _by_layer(model, hardware, gpus, recipe, need, host_ram_gib)
     elif total_gpus == 0 or kv_room < MIN_KV_BYTES_PER_GPU:
         fits = False
         reason = (f"{model.id} needs {_tb(need)} {on_gpus} ({_tb(per_gpu)} per GPU over {total_gpus} GPU(s)); "
@@ -191,6 +195,55 @@ def plan_capacity(model: Model, hardware: Hardware, gpus: int, nodes: int = 1, r
         kv_room_per_gpu_bytes=kv_room, disk_needed_bytes=disk, fits=fits, reason=reason, offload=split,
         weight_cache=weight_cache_share(per_gpu) if weight_cache else None,
     )
+
+
+def gpu_layers(model: Model, hardware: Hardware, gpus: int, recipe: Recipe | None) -> tuple[int, int] | None:
+    """An engine that places whole layers (catalog `layer_offload`: Ollama's num_gpu): (layers on the GPUs,
+    layers) for the recipe's GGUF, sized as the GPU part of plan_capacity is, a layer being an equal share of the
+    file with the guide's runtime margin; None where the engine places experts instead or the count is unknown."""
+    engine = load_catalog().engines[recipe.engine] if recipe is not None else None
+    if engine is None or engine.layer_offload is None or not model.layers or hardware.vendor == "none":
+        return None
+    ckpt, _ = checkpoint_size(model, recipe)
+    overhead = model.gguf["memory_overhead"] if recipe.gguf_quant and model.gguf else 0.0
+    room = gpus * (hardware.hbm_mib * MIB * recipe.memory_fraction - MIN_KV_BYTES_PER_GPU)
+    per_layer = ckpt * (1 + overhead) / model.layers
+    return max(0, min(model.layers, int(room // per_layer))), model.layers
+
+
+def _by_layer(model: Model, hardware: Hardware, gpus: int, recipe: Recipe | None, need: float,
+              host_ram_gib: int | None) -> tuple[bool, str] | None:
+    """An engine that places whole layers, the model too big for its GPUs: the layers that do not fit run from
+    host RAM (slowly), so it fits when the RAM holds them. None: not such an engine, or nothing to size with."""
+    layers = gpu_layers(model, hardware, gpus, recipe)
+    if layers is None or gpus > hardware.gpus_per_node:
+        return None
+    on_gpus, total = layers
+    in_ram = need * (total - on_gpus) / total
+    ram = host_ram_gib if host_ram_gib is not None else hardware.host_ram_gib
+    placed = f"{on_gpus} of {total} layers on the GPUs, {_tb(in_ram)} of layers in host RAM"
+    if ram is None:
+        return False, f"{placed}: set the host's `host_ram_gib` (the hardware catalog gives no typical figure)"
+    if in_ram > ram * GIB:
+        return False, f"{placed}, the host has {ram} GiB ({_tb(ram * GIB)}): it does not fit"
+    return True, f"fits by layer: {placed} of {ram} GiB (layers in RAM run on the CPU: slow)"
+
+
+def layer_lines(report: CapacityReport, model: Model, hardware: Hardware, recipe: Recipe | None) -> list[str]:
+    """What `modelfleet plan` says of an engine that places whole layers: the layers on the GPUs, and the GGUF
+    guide's caveat that this does not shrink what the model needs."""
+    engine = load_catalog().engines[recipe.engine] if recipe is not None else None
+    if engine is None or engine.layer_offload is None:
+        return []
+    need = report.checkpoint_bytes * (1 + (model.gguf or {}).get("memory_overhead", 0.0))
+    layers = gpu_layers(model, hardware, report.gpus_per_node, recipe)
+    placed = (f"{layers[0]} of {layers[1]} layers on the GPUs ({engine.layer_offload.parameter} {layers[0]}), the "
+              "rest in host RAM" if layers and layers[0] < layers[1] else
+              f"all {layers[1]} layers on the GPUs" if layers else
+              f"the model catalog gives no layer count for {model.id}: the engine decides")
+    return [f"{recipe.engine} offloads whole layers, not MoE experts: {placed}",
+            f"caveat (the GGUF guide): {recipe.engine} does not shrink the memory requirement; GPUs and host RAM "
+            f"together must hold about {_tb(need)} (download + {(model.gguf or {}).get('memory_overhead', 0):.0%})"]
 
 
 def split_lines(report: CapacityReport) -> list[str]:

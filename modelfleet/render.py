@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 import jinja2
@@ -10,6 +11,7 @@ import yaml
 from modelfleet import TEMPLATES_DIR, caches, engine_flags, grammar, keys, masking, runscope, weight_cache
 from modelfleet.catalog.routers import pd_role, pd_spec
 from modelfleet.inventory import ServicePlan
+from modelfleet.inventory.plan import _url_host
 
 if TYPE_CHECKING:
     from modelfleet.fabric import HostFabric
@@ -60,8 +62,10 @@ def engine_argv(svc: ServicePlan) -> list[str]:
     """
     engine, recipe = svc.engine, svc.recipe
     argv = [a.format(model_path=_model_path(svc)) for a in engine.argv]
-    argv += [engine.served_name_flag, *served_names(svc), engine.host_flag, svc.bind_address,
-             engine.port_flag, str(svc.port)]
+    if not engine.address_env:  # else its environment names the address (env_values), its Modelfile the model
+        argv += [engine.served_name_flag, *served_names(svc), engine.host_flag, svc.bind_address,
+                 engine.port_flag, str(svc.port)]
+
     def reads(token: str) -> set[str]:  # as the engine's parser reads it: `--a_b=1` is `--a-b`
         return engine_flags.reads_as(svc.engine_name, engine.flag_parser, token)
 
@@ -176,6 +180,8 @@ def docker_run_argv(svc: ServicePlan) -> list[str]:
     argv += caches.docker_flags(engine_cache(svc)) + weights_mount(svc)
     if svc.api_key_env and svc.engine.api_key_config_file:
         argv += ["-v", f"{svc.secrets_config_file}:{CONTAINER_SECRETS}:ro"]
+    if svc.engine.registration:  # its store on the model root, the Modelfile that registers the checkpoint
+        argv += ["-v", f"{store_dir(svc)}:{CONTAINER_STORE}", "-v", f"{modelfile_path(svc)}:{CONTAINER_MODELFILE}:ro"]
     argv += ["--entrypoint", svc.engine.entrypoint, svc.image]
     return argv + engine_argv(svc)
 
@@ -294,7 +300,8 @@ def one_line_each(values) -> list[str]:
 def render_unit(svc: ServicePlan) -> str:
     weights = weight_cache.unit_name(svc) if weight_cache.spec(svc) else None
     return render_template("engine.service.j2", svc=svc, weights=weights, unit=weight_cache,
-                           exec_start=exec_start(one_line_each(docker_run_argv(svc))))
+                           exec_start=exec_start(one_line_each(docker_run_argv(svc))),
+                           exec_start_post=registration_steps(svc))
 
 
 def api_key(svc: ServicePlan) -> str | None:
@@ -304,11 +311,76 @@ def api_key(svc: ServicePlan) -> str | None:
 def env_values(svc: ServicePlan, mask: bool = False) -> dict[str, str]:
     cache = engine_cache(svc)
     env = {**(cache.env if cache else {}), **pd_values(svc, "engine_env"), **weight_cache.env(svc), **svc.env,
-           **fabric_env(svc)}
+           **fabric_env(svc), **address_env(svc)}
     key = api_key(svc)
     if key and svc.engine.api_key_env:
         env[svc.engine.api_key_env] = MASK if mask else key
     return masking.masked(env) if mask else env
+
+
+# An engine with its own model store (Ollama): the store and modelfleet's Modelfile inside its container.
+CONTAINER_STORE = "/modelfleet-store"
+CONTAINER_MODELFILE = "/run/modelfleet/Modelfile"
+
+
+def store_dir(svc: ServicePlan) -> str:
+    """The engine's own model store, beside the revision it registers (on the NVMe model root): a new revision
+    gets a new store, the old one stays with its revision."""
+    return f"{svc.model_dir}.{_slug_engine(svc)}-store"
+
+
+def _slug_engine(svc: ServicePlan) -> str:
+    return "".join(c if c.isalnum() else "-" for c in svc.engine_name)
+
+
+def modelfile_path(svc: ServicePlan) -> str:
+    return f"{svc.config_dir}/{svc.pool}.Modelfile"
+
+
+def render_modelfile(svc: ServicePlan) -> str | None:
+    """The Modelfile that registers the fetched checkpoint's GGUF file (FROM the file, never a hub name), with the
+    GPU layers the planner sized (the engine's layer_offload parameter; left out: every layer fits)."""
+    if not svc.engine.registration:
+        return None
+    from modelfleet import planner  # the planner reads the catalog; render stays importable without it
+
+    lines = [f"FROM {_model_path(svc)}"]
+    layers = planner.gpu_layers(svc.model, svc.hardware, svc.gpus, svc.recipe)
+    if svc.engine.layer_offload and layers is not None and layers[0] < layers[1]:
+        lines.append(f"PARAMETER {svc.engine.layer_offload.parameter} {layers[0]}")
+    one_line_each(lines)
+    return "\n".join(lines) + "\n"
+
+
+def registration_steps(svc: ServicePlan) -> list[str]:
+    """ExecStartPost lines of an engine that serves only registered models: wait until it answers, register the
+    checkpoint (its registration command in the container), load it; each must succeed or the start fails."""
+    reg = svc.engine.registration
+    if reg is None:
+        return []
+    local = svc.base_url
+    wait = (f"n=0; until curl -fsS -m 5 -o /dev/null {local}{svc.engine.health_path}; do n=$((n + 1)); "
+            "if [ $n -gt 300 ]; then exit 1; fi; sleep 1; done")
+    create = [a.format(name=svc.served_name, modelfile=CONTAINER_MODELFILE) for a in reg.command]
+    body = json.dumps({k: v.format(name=svc.served_name) if isinstance(v, str) else v
+                       for k, v in reg.load_body.items()}, separators=(",", ":"))
+    load = ["/usr/bin/curl", "-fsS", "-o", "/dev/null", "-m", str(svc.recipe.ready_timeout_s), "-d", body,
+            f"{local}{reg.load_path}"]
+    return [exec_start(["/bin/sh", "-c", wait]), exec_start([DOCKER, "exec", svc.container_name, *create]),
+            exec_start(load)]
+
+
+def address_env(svc: ServicePlan) -> dict[str, str]:
+    """An engine configured through its environment (Ollama's OLLAMA_HOST): the address and port it listens on;
+    set last, so neither the recipe nor the inventory's env moves it."""
+    engine, reg = svc.engine, svc.engine.registration
+    env = {**reg.env, reg.store_env: CONTAINER_STORE} if reg else {}
+    return {**env, engine.address_env: f"{_url_host(svc.bind_address)}:{svc.port}"} if engine.address_env else env
+
+
+def listed_name(svc: ServicePlan) -> str:
+    """The served name as the engine's /v1/models lists it (Ollama adds its default tag, `:latest`)."""
+    return svc.engine.listed_name.format(name=svc.served_name)
 
 
 def render_env(svc: ServicePlan, mask: bool = False) -> str:

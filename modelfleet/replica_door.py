@@ -43,6 +43,16 @@ def files(svc: ServicePlan, key: str) -> list[tuple[str, str, str, bool]]:
             (p["unit"], render_unit(svc), "0644", False)]
 
 
+def preview(svc: ServicePlan) -> list[dict]:
+    """The proxy's files as `render` shows them: the key map with the key masked (the run writes the key)."""
+    p = paths(svc)
+    masked = (f"# {svc.api_key_env}\nmap $http_authorization $modelfleet_authorized {{\n    default 0;\n"
+              f'    "~^Bearer {render.MASK}$" 1;\n}}\n')
+    return [{"path": p["key"], "mode": "0600", "content": masked},
+            {"path": p["conf"], "mode": "0644", "content": render_conf(svc)},
+            {"path": p["unit"], "mode": "0644", "content": render_unit(svc)}]
+
+
 def doors(plan) -> list[ServicePlan]:
     """The host's replicas that sit behind a keyed proxy of their own."""
     return [svc for svc in plan.services if svc.door_address and not svc.node_rank]

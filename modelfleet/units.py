@@ -16,6 +16,7 @@ UNIT_DIR = "/etc/systemd/system"
 
 def _engine_paths(svc: ServicePlan) -> list[str]:
     paths = [f"{UNIT_DIR}/{svc.unit_name}", svc.env_file]
+    paths += [render.modelfile_path(svc)] if svc.engine.registration else []
     return paths + ([svc.secrets_config_file] if render.secrets_in_config(svc) else [])
 
 
@@ -41,9 +42,11 @@ def unit_files(svc: ServicePlan, mask: bool = False) -> list[tuple[str, str, str
 
 
 def _rendered(svc: ServicePlan, mask: bool = False) -> list[tuple[str, str, str, bool]]:
-    unit, env, *secrets = _engine_paths(svc)
+    unit, env, *rest = _engine_paths(svc)
     files = [(unit, render.render_unit(svc), "0644", False), (env, render.render_env(svc, mask=mask), "0600", True)]
-    files += [(path, render.render_secrets_config(svc, mask=mask), "0600", True) for path in secrets]
+    if svc.engine.registration:  # the Modelfile its unit registers the checkpoint with (no secret in it)
+        files.append((rest.pop(0), render.render_modelfile(svc), "0644", False))
+    files += [(path, render.render_secrets_config(svc, mask=mask), "0600", True) for path in rest]
     weights = weights_paths(svc)
     if weights:
         files += [(weights[0], render.render_weights_unit(svc), "0644", False),

@@ -29,6 +29,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -53,10 +54,14 @@ KEY_FREE = {
     "vllm": lambda path: not path.startswith(("/v1", "/v2", "/inference")),  # vllm/entrypoints/.../api_server
     "sglang": lambda path: path.startswith(("/health", "/ready", "/metrics")),  # srt/utils/auth.py
     "llama.cpp": lambda path: path in ("/health", "/v1/health", "/models", "/v1/models", "/"),  # server-http.cpp
+    "tokenspeed": lambda path: True,  # modelfleet gives its gateway no key (catalog/engines.yaml)
+    "ollama": lambda path: True,  # no server-side authentication (server/routes.go)
 }
 # Each engine's non-/v1 inference route: vLLM's SageMaker-style /invocations (a chat or a completion request),
 # SGLang's native /generate, llama-server's /completion.
-NATIVE_ROUTES = {"vllm": "/invocations", "sglang": "/generate", "llama.cpp": "/completion"}
+NATIVE_ROUTES = {"vllm": "/invocations", "sglang": "/generate", "llama.cpp": "/completion",
+                 "tokenspeed": "/generate",  # TokenSpeed: its smg gateway's SGLang-style /generate
+                 "ollama": "/api/generate"}
 
 
 def engine_name() -> str:
@@ -68,7 +73,7 @@ def parse_args(engine: str, argv: list[str]) -> dict:
     spec = FLAGS[engine]["flags"]
     aliases = FLAGS[engine].get("aliases", {})
     args: dict = {"positional": []}
-    if engine in ("vllm", "sglang"):
+    if engine in ("vllm", "sglang", "tokenspeed"):
         if not argv or argv[0] != "serve":
             sys.exit(f"{engine}: expected the `serve` subcommand, got {argv[:1]}")
         argv = argv[1:]
@@ -110,7 +115,7 @@ class Engine:
         model = args.get("--model-path") or args.get("--model") or (args["positional"] or ["model"])[0]
         self.served = args.get("--served-model-name") or args.get("--alias") or model
         self.host = args.get("--host", "127.0.0.1")
-        self.port = int(args.get("--port", FLAGS[engine]["default_port"]))
+        self.port = int(args.get("--port") or FLAGS[engine]["default_port"])
         self.api_key = self._api_key(args)
         self.load_delay = float(os.environ.get("MODELFLEET_DOUBLE_LOAD_DELAY_S", "1"))
         self.never_ready = os.environ.get("MODELFLEET_DOUBLE_NEVER_READY") == "1"
@@ -123,6 +128,8 @@ class Engine:
     def _api_key(self, args: dict) -> str | None:
         if args.get("--api-key"):
             return args["--api-key"]
+        if self.engine == "tokenspeed":
+            return None  # `tokenspeed serve` hands --api-key to its gateway, which modelfleet never passes
         if self.engine == "sglang" and args.get("--config"):
             for line in Path(args["--config"]).read_text().splitlines():
                 key, _, value = line.partition(":")
@@ -215,6 +222,8 @@ def metrics_text(eng: Engine) -> str:
                       ("llamacpp:tokens_predicted_total", "counter", c["generation_tokens"]),
                       ("llamacpp:requests_processing", "gauge", c["running"]),
                       ("llamacpp:requests_deferred", "gauge", 0)],
+        "tokenspeed": [],  # smg's series are on its exporter's port, not the API's /metrics
+        "ollama": [],  # Ollama serves no /metrics
     }[eng.engine]
     lines = []
     for name, kind, value in names:
@@ -246,7 +255,14 @@ class Handler(BaseHTTPRequestHandler):
         self._send(401, {"error": "Unauthorized"})
         return False
 
+    def do_HEAD(self):
+        if self.eng.engine == "ollama":
+            return self._ollama("HEAD")
+        return self._send(404, {"error": "not found"})
+
     def do_GET(self):
+        if self.eng.engine == "ollama" and self._ollama("GET") is not NotImplemented:
+            return None
         if not self._authorized():
             return None
         if self.path == "/health":
@@ -274,6 +290,8 @@ class Handler(BaseHTTPRequestHandler):
         return self._send(404, {"error": "not found"})
 
     def do_POST(self):
+        if self.eng.engine == "ollama" and self._ollama("POST") is not NotImplemented:
+            return None
         if not self._authorized():
             return None
         native = self.path == NATIVE_ROUTES[self.eng.engine]
@@ -294,7 +312,8 @@ class Handler(BaseHTTPRequestHandler):
         broken = incomplete_history(body["messages"], reasoning=self.eng.engine != "llama.cpp")
         if broken:
             return self._send(400, {"error": {"message": broken, "type": "BadRequestError", "code": 400}})
-        if body.get("model") not in (self.eng.served, None):
+        if body.get("model") not in (self.eng.served, None) and \
+                not (self.eng.engine == "ollama" and f"{body.get('model')}:latest" == self.eng.served):
             return self._send(404, {"error": {"message": f"The model `{body.get('model')}` does not exist.",
                                               "type": "NotFoundError", "code": 404}})
         with LOCK:
@@ -318,8 +337,9 @@ class Handler(BaseHTTPRequestHandler):
         if not isinstance(prompt, str) or not prompt:
             return self._send(400, {"error": {"code": 400, "message": "a prompt (text) is required",
                                               "type": "BadRequestError"}})
+        sampling = (body.get("sampling_params") or {}).get("max_new_tokens")
         budget = {"vllm": body.get("max_tokens"), "llama.cpp": body.get("n_predict"),
-                  "sglang": (body.get("sampling_params") or {}).get("max_new_tokens")}[self.eng.engine]
+                  "sglang": sampling, "tokenspeed": sampling}[self.eng.engine]
         text = f"Hello from the modelfleet lab engine double ({self.eng.engine}, serving {self.eng.served})."
         out = text.split()[: int(budget)] if budget is not None and int(budget) >= 0 else text.split()
         cut = len(out) < len(text.split())
@@ -334,7 +354,7 @@ class Handler(BaseHTTPRequestHandler):
                                                  "finish_reason": "length" if cut else "stop"}],
                                     "usage": {"prompt_tokens": words(prompt), "completion_tokens": len(out),
                                               "total_tokens": words(prompt) + len(out)}})
-        if self.eng.engine == "sglang":
+        if self.eng.engine in ("sglang", "tokenspeed"):
             return self._send(200, {"text": " ".join(out), "meta_info": {
                 "id": uuid.uuid4().hex, "prompt_tokens": words(prompt), "completion_tokens": len(out),
                 "finish_reason": {"type": "length", "length": len(out)} if cut else {"type": "stop"}}})
@@ -408,6 +428,59 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
         self.close_connection = True
 
+    def _ollama(self, method: str):
+        """Ollama's own routes (server/routes.go): GET / and /api/version answer once the server is up, a model is
+        served only once registered (HEAD/POST /api/blobs/:digest, POST /api/create with the blob's digest), and
+        /v1/models lists registered models by full name (name:latest). NotImplemented: the OpenAI chat route,
+        served as for every engine."""
+        path = self.path.split("?", 1)[0]
+        store = OLLAMA_STORE
+        if method == "HEAD":  # no body: the client does not read one
+            exists = path.startswith("/api/blobs/") and (store / "blobs" / path[11:].replace(":", "-")).exists()
+            return self._send(200 if path in ("/", "/api/version") or exists else 404, "")
+        if method == "GET" and path == "/":
+            return self._send(200, "Ollama is running", "text/plain; charset=utf-8")
+        if method == "GET" and path == "/api/version":
+            return self._send(200, {"version": OLLAMA_VERSION})
+        if path.startswith("/api/blobs/"):
+            digest = path.removeprefix("/api/blobs/")
+            if not re.fullmatch(r"sha256[:-][0-9a-f]{64}", digest):
+                return self._send(400, {"error": f"invalid digest format: {digest}"})
+            blob = store / "blobs" / digest.replace(":", "-")
+            data = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            got = "sha256:" + hashlib.sha256(data).hexdigest()
+            if got != digest.replace("-", ":", 1):
+                return self._send(400, {"error": f"digest mismatch, expected {digest!r}, got {got!r}"})
+            blob.parent.mkdir(parents=True, exist_ok=True)
+            blob.write_bytes(data)
+            return self._send(201, "")
+        if method == "POST" and path == "/api/create":
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
+            files = body.get("files") or {}
+            missing = [d for d in files.values() if not (store / "blobs" / d.replace(":", "-")).exists()]
+            if not body.get("model") or not files or missing:
+                return self._send(400, {"error": f"missing blob or model: {missing or body.get('model')}"})
+            self.eng.served = body["model"] if ":" in body["model"] else f"{body['model']}:latest"
+            self.eng.parameters = body.get("parameters") or {}
+            lines = [{"status": "parsing GGUF"}, *({"status": f"using existing layer {d}"} for d in files.values()),
+                     {"status": "writing manifest"}, {"status": "success"}]
+            return self._send(200, "".join(json.dumps(line) + "\n" for line in lines), "application/x-ndjson")
+        if method == "GET" and path in ("/api/tags", "/v1/models"):
+            models = [self.eng.served] if self.eng.served else []
+            if path == "/api/tags":
+                return self._send(200, {"models": [{"name": m, "model": m} for m in models]})
+            return self._send(200, {"object": "list", "data": [
+                {"id": m, "object": "model", "created": int(STARTED), "owned_by": "library"} for m in models]})
+        if method == "POST" and path == "/api/generate":
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
+            if body.get("model") not in (self.eng.served, (self.eng.served or "").removesuffix(":latest")):
+                return self._send(404, {"error": f"model '{body.get('model')}' not found"})
+            return self._send(200, {"model": body["model"], "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                                    "response": "", "done": True, "done_reason": "load"})
+        if method == "POST" and path == "/v1/chat/completions" and self.eng.served:
+            return NotImplemented
+        return self._send(404, "404 page not found", "text/plain")
+
     def _ttft(self, start: float):
         with LOCK:
             COUNTERS["ttft_sum"] += time.time() - start
@@ -450,8 +523,62 @@ def compile_cache(engine: str, args: dict) -> None:
     _vllm_log("monitor.py:34", f"torch.compile takes {time.monotonic() - start:.2f} s in total")
 
 
+# Ollama (engine "ollama", invoked as `ollama serve` or `ollama create NAME -f MODELFILE`): its environment says
+# where it listens and keeps its store; its answers are held to Ollama's documented API and recorded answers
+# (tests/fixtures/ollama/, tests/unit/test_ollama_double.py).
+OLLAMA_VERSION = os.environ.get("MODELFLEET_DOUBLE_VERSION") or "0.32.15"
+OLLAMA_STORE = Path(os.environ.get("OLLAMA_MODELS") or Path.home() / ".ollama" / "models")
+
+
+def ollama_address() -> tuple[str, int]:
+    host, _, port = (os.environ.get("OLLAMA_HOST") or "127.0.0.1:11434").removeprefix("http://").rpartition(":")
+    return host or "127.0.0.1", int(port or 11434)
+
+
+def ollama_create(argv: list[str]) -> int:
+    """`ollama create NAME -f MODELFILE`, as the CLI does it (cmd/cmd.go CreateHandler): the Modelfile's FROM
+    file pushed as a blob (unless the server has it), then /api/create with its digest and the PARAMETERs."""
+    import urllib.error
+    import urllib.request
+
+    if len(argv) != 3 or argv[1] != "-f":
+        print("Error: usage: ollama create MODEL -f MODELFILE", file=sys.stderr)
+        return 1
+    name, lines = argv[0], Path(argv[2]).read_text().splitlines()
+    source = next((line.split(None, 1)[1] for line in lines if line.upper().startswith("FROM ")), None)
+    if source is None or not Path(source).is_file():
+        print(f"Error: no Modelfile FROM file: {source}", file=sys.stderr)
+        return 1
+    parameters = {p.split()[1]: p.split()[2] for p in lines if p.upper().startswith("PARAMETER ")}
+    data = Path(source).read_bytes()
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    host, port = ollama_address()
+    base = f"http://{host}:{port}"
+    try:
+        urllib.request.urlopen(urllib.request.Request(f"{base}/api/blobs/{digest}", method="HEAD"), timeout=10)
+    except urllib.error.HTTPError:
+        urllib.request.urlopen(urllib.request.Request(f"{base}/api/blobs/{digest}", data=data), timeout=60)
+    body = json.dumps({"model": name, "files": {Path(source).name: digest}, "parameters": parameters}).encode()
+    with urllib.request.urlopen(urllib.request.Request(f"{base}/api/create", data=body), timeout=60) as answer:
+        for line in answer.read().decode().splitlines():
+            print(json.loads(line)["status"])
+    return 0
+
+
 def main() -> None:
     engine = engine_name()
+    if engine == "ollama":
+        if sys.argv[1:2] == ["create"]:
+            sys.exit(ollama_create(sys.argv[2:]))
+        if sys.argv[1:] not in (["serve"], ["start"]):
+            sys.exit(f"Error: unknown command {sys.argv[1:]!r} for \"ollama\" (the double plays serve and create)")
+        eng = Engine(engine, {"positional": [], "--host": ollama_address()[0], "--port": ollama_address()[1]})
+        eng.served, eng.parameters = None, {}
+        Handler.eng = eng
+        ThreadingHTTPServer.request_queue_size = 128
+        server = ThreadingHTTPServer((eng.host, eng.port), Handler)
+        print(f"INFO: ollama double (Ollama {OLLAMA_VERSION}) listening on {eng.host}:{eng.port}", flush=True)
+        server.serve_forever()
     if engine not in FLAGS:
         sys.exit(f"engine double: unknown engine {engine!r} (invoke as vllm, sglang or llama-server)")
     args = parse_args(engine, sys.argv[1:])

@@ -4,6 +4,7 @@ are catalog/types.py), and a site's own boards and recipes over the shipped ones
 from __future__ import annotations
 
 import difflib
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from modelfleet.catalog.types import (  # noqa: F401  (the catalog's types, impo
     EngineMetrics,
     ExpertOffload,
     Hardware,
+    LayerOffload,
     Layout,
     Model,
     MultinodeFlags,
@@ -26,6 +28,7 @@ from modelfleet.catalog.types import (  # noqa: F401  (the catalog's types, impo
     ReadyBudget,
     Recipe,
     RecipeParameter,
+    Registration,
     WeightCache,
 )
 from modelfleet.errors import ModelfleetError
@@ -151,11 +154,45 @@ def args_problems(recipe: "Recipe", engine: "Engine", engine_name: str) -> list[
     return out
 
 
+# A part of a split GGUF (llama.cpp's gguf-split names): an engine that loads one file cannot load it.
+SPLIT_GGUF = re.compile(r"-(\d{5}|\*)-of-(\d{5}|\*)\.gguf$")
+OLLAMA_SPLIT_ISSUE = "https://github.com/ollama/ollama/issues/5245"
+# llama.cpp's tensor placement, which keeps chosen tensors (MoE experts) in host RAM: -ot/--override-tensor.
+TENSOR_PLACEMENT = ("-ot", "--override-tensor")
+
+
+def arg_refusals(args, engine_name: str, engine: "Engine", engines: dict) -> list[str]:
+    """Arguments an engine cannot take: any, for one configured only through its environment (Ollama's `serve`
+    takes none); MoE experts in host RAM, for one that places whole layers."""
+    out = []
+    experts = {f for e in engines.values() if e.expert_offload for f in e.expert_offload.all +
+               e.expert_offload.layers + e.expert_offload.fit} | set(TENSOR_PLACEMENT)
+    asked = sorted({str(a).split("=", 1)[0] for a in args} & experts)
+    if engine.layer_offload and asked:
+        out.append(f"{', '.join(asked)} keep MoE experts in host RAM, which {engine_name} cannot do: it offloads "
+                   f"whole layers ({engine.layer_offload.parameter}); serve this with engine llama.cpp (its "
+                   "--cpu-moe recipes, e.g. kimi-k3-llamacpp-q4-k-xl-1gpu-ram)")
+    elif engine.address_env and args:
+        out.append(f"{engine_name}'s server takes no arguments ({engine.source}): its settings are the recipe's env")
+    return out
+
+
+def engine_problems(recipe: "Recipe", engine: "Engine", engines: dict) -> list[str]:
+    """What a recipe asks of an engine that cannot do it: arguments it cannot take (arg_refusals); a split GGUF
+    for one that registers a single file (Ollama)."""
+    out = [f"args: {p}" for p in arg_refusals(recipe.args, recipe.engine, engine, engines)]
+    if engine.registration and recipe.model_file and SPLIT_GGUF.search(recipe.model_file):
+        out.append(f"model_file: {recipe.model_file} is one part of a split GGUF, and {recipe.engine} loads a "
+                   f"single file only ({OLLAMA_SPLIT_ISSUE}): merge the parts first (llama-gguf-split --merge) "
+                   "and name the merged file, or serve it with engine llama.cpp")
+    return out
+
+
 def _check_layouts(recipes: dict, engines: dict, where) -> None:
     for recipe in recipes.values():
         engine = engines.get(recipe.engine)
         problems = [f"layout: {p}" for p in layout_problems(recipe, engine)] + \
-            args_problems(recipe, engine, recipe.engine) if engine else []
+            args_problems(recipe, engine, recipe.engine) + engine_problems(recipe, engine, engines) if engine else []
         if problems:
             raise CatalogError(where(recipe), "; ".join(problems) + f" (recipe {recipe.id})")
 

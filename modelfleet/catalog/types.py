@@ -182,13 +182,44 @@ class WeightCache(_Strict):
 BootLog = Literal["vllm", "sglang", "llama.cpp"]
 
 
+class Registration(_Strict):
+    """How a model is registered with an engine that serves only models in its own store (Ollama): after the
+    engine answers, `command` runs in its container ({name}: the served name, {modelfile}: modelfleet's Modelfile
+    for it, FROM the checkpoint's file on the model root), then a POST of `load_body` to `load_path` loads it."""
+
+    source: str
+    command: list[str]
+    load_path: str
+    load_body: dict
+    store_env: str  # the variable naming the engine's own model store (a directory on the model root)
+    env: dict[str, str] = {}  # what the engine needs beside it to keep a registered model served
+
+
+class LayerOffload(_Strict):
+    """An engine that keeps whole layers on the GPUs and the rest in host RAM (Ollama's num_gpu), not MoE
+    experts: the planner sizes the GPU layers and the Modelfile parameter `parameter` carries them."""
+
+    source: str
+    parameter: str
+
+
 class Engine(_Strict):
     source: str
     entrypoint: str
     argv: list[str]
-    served_name_flag: str
-    host_flag: str
-    port_flag: str
+    # The engine's flags for its served name, address and port; an engine configured through its environment
+    # instead (Ollama) names `address_env` (set to host:port) and has no such flags.
+    served_name_flag: str | None = None
+    host_flag: str | None = None
+    port_flag: str | None = None
+    address_env: str | None = None
+    # Where readiness is asked (200 once the server is up), and how /v1/models lists a served name.
+    health_path: str = "/health"
+    listed_name: str = "{name}"
+    registration: Registration | None = None  # none: the engine serves the checkpoint it is started with
+    # Ports the engine also listens on, as offsets from its port (TokenSpeed's control server: port + 1).
+    side_ports: list[Annotated[int, Field(ge=1, le=100)]] = []
+    layer_offload: LayerOffload | None = None
     api_key_env: str | None = None
     api_key_config_file: bool = False
     default_port: int
@@ -220,6 +251,12 @@ class Engine(_Strict):
     # (argparse, plus `_` for `-`, dotted JSON keys, --config files), exact (whole names only).
     flag_parser: Literal["argparse", "vllm", "exact"] = "argparse"
     weight_cache: WeightCache | None = None  # none: no restart tier
+
+    @model_validator(mode="after")
+    def _an_address(self):
+        if not self.address_env and not (self.host_flag and self.port_flag and self.served_name_flag):
+            raise ValueError("give host_flag, port_flag and served_name_flag, or address_env")
+        return self
 
 
 class Layout(_Strict):

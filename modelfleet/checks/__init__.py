@@ -24,6 +24,8 @@ class Endpoint:
     refused_routes: tuple[str, ...] = ()  # a front door's inference routes: each must refuse a key-less request
     ca_file: str | None = None  # a TLS front door's certificate chain (control node): the checks trust it only
     server_name: str | None = None  # the name its certificate must cover (router_server_name, else its address)
+    health_path: str = "/health"  # what answers 200 once the server is up (Ollama has no /health)
+    listed: str | None = None  # the served name as /v1/models lists it, where the engine adds to it (Ollama)
 
     @property
     def openai_base_url(self) -> str:
@@ -57,13 +59,18 @@ def reachable_from_control_node(plan: HostPlan, svc: ServicePlan) -> bool:
     A loopback-bound endpoint is reachable from here only when the host shares this machine's loopback (the
     lab: each host's sshd listens on the very address its engine binds); otherwise it takes an SSH tunnel.
     """
+    if svc.door_address and not svc.router:  # its keyed proxy listens off loopback: asked there, as clients do
+        return True
     return not svc.loopback or plan.address in (svc.bind_address, "@local")
 
 
 def endpoint(plan: HostPlan, svc: ServicePlan) -> Endpoint:
-    return Endpoint(name=f"{plan.name}/{svc.pool}", base_url=svc.base_url, model=svc.served_name,
+    # A keyless engine's own keyed proxy (no front door): where clients reach it, and what verify asks.
+    base_url = svc.router_url if svc.door_address and not svc.router else svc.base_url
+    return Endpoint(name=f"{plan.name}/{svc.pool}", base_url=base_url, model=svc.served_name,
                     engine=svc.engine_name, api_key=render.api_key(svc), pool=svc.pool,
-                    tool_choice=svc.recipe.probe.tool_choice, final_tool_choice=svc.recipe.probe.final_tool_choice)
+                    tool_choice=svc.recipe.probe.tool_choice, final_tool_choice=svc.recipe.probe.final_tool_choice,
+                    health_path=svc.engine.health_path, listed=render.listed_name(svc))
 
 
 def inventory_endpoints(resolved: Resolved, hosts: tuple[str, ...] = ()) -> list[Endpoint]:

@@ -26,10 +26,10 @@ def served_models(ep: Endpoint, timeout_s: float = 10) -> list[str]:
 def _look(ep: Endpoint) -> tuple[dict | None, str]:
     """One look: (what /health and /v1/models answered, "") when ready, else (None, why not)."""
     try:
-        with urllib.request.urlopen(f"{ep.base_url}/health", timeout=5, context=tls_context(ep)) as response:
+        with urllib.request.urlopen(f"{ep.base_url}{ep.health_path}", timeout=5, context=tls_context(ep)) as response:
             health = response.status
     except urllib.error.HTTPError as error:
-        return None, f"/health answered {error.code}"
+        return None, f"{ep.health_path} answered {error.code}"
     except OSError as error:
         return None, f"{type(error).__name__}: {error}"
     try:
@@ -38,8 +38,8 @@ def _look(ep: Endpoint) -> tuple[dict | None, str]:
         return None, f"/v1/models answered {error.code}"
     except (OSError, ValueError, KeyError, TypeError) as error:
         return None, f"/v1/models: {type(error).__name__}: {error}"
-    if ep.model not in models:
-        return None, f"/v1/models lists {models}, not {ep.model!r}"
+    if (ep.listed or ep.model) not in models:
+        return None, f"/v1/models lists {models}, not {ep.listed or ep.model!r}"
     return {"health": health, "models": models}, ""
 
 

@@ -18,7 +18,7 @@ from modelfleet.cli.common import (
     selected,
     shipped_catalog,
 )
-from modelfleet.planner import plan_capacity, split_lines
+from modelfleet.planner import layer_lines, plan_capacity, split_lines
 
 
 @main.command()
@@ -94,12 +94,13 @@ def plan(inventory, host, group_data, data, model: str, hardware: str, gpus: int
         target = result.hosts[host]
         reports = [(svc.recipe, plan_capacity(svc.model, svc.hardware, svc.gpus, svc.nnodes, recipe=svc.recipe,
                                               keep_revisions=target.model_keep_revisions,
-                                              host_ram_gib=target.host_ram_gib, weight_cache=svc.weight_cache))
-                   for svc in target.services]
-        emit([{**r.to_json(), "recipe": recipe.id if recipe else None} for recipe, r in reports], as_json,
-             "\n\n".join(_plan_text(r, recipe) for recipe, r in reports)
+                                              host_ram_gib=target.host_ram_gib, weight_cache=svc.weight_cache),
+                    layer_lines_of(svc)) for svc in target.services]
+        emit([{**r.to_json(), "recipe": recipe.id if recipe else None, "layer_offload": layered}
+              for recipe, r, layered in reports], as_json,
+             "\n\n".join(_plan_text(r, recipe, layered) for recipe, r, layered in reports)
              or f"{host} serves no model (router_only): nothing to size")
-        sys.exit(0 if all(r.fits for _, r in reports) else 1)
+        sys.exit(0 if all(r.fits for _, r, _ in reports) else 1)
     if not (model and hardware and gpus):
         raise click.UsageError("give INVENTORY HOST, or --model, --hardware and --gpus")
     cat = shipped_catalog()
@@ -131,11 +132,18 @@ def plan(inventory, host, group_data, data, model: str, hardware: str, gpus: int
     recipe = laid_out[0] if laid_out else None
     report = plan_capacity(cat.models[model], cat.hardware[hardware], gpus, nodes, recipe=recipe,
                            keep_revisions=keep_revisions, host_ram_gib=host_ram_gib)
-    emit({**report.to_json(), "recipe": recipe.id if recipe else None}, as_json, _plan_text(report, recipe))
+    layered = layer_lines(report, cat.models[model], cat.hardware[hardware], recipe)
+    emit({**report.to_json(), "recipe": recipe.id if recipe else None, "layer_offload": layered}, as_json,
+         _plan_text(report, recipe, layered))
     sys.exit(0 if report.fits else 1)
 
 
-def _plan_text(report, recipe) -> str:
+def layer_lines_of(svc) -> list[str]:
+    report = plan_capacity(svc.model, svc.hardware, svc.gpus, svc.nnodes, recipe=svc.recipe)
+    return layer_lines(report, svc.model, svc.hardware, svc.recipe)
+
+
+def _plan_text(report, recipe, layered: list[str]) -> str:
     lines = [
         f"{report.model} on {report.nodes}x{report.gpus_per_node} {report.hardware}" + (f" (recipe {recipe.id})" if recipe else ""),
         "raw parameter bytes: " + ", ".join(f"{k} {v / 1e12:.2f} TB" for k, v in report.raw_bytes.items()),
@@ -143,7 +151,7 @@ def _plan_text(report, recipe) -> str:
                                                                   else ""),
         f"weights per GPU: {report.weights_per_gpu_bytes / 1e9:.1f} GB of "
         f"{report.usable_per_gpu_bytes / 1e9:.1f} GB usable; KV-cache room {report.kv_room_per_gpu_bytes / 1e9:.1f} GB",
-        *split_lines(report),
+        *split_lines(report), *layered,
         f"disk needed per host: {report.disk_needed_bytes / 1e12:.3f} TB", report.reason,
     ]
     return "\n".join(lines)
@@ -183,6 +191,12 @@ def render_cmd(inventory: str, host: str, group_data, data, as_json: bool, pin: 
                          "restarts; only a change of its key (in its unit file) restarts it")
         files += [{"path": path, "mode": mode, "content": content}
                   for path, content, mode, _ in units.unit_files(svc, mask=True)]  # the run's one rendering path
+        if svc.door_address and not svc.router and not svc.node_rank:  # a keyless engine's keyed proxy
+            from modelfleet import replica_door
+
+            files += replica_door.preview(svc)
+            notes.append(f"pool {svc.pool}: {svc.engine_name} holds no key: it listens on 127.0.0.1:{svc.port}, a "
+                         f"keyed proxy ({replica_door.unit_name(svc)}) on {replica_door.listen(svc)}")
     for rp in plan.routers:  # the front doors this host runs (modelfleet.router)
         from modelfleet.router import preview
         door_files, door_notes = preview(rp)

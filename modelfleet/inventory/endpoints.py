@@ -28,6 +28,9 @@ def rows(result: Resolved, name: str) -> list[dict]:
         elif svc.router:  # a pool member that is not the head: its head's HTTP is the replica
             row.update({"router": None, "front_door": f"{router.front_door_name(svc.served_name)} on "
                         f"{svc.router.host} (through the pool's head)", "url": None, "tls": False})
+        elif svc.door_address:  # its engine holds no key: a keyed proxy of this host is its door
+            row.update({"router": None, "front_door": f"keyed proxy on {name}", "url": f"{svc.router_url}/v1",
+                        "tls": False})
         else:
             row.update({"router": None, "front_door": None, "url": f"{svc.base_url}/v1", "tls": False})
         out.append(row)
@@ -44,6 +47,9 @@ def lines(found: list[dict]) -> list[str]:
         if row["endpoint"].startswith("front door"):
             out.append(f"{row['endpoint']}  listens {where}  router {row['router']}  clients use {row['url']} "
                        f"({scheme})  replicas: {', '.join(r['url'] for r in row['replicas']) or 'none'}")
+        elif row["front_door"] and row["front_door"].startswith("keyed proxy"):
+            out.append(f"{row['endpoint']}  listens {where}  behind its {row['front_door']}  clients use {row['url']} "
+                       f"({scheme})")
         elif row["front_door"]:
             out.append(f"{row['endpoint']}  listens {where}  replica behind front door {row['front_door']}"
                        + (f" (router {row['router']})  clients use {row['url']} ({scheme})" if row["url"] else ""))

@@ -204,11 +204,14 @@ def _services(name: str, data: dict[str, Any], host: HostData, hw: Hardware | No
         svc = resolve_service(name, host, hw, raw, cat, errors, skipped)
         if svc is None:
             continue
-        if svc.port in ports:
-            errors.append((where, "port", f"{svc.port} is used by pools {ports[svc.port]} and {svc.pool}"))
-        if svc.port in reserved:
-            errors.append((where, "port", f"{svc.port} is reserved for {reserved[svc.port]}"))
-        ports[svc.port] = svc.pool
+        for port in [svc.port, *(svc.port + offset for offset in svc.engine.side_ports)]:
+            side = "" if port == svc.port else f" ({svc.engine_name} listens there too, at port + {port - svc.port})"
+            if port in ports:
+                errors.append((where, "port", f"{port} is used by pools {ports[port]} and {svc.pool}{side}"))
+            if port in reserved or port > 65535:
+                errors.append((where, "port", f"{port} is reserved for {reserved.get(port, 'nothing: past 65535')}"
+                                              f"{side}"))
+            ports[port] = svc.pool + side
         if svc.gpus > gpu_count and hw and hw.vendor != "none":
             errors.append((where, "gpus", f"service {svc.pool} wants {svc.gpus} GPUs, host has {gpu_count}"))
         services.append(svc)

@@ -98,7 +98,8 @@ class ServiceData(BaseModel):
     pool: Name | None = Field(None, description="Hosts naming the same pool serve one model together (host order "
                               "is rank order); unset: a pool of its own per host, named after the host.")
     model: Name | None = Field(None, description="Catalog model id to serve, e.g. `kimi-k3.1-pro` (required).")
-    engine: Name | None = Field(None, description="`vllm`, `sglang` or `llama.cpp` (required).")
+    engine: Name | None = Field(None, description="`vllm`, `sglang`, `llama.cpp`, `tokenspeed` or `ollama` "
+                                "(required).")
     recipe: Name | None = Field(None, description="Catalog or site recipe id; unset: the one recipe for this "
                                 "model, engine and hardware (an error if there are several).")
     gpus: Annotated[int, Field(ge=1, le=72)] | None = Field(None, description="GPUs this service uses on each host; "
@@ -106,10 +107,12 @@ class ServiceData(BaseModel):
     served_name: Annotated[str, _fits(grammar.served_name)] | None = Field(
         None, description="Model name clients call; unset: the catalog model id.")
     port: Port | None = Field(None, description="Endpoint port; unset: the engine's default (vLLM 8000, SGLang "
-                              "30000, llama.cpp 8080).")
+                              "30000, llama.cpp 8080, TokenSpeed 8000 with its control server on the next port, "
+                              "Ollama 11434).")
     bind_address: Annotated[str, _fits(_bind)] = Field(
         "127.0.0.1", description="Address the endpoint listens on; off loopback only with `api_key_env`, and "
-        "never for vLLM (its key leaves inference routes open).")
+        "never for vLLM (its key leaves inference routes open); TokenSpeed and Ollama (no key of their own) then "
+        "listen on loopback behind a keyed proxy on this address.")
     api_key_env: SecretVar | None = Field(None, description="Name of the control-node variable holding the API "
                                           "key (reaches the host only in a 0600 file); unset: no key.")
     revision: Annotated[str, _fits(grammar.revision)] | None = Field(

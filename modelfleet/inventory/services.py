@@ -11,11 +11,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from modelfleet import engine_flags, host_commands, image_runtime, keys, masking, weight_cache
-from modelfleet.catalog import Catalog, Engine, Hardware, Recipe
+from modelfleet.catalog import Catalog, Engine, Hardware, Recipe, arg_refusals, load_catalog
 from modelfleet.catalog.routers import pd_role
 from modelfleet.exposure import off_loopback_problem
 from modelfleet.inventory import applies
 from modelfleet.inventory.plan import RouterChoice, ServicePlan, _is_loopback, _slug
+from modelfleet.inventory.routed import PROXY_KEY
 from modelfleet.inventory.schema import COMMIT_RE, SERVICE_KEYS, HostData, ServiceData
 
 
@@ -78,7 +79,9 @@ def resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[st
         model=model, engine_name=svc.engine, engine=engine,
         recipe=recipe, hardware=hw, gpus=gpus, served_name=svc.served_name or model.id, port=port,
         driver_branch=host.driver_branch,
-        bind_address=svc.bind_address, api_key_env=svc.api_key_env, revision=svc.revision,
+        bind_address="127.0.0.1" if keyed_door(svc, engine) else svc.bind_address,
+        door_address=svc.bind_address if keyed_door(svc, engine) else None,
+        api_key_env=svc.api_key_env, revision=svc.revision,
         trust_remote_code=trust, image=image, extra_args=tuple(svc.extra_args),
         env={**recipe.env, **network_env(host), **svc.env},
         model_dir=host_commands.model_dir(host.model_root, model.id, revision_dir),
@@ -143,10 +146,18 @@ def _problems(where: str, svc: ServiceData, host: HostData, hw: Hardware, recipe
     if svc.router and "bind_address" in svc.model_fields_set:
         errors.append((where, "bind_address", f"set, but the replica is served through the front door on "
                        f"{svc.router}: it listens where only the router reaches it (unset bind_address)"))
-    exposed = None if _is_loopback(svc.bind_address) else off_loopback_problem(svc.engine, svc.bind_address,
-                                                                               svc.api_key_env)
+    exposed = None if _is_loopback(svc.bind_address) or keyed_door(svc, engine) else \
+        off_loopback_problem(svc.engine, svc.bind_address, svc.api_key_env)
     if exposed:
         errors.append((where, "bind_address", exposed))
+    if svc.api_key_env and not svc.router and _is_loopback(svc.bind_address) and not engine.api_key_env \
+            and not engine.api_key_config_file:
+        errors.append((where, "api_key_env", f"{svc.engine} holds no key: on loopback nothing would check "
+                       f"{svc.api_key_env}; unset it, or set `bind_address` for a keyed proxy on that address"))
+    door_key = keys.from_env(svc.api_key_env) if keyed_door(svc, engine) and skipped is None else None
+    if door_key and not PROXY_KEY.match(door_key.strip()):
+        errors.append((where, "api_key_env", f"the value of {svc.api_key_env} (not shown) has characters the keyed "
+                       "proxy's config cannot hold: use 8-512 of A-Z a-z 0-9 . _ ~ + / = -"))
     if svc.api_key_env and skipped is not None:
         skipped.append((where, "api_key_env", f"{svc.api_key_env} not looked up (--offline)"))
     elif svc.api_key_env and keys.from_env(svc.api_key_env) is None:
@@ -162,6 +173,11 @@ def _problems(where: str, svc: ServiceData, host: HostData, hw: Hardware, recipe
                                                                                    svc.engine)]
     errors += [(where if key in svc.env else f"recipe {recipe.id}", f"env.{key}", problem)
                for key in {**recipe.env, **svc.env} if (problem := masking.env_name_problem(key))]
+    # What modelfleet sets in the engine's environment itself (its address, its store): not the env's to move.
+    own = {engine.address_env, engine.registration.store_env if engine.registration else None} - {None}
+    errors += [(where if key in svc.env else f"recipe {recipe.id}", f"env.{key}", f"set by modelfleet for "
+                f"{svc.engine} (bind_address and port; its store on the model root)")
+               for key in sorted(own & {*recipe.env, *svc.env})]
     for param, spec in recipe.parameters.items():
         if param not in svc.recipe_params:
             errors.append((where, f"recipe_params.{param}", f"recipe {recipe.id} needs it ({spec.flag}); "
@@ -182,15 +198,24 @@ def _problems(where: str, svc: ServiceData, host: HostData, hw: Hardware, recipe
     return errors
 
 
+def keyed_door(svc: ServiceData, engine: Engine) -> bool:
+    """A service off loopback whose engine cannot hold the key itself (no key variable or file: TokenSpeed,
+    Ollama) and that has no front door: the engine listens on loopback, a keyed proxy of its host
+    (modelfleet.replica_door, every route but /health keyed) on the address asked for."""
+    return bool(svc.api_key_env and not svc.router and not _is_loopback(svc.bind_address)
+                and not engine.api_key_env and not engine.api_key_config_file)
+
+
 def _extra_args_problems(extra: list[str], engine: Engine, recipe: Recipe, engine_name: str = "") -> list[str]:
     """Flags modelfleet or the recipe already set, by any spelling the engine's parser accepts (a prefix, an
     alias, `--flag=value`): a second copy would override the address, key, port or the parallel layout behind
     the validator's back (change the recipe instead)."""
+    refused = arg_refusals(extra, engine_name or recipe.engine, engine, load_catalog().engines)
     flags = engine_flags.table(engine_name or recipe.engine, engine.flag_parser)
     if flags is None:
-        return []
-    return engine_flags.problems(extra, flags, engine_flags.extra_protected(engine, flags, recipe),
-                                 check_unknown=False)
+        return refused
+    return refused + engine_flags.problems(extra, flags, engine_flags.extra_protected(engine, flags, recipe),
+                                           check_unknown=False)
 
 
 def unknown_extra_flags(svc: ServicePlan) -> list[str]:

@@ -12,10 +12,11 @@ from modelfleet.host_commands import journal_command, program
 JOURNAL_LINES = 40
 
 
-def readiness_script(unit: str, base_url: str, served_name: str, timeout_s: int, auth_file: str | None) -> str:
+def readiness_script(unit: str, base_url: str, served_name: str, timeout_s: int, auth_file: str | None,
+                     health_path: str = "/health") -> str:
     auth = f" -H @{shlex.quote(auth_file)}" if auth_file else ""
     return program("wait_ready", unit, base_url, served_name, int(timeout_s), functions={
-        "health": f"curl -fsS -m 5 {shlex.quote(base_url + '/health')}",
+        "health": f"curl -fsS -m 5 {shlex.quote(base_url + health_path)}",
         "models": f"curl -fsS -m 5{auth} {shlex.quote(base_url + '/v1/models')}",
         "journal": journal_command(unit, JOURNAL_LINES)})
 
@@ -32,9 +33,10 @@ def worker_up(unit: str):
 
 
 @operation(is_idempotent=False)
-def wait_ready(unit: str, base_url: str, served_name: str, timeout_s: int, auth_file: str | None = None):
+def wait_ready(unit: str, base_url: str, served_name: str, timeout_s: int, auth_file: str | None = None,
+               health_path: str = "/health"):
     """Poll the engine on the host itself (the endpoint is loopback-bound by default)."""
-    yield StringCommand(readiness_script(unit, base_url, served_name, timeout_s, auth_file))
+    yield StringCommand(readiness_script(unit, base_url, served_name, timeout_s, auth_file, health_path))
 
 
 @operation(is_idempotent=False)

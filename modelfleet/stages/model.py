@@ -130,7 +130,9 @@ def revisions_pruned(parent: str, remove: list[str]):
     if not remove:
         host.noop("no revision to prune")
         return
-    yield StringCommand("rm", "-rf", *[shlex.quote(f"{parent}/{commit}") for commit in remove])
+    # With each revision, the store an engine registered it in beside it (modelfleet.render.store_dir: Ollama's).
+    yield StringCommand("rm", "-rf", *[arg for commit in remove for arg in (
+        shlex.quote(f"{parent}/{commit}"), shlex.quote(f"{parent}/{commit}") + ".*-store")])
 
 
 @operation()

@@ -33,6 +33,7 @@ def wants(plan: HostPlan, probe: dict) -> dict:
     """What this stage reads from the host's DeployedState."""
     services, unit_reads = pinned_services(plan), start_reads(plan)
     paths = [plan.config_dir] + [svc.model_dir for svc in services] + unit_reads["paths"]
+    paths += [render.store_dir(svc) for svc in services if svc.engine.registration]
     paths += [svc.auth_file for svc in services if render.api_key(svc)]
     paths += [path for svc in services for path in _cache_paths(render.engine_cache(svc))]
     # A replica's unit under its pool's name: only whether its file is there (it is retired if so).
@@ -115,6 +116,9 @@ def run(ctx: HostRun):
     for svc in services:
         files_, key = unit_files(svc), render.api_key(svc)
         directory(name=f"Model directory {svc.model_dir}", path=svc.model_dir, current=at(svc.model_dir))
+        if svc.engine.registration:  # the engine's own store, on the model root beside the revision
+            directory(name=f"Model store {render.store_dir(svc)}", path=render.store_dir(svc),
+                      current=at(render.store_dir(svc)))
         _engine_cache(svc, state, bound)  # before the unit that mounts it
         old = svc.legacy_unit_name
         if old and at(f"{UNIT_DIR}/{old}"):  # the same replica under its pool's name: stopped, then replaced
@@ -145,8 +149,9 @@ def run(ctx: HostRun):
                       unit=svc.unit_name)
         elif starts:
             wait_ready(name=f"Wait until {svc.served_name} answers at {svc.base_url}", unit=svc.unit_name,
-                       base_url=svc.base_url, served_name=svc.served_name, timeout_s=svc.recipe.ready_timeout_s,
-                       auth_file=svc.auth_file if key else None)
+                       base_url=svc.base_url, served_name=render.listed_name(svc),
+                       timeout_s=svc.recipe.ready_timeout_s, auth_file=svc.auth_file if key else None,
+                       health_path=svc.engine.health_path)
         if starts:
             started.append(svc)
             timeline.boot_recorded(name=f"Boot timeline of {svc.container_name}", pool=svc.pool,

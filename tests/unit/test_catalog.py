@@ -16,7 +16,7 @@ def test_every_recipe_has_provenance_and_known_references():
 
 def test_recipe_flags_are_long_options_with_values_as_strings():
     for recipe in CAT.recipes.values():
-        assert recipe.args[0].startswith("--"), recipe.id
+        assert not recipe.args or recipe.args[0].startswith("--"), recipe.id  # none: Ollama's server takes none
         assert all(isinstance(a, str) for a in recipe.args), recipe.id
 
 

@@ -37,7 +37,7 @@ def test_every_problem_is_reported_at_once_naming_host_and_field(monkeypatch):
     entries = [
         ("a", {"hardware": "b300", "model": "kimi-k9", "engine": "vllm", "pool": "p1"}),
         ("b", {"hardware": "warp-drive", "model": "kimi-k3", "engine": "vllm"}),
-        ("c", b300(engine="tokenspeed")),
+        ("c", b300(engine="trtllm")),
         ("d", {"hardware": "h200", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": "main"}),
         ("e", {"hardware": "mi355x", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": PIN,
                "recipe": "kimi-k3.1-pro-vllm-b300"}),
