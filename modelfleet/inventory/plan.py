@@ -99,6 +99,7 @@ class RouterPlan:
     tls_key: str | None = None
     # The variables of the keys clients use; the front door then sends the replicas api_key_env's key instead.
     client_keys_env: tuple[str, ...] = ()
+    worker_firewall: bool = True  # the router host's router_worker_firewall
 
     @property
     def tls(self) -> bool:
@@ -269,6 +270,7 @@ class HostPlan:
     ssh_known_hosts_file: str | None = _default("ssh_known_hosts_file")
     ssh_strict_host_key_checking: str | None = _default("ssh_strict_host_key_checking")
     routers: tuple[RouterPlan, ...] = ()  # the front doors this host runs (modelfleet.inventory.routed)
+    router_worker_firewall: bool = _default("router_worker_firewall")
 
     def __post_init__(self):
         # The engine cache's key names the driver branch; services learn it from their host, its one home. The

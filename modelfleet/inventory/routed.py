@@ -92,7 +92,7 @@ def _front_door(hosts: dict[str, HostPlan], router_host: str, served: str, servi
                       policy=head.router.policy, api_key_env=head.api_key_env, config_dir=rhost.config_dir,
                       workers=tuple(sorted(workers, key=lambda w: w.url)), pd=any(roles.values()),
                       tls_cert=head.router.tls_cert, tls_key=head.router.tls_key,
-                      client_keys_env=head.router.client_keys_env)
+                      client_keys_env=head.router.client_keys_env, worker_firewall=rhost.router_worker_firewall)
     # Refused, though planned (the plan shows what would run): a replica off loopback whose engine leaves a
     # route open and that no keyed proxy can cover (a PD server, whose other part reaches it directly too; an
     # engine whose key coverage modelfleet does not know).

@@ -182,6 +182,11 @@ class HostData(BaseModel):
     router_only: bool = Field(False, description="The host runs only front doors (a service elsewhere names it "
                               "in `router`), no engine: no `services` nor `model`, `hardware` unset (the catalog's "
                               "`cpu` board, no GPUs) and no driver, checkpoint or engine image.")
+    router_worker_firewall: bool = Field(True, description="A front door whose router checks no key itself "
+                                         "(vLLM's) gets an nftables rule, loaded by the router's unit, that lets "
+                                         "only the door's and the router's users reach the router on loopback; "
+                                         "false only where the host takes no nftables rules (a container without "
+                                         "NET_ADMIN, as the lab's hosts): any local process then reaches it.")
     services: Annotated[list[dict[str, Any]], Field(min_length=1)] | None = Field(
         None, description="Several services on one host, each entry a set of service settings; unset: the "
         "host's own service settings are its one service.")
