@@ -130,7 +130,7 @@ def render_rule(rp: RouterPlan) -> str:
     """The nftables table the router's unit loads before the router starts (and deletes when it stops): a
     connection to the router's port on loopback from a socket whose owner is neither the door's nor the router's
     user is reset. Loaded with `nft -f`, atomically: an older copy of the table is replaced, never doubled."""
-    table = f'inet "{nft_table(rp)}"'
+    table = f"inet {nft_table(rp)}"
     return (f"# Managed by modelfleet - do not edit; re-run the deploy instead.\n"
             f"# front door {rp.name}: only {DOOR_USER} (nginx's workers) and {ROUTER_USER} (the router, modelfleet's "
             f"worker calls)\n# connect to the router on 127.0.0.1:{rp.backend_port}, which has no key of its own.\n"
