@@ -200,6 +200,7 @@ def start_front_door(rp: RouterPlan, workdir: Path) -> list[subprocess.Popen]:
     spec = router.spec(rp)
     venv = router_venv(spec)
     nginx = nginx_binary() if router.behind_proxy(rp) else None
+    sh(router.users_script())  # nginx's workers and modelfleet's worker calls run as these users
     paths = router.paths(rp)
     Path(paths["config"]).write_text(router.launcher_config(rp))
     Path(paths["workers"]).write_text(router.workers_file(rp))
