@@ -280,6 +280,16 @@ def test_a_tls_front_door_serves_only_https_with_the_sites_certificate(tmp_path)
         # A client that does not trust the site's certificate does not talk to the door at all.
         with pytest.raises(OSError, match="CERTIFICATE_VERIFY_FAILED"):
             _https(f"{rp.base_url}/health", ssl.create_default_context())
+        # TLS 1.2 only with forward secrecy: a client offering only static-RSA key exchange, or TLS 1.1, gets no
+        # session; an ECDHE one does.
+        def handshake(*args: str) -> str:
+            done = subprocess.run(["openssl", "s_client", "-connect", f"127.0.0.1:{port}", "-CAfile", str(cert),
+                                   *args], input="", capture_output=True, text=True, timeout=30)
+            return done.stdout if done.returncode == 0 else "refused"
+        for weak in ("AES128-GCM-SHA256", "AES256-GCM-SHA384", "AES128-SHA256", "AES128-SHA"):
+            assert handshake("-tls1_2", "-cipher", weak) == "refused", weak
+        assert handshake("-tls1_1", "-cipher", "ALL:@SECLEVEL=0") == "refused"
+        assert "Cipher is ECDHE-RSA-AES128-GCM-SHA256" in handshake("-tls1_2", "-cipher", "ECDHE-RSA-AES128-GCM-SHA256")
         ep = front_door_endpoint(rp, KEY)
         report = run_gate(ep, 20, True, None, tmp_path)
         assert report["readiness"]["ok"] and report["smoke"]["ok"], json.dumps(report)[:2000]
