@@ -234,10 +234,9 @@ def credentials(rp: RouterPlan) -> list[str]:
 
 def render_unit(rp: RouterPlan) -> str:
     s, p = spec(rp), paths(rp)
-    # %d: the unit's credentials directory, where systemd copies the files for the router's user.
-    config = render.systemd_quote(p["config"].rsplit("/", 1)[1])
-    exec_start = render.Lines(render.exec_start([f"{venv(rp)}/bin/python", LAUNCHER]) + f" \\\n    %d/{config}")
-    return render.render_template("router.service.j2", rp=rp, spec=s, exec_start=exec_start,
+    # The launcher reads each file from the unit's credentials (systemd's copies for the router's user), by name.
+    argv = [f"{venv(rp)}/bin/python", LAUNCHER, p["config"]]
+    return render.render_template("router.service.j2", rp=rp, spec=s, exec_start=render.exec_start(argv),
                                   front=f"{rp.bind_address}:{rp.port}", user=ROUTER_USER, nft=NFT,
                                   rule=p["rule"] if firewalled(rp) else None, table=nft_table(rp),
                                   credentials=[(path.rsplit("/", 1)[1], path) for path in credentials(rp)])

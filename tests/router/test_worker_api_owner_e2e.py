@@ -88,7 +88,7 @@ def _start_router(rp: RouterPlan, workdir: Path) -> subprocess.Popen:
     launcher = workdir / "modelfleet_router.py"
     launcher.write_text(router.launcher())
     argv = ["setpriv", f"--reuid={router.ROUTER_USER}", f"--regid={router.ROUTER_USER}", "--clear-groups", "--",
-            str(venv / "bin" / "python"), str(launcher), str(credentials / Path(p["config"]).name)]
+            str(venv / "bin" / "python"), str(launcher), p["config"]]  # as ExecStart names it
     return subprocess.Popen(argv, env={**os.environ, "CREDENTIALS_DIRECTORY": str(credentials)},
                             stdout=(workdir / "router.log").open("w"), stderr=subprocess.STDOUT)
 
