@@ -21,6 +21,7 @@ from urllib.parse import quote, urlsplit
 from pyinfra.api import FactBase
 
 from modelfleet import keys, render
+from modelfleet.catalog import CATALOG_DIR
 from modelfleet.catalog.routers import (  # noqa: F401  (re-exported: callers name them modelfleet.router.*)
     PdBootstrap,
     PdRole,
@@ -87,6 +88,20 @@ def venv(rp: RouterPlan) -> str:
     return f"/opt/modelfleet/router-{s.package}-{s.version}"
 
 
+def lock(s: RouterSpec) -> str:
+    """The router release and every wheel it installs, pinned with their sha256s (catalog/router_locks/)."""
+    return (CATALOG_DIR / "router_locks" / f"{s.package}-{s.version}.txt").read_text()
+
+
+def install_command(rp: RouterPlan, index_url: str | None = None) -> list[str]:
+    """The venv and pip's install of lock() (on the host at paths()["lock"]): hashes required, wheels only;
+    from `index_url` (the host's router_pip_index_url) instead of PyPI where given."""
+    v, p = venv(rp), paths(rp)
+    index = ["--index-url", index_url] if index_url else []
+    return ["python3", "-m", "venv", v, "&&", f"{v}/bin/pip", "install", "-q", "--disable-pip-version-check",
+            "--require-hashes", "--only-binary=:all:", *index, "-r", p["lock"], "&&", "touch", p["installed"]]
+
+
 # The files beside a router's launcher config (router-NAME.json) and an nginx door's config (door-NAME.conf),
 # by suffix: what the stage writes and what retiring the unit removes.
 ROUTER_FILES = (".json", ".workers", ".key", ".admin", ".admin-auth", ".nft")
@@ -101,7 +116,7 @@ def paths(rp: RouterPlan) -> dict[str, str]:
     return {**{k: base + suffix for k, suffix in router_files.items()},
             **{k: door + suffix for k, suffix in door_files.items()}, "proxy": f"{door}.conf",
             "unit": f"{UNIT_DIR}/{rp.unit_name}", "proxy_unit": f"{UNIT_DIR}/{rp.proxy_unit_name}",
-            "installed": f"{venv(rp)}/.modelfleet-installed"}
+            "installed": f"{venv(rp)}/.modelfleet-installed", "lock": f"{venv(rp)}.requirements.txt"}
 
 
 def behind_proxy(rp: RouterPlan) -> bool:
@@ -322,7 +337,8 @@ def preview(rp: RouterPlan) -> tuple[list[dict], list[str]]:
     """(files, notes): every file the router stage writes for this front door on the router host, as `render`
     shows them (secrets masked: the clients' key, the private key; the worker API's key is made on the host)."""
     p, masked = paths(rp), f"{render.MASK}\n"
-    files = [(LAUNCHER, launcher(), "0755"), (p["config"], launcher_config(rp), "0644"),
+    files = [(p["lock"], lock(spec(rp)), "0644"), (LAUNCHER, launcher(), "0755"),
+             (p["config"], launcher_config(rp), "0644"),
              (p["workers"], workers_file(rp), "0644"), (p["key"], masked, "0600"),
              *([(p["rule"], render_rule(rp), "0600")] if firewalled(rp) else []),
              (p["unit"], render_unit(rp), "0644")]

@@ -271,6 +271,7 @@ class HostPlan:
     ssh_strict_host_key_checking: str | None = _default("ssh_strict_host_key_checking")
     routers: tuple[RouterPlan, ...] = ()  # the front doors this host runs (modelfleet.inventory.routed)
     router_worker_firewall: bool = _default("router_worker_firewall")
+    router_pip_index_url: str | None = _default("router_pip_index_url")
 
     def __post_init__(self):
         # The engine cache's key names the driver branch; services learn it from their host, its one home. The

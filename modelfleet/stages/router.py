@@ -59,14 +59,13 @@ def wants(plan: HostPlan, probe: dict) -> dict:
 
 
 @operation()
-def venv_installed(venv: str, requirement: str, present: bool):
-    """A venv the stage owns with one pinned requirement; marked only once pip succeeded."""
+def venv_installed(venv: str, requirement: str, command: list[str], present: bool):
+    """A venv the stage owns with a router release and its dependencies, every wheel's hash checked
+    (router.install_command); marked only once pip succeeded."""
     if present:
         host.noop(f"{venv} has {requirement}")
         return
-    yield StringCommand("python3", "-m", "venv", venv, "&&", f"{venv}/bin/pip", "install", "-q",
-                        "--disable-pip-version-check", shlex.quote(requirement), "&&", "touch",
-                        f"{venv}/.modelfleet-installed")
+    yield StringCommand(*(arg if arg in ("&&",) else shlex.quote(arg) for arg in command))
 
 
 @operation()
@@ -167,8 +166,12 @@ def _front_door(ctx: HostRun, rp: RouterPlan, deployed: dict, launcher_changed: 
                                                          "set on the control node: no front door without a key"])
         return
     installed = bool(at(p["installed"]))
-    venv_installed(name=f"{spec.package} {spec.version} in {router.venv(rp)}", venv=router.venv(rp),
-                   requirement=f"{spec.package}=={spec.version}", present=installed)
+    lock = router.lock(spec)
+    content_file(name=f"Wheels and hashes of {spec.package} {spec.version} ({p['lock']})", dest=p["lock"],
+                 content=lock, current=at(p["lock"]))
+    venv_installed(name=f"{spec.package} {spec.version} in {router.venv(rp)} (hashes required)",
+                   venv=router.venv(rp), requirement=f"{spec.package}=={spec.version}",
+                   command=router.install_command(rp, ctx.plan.router_pip_index_url), present=installed)
     # The worker API's key is made on the router host once; a router running without it is restarted.
     admin_new = router.has_admin_key(rp) and not (at(p["admin"]) and at(p["admin_auth"]))
     if admin_new:

@@ -287,3 +287,25 @@ def test_the_door_forwards_with_a_key_only_the_model_routes_matched_on_the_reque
     for path in ("/flush_cache", "/add_worker?url=x", "/workers", "/v1/../flush_cache", "/v1/chat/completions/x",
                  "/pause", "/v1/responses/a/b", "/v1/responses/%2e%2e/x", "/health/../workers"):
         assert not pattern.match(path), path
+
+
+def test_the_router_venv_installs_the_catalogs_lock_with_every_hash_required():
+    from modelfleet.inventory import resolve as resolve_inventory
+
+    for engine in ("vllm", "sglang"):
+        rp = resolve(fleet(engine)).routers["tiny-lab"]
+        s, p = router.spec(rp), router.paths(rp)
+        lock = router.lock(s)
+        pins = dict(line.split(" ")[0].split("==") for line in lock.splitlines() if line[:1].isalpha())
+        assert pins[s.package] == s.version  # the router release itself, pinned beside its dependencies
+        entries = re.findall(r"^\S+==\S+ \\\n((?:    --hash=sha256:[0-9a-f]{64}(?: \\)?\n)+)", lock, re.M)
+        assert len(entries) == len(pins)  # every requirement carries its hashes
+        command = router.install_command(rp)
+        assert command[command.index("install"):] == [
+            "install", "-q", "--disable-pip-version-check", "--require-hashes", "--only-binary=:all:", "-r",
+            p["lock"], "&&", "touch", p["installed"]]
+        assert {f["path"]: f["content"] for f in router.preview(rp)[0]}[p["lock"]] == lock
+    mirror = "https://pypi.mirror.example/simple"
+    assert ["--index-url", mirror, "-r"] == router.install_command(rp, mirror)[-7:-4]
+    bad = resolve_inventory([("r1", {**fleet("sglang")[0][1], "router_pip_index_url": "https://u:p@mirror/simple"})])
+    assert [e for e in bad.errors if e[1] == "router_pip_index_url"] != []
