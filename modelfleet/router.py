@@ -240,8 +240,8 @@ def launcher() -> str:
     return render.render_template("router_launch.py.j2")
 
 
-def credentials(rp: RouterPlan) -> list[str]:
-    """The root-only files the router's unit hands its user (systemd's LoadCredential, by file name): the
+def handed(rp: RouterPlan) -> list[str]:
+    """The root-only files the router's unit copies for its user (by file name, into its runtime directory): the
     launcher's config, the replicas, the key, the worker API's key where the router has one."""
     p = paths(rp)
     return [p["config"], p["workers"], p["key"], *([p["admin"]] if has_admin_key(rp) else [])]
@@ -249,12 +249,13 @@ def credentials(rp: RouterPlan) -> list[str]:
 
 def render_unit(rp: RouterPlan) -> str:
     s, p = spec(rp), paths(rp)
-    # The launcher reads each file from the unit's credentials (systemd's copies for the router's user), by name.
+    # The launcher reads each file from the unit's runtime directory (copies for the router's user), by name.
     argv = [f"{venv(rp)}/bin/python", LAUNCHER, p["config"]]
     return render.render_template("router.service.j2", rp=rp, spec=s, exec_start=render.exec_start(argv),
                                   front=f"{rp.bind_address}:{rp.port}", user=ROUTER_USER, nft=NFT,
                                   rule=p["rule"] if firewalled(rp) else None, table=nft_table(rp),
-                                  credentials=[(path.rsplit("/", 1)[1], path) for path in credentials(rp)])
+                                  runtime=rp.unit_name.removesuffix(".service"),
+                                  handed=[render.systemd_quote(path) for path in handed(rp)])
 
 
 def render_proxy(rp: RouterPlan, runtime: str | None = None) -> str:

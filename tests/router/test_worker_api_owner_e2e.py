@@ -1,5 +1,5 @@
 """The router's worker API as a local attacker meets it: the real vllm-router 0.1.17 run as the router's user
-(its launcher reading the unit's credentials), Debian's nginx with its workers as the door's user, and the
+(its launcher reading the unit's copies of its files), Debian's nginx with its workers as the door's user, and the
 nftables rule the router's unit loads, all in a private network namespace (the lab's hosts share the machine's,
 and have no NET_ADMIN). A process of user nobody, or root, posts its own worker to the router's port: refused,
 never listed, and it receives none of the clients' requests; modelfleet's own call (as the router's user)
@@ -71,25 +71,25 @@ def _curl(*prefix: str, url: str, method: str = "GET") -> tuple[int, str]:
 
 
 def _start_router(rp: RouterPlan, workdir: Path) -> subprocess.Popen:
-    """The launcher as the unit starts it: as the router's user, its config, replicas and key handed over as
-    credentials (a directory only that user reads, as systemd's LoadCredential makes)."""
+    """The launcher as the unit starts it: as the router's user, reading its config, replicas and key from
+    copies in a directory only that user reads (the unit's runtime directory)."""
     venv = workdir / "venv"
     shutil.copytree(router_venv(router.spec(rp)), venv, symlinks=True)
-    credentials = workdir / "credentials"
-    credentials.mkdir(mode=0o700)
+    copies = workdir / "copies"
+    copies.mkdir(mode=0o700)
     p = router.paths(rp)
     for path, content in ((p["config"], router.launcher_config(rp)), (p["workers"], router.workers_file(rp)),
                           (p["key"], KEY + "\n")):
-        (credentials / Path(path).name).write_text(content)
-    shutil.chown(credentials, router.ROUTER_USER, router.ROUTER_USER)
-    for f in credentials.iterdir():
+        (copies / Path(path).name).write_text(content)
+    shutil.chown(copies, router.ROUTER_USER, router.ROUTER_USER)
+    for f in copies.iterdir():
         shutil.chown(f, router.ROUTER_USER, router.ROUTER_USER)
         f.chmod(0o400)
     launcher = workdir / "modelfleet_router.py"
     launcher.write_text(router.launcher())
     argv = ["setpriv", f"--reuid={router.ROUTER_USER}", f"--regid={router.ROUTER_USER}", "--clear-groups", "--",
             str(venv / "bin" / "python"), str(launcher), p["config"]]  # as ExecStart names it
-    return subprocess.Popen(argv, env={**os.environ, "CREDENTIALS_DIRECTORY": str(credentials)},
+    return subprocess.Popen(argv, env={**os.environ, "MODELFLEET_ROUTER_FILES": str(copies)},
                             stdout=(workdir / "router.log").open("w"), stderr=subprocess.STDOUT)
 
 

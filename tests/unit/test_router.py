@@ -258,9 +258,11 @@ def test_the_router_runs_as_its_own_user_and_its_unit_loads_the_owner_rule_where
     vllm = resolve(fleet("vllm")).routers["tiny-lab"]
     unit, p = router.render_unit(vllm), router.paths(vllm)
     assert "User=modelfleet-router\nGroup=modelfleet-router\n" in unit
-    # Root's 0600 files reach the router's user as credentials, by name (the launcher reads them there).
-    assert [line for line in unit.splitlines() if line.startswith("LoadCredential=")] == [
-        f"LoadCredential={Path(f).name}:{f}" for f in (p["config"], p["workers"], p["key"])]
+    # Root's 0600 files are copied for the router's user into its runtime directory (the launcher reads them there).
+    assert ("RuntimeDirectory=modelfleet-router-tiny-lab\nRuntimeDirectoryMode=0700\n"
+            "Environment=MODELFLEET_ROUTER_FILES=%t/modelfleet-router-tiny-lab\n") in unit
+    assert (f"ExecStartPre=+/usr/bin/install -m 0400 -o modelfleet-router -g modelfleet-router {p['config']} "
+            f"{p['workers']} {p['key']} /run/modelfleet-router-tiny-lab/\n") in unit
     assert f"ExecStartPre=+/usr/sbin/nft -f {p['rule']}\n" in unit
     assert "ExecStopPost=-+/usr/sbin/nft delete table inet modelfleet-router-tiny-lab\n" in unit
     rule = router.render_rule(vllm)
