@@ -138,7 +138,8 @@ def firewalled(rp: RouterPlan) -> bool:
 
 
 def nft_table(rp: RouterPlan) -> str:
-    return f"modelfleet-router-{rp.name}"
+    """The owner rule's nftables table: the router unit's own name."""
+    return rp.unit_name.removesuffix(".service")
 
 
 def render_rule(rp: RouterPlan) -> str:
@@ -173,7 +174,8 @@ def worker_guard_script(rp: RouterPlan) -> str | None:
     router's user gets its worker list, a process of user nobody gets its connection refused."""
     if not firewalled(rp):
         return None
-    return program("router_worker_guard", rp.name, f"{local_url(rp)}{spec(rp).workers['list'].path}", ROUTER_USER)
+    return program("router_worker_guard", rp.name, f"{local_url(rp)}{spec(rp).workers['list'].path}", ROUTER_USER,
+                   nft_table(rp))
 
 
 def listen(rp: RouterPlan) -> tuple[str, int]:

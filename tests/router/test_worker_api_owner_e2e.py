@@ -148,7 +148,9 @@ def test_only_the_door_and_modelfleet_reach_the_routers_worker_api(tmp_path, net
         gate = subprocess.run(router.worker_guard_script(rp), shell=True, capture_output=True, text=True)
         assert gate.returncode == 1 and gate.stderr.strip() == (
             f"modelfleet: front door {SERVED}: a process of user nobody got 200 from the router's worker API "
-            f"{backend}/workers (want the connection refused): any local process can register a worker")
+            f"{backend}/workers (want the connection refused): any local process can register a worker; is its owner "
+            f"rule loaded? (nft list table inet {router.nft_table(rp)}; restarting {router.nft_table(rp)}.service "
+            "loads it)")
     finally:
         stop_all(procs)
         for replica in [*replicas, attacker_worker, late]:
