@@ -7,8 +7,10 @@ registers a replica; the verify gate's look passes, and fails once the rule is g
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import pwd
 import shutil
 import subprocess
 import tempfile
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet import router
+from modelfleet import render, router
 from modelfleet.inventory.plan import RouterPlan, Worker
 from tests.router.front_door import (
     KEY,
@@ -45,21 +47,30 @@ def _setns(fd: int) -> None:
         raise OSError(ctypes.get_errno(), "setns")
 
 
-@pytest.fixture
-def netns():
-    """This thread (and what it starts) in a network namespace of its own, with only loopback."""
-    name = f"mf-router-{os.getpid()}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
+@contextlib.contextmanager
+def _entered(path: str):
+    """This thread (and what it starts) in the network namespace at `path`, then back."""
     home = os.open("/proc/self/ns/net", os.O_RDONLY)
     try:
-        theirs = os.open(f"/run/netns/{name}", os.O_RDONLY)
+        theirs = os.open(path, os.O_RDONLY)
         _setns(theirs)
         os.close(theirs)
-        subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-        yield name
+        yield
     finally:
         _setns(home)
         os.close(home)
+
+
+@pytest.fixture
+def netns():
+    """A network namespace of its own, with only loopback, entered."""
+    name = f"mf-router-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        with _entered(f"/run/netns/{name}"):
+            subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+            yield name
+    finally:
         subprocess.run(["ip", "netns", "del", name], check=False)
 
 
@@ -156,4 +167,62 @@ def test_only_the_door_and_modelfleet_reach_the_routers_worker_api(tmp_path, net
         for replica in [*replicas, attacker_worker, late]:
             replica.stop()
         subprocess.run(["nft", "delete", "table", "inet", router.nft_table(rp)], capture_output=True)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_an_engine_container_on_the_host_network_cannot_pose_as_the_routers_user(tmp_path):
+    """The attacker is root in a container on the router's network, as an engine's (a model's own code runs
+    there). Started as modelfleet starts engines (render.CONTAINER_UIDS_FIXED), it can neither take the router's
+    uid (setpriv) nor run a setuid file of that uid it made: refused, never listed. A container with Docker's
+    default capabilities beside it (as engines ran before) takes the uid and registers its worker."""
+    import lab
+
+    if subprocess.run(["docker", "image", "inspect", lab.BASE_IMAGE], capture_output=True).returncode:
+        pytest.skip(f"the lab's base image {lab.BASE_IMAGE} is not built (make lab-setup)")
+    sh(router.users_script())
+    engine_like, default_caps = f"mf-engine-like-{os.getpid()}", f"mf-default-caps-{os.getpid()}"
+    sh(f"docker run -d --rm --network none --name {engine_like} {' '.join(render.CONTAINER_UIDS_FIXED)} "
+       f"{lab.BASE_IMAGE} sleep infinity >/dev/null")
+    sh(f"docker run -d --rm --network container:{engine_like} --name {default_caps} {lab.BASE_IMAGE} "
+       "sleep infinity >/dev/null")
+    pid = sh(f"docker inspect -f '{{{{.State.Pid}}}}' {engine_like}").strip()
+    workdir = Path(tempfile.mkdtemp(prefix="mf-router-"))
+    workdir.chmod(0o755)
+    procs, replicas = [], []
+    try:
+        with _entered(f"/proc/{pid}/ns/net"):
+            replicas = [Replica("vllm", tmp_path, 0), Replica("vllm", tmp_path, 8)]
+            rp = RouterPlan(name=SERVED, host="local", engine_name="vllm", served_name=SERVED,
+                            bind_address="127.0.0.1", port=free_base_port(3), policy="round_robin",
+                            api_key_env="UNUSED", config_dir=str(tmp_path), workers=(Worker("r0", "local",
+                                                                                          replicas[0].url),))
+            rule = Path(router.paths(rp)["rule"])
+            rule.write_text(router.render_rule(rp))
+            sh(f"nft -f {rule}")
+            procs = [_start_router(rp, workdir)]
+            wait_for(lambda: set(listed(rp)) == {replicas[0].url}, 60, "the router lists its replica")
+            user = pwd.getpwnam(router.ROUTER_USER)
+            add = f"{router.local_url(rp)}/add_worker?url={replicas[1].url}"
+            ask = f"-sS -m 5 -o /dev/null -w %{{http_code}} -X POST '{add}'"
+            pose = f"setpriv --reuid={user.pw_uid} --regid={user.pw_gid} --clear-groups -- curl {ask}"
+            setuid_file = (f"cp /usr/bin/curl /tmp/c && chown {user.pw_uid}:{user.pw_gid} /tmp/c && chmod 6755 /tmp/c "
+                           f"&& /tmp/c {ask}")
+
+            def attack(container: str, script: str) -> tuple[int, str]:
+                done = subprocess.run(["docker", "exec", container, "sh", "-c", script], capture_output=True,
+                                      text=True)
+                return done.returncode, done.stdout.strip()
+
+            assert attack(engine_like, f"curl {ask}") == (7, "000")  # root: refused by the rule
+            got = attack(engine_like, pose)
+            assert got[0] != 0 and got[1] == "", got  # setpriv: no CAP_SETUID
+            assert attack(engine_like, setuid_file) == (7, "000")  # no-new-privileges: it runs as root
+            assert replicas[1].url not in listed(rp)
+            assert attack(default_caps, pose) == (0, "200")  # what Docker's defaults let an engine do
+            assert replicas[1].url in listed(rp)
+    finally:
+        stop_all(procs)
+        for replica in replicas:
+            replica.stop()
+        subprocess.run(["docker", "rm", "-f", engine_like, default_caps], capture_output=True)
         shutil.rmtree(workdir, ignore_errors=True)
