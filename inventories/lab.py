@@ -107,6 +107,9 @@ lab_hosts = [
         # A host made with the scenario's cdi has a Docker with CDI and its GPUs' device nodes (lab/cdi.py): its
         # containers get their GPUs as the units ask for them; the others' Docker (20.10) has no CDI.
         "gpu_passthrough": bool(spec.get("cdi")),
+        # Lab hosts share the machine's network namespace and have no NET_ADMIN: no nftables rule of their own
+        # (tests/router/test_worker_api_owner_e2e.py shows the router's rule in a namespace of its own).
+        "router_worker_firewall": False,
         # Admission judges the persona's recorded `nvidia-smi -q -x` (and kernel log) where it has one.
         "admission": spec.get("admission", False),
         "admission_h2d": _scenario.admission_h2d,

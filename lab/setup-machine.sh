@@ -7,7 +7,7 @@ export DEBIAN_FRONTEND=noninteractive
 need=()
 for cmd in dockerd:docker.io containerd:containerd runc:runc mmdebstrap:mmdebstrap docker-registry:docker-registry \
            ssh-keygen:openssh-client make:make curl:curl \
-           apt-ftparchive:apt-utils gpg:gnupg losetup:mount mkfs.ext4:e2fsprogs; do
+           apt-ftparchive:apt-utils gpg:gnupg losetup:mount mkfs.ext4:e2fsprogs nft:nftables; do
   command -v "${cmd%%:*}" >/dev/null 2>&1 || need+=("${cmd##*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -16,6 +16,8 @@ from modelfleet.catalog import CATALOG_DIR, read_yaml
 class KeyCoverage(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     source: str
+    version: str | None = None  # the engine release whose own route table the lists were checked against
+    guarded_prefixes: list[str] = []  # the path prefixes the key guards, where the engine's code says so
     covers: str  # in words, for messages
     open_routes: list[str]  # routes the key leaves open
     open_inference_routes: list[str]  # of those, the ones that run the model on a caller's input

@@ -168,10 +168,16 @@ def gpu_flags(svc: ServicePlan) -> list[str]:
     return [arg for i in svc.gpu_indices for arg in ("--device", f"nvidia.com/gpu={i}")]
 
 
+# An engine's container shares the host's network: its root must not take another user's uid (the owner rule
+# before a front door's router lets two users in by uid, modelfleet.router.render_rule), neither by setuid() nor
+# by a setuid file it made.
+CONTAINER_UIDS_FIXED = ("--cap-drop", "SETUID", "--cap-drop", "SETGID", "--security-opt", "no-new-privileges")
+
+
 def docker_run_argv(svc: ServicePlan) -> list[str]:
     docker = svc.recipe.docker
     argv = [DOCKER, "run", "--rm", "--name", svc.container_name, "--init", "--network", "host",
-            f"--ipc={docker.get('ipc', 'host')}"]
+            f"--ipc={docker.get('ipc', 'host')}", *CONTAINER_UIDS_FIXED]
     if "shm_size" in docker:
         argv += ["--shm-size", docker["shm_size"]]
     argv += gpu_flags(svc) + fabric_flags(svc.fabric)
@@ -204,7 +210,7 @@ def weights_docker_argv(svc: ServicePlan) -> list[str]:
     """The weight cache daemon's container: the engine's GPUs, fabric and environment (no key), the revision's
     folder read-only, the sockets' folder; its image from the unit's environment file."""
     argv = [DOCKER, "run", "--rm", "--name", weight_cache.container_name(svc), "--init", "--network", "host",
-            f"--ipc={svc.recipe.docker.get('ipc', 'host')}"]
+            f"--ipc={svc.recipe.docker.get('ipc', 'host')}", *CONTAINER_UIDS_FIXED]
     argv += ["--shm-size", svc.recipe.docker["shm_size"]] if "shm_size" in svc.recipe.docker else []
     argv += gpu_flags(svc) + fabric_flags(svc.fabric)
     argv += ["--env-file", weight_cache.env_file(svc), "-v", f"{svc.model_dir}:{CONTAINER_MODEL_DIR}:ro"]

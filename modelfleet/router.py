@@ -13,6 +13,7 @@ running router (no restart); the URL file only says where a (re)started router b
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 from urllib.parse import quote, urlsplit
@@ -20,6 +21,7 @@ from urllib.parse import quote, urlsplit
 from pyinfra.api import FactBase
 
 from modelfleet import keys, render
+from modelfleet.catalog import CATALOG_DIR
 from modelfleet.catalog.routers import (  # noqa: F401  (re-exported: callers name them modelfleet.router.*)
     PdBootstrap,
     PdRole,
@@ -54,6 +56,12 @@ HEALTH_INTERVAL_S = 10
 HEALTH_FAILURES = 3
 # How long a worker-API change may take to show in the router's list (SGLang's router acts in the background).
 REGISTER_WAIT_S = 60
+# Dedicated system users: the front door's nginx workers, and the router itself (modelfleet's own calls to its
+# API are made as this user too). A router whose API has no key lets only these two connect to its port.
+DOOR_USER = "modelfleet-door"
+ROUTER_USER = "modelfleet-router"
+USERS = (DOOR_USER, ROUTER_USER)
+NFT = "/usr/sbin/nft"
 
 
 def client_keys(rp: RouterPlan) -> list[str]:
@@ -80,26 +88,94 @@ def venv(rp: RouterPlan) -> str:
     return f"/opt/modelfleet/router-{s.package}-{s.version}"
 
 
+def lock(s: RouterSpec) -> str:
+    """The router release and every wheel it installs, pinned with their sha256s (catalog/router_locks/)."""
+    return (CATALOG_DIR / "router_locks" / f"{s.package}-{s.version}.txt").read_text()
+
+
+def install_command(rp: RouterPlan, index_url: str | None = None) -> list[str]:
+    """The venv and pip's install of lock() (on the host at paths()["lock"]): hashes required, wheels only;
+    from `index_url` (the host's router_pip_index_url) instead of PyPI where given."""
+    v, p = venv(rp), paths(rp)
+    index = ["--index-url", index_url] if index_url else []
+    return ["python3", "-m", "venv", v, "&&", f"{v}/bin/pip", "install", "-q", "--disable-pip-version-check",
+            "--require-hashes", "--only-binary=:all:", *index, "-r", p["lock"], "&&", "touch", p["installed"]]
+
+
 # The files beside a router's launcher config (router-NAME.json) and an nginx door's config (door-NAME.conf),
 # by suffix: what the stage writes and what retiring the unit removes.
-ROUTER_FILES = (".json", ".workers", ".key", ".admin", ".admin-auth")
+ROUTER_FILES = (".json", ".workers", ".key", ".admin", ".admin-auth", ".nft")
 DOOR_FILES = (".key.conf", ".crt", ".tls-key")
 
 
 def paths(rp: RouterPlan) -> dict[str, str]:
     base, door = f"{rp.config_dir}/router-{rp.name}", f"{rp.config_dir}/door-{rp.name}"
-    router_files = dict(zip(("config", "workers", "key", "admin", "admin_auth"), ROUTER_FILES, strict=True))
+    router_files = dict(zip(("config", "workers", "key", "admin", "admin_auth", "rule"), ROUTER_FILES,
+                            strict=True))
     door_files = dict(zip(("proxy_key", "tls_cert", "tls_key"), DOOR_FILES, strict=True))
     return {**{k: base + suffix for k, suffix in router_files.items()},
             **{k: door + suffix for k, suffix in door_files.items()}, "proxy": f"{door}.conf",
             "unit": f"{UNIT_DIR}/{rp.unit_name}", "proxy_unit": f"{UNIT_DIR}/{rp.proxy_unit_name}",
-            "installed": f"{venv(rp)}/.modelfleet-installed"}
+            "installed": f"{venv(rp)}/.modelfleet-installed", "lock": f"{venv(rp)}.requirements.txt"}
 
 
 def behind_proxy(rp: RouterPlan) -> bool:
     """nginx is the front door (the router on loopback behind it): where the router checks no key itself, and for
     any router where clients have keys of their own or the door speaks TLS."""
     return spec(rp).auth == "proxy" or rp.tls or bool(rp.client_keys_env)
+
+
+def owner_only(rp: RouterPlan) -> bool:
+    """The router answers its own port (its worker API, every model route) to any caller without a key (vLLM's):
+    only the door's and the router's users may connect to it, and modelfleet's calls run as the router's user."""
+    return spec(rp).auth == "proxy"
+
+
+def firewalled(rp: RouterPlan) -> bool:
+    """The router's unit loads the owner rule (render_rule): unless the host cannot take nftables rules
+    (`router_worker_firewall = false`, e.g. a container without NET_ADMIN, as the lab's hosts)."""
+    return owner_only(rp) and rp.worker_firewall
+
+
+def nft_table(rp: RouterPlan) -> str:
+    """The owner rule's nftables table: the router unit's own name."""
+    return rp.unit_name.removesuffix(".service")
+
+
+def render_rule(rp: RouterPlan) -> str:
+    """The nftables table the router's unit loads before the router starts (and deletes when it stops): a
+    connection to the router's port on loopback from a socket whose owner is neither the door's nor the router's
+    user is reset. Loaded with `nft -f`, atomically: an older copy of the table is replaced, never doubled."""
+    table = f"inet {nft_table(rp)}"
+    return (f"# Managed by modelfleet - do not edit; re-run the deploy instead.\n"
+            f"# front door {rp.name}: only {DOOR_USER} (nginx's workers) and {ROUTER_USER} (the router, modelfleet's "
+            f"worker calls)\n# connect to the router on 127.0.0.1:{rp.backend_port}, which has no key of its own.\n"
+            f"table {table}\ndelete table {table}\ntable {table} {{\n    chain output {{\n"
+            f"        type filter hook output priority 0; policy accept;\n"
+            f'        oifname "lo" tcp dport {rp.backend_port} meta skuid != {{ "{DOOR_USER}", "{ROUTER_USER}" }} '
+            f"reject with tcp reset\n    }}\n}}\n")
+
+
+def as_router(rp: RouterPlan, command: str) -> str:
+    """`command` (shell) run as the router's user where only that user may reach the router's API."""
+    if not owner_only(rp):
+        return command
+    return f"setpriv --reuid={ROUTER_USER} --regid={ROUTER_USER} --clear-groups -- {command}"
+
+
+def users_script(users: tuple[str, ...] = USERS) -> str:
+    """Shell: the system users, each with a group of its own, no home and no login shell (an existing one kept)."""
+    return " && ".join(f"{{ getent passwd {u} >/dev/null || useradd --system --user-group --no-create-home "
+                       f"--home-dir /nonexistent --shell /usr/sbin/nologin {u}; }}" for u in users)
+
+
+def worker_guard_script(rp: RouterPlan) -> str | None:
+    """The verify gate's look at the router's own port from the router host (firewalled routers only): the
+    router's user gets its worker list, a process of user nobody gets its connection refused."""
+    if not firewalled(rp):
+        return None
+    return program("router_worker_guard", rp.name, f"{local_url(rp)}{spec(rp).workers['list'].path}", ROUTER_USER,
+                   nft_table(rp))
 
 
 def listen(rp: RouterPlan) -> tuple[str, int]:
@@ -166,11 +242,22 @@ def launcher() -> str:
     return render.render_template("router_launch.py.j2")
 
 
+def handed(rp: RouterPlan) -> list[str]:
+    """The root-only files the router's unit copies for its user (by file name, into its runtime directory): the
+    launcher's config, the replicas, the key, the worker API's key where the router has one."""
+    p = paths(rp)
+    return [p["config"], p["workers"], p["key"], *([p["admin"]] if has_admin_key(rp) else [])]
+
+
 def render_unit(rp: RouterPlan) -> str:
     s, p = spec(rp), paths(rp)
+    # The launcher reads each file from the unit's runtime directory (copies for the router's user), by name.
     argv = [f"{venv(rp)}/bin/python", LAUNCHER, p["config"]]
     return render.render_template("router.service.j2", rp=rp, spec=s, exec_start=render.exec_start(argv),
-                                  front=f"{rp.bind_address}:{rp.port}")
+                                  front=f"{rp.bind_address}:{rp.port}", user=ROUTER_USER, nft=NFT,
+                                  rule=p["rule"] if firewalled(rp) else None, table=nft_table(rp),
+                                  runtime=rp.unit_name.removesuffix(".service"),
+                                  handed=[render.systemd_quote(path) for path in handed(rp)])
 
 
 def render_proxy(rp: RouterPlan, runtime: str | None = None) -> str:
@@ -179,10 +266,21 @@ def render_proxy(rp: RouterPlan, runtime: str | None = None) -> str:
     p = paths(rp)
     return render.render_template("door.nginx.conf.j2", rp=rp, runtime=runtime or f"/run/modelfleet-door-{rp.name}",
                                   key_conf=p["proxy_key"], backend=f"127.0.0.1:{rp.backend_port}",
+                                  user=DOOR_USER, routes=client_route_pattern(rp),
                                   tls_cert=p["tls_cert"] if rp.tls else None, tls_key=p["tls_key"],
                                   upstream_auth=bool(rp.client_keys_env),
                                   listen=f"[{rp.bind_address}]:{rp.port}" if ":" in rp.bind_address
                                   else f"{rp.bind_address}:{rp.port}")
+
+
+def client_route_pattern(rp: RouterPlan) -> str:
+    """The paths a client's key opens at an nginx front door (the router's inference_routes and client_routes),
+    as one regular expression over the request line's own path (nginx's $request_uri, not its normalised $uri:
+    what is matched is what the router gets). `{id}` stands for one path segment."""
+    s = spec(rp)
+    alternatives = [re.escape(route).replace(re.escape("{id}"), "[^/?%]+")
+                    for route in dict.fromkeys([*s.inference_routes, *s.client_routes])]
+    return f"^({'|'.join(alternatives)})(\\?|$)"
 
 
 def proxy_key_conf(keys: str | list[str], upstream: str | None = None) -> str:
@@ -242,8 +340,10 @@ def preview(rp: RouterPlan) -> tuple[list[dict], list[str]]:
     """(files, notes): every file the router stage writes for this front door on the router host, as `render`
     shows them (secrets masked: the clients' key, the private key; the worker API's key is made on the host)."""
     p, masked = paths(rp), f"{render.MASK}\n"
-    files = [(LAUNCHER, launcher(), "0755"), (p["config"], launcher_config(rp), "0644"),
+    files = [(p["lock"], lock(spec(rp)), "0644"), (LAUNCHER, launcher(), "0755"),
+             (p["config"], launcher_config(rp), "0644"),
              (p["workers"], workers_file(rp), "0644"), (p["key"], masked, "0600"),
+             *([(p["rule"], render_rule(rp), "0600")] if firewalled(rp) else []),
              (p["unit"], render_unit(rp), "0644")]
     if behind_proxy(rp):
         names = rp.client_keys_env or (rp.api_key_env,)
@@ -260,6 +360,11 @@ def preview(rp: RouterPlan) -> tuple[list[dict], list[str]]:
              + (f"TLS with {rp.tls_cert}" if rp.tls else "plain HTTP: the key crosses the network in clear; set "
                 "router_tls_cert and router_tls_key for TLS")
              + f"), {len(rp.workers)} replica(s): {', '.join(w.url for w in rp.workers)}"]
+    notes.append(f"front door {rp.name}: the router runs as {ROUTER_USER}" + (f", nginx's workers as {DOOR_USER}"
+                 if behind_proxy(rp) else "") + " (system users the run creates)" + (
+                 f"; only they reach the router on 127.0.0.1:{rp.backend_port} ({p['rule']})" if firewalled(rp) else
+                 f"; router_worker_firewall is off: any local process reaches the router on 127.0.0.1:"
+                 f"{rp.backend_port}" if owner_only(rp) else ""))
     if has_admin_key(rp):
         notes.append(f"front door {rp.name}: {p['admin']} and {p['admin_auth']} (0600), the worker API's key, are "
                      "made on the router host by the run, never on the control node")
@@ -277,7 +382,8 @@ def _curl(rp: RouterPlan, call: str, **values) -> str:
     data = _body(rp, call, values.get("url", ""))
     body = ["-H", "Content-Type: application/json", "-d", json.dumps(data)] if data else []
     path = s.path.format(**{k: _quoted(v) for k, v in values.items()})
-    return shlex.join(["curl", "-fsS", "-m", "10", "-X", s.method, *auth, *body, f"{local_url(rp)}{path}"])
+    return as_router(rp, shlex.join(["curl", "-fsS", "-m", "10", "-X", s.method, *auth, *body,
+                                     f"{local_url(rp)}{path}"]))
 
 
 def _quoted(value: str) -> str:
@@ -362,7 +468,7 @@ def replica_exposure_script(rp: RouterPlan) -> str | None:
 
 def health_script(rp: RouterPlan, timeout_s: int = 60) -> str:
     """The router answers /health on the router host."""
-    return program("router_health", rp.name, f"{local_url(rp)}/health", timeout_s)
+    return as_router(rp, program("router_health", rp.name, f"{local_url(rp)}/health", timeout_s))
 
 
 class RouterWorkers(FactBase):

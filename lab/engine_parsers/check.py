@@ -10,6 +10,10 @@ inside modelfleet's: it imports vllm and sglang, and nothing of modelfleet (the 
         An item with "command": "weight-cache" is the engine's weight cache daemon instead (the restart tier):
         `vllm preload ...` or `python -m sglang.srt.weight_cache.daemon ...` (what follows the entrypoint).
         Prints {"versions": {...}, "results": [{"id", "engine", "ok", "error"}]}.
+    python check.py routes
+        vLLM's own route table, read from its installed source without importing it: every path its API server
+        registers (`@router.post("/x")`, `add_api_route`, `Mount("/metrics")`, ...) and the prefixes its --api-key
+        guards (GUARDED_PREFIX). Prints {"version": ..., "routes": {path: [file, ...]}, "guarded_prefixes": [...]}.
     python check.py flags FLAGS_JSON
         rewrites the vllm and sglang sections of the engine double's flag list (modelfleet/catalog/engine_flags.json)
         from the parsers: every option, whether it takes a value, the short forms, the default port.
@@ -249,6 +253,46 @@ def write_flags(path: str) -> None:
         f.write("\n")
 
 
+# What registers a path on a FastAPI/Starlette app or router: a decorator or call on it, or a route object.
+ROUTE_CALLS = {"get", "post", "put", "delete", "patch", "api_route", "add_api_route", "websocket", "mount",
+               "add_route", "websocket_route", "route", "Mount", "Route", "APIRoute", "WebSocketRoute"}
+# The routes a FastAPI(...) app serves by default unless its keyword turns them off (`openapi_url=None` ...).
+FASTAPI_DEFAULTS = {"openapi_url": ["/openapi.json"], "docs_url": ["/docs", "/docs/oauth2-redirect"],
+                    "redoc_url": ["/redoc"]}
+
+
+def vllm_routes() -> dict:
+    """vLLM's route table from its source (the files of vllm/entrypoints), as `routes` prints it."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    package = Path(importlib.util.find_spec("vllm").submodule_search_locations[0])
+    routes: dict[str, list[str]] = {}
+    guarded = None
+    for path in sorted((package / "entrypoints").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+                first = node.args[0] if node.args else None
+                found = [first.value] if name in ROUTE_CALLS and isinstance(first, ast.Constant) \
+                    and isinstance(first.value, str) and first.value.startswith("/") else []
+                if name == "FastAPI":
+                    off = {k.arg for k in node.keywords if isinstance(k.value, ast.Constant) and k.value.value is None}
+                    found += [r for kw, defaults in FASTAPI_DEFAULTS.items() if kw not in off for r in defaults]
+                for route in found:
+                    routes.setdefault(route, []).append(str(path.relative_to(package.parent)))
+            elif isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "GUARDED_PREFIX"
+                                                      for t in node.targets):
+                guarded = ast.literal_eval(node.value)
+    if guarded is None:
+        raise SystemExit("vllm: no GUARDED_PREFIX in vllm/entrypoints: the key's middleware moved")
+    return {"version": importlib.metadata.version("vllm"), "routes": routes,
+            "guarded_prefixes": [guarded] if isinstance(guarded, str) else list(guarded)}
+
+
 def main() -> None:
     # The engines log and warn while importing (no GPU, no CUDA runtime); only the JSON belongs on stdout.
     logging.disable(logging.WARNING)
@@ -256,6 +300,8 @@ def main() -> None:
     with contextlib.redirect_stdout(sys.stderr):
         if sys.argv[1:2] == ["argvs"]:
             out = json.dumps(check_argvs(json.load(sys.stdin)), indent=1)
+        elif sys.argv[1:2] == ["routes"]:
+            out = json.dumps(vllm_routes(), indent=1)
         elif sys.argv[1:2] == ["flags"] and len(sys.argv) == 3:
             write_flags(sys.argv[2])
             out = None

@@ -73,6 +73,7 @@ class RouterSpec(_Strict):
     start: Literal["flag", "api"]  # how a (re)started router gets its replicas: --worker-urls, or the worker API
     policies: list[str]
     inference_routes: list[str]  # what a key-less request must be refused on, at the front door
+    client_routes: list[str]  # what else an nginx front door forwards with a client's key (`{id}`: one segment)
     workers: dict[Literal["list", "add", "remove"], WorkerCall]
     pd: PdSpec | None = None  # none: the router has no prefill/decode mode
 

@@ -23,7 +23,7 @@ from modelfleet.host_commands import (
 MARK = "@@modelfleet-state"
 # The kinds of things the fact reads, each a key of its result and a keyword of its command (a stage's wants()
 # declares what it reads by these kinds).
-STATE_KINDS = ("paths", "units", "images", "trees", "packages", "texts", "owned")
+STATE_KINDS = ("paths", "units", "images", "trees", "packages", "texts", "owned", "users")
 # The first line of every unit file modelfleet writes (templates/*.service.j2): what marks a unit as its own, so
 # one the inventory no longer names may be retired (modelfleet.retire), and one a user wrote never is.
 OWNED_MARK = "# Managed by modelfleet - do not edit; re-run the deploy instead."
@@ -51,7 +51,8 @@ class DeployedState(FactBase):
      "packages": {name: None | {"version": "580.159.04-1", "held": bool}},
      "texts": {path: None | content} (small config files a stage must read, e.g. /etc/docker/daemon.json),
      "owned": {unit_dir: {unit: {"text": its file, and UNIT_PROPERTIES as under "units"}}} (the unit files there
-              that modelfleet wrote, by OWNED_MARK)}.
+              that modelfleet wrote, by OWNED_MARK),
+     "users": {name: None | uid} (system users a stage creates)}.
     A stage fetches it once and decides every file, directory, unit and image from it, instead of one
     stat/sha/systemctl/docker round trip per operation.
     """
@@ -62,10 +63,10 @@ class DeployedState(FactBase):
 
     def command(self, paths: tuple[str, ...] = (), units: tuple[str, ...] = (), images: tuple[str, ...] = (),
                 trees: tuple[str, ...] = (), packages: tuple[str, ...] = (), texts: tuple[str, ...] = (),
-                owned: tuple[str, ...] = (), family: str | None = None) -> str:
+                owned: tuple[str, ...] = (), users: tuple[str, ...] = (), family: str | None = None) -> str:
         """`family`: the host's OS family (modelfleet.os), which reads its packages; the default one if None."""
         kinds = {"path": paths, "unit": units, "image": images, "tree": trees, "package": packages, "text": texts,
-                 "owned": owned}
+                 "owned": owned, "user": users}
         return program("deployed_state", *(f"{kind}={value}" for kind, values in kinds.items() for value in values),
                        env={"MARK": MARK, "MANIFEST": MANIFEST, "FETCH_LOCK": FETCH_LOCK, "PARTIAL": PARTIAL,
                             "CURRENT": CURRENT, "OWNED_MARK": OWNED_MARK},
@@ -99,6 +100,8 @@ class DeployedState(FactBase):
                 result["texts"][name] = (result["texts"][name] or "") + line[2:] + "\n"
             elif kind == "package" and line[:3] in ("ii ", "hi "):
                 result["packages"][name] = {"version": line.split()[1], "held": line.startswith("h")}
+            elif kind == "user" and line.isdigit():
+                result["users"][name] = int(line)
             elif kind == "image" and line.startswith("id=sha256:"):
                 result["images"][name] = {"id": line[3:]}
             elif kind == "dropin" and (line.startswith("= ") or line == "="):

@@ -102,6 +102,7 @@ class RouterPlan:
     client_keys_env: tuple[str, ...] = ()
     server_name: str | None = None  # the name clients use for it (router_server_name); None: its address
     host_address: str = ""  # the router host's address: where a wildcard bind_address is reached
+    worker_firewall: bool = True  # the router host's router_worker_firewall
 
     @property
     def tls(self) -> bool:
@@ -289,6 +290,8 @@ class HostPlan:
     ssh_known_hosts_file: str | None = _default("ssh_known_hosts_file")
     ssh_strict_host_key_checking: str | None = _default("ssh_strict_host_key_checking")
     routers: tuple[RouterPlan, ...] = ()  # the front doors this host runs (modelfleet.inventory.routed)
+    router_worker_firewall: bool = _default("router_worker_firewall")
+    router_pip_index_url: str | None = _default("router_pip_index_url")
 
     def __post_init__(self):
         # The engine cache's key names the driver branch; services learn it from their host, its one home. The

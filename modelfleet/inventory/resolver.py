@@ -252,7 +252,8 @@ def _host_plan(name: str, host: HostData, hw: Hardware, gpu_count: int, services
                     verify_full=host.verify_full, admission=host.admission, admission_valid_h=host.admission_valid_h,
                     admission_h2d=host.admission_h2d, admission_dcgm_level=host.admission_dcgm_level,
                     dcgm_exporter=host.dcgm_exporter, unit_dropins=host.unit_dropins,
-                    dcgm_exporter_image=host.dcgm_exporter_image,
+                    dcgm_exporter_image=host.dcgm_exporter_image, router_worker_firewall=host.router_worker_firewall,
+                    router_pip_index_url=host.router_pip_index_url,
                     stack=StackPlan(manage=host.gpu_stack,
                                     **{k: getattr(host, k) for k in STACK_KEYS
                                        if k not in ("gpu_check_image", "repo_key_fingerprints")},

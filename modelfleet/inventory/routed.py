@@ -94,7 +94,7 @@ def _front_door(hosts: dict[str, HostPlan], router_host: str, served: str, servi
                       workers=tuple(sorted(workers, key=lambda w: w.url)), pd=any(roles.values()),
                       tls_cert=head.router.tls_cert, tls_key=head.router.tls_key,
                       client_keys_env=head.router.client_keys_env, server_name=head.router.server_name,
-                      host_address=rhost.address)
+                      host_address=rhost.address, worker_firewall=rhost.router_worker_firewall)
     # Refused, though planned (the plan shows what would run): a replica off loopback whose engine leaves a
     # route open and that no keyed proxy can cover (a PD server, whose other part reaches it directly too; an
     # engine whose key coverage modelfleet does not know).

@@ -35,6 +35,13 @@ def _url(value: str) -> str | None:
     return None
 
 
+def _index_url(value: str) -> str | None:
+    """A package index for pip: a URL whose user and password would land in a command line are refused."""
+    return _url(value) or ("may not carry a user or password (they would be in pip's command line): put them in "
+                           "the host's pip.conf or ~/.netrc" if "@" in value.split("://", 1)[-1].split("/", 1)[0]
+                           else None)
+
+
 def _registry(value: str) -> str | None:
     if grammar.no_control(value):
         return grammar.no_control(value)
@@ -221,6 +228,15 @@ class HostData(BaseModel):
     router_only: bool = Field(False, description="The host runs only front doors (a service elsewhere names it "
                               "in `router`), no engine: no `services` nor `model`, `hardware` unset (the catalog's "
                               "`cpu` board, no GPUs) and no driver, checkpoint or engine image.")
+    router_pip_index_url: Annotated[str, _fits(_index_url)] | None = Field(
+        None, description="The package index (a PEP 503 simple URL, e.g. a site mirror) this host's pip installs "
+        "a front door's router and its dependencies from; each wheel's sha256 is checked against the catalog's "
+        "lock all the same. Unset: PyPI.")
+    router_worker_firewall: bool = Field(True, description="A front door whose router checks no key itself "
+                                         "(vLLM's) gets an nftables rule, loaded by the router's unit, that lets "
+                                         "only the door's and the router's users reach the router on loopback; "
+                                         "false only where the host takes no nftables rules (a container without "
+                                         "NET_ADMIN, as the lab's hosts): any local process then reaches it.")
     services: Annotated[list[dict[str, Any]], Field(min_length=1)] | None = Field(
         None, description="Several services on one host, each entry a set of service settings; unset: the "
         "host's own service settings are its one service.")

@@ -25,6 +25,7 @@ OWN_NAMES = (".modelfleet-*", ".*.modelfleet-tmp", "[A-Za-z0-9]*.env", "[A-Za-z0
              "engine-cache-*.json.log", "fanout-*.json",
              # A front door's (modelfleet.router.paths): the router's config, replicas and keys, the proxy's.
              "router-*.json", "router-*.workers", "router-*.key", "router-*.admin", "router-*.admin-auth",
+             "router-*.nft",
              "door-*.conf", "door-*.crt", "door-*.tls-key",
              *sorted(p.name for p in FILES_DIR.glob("*.py")))
 

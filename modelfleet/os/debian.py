@@ -34,7 +34,7 @@ PACKAGE_STATE_SH = "dpkg-query -W -f='${db:Status-Abbrev} ${Version}\\n' -- \"$1
 
 
 def names(role: str):
-    """catalog/os.yaml's package names for `role` (base, kernel_headers, router_base, distro_docker,
+    """catalog/os.yaml's package names for `role` (base, kernel_headers, router_base, router_firewall, distro_docker,
     docker, docker_holds, nvidia_driver, nvidia_pinning, fabric_manager, cuda_toolkit)."""
     return family_data(NAME)["packages"][role]
 

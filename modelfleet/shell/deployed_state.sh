@@ -1,6 +1,6 @@
 #!/bin/sh
 # What a stage has already put on a host, for modelfleet.facts.state.DeployedState. Arguments are KIND=VALUE
-# (path, unit, image, tree, package, text, owned); each answer starts with a "$MARK KIND VALUE" line.
+# (path, unit, image, tree, package, text, owned, user); each answer starts with a "$MARK KIND VALUE" line.
 # Set by the caller: MARK, MANIFEST, FETCH_LOCK, PARTIAL, CURRENT, OWNED_MARK, unit_show (systemctl show for unit
 # "$1"), package_state (the OS family's installed version of package "$1").
 for arg; do
@@ -58,6 +58,9 @@ for arg; do
   package)
     # Installed packages only ("ii VERSION"); a hold shows as "hi VERSION" (the OS family's query).
     package_state "$value" ;;
+  user)
+    # A system user's uid (nothing when there is none).
+    getent passwd "$value" | cut -d: -f3 ;;
   text)
     [ -f "$value" ] && sed 's/^/= /' -- "$value" ;;
   owned)

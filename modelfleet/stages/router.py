@@ -35,10 +35,13 @@ PROXY_PACKAGE = "nginx"
 
 
 def wanted_packages(plan: HostPlan, os_info: dict | None = None) -> dict[str, None]:
-    """A router's venv and checks need the OS family's `router_base` packages; a proxy, nginx."""
+    """A router's venv and checks need the OS family's `router_base` packages; its owner rule, `router_firewall`'s;
+    a proxy, nginx."""
     proxy = any(router.behind_proxy(rp) for rp in plan.routers) or bool(replica_door.doors(plan))
-    base = osfam.family(os_info).names("router_base")
-    return dict.fromkeys(list(base) * bool(plan.routers) + [PROXY_PACKAGE] * proxy)
+    names = osfam.family(os_info).names
+    firewall = any(router.firewalled(rp) for rp in plan.routers)
+    return dict.fromkeys(list(names("router_base")) * bool(plan.routers) + list(names("router_firewall")) * firewall
+                         + [PROXY_PACKAGE] * proxy)
 
 
 def wants(plan: HostPlan, probe: dict) -> dict:
@@ -51,18 +54,27 @@ def wants(plan: HostPlan, probe: dict) -> dict:
     units = [unit for rp in plan.routers
              for unit in (rp.unit_name, *([rp.proxy_unit_name] if router.behind_proxy(rp) else []))]
     units += [replica_door.unit_name(svc) for svc in doors]
-    return {"paths": paths, "units": units, "packages": list(wanted_packages(plan, probe.get("os")))}
+    return {"paths": paths, "units": units, "packages": list(wanted_packages(plan, probe.get("os"))),
+            "users": list(router.USERS) if plan.routers else []}
 
 
 @operation()
-def venv_installed(venv: str, requirement: str, present: bool):
-    """A venv the stage owns with one pinned requirement; marked only once pip succeeded."""
+def venv_installed(venv: str, requirement: str, command: list[str], present: bool):
+    """A venv the stage owns with a router release and its dependencies, every wheel's hash checked
+    (router.install_command); marked only once pip succeeded."""
     if present:
         host.noop(f"{venv} has {requirement}")
         return
-    yield StringCommand("python3", "-m", "venv", venv, "&&", f"{venv}/bin/pip", "install", "-q",
-                        "--disable-pip-version-check", shlex.quote(requirement), "&&", "touch",
-                        f"{venv}/.modelfleet-installed")
+    yield StringCommand(*(arg if arg in ("&&",) else shlex.quote(arg) for arg in command))
+
+
+@operation()
+def users_present(users: list[str], missing: list[str]):
+    """The front door's system users (router.users_script); the caller says which the host lacks."""
+    if not missing:
+        host.noop(f"users {', '.join(users)} exist")
+        return
+    yield StringCommand(router.users_script(tuple(missing)))
 
 
 @operation()
@@ -134,6 +146,9 @@ def run(ctx: HostRun):
         _replica_door(svc, deployed)
     if not plan.routers:
         return
+    users = deployed["users"]
+    users_present(name=f"Users of the front door ({', '.join(router.USERS)})", users=list(router.USERS),
+                  missing=[u for u in router.USERS if users.get(u) is None])
     directory(name=f"Tools directory {TOOLS_BIN}", path=TOOLS_BIN, current=at(TOOLS_BIN))
     launcher = router.launcher()
     launcher_changed = content_changes(at(router.LAUNCHER), launcher, "0755")
@@ -151,8 +166,12 @@ def _front_door(ctx: HostRun, rp: RouterPlan, deployed: dict, launcher_changed: 
                                                          "set on the control node: no front door without a key"])
         return
     installed = bool(at(p["installed"]))
-    venv_installed(name=f"{spec.package} {spec.version} in {router.venv(rp)}", venv=router.venv(rp),
-                   requirement=f"{spec.package}=={spec.version}", present=installed)
+    lock = router.lock(spec)
+    content_file(name=f"Wheels and hashes of {spec.package} {spec.version} ({p['lock']})", dest=p["lock"],
+                 content=lock, current=at(p["lock"]))
+    venv_installed(name=f"{spec.package} {spec.version} in {router.venv(rp)} (hashes required)",
+                   venv=router.venv(rp), requirement=f"{spec.package}=={spec.version}",
+                   command=router.install_command(rp, ctx.plan.router_pip_index_url), present=installed)
     # The worker API's key is made on the router host once; a router running without it is restarted.
     admin_new = router.has_admin_key(rp) and not (at(p["admin"]) and at(p["admin_auth"]))
     if admin_new:
@@ -160,6 +179,7 @@ def _front_door(ctx: HostRun, rp: RouterPlan, deployed: dict, launcher_changed: 
                        script=router.admin_key_script(rp))
     files = [(p["config"], router.launcher_config(rp), "0644", False),
              *((path, content, "0600", True) for path, content in router.key_files(rp, key).items()),
+             *([(p["rule"], router.render_rule(rp), "0600", False)] if router.firewalled(rp) else []),
              (p["unit"], router.render_unit(rp), "0644", False)]
     changed = {path: content_changes(at(path), content, mode) for path, content, mode, _ in files}
     extra = unmasked(rp.unit_name, deployed["units"].get(rp.unit_name) or {})
@@ -188,6 +208,10 @@ def _front_door(ctx: HostRun, rp: RouterPlan, deployed: dict, launcher_changed: 
         remove, add = registration(rp, listed)
         workers_registered(name=f"Replicas of front door {rp.name}", front_door=rp.name, remove=remove, add=add)
         changes = bool(remove or add)
+    guard = router.worker_guard_script(rp)
+    if guard:
+        router_port_guarded(name=f"The router of {rp.name} refuses every local user but the door's and its own, "
+                            f"on 127.0.0.1:{rp.backend_port}", script=guard)
     probe = router.replica_exposure_script(rp)
     if probe:
         replicas_refuse_keyless(name=f"Replicas of front door {rp.name} refuse a request without the key, asked "
@@ -198,6 +222,21 @@ def _front_door(ctx: HostRun, rp: RouterPlan, deployed: dict, launcher_changed: 
     endpoint_verified(name=f"Verify {rp.served_name} through the front door {rp.base_url}",
                       ep=front_door_endpoint(rp, router.client_keys(rp)[0]), tunnel=tunnel,
                       full=ctx.alone or plan.verify_full or changes)
+
+
+@operation(is_idempotent=False)
+def router_port_guarded(script: str):
+    """The verify gate's look at the router's own port (router.worker_guard_script), while executing: a process
+    of user nobody must be refused; any answer fails the front door."""
+    if not state.is_executing:
+        host.noop("the router's port is asked as nobody once the router runs")
+        return
+    ok, output = host.run_shell_command(StringCommand(script), print_output=False, print_input=False)
+    if ok:
+        host.noop("a process of user nobody was refused by the router's port")
+        return
+    yield FunctionCommand(refuse, ([f"verify: {line.removeprefix('modelfleet: ')}"
+                                    for line in output.stderr_lines] or ["verify: the router's port check failed"],), {})
 
 
 @operation(is_idempotent=False)

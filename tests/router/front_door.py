@@ -40,8 +40,12 @@ def _reachable(host: str, port: int = 443) -> bool:
 
 
 def router_venv(spec: router.RouterSpec) -> Path:
-    """The router's wheel in a venv of its own, built once per release (a half-built one is built again)."""
-    target = cache_root() / f"router-{spec.package}-{spec.version}"
+    """The router's wheels in a venv of its own, installed as the stage does (the catalog's lock, every hash
+    required), built once per lock (a half-built one is built again)."""
+    import hashlib
+
+    lock = router.lock(spec)
+    target = cache_root() / f"router-{spec.package}-{spec.version}-{hashlib.sha256(lock.encode()).hexdigest()[:8]}"
     if (target / ".built").exists():
         return target
     if not _reachable("pypi.org"):
@@ -49,8 +53,10 @@ def router_venv(spec: router.RouterSpec) -> Path:
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     subprocess.run(["python3", "-m", "venv", str(partial)], check=True)
+    (partial / "requirements.txt").write_text(lock)
     pip = subprocess.run([str(partial / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
-                          f"{spec.package}=={spec.version}"], capture_output=True, text=True)
+                          "--require-hashes", "--only-binary=:all:", "-r", str(partial / "requirements.txt")],
+                         capture_output=True, text=True)
     assert pip.returncode == 0, pip.stdout + pip.stderr
     (partial / ".built").touch()
     shutil.rmtree(target, ignore_errors=True)
@@ -200,6 +206,7 @@ def start_front_door(rp: RouterPlan, workdir: Path) -> list[subprocess.Popen]:
     spec = router.spec(rp)
     venv = router_venv(spec)
     nginx = nginx_binary() if router.behind_proxy(rp) else None
+    sh(router.users_script())  # nginx's workers and modelfleet's worker calls run as these users
     paths = router.paths(rp)
     Path(paths["config"]).write_text(router.launcher_config(rp))
     Path(paths["workers"]).write_text(router.workers_file(rp))

@@ -35,6 +35,7 @@ def _door(tmp_path: Path, backend_port: int, key: str = KEY) -> tuple[RouterPlan
 
 def _nginx(rp: RouterPlan, tmp_path: Path, key: str) -> subprocess.Popen:
     """nginx started from the files the router stage writes for `rp` (its TLS files too, where it has them)."""
+    sh(router.users_script())  # its workers' user, as the stage makes it
     paths, runtime = router.paths(rp), tmp_path / "door"
     runtime.mkdir()
     for path, content in router.tls_files(rp).items():
@@ -69,6 +70,101 @@ def test_the_front_door_takes_the_key_exactly_and_nothing_like_it(tmp_path, monk
     finally:
         stop_all([proc])
         engine.stop()
+
+
+def _get(base_url: str, path: str, key: str | None = None, method: str = "GET") -> tuple[int, bytes]:
+    """`path` sent exactly as written (no client library normalises it), as an attacker's raw request."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    where = urlsplit(base_url)
+    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=10)
+    try:
+        conn.request(method, path, headers={"Authorization": f"Bearer {key}"} if key else {})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+class _MountedMetrics:
+    """A backend that, as vLLM's Prometheus app mounted at /metrics does, answers every path under /metrics
+    (`/metrics/../health` included: the path is not normalised) with its metrics, and /health with nothing."""
+
+    def __init__(self, port: int):
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = b"vllm:num_requests_running 0\n" if self.path.startswith("/metrics") else b""
+                self.send_response(200 if body or self.path == "/health" else 404)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.url = f"http://127.0.0.1:{port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+
+
+def test_the_key_free_health_route_is_the_exact_path_and_nothing_nginx_would_normalise_to_it(tmp_path):
+    """Paths that nginx normalises to /health but the backend reads otherwise (its metrics, mounted under
+    /metrics) get 401 without the key, never the backend's metrics; /health itself stays open."""
+    base = free_base_port(2)
+    engine = _MountedMetrics(base + 1)
+    rp, proc = _door(tmp_path, base + 1)
+    try:
+        assert b"vllm:" in _get(engine.url, "/metrics/../health")[1]  # what the backend hands out
+        assert _get(rp.base_url, "/health")[0] == 200
+        for path in ("/metrics/../health", "/metrics/%2e%2e/health", "//health", "/%68ealth", "/x/../health",
+                     "/metrics", "/metrics?x=/health"):
+            status, body = _get(rp.base_url, path)
+            assert (status, b"vllm:" in body) == (401, False), (path, status, body[:200])
+    finally:
+        stop_all([proc])
+        engine.stop()
+
+
+def test_a_client_key_opens_the_model_routes_and_no_admin_route_of_the_router(tmp_path):
+    """The real vllm-router behind its door: a client holding the key asks the router's admin routes (worker
+    API, cache flush, loads) and routes its fallback would pass to an engine: 403 each, the router untouched;
+    the same path reached by normalisation is refused too. The model's routes still answer."""
+    from tests.router.front_door import KEY as MODEL_KEY
+    from tests.router.front_door import SERVED, listed, start_front_door
+
+    replica, intruder = Replica("vllm", tmp_path, 0), Replica("vllm", tmp_path, 9)
+    rp = RouterPlan(name=SERVED, host="local", engine_name="vllm", served_name=SERVED, bind_address="127.0.0.1",
+                    port=free_base_port(3), policy="round_robin", api_key_env="UNUSED", config_dir=str(tmp_path),
+                    workers=(Worker("r0", "local", replica.url),))
+    procs = start_front_door(rp, tmp_path)
+    try:
+        wait_for(lambda: set(listed(rp)) == {replica.url}, 60, "the router lists its replica")
+        backend = router.local_url(rp)
+        # What the key opened before: the router's admin routes answer whoever reaches them (flush_cache asks the
+        # replicas, which the double does not know: 500, from the handler).
+        assert [_get(backend, "/workers")[0], _get(backend, "/flush_cache", method="POST")[0]] == [200, 500]
+        got = {(method, path): _get(rp.base_url, path, MODEL_KEY, method)[0] for method, path in (
+            ("POST", "/flush_cache"), ("GET", "/get_loads"), ("GET", "/workers"), ("GET", "/list_workers"),
+            ("POST", f"/add_worker?url={intruder.url}"), ("POST", f"/workers?url={intruder.url}"),
+            ("POST", f"/v1/../add_worker?url={intruder.url}"), ("GET", "/get_server_info"),
+            ("POST", "/pause"), ("POST", "/update_weights"), ("POST", "/v1/chat/completions/../../flush_cache"))}
+        assert set(got.values()) == {403}, got
+        assert set(listed(rp)) == {replica.url} and intruder.served() == 0
+        chat = {**CHAT, "model": SERVED}
+        assert http("POST", f"{rp.base_url}/v1/chat/completions", chat, MODEL_KEY)[0] == 200
+        assert http("GET", f"{rp.base_url}/v1/models", None, MODEL_KEY)[0] == 200
+        assert http("POST", f"{rp.base_url}/flush_cache", {})[0] == 401  # without the key: nothing said
+    finally:
+        stop_all(procs)
+        replica.stop()
+        intruder.stop()
 
 
 def _raw(url: str, authorization: str) -> int:
@@ -184,6 +280,16 @@ def test_a_tls_front_door_serves_only_https_with_the_sites_certificate(tmp_path)
         # A client that does not trust the site's certificate does not talk to the door at all.
         with pytest.raises(OSError, match="CERTIFICATE_VERIFY_FAILED"):
             _https(f"{rp.base_url}/health", ssl.create_default_context())
+        # TLS 1.2 only with forward secrecy: a client offering only static-RSA key exchange, or TLS 1.1, gets no
+        # session; an ECDHE one does.
+        def handshake(*args: str) -> str:
+            done = subprocess.run(["openssl", "s_client", "-connect", f"127.0.0.1:{port}", "-CAfile", str(cert),
+                                   *args], input="", capture_output=True, text=True, timeout=30)
+            return done.stdout if done.returncode == 0 else "refused"
+        for weak in ("AES128-GCM-SHA256", "AES256-GCM-SHA384", "AES128-SHA256", "AES128-SHA"):
+            assert handshake("-tls1_2", "-cipher", weak) == "refused", weak
+        assert handshake("-tls1_1", "-cipher", "ALL:@SECLEVEL=0") == "refused"
+        assert "Cipher is ECDHE-RSA-AES128-GCM-SHA256" in handshake("-tls1_2", "-cipher", "ECDHE-RSA-AES128-GCM-SHA256")
         ep = front_door_endpoint(rp, KEY)
         report = run_gate(ep, 20, True, None, tmp_path)
         assert report["readiness"]["ok"] and report["smoke"]["ok"], json.dumps(report)[:2000]

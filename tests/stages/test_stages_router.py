@@ -53,7 +53,7 @@ def state_lines(rp, units_active=True) -> list[str]:
     files = {router.LAUNCHER: (router.launcher(), 755), p["config"]: (router.launcher_config(rp), 644),
              **{path: (content, 600) for path, content in router.key_files(rp, KEY).items()},
              p["unit"]: (router.render_unit(rp), 644), p["workers"]: (router.workers_file(rp), 644),
-             p["installed"]: ("", 644)}
+             p["installed"]: ("", 644), p["lock"]: (router.lock(router.spec(rp)), 644)}
     lines = ["@@modelfleet-state path /etc/modelfleet", "dir 700 root root -",
              f"@@modelfleet-state path {TOOLS_BIN}", "dir 755 root root -"]
     if router.has_admin_key(rp):  # made on the host: its content is the host's own
@@ -64,6 +64,8 @@ def state_lines(rp, units_active=True) -> list[str]:
               f"ActiveState={'active' if units_active else 'inactive'}", "UnitFileState=enabled"]
     for package in osfam.family(None).names("router_base"):
         lines += [f"@@modelfleet-state package {package}", "ii  1.0-1"]
+    for uid, user in enumerate(router.USERS, 998):
+        lines += [f"@@modelfleet-state user {user}", str(uid)]
     return lines
 
 
@@ -119,12 +121,14 @@ def test_a_new_front_door_is_installed_and_started(fake, uploads, monkeypatch, e
     data["r1"] = {**data["r1"], "fake_responses": {}}
     state = fake.run_fake(list(data.items()), lambda: pipeline.run_stages(router_stage))
     commands = fake.executed(state, "r1")
-    venv = router.venv(rp)
-    assert (f"python3 -m venv {venv} && {venv}/bin/pip install -q --disable-pip-version-check "
-            f"sglang-router==0.3.2 && touch {venv}/.modelfleet-installed") in commands
+    venv, p = router.venv(rp), router.paths(rp)
+    # The router's system users, then its venv from the catalog's lock, every wheel's hash checked.
+    assert router.users_script() in commands
+    assert uploads.files[p["lock"]] == router.lock(router.spec(rp))
+    assert (f"python3 -m venv {venv} && {venv}/bin/pip install -q --disable-pip-version-check --require-hashes "
+            f"--only-binary=:all: -r {p['lock']} && touch {venv}/.modelfleet-installed") in commands
     assert f"systemctl start {rp.unit_name}" in commands
     assert not any(router.list_command(rp) in c for c in commands)  # it starts with the replicas' file
-    p = router.paths(rp)
     assert uploads.files[p["workers"]] == "http://127.0.0.1:18011\nhttp://127.0.0.2:18012\n"
     assert uploads.files[p["key"]] == KEY + "\n" and uploads.files[p["config"]] == router.launcher_config(rp)
     assert not any(KEY in c for c in commands)  # the key only ever travels as a file's content
@@ -142,6 +146,12 @@ def test_vllm_front_door_is_nginx_before_the_router_on_loopback(fake, uploads, m
     folder, _, name = p["proxy_key"].rpartition("/")
     assert any(f"mv -f {folder}/.{name}.modelfleet-tmp {p['proxy_key']}" in c for c in commands)
     assert '"--host",\n  "127.0.0.1",\n  "--port",\n  "8801"' in uploads.files[p["config"]]
+    # Its router checks no key: the owner rule (nft, from nftables) goes up for the unit to load, and the gate
+    # asks the router's port as nobody once the router runs.
+    assert any("apt-get" in c and " install " in c and "nftables" in c for c in commands), commands
+    assert uploads.files[p["rule"]] == router.render_rule(rp)
+    assert any(f"chmod 0600 {p['rule']}" in c for c in commands)
+    assert router.worker_guard_script(rp) in commands
 
 
 def test_a_drop_in_on_the_router_unit_is_removed_and_the_router_restarted(fake, env):

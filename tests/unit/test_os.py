@@ -16,7 +16,7 @@ CONTRACT = ("NAME", "packages", "held", "repo_package", "key_fetched", "in_archi
             "source_urls", "cuda_repository", "amd_repository", "upstream", "upstream_sh", "exact_install_sh",
             "PACKAGE_STATE_SH", "REBOOT_REQUIRED", "UPGRADES_CONF", "upgrades_conf", "arch", "names", "SOURCE_KIND",
             "OWN_SOURCES")
-ROLES = ("base", "kernel_headers", "router_base", "distro_docker", "docker", "docker_holds", "nvidia_driver",
+ROLES = ("base", "kernel_headers", "router_base", "router_firewall", "distro_docker", "docker", "docker_holds", "nvidia_driver",
          "nvidia_pinning", "fabric_manager", "cuda_toolkit")
 # A package manager's words: its commands and the paths it reads.
 PACKAGE_MANAGER = re.compile(r"\b(apt-get|apt-mark|apt-cache|dpkg(-query|-deb)?|dnf|yum|rpm)\b|/etc/apt\b|"

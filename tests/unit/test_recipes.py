@@ -29,7 +29,7 @@ def test_recipe_renders_the_plans_memory_fraction_and_no_flag_twice(recipe_id, h
         engine_argv = render.engine_argv(svc)
         seen = flags(engine_argv)
         assert len(seen) == len(set(seen)), sorted(f for f in seen if seen.count(f) > 1)
-        repeatable = {"-v", "--device", "--group-add"}
+        repeatable = {"-v", "--device", "--group-add", "--cap-drop"}
         docker = [f for f in flags(render.docker_run_argv(svc)[:render.docker_run_argv(svc).index(svc.image)])
                   if f not in repeatable]
         assert len(docker) == len(set(docker)), docker

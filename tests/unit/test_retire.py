@@ -59,7 +59,7 @@ def test_a_front_door_router_and_proxy_unit_say_their_files(resolved):
     p = router.paths(rp)
     r = retire.described(rp.unit_name, found(router.render_unit(rp)))
     assert r.what == f"front door {rp.name}" and r.container is None and r.checkpoint is None
-    assert r.files == (p["config"], p["workers"], p["key"], p["admin"], p["admin_auth"])
+    assert r.files == (p["config"], p["workers"], p["key"], p["admin"], p["admin_auth"], p["rule"])
     proxy = retire.described(rp.proxy_unit_name, found(router.render_proxy_unit(rp)))
     assert proxy.files == (p["proxy"], p["proxy_key"], p["tls_cert"], p["tls_key"])
 

@@ -63,8 +63,10 @@ def test_vllm_router_listens_on_loopback_behind_the_proxy():
     proxy = router.render_proxy(rp)
     assert "listen 10.0.0.1:8800;" in proxy and "server 127.0.0.1:8801;" in proxy
     assert "include /etc/modelfleet/door-tiny-lab.key.conf;" in proxy
-    assert "location ~ ^/(add_worker|remove_worker|list_workers|workers) {\n            return 403;" in proxy
-    assert router.list_command(rp) == "curl -fsS -m 10 -X GET http://127.0.0.1:8801/workers 2>/dev/null || true"
+    assert "user modelfleet-door modelfleet-door;" in proxy
+    # modelfleet's own calls to the router's port run as the router's user (the owner rule lets it in).
+    assert router.list_command(rp) == ("setpriv --reuid=modelfleet-router --regid=modelfleet-router --clear-groups -- "
+                                       "curl -fsS -m 10 -X GET http://127.0.0.1:8801/workers 2>/dev/null || true")
     assert "'http://127.0.0.1:8801/add_worker?url=http%3A%2F%2F10.1.0.9%3A8000'" in router.add_script(
         rp, "http://10.1.0.9:8000")
 
@@ -250,3 +252,62 @@ def test_validate_lists_the_front_doors_with_their_url_and_replicas(tmp_path):
     assert door["client_keys_env"] == ["MF_ROUTER_KEY"] and KEY not in out.output
     text = CliRunner().invoke(main, ["validate", str(inv)]).output
     assert "front door tiny-lab on r1: http://10.0.0.1:8800/v1 (plain HTTP), 3 replica(s)" in text
+
+
+def test_the_router_runs_as_its_own_user_and_its_unit_loads_the_owner_rule_where_the_router_checks_no_key():
+    vllm = resolve(fleet("vllm")).routers["tiny-lab"]
+    unit, p = router.render_unit(vllm), router.paths(vllm)
+    assert "User=modelfleet-router\nGroup=modelfleet-router\n" in unit
+    # Root's 0600 files are copied for the router's user into its runtime directory (the launcher reads them there).
+    assert ("RuntimeDirectory=modelfleet-router-tiny-lab\nRuntimeDirectoryMode=0700\n"
+            "Environment=MODELFLEET_ROUTER_FILES=%t/modelfleet-router-tiny-lab\n") in unit
+    assert (f"ExecStartPre=+/usr/bin/install -m 0400 -o modelfleet-router -g modelfleet-router {p['config']} "
+            f"{p['workers']} {p['key']} /run/modelfleet-router-tiny-lab/\n") in unit
+    assert f"ExecStartPre=+/usr/sbin/nft -f {p['rule']}\n" in unit
+    assert "ExecStopPost=-+/usr/sbin/nft delete table inet modelfleet-router-tiny-lab\n" in unit
+    rule = router.render_rule(vllm)
+    assert ('oifname "lo" tcp dport 8801 meta skuid != { "modelfleet-door", "modelfleet-router" } reject with tcp '
+            "reset") in rule
+    files = {f["path"]: f for f in router.preview(vllm)[0]}
+    assert files[p["rule"]]["content"] == rule and files[p["rule"]]["mode"] == "0600"
+    # A host that takes no nftables rules (the lab's): no rule, said in the preview.
+    lab = resolve(fleet("vllm", router_worker_firewall=False)).routers["tiny-lab"]
+    assert "nft" not in router.render_unit(lab) and router.worker_guard_script(lab) is None
+    assert "router_worker_firewall is off: any local process reaches the router" in " ".join(router.preview(lab)[1])
+    # SGLang's router checks its own keys (its worker API takes only modelfleet's): no rule, calls as root.
+    sglang = resolve(fleet("sglang")).routers["tiny-lab"]
+    assert "nft" not in router.render_unit(sglang) and not router.list_command(sglang).startswith("setpriv")
+    assert "User=modelfleet-router" in router.render_unit(sglang)
+
+
+def test_the_door_forwards_with_a_key_only_the_model_routes_matched_on_the_request_line():
+    rp = resolve(fleet("vllm")).routers["tiny-lab"]
+    pattern = re.compile(router.client_route_pattern(rp))
+    for path in ("/v1/chat/completions", "/invocations", "/v1/models", "/v1/responses/resp_1/cancel",
+                 "/v1/completions?x=1", "/metrics"):
+        assert pattern.match(path), path
+    for path in ("/flush_cache", "/add_worker?url=x", "/workers", "/v1/../flush_cache", "/v1/chat/completions/x",
+                 "/pause", "/v1/responses/a/b", "/v1/responses/%2e%2e/x", "/health/../workers"):
+        assert not pattern.match(path), path
+
+
+def test_the_router_venv_installs_the_catalogs_lock_with_every_hash_required():
+    from modelfleet.inventory import resolve as resolve_inventory
+
+    for engine in ("vllm", "sglang"):
+        rp = resolve(fleet(engine)).routers["tiny-lab"]
+        s, p = router.spec(rp), router.paths(rp)
+        lock = router.lock(s)
+        pins = dict(line.split(" ")[0].split("==") for line in lock.splitlines() if line[:1].isalpha())
+        assert pins[s.package] == s.version  # the router release itself, pinned beside its dependencies
+        entries = re.findall(r"^\S+==\S+ \\\n((?:    --hash=sha256:[0-9a-f]{64}(?: \\)?\n)+)", lock, re.M)
+        assert len(entries) == len(pins)  # every requirement carries its hashes
+        command = router.install_command(rp)
+        assert command[command.index("install"):] == [
+            "install", "-q", "--disable-pip-version-check", "--require-hashes", "--only-binary=:all:", "-r",
+            p["lock"], "&&", "touch", p["installed"]]
+        assert {f["path"]: f["content"] for f in router.preview(rp)[0]}[p["lock"]] == lock
+    mirror = "https://pypi.mirror.example/simple"
+    assert ["--index-url", mirror, "-r"] == router.install_command(rp, mirror)[-7:-4]
+    bad = resolve_inventory([("r1", {**fleet("sglang")[0][1], "router_pip_index_url": "https://u:p@mirror/simple"})])
+    assert [e for e in bad.errors if e[1] == "router_pip_index_url"] != []
