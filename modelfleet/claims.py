@@ -39,8 +39,9 @@ def _owned(plan: HostPlan) -> list[tuple[str, str, str, str]]:
     for rp in plan.routers:
         owner = f"the front door of {rp.served_name}"
         out += [("unit", rp.unit_name, owner, "served_name"), ("unit", rp.proxy_unit_name, owner, "served_name")]
+        # The router's venv, its marker and its lock are one per router release, shared by its doors.
         out += [("file", path, owner, "served_name") for key, path in router.paths(rp).items()
-                if key not in ("unit", "proxy_unit", "installed")]
+                if key not in ("unit", "proxy_unit", "installed", "lock")]
         for port, what in ((rp.port, "its front door"), (rp.backend_port, "its router behind the front door"),
                            (rp.metrics_port, "its router's metrics")):
             out.append(("port", str(port), f"{owner} ({what})", "router_port"))
