@@ -202,15 +202,17 @@ def largest_file(directory) -> int:
     return biggest
 
 
-@pytest.mark.parametrize("announce", [None, 194_000_000])
-def test_a_source_streaming_more_than_a_file_holds_gets_no_more_than_its_size_written(tmp_path, announce):
-    """A peer streams 64 MiB (announced as 194 MB, or not at all) for a 4-byte file: before, all of it was
-    written, as root, and the message blamed a checksum."""
+@pytest.mark.parametrize(("proven", "announce"), [(False, None), (False, 194_000_000), (True, None)])
+def test_a_source_streaming_more_than_a_file_holds_gets_no_more_than_its_size_written(tmp_path, proven, announce):
+    """A source streams 64 MiB (announced as 194 MB, or not at all) for a 4-byte file: a mirror, or a peer of
+    the run gone bad (it proves itself). Before, all of it was written, as root, and the message blamed a
+    checksum."""
     server, sent = lying_peer(64 << 20, "gpu-03", announce)
     dest = tmp_path / "dst"
     job = tmp_path / "job.json"
+    peer = {"token": TOKEN, "proofs": {"gpu-03": KEY}} if proven else {}  # a mirror is asked without a token
     job.write_text(json.dumps({"repo": "org/m", "commit": "c" * 40, "endpoint": "", "dest": str(dest),
-                               "token_file": None, "token": TOKEN, "proofs": {"gpu-03": KEY}, "files": {
+                               "token_file": None, **peer, "files": {
                                    "config.json": {"size": 4, "blob_id": None,
                                                    "sha256": hashlib.sha256(b"{}\n\n").hexdigest()}}}))
     url = f"http://127.0.0.1:{server.server_address[1]}/"
