@@ -19,8 +19,9 @@
 JOB.json (written by the control node, 0600): repo, commit, endpoint, dest, token_file, and every file's metadata
 as the control node read it: {path: {size, sha256 (LFS files and caches) | null, blob_id (git's blob sha1) |
 null}}. Sizes and digests never come from the source: for an engine cache, the control node read the holder's
-index over SSH. A peer copy's job also holds the run's fan-out token and says what it copies (`kind`:
-checkpoint or cache). A file counts as verified when its size matches and its sha256 (LFS files) or git blob
+index over SSH. A peer copy's job also holds the run's fan-out token, the proof keys of its sources only
+(`proofs`: {host: key}) and says what it copies (`kind`: checkpoint or cache). No file gets more bytes than
+its size: a source that sends more is cut off there, the partial file removed, the source named. A file counts as verified when its size matches and its sha256 (LFS files) or git blob
 id (the others: config, tokenizer) matches — or, on a re-run, when size and mtime equal what the manifest
 recorded after a full check. Missing or corrupt files are (re)fetched; completed files are never fetched again.
 The result goes to DEST/.modelfleet-manifest.json and, as JSON, to stdout. Tokens are read from 0600 files,
@@ -29,13 +30,21 @@ never argv.
 The peer server (`serve`, started by the stage as an unprivileged transient unit, its job on stdin) answers
 GET of exactly the names its job lists, each opened below its directory without following a symlink, to a
 request carrying the run's token (`Authorization: Bearer`); no listing, nothing else. Before a token is sent,
-the listener proves it is the run's server: it answers a nonce with HMAC-SHA256(token, nonce). It also answers
+the listener proves it is that host's server of the run: it answers a nonce with HMAC-SHA256 under its host's
+proof key (made per run and host by the control node) over its host name, the address and port it listens on
+and the nonce, so an answer relayed from another server of the run is no proof. A connection that has not
+shown the token gets HEADER_S for its request and holds no lease; at most MAX_CONNECTIONS are open, and
+UNPROVEN_PER_PEER without the token from one address (those beyond are closed at once). It also answers
 `/.modelfleet-have` (which files, or which pieces of them, it holds verified) and a Range request of exactly one
 piece it holds; a receiver's server (`swarm` in its job) holds only what its fetch wrote in .modelfleet-have.json.
 
 One fetch per destination at a time (an flock on DEST/.modelfleet-lock, held until the manifest is written),
 and partial files are named per process, so two runs can never interleave bytes; the manifest records only
-digests of the bytes now on disk. Any failure ends in one line on stderr (`modelfleet: ...`, exit 1) saying
+digests of the bytes now on disk. An engine cache's directory is written by its engine's container too, so
+every command works in DEST (and DIR) by descriptor (Tree): opened once without following a link, each name
+below reached component by component with O_NOFOLLOW, new files O_EXCL under unguessable names renamed into
+place, the lock opened O_NOFOLLOW and refused unless a plain file; a cache directory holding a symlink, device,
+pipe, socket or setuid file is refused and named, on a receiver as on a holder. Any failure ends in one line on stderr (`modelfleet: ...`, exit 1) saying
 what failed and what to do; the traceback goes to JOB.json's `.log` beside it.
 
 Why one file of over 400 lines: it runs on hosts with python3's standard library alone (the hub download in the
