@@ -115,12 +115,12 @@ def main() -> int:
     total = sum(m["size"] for m in files.values())
     rels = sorted(files)
     subprocess.run(f"cat {src}/* > /dev/null", shell=True, check=True)  # the source in the page cache
-    token, key, name = os.urandom(32).hex(), os.urandom(32).hex(), "bench-source"
+    token, key, source_name = os.urandom(32).hex(), os.urandom(32).hex(), "bench-source"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     serve_job = work / "serve.json"
     serve_job.write_text(json.dumps({"dir": str(src), "address": "127.0.0.1", "port": port, "token": token,
-                                     "files": rels, "rate_mb_s": None, "name": name, "proof_key": key}))
+                                     "files": rels, "rate_mb_s": None, "name": source_name, "proof_key": key}))
     serve_job.chmod(0o600)
     unit = f"modelfleet-fanout-compare-{port}"
     if args.unprivileged:  # as the stages start it: systemd opens the job, the server runs as a dynamic user
@@ -154,7 +154,7 @@ def main() -> int:
                 time.sleep(0.05)
     job = work / "job.json"
     job_text = json.dumps({"repo": "bench/fanout", "commit": "0" * 40, "endpoint": url, "dest": str(dest),
-                           "token_file": None, "files": files, "token": token, "proofs": {name: key}})
+                           "token_file": None, "files": files, "token": token, "proofs": {source_name: key}})
     old_job = work / "job-baseline.json"
     old_job_text = json.dumps({"repo": "bench/fanout", "commit": "0" * 40, "endpoint": url, "dest": str(dest),
                                "token_file": None, "files": files, **({"token": token} if tokened else {})})
@@ -169,7 +169,7 @@ def main() -> int:
     w = args.workers
     curl = f"curl -sSf -H @{header}"
     methods = {
-        "fetch": lambda: [sys.executable, str(FETCH), str(fresh(job, job_text)), "peer", url, f"--source-name={name}"],
+        "fetch": lambda: [sys.executable, str(FETCH), str(fresh(job, job_text)), "peer", url, f"--source-name={source_name}"],
         "curl": lambda: parallel(f"{curl} -o {dest}/{{}} {url}/{{}}", rels, w),
         "curl+sha256": lambda: (parallel(f"{curl} -o {dest}/{{}} {url}/{{}}", rels, w) + f" && cd {dest} && "
                                 + parallel("sha256sum {}", rels, w) + f" | sort -k2 | diff - {sums}"),
