@@ -264,7 +264,9 @@ class Tree:
 
 
 def as_tree(where) -> Tree:
-    return where if isinstance(where, Tree) else Tree(where)
+    """A Tree as it is, or one of a path given by a caller that owns it (`modelfleet mirror`, on the control node:
+    no container writes there, and its directory may be a link the operator made)."""
+    return where if isinstance(where, Tree) else Tree(Path(where).resolve())
 
 
 class Oversized(Exception):
