@@ -631,7 +631,7 @@ def serve(job: dict) -> None:
 
     token, names = job["token"], frozenset(job["files"])
     expected = f"Bearer {token}".encode()
-    key, me, where = job["proof_key"], job["name"], f"{job['address']}:{job['port']}"
+    key, me, where = job["proof_key"], job["name"], f"{job['address']}:{job['port']}".lower()  # as urlsplit
     root = os.open(job["dir"], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     pace = Pace(job["rate_mb_s"] * 1e6) if job.get("rate_mb_s") else None
     piece = int(job.get("piece_size") or PIECE)
@@ -675,6 +675,8 @@ def serve(job: dict) -> None:
         def prove(self) -> None:
             """The request carries the token: it holds the lease and leaves its peer's unproven count."""
             with guard:
+                if self.request in proven:  # HTTP/1.0: one request a connection, but never counted twice
+                    return
                 proven.add(self.request)
                 activity["open"] += 1
                 forget(self.client_address[0])
