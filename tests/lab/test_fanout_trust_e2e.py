@@ -167,17 +167,19 @@ def receivers_link_is_refused(holder: dict, peer: dict, tmp_path) -> None:
     # The holder's engine writes a file where the receiver's engine will have a link: indexed and served as any.
     ssh(holder, f"mkdir -p {root}/{key}/inductor && echo 'ssh-ed25519 AAAA attacker' > {root}/{key}/inductor/"
                 "authorized_keys")
-    # The receiver's own engine (an earlier start with this key) left only a link in its key directory: no
-    # regular file, so the host counted as one to fill.
+    # The receiver's own engine (an earlier start with this key, in the directories modelfleet made for it)
+    # left only a link in its key directory: no regular file, so the host counted as one to fill.
     peer_dir = f"{peer['model_root']}/.cache/vllm/{key}"
     ssh(peer, f"mkdir -p {VICTIM} {peer_dir} && echo 'ssh-ed25519 AAAA root' > {VICTIM}/authorized_keys && "
-              f"touch {peer_dir}/.modelfleet-owned && ln -sfn {VICTIM} {peer_dir}/inductor")
+              f"touch {peer_dir}/../.modelfleet-owned {peer_dir}/.modelfleet-owned && "
+              f"ln -sfn {VICTIM} {peer_dir}/inductor")
     before = ssh(peer, f"ls -A {VICTIM}; sha256sum {VICTIM}/authorized_keys").stdout
     run = serve([holder, peer], tmp_path)
     text = run.stdout + run.stderr
-    assert run.returncode != 0
-    named = [line for line in text.splitlines() if "holds what no cache may hold" in line]
-    assert named and f"inductor (a symlink to {VICTIM})" in named[0] and peer_dir in named[0], text[-4000:]
+    said = [line for line in text.splitlines() if "modelfleet:" in line or "rror" in line or "refus" in line]
     # What the attacker got: root's keys as they were, nothing beside them, the link as it was planted.
-    assert ssh(peer, f"ls -A {VICTIM}; sha256sum {VICTIM}/authorized_keys").stdout == before
+    assert ssh(peer, f"ls -A {VICTIM}; sha256sum {VICTIM}/authorized_keys").stdout == before, said
     assert ssh(peer, f"readlink {peer_dir}/inductor").stdout.strip() == VICTIM
+    assert run.returncode != 0, said
+    named = [line for line in text.splitlines() if "holds what no cache may hold" in line]
+    assert named and f"inductor (a symlink to {VICTIM})" in named[0] and peer_dir in named[0], said
