@@ -55,7 +55,7 @@ def test_off_loopback_an_engine_that_holds_no_key_sits_behind_a_keyed_proxy_of_i
     assert replica_door.doors(plan) == [svc]
     conf = replica_door.render_conf(svc)
     assert f"listen 10.0.0.9:{svc.port};" in conf and f"server 127.0.0.1:{svc.port};" in conf
-    assert "if ($modelfleet_authorized = 0)" in conf and KEY not in conf
+    assert "if ($modelfleet_refusal = 401)" in conf and KEY not in conf
     [row] = rows(result, "h1")
     assert row["url"] == f"http://10.0.0.9:{svc.port}/v1" and row["front_door"] == "keyed proxy on h1"
 
@@ -187,7 +187,7 @@ def test_verify_asks_the_keyed_proxy_where_clients_do_and_its_health_path_stays_
     svc = plan.services[0]
     ep = endpoint(plan, svc)
     assert ep.base_url == "http://10.0.0.9:11434" and reachable_from_control_node(plan, svc)
-    assert "location = /api/version {" in replica_door.render_conf(svc)
+    assert '"~^/api/version(\\?|$)" 1;' in replica_door.render_conf(svc)
     assert "location = /health {" not in replica_door.render_conf(svc)
 
 
