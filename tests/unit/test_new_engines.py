@@ -66,6 +66,14 @@ def test_off_loopback_without_a_key_is_refused_naming_host_and_field(engine):
     assert (where, fld) == ("host h1", "bind_address") and "set `api_key_env`" in message
 
 
+@pytest.mark.parametrize("wildcard", ["0.0.0.0", "::", "[::]"])
+def test_a_keyed_proxy_on_every_address_is_refused(wildcard, monkeypatch):
+    """The proxy on 0.0.0.0:P beside the engine on 127.0.0.1:P: the kernel refuses the second bind."""
+    monkeypatch.setenv("DOOR_KEY", KEY)
+    errors = resolve([("h1", host("ollama", bind_address=wildcard, api_key_env="DOOR_KEY"))]).errors
+    assert [(w, f) for w, f, _ in errors] == [("host h1", "bind_address")], errors
+
+
 def test_a_key_the_keyed_proxy_cannot_hold_is_refused(monkeypatch):
     monkeypatch.setenv("DOOR_KEY", "short key")
     errors = resolve([("h1", host("ollama", bind_address="10.0.0.9", api_key_env="DOOR_KEY"))]).errors
