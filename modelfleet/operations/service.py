@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import shlex
 
-from pyinfra import host
-from pyinfra.api import StringCommand, operation
+from pyinfra import host, state
+from pyinfra.api import FunctionCommand, StringCommand, operation
 
 from modelfleet.host_commands import journal_command, program
+from modelfleet.operations.report import refuse
 
 JOURNAL_LINES = 40
 
@@ -37,6 +38,21 @@ def wait_ready(unit: str, base_url: str, served_name: str, timeout_s: int, auth_
                health_path: str = "/health"):
     """Poll the engine on the host itself (the endpoint is loopback-bound by default)."""
     yield StringCommand(readiness_script(unit, base_url, served_name, timeout_s, auth_file, health_path))
+
+
+@operation(is_idempotent=False)
+def gpus_freed(unit: str, script: str):
+    """Before a unit (re)starts: the old engine stopped and every GPU it held free (host_commands.gpus_free_script);
+    a process still holding one is named and the unit does not start on top of it."""
+    if not state.is_executing:
+        host.noop(f"{unit}'s GPUs are asked for held memory before it starts")
+        return
+    ok, output = host.run_shell_command(StringCommand(script), print_output=False, print_input=False)
+    if ok:
+        host.noop(f"{unit}: " + " ".join(output.stdout_lines))
+        return
+    yield FunctionCommand(refuse, ([line.removeprefix("modelfleet: ") for line in output.stderr_lines]
+                                   or [f"{unit}: the GPU memory check failed"],), {})
 
 
 @operation(is_idempotent=False)

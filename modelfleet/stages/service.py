@@ -9,12 +9,13 @@ from pyinfra.api import deploy
 
 from modelfleet import caches, fabric_run, render, timeline
 from modelfleet.context import HostRun
+from modelfleet.host_commands import gpus_free_script
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.files import content_file, directory
 from modelfleet.operations.mounts import MOUNTINFO, private_bind
 from modelfleet.operations.owned_unit import owned_running, refused_when_kept, unmasked
 from modelfleet.operations.report import fail_host, note_once
-from modelfleet.operations.service import restarts_counted, unit_retired, wait_ready, worker_up
+from modelfleet.operations.service import gpus_freed, restarts_counted, unit_retired, wait_ready, worker_up
 from modelfleet.units import (
     UNIT_DIR,
     edited,
@@ -141,8 +142,15 @@ def run(ctx: HostRun):
         if weights:  # first, and waited for (its ExecStartPost): the engine then maps the weights it loaded
             owned_running(cache_unit, units[cache_unit], cache_extra, reload=changed[weights[0]],
                           restart=changed[weights[0]])
+        restart = engine_edited(svc, state) or _rank_lost(ctx, svc)
+        if svc.gpu_indices and svc.gpu_passthrough and (restart or extra.restart or unit.get("ActiveState")
+                                                        != "active"):
+            gpus_freed(name=f"{svc.unit_name}: its GPUs {','.join(map(str, svc.gpu_indices))} free before it "
+                       "starts", unit=svc.unit_name, script=gpus_free_script(
+                           svc.unit_name, svc.hardware.vendor, svc.gpu_indices,
+                           stop=unit.get("ActiveState") in ("active", "activating", "reloading")))
         starts = owned_running(svc.unit_name, unit, extra, reload=changed[f"{UNIT_DIR}/{svc.unit_name}"],
-                               restart=engine_edited(svc, state) or _rank_lost(ctx, svc))
+                               restart=restart)
         timeline.watch(host.name, svc.pool, svc.served_name)
         if starts and svc.node_rank:
             worker_up(name=f"Worker {svc.unit_name} (rank {svc.node_rank} of pool {svc.pool}) stays up",
