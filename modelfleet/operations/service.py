@@ -63,6 +63,12 @@ def restarts_counted(unit: str):
     yield StringCommand("systemctl", "reset-failed", shlex.quote(unit))
 
 
+@operation()
+def flaps_forgotten(path: str):
+    """A rank that stayed up since the last converge: the pool restarts it caused in a row start again from 0."""
+    yield StringCommand("rm", "-f", "--", shlex.quote(path))
+
+
 @operation(is_idempotent=False)
 def unit_retired(unit: str, path: str):
     """A unit modelfleet wrote under a name its plan does not use: stopped, disabled, its file removed."""
