@@ -214,7 +214,7 @@ def fabric_command() -> str:
 GPU_RELEASE_WAIT_S = 20
 
 
-def gpus_free_script(unit: str, vendor: str, gpus: Iterable[int], stop: bool) -> str:
-    """Shell: stop `unit` (when `stop`), then the processes holding memory on `gpus` (their indices) after up to
-    GPU_RELEASE_WAIT_S, each named (exit 1), or none."""
-    return program("gpus_free", unit, int(stop), GPU_RELEASE_WAIT_S, vendor, *gpus)
+def gpus_free_script(unit: str, gpus: Iterable[int], stop: bool) -> str:
+    """Shell: stop `unit` (when `stop`), then the processes holding memory on `gpus` (NVIDIA indices) after up to
+    GPU_RELEASE_WAIT_S, each named (exit 1), or none. (AMD: no recorded `amd-smi process` output to read yet.)"""
+    return program("gpus_free", unit, int(stop), GPU_RELEASE_WAIT_S, *gpus)

@@ -1,19 +1,13 @@
 #!/bin/sh
 # Before an engine unit (re)starts: its old engine stopped, the GPUs it holds must be free (an engine that died
 # can leave a process holding GPU memory: vLLM #57650). Stops UNIT when STOP is 1, then asks the driver which
-# processes hold memory on the unit's GPUs (nvidia-smi's per-process query, or amd-smi's) for up to WAIT
-# seconds; any still there is named in one line and nothing starts (modelfleet.host_commands.gpus_free_script).
-# Arguments: UNIT STOP WAIT VENDOR, then the GPU indices.
-unit=$1 stop=$2 wait=$3 vendor=$4
-shift 4
+# processes hold memory on the unit's GPUs (nvidia-smi's per-process query) for up to WAIT seconds; any still
+# there is named in one line and nothing starts (modelfleet.host_commands.gpus_free_script).
+# Arguments: UNIT STOP WAIT, then the GPU indices.
+unit=$1 stop=$2 wait=$3
+shift 3
 if [ "$stop" = 1 ]; then systemctl stop "$unit" || exit 1; fi
 held() {
-  if [ "$vendor" = amd ]; then
-    # amd-smi process --csv: gpu,pid,name,...,mem_usage (bytes): the rows of our GPUs
-    amd-smi process --csv 2>/dev/null | awk -F, -v gpus=" $* " 'NR > 1 && index(gpus, " " $1 " ") && $2 > 0 {
-      printf "GPU %s: pid %s (%s) holds %d MiB\n", $1, $2, $3, $NF / 1048576}'
-    return
-  fi
   uuids=$(nvidia-smi --query-gpu=index,uuid --format=csv,noheader | awk -F', *' -v gpus=" $* " \
     'index(gpus, " " $1 " ") { printf "%s=%s ", $2, $1 }')
   nvidia-smi --query-compute-apps=pid,process_name,gpu_uuid,used_memory --format=csv,noheader,nounits |

@@ -173,11 +173,11 @@ def run(ctx: HostRun):
             owned_running(cache_unit, units[cache_unit], cache_extra, reload=changed[weights[0]],
                           restart=changed[weights[0]])
         restart = _rank_lost(ctx, svc) | engine_edited(svc, state)  # both: the rank's count is kept either way
-        if svc.gpu_indices and svc.gpu_passthrough and (restart or extra.restart or unit.get("ActiveState")
-                                                        != "active"):
+        if svc.hardware.vendor == "nvidia" and svc.gpu_indices and svc.gpu_passthrough and (
+                restart or extra.restart or unit.get("ActiveState") != "active"):
             gpus_freed(name=f"{svc.unit_name}: its GPUs {','.join(map(str, svc.gpu_indices))} free before it "
                        "starts", unit=svc.unit_name, script=gpus_free_script(
-                           svc.unit_name, svc.hardware.vendor, svc.gpu_indices,
+                           svc.unit_name, svc.gpu_indices,
                            stop=unit.get("ActiveState") in ("active", "activating", "reloading")))
         starts = owned_running(svc.unit_name, unit, extra, reload=changed[f"{UNIT_DIR}/{svc.unit_name}"],
                                restart=restart)

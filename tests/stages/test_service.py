@@ -164,7 +164,7 @@ def test_a_gpu_still_held_after_the_old_engine_stopped_is_named_and_no_engine_st
         fake.finish(state)
     commands = fake.executed(state, "b300-01")
     check = next(c for c in commands if "gpus_free modelfleet-k31.service" in c)
-    assert check.endswith("gpus_free modelfleet-k31.service 0 20 nvidia 0 1 2 3 4 5 6 7")  # its 8 GPUs
+    assert check.endswith("gpus_free modelfleet-k31.service 0 20 0 1 2 3 4 5 6 7")  # its 8 GPUs
     assert "systemctl start modelfleet-k31.service" not in commands
     assert [h.name for h in state.failed_hosts] == ["@fake/b300-01"]
     assert f"refused: {line.removeprefix('modelfleet: ')}" in caplog.text

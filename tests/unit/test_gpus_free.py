@@ -29,7 +29,7 @@ def gpu_host(tmp_path, monkeypatch):
            "MODELFLEET_LAB_PERSONA": str(LAB / "b300x8-synthetic")}
 
     def run_check(stop: bool, gpus=(0, 1)):
-        script = host_commands.gpus_free_script("modelfleet-tiny.service", "nvidia", gpus, stop)
+        script = host_commands.gpus_free_script("modelfleet-tiny.service", gpus, stop)
         return subprocess.run(script, shell=True, env=env, capture_output=True, text=True)
 
     return run_check, run / "compute-apps", tmp_path / "systemctl.log"
