@@ -6,7 +6,10 @@
 # Arguments: UNIT STOP WAIT, then the GPU indices.
 unit=$1 stop=$2 wait=$3
 shift 3
-if [ "$stop" = 1 ]; then systemctl stop "$unit" || exit 1; fi
+if [ "$stop" = 1 ] && ! systemctl stop "$unit"; then
+  echo "modelfleet: $unit: systemctl stop failed: not starting it again before its GPUs are seen free" >&2
+  exit 1
+fi
 held() {
   uuids=$(nvidia-smi --query-gpu=index,uuid --format=csv,noheader | awk -F', *' -v gpus=" $* " \
     'index(gpus, " " $1 " ") { printf "%s=%s ", $2, $1 }')
