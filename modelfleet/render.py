@@ -247,7 +247,8 @@ def render_weights_unit(svc: ServicePlan) -> str:
     stale = f"find {weight_cache.socket_dir(svc)} -mindepth 1 -maxdepth 1 -delete"
     return render_template("weights.service.j2", svc=svc, unit=weight_cache, key=weight_cache.key_hash(
         svc, engine_argv(svc)), exec_start=Lines(exec_start(argv).replace(_IMAGE_MARK, "${" + WEIGHTS_IMAGE_VAR + "}")),
-        exec_ready=exec_start(["/bin/sh", "-c", ready]), exec_clean=exec_start(["/bin/sh", "-c", stale]))
+        exec_ready=exec_start(["/bin/sh", "-c", ready]), exec_clean=exec_start(["/bin/sh", "-c", stale]),
+        exec_verified=exec_start(["/bin/sh", "-c", weight_cache.verified_check(svc)]))
 
 
 def render_weights_env(svc: ServicePlan, mask: bool = False) -> str:

@@ -21,7 +21,7 @@ from urllib.parse import quote, urlsplit
 from pyinfra.api import FactBase
 
 from modelfleet import keys, render
-from modelfleet.catalog import CATALOG_DIR
+from modelfleet.catalog import CATALOG_DIR, load_catalog
 from modelfleet.catalog.routers import (  # noqa: F401  (re-exported: callers name them modelfleet.router.*)
     PdBootstrap,
     PdRole,
@@ -464,6 +464,14 @@ def replica_exposure_script(rp: RouterPlan) -> str | None:
     body = json.dumps({"model": rp.served_name, "messages": [{"role": "user", "content": "Say hi."}],
                        "prompt": "Say hi.", "text": "Say hi.", "input": "Say hi.", "max_tokens": 1})
     return program("replica_exposure", rp.name, body, *(part for probe in probes for part in probe))
+
+
+def replicas_ready_script(rp: RouterPlan, timeout_s: int = 120) -> str:
+    """Shell for the router host: every replica answers its engine's health path where the router reaches it,
+    within `timeout_s` in all (exit 1 and one line naming those that do not)."""
+    health = load_catalog().engines[rp.engine_name].health_path
+    return program("replicas_ready", rp.name, timeout_s, *(part for w in rp.workers for part in (w.host,
+                                                                                                 f"{w.url}{health}")))
 
 
 def health_script(rp: RouterPlan, timeout_s: int = 60) -> str:

@@ -216,6 +216,8 @@ def _front_door(ctx: HostRun, rp: RouterPlan, deployed: dict, launcher_changed: 
     if probe:
         replicas_refuse_keyless(name=f"Replicas of front door {rp.name} refuse a request without the key, asked "
                                 f"from {rp.host}", script=probe)
+    replicas_ready(name=f"Every replica of front door {rp.name} is ready (asked from {rp.host})",
+                   script=router.replicas_ready_script(rp))
     plan = ctx.plan
     tunnel = (rp.bind_address, rp.port) if _is_loopback(rp.bind_address) and plan.address not in (
         rp.bind_address, "@local") else None
@@ -253,6 +255,23 @@ def replicas_refuse_keyless(script: str):
         return
     yield FunctionCommand(refuse, ([f"verify: {line.removeprefix('modelfleet: ')}"
                                     for line in output.stderr_lines] or ["verify: the replicas' probe failed"],), {})
+
+
+@operation(is_idempotent=False)
+def replicas_ready(script: str):
+    """The verify gate waits for every replica the front door routes to (router.replicas_ready_script), while
+    executing: a router answers its /health before its workers do; replicas still not ready then report the
+    door degraded, naming them."""
+    if not state.is_executing:
+        host.noop("the replicas are asked for their health once they run")
+        return
+    ok, output = host.run_shell_command(StringCommand(script), print_output=False, print_input=False)
+    if ok:
+        host.noop(f"{len(output.stdout_lines)} replica(s) ready")
+        return
+    yield FunctionCommand(refuse, ([f"verify: {line.removeprefix('modelfleet: ')}"
+                                    for line in output.stderr_lines] or ["verify: the replicas' health check failed"],),
+                          {})
 
 
 @operation(is_idempotent=False)

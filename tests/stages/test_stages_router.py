@@ -86,9 +86,11 @@ def test_a_converged_front_door_gets_no_command(fake, env):
     hosts = inventory()
     rp = front_door(hosts)
     state = run_router_host(fake, hosts, rp, [w.url for w in rp.workers])
-    # Two round trips: what the stage finds deployed, and what the router lists.
+    # Two round trips: what the stage finds deployed, and what the router lists; then the verify gate's wait
+    # for every replica the door routes to.
     commands = fake.executed(state, "r1")
-    assert len(commands) == 2 and router.list_command(rp) in commands[1], commands
+    assert len(commands) == 3 and router.list_command(rp) in commands[1], commands
+    assert commands[2] == router.replicas_ready_script(rp)
     assert fake.executed(state, "a") == []  # a replica host runs no front door
     # The verify gate goes through the front door, asking every inference route of the router without the key.
     (call,) = env
@@ -245,3 +247,20 @@ def written_0600(path: str, commands: list[str]) -> bool:
 
 def front_door_plan(hosts):
     return resolve([(f"@fake/{n}", d) for n, d in hosts]).hosts
+
+
+def test_a_door_whose_replica_is_not_ready_is_reported_degraded_naming_it(fake, env, caplog):
+    # SGLang #33740: the router answers /health before its workers; the gate waits for them, then names the rest.
+    hosts = inventory()
+    rp = front_door(hosts)
+    line = ("modelfleet: front door tiny-lab degraded: replicas not ready after 120 s: @fake/a "
+            "(http://127.0.0.2:18012/health answered 503)")
+    replies = {"@@modelfleet-state": state_lines(rp), router.list_command(rp): [workers_json([w.url for w in
+                                                                                               rp.workers])],
+               "replicas_ready tiny-lab": {"stdout": ["ready @fake/r1 http://127.0.0.1:18011/health"],
+                                           "stderr": [line], "success": False}}
+    data = dict(hosts)
+    data["r1"] = {**data["r1"], "fake_responses": replies}
+    state = fake.run_fake(list(data.items()), lambda: pipeline.run_stages(router_stage))
+    assert [h.name for h in state.failed_hosts] == ["@fake/r1"]
+    assert f"refused: verify: {line.removeprefix('modelfleet: ')}" in caplog.text
