@@ -28,7 +28,7 @@ from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
 from modelfleet import render
-from modelfleet.caches import KEY_FILE, EngineCache
+from modelfleet.caches import EngineCache
 from modelfleet.context import HostRun
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.files import content_file, directory
@@ -154,11 +154,11 @@ def _warm_now(directory_: str) -> StringCommand:
 
 
 def set_aside_command(directory_: str) -> StringCommand:
-    """Shell: everything of the key directory but its key file moved into <dir>.modelfleet-set-aside (the last
-    one replaced); links are moved, never followed."""
+    """Shell: everything of the key directory moved into <dir>.modelfleet-set-aside (the last one replaced; the
+    key file, beside the directory, stays); links are moved, never followed."""
     aside = directory_ + SET_ASIDE
     script = (f"d={shlex.quote(directory_)}; a={shlex.quote(aside)}; rm -rf -- \"$a\" && mkdir -m 0755 -- \"$a\" && "
-              f"find \"$d\" -mindepth 1 -maxdepth 1 ! -name {shlex.quote(KEY_FILE)} -exec mv -t \"$a\" -- {{}} +")
+              "find \"$d\" -mindepth 1 -maxdepth 1 -exec mv -t \"$a\" -- {} +")
     return StringCommand("sh", "-c", shlex.quote(script))
 
 

@@ -59,7 +59,7 @@ def test_a_warm_rank_is_set_aside_whole_its_key_file_kept_and_links_moved_not_fo
     key = tmp_path / "root" / "abc123"
     (key / "flashinfer").mkdir(parents=True)
     (key / "flashinfer" / "autotune.json").write_text("{}")
-    (key / KEY_FILE).write_text("{}\n")
+    (key.parent / f"{key.name}{KEY_FILE}").write_text("{}\n")  # beside its directory (caches.KEY_FILE)
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "keep").write_text("x")
@@ -71,7 +71,7 @@ def test_a_warm_rank_is_set_aside_whole_its_key_file_kept_and_links_moved_not_fo
     assert sh(engine_cache._warm_now(str(key))).stdout.strip() == "1"
     assert sh(engine_cache.set_aside_command(str(key))).returncode == 0
     aside = tmp_path / "root" / "abc123.modelfleet-set-aside"
-    assert sorted(p.name for p in key.iterdir()) == [KEY_FILE]
+    assert list(key.iterdir()) == [] and (key.parent / f"{key.name}{KEY_FILE}").exists()
     assert (aside / "flashinfer" / "autotune.json").exists() and (aside / "planted").is_symlink()
     assert (outside / "keep").read_text() == "x"  # the link moved, its target untouched
     assert sh(engine_cache._warm_now(str(key))).stdout.strip() == "0"
