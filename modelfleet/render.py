@@ -325,6 +325,26 @@ def venv_gpu_env(svc: ServicePlan) -> dict[str, str]:
     return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": indices}
 
 
+def venv_notes(svc: ServicePlan) -> list[str]:
+    """What `render` says of a venv engine: where it is built, from what, and what only the host can tell."""
+    venv = svc.venv
+    source = (f"the wheelhouse {venv.wheelhouse} ({len(venv.wheels)} files, pushed to {venv.staging}; pip checks "
+              "each against the lock's hashes on the host)" if venv.wheelhouse
+              else f"the index {venv.index_url}" if venv.index_url else "the host's own pip index settings")
+    needs = (f"Python {' or '.join(venv.python_needs)} (the wheels' tags)" if venv.python_needs
+             else f"Python {venv.python_min} or newer" if venv.python_min else "any Python the lock's wheels take")
+    return [f"runtime venv: {venv.path}, {venv.engine} {venv.version} from the lock {venv.lock_file} "
+            f"(sha256 {venv.lock_digest[:DIGEST_SHOWN]}...), installed with pip --require-hashes --no-deps from "
+            f"{source}; the previous venv is kept for rollback",
+            f"interpreter {venv.python} on the host: needs {needs} with its venv module; read on the host by "
+            "preflight (not known before the run)",
+            f"flags checked with {svc.engine_name} {svc.recipe.engine_version}'s parser; the lock installs "
+            f"{venv.version}"]
+
+
+DIGEST_SHOWN = 16
+
+
 def render_unit(svc: ServicePlan) -> str:
     if svc.venv:
         line = exec_start(one_line_each(venv_argv(svc)))

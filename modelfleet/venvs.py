@@ -20,6 +20,7 @@ WHEELHOUSE_ROOT = "/opt/modelfleet/wheelhouse"
 COMPLETE = ".modelfleet-complete"  # written last: a venv without it is a build that did not finish
 LOCK_COPY = "modelfleet-lock.txt"  # the lock the venv was built from, inside it
 ENGINE_USER = "modelfleet-engine"  # the dedicated user every venv engine runs as (never root)
+USER_LINE = "/etc/passwd"  # read (DeployedState texts) to know whether ENGINE_USER exists
 KEEP = 1  # venvs kept per engine on a host beyond those in use: the previous one, for rollback
 DIGEST_LENGTH = 12
 _HASH = re.compile(r"--hash[= ]sha256:([0-9a-f]{64})\b")
@@ -244,6 +245,10 @@ def python_problem(venv: VenvPlan, found: dict | None) -> str | None:
     if venv.python_min and Version(short) < Version(venv.python_min):
         return f"{venv.python} is Python {version}; the recipe's engine needs {venv.python_min} or newer"
     return None
+
+
+def user_present(passwd: str | None) -> bool:
+    return any(line.split(":", 1)[0] == ENGINE_USER for line in (passwd or "").splitlines())
 
 
 def venv_path(engine: str, version: str, digest: str) -> str:
