@@ -299,4 +299,4 @@ def prune_command(in_use: set[str], root: str = VENV_ROOT) -> str:
             f"$(for u in \"$engine\"-*-*; do [ -e \"$u/{COMPLETE}\" ] || echo \"$u\"; done); do "
             f"case \" {keep} \" in *\" $d \"*) continue;; esac; "
             f"if [ -e \"$d/{COMPLETE}\" ] && [ $n -lt {KEEP} ]; then n=$((n + 1)); continue; fi; "
-            "[ -d \"$d\" ] && [ ! -L \"$d\" ] && rm -rf --one-file-system -- \"$d\"; done; done")
+            "if [ -d \"$d\" ] && [ ! -L \"$d\" ]; then rm -rf --one-file-system -- \"$d\"; fi; done; done")
