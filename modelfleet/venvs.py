@@ -251,6 +251,26 @@ def user_present(passwd: str | None) -> bool:
     return any(line.split(":", 1)[0] == ENGINE_USER for line in (passwd or "").splitlines())
 
 
+def is_venv_path(path: str) -> bool:
+    """Is `path` a program inside one of modelfleet's venvs (a unit's ExecStart)?"""
+    return bool(re.fullmatch(re.escape(VENV_ROOT) + r"/[A-Za-z0-9][A-Za-z0-9._+-]*/bin/[^/]+", path))
+
+
+def retire_command(path: str, kept: frozenset | set) -> str:
+    """A retired venv engine's venv, and, where no service of the host runs its engine from a venv any more,
+    every other build of that engine (the copies kept for its rollback): nothing of it stays. Plain directories
+    only (no link followed)."""
+    name = os.path.basename(path)
+    engine = name.rsplit("-", 2)[0]
+    # Another service still runs a build of this engine: the copies kept for rollback may be its own.
+    pattern = shlex.quote(name) if any(k.rsplit("-", 2)[0] == engine for k in kept) else f"{shlex.quote(engine)}-*-*"
+    keep = " ".join(shlex.quote(n) for n in sorted(kept)) or "''"
+    return (f"cd {VENV_ROOT} 2>/dev/null && for d in {pattern}; do "
+            f"case \" {keep} \" in *\" $d \"*) continue;; esac; "
+            "if [ -d \"$d\" ] && [ ! -L \"$d\" ]; then rm -rf --one-file-system -- \"$d\" "
+            f"{WHEELHOUSE_ROOT}/\"$d\"; fi; done; true")
+
+
 def venv_path(engine: str, version: str, digest: str) -> str:
     return f"{VENV_ROOT}/{engine}-{version}-{digest[:DIGEST_LENGTH]}"
 

@@ -282,3 +282,37 @@ def test_prune_keeps_the_venvs_in_use_and_the_newest_other_and_follows_no_link(t
     assert left == ["sglang-0.5.1-ddd", "vllm-0.33.0-bbb", "vllm-0.34.0-ccc", "vllm-9.9.9-fff"]
     assert (outside / "keep-me").exists()
     assert not venvs.prune_wanted(["vllm-0.33.0-bbb", "vllm-0.34.0-ccc"], {"vllm-0.34.0-ccc"})
+
+
+def test_retire_reads_a_venv_units_files_checkpoint_and_venv_from_its_file():
+    from modelfleet import retire
+
+    svc = _service()
+    found = retire.described(svc.unit_name, {"text": render.render_unit(svc), "ActiveState": "active"})
+    assert found.venv == svc.venv.path and found.checkpoint == svc.model_dir and found.container is None
+    assert svc.env_file in found.files
+    plan = resolve([("b300-01", b300())]).hosts["b300-01"]
+    # The plan still runs that venv under another unit: the venv is kept, the unit's own files go.
+    owned = {"modelfleet-old.service": {"text": render.render_unit(svc)}}
+    [kept] = retire.to_retire(owned, retire.named_units(plan), retire.kept_paths(plan))
+    assert kept.venv is None
+
+
+def test_retiring_removes_the_venv_and_its_engines_rollback_copies_unless_another_service_runs_that_engine(tmp_path):
+    root = tmp_path / "venvs"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for name in ["vllm-0.33.0-aaa", "vllm-0.34.0-bbb", "sglang-0.5.1-ccc"]:
+        (root / name / "bin").mkdir(parents=True)
+    (root / "vllm-9-evil").symlink_to(outside)
+
+    def run(path, kept):
+        command = venvs.retire_command(path, kept).replace(venvs.VENV_ROOT, str(root))
+        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return sorted(p.name for p in root.iterdir())
+
+    assert run(f"{venvs.VENV_ROOT}/vllm-0.34.0-bbb", {"vllm-0.33.0-aaa"}) == [
+        "sglang-0.5.1-ccc", "vllm-0.33.0-aaa", "vllm-9-evil"]
+    assert run(f"{venvs.VENV_ROOT}/vllm-0.33.0-aaa", {"sglang-0.5.1-ccc"}) == ["sglang-0.5.1-ccc", "vllm-9-evil"]
+    assert outside.exists()
