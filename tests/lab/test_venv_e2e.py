@@ -30,6 +30,7 @@ KEY_ENV = "LAB_VENV_VLLM_KEY"  # the replicas' key: the one the front door sends
 SERVED = "tiny-llama"
 CHAT = {"model": SERVED, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 LIBNUMA = "/usr/lib/x86_64-linux-gnu/libnuma.so.1"
+INDEX_HOSTS = ("pypi.org", "files.pythonhosted.org")  # where pip goes without a configured index
 
 
 REPORTS = lab.STATE / "venv-e2e-reports"
@@ -72,6 +73,10 @@ def _running_venv(spec, unit: str) -> str:
     return re.search(rf"{venvs.VENV_ROOT}/([^/ ]+)/bin/", exec_start).group(1)
 
 
+def _built_at(spec, name: str) -> str:
+    return _on(spec, f"stat -c %Y.%Z {venvs.VENV_ROOT}/{name}/{venvs.COMPLETE}")
+
+
 @pytest.fixture(scope="module")
 def house():
     folder = vllm_venv.wheelhouse()
@@ -108,15 +113,14 @@ def test_the_real_vllm_serves_from_a_venv_built_from_the_wheelhouse_without_a_co
     name = _running_venv(spec, unit)
     assert name.startswith("vllm-0.32.0-") and _venvs(spec) == [name]
     assert _on(spec, f"cat {venvs.VENV_ROOT}/{name}/{venvs.LOCK_COPY}") == house[1].read_text().strip()
-    assert "--no-index" in out and "--require-hashes" in out  # from the pushed wheelhouse, hashes checked
+    assert f"Venv {venvs.VENV_ROOT}/{name} (vllm 0.32.0" in out  # built by the images stage in this run
     assert _on(spec, f"ls {venvs.WHEELHOUSE_ROOT}") == ""  # the wheelhouse's copy went once the venv was built
     # No container: the engine is a process of the host, running as the dedicated user from the venv.
     assert subprocess.run(["docker", "container", "inspect", f"modelfleet-tiny-{spec['name']}-{spec['name']}"],
                           capture_output=True).returncode != 0
     main = _on(spec, f"systemctl show -p MainPID --value {unit}")
-    assert _on(spec, f"ps -o user= -p {main}") == venvs.ENGINE_USER
-    assert f"{venvs.VENV_ROOT}/{name}/bin/python" in _on(spec, f"readlink -f /proc/{main}/exe") or \
-        _on(spec, f"head -c 200 /proc/{main}/cmdline | tr '\\0' ' '").startswith(f"{venvs.VENV_ROOT}/{name}/")
+    assert _on(spec, f"stat -c %U /proc/{main}") == venvs.ENGINE_USER
+    assert _on(spec, f"tr '\\0' ' ' < /proc/{main}/cmdline").startswith(f"{venvs.VENV_ROOT}/{name}/bin/python ")
     assert _models(spec) == [SERVED]
     # serve.py's verify gate: readiness, the smoke chat and the tool-call probe against the venv engine.
     verified = [json.loads(p.read_text()) for p in (REPORTS / "verify").glob("*.json")]
@@ -135,6 +139,12 @@ def test_another_lock_upgrades_it_and_the_first_rolls_it_back_from_the_kept_venv
     folder, first, second = house
     unit = f"modelfleet-tiny-{spec['name']}.service"
     before = _running_venv(spec, unit)
+    built = _built_at(spec, before)
+    # From here the host has no way to the package index (its names resolve nowhere): the new venv can only come
+    # from the wheelhouse the control node pushes.
+    assert lab.ssh(spec, f"echo '127.0.0.9 {' '.join(INDEX_HOSTS)}' >> /etc/hosts").returncode == 0
+    offline = lab.ssh(spec, "python3 -m pip download --no-deps -d /tmp/index-probe six", timeout_s=300)
+    assert offline.returncode != 0, offline.stdout  # the index is out of reach
     upgraded = _serve(**{**fields, "venv_lock": str(second)})
     assert upgraded.returncode == 0, (upgraded.stdout + upgraded.stderr)[-5000:]
     after = _running_venv(spec, unit)
@@ -147,7 +157,7 @@ def test_another_lock_upgrades_it_and_the_first_rolls_it_back_from_the_kept_venv
     out = rolled.stdout + rolled.stderr
     assert rolled.returncode == 0, out[-5000:]
     assert _running_venv(spec, unit) == before and _models(spec) == [SERVED]
-    assert "--no-index" not in out  # the kept venv: nothing pushed, nothing built
+    assert _built_at(spec, before) == built  # the kept venv, not built again
     assert _venvs(spec) == sorted([before, after])
 
 
