@@ -19,6 +19,7 @@ from pyinfra.api import StringCommand, operation
 
 from modelfleet.host_commands import revisions_dir
 from modelfleet.inventory import ServicePlan
+from modelfleet.venvs import ENGINE_USER
 
 CONTAINER_DIR = "/cache"
 KEY_FILE = ".modelfleet-cache-key.json"
@@ -32,6 +33,7 @@ class EngineCache:
     key: str
     inputs: dict
     env: dict  # variable -> path inside the container
+    owner: str = "root"  # who the engine runs as: a venv engine's own user writes its cache (modelfleet.venvs)
 
     @property
     def dir(self) -> str:
@@ -102,7 +104,7 @@ def cache_of(svc: ServicePlan, argv: list[str]) -> EngineCache | None:
     # A venv engine (no mount) reads the cache where it is on the host.
     mounted = f"{root}/{key}" if svc.venv else CONTAINER_DIR
     env = {var: f"{mounted}/{sub}" for var, sub in spec["env"].items()}
-    return EngineCache(root=root, key=key, inputs=inputs, env=env)
+    return EngineCache(root=root, key=key, inputs=inputs, env=env, owner=ENGINE_USER if svc.venv else "root")
 
 
 def docker_flags(cache: EngineCache | None) -> list[str]:

@@ -151,7 +151,8 @@ def run(ctx: HostRun):
         name = f"engine-cache/{cache.inputs['engine']}"
         group = f"cache-{key}"
         directory(name=f"Engine cache root {cache.root}", path=cache.root, current=at(cache.root))
-        directory(name=f"Engine cache {cache.dir}", path=cache.dir, current=at(cache.dir))
+        directory(name=f"Engine cache {cache.dir}", path=cache.dir, current=at(cache.dir), user=cache.owner,
+                  group=cache.owner)
         job = _job_path(plan, cache)
         job_fields = {"repo": name, "commit": key, "endpoint": None, "dest": cache.dir, "token_file": None,
                       "kind": "cache", "host": plan.name, "stall_s": plan.model_stall_s}

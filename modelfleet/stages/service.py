@@ -7,7 +7,7 @@ import posixpath
 from pyinfra import host
 from pyinfra.api import deploy
 
-from modelfleet import caches, fabric_run, render, timeline, venvs
+from modelfleet import caches, fabric_run, render, timeline
 from modelfleet.context import HostRun
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.files import content_file, directory
@@ -55,8 +55,8 @@ def _engine_cache(svc, state: dict, bound: set[str]) -> None:
     at = state["paths"].get
     directory(name=f"Engine cache root {cache.root}", path=cache.root, current=at(cache.root))
     # A venv engine runs as its own user (not a container's root): its cache directory is that user's.
-    owner = {"user": venvs.ENGINE_USER, "group": venvs.ENGINE_USER} if svc.venv else {}
-    directory(name=f"Engine cache {cache.dir}", path=cache.dir, current=at(cache.dir), **owner)
+    directory(name=f"Engine cache {cache.dir}", path=cache.dir, current=at(cache.dir), user=cache.owner,
+              group=cache.owner)
     caches_dir = posixpath.dirname(cache.root)  # the container writes code there: nosuid,nodev
     if caches_dir not in bound:
         bound.add(caches_dir)

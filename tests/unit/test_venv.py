@@ -198,6 +198,8 @@ def test_the_unit_runs_the_containers_argv_from_the_venv_as_its_own_user_on_its_
     assert env["VLLM_CACHE_ROOT"] == f"{cache.dir}/vllm"  # the host's cache directory, not the container's /cache
     assert render.env_values(container)["VLLM_CACHE_ROOT"] == "/cache/vllm"
     assert cache.key != render.engine_cache(container).key  # another build of the engine: its own compiled code
+    # Its own user writes the cache: both stages that make the directory give it that owner (no flip-flop).
+    assert cache.owner == venvs.ENGINE_USER and render.engine_cache(container).owner == "root"
     # Same files, same places: the env file and unit are where status, drift and retire look for them.
     assert units.unit_paths(svc) == units.unit_paths(container)
 
