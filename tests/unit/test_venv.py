@@ -17,7 +17,7 @@ import pytest
 from modelfleet import render, units, venvs
 from modelfleet.facts.host import Pythons
 from modelfleet.inventory import resolve
-from modelfleet.stages import images, preflight
+from modelfleet.stages import engine_cache, images, preflight
 
 PIN = "b" * 40
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "venv"
@@ -224,6 +224,8 @@ def test_the_images_stage_reads_the_venvs_not_an_image():
     wants = images.wants(plan, {})
     assert wants["images"] == [] and plan.services[0].venv.marker in wants["paths"]
     assert venvs.VENV_ROOT in wants["paths"] and wants["texts"] == [venvs.USER_LINE]
+    # The engine cache stage runs first and makes the cache directory the engine's user owns: it reads the users.
+    assert engine_cache.wants(plan, {})["texts"] == [venvs.USER_LINE]
 
 
 # --- the host side, run here for real ---
