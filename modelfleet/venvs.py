@@ -4,7 +4,6 @@ version, lock digest), and the host-side build command. Pure: no SSH; the images
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import re
@@ -14,6 +13,8 @@ from dataclasses import dataclass
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
+
+from modelfleet import runscope
 
 VENV_ROOT = "/opt/modelfleet/venvs"
 WHEELHOUSE_ROOT = "/opt/modelfleet/wheelhouse"
@@ -130,8 +131,7 @@ def parse_lock(path: str, text: str) -> tuple[Lock, list[str]]:
     return Lock(path=path, digest=digest, entries=tuple(entries)), problems
 
 
-@functools.lru_cache(maxsize=64)
-def _read(path: str, stamp: tuple) -> tuple[Lock, tuple[str, ...]] | str:
+def _read(path: str) -> tuple[Lock, tuple[str, ...]] | str:
     try:
         with open(path, encoding="utf-8") as handle:
             text = handle.read()
@@ -147,7 +147,9 @@ def read_lock(path: str) -> tuple[Lock | None, list[str]]:
         st = os.stat(path)
     except OSError as exc:
         return None, [f"cannot read {path} on the control node: {exc.strerror}"]
-    found = _read(path, (st.st_mtime_ns, st.st_size, st.st_ino))
+    read = runscope.slot("venv locks", dict)  # once per run and file version: validate, render, stages
+    key = (path, st.st_mtime_ns, st.st_size, st.st_ino)
+    found = read[key] = read[key] if key in read else _read(path)
     if isinstance(found, str):
         return None, [found]
     return found[0], list(found[1])

@@ -28,9 +28,9 @@ def image_present(image: str, current: dict | None):
 def wants(plan: HostPlan, probe: dict) -> dict:
     """What this stage reads from the host's DeployedState."""
     built = [svc.venv for svc in plan.services if svc.venv]
-    return {"images": [pinned_image(svc) for svc in plan.services if not svc.venv],
-            "paths": [venvs.VENV_ROOT, *(v.marker for v in built)] if built else [],
-            "texts": [venvs.USER_LINE] if built else []}
+    images = {"images": [pinned_image(svc) for svc in plan.services if not svc.venv]}
+    return {**images, "paths": [venvs.VENV_ROOT, *(v.marker for v in built)], "texts": [venvs.USER_LINE]} \
+        if built else images
 
 
 @deploy("modelfleet images")
