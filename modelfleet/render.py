@@ -333,7 +333,8 @@ def venv_notes(svc: ServicePlan) -> list[str]:
               else f"the index {venv.index_url}" if venv.index_url else "the host's own pip index settings")
     needs = (f"Python {' or '.join(venv.python_needs)} (the wheels' tags)" if venv.python_needs
              else f"Python {venv.python_min} or newer" if venv.python_min else "any Python the lock's wheels take")
-    return [f"runtime venv: {venv.path}, {venv.engine} {venv.version} from the lock {venv.lock_file} "
+    return [f"venv route: {svc.recipe.venv.source}",
+            f"runtime venv: {venv.path}, {venv.engine} {venv.version} from the lock {venv.lock_file} "
             f"(sha256 {venv.lock_digest[:DIGEST_SHOWN]}...), installed with pip --require-hashes --no-deps from "
             f"{source}; the previous venv is kept for rollback",
             f"interpreter {venv.python} on the host: needs {needs} with its venv module; read on the host by "

@@ -155,6 +155,14 @@ def test_the_wheels_python_against_the_named_interpreter_statically_and_on_the_h
     assert not any("venv_python" in p for p in fine["problems"])
 
 
+def test_render_says_where_the_venv_comes_from_and_what_only_the_host_can_tell():
+    notes = render.venv_notes(_service())
+    assert notes[0] == ('venv route: Kimi K3.1 Pro deployment guide, vLLM: python3 -m venv kimi-env; pip install '
+                        '"vllm>=0.34.0" fastsafetensors')
+    assert "the host's own pip index settings" in notes[1] and "kept for rollback" in notes[1]
+    assert "read on the host by preflight" in notes[2]
+
+
 def test_the_probe_reads_each_interpreter_and_its_venv_module():
     command = Pythons().command(("python3", "/opt/py/bin/python3.12"))
     assert "python3 -c 'import venv, ensurepip'" in command and "/opt/py/bin/python3.12 -c" in command
