@@ -56,6 +56,10 @@ def _pool(index: int, spec: dict) -> dict:
     if spec["name"] == _scenario.moe:
         return {"pool": f"tiny-{spec['name']}", "engine": "llama.cpp", "recipe": "tiny-lab-llamacpp-moe",
                 "revision": "moe", "checkpoint_group": None}
+    if spec["name"] == _scenario.venv_vllm:  # the real vLLM from a venv the control node's wheelhouse fills
+        return {"pool": f"tiny-{spec['name']}", "engine": "vllm", "recipe": "tiny-llama-vllm-cpu",
+                "model": "tiny-llama", "checkpoint_group": "tiny-llama", "runtime": "venv",
+                "venv_lock": _scenario.venv_lock, "venv_wheelhouse": _scenario.venv_wheelhouse}
     if spec["name"] == _scenario.real_vllm or spec["name"] in _scenario.real_vllm_replicas:
         # the real vLLM's hosts share their checkpoint (a host joining copies it from a peer); no other host has it
         return {"pool": f"tiny-{spec['name']}", "engine": "vllm", "recipe": "tiny-llama-vllm-cpu",

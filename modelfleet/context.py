@@ -155,8 +155,10 @@ class HostRun:
                 plan = cache.inventory.hosts[name]
                 target = pyinfra_state.inventory.get_host(name)
                 with ctx_host.use(target):
+                    pythons = tuple(sorted({s.venv.python for s in plan.services if s.venv}))
                     cache.probes[name] = target.get_fact(HostProbe, model_root=plan.model_root,
-                                                         fabric=multi_node(plan), **cache.probe_args)
+                                                         fabric=multi_node(plan), pythons=pythons,
+                                                         **cache.probe_args)
         return cache.probes[name]
 
     def fabric(self, pool: str) -> PoolFabric:

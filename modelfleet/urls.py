@@ -102,7 +102,11 @@ def _images(found: _Found, plan: HostPlan, insecure) -> None:
     from modelfleet.stages import exporters
 
     images = [(svc.image, "control node (digest) and hosts (pull)", f"engine image of pool {svc.pool}")
-              for svc in plan.services]
+              for svc in plan.services if not svc.venv]
+    for svc in plan.services:  # a venv engine: its index, unless the control node pushes a wheelhouse
+        if svc.venv and not svc.venv.wheelhouse:
+            found.add(svc.venv.index_url or "the host's pip settings", "package index",
+                      f"venv of pool {svc.pool} ({svc.venv.lock_file})", "hosts (pip)", plan.name)
     if exporters.enabled(plan):
         images.append((plan.dcgm_exporter_image, "control node (digest) and hosts (pull)", "DCGM exporter"))
     passthrough = plan.services[0].gpu_passthrough if plan.services else True

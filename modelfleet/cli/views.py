@@ -213,6 +213,14 @@ def render_cmd(inventory: str, host: str, group_data, data, as_json: bool, pin: 
         click.echo(f["content"])
 
 
+def _venv_notes(svc, notes: list[str]) -> list[str]:
+    fraction = svc.engine.memory_fraction_flag or "planning only"
+    return [f"recipe {svc.recipe.id} ({'verified' if svc.recipe.verified else 'not verified'} by modelfleet; "
+            f"source: {svc.recipe.source})", *notes,
+            f"memory fraction: {svc.recipe.memory_fraction} ({fraction}); clients call it: "
+            f"{', '.join(render.served_names(svc))}; GPUs: {', '.join(map(str, svc.gpu_indices)) or 'none'}"]
+
+
 def _service_notes(plan, svc, pin: bool) -> list[str]:
     """What `render` says above a service's files: pins, the recipe and its flag check, the image's runtime, the
     memory fraction, names and GPUs, and what the run fills in on the host."""
@@ -220,6 +228,8 @@ def _service_notes(plan, svc, pin: bool) -> list[str]:
     from modelfleet.inventory import COMMIT_RE
 
     notes: list[str] = []
+    if svc.venv:
+        return _venv_notes(svc, render.venv_notes(svc))
     if not pin and ("@sha256:" not in svc.image or not COMMIT_RE.match(svc.revision or "")):
         notes.append(f"image {svc.image} and revision {svc.revision or 'main'} as written: the run pins them "
                      "(digest, commit) and names the engine cache directory after the pins (render --pin "

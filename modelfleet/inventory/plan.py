@@ -12,6 +12,7 @@ from modelfleet.catalog import Engine, Hardware, Model, Recipe
 from modelfleet.errors import ModelfleetError
 from modelfleet.host_commands import revisions_dir
 from modelfleet.inventory.schema import HUB_ENDPOINT, HostData, ServiceData
+from modelfleet.venvs import VenvPlan
 
 if TYPE_CHECKING:
     from modelfleet.fabric import HostFabric
@@ -189,6 +190,11 @@ class ServicePlan:
     # A replica (no `pool` given) names its unit after what it serves, so every replica has the same unit name.
     unit_stem: str = ""
     render_gid: int | None = None  # AMD: the host's render group (read with the probe), added by number
+    venv: VenvPlan | None = None  # runtime venv: the engine runs from this virtual environment, not `image`
+
+    @property
+    def runtime(self) -> str:
+        return "venv" if self.venv else "container"
 
     def at_commit(self, commit: str, model_file: str | None = None, **pinned) -> "ServicePlan":
         """The same service pinned to a resolved 40-hex commit: its own model directory, so a new revision

@@ -62,7 +62,12 @@ def warnings(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], data: dict[
         where = f"pool {pool.name}"
         tag = head.image.rsplit("/", 1)[-1].partition(":")[2].split("@")[0]
         version = TAG_BUILD.search(tag) or TAG_VERSION.search(tag)
-        if version is None or version.group(1) == "":
+        if head.venv:  # the lock says which version installs, as the image's tag does
+            if head.venv.version.split("+")[0] != head.recipe.engine_version.lstrip("v"):
+                out.append((where, "venv_lock", f"{head.venv.lock_file} installs {head.venv.engine} "
+                                                f"{head.venv.version}, but recipe {head.recipe.id}'s flags were "
+                                                f"checked with {head.recipe.engine_version}"))
+        elif version is None or version.group(1) == "":
             out.append((where, "image", f"{head.image} names no engine version: its flags were checked with "
                                         f"{head.engine_name} {head.recipe.engine_version}'s parser; pin an image "
                                         "of that version"))

@@ -179,6 +179,22 @@ class ServiceData(BaseModel):
     recipe_params: dict[Name, Annotated[float | int | str, _fits(grammar.flag_value)]] = Field(
         {}, description="Values for the recipe's required parameters (e.g. SGLang's `mamba_full_memory_ratio` "
         "for Kimi K3).")
+    runtime: Literal["container", "venv"] | None = Field(
+        None, description="`container` (the recipe's image) or `venv` (the engine installed from `venv_lock` "
+        "into a virtual environment on the host, docs/venv.md); unset: the recipe's.")
+    venv_lock: Annotated[str, _fits(grammar.no_control)] | None = Field(
+        None, description="runtime venv: the lock on the control node, every requirement pinned with "
+        "`--hash=sha256:` (pip installs it with --require-hashes); another lock is another venv.")
+    venv_wheelhouse: Annotated[str, _fits(grammar.no_control)] | None = Field(
+        None, description="runtime venv: a control-node directory holding every file the lock names, pushed "
+        "to the host (air-gapped sites); unset: the host installs from `venv_index_url`.")
+    venv_index_url: Url | None = Field(
+        None, description="runtime venv: the package index the host installs from; unset (and no wheelhouse): "
+        "the host's own pip settings.")
+    venv_python: Annotated[str, _fits(grammar.no_control)] = Field(
+        "python3", pattern=r"^(/[A-Za-z0-9._/-]+/)?python3(\.[0-9]+)?$",
+        description="runtime venv: the host's interpreter that makes the venv (a name on PATH or an absolute "
+        "path, e.g. python3.12); the system's own packages are never touched.")
 
 
 # The keys a host, its group or a `services` entry may set for a service.

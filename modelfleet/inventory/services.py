@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from modelfleet import engine_flags, host_commands, image_runtime, keys, masking, weight_cache
+from modelfleet import engine_flags, host_commands, image_runtime, keys, masking, venvs, weight_cache
 from modelfleet.catalog import Catalog, Engine, Hardware, Recipe, arg_refusals, load_catalog
 from modelfleet.catalog.routers import pd_role
 from modelfleet.exposure import off_loopback_problem
@@ -73,7 +73,15 @@ def resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[st
                                                    f"{svc.engine}, which runs none of the checkpoint's code: it "
                                                    "would be ignored; take it out"))
     gpus = svc.gpus if svc.gpus is not None else recipe.layout.gpus_per_node
-    image = from_registry(host, svc.image or recipe.image)
+    venv = venv_plan(where, svc, recipe, engine.entrypoint, errors) \
+        if (svc.runtime or recipe.default_runtime) == "venv" else None
+    errors += [(where, fld, "set, but the service runs a container (say runtime: venv)") for fld in
+               ("venv_lock", "venv_wheelhouse", "venv_index_url", "venv_python")
+               if venv is None and fld in svc.model_fields_set and (svc.runtime or recipe.default_runtime) != "venv"]
+    if venv is None and not (svc.image or recipe.image):
+        errors.append((where, "runtime", f"container, but recipe {recipe.id} names no image (it installs the "
+                                         "engine into a venv: say runtime: venv with venv_lock)"))
+    image = "" if venv or not (svc.image or recipe.image) else from_registry(host, svc.image or recipe.image)
     revision_dir = svc.revision or "main"
     return ServicePlan(
         host=name, pool=svc.pool or _slug(name), unit_stem="" if svc.pool else _slug(svc.served_name or model.id),
@@ -97,7 +105,54 @@ def resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[st
                             client_keys_env=tuple(svc.router_client_keys_env or ()),
                             tls_key=svc.router_tls_key, server_name=svc.router_server_name)
         if svc.router else None,
+        venv=venv,
     )
+
+
+def venv_plan(where: str, svc: ServiceData, recipe: Recipe, entrypoint: str,
+              errors: list) -> venvs.VenvPlan | None:
+    """The service's venv (runtime venv) from its lock and wheelhouse on the control node, or None with every
+    problem in `errors`: a recipe without a venv route, no lock, a lock without hashes or not holding what the
+    guide installs, a wheelhouse missing a file the lock names or built for another Python than venv_python."""
+    route = recipe.venv
+    if route is None:
+        errors.append((where, "runtime", f"venv, but recipe {recipe.id} has no venv route (it runs the image "
+                                         f"{recipe.image})"))
+        return None
+    why = {"image": "no image runs", "weight_cache": "the restart tier's daemon runs in a container"}
+    errors += [(where, fld, f"set, but runtime is venv: {why[fld]} (runtime container, or unset it)")
+               for fld in why if getattr(svc, fld)]
+    if recipe.layout.nodes > 1:
+        errors.append((where, "runtime", f"venv: recipe {recipe.id} spans {recipe.layout.nodes} hosts; a pool "
+                                         "across hosts runs containers (its network gate runs in the image)"))
+    if not svc.venv_lock:
+        hint = f" (make one: {route.lock_with})" if route.lock_with else " (pip-compile/uv --generate-hashes)"
+        errors.append((where, "venv_lock", f"missing: runtime venv installs from a lock with hashes{hint}"))
+        return None
+    lock, problems = venvs.read_lock(svc.venv_lock)
+    errors += [(where, "venv_lock", p) for p in problems]
+    if lock is None or problems:
+        return None
+    errors += [(where, "venv_lock", p) for p in venvs.requirement_problems(lock, route.requires, route.prerelease)]
+    package = route.package or recipe.engine
+    entry = lock.get(package)
+    if entry is None:
+        errors.append((where, "venv_lock", f"{svc.venv_lock} has no {package}, the engine's distribution"))
+        return None
+    wheels, needs = (), ()
+    if svc.venv_wheelhouse:
+        files, missing, needs = venvs.wheelhouse_files(lock, svc.venv_wheelhouse)
+        errors += [(where, "venv_wheelhouse", m) for m in missing]
+        wheels = tuple(files)
+        pinned = venvs.python_version_of(svc.venv_python)
+        if pinned and needs and pinned not in needs:
+            errors.append((where, "venv_python", f"{svc.venv_python}, but the wheelhouse's wheels are built for "
+                                                 f"Python {' or '.join(needs)}"))
+    return venvs.VenvPlan(
+        path=venvs.venv_path(recipe.engine, entry.version, lock.digest), engine=recipe.engine,
+        version=entry.version, lock_file=svc.venv_lock, lock_digest=lock.digest, python=svc.venv_python,
+        python_needs=needs, python_min=route.python, wheelhouse=svc.venv_wheelhouse, wheels=wheels,
+        index_url=svc.venv_index_url, entrypoint=tuple(route.entrypoint or [entrypoint]))
 
 
 def _named(where: str, raw: dict[str, Any], cat: Catalog, hw: Hardware | None,

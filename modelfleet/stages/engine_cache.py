@@ -27,12 +27,13 @@ from functools import partial
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
-from modelfleet import render
+from modelfleet import render, venvs
 from modelfleet.caches import EngineCache
 from modelfleet.context import HostRun
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.files import content_file, directory
 from modelfleet.operations.report import refuse
+from modelfleet.operations.venv import engine_user
 from modelfleet.transfer import (
     FANOUT_FLOOR_BYTES_S,
     FANOUT_MARGIN_S,
@@ -74,7 +75,8 @@ def wants(plan: HostPlan, probe: dict) -> dict:
     caches, unit_reads = _caches(plan).values(), start_reads(plan)
     return {"trees": [c.dir for c in caches],
             "units": [f"{fanout_unit(f'cache-{c.key}')}.service" for c in caches] + unit_reads["units"],
-            "paths": [p for c in caches for p in (c.root, c.dir, _job_path(plan, c))] + unit_reads["paths"]}
+            "paths": [p for c in caches for p in (c.root, c.dir, _job_path(plan, c))] + unit_reads["paths"],
+            "texts": [venvs.USER_LINE] if any(c.owner != "root" for c in caches) else []}
 
 
 def warm(tree: dict | None) -> bool:
@@ -241,7 +243,11 @@ def run(ctx: HostRun):
         name = f"engine-cache/{cache.inputs['engine']}"
         group = f"cache-{key}"
         directory(name=f"Engine cache root {cache.root}", path=cache.root, current=at(cache.root))
-        directory(name=f"Engine cache {cache.dir}", path=cache.dir, current=at(cache.dir))
+        if cache.owner != "root":  # a venv engine's: its user owns it, made here if this is the host's first
+            engine_user(name=f"User {cache.owner} (venv engines)",
+                        present=venvs.user_present(mine["texts"].get(venvs.USER_LINE)))
+        directory(name=f"Engine cache {cache.dir}", path=cache.dir, current=at(cache.dir), user=cache.owner,
+                  group=cache.owner)
         job = _job_path(plan, cache)
         job_fields = {"repo": name, "commit": key, "endpoint": None, "dest": cache.dir, "token_file": None,
                       "kind": "cache", "host": plan.name, "stall_s": plan.model_stall_s}

@@ -65,7 +65,9 @@ def _engine_cache(svc, state: dict, bound: set[str]) -> None:
         return
     at = state["paths"].get
     directory(name=f"Engine cache root {cache.root}", path=cache.root, current=at(cache.root))
-    directory(name=f"Engine cache {cache.dir}", path=cache.dir, current=at(cache.dir))
+    # A venv engine runs as its own user (not a container's root): its cache directory is that user's.
+    directory(name=f"Engine cache {cache.dir}", path=cache.dir, current=at(cache.dir), user=cache.owner,
+              group=cache.owner)
     caches_dir = posixpath.dirname(cache.root)  # the container writes code there: nosuid,nodev
     if caches_dir not in bound:
         bound.add(caches_dir)
