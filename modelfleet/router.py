@@ -433,6 +433,10 @@ def preview(rp: RouterPlan) -> tuple[list[dict], list[str]]:
                  f"; only they reach the router on 127.0.0.1:{rp.backend_port} ({p['rule']})" if firewalled(rp) else
                  f"; router_worker_firewall is off: any local process reaches the router on 127.0.0.1:"
                  f"{rp.backend_port}" if owner_only(rp) else ""))
+    if watches_manifest(rp):
+        notes.append(f"front door {rp.name}: {spec(rp).package} reads its replicas from {live_manifest(rp)} (the "
+                     f"unit's copy of {p['workers']}); a replica joining or leaving rewrites it, the router is not "
+                     "restarted")
     if has_admin_key(rp):
         notes.append(f"front door {rp.name}: {p['admin']} and {p['admin_auth']} (0600), the worker API's key, are "
                      "made on the router host by the run, never on the control node")
