@@ -100,7 +100,7 @@ def test_a_front_door_the_inventory_no_longer_names_is_retired(story):
     router_host, _, out = story
     run, rp = out["retire"], out["rp"]
     assert _ok(run), run.stdout[-4000:] + run.stderr[-3000:]
-    assert f"retiring {rp.unit_name}" in run.stdout + run.stderr or rp.unit_name in run.stdout + run.stderr
+    assert f"modelfleet: retiring {rp.unit_name}" in run.stdout + run.stderr
     gone = ssh(router_host, f"systemctl is-active {rp.unit_name}; test -e {router.paths(rp)['unit']} && echo unit; "
                             f"ls {' '.join(router.paths(rp)[k] for k in ('config', 'workers', 'key', 'admin'))} "
                             f"{router.runtime_dir(rp)} 2>/dev/null; true")
