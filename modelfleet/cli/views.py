@@ -191,12 +191,14 @@ def render_cmd(inventory: str, host: str, group_data, data, as_json: bool, pin: 
                          "restarts; only a change of its key (in its unit file) restarts it")
         files += [{"path": path, "mode": mode, "content": content}
                   for path, content, mode, _ in units.unit_files(svc, mask=True)]  # the run's one rendering path
-        if svc.door_address and not svc.router and not svc.node_rank:  # a keyless engine's keyed proxy
+        if svc.door_address and not svc.node_rank:  # the keyed proxy the run puts before the engine
             from modelfleet import replica_door
 
             files += replica_door.preview(svc)
-            notes.append(f"pool {svc.pool}: {svc.engine_name} holds no key: it listens on 127.0.0.1:{svc.port}, a "
-                         f"keyed proxy ({replica_door.unit_name(svc)}) on {replica_door.listen(svc)}")
+            why = (f"a replica behind the front door on {svc.router.host}: its engine leaves model routes open "
+                   "without its key" if svc.router else f"{svc.engine_name} holds no key")
+            notes.append(f"pool {svc.pool}: {why}: it listens on 127.0.0.1:{svc.port}, a keyed proxy "
+                         f"({replica_door.unit_name(svc)}) on {replica_door.listen(svc)}")
     for rp in plan.routers:  # the front doors this host runs (modelfleet.router)
         from modelfleet.router import preview
         door_files, door_notes = preview(rp)

@@ -5,6 +5,7 @@ problem collected as (where, field, message)."""
 from __future__ import annotations
 
 import difflib
+import ipaddress
 from dataclasses import replace
 from typing import Any
 
@@ -154,6 +155,10 @@ def _problems(where: str, svc: ServiceData, host: HostData, hw: Hardware, recipe
             and not engine.api_key_config_file:
         errors.append((where, "api_key_env", f"{svc.engine} holds no key: on loopback nothing would check "
                        f"{svc.api_key_env}; unset it, or set `bind_address` for a keyed proxy on that address"))
+    if keyed_door(svc, engine) and _ip(svc.bind_address) in WILDCARDS:
+        errors.append((where, "bind_address", f"{svc.bind_address} for {svc.engine}, which holds no key: its keyed "
+                       f"proxy would listen on every address of the port the engine holds on 127.0.0.1 (the kernel "
+                       "refuses both): give the one address clients use"))
     door_key = keys.from_env(svc.api_key_env) if keyed_door(svc, engine) and skipped is None else None
     if door_key and not PROXY_KEY.match(door_key.strip()):
         errors.append((where, "api_key_env", f"the value of {svc.api_key_env} (not shown) has characters the keyed "
@@ -196,6 +201,16 @@ def _problems(where: str, svc: ServiceData, host: HostData, hw: Hardware, recipe
                 if hw.vendor == "nvidia" else None)]
     errors += [(where, fld, f"recipe {recipe.id}: {msg}") for fld, msg in runtime if msg]
     return errors
+
+
+WILDCARDS = {ipaddress.ip_address("0.0.0.0"), ipaddress.ip_address("::")}  # every address of the host
+
+
+def _ip(text: str):
+    try:
+        return ipaddress.ip_address(text.strip("[]"))
+    except ValueError:
+        return None
 
 
 def keyed_door(svc: ServiceData, engine: Engine) -> bool:

@@ -55,7 +55,7 @@ def test_off_loopback_an_engine_that_holds_no_key_sits_behind_a_keyed_proxy_of_i
     assert replica_door.doors(plan) == [svc]
     conf = replica_door.render_conf(svc)
     assert f"listen 10.0.0.9:{svc.port};" in conf and f"server 127.0.0.1:{svc.port};" in conf
-    assert "if ($modelfleet_authorized = 0)" in conf and KEY not in conf
+    assert "if ($modelfleet_refusal = 401)" in conf and KEY not in conf
     [row] = rows(result, "h1")
     assert row["url"] == f"http://10.0.0.9:{svc.port}/v1" and row["front_door"] == "keyed proxy on h1"
 
@@ -64,6 +64,14 @@ def test_off_loopback_an_engine_that_holds_no_key_sits_behind_a_keyed_proxy_of_i
 def test_off_loopback_without_a_key_is_refused_naming_host_and_field(engine):
     [(where, fld, message)] = resolve([("h1", host(engine, bind_address="10.0.0.9"))]).errors
     assert (where, fld) == ("host h1", "bind_address") and "set `api_key_env`" in message
+
+
+@pytest.mark.parametrize("wildcard", ["0.0.0.0", "::", "[::]"])
+def test_a_keyed_proxy_on_every_address_is_refused(wildcard, monkeypatch):
+    """The proxy on 0.0.0.0:P beside the engine on 127.0.0.1:P: the kernel refuses the second bind."""
+    monkeypatch.setenv("DOOR_KEY", KEY)
+    errors = resolve([("h1", host("ollama", bind_address=wildcard, api_key_env="DOOR_KEY"))]).errors
+    assert [(w, f) for w, f, _ in errors] == [("host h1", "bind_address")], errors
 
 
 def test_a_key_the_keyed_proxy_cannot_hold_is_refused(monkeypatch):
@@ -187,7 +195,7 @@ def test_verify_asks_the_keyed_proxy_where_clients_do_and_its_health_path_stays_
     svc = plan.services[0]
     ep = endpoint(plan, svc)
     assert ep.base_url == "http://10.0.0.9:11434" and reachable_from_control_node(plan, svc)
-    assert "location = /api/version {" in replica_door.render_conf(svc)
+    assert '"~^/api/version(\\?|$)" 1;' in replica_door.render_conf(svc)
     assert "location = /health {" not in replica_door.render_conf(svc)
 
 
