@@ -3,6 +3,7 @@ to the inventory is registered through the router's worker API and a removed one
 of the router; a new front door gets its venv, files and unit."""
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -131,7 +132,10 @@ def test_a_new_front_door_is_installed_and_started(fake, uploads, monkeypatch, e
             f"--only-binary=:all: -r {p['lock']} && touch {venv}/.modelfleet-installed") in commands
     assert f"systemctl start {rp.unit_name}" in commands
     assert not any(router.list_command(rp) in c for c in commands)  # it starts with the replicas' file
-    assert uploads.files[p["workers"]] == "http://127.0.0.1:18011\nhttp://127.0.0.2:18012\n"
+    # smg's manifest of the replicas, which the unit hands it (and joins and leaves rewrite).
+    assert json.loads(uploads.files[p["workers"]]) == {"version": 1, "workers": [
+        {"url": "http://127.0.0.1:18011", "model_id": "tiny-lab"}, {"url": "http://127.0.0.2:18012",
+                                                                     "model_id": "tiny-lab"}]}
     assert uploads.files[p["key"]] == KEY + "\n" and uploads.files[p["config"]] == router.launcher_config(rp)
     assert not any(KEY in c for c in commands)  # the key only ever travels as a file's content
 
