@@ -94,12 +94,15 @@ def lock(s: RouterSpec) -> str:
 
 
 def install_command(rp: RouterPlan, index_url: str | None = None) -> list[str]:
-    """The venv and pip's install of lock() (on the host at paths()["lock"]): hashes required, wheels only;
-    from `index_url` (the host's router_pip_index_url) instead of PyPI where given."""
+    """The venv (built afresh) and pip's install of lock() (on the host at paths()["lock"]): hashes required,
+    wheels only; from `index_url` (the host's router_pip_index_url) instead of PyPI where given. The marker is
+    a copy of the lock it was built from: a venv of another lock (or of an older modelfleet's bare marker) is
+    built again."""
     v, p = venv(rp), paths(rp)
     index = ["--index-url", index_url] if index_url else []
-    return ["python3", "-m", "venv", v, "&&", f"{v}/bin/pip", "install", "-q", "--disable-pip-version-check",
-            "--require-hashes", "--only-binary=:all:", *index, "-r", p["lock"], "&&", "touch", p["installed"]]
+    return ["python3", "-m", "venv", "--clear", v, "&&", f"{v}/bin/pip", "install", "-q",
+            "--disable-pip-version-check", "--require-hashes", "--only-binary=:all:", *index, "-r", p["lock"], "&&",
+            "cp", "-f", p["lock"], p["installed"]]
 
 
 # The files beside a router's launcher config (router-NAME.json) and an nginx door's config (door-NAME.conf),
