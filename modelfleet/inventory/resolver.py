@@ -204,7 +204,7 @@ def _services(name: str, data: dict[str, Any], host: HostData, hw: Hardware | No
         svc = resolve_service(name, host, hw, raw, cat, errors, skipped)
         if svc is None:
             continue
-        for port in [svc.port, *(svc.port + offset for offset in svc.engine.side_ports)]:
+        for port in svc.ports:
             side = "" if port == svc.port else f" ({svc.engine_name} listens there too, at port + {port - svc.port})"
             if port in ports:
                 errors.append((where, "port", f"{port} is used by pools {ports[port]} and {svc.pool}{side}"))

@@ -145,7 +145,10 @@ def _door_problems(where: str, served: str, head, rhost: HostPlan, roles: dict[s
     if not _ip(bind):
         errors.append((where, "router_bind_address", f"unset, and the router host's address {bind!r} is not "
                        "an IP address to listen on: set router_bind_address"))
-    taken = {**reserved, rhost.ssh_port: "SSH", **{s.port: f"pool {s.pool}" for s in rhost.services}}
+    taken = {**reserved, rhost.ssh_port: "SSH"}
+    for s in rhost.services:
+        taken |= {port: f"pool {s.pool}" + ("" if port == s.port else f" ({s.engine_name} listens there too, at "
+                                                                       f"port + {port - s.port})") for port in s.ports}
     for port, what in ((head.router.port, "the front door"), (head.router.port + 1, "the router behind it"),
                        (head.router.port + 2, "the router's metrics")):
         if port > 65535 or port in taken:

@@ -240,3 +240,29 @@ def test_render_shows_the_keyed_proxy_the_run_writes_with_its_key_masked(tmp_pat
     for path, content, _, secret in replica_door.files(svc, KEY):
         assert (shown[path] == content) != secret  # the same file; the key map only masked
     assert KEY not in out.output
+
+
+def test_tokenspeeds_control_server_port_is_held_apart_from_a_front_door_on_its_host(monkeypatch):
+    """A front door on the host of a TokenSpeed service: its port may not be the engine's control server
+    (port + 1), which the front door's check and the host's claims name alike."""
+    monkeypatch.setenv("DOOR_KEY", KEY)
+    gateway = ("gw", host("tokenspeed", port=8799))
+    replica = ("a", {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "sglang", "recipe": "tiny-lab-sglang",
+                     "ssh_hostname": "192.0.2.61", "fabric_address": "192.0.2.61", "router": "gw",
+                     "api_key_env": "DOOR_KEY"})
+    errors = resolve([gateway, replica]).errors
+    assert [(w, f) for w, f, _ in errors] == [("router tiny-lab", "router_port")], errors
+    assert "port 8800 (the front door) is used by pool " in errors[0][2] and "at port + 1" in errors[0][2]
+    assert resolve([gateway, (replica[0], {**replica[1], "router_port": 8810})]).errors == []
+
+
+def test_tokenspeeds_control_server_port_is_a_claimed_port_of_its_host():
+    """A prefill server's bootstrap port on TokenSpeed's control server port (port + 1) of the same host."""
+    from modelfleet.catalog.routers import bootstrap_port
+
+    taken = bootstrap_port(CATALOG.recipes["kimi-k3-sglang-pd-prefill-b300"], "sglang")
+    data = host("tokenspeed", gpu_count=16, services=[
+        {"port": taken - 1, "pool": "ts"},
+        {"engine": "sglang", "recipe": "kimi-k3-sglang-pd-prefill-b300", "port": 30000, "pool": "prefill"}])
+    found = [(f, m) for w, f, m in resolve([("h1", data)]).errors if "one overwriting the other" in m]
+    assert found and f"port {taken} would be taken by both pool ts (its engine)" in found[0][1], found
