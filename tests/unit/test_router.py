@@ -291,6 +291,24 @@ def test_the_door_forwards_with_a_key_only_the_model_routes_matched_on_the_reque
         assert not pattern.match(path), path
 
 
+@pytest.mark.parametrize("python", ["3.10", "3.11", "3.12", "3.13"])
+def test_each_router_lock_pins_one_version_of_each_package_for_every_python_the_hosts_run(python):
+    """os.yaml's releases run Python 3.10 (Ubuntu 22.04) to 3.13: each router lock holds, for each, one pinned
+    version of every package with its hashes, with the router release itself; on 3.10 what aiohttp and anyio
+    need there alone (async-timeout, exceptiongroup)."""
+    from packaging.markers import Marker
+
+    env = {"python_version": python, "python_full_version": f"{python}.0", "sys_platform": "linux",
+           "platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython",
+           "platform_python_implementation": "CPython", "os_name": "posix"}
+    for s in router.specs().values():
+        lock = router.lock(s)
+        held = [name for name, _, marker in re.findall(r"^([a-z0-9-]+)==(\S+)(?: ; ([^\\\n]*))? \\$", lock, re.M)
+                if not marker or Marker(marker).evaluate(env)]
+        assert len(held) == len(set(held)) and s.package in held, (s.package, python, held)
+        assert python != "3.10" or {"async-timeout", "exceptiongroup"} <= set(held), (s.package, held)
+
+
 def test_the_router_venv_installs_the_catalogs_lock_with_every_hash_required():
     from modelfleet.inventory import resolve as resolve_inventory
 
@@ -298,9 +316,10 @@ def test_the_router_venv_installs_the_catalogs_lock_with_every_hash_required():
         rp = resolve(fleet(engine)).routers["tiny-lab"]
         s, p = router.spec(rp), router.paths(rp)
         lock = router.lock(s)
-        pins = dict(line.split(" ")[0].split("==") for line in lock.splitlines() if line[:1].isalpha())
-        assert pins[s.package] == s.version  # the router release itself, pinned beside its dependencies
-        entries = re.findall(r"^\S+==\S+ \\\n((?:    --hash=sha256:[0-9a-f]{64}(?: \\)?\n)+)", lock, re.M)
+        pins = [line.split(" ")[0].split("==") for line in lock.splitlines() if line[:1].isalpha()]
+        assert dict(pins)[s.package] == s.version  # the router release itself, pinned beside its dependencies
+        entries = re.findall(r"^\S+==\S+(?: ;[^\\\n]*)? \\\n((?:    --hash=sha256:[0-9a-f]{64}(?: \\)?\n)+)",
+                             lock, re.M)
         assert len(entries) == len(pins)  # every requirement carries its hashes
         command = router.install_command(rp)
         assert command[command.index("install"):] == [
