@@ -100,6 +100,7 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
     hosts: dict[str, HostPlan] = {}
     addresses: dict[tuple[str, int], str] = {}
     lone_routers: list[str] = []  # hosts with router_only
+    checked_hosts: dict[str, HostData] = {}
     if not entries:
         errors.append(("inventory", "hosts", "no hosts: the inventory defines no group with a host"))
     for name, data in entries:
@@ -107,6 +108,7 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
         if checked is None:
             continue
         host, hw = checked
+        checked_hosts[name] = host
         if host.router_only:
             lone_routers.append(name)
         gpu_count = host.gpu_count if host.gpu_count is not None else (hw.gpus_per_node if hw else 0)
@@ -129,6 +131,9 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
     pools = resolve_pools(hosts, errors)
     hosts = with_ranks(hosts, pools)
     door_warnings: list[tuple[str, str, str]] = []
+    scopes = routed.door_scopes(hosts)
+    for name, host in checked_hosts.items():
+        errors += applies.door_problems(host, scopes.get(name, set()), f"host {name}")
     hosts, routers = routed.resolve(hosts, pools, errors, RESERVED_PORTS, offline=offline, warnings=door_warnings)
     errors += claims.collisions(hosts)
     errors, fleet = applies.fleet_wide(errors, sources or {})

@@ -55,6 +55,21 @@ def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list
     return out, routers
 
 
+def door_scopes(hosts: dict[str, HostPlan]) -> dict[str, set[str]]:
+    """host -> the front-door scopes that hold there (modelfleet.inventory.applies): a service names it in
+    `router`; one of those routers checks no key itself (an engine with no router in the catalog counts, its
+    own error said by the front door's check)."""
+    out: dict[str, set[str]] = {}
+    for plan in hosts.values():
+        for svc in plan.services:
+            if svc.router:
+                scopes = out.setdefault(svc.router.host, {"front_door"})
+                rspec = specs().get(svc.engine_name)
+                if rspec is None or rspec.auth == "proxy":
+                    scopes.add("open_router")
+    return out
+
+
 def _front_door(hosts: dict[str, HostPlan], router_host: str, served: str, services: list, lone: bool,
                 routers: dict[str, RouterPlan], errors: list, reserved: dict[int, str],
                 offline: bool, warnings: list | None = None) -> RouterPlan | None:
