@@ -230,9 +230,10 @@ class HostData(BaseModel):
                               "in `router`), no engine: no `services` nor `model`, `hardware` unset (the catalog's "
                               "`cpu` board, no GPUs) and no driver, checkpoint or engine image.")
     router_pip_index_url: Annotated[str, _fits(_index_url)] | None = Field(
-        None, description="The package index (a PEP 503 simple URL, e.g. a site mirror) this host's pip installs "
-        "a front door's router and its dependencies from; each wheel's sha256 is checked against the catalog's "
-        "lock all the same. Unset: PyPI.", json_schema_extra=applies("front_door"))
+        None, description="The package index (a PEP 503 simple URL, e.g. a site mirror; plain HTTP off loopback "
+        "is trusted for it) or `file:///` folder of wheels on the host that this host's pip installs a front "
+        "door's router and its dependencies from; each wheel's sha256 is checked against the catalog's lock all "
+        "the same. Unset: PyPI.", json_schema_extra=applies("front_door"))
     router_worker_firewall: bool = Field(True, description="A front door whose router checks no key itself "
                                          "(vLLM's) gets an nftables rule, loaded by the router's unit, that lets "
                                          "only the door's and the router's users reach the router on loopback; "

@@ -4,6 +4,7 @@ test_inventory_routed.py; the routers catalog held to the real routers' help: te
 
 import json
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -309,6 +310,23 @@ def test_each_router_lock_pins_one_version_of_each_package_for_every_python_the_
         assert python != "3.10" or {"async-timeout", "exceptiongroup"} <= set(held), (s.package, held)
 
 
+@pytest.mark.parametrize("url,args", [
+    ("https://pypi.site/simple", ["--index-url", "https://pypi.site/simple"]),
+    ("http://127.0.0.1:3141/simple", ["--index-url", "http://127.0.0.1:3141/simple"]),  # pip trusts loopback
+    ("http://localhost/simple", ["--index-url", "http://localhost/simple"]),
+    ("http://pypi.site:3141/root/simple", ["--index-url", "http://pypi.site:3141/root/simple", "--trusted-host",
+                                           "pypi.site:3141"]),
+    ("http://10.0.0.7/simple", ["--index-url", "http://10.0.0.7/simple", "--trusted-host", "10.0.0.7"]),
+    ("file:///srv/router%20wheels", ["--no-index", "--find-links", "/srv/router wheels"]),
+])
+def test_the_sites_index_is_one_pip_reads(url, args):
+    """pip ignores a plain-HTTP index off loopback unless trusted (the lock's hashes still check each file),
+    and reads a file:// folder of wheels only as --find-links."""
+    rp = resolve(fleet("sglang")).routers["tiny-lab"]
+    command = router.install_command(rp, url)
+    assert command[command.index("--only-binary=:all:") + 1:command.index("-r")] == args
+
+
 def test_the_router_venv_installs_the_catalogs_lock_with_every_hash_required():
     from modelfleet.inventory import resolve as resolve_inventory
 
@@ -331,3 +349,35 @@ def test_the_router_venv_installs_the_catalogs_lock_with_every_hash_required():
     assert ["--index-url", mirror, "-r"] == command[command.index("--index-url"):][:3]
     bad = resolve_inventory([("r1", {**fleet("sglang")[0][1], "router_pip_index_url": "https://u:p@mirror/simple"})])
     assert [e for e in bad.errors if e[1] == "router_pip_index_url"] != []
+
+
+@pytest.mark.slow
+def test_a_wheelhouse_folder_installs_through_the_products_own_command(tmp_path):
+    """router_pip_index_url = file:///<folder of wheels>: the real pip, run with the command the stage sends,
+    installs the locked wheel from it (as --index-url, pip looked for a PEP 503 tree there and found nothing)."""
+    import hashlib
+    import os
+    import subprocess
+    import zipfile
+
+    house = tmp_path / "wheel house"
+    house.mkdir()
+    wheel = house / "mf_probe-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as whl:
+        whl.writestr("mf_probe/__init__.py", "")
+        whl.writestr("mf_probe-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: mf-probe\nVersion: 1.0\n")
+        whl.writestr("mf_probe-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        whl.writestr("mf_probe-1.0.dist-info/RECORD", "")
+    lock = tmp_path / "lock.txt"
+    lock.write_text(f"mf-probe==1.0 \\\n    --hash=sha256:{hashlib.sha256(wheel.read_bytes()).hexdigest()}\n")
+    rp = resolve(fleet("sglang")).routers["tiny-lab"]
+    p, venv = router.paths(rp), tmp_path / "venv"
+    command = [str(lock) if a == p["lock"] else str(venv / ".modelfleet-installed") if a == p["installed"]
+               else a.replace(router.venv(rp), str(venv))
+               for a in router.install_command(rp, "file://" + str(house).replace(" ", "%20"))]
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PIP_")}, "PIP_CONFIG_FILE": os.devnull}
+    done = subprocess.run(" ".join(a if a == "&&" else shlex.quote(a) for a in command), shell=True, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert list(venv.glob("lib/python*/site-packages/mf_probe/__init__.py"))
+    assert (venv / ".modelfleet-installed").read_text() == lock.read_text()
