@@ -377,7 +377,8 @@ def registration_steps(svc: ServicePlan) -> list[str]:
 
 
 def address_env(svc: ServicePlan) -> dict[str, str]:
-    """An engine configured through its environment (Ollama's OLLAMA_HOST): the address and port it listens on;
+    """An engine configured through its environment (Ollama's OLLAMA_HOST): the address and port it listens on,
+    its store and what keeps its model served (the keys of Engine.own_env, which validate refuses in any env);
     set last, so neither the recipe nor the inventory's env moves it."""
     engine, reg = svc.engine, svc.engine.registration
     env = {**reg.env, reg.store_env: CONTAINER_STORE} if reg else {}

@@ -220,6 +220,19 @@ def test_the_env_may_not_move_ollamas_address_or_store():
     assert all("set by modelfleet for ollama" in m for _, _, m in errors)
 
 
+def test_the_env_may_set_nothing_modelfleet_sets_for_ollama():
+    """OLLAMA_KEEP_ALIVE (modelfleet keeps the registered model loaded: -1) in the inventory's env was
+    overwritten in silence: every variable render.address_env sets is refused, naming host and field."""
+    svc = resolve([("h1", host("ollama"))]).hosts["h1"].services[0]
+    own = render.address_env(svc)
+    assert "OLLAMA_KEEP_ALIVE" in own
+    errors = resolve([("h1", host("ollama", env={key: "5m" for key in own}))]).errors
+    assert [(w, f) for w, f, _ in errors] == [("host h1", f"env.{key}") for key in sorted(own)], errors
+    assert all("set by modelfleet for ollama" in m for _, _, m in errors)
+    assert set(own) == set(svc.engine.own_env())  # one list: what render sets is what validate refuses
+    assert resolve([("h1", host("ollama", env={"OLLAMA_FLASH_ATTENTION": "1"}))]).errors == []
+
+
 def test_tokenspeeds_control_server_port_is_held_apart_from_other_services():
     """`tokenspeed serve` also listens on port + 1 (its control server): a service of the host there is refused."""
     data = host("tokenspeed", services=[{"port": 8000}, {"model": "kimi-k3", "engine": "tokenspeed",
