@@ -386,8 +386,12 @@ def address_env(svc: ServicePlan) -> dict[str, str]:
 
 
 def listed_name(svc: ServicePlan) -> str:
-    """The served name as the engine's /v1/models lists it (Ollama adds its default tag, `:latest`)."""
-    return svc.engine.listed_name.format(name=svc.served_name)
+    """The served name as the engine's /v1/models lists it: Ollama adds its default tag (`:latest`) to a name
+    without one, and lists a tagged name (`tiny:q4`; a tag follows the last `/`) as it is."""
+    name = svc.served_name
+    if svc.engine.listed_name.startswith("{name}:") and ":" in name.rsplit("/", 1)[-1]:
+        return name
+    return svc.engine.listed_name.format(name=name)
 
 
 def render_env(svc: ServicePlan, mask: bool = False) -> str:

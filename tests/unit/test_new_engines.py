@@ -233,6 +233,16 @@ def test_the_env_may_set_nothing_modelfleet_sets_for_ollama():
     assert resolve([("h1", host("ollama", env={"OLLAMA_FLASH_ATTENTION": "1"}))]).errors == []
 
 
+@pytest.mark.parametrize("served,listed", [("tiny", "tiny:latest"), ("tiny:q4", "tiny:q4"),
+                                           ("site.example:5000/team/tiny", "site.example:5000/team/tiny:latest")])
+def test_readiness_waits_for_the_name_ollama_lists(served, listed):
+    """Ollama adds `:latest` only to a name without a tag: readiness and verify wait for `tiny:q4` itself."""
+    result = resolve([("h1", host("ollama", served_name=served))])
+    assert result.errors == []
+    svc = result.hosts["h1"].services[0]
+    assert render.listed_name(svc) == listed
+
+
 def test_tokenspeeds_control_server_port_is_held_apart_from_other_services():
     """`tokenspeed serve` also listens on port + 1 (its control server): a service of the host there is refused."""
     data = host("tokenspeed", services=[{"port": 8000}, {"model": "kimi-k3", "engine": "tokenspeed",
