@@ -136,8 +136,11 @@ def test_the_planner_sizes_ollamas_gpu_layers_and_the_rest_goes_to_host_ram():
     report = plan_capacity(model, h200, 1, recipe=recipe)
     assert report.fits and report.reason.startswith("fits by layer: 11 of 61 layers on the GPUs")
     assert not plan_capacity(model, h200, 1, recipe=recipe, host_ram_gib=256).fits
-    # Ollama keeps its own copy of the file it registers: one more checkpoint of disk.
-    assert report.disk_needed_bytes == pytest.approx(649.0e9 * (2 + 0.05 + 1))
+    # Ollama keeps its own copy of the file it registers beside each revision on disk (served + 1 kept).
+    assert report.disk_needed_bytes == pytest.approx(649.0e9 * (2 + 0.05 + 2))
+    # Three revisions kept for rollback: four revisions on disk, each with its store.
+    kept = plan_capacity(model, h200, 1, recipe=recipe, keep_revisions=3)
+    assert kept.disk_needed_bytes == pytest.approx(649.0e9 * (4 + 0.05 + 4))
     lines = layer_lines(report, model, h200, recipe)
     assert lines[0] == "ollama offloads whole layers, not MoE experts: 11 of 61 layers on the GPUs (num_gpu 11), " \
                        "the rest in host RAM"
