@@ -452,7 +452,8 @@ def registration_steps(svc: ServicePlan) -> list[str]:
 
 
 def address_env(svc: ServicePlan) -> dict[str, str]:
-    """An engine configured through its environment (Ollama's OLLAMA_HOST): the address and port it listens on;
+    """An engine configured through its environment (Ollama's OLLAMA_HOST): the address and port it listens on,
+    its store and what keeps its model served (the keys of Engine.own_env, which validate refuses in any env);
     set last, so neither the recipe nor the inventory's env moves it."""
     engine, reg = svc.engine, svc.engine.registration
     env = {**reg.env, reg.store_env: CONTAINER_STORE} if reg else {}
@@ -460,8 +461,12 @@ def address_env(svc: ServicePlan) -> dict[str, str]:
 
 
 def listed_name(svc: ServicePlan) -> str:
-    """The served name as the engine's /v1/models lists it (Ollama adds its default tag, `:latest`)."""
-    return svc.engine.listed_name.format(name=svc.served_name)
+    """The served name as the engine's /v1/models lists it: Ollama adds its default tag (`:latest`) to a name
+    without one, and lists a tagged name (`tiny:q4`; a tag follows the last `/`) as it is."""
+    name = svc.served_name
+    if svc.engine.listed_name.startswith("{name}:") and ":" in name.rsplit("/", 1)[-1]:
+        return name
+    return svc.engine.listed_name.format(name=name)
 
 
 def render_env(svc: ServicePlan, mask: bool = False) -> str:

@@ -27,7 +27,7 @@ from modelfleet.grammar import slug
 from modelfleet.host_commands import revisions_dir
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.report import note, report_path, save_json
-from modelfleet.render import CONTAINER_MODEL_DIR, DOCKER
+from modelfleet.render import CONTAINER_MODEL_DIR, CONTAINER_MODELFILE, DOCKER
 from modelfleet.targets import canonical_ip
 from modelfleet.units import UNIT_DIR, unit_paths
 from modelfleet.weight_cache import unit_names
@@ -107,6 +107,8 @@ def described(unit: str, found: dict) -> Retired:
         mounts = [v for flag, v in zip(start, start[1:], strict=False) if flag == "-v"]
         checkpoint = settings.get("ReadOnlyPaths") if venv else next(
             (m.split(":")[0] for m in mounts if m.split(":")[1:2] == [CONTAINER_MODEL_DIR]), None)
+        # An engine that registers its checkpoint (Ollama): the Modelfile it is mounted from.
+        files += [m.split(":")[0] for m in mounts if m.split(":")[1:2] == [CONTAINER_MODELFILE]]
     config = next((arg for arg in start if arg.endswith(".json") and "/router-" in arg), None)
     if config and unit.startswith("modelfleet-router-"):  # a router: its launcher config, replicas and keys
         base = config[:-len(".json")]

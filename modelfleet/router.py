@@ -14,15 +14,16 @@ the manifest (render_manifest, edit_manifest_script) and the router re-reads it.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import shlex
 from pathlib import Path
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from pyinfra.api import FactBase
 
-from modelfleet import keys, render
+from modelfleet import grammar, keys, render
 from modelfleet.catalog import CATALOG_DIR, load_catalog
 from modelfleet.catalog.routers import (  # noqa: F401  (re-exported: callers name them modelfleet.router.*)
     PdBootstrap,
@@ -98,12 +99,30 @@ def lock(s: RouterSpec) -> str:
 
 
 def install_command(rp: RouterPlan, index_url: str | None = None) -> list[str]:
-    """The venv and pip's install of lock() (on the host at paths()["lock"]): hashes required, wheels only;
-    from `index_url` (the host's router_pip_index_url) instead of PyPI where given."""
+    """The venv (built afresh) and pip's install of lock() (on the host at paths()["lock"]): hashes required,
+    wheels only; from `index_url` (the host's router_pip_index_url) instead of PyPI where given. The marker is
+    a copy of the lock it was built from: a venv of another lock (or of an older modelfleet's bare marker) is
+    built again."""
     v, p = venv(rp), paths(rp)
-    index = ["--index-url", index_url] if index_url else []
-    return ["python3", "-m", "venv", v, "&&", f"{v}/bin/pip", "install", "-q", "--disable-pip-version-check",
-            "--require-hashes", "--only-binary=:all:", *index, "-r", p["lock"], "&&", "touch", p["installed"]]
+    return ["python3", "-m", "venv", "--clear", v, "&&", f"{v}/bin/pip", "install", "-q",
+            "--disable-pip-version-check", "--require-hashes", "--only-binary=:all:", *index_args(index_url), "-r", p["lock"], "&&",
+            "cp", "-f", p["lock"], p["installed"]]
+
+
+def index_args(index_url: str | None) -> list[str]:
+    """pip's arguments for router_pip_index_url: a file:// URL is a folder of wheels on the host (pip reads
+    one only as --find-links, and nothing else then); a plain-HTTP index off loopback is one pip ignores unless
+    trusted (the lock's hashes still check every file it serves)."""
+    if not index_url:
+        return []
+    parts = urlsplit(index_url)
+    if parts.scheme == "file":
+        return ["--no-index", "--find-links", unquote(parts.path)]
+    host = parts.hostname or ""
+    if parts.scheme == "http" and not (host == "localhost" or (grammar.address(host) is None and
+                                                               ipaddress.ip_address(host).is_loopback)):
+        return ["--index-url", index_url, "--trusted-host", parts.netloc]
+    return ["--index-url", index_url]
 
 
 # The files beside a router's launcher config (router-NAME.json) and an nginx door's config (door-NAME.conf),

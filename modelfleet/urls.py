@@ -156,6 +156,11 @@ def _front_doors(found: _Found, plan: HostPlan) -> None:
         found.add(f"{rp.base_url}/v1", FRONT_DOOR, f"{rp.served_name} for clients ({'TLS' if rp.tls else 'plain HTTP'})",
                   "clients (inbound)", plan.name)
         spec = router.spec(rp)
+        if plan.router_pip_index_url:
+            found.add(plan.router_pip_index_url, "pip index", f"{spec.package}=={spec.version} and its dependencies "
+                      "(router_pip_index_url; each wheel's sha256 from the catalog's lock)", "hosts (front doors)",
+                      plan.name)
+            continue
         found.add(PIP_DEFAULT_INDEX, "pip index", f"{spec.package}=={spec.version} (pip's default; a host's "
                   "pip.conf may name another)", "hosts (front doors)", plan.name)
 

@@ -258,6 +258,18 @@ class Engine(_Strict):
             raise ValueError("give host_flag, port_flag and served_name_flag, or address_env")
         return self
 
+    def own_env(self) -> dict[str, str]:
+        """The environment modelfleet sets itself for the engine (modelfleet.render.address_env), each variable
+        with what it carries: no recipe or inventory env may set one (it would be overwritten)."""
+        reg = self.registration
+        out = {key: f"{value} (the engine entry's, to keep a registered model served)"
+               for key, value in (reg.env if reg else {}).items()}
+        if reg:
+            out[reg.store_env] = "its store on the model root"
+        if self.address_env:
+            out[self.address_env] = "bind_address and port"
+        return out
+
 
 class Layout(_Strict):
     tp: Size = 1

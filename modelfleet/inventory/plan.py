@@ -214,6 +214,12 @@ class ServicePlan:
         return (f"{self.recipe.gguf_quant}/*",) if self.recipe.gguf_quant and self.model.gguf else ()
 
     @property
+    def ports(self) -> tuple[int, ...]:
+        """Every port the service's engine listens on: its own, then its side ports (TokenSpeed's control server
+        on port + 1), from the engine entry."""
+        return (self.port, *(self.port + offset for offset in self.engine.side_ports))
+
+    @property
     def unit_name(self) -> str:
         return f"modelfleet-{self.unit_stem or self.pool}.service"
 

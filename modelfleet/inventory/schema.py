@@ -86,8 +86,9 @@ def _bind(value: str) -> str | None:
 
 # Where a setting can apply (its `json_schema_extra`): the resolver refuses a value other than the default on a
 # host or service where it cannot (modelfleet.inventory.applies), so no setting vanishes in silence.
-def applies(scope: str) -> dict[str, str]:
-    return {"applies": scope}
+# `strict`: turning it off counts as asking too (a defence turned off where it is not is meant for another host).
+def applies(scope: str, strict: bool = False) -> dict[str, str | bool]:
+    return {"applies": scope, **({"strict": True} if strict else {})}
 
 
 Name = Annotated[str, _fits(grammar.name)]
@@ -245,14 +246,16 @@ class HostData(BaseModel):
                               "in `router`), no engine: no `services` nor `model`, `hardware` unset (the catalog's "
                               "`cpu` board, no GPUs) and no driver, checkpoint or engine image.")
     router_pip_index_url: Annotated[str, _fits(_index_url)] | None = Field(
-        None, description="The package index (a PEP 503 simple URL, e.g. a site mirror) this host's pip installs "
-        "a front door's router and its dependencies from; each wheel's sha256 is checked against the catalog's "
-        "lock all the same. Unset: PyPI.")
+        None, description="The package index (a PEP 503 simple URL, e.g. a site mirror; plain HTTP off loopback "
+        "is trusted for it) or `file:///` folder of wheels on the host that this host's pip installs a front "
+        "door's router and its dependencies from; each wheel's sha256 is checked against the catalog's lock all "
+        "the same. Unset: PyPI.", json_schema_extra=applies("front_door"))
     router_worker_firewall: bool = Field(True, description="A front door whose router checks no key itself "
                                          "(vLLM's) gets an nftables rule, loaded by the router's unit, that lets "
                                          "only the door's and the router's users reach the router on loopback; "
                                          "false only where the host takes no nftables rules (a container without "
-                                         "NET_ADMIN, as the lab's hosts): any local process then reaches it.")
+                                         "NET_ADMIN, as the lab's hosts): any local process then reaches it.",
+                                         json_schema_extra=applies("open_router", strict=True))
     services: Annotated[list[dict[str, Any]], Field(min_length=1)] | None = Field(
         None, description="Several services on one host, each entry a set of service settings; unset: the "
         "host's own service settings are its one service.")

@@ -233,11 +233,12 @@ def _problems(where: str, svc: ServiceData, host: HostData, hw: Hardware, recipe
                                                                                    svc.engine)]
     errors += [(where if key in svc.env else f"recipe {recipe.id}", f"env.{key}", problem)
                for key in {**recipe.env, **svc.env} if (problem := masking.env_name_problem(key))]
-    # What modelfleet sets in the engine's environment itself (its address, its store): not the env's to move.
-    own = {engine.address_env, engine.registration.store_env if engine.registration else None} - {None}
+    # What modelfleet sets in the engine's environment itself (its address, its store, its keep-alive): not the
+    # env's to move (it would be overwritten in silence).
+    own = engine.own_env()
     errors += [(where if key in svc.env else f"recipe {recipe.id}", f"env.{key}", f"set by modelfleet for "
-                f"{svc.engine} (bind_address and port; its store on the model root)")
-               for key in sorted(own & {*recipe.env, *svc.env})]
+                f"{svc.engine} ({own[key]}): take it out")
+               for key in sorted(set(own) & {*recipe.env, *svc.env})]
     for param, spec in recipe.parameters.items():
         if param not in svc.recipe_params:
             errors.append((where, f"recipe_params.{param}", f"recipe {recipe.id} needs it ({spec.flag}); "

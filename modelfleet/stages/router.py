@@ -7,6 +7,7 @@ asked without the key). Runs after the service stage, so the replicas of this ru
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 from contextlib import nullcontext
 from dataclasses import replace
@@ -165,8 +166,9 @@ def _front_door(ctx: HostRun, rp: RouterPlan, deployed: dict, launcher_changed: 
         fail_host(name=f"Front door {rp.name}", reasons=[f"router {rp.name}: api_key_env {rp.api_key_env} is not "
                                                          "set on the control node: no front door without a key"])
         return
-    installed = bool(at(p["installed"]))
     lock = router.lock(spec)
+    # Built from this lock (the marker is its copy): a venv of an older lock is built again.
+    installed = (at(p["installed"]) or {}).get("sha256") == hashlib.sha256(lock.encode()).hexdigest()
     content_file(name=f"Wheels and hashes of {spec.package} {spec.version} ({p['lock']})", dest=p["lock"],
                  content=lock, current=at(p["lock"]))
     venv_installed(name=f"{spec.package} {spec.version} in {router.venv(rp)} (hashes required)",

@@ -4,6 +4,7 @@ test_inventory_routed.py; the routers catalog held to the real routers' help: te
 
 import json
 import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -330,6 +331,43 @@ def test_the_door_forwards_with_a_key_only_the_model_routes_matched_on_the_reque
         assert not pattern.match(path), path
 
 
+@pytest.mark.parametrize("python", ["3.10", "3.11", "3.12", "3.13"])
+def test_each_router_lock_pins_one_version_of_each_package_for_every_python_the_hosts_run(python):
+    """os.yaml's releases run Python 3.10 (Ubuntu 22.04) to 3.13: each router lock holds, for each, one pinned
+    version of every package with its hashes, with the router release itself; on 3.10 what aiohttp and anyio
+    need there alone (async-timeout, exceptiongroup)."""
+    from packaging.markers import Marker
+
+    env = {"python_version": python, "python_full_version": f"{python}.0", "sys_platform": "linux",
+           "platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython",
+           "platform_python_implementation": "CPython", "os_name": "posix"}
+    for s in router.specs().values():
+        lock = router.lock(s)
+        held = [name for name, _, marker in re.findall(r"^([a-z0-9-]+)==(\S+)(?: ; ([^\\\n]*))? \\$", lock, re.M)
+                if not marker or Marker(marker).evaluate(env)]
+        assert len(held) == len(set(held)) and s.package in held, (s.package, python, held)
+        # aiohttp and anyio (vllm-router's) need these on 3.10 alone
+        assert python != "3.10" or "aiohttp" not in held or {"async-timeout", "exceptiongroup"} <= set(held), \
+            (s.package, held)
+
+
+@pytest.mark.parametrize("url,args", [
+    ("https://pypi.site/simple", ["--index-url", "https://pypi.site/simple"]),
+    ("http://127.0.0.1:3141/simple", ["--index-url", "http://127.0.0.1:3141/simple"]),  # pip trusts loopback
+    ("http://localhost/simple", ["--index-url", "http://localhost/simple"]),
+    ("http://pypi.site:3141/root/simple", ["--index-url", "http://pypi.site:3141/root/simple", "--trusted-host",
+                                           "pypi.site:3141"]),
+    ("http://10.0.0.7/simple", ["--index-url", "http://10.0.0.7/simple", "--trusted-host", "10.0.0.7"]),
+    ("file:///srv/router%20wheels", ["--no-index", "--find-links", "/srv/router wheels"]),
+])
+def test_the_sites_index_is_one_pip_reads(url, args):
+    """pip ignores a plain-HTTP index off loopback unless trusted (the lock's hashes still check each file),
+    and reads a file:// folder of wheels only as --find-links."""
+    rp = resolve(fleet("sglang")).routers["tiny-lab"]
+    command = router.install_command(rp, url)
+    assert command[command.index("--only-binary=:all:") + 1:command.index("-r")] == args
+
+
 def test_the_router_venv_installs_the_catalogs_lock_with_every_hash_required():
     from modelfleet.inventory import resolve as resolve_inventory
 
@@ -337,17 +375,19 @@ def test_the_router_venv_installs_the_catalogs_lock_with_every_hash_required():
         rp = resolve(fleet(engine)).routers["tiny-lab"]
         s, p = router.spec(rp), router.paths(rp)
         lock = router.lock(s)
-        pins = dict(line.split(" ")[0].split("==") for line in lock.splitlines() if line[:1].isalpha())
-        assert pins[s.package] == s.version  # the router release itself, pinned beside its dependencies
-        entries = re.findall(r"^\S+==\S+ \\\n((?:    --hash=sha256:[0-9a-f]{64}(?: \\)?\n)+)", lock, re.M)
+        pins = [line.split(" ")[0].split("==") for line in lock.splitlines() if line[:1].isalpha()]
+        assert dict(pins)[s.package] == s.version  # the router release itself, pinned beside its dependencies
+        entries = re.findall(r"^\S+==\S+(?: ;[^\\\n]*)? \\\n((?:    --hash=sha256:[0-9a-f]{64}(?: \\)?\n)+)",
+                             lock, re.M)
         assert len(entries) == len(pins)  # every requirement carries its hashes
         command = router.install_command(rp)
         assert command[command.index("install"):] == [
             "install", "-q", "--disable-pip-version-check", "--require-hashes", "--only-binary=:all:", "-r",
-            p["lock"], "&&", "touch", p["installed"]]
+            p["lock"], "&&", "cp", "-f", p["lock"], p["installed"]]
         assert {f["path"]: f["content"] for f in router.preview(rp)[0]}[p["lock"]] == lock
     mirror = "https://pypi.mirror.example/simple"
-    assert ["--index-url", mirror, "-r"] == router.install_command(rp, mirror)[-7:-4]
+    command = router.install_command(rp, mirror)
+    assert ["--index-url", mirror, "-r"] == command[command.index("--index-url"):][:3]
     bad = resolve_inventory([("r1", {**fleet("sglang")[0][1], "router_pip_index_url": "https://u:p@mirror/simple"})])
     assert [e for e in bad.errors if e[1] == "router_pip_index_url"] != []
 
@@ -362,3 +402,35 @@ def test_a_tokenspeed_pools_front_door_is_smg_too():
     rp = result.routers["kimi-k3"]
     assert router.summary(rp)["router"] == "smg 1.13.0" and router.watches_manifest(rp)
     assert json.loads(router.launcher_config(rp))["module"] == "smg.launch_router"
+
+
+@pytest.mark.slow
+def test_a_wheelhouse_folder_installs_through_the_products_own_command(tmp_path):
+    """router_pip_index_url = file:///<folder of wheels>: the real pip, run with the command the stage sends,
+    installs the locked wheel from it (as --index-url, pip looked for a PEP 503 tree there and found nothing)."""
+    import hashlib
+    import os
+    import subprocess
+    import zipfile
+
+    house = tmp_path / "wheel house"
+    house.mkdir()
+    wheel = house / "mf_probe-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as whl:
+        whl.writestr("mf_probe/__init__.py", "")
+        whl.writestr("mf_probe-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: mf-probe\nVersion: 1.0\n")
+        whl.writestr("mf_probe-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        whl.writestr("mf_probe-1.0.dist-info/RECORD", "")
+    lock = tmp_path / "lock.txt"
+    lock.write_text(f"mf-probe==1.0 \\\n    --hash=sha256:{hashlib.sha256(wheel.read_bytes()).hexdigest()}\n")
+    rp = resolve(fleet("sglang")).routers["tiny-lab"]
+    p, venv = router.paths(rp), tmp_path / "venv"
+    command = [str(lock) if a == p["lock"] else str(venv / ".modelfleet-installed") if a == p["installed"]
+               else a.replace(router.venv(rp), str(venv))
+               for a in router.install_command(rp, "file://" + str(house).replace(" ", "%20"))]
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PIP_")}, "PIP_CONFIG_FILE": os.devnull}
+    done = subprocess.run(" ".join(a if a == "&&" else shlex.quote(a) for a in command), shell=True, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert list(venv.glob("lib/python*/site-packages/mf_probe/__init__.py"))
+    assert (venv / ".modelfleet-installed").read_text() == lock.read_text()
