@@ -30,7 +30,15 @@ def installed(tmp_path_factory):
     suite's dependencies (same versions, nothing downloaded) through a path entry, but not the checkout: the
     package can only come from the wheel. Returns (bin dir, working directory)."""
     top = tmp_path_factory.mktemp("installed")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(top / "dist"), str(ROOT)],
+    # Built from a copy of the files git would clone (an ignored build/ of the checkout never reaches the wheel).
+    source = top / "source"
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout.splitlines()
+    for rel in listed:
+        if (ROOT / rel).is_file():
+            (source / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, source / rel)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(top / "dist"), str(source)],
                    check=True, capture_output=True)
     venv = top / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)

@@ -29,8 +29,14 @@ def test_the_wheel_validates_plans_and_renders_outside_the_checkout(installed):
     render = run(bin_dir, work, "modelfleet", "render", "inventories/prod.py", "b300-01")
     assert render.returncode == 0, render.stderr
     assert "[Service]" in render.stdout and "ExecStart=" in render.stdout  # the shipped template
-    assert "modelfleet_fetch.py" in run(bin_dir, work, "python", "-c", "from modelfleet import FILES_DIR; "
-                                        "print(sorted(p.name for p in FILES_DIR.iterdir()))").stdout
+    # Every file of the package in the checkout is in the wheel (a file read at import time and left out of
+    # package-data breaks every command of an installed modelfleet, not the checkout's).
+    installed_root = run(bin_dir, work, "python", "-c", "import modelfleet, pathlib; "
+                         "print(pathlib.Path(modelfleet.__file__).parent)").stdout.strip()
+    tracked = subprocess.run(["git", "ls-files", "modelfleet"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    missing = [path for path in tracked if not os.path.exists(os.path.join(installed_root, path.split("/", 1)[1]))]
+    assert missing == [], f"tracked but not installed (pyproject.toml's package-data): {missing}"
     lab = run(bin_dir, work, "modelfleet", "lab", "status")
     assert lab.returncode != 0 and "checkout" in lab.stderr  # the lab is not part of the package
 
