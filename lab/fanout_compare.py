@@ -15,8 +15,10 @@ directory on the same disk by, in turn, each run:
   aria2c       `aria2c -x1 -s1 -j --workers` with each file's sha-256 from an input file, when aria2c is installed
                (one stream per file: the peer server answers no range requests)
   cp           `cp` of every file, --workers at a time (no network, no check)
-  *-baseline   with --baseline OLD: fetch and curl again against OLD's own server (`OLD serve DIR ADDR PORT`,
-               root, no token) and OLD's receiver: what the token and the unprivileged server cost
+  *-baseline   with --baseline OLD: fetch and curl again against OLD's own server and OLD's receiver. An OLD
+               that reads its server's job on stdin gets the same token (its own challenge, without the
+               proof keys): what a change of the fetch script costs; an older one (`OLD serve DIR ADDR PORT`,
+               root, no token): what the token and the unprivileged server cost
 Each method's time ends after `sync` of the destination's filesystem, so bytes still in the page cache are not
 counted as written. The source is read once first, so every method reads it from the page cache.
 Prints one JSON document: every run's seconds and MB/s, each client's CPU seconds per GB, the medians, each method's median rate over curl's, and
@@ -113,12 +115,12 @@ def main() -> int:
     total = sum(m["size"] for m in files.values())
     rels = sorted(files)
     subprocess.run(f"cat {src}/* > /dev/null", shell=True, check=True)  # the source in the page cache
-    token = os.urandom(32).hex()
+    token, key, source_name = os.urandom(32).hex(), os.urandom(32).hex(), "bench-source"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     serve_job = work / "serve.json"
     serve_job.write_text(json.dumps({"dir": str(src), "address": "127.0.0.1", "port": port, "token": token,
-                                     "files": rels, "rate_mb_s": None}))
+                                     "files": rels, "rate_mb_s": None, "name": source_name, "proof_key": key}))
     serve_job.chmod(0o600)
     unit = f"modelfleet-fanout-compare-{port}"
     if args.unprivileged:  # as the stages start it: systemd opens the job, the server runs as a dynamic user
@@ -129,12 +131,20 @@ def main() -> int:
     else:
         servers = [subprocess.Popen([sys.executable, str(FETCH), "serve"], stdin=serve_job.open("rb"),
                                     stderr=subprocess.DEVNULL)]
-    old_url = None
+    old_url, tokened = None, False
     if args.baseline:
         old_port = free_port()
         old_url = f"http://127.0.0.1:{old_port}"
-        servers.append(subprocess.Popen([sys.executable, str(args.baseline), "serve", str(src), "127.0.0.1",
-                                         str(old_port)], stderr=subprocess.DEVNULL))
+        tokened = "json.load(sys.stdin)" in args.baseline.read_text()
+        if tokened:  # its job on stdin, the same token
+            old_serve = work / "serve-baseline.json"
+            old_serve.write_text(json.dumps({"dir": str(src), "address": "127.0.0.1", "port": old_port,
+                                             "token": token, "files": rels, "rate_mb_s": None}))
+            servers.append(subprocess.Popen([sys.executable, str(args.baseline), "serve"],
+                                            stdin=old_serve.open("rb"), stderr=subprocess.DEVNULL))
+        else:
+            servers.append(subprocess.Popen([sys.executable, str(args.baseline), "serve", str(src), "127.0.0.1",
+                                             str(old_port)], stderr=subprocess.DEVNULL))
     for address in [port] + ([old_port] if args.baseline else []):
         for _ in range(100):
             try:
@@ -144,10 +154,10 @@ def main() -> int:
                 time.sleep(0.05)
     job = work / "job.json"
     job_text = json.dumps({"repo": "bench/fanout", "commit": "0" * 40, "endpoint": url, "dest": str(dest),
-                           "token_file": None, "files": files, "token": token})
+                           "token_file": None, "files": files, "token": token, "proofs": {source_name: key}})
     old_job = work / "job-baseline.json"
-    old_job.write_text(json.dumps({"repo": "bench/fanout", "commit": "0" * 40, "endpoint": url, "dest": str(dest),
-                                   "token_file": None, "files": files}))
+    old_job_text = json.dumps({"repo": "bench/fanout", "commit": "0" * 40, "endpoint": url, "dest": str(dest),
+                               "token_file": None, "files": files, **({"token": token} if tokened else {})})
     header = work / "curl-header"
     header.write_text(f"Authorization: Bearer {token}\n")  # curl reads it from a file: never in argv
     header.chmod(0o600)
@@ -159,12 +169,14 @@ def main() -> int:
     w = args.workers
     curl = f"curl -sSf -H @{header}"
     methods = {
-        "fetch": lambda: [sys.executable, str(FETCH), str(fresh(job, job_text)), "peer", url],
+        "fetch": lambda: [sys.executable, str(FETCH), str(fresh(job, job_text)), "peer", url, f"--source-name={source_name}"],
         "curl": lambda: parallel(f"{curl} -o {dest}/{{}} {url}/{{}}", rels, w),
         "curl+sha256": lambda: (parallel(f"{curl} -o {dest}/{{}} {url}/{{}}", rels, w) + f" && cd {dest} && "
                                 + parallel("sha256sum {}", rels, w) + f" | sort -k2 | diff - {sums}"),
-        **({"fetch-baseline": lambda: [sys.executable, str(args.baseline), str(old_job), "peer", old_url],
-            "curl-baseline": lambda: parallel(f"curl -sSf -o {dest}/{{}} {old_url}/{{}}", rels, w)}
+        **({"fetch-baseline": lambda: [sys.executable, str(args.baseline), str(fresh(old_job, old_job_text)), "peer",
+                                       old_url],
+            "curl-baseline": lambda: parallel(f"{curl if tokened else 'curl -sSf'} -o {dest}/{{}} {old_url}/{{}}",
+                                              rels, w)}
            if args.baseline else {}),
         "cp": lambda: parallel(f"cp {src}/{{}} {dest}/{{}}", rels, w),
     }

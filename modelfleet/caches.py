@@ -3,8 +3,9 @@ cache roots (the catalog's `caches:` per engine) point into one directory on the
 <model_root>/.cache/<engine>/<key>, mounted read-write at /cache. The key is a short hash of what invalidates
 those caches: the image (its digest when pinned), the GPU model, the driver branch, the model revision, the
 engine's full argument list (but where it listens and where its pool meets), the parallel layout and the node's
-rank. A change of any of them starts a new directory; the inputs are written beside the caches (.modelfleet-cache-key.json) so an operator can see why a
-key changed. Old keys are pruned like old revisions: the newest `model_keep_revisions` besides those in use."""
+rank. A change of any of them starts a new directory; the inputs are written beside it (<key>.key.json in the
+engine's root, where the container cannot write: root never writes in the directory the container does) so an
+operator can see why a key changed. Old keys are pruned like old revisions: the newest `model_keep_revisions` besides those in use."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from modelfleet.host_commands import revisions_dir
 from modelfleet.inventory import ServicePlan
 
 CONTAINER_DIR = "/cache"
-KEY_FILE = ".modelfleet-cache-key.json"
+KEY_FILE = ".key.json"  # after the key, beside its directory
 KEY_LENGTH = 16
 KEY_RE = re.compile(rf"[0-9a-f]{{{KEY_LENGTH}}}")
 
@@ -39,7 +40,7 @@ class EngineCache:
 
     @property
     def key_file(self) -> str:
-        return f"{self.dir}/{KEY_FILE}"
+        return f"{self.dir}{KEY_FILE}"
 
     @property
     def key_json(self) -> str:
@@ -114,10 +115,11 @@ def stale_keys(entries: list[str] | None, in_use: set[str]) -> list[str]:
 
 
 def prune_command(root: str, stale: list[str], keep: int) -> StringCommand:
-    """Remove all but the `keep` most recently changed of `stale` (names checked by KEY_RE, all under root)."""
+    """Remove all but the `keep` most recently changed of `stale` (names checked by KEY_RE, all under root), each
+    with its key file."""
     names = " ".join(shlex.quote(name) for name in stale)
     script = (f"cd {shlex.quote(root)} && ls -dt -- {names} | tail -n +{keep + 1} | "
-              "xargs -r rm -rf --")
+              f"xargs -r -I@ rm -rf -- @ @{KEY_FILE}")
     return StringCommand("sh", "-c", shlex.quote(script))
 
 

@@ -4,7 +4,8 @@ The checkpoint fan-out (stage model) and the engine caches' (stage engine_cache)
 
 Trust (docs/design.md, "Trust between hosts"): each group's servers and receivers share a secret made for the
 run on the control node; it reaches hosts only in 0600 job files (the server's is opened by systemd and given
-on stdin). A server serves the names its job lists; the file list, sizes and sha256s a receiver checks come
+on stdin). Each server also gets a proof key of its own (per run and host), with which it answers a receiver's
+challenge for its host and address; a receiver's job holds the keys of its sources only. A server serves the names its job lists; the file list, sizes and sha256s a receiver checks come
 from the control node (the hub's metadata, or a cache holder's index read over SSH), never from the source."""
 
 from __future__ import annotations
@@ -47,6 +48,14 @@ def fanout_token(group: str) -> str:
     """The group's secret for this run (made once per run on the control node; never in argv or output)."""
     tokens = runscope.slot("fanout-tokens", dict)
     return tokens.setdefault(group, secrets.token_hex(32))
+
+
+def proof_key(group: str, name: str) -> str:
+    """Host `name`'s key for proving, in this group's fan-out, that its listener is its server (the answer to
+    a receiver's nonce binds the host's name and the address the receiver dialled): made once per run on the
+    control node, given to that host's server and to the receivers that copy from it, never to others."""
+    keys = runscope.slot("fanout-proof-keys", dict)
+    return keys.setdefault((group, name), secrets.token_hex(32))
 
 
 def held_files(key: tuple) -> dict:
@@ -94,7 +103,8 @@ def _serve_job(state, host, dest: str, group: str, directory_: str, address: str
     """FunctionCommand body: the server's job, with the names the control node holds for this holder now (a
     swarm's receiver: the names it will hold, served piece by piece as its fetch verifies them)."""
     files = held_files(files_key)
-    job = {"dir": directory_, "address": address, "port": port, "token": fanout_token(group), "files": sorted(files),
+    job = {"dir": directory_, "address": address, "port": port, "token": fanout_token(group), "name": host.name,
+           "proof_key": proof_key(group, host.name), "files": sorted(files),
            "sizes": {rel: meta["size"] for rel, meta in files.items()}, "rate_mb_s": rate_mb_s, "idle_s": idle_s,
            "swarm": swarm, "piece_size": PIECE_SIZE}
     return _put_secret(host, dest, json.dumps(job))
@@ -160,6 +170,7 @@ def _swarm_copy(state, host, job_path: str, job: dict, group: str, peers: dict[s
     # each piece once and the receivers trade the rest (BitTorrent's super-seeding, decided here instead).
     receivers = sorted({host.name, *(name for name in usable if name not in holders)})
     body = {**job, "token": fanout_token(group), "pieces": pieces, "piece_size": PIECE_SIZE, "peers": usable,
+            "proofs": {name: proof_key(group, name) for name in usable},
             "rate_mb_s": rate_mb_s, "stripe": [receivers.index(host.name), len(receivers)],
             "pieces_from": runscope.slot("fanout-pieces-from", dict).get(group)}
     if not _put_secret(host, peer_job, json.dumps(body)):
@@ -209,7 +220,8 @@ def _copy_from_peer(state, host, job_path: str, job: dict, group: str, planned: 
         note(state, host, f"copy source {planned} failed earlier in this run: copying from {source} instead")
     files = dict(held_files((group, source))) if cache else job["files"]
     peer_job = f"{job_path.removesuffix('.json')}.peer.json"
-    if not _put_secret(host, peer_job, json.dumps({**job, "files": files, "token": fanout_token(group)})):
+    body = {**job, "files": files, "token": fanout_token(group), "proofs": {source: proof_key(group, source)}}
+    if not _put_secret(host, peer_job, json.dumps(body)):
         return refuse(state, host, [f"could not write {peer_job}"])
     if not _run_fetch(state, host, _fetch_command(peer_job, "peer", urls[source], reverify, source),
                       f"peer {source}", restart):

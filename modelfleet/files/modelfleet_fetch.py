@@ -19,8 +19,9 @@
 JOB.json (written by the control node, 0600): repo, commit, endpoint, dest, token_file, and every file's metadata
 as the control node read it: {path: {size, sha256 (LFS files and caches) | null, blob_id (git's blob sha1) |
 null}}. Sizes and digests never come from the source: for an engine cache, the control node read the holder's
-index over SSH. A peer copy's job also holds the run's fan-out token and says what it copies (`kind`:
-checkpoint or cache). A file counts as verified when its size matches and its sha256 (LFS files) or git blob
+index over SSH. A peer copy's job also holds the run's fan-out token, the proof keys of its sources only
+(`proofs`: {host: key}) and says what it copies (`kind`: checkpoint or cache). No file gets more bytes than
+its size: a source that sends more is cut off there, the partial file removed, the source named. A file counts as verified when its size matches and its sha256 (LFS files) or git blob
 id (the others: config, tokenizer) matches — or, on a re-run, when size and mtime equal what the manifest
 recorded after a full check. Missing or corrupt files are (re)fetched; completed files are never fetched again.
 The result goes to DEST/.modelfleet-manifest.json and, as JSON, to stdout. Tokens are read from 0600 files,
@@ -29,13 +30,21 @@ never argv.
 The peer server (`serve`, started by the stage as an unprivileged transient unit, its job on stdin) answers
 GET of exactly the names its job lists, each opened below its directory without following a symlink, to a
 request carrying the run's token (`Authorization: Bearer`); no listing, nothing else. Before a token is sent,
-the listener proves it is the run's server: it answers a nonce with HMAC-SHA256(token, nonce). It also answers
+the listener proves it is that host's server of the run: it answers a nonce with HMAC-SHA256 under its host's
+proof key (made per run and host by the control node) over its host name, the address and port it listens on
+and the nonce, so an answer relayed from another server of the run is no proof. A connection that has not
+shown the token gets HEADER_S for its request and holds no lease; at most MAX_CONNECTIONS are open, and
+UNPROVEN_PER_PEER without the token from one address (those beyond are closed at once). It also answers
 `/.modelfleet-have` (which files, or which pieces of them, it holds verified) and a Range request of exactly one
 piece it holds; a receiver's server (`swarm` in its job) holds only what its fetch wrote in .modelfleet-have.json.
 
 One fetch per destination at a time (an flock on DEST/.modelfleet-lock, held until the manifest is written),
 and partial files are named per process, so two runs can never interleave bytes; the manifest records only
-digests of the bytes now on disk. Any failure ends in one line on stderr (`modelfleet: ...`, exit 1) saying
+digests of the bytes now on disk. An engine cache's directory is written by its engine's container too, so
+every command works in DEST (and DIR) by descriptor (Tree): opened once without following a link, each name
+below reached component by component with O_NOFOLLOW, new files O_EXCL under unguessable names renamed into
+place, the lock opened O_NOFOLLOW and refused unless a plain file; a cache directory holding a symlink, device,
+pipe, socket or setuid file is refused and named, on a receiver as on a holder. Any failure ends in one line on stderr (`modelfleet: ...`, exit 1) saying
 what failed and what to do; the traceback goes to JOB.json's `.log` beside it.
 
 Why one file of over 400 lines: it runs on hosts with python3's standard library alone (the hub download in the
@@ -68,6 +77,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 MANIFEST = ".modelfleet-manifest.json"
@@ -75,10 +85,192 @@ CHALLENGE = "/.modelfleet-challenge"
 CHUNK = 4 << 20
 RECV = 256 << 10  # a receive block the hash reads back from the CPU's cache: half the CPU per byte of 4 MiB
 WORKERS = 8
+# The peer server's bounds: a request line and headers within HEADER_S; at most MAX_CONNECTIONS open (a thread
+# each) and UNPROVEN_PER_PEER from one address before it shows the token (a lab's hosts all connect from
+# 127.0.0.1: a 12-host star opens 88 at once).
+HEADER_S = 10
+MAX_CONNECTIONS = 512
+UNPROVEN_PER_PEER = 128
 
 
 class FetchError(Exception):
     """A failure with its one-line explanation for the operator."""
+
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+PARTIAL = ".modelfleet-partial"
+
+
+class Tree:
+    """A directory root works in, which a container may write too (an engine cache is mounted read-write in its
+    engine's container): opened once without following a symlink, and every name below it reached from that
+    descriptor one component at a time, none followed. New files are made O_EXCL under names no one can guess and
+    renamed into place (a rename replaces a planted link, never writes through it). Whatever was planted, nothing
+    root does here lands outside the directory."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        try:
+            self.fd = os.open(self.path, DIR_FLAGS)
+        except OSError as error:
+            if error.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise FetchError(f"{self.path} is a symlink or not a directory: refusing to work in it; find out "
+                                 "who made it, remove it and re-run") from None
+            raise
+        self.temps: set[str] = set()  # this process's files not yet renamed: removed when it must stop
+
+    def parent(self, rel: str, create: bool = False) -> tuple[int, str]:
+        """(a descriptor of `rel`'s directory, `rel`'s last name), each directory opened without following a
+        symlink (made, 0755, with `create`); the caller closes the descriptor."""
+        parts = rel.split("/")
+        if any(part in ("", ".", "..") for part in parts):
+            raise FetchError(f"{self.path}: refusing the path {rel!r}: it leaves the directory")
+        fd = os.dup(self.fd)
+        try:
+            for part in parts[:-1]:
+                try:
+                    inner = os.open(part, DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                    inner = os.open(part, DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = inner
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, parts[-1]
+
+    def lstat(self, rel: str) -> os.stat_result | None:
+        """`rel`'s own status (a link's, not its target's), or None when it or a directory above is missing or
+        is not a plain directory."""
+        try:
+            fd, name = self.parent(rel)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                return None
+            raise
+        try:
+            return os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        finally:
+            os.close(fd)
+
+    def size(self, rel: str) -> int | None:
+        """The size of `rel` when it is a regular file, else None."""
+        st = self.lstat(rel)
+        return st.st_size if st and stat.S_ISREG(st.st_mode) else None
+
+    def open(self, rel: str) -> int:
+        """A read descriptor of the regular file `rel` (no link followed, no device, no setuid file)."""
+        return open_beneath(self.fd, rel)
+
+    def read(self, rel: str) -> bytes | None:
+        try:
+            with os.fdopen(self.open(rel), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def create(self, rel: str) -> tuple[int, str]:
+        """A new file beside `rel` (its directories made as needed) under a name no one can guess, made here and
+        by this process alone (O_EXCL): (a read-write descriptor, its path below the tree)."""
+        fd, name = self.parent(rel, create=True)
+        temp = f".{name}.{os.getpid()}.{secrets.token_hex(8)}{PARTIAL}"
+        try:
+            new = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
+        finally:
+            os.close(fd)
+        temp_rel = "/".join(rel.split("/")[:-1] + [temp])
+        self.temps.add(temp_rel)
+        return new, temp_rel
+
+    def rename(self, temp_rel: str, rel: str) -> None:
+        """Give a file this process made (`create`) its name: a link planted under that name is replaced."""
+        src, src_name = self.parent(temp_rel)
+        try:
+            dst, dst_name = self.parent(rel)
+            try:
+                os.rename(src_name, dst_name, src_dir_fd=src, dst_dir_fd=dst)
+            finally:
+                os.close(dst)
+        finally:
+            os.close(src)
+        self.temps.discard(temp_rel)
+
+    def unlink(self, rel: str) -> None:
+        """Remove `rel` (a link itself, never its target); nothing when it is not there."""
+        self.temps.discard(rel)
+        try:
+            fd, name = self.parent(rel)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        try:
+            os.unlink(name, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(fd)
+
+    def write(self, rel: str, data: bytes, mode: int = 0o644) -> None:
+        """`rel` replaced whole by `data` (a new file renamed over it)."""
+        fd, temp = self.create(rel)
+        try:
+            os.fchmod(fd, mode)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            self.rename(temp, rel)
+        except BaseException:
+            self.unlink(temp)
+            raise
+
+    def drop_temps(self) -> None:
+        for rel in list(self.temps):
+            with contextlib.suppress(OSError):
+                self.unlink(rel)
+
+    def entries(self) -> list[tuple[str, os.stat_result, str]]:
+        """Every entry below the tree: (path, its own status, a link's target or ""), walking plain directories
+        only (os.fwalk: by descriptor, no link followed)."""
+        out = []
+        for top, dirs, names, dir_fd in os.fwalk(".", dir_fd=self.fd):
+            for name in sorted(dirs + names):
+                rel = os.path.normpath(os.path.join(top, name))
+                with contextlib.suppress(FileNotFoundError):
+                    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                    what = os.readlink(name, dir_fd=dir_fd) if stat.S_ISLNK(st.st_mode) else ""
+                    out.append((rel, st, what))
+        return out
+
+    def odd(self) -> list[str]:
+        """What no cache may hold, each named: a symlink, a device, a pipe or socket, a setuid or setgid file."""
+        refused = []
+        for rel, st, target in self.entries():
+            mode = st.st_mode
+            if stat.S_ISLNK(mode):
+                refused.append(f"{rel} (a symlink to {target})")
+            elif stat.S_ISDIR(mode):
+                continue
+            elif not stat.S_ISREG(mode):
+                refused.append(f"{rel} (not a regular file)")
+            elif mode & (stat.S_ISUID | stat.S_ISGID):
+                refused.append(f"{rel} (setuid or setgid)")
+        return refused
+
+
+def as_tree(where) -> Tree:
+    """A Tree as it is, or one of a path given by a caller that owns it (`modelfleet mirror`, on the control node:
+    no container writes there, and its directory may be a link the operator made)."""
+    return where if isinstance(where, Tree) else Tree(Path(where).resolve())
+
+
+class Oversized(Exception):
+    """A source sent (or announced) more bytes than the control node read for the file."""
 
 
 class Watchdog(threading.Thread):
@@ -86,9 +278,10 @@ class Watchdog(threading.Thread):
     peer streams count, or for the hub the growth of the destination's files), and ends it quietly when the run
     that started it is gone (its SSH session closed the other end of stdout): no fetch outlives its run."""
 
-    def __init__(self, job: dict, dest: Path):
+    def __init__(self, job: dict, tree: Tree):
         super().__init__(daemon=True)
-        self.stall_s, self.dest, self.host = float(job.get("stall_s") or 60), dest, job.get("host") or "this host"
+        self.stall_s, self.tree, self.host = float(job.get("stall_s") or 60), tree, job.get("host") or "this host"
+        self.dest = tree.path
         self.armed, self.last, self.seen, self.source, self.waiting = False, time.monotonic(), -1, "", lambda: []
         self.moved_bytes = 0
 
@@ -112,7 +305,7 @@ class Watchdog(threading.Thread):
         while True:
             time.sleep(1)
             if orphaned():
-                drop_partials(self.dest)
+                self.tree.drop_temps()
                 os._exit(3)
             if not self.armed:
                 continue
@@ -126,7 +319,7 @@ class Watchdog(threading.Thread):
                 say(f"host {self.host}: no byte from {source} for {self.stall_s:g} s while fetching "
                     f"{shown or 'the checkpoint'} (model_stall_s): the source froze; files already verified "
                     "are kept, the other hosts go on; re-run when it answers")
-                drop_partials(self.dest)
+                self.tree.drop_temps()
                 os._exit(1)
 
 
@@ -144,11 +337,6 @@ def orphaned() -> bool:
     return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
 
 
-def drop_partials(dest: Path) -> None:
-    for partial in dest.rglob(f".*.{os.getpid()}.modelfleet-partial"):
-        partial.unlink(missing_ok=True)
-
-
 REAL_STDERR = sys.stderr
 LOG = ""
 
@@ -158,49 +346,51 @@ def say(message: str) -> None:
     print(f"modelfleet: {message}" + (f" (details: {LOG})" if LOG else ""), file=REAL_STDERR, flush=True)
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
+def _digest(fd: int, digest):
+    with os.fdopen(fd, "rb") as f:
         for block in iter(lambda: f.read(CHUNK), b""):
             digest.update(block)
     return digest.hexdigest()
 
 
-def git_blob_id(path: Path) -> str:
+def sha256_of(path: Path, tree: Tree | None = None) -> str:
+    """The sha256 of `path` (below `tree`, read without following a link, when given)."""
+    return _digest(tree.open(str(path)) if tree else os.open(path, os.O_RDONLY | os.O_CLOEXEC), hashlib.sha256())
+
+
+def git_blob_id(path: Path, tree: Tree | None = None) -> str:
     """git's object id of the file: sha1 over `blob <size>\\0` and the bytes (the hub's blob_id)."""
-    digest = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(CHUNK), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    fd = tree.open(str(path)) if tree else os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    return _digest(fd, hashlib.sha1(f"blob {os.fstat(fd).st_size}\0".encode()))
 
 
-def check(dest: Path, files: dict, manifest: dict, reverify: bool,
+def check(dest, files: dict, manifest: dict, reverify: bool,
           streamed: dict | None = None, bad: dict | None = None) -> tuple[dict, list[str]]:
     """
     (verified entries for the manifest, paths that must be fetched). Hashes run in parallel across files;
     `streamed` holds digests already computed while the bytes arrived; `bad` gets, for each present file of
-    the right size whose digest is wrong, {path: (expected, found)}.
+    the right size whose digest is wrong, {path: (expected, found)}. Only regular files count (a link is
+    missing); `dest`: a Tree or a path.
     """
+    tree = as_tree(dest)
 
     def one(item):
         rel, meta = item
-        path = dest / rel
-        if not path.is_file() or path.stat().st_size != meta["size"]:
+        st = tree.lstat(rel)
+        if st is None or not stat.S_ISREG(st.st_mode) or st.st_size != meta["size"]:
             return rel, None
-        st = path.stat()
         known = manifest.get(rel)
         if not reverify and known and known["size"] == st.st_size and known["mtime"] == st.st_mtime:
             return rel, known
         if meta.get("sha256") or reverify and not meta.get("blob_id"):
-            digest = (streamed or {}).get(rel) or sha256_of(path)
+            digest = (streamed or {}).get(rel) or sha256_of(rel, tree)
             if meta.get("sha256") and digest != meta["sha256"]:
                 if bad is not None:
                     bad[rel] = (f"sha256 {meta['sha256']}", f"sha256 {digest}")
                 return rel, None
             return rel, {"size": st.st_size, "mtime": st.st_mtime, "sha256": digest}
         if meta.get("blob_id"):
-            found = git_blob_id(path)
+            found = git_blob_id(rel, tree)
             if found != meta["blob_id"]:
                 if bad is not None:
                     bad[rel] = (f"git blob {meta['blob_id']}", f"git blob {found}")
@@ -213,13 +403,13 @@ def check(dest: Path, files: dict, manifest: dict, reverify: bool,
     return {rel: entry for rel, entry in results if entry}, [rel for rel, entry in results if not entry]
 
 
-def fetch_from_hub(job: dict, paths: list[str]) -> None:
+def fetch_from_hub(job: dict, paths: list[str], tree: Tree) -> None:
     from huggingface_hub import snapshot_download
 
     token_file = job.get("token_file")
     token = Path(token_file).read_text().strip() if token_file and Path(token_file).exists() else False
     for rel in paths:  # a corrupt file must go before huggingface_hub would trust it as complete
-        (Path(job["dest"]) / rel).unlink(missing_ok=True)
+        tree.unlink(rel)
     try:
         snapshot_download(job["repo"], revision=job["commit"], local_dir=job["dest"], endpoint=job["endpoint"],
                           token=token, allow_patterns=paths, max_workers=WORKERS)
@@ -233,14 +423,25 @@ def fetch_from_hub(job: dict, paths: list[str]) -> None:
                          "files already verified are kept, re-run when it answers") from error
 
 
-def proof(token: str, nonce: str) -> str:
-    """What the run's server answers to a nonce: only a holder of the token can give it."""
-    return hmac.new(token.encode(), f"modelfleet-fanout:{nonce}".encode(), hashlib.sha256).hexdigest()
+def proof(key: str, nonce: str, name: str, where: str) -> str:
+    """What host `name`'s server, listening at `where` (address:port), answers to a nonce: only a holder of that
+    host's proof key (made for the run by the control node, given to that server and to its receivers alone) can
+    give it, and only for that host and that address. Relayed to another server of the run, the answer is that
+    server's, which the receiver refuses."""
+    message = f"modelfleet-fanout:{name}:{where}:{nonce}".encode()
+    return hmac.new(key.encode(), message, hashlib.sha256).hexdigest()
 
 
-def challenge(base_url: str, token: str, timeout: float = 10) -> str | None:
-    """None when the listener at base_url answers a fresh nonce as only the run's server can; else what went
-    wrong. The token itself is never sent: a squatter on the port learns nothing from this."""
+def dialled(base_url: str) -> str:
+    """address:port of a base URL, as a server's proof names where it listens."""
+    parts = urllib.parse.urlsplit(base_url)
+    return f"{parts.hostname}:{parts.port or 80}"
+
+
+def challenge(base_url: str, key: str, name: str, timeout: float = 10) -> str | None:
+    """None when the listener at base_url answers a fresh nonce as only host `name`'s server of this run, dialled
+    there, can; else what went wrong. Neither the token nor the key is sent: a squatter on the port learns
+    nothing from this, and what it gets by relaying the nonce to another server is no proof."""
     nonce = secrets.token_hex(16)
     request = urllib.request.Request(base_url.rstrip("/") + CHALLENGE, headers={"X-Modelfleet-Nonce": nonce})
     try:
@@ -250,80 +451,105 @@ def challenge(base_url: str, token: str, timeout: float = 10) -> str | None:
         return f"it answered HTTP {error.code}"
     except (OSError, http.client.HTTPException) as error:
         return f"no answer ({one_line(error)})"
-    return None if hmac.compare_digest(answer, proof(token, nonce)) else "its answer is not the run's proof"
+    expected = proof(key, nonce, name, dialled(base_url))
+    return None if hmac.compare_digest(answer, expected) else f"its answer is not {name}'s proof for this run"
+
+
+def proof_key(job: dict, name: str | None) -> str | None:
+    """The proof key of peer `name`'s server, from the job (the control node gives a receiver its sources'
+    keys only); None when the job has none for it."""
+    return (job.get("proofs") or {}).get(name) if name else None
 
 
 def fetch_from_peer(job: dict, paths: list[str], base_url: str, name: str | None = None,
-                    watch: Watchdog | None = None) -> dict:
+                    watch: Watchdog | None = None, tree: Tree | None = None) -> dict:
     """Copy each file, hashing while it streams; returns {path: sha256} so no second read is needed. `name`:
-    the source host's, for the messages. The source proves it is the run's server before it gets the token."""
-    dest = Path(job["dest"])
+    the source host's, for the messages. The source proves it is the run's server on that host before it gets
+    the token. No file gets more bytes than the control node says it has."""
+    tree = tree or Tree(job["dest"])
     source = f"{name} ({base_url})" if name else base_url
     token = job.get("token")  # a peer's server; none for a mirror (model_source), which answers anyone
-    wrong = challenge(base_url, token) if token else None
+    key = proof_key(job, name)
+    wrong = (challenge(base_url, key, name) if key else "this run gave no proof key for it") if token else None
     if wrong:
         raise FetchError(f"the source {source} did not prove it is this run's fan-out server ({wrong}): another "
                          "process may hold its port; nothing was asked of it; fix the source host and re-run")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     def one(rel):
-        target = dest / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f".{target.name}.{os.getpid()}.modelfleet-partial")  # ours alone
+        expected = int(job["files"][rel]["size"])
+        fd, temp = tree.create(rel)  # ours alone, beside the file
         digest, got, length = hashlib.sha256(), 0, None
         url = f"{base_url.rstrip('/')}/{urllib.parse.quote(rel)}"
         try:
-            with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
-                                        timeout=float(job.get("stall_s") or 60) + 5) as response, \
-                    partial.open("wb") as f:
+            with os.fdopen(fd, "wb") as f, \
+                    urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                           timeout=float(job.get("stall_s") or 60) + 5) as response:
                 length = response.headers.get("Content-Length")
+                if length is not None and length.isdigit() and int(length) > expected:
+                    raise Oversized(f"it announced {length} bytes")
                 buffer = memoryview(bytearray(RECV))  # one buffer per stream: no allocation per block
-                while n := response.readinto(buffer):
-                    f.write(buffer[:n])
-                    digest.update(buffer[:n])
-                    got += n
+                # One byte more than is left, at most: a source that sends more is caught, not written.
+                while n := response.readinto(buffer[:min(RECV, expected - got + 1)]):
+                    keep = min(n, expected - got)
+                    f.write(buffer[:keep])
+                    digest.update(buffer[:keep])
+                    got += keep
                     if watch:
-                        watch.moved(n)
+                        watch.moved(keep)
+                    if n > keep:
+                        raise Oversized("it sent more")
+        except Oversized as error:
+            tree.unlink(temp)
+            raise FetchError(f"the source {source} sent more than the {expected} bytes of {rel} the control node "
+                             f"read ({error}): the copy stopped there and its partial file was removed; that host's "
+                             "server is not this run's honest one: fix the source host and re-run") from None
         except urllib.error.HTTPError as error:
-            partial.unlink(missing_ok=True)
+            tree.unlink(temp)
             raise FetchError(f"the source {source} refused {rel} (HTTP {error.code}): it does not serve that "
                              "file of this run; fix the source host and re-run") from error
         except urllib.error.URLError as error:
-            partial.unlink(missing_ok=True)
+            tree.unlink(temp)
             raise FetchError(f"the source {source} stopped answering ({one_line(error)}): its host failed or "
                              "its run ended; fix the source host and re-run") from error
         except (ConnectionError, TimeoutError, http.client.HTTPException) as error:
-            partial.unlink(missing_ok=True)
+            tree.unlink(temp)
             raise stopped(source, rel, one_line(error)) from error
+        except BaseException:
+            tree.unlink(temp)
+            raise
         if length is not None and got != int(length):  # the server closed early: a short read, not an error
-            partial.unlink(missing_ok=True)
+            tree.unlink(temp)
             raise stopped(source, rel, f"{got} of {length} bytes")
-        partial.replace(target)
+        tree.rename(temp, rel)
         return rel, digest.hexdigest()
 
     with ThreadPoolExecutor(WORKERS) as pool:
         return dict(pool.map(one, paths))
 
 
-def whole_file_wrong(path: Path, meta: dict) -> tuple[str, str] | None:
-    """None when `path` is the file `meta` (the control node's) describes, else (expected, found)."""
+def whole_file_wrong(tree: Tree, rel: str, meta: dict) -> tuple[str, str] | None:
+    """None when `rel` below `tree` is the file `meta` (the control node's) describes, else (expected, found)."""
     if meta.get("sha256"):
-        found = sha256_of(path)
+        found = sha256_of(rel, tree)
         return None if found == meta["sha256"] else (f"sha256 {meta['sha256']}", f"sha256 {found}")
     if meta.get("blob_id"):
-        found = git_blob_id(path)
+        found = git_blob_id(rel, tree)
         return None if found == meta["blob_id"] else (f"git blob {meta['blob_id']}", f"git blob {found}")
-    return None if path.stat().st_size == meta["size"] else (f"{meta['size']} bytes", f"{path.stat().st_size} bytes")
+    size = tree.size(rel)
+    return None if size == meta["size"] else (f"{meta['size']} bytes", f"{size} bytes")
 
 
-def fetch_from_swarm(job: dict, paths: list[str], complete: list[str], watch: Watchdog, report: dict) -> dict:
+def fetch_from_swarm(job: dict, paths: list[str], complete: list[str], watch: Watchdog, report: dict,
+                     tree: Tree) -> dict:
     """Copy `paths` piece by piece from the group's peers (modelfleet_swarm), serving what is verified meanwhile.
     Each peer proves it is the run's server before it gets the token; one that cannot is named and left out."""
     from modelfleet_swarm import Swarm
 
     peers, unproven = {}, []
     for name, url in sorted(job["peers"].items()):
-        wrong = challenge(url, job["token"])
+        key = proof_key(job, name)
+        wrong = challenge(url, key, name) if key else "this run gave no proof key for it"
         if wrong:
             unproven.append(f"{name} ({wrong})")
         else:
@@ -331,7 +557,7 @@ def fetch_from_swarm(job: dict, paths: list[str], complete: list[str], watch: Wa
     if not peers:
         raise FetchError(f"no peer of the group proved it is this run's fan-out server ({', '.join(unproven)}): "
                          "nothing was asked of them; fix those hosts and re-run")
-    swarm = Swarm({**job, "peers": peers}, paths, complete, whole_file_wrong,
+    swarm = Swarm({**job, "peers": peers}, paths, complete, partial(whole_file_wrong, tree), tree,
                   Pace(job["rate_mb_s"] * 1e6) if job.get("rate_mb_s") else None, watch.moved)
     def source() -> str:  # for the stall line: the peers that stopped answering or were asked and send nothing
         now = time.monotonic()
@@ -405,6 +631,7 @@ def serve(job: dict) -> None:
 
     token, names = job["token"], frozenset(job["files"])
     expected = f"Bearer {token}".encode()
+    key, me, where = job["proof_key"], job["name"], f"{job['address']}:{job['port']}".lower()  # as urlsplit
     root = os.open(job["dir"], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     pace = Pace(job["rate_mb_s"] * 1e6) if job.get("rate_mb_s") else None
     piece = int(job.get("piece_size") or PIECE)
@@ -419,11 +646,21 @@ def serve(job: dict) -> None:
     sending: set[tuple[str, int]] = set()
 
     idle_s = float(job.get("idle_s") or 0)
-    guard, activity = threading.Lock(), {"open": 0, "last": time.monotonic()}
+    # `open`: requests with the token being answered; `unproven`: connections that have not shown it yet, by
+    # peer address, each closed after HEADER_S without a request.
+    guard, activity = threading.Lock(), {"open": 0, "last": time.monotonic(), "connections": 0}
+    unproven: dict[str, int] = {}
+    proven: set = set()  # the connections whose request showed the token
+
+    def forget(peer: str) -> None:
+        unproven[peer] -= 1
+        if not unproven[peer]:
+            del unproven[peer]
 
     def lease() -> None:
-        """The run renews the server's lease by asking it (its probe, its receivers): with no request open or
-        made for idle_s, the run that started it is gone, or done with it, and so is the server."""
+        """The run renews the server's lease by asking it with the token (its probe, its receivers): with no such
+        request open or made for idle_s, the run that started it is gone, or done with it, and so is the server.
+        A connection without the token renews nothing."""
         while True:
             time.sleep(1)
             with guard:
@@ -433,16 +670,17 @@ def serve(job: dict) -> None:
     class Handler(BaseHTTPRequestHandler):
         server_version, sys_version = "modelfleet", ""
         index = None
+        timeout = HEADER_S  # the request line and headers, then each send (widened once the token is shown)
 
-        def handle(self):
+        def prove(self) -> None:
+            """The request carries the token: it holds the lease and leaves its peer's unproven count."""
             with guard:
+                if self.request in proven:  # HTTP/1.0: one request a connection, but never counted twice
+                    return
+                proven.add(self.request)
                 activity["open"] += 1
-            try:
-                super().handle()
-            finally:
-                with guard:
-                    activity["open"] -= 1
-                    activity["last"] = time.monotonic()
+                forget(self.client_address[0])
+            self.connection.settimeout(max(idle_s, 60))  # a receiver paced or busy hashing reads slowly
 
         def answer(self, code: int, body: bytes = b"") -> None:
             self.send_response(code)
@@ -454,10 +692,11 @@ def serve(job: dict) -> None:
             path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
             if path == CHALLENGE:
                 nonce = self.headers.get("X-Modelfleet-Nonce", "")
-                return self.answer(200, proof(token, nonce).encode()) if re.fullmatch(r"[0-9a-f]{32,128}", nonce) \
-                    else self.answer(400)
+                return self.answer(200, proof(key, nonce, me, where).encode()) \
+                    if re.fullmatch(r"[0-9a-f]{32,128}", nonce) else self.answer(400)
             if not hmac.compare_digest(self.headers.get("Authorization", "").encode(), expected):
                 return self.answer(401)
+            self.prove()
             if path == HAVE_PATH:
                 held = {rel: e["have"] for rel, e in view.current().items()}
                 with guard:  # what it is sending now: soon held by another, so no longer rare
@@ -543,6 +782,30 @@ def serve(job: dict) -> None:
         # sockets listen on one port (that takes SO_REUSEPORT, set by neither): a squatter still refuses us.
         allow_reuse_address = True
 
+        def verify_request(self, request, client_address) -> bool:
+            """A connection beyond MAX_CONNECTIONS in all, or beyond UNPROVEN_PER_PEER from one address that has
+            not shown the token yet, is closed at once: no thread, no lease, for what an attacker holds open."""
+            with guard:
+                peer = client_address[0]
+                if activity["connections"] >= MAX_CONNECTIONS or unproven.get(peer, 0) >= UNPROVEN_PER_PEER:
+                    return False
+                activity["connections"] += 1
+                unproven[peer] = unproven.get(peer, 0) + 1
+            return True
+
+        def process_request_thread(self, request, client_address):
+            try:
+                super().process_request_thread(request, client_address)
+            finally:
+                with guard:
+                    activity["connections"] -= 1
+                    if request in proven:
+                        proven.discard(request)
+                        activity["open"] -= 1
+                        activity["last"] = time.monotonic()
+                    else:
+                        forget(client_address[0])
+
     server = Server((job["address"], int(job["port"])), Handler)
     if idle_s:
         threading.Thread(target=lease, daemon=True).start()
@@ -590,8 +853,14 @@ def probe(job_path: str, host_name: str, wait_s: float = 10) -> None:
     url = f"http://{job['address']}:{job['port']}/"
     deadline, wrong = time.monotonic() + wait_s, None
     while time.monotonic() < deadline:
-        wrong = challenge(url, job["token"], timeout=2)
-        if wrong is None:
+        wrong = challenge(url, job["proof_key"], job.get("name") or host_name, timeout=2)
+        if wrong is None:  # proven: the token renews its lease (only a request with the token does)
+            from modelfleet_swarm import HAVE_PATH
+
+            renew = urllib.request.Request(url.rstrip("/") + HAVE_PATH,
+                                           headers={"Authorization": f"Bearer {job['token']}"})
+            with contextlib.suppress(OSError, http.client.HTTPException), urllib.request.urlopen(renew, timeout=5):
+                pass
             return
         if not wrong.startswith("no answer (URLError: <urlopen error [Errno 111]"):  # someone answered
             break
@@ -644,10 +913,28 @@ def holder_gone(record: str) -> int | None:
     return pid if started(session) != session_start else None
 
 
-def locked(dest: Path, name: str = ".modelfleet-lock", what: str = "fetch"):
-    """This destination's lock (`name`), or a FetchError naming the process that holds it. A holder whose run
-    is gone (checked by pid, start time and its SSH session) is stopped and the lock taken over."""
-    handle = (dest / name).open("a+")
+def locked(dest, name: str = ".modelfleet-lock", what: str = "fetch"):
+    """This destination's lock (`name`, below a Tree or a path), or a FetchError naming the process that holds
+    it. A holder whose run is gone (checked by pid, start time and its SSH session) is stopped and the lock taken
+    over. The lock file is opened without following a link and is written only once it is known to be a
+    regular file of one link: what a container planted under its name is refused, never truncated."""
+    tree = as_tree(dest)
+    dest = tree.path
+    try:
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600,
+                     dir_fd=tree.fd)
+    except OSError as error:
+        if error.errno != errno.ELOOP:
+            raise
+        raise FetchError(f"{dest}/{name} is a symlink (to {os.readlink(name, dir_fd=tree.fd)}): refusing to "
+                         "open it; find out who planted it, remove it and re-run") from None
+    held = os.fstat(fd)
+    if not stat.S_ISREG(held.st_mode) or held.st_nlink != 1:
+        os.close(fd)
+        what = "a hard link" if stat.S_ISREG(held.st_mode) else "not a regular file"
+        raise FetchError(f"{dest}/{name} is not a plain file ({what}): refusing to use it as a lock; find out who "
+                         "made it, remove it and re-run")
+    handle = os.fdopen(fd, "r+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -675,30 +962,16 @@ def locked(dest: Path, name: str = ".modelfleet-lock", what: str = "fetch"):
     return handle
 
 
-def own_files(directory: Path) -> list[str]:
+def own_files(tree: Tree) -> list[str]:
     """What an index covers: every regular file but modelfleet's own (.modelfleet-*) and partial copies. What
     an engine cache may not hold (a symlink, a device, a pipe or socket, a setuid or setgid file) is refused,
     every such path named: a cache other hosts' engines will run is never taken from such a directory."""
-    files, refused = [], []
-    for top, dirs, names in os.walk(directory):
-        for name in sorted(dirs + names):
-            path = Path(top) / name
-            rel = str(path.relative_to(directory))
-            mode = path.lstat().st_mode
-            if stat.S_ISLNK(mode):
-                refused.append(f"{rel} (a symlink to {os.readlink(path)})")
-            elif stat.S_ISDIR(mode):
-                continue
-            elif not stat.S_ISREG(mode):
-                refused.append(f"{rel} (not a regular file)")
-            elif mode & (stat.S_ISUID | stat.S_ISGID):
-                refused.append(f"{rel} (setuid or setgid)")
-            elif not name.startswith(".modelfleet-") and not name.endswith(".modelfleet-partial"):
-                files.append(rel)
+    refused = tree.odd()
     if refused:
-        raise FetchError(f"{directory} holds what no cache may hold: {', '.join(refused[:10])}: nothing of it is "
+        raise FetchError(f"{tree.path} holds what no cache may hold: {', '.join(refused[:10])}: nothing of it is "
                          "indexed or given to peers; find out who wrote it, remove it (or the directory) and re-run")
-    return sorted(files)
+    return sorted(rel for rel, st, _ in tree.entries() if stat.S_ISREG(st.st_mode)
+                  and not rel.rsplit("/", 1)[-1].startswith(".modelfleet-") and not rel.endswith(PARTIAL))
 
 
 def _grant(fd: int, bits: int) -> None:
@@ -707,49 +980,45 @@ def _grant(fd: int, bits: int) -> None:
         os.fchmod(fd, stat.S_IMODE(mode) | bits)
 
 
-def readable_to_peers(directory: Path, rels: list[str]) -> None:
+def readable_to_peers(tree: Tree, rels: list[str]) -> None:
     """The peer server runs unprivileged (DynamicUser) and an engine writes its cache as mkstemp and mkdtemp
     make them, 0600 files and 0700 directories (vLLM 0.32.0's modelinfos file: the server answered 403 and the
     joining host failed): the indexed files become readable by all, their directories searchable, as the
     cache's own directory is. Each component opened without following a symlink; only regular files of one
     link (a hard link may be a file from elsewhere: left as it is, the server refuses it and the copy fails)."""
-    root = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        for rel in rels:
-            *parents, leaf_name = rel.split("/")
-            fd = os.dup(root)
-            try:
-                for part in parents:
-                    inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-                    os.close(fd)
-                    fd = inner
-                    _grant(fd, 0o055)
-                leaf = os.open(leaf_name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
-            finally:
+    for rel in rels:
+        *parents, leaf_name = rel.split("/")
+        fd = os.dup(tree.fd)
+        try:
+            for part in parents:
+                inner = os.open(part, DIR_FLAGS, dir_fd=fd)
                 os.close(fd)
-            try:
-                held = os.fstat(leaf)
-                if stat.S_ISREG(held.st_mode) and held.st_nlink == 1:
-                    _grant(leaf, 0o044)
-            finally:
-                os.close(leaf)
-    finally:
-        os.close(root)
+                fd = inner
+                _grant(fd, 0o055)
+            leaf = os.open(leaf_name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+        finally:
+            os.close(fd)
+        try:
+            held = os.fstat(leaf)
+            if stat.S_ISREG(held.st_mode) and held.st_nlink == 1:
+                _grant(leaf, 0o044)
+        finally:
+            os.close(leaf)
 
 
 def index(directory: Path, name: str) -> dict:
     """DIR's manifest from its files as they are now, written whole or not at all; returned whole, so the
     control node reads the digests from this command's output."""
-    lock = locked(directory)  # noqa: F841 (no fetch into it meanwhile)
+    tree = Tree(directory)  # an engine container writes there: nothing followed, nothing named predictably
+    lock = locked(tree)  # noqa: F841 (no fetch into it meanwhile)
     start = time.monotonic()
-    rels = own_files(directory)
-    readable_to_peers(directory, rels)
-    files = {rel: {"size": (directory / rel).stat().st_size, "sha256": None} for rel in rels}
-    verified, _ = check(directory, files, {}, True)
-    temp = directory / f".modelfleet-manifest.{os.getpid()}.tmp"
-    temp.write_text(json.dumps({"repo": name, "commit": directory.name, "files": verified,
-                                "verified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1) + "\n")
-    temp.replace(directory / MANIFEST)
+    rels = own_files(tree)
+    readable_to_peers(tree, rels)
+    files = {rel: {"size": tree.size(rel), "sha256": None} for rel in rels}
+    verified, _ = check(tree, files, {}, True)
+    tree.write(MANIFEST, (json.dumps({"repo": name, "commit": directory.name, "files": verified,
+                                      "verified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+                                     indent=1) + "\n").encode())
     return {"indexed": str(directory), "files": len(verified), "bytes": sum(e["size"] for e in verified.values()),
             "seconds": round(time.monotonic() - start, 3), "manifest": verified}
 
@@ -768,9 +1037,9 @@ def main(argv: list[str]) -> int:
     if argv[0] == "pieces":  # the verified copy's piece digests, for the control node to hand the receivers
         from modelfleet_swarm import pieces_of
 
-        directory = Path(argv[1])
-        manifest = json.loads((directory / MANIFEST).read_text())["files"]
-        print(json.dumps(pieces_of(directory, sorted(manifest), int(argv[2]))))
+        tree = Tree(argv[1])
+        manifest = json.loads(tree.read(MANIFEST) or b"{}")["files"]
+        print(json.dumps(pieces_of(tree, sorted(manifest), int(argv[2]))))
         return 0
     job = json.loads(Path(argv[0]).read_text())
     if job.get("token"):  # a peer copy's job holds the run's token: on disk no longer than it is read
@@ -778,36 +1047,42 @@ def main(argv: list[str]) -> int:
     mode, reverify = argv[1], "--reverify" in argv
     dest = Path(job["dest"])
     dest.mkdir(parents=True, exist_ok=True)
-    lock = locked(dest)  # noqa: F841 (held until the process exits)
-    watch = Watchdog(job, dest)
+    tree = Tree(dest)  # an engine cache's is written by its engine's container too: nothing followed there
+    lock = locked(tree)  # noqa: F841 (held until the process exits)
+    if job.get("kind") == "cache" and (odd := tree.odd()):
+        raise FetchError(f"engine cache {job['commit']}: {dest} holds what no cache may hold: {', '.join(odd[:10])}: "
+                         "nothing was copied into it; its engine's container can write there: find out who wrote "
+                         "it, remove it (or the directory) and re-run")
+    watch = Watchdog(job, tree)
     watch.start()
-    manifest_path = dest / MANIFEST
-    manifest = json.loads(manifest_path.read_text()).get("files", {}) if manifest_path.exists() else {}
+    try:
+        manifest = json.loads(tree.read(MANIFEST) or b"{}").get("files", {})
+    except (OSError, ValueError):
+        manifest = {}
     files = job["files"]
     start = time.monotonic()
     bad: dict = {}
-    verified, missing = check(dest, files, manifest, reverify, bad=bad)
+    verified, missing = check(tree, files, manifest, reverify, bad=bad)
     report = {"commit": job["commit"], "dest": str(dest), "files": len(files), "fetched": [], "bytes_fetched": 0}
     if missing and mode != "verify":
         name = next((a.split("=", 1)[1] for a in argv if a.startswith("--source-name=")), None)
         waiting = missing
         source = f"peer {name} ({argv[2]})" if name else f"the mirror ({argv[2]})" if mode == "peer" \
             else "the group's peers" if mode == "swarm" else f"the hub ({job['endpoint']})"
-        watch.arm(source, lambda: [rel for rel in waiting if not (dest / rel).is_file()
-                                   or (dest / rel).stat().st_size != files[rel]["size"]])
+        watch.arm(source, lambda: [rel for rel in waiting if tree.size(rel) != files[rel]["size"]])
         if mode == "swarm":
-            streamed = fetch_from_swarm(job, missing, sorted(verified), watch, report)
+            streamed = fetch_from_swarm(job, missing, sorted(verified), watch, report, tree)
         else:
-            streamed = fetch_from_hub(job, missing) if mode == "hub" else \
-                fetch_from_peer(job, missing, argv[2], name, watch)
+            streamed = fetch_from_hub(job, missing, tree) if mode == "hub" else \
+                fetch_from_peer(job, missing, argv[2], name, watch, tree)
         watch.armed = False
         report["fetched"] = missing
         report["bytes_fetched"] = sum(files[rel]["size"] for rel in missing)
-        again, still = check(dest, {rel: files[rel] for rel in missing}, {}, True, streamed or {})
+        again, still = check(tree, {rel: files[rel] for rel in missing}, {}, True, streamed or {})
         verified.update(again)
         missing = still
         for rel in missing:  # what failed its check goes: an engine reads its cache directory as it finds it
-            (dest / rel).unlink(missing_ok=True)
+            tree.unlink(rel)
     report.update(ok=not missing, missing_or_corrupt=missing, seconds=round(time.monotonic() - start, 3),
                   finished_at=round(time.time(), 3),
                   repaired=[{"file": rel, "expected": e, "found": f} for rel, (e, f) in sorted(bad.items())
@@ -815,9 +1090,9 @@ def main(argv: list[str]) -> int:
     if missing:
         raise refusal(job, missing, mode, argv[2] if mode == "peer" else None,
                       next((a.split("=", 1)[1] for a in argv if a.startswith("--source-name=")), None))
-    manifest_path.write_text(json.dumps({"repo": job["repo"], "commit": job["commit"], "files": verified,
-                                         "verified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
-                                        indent=1) + "\n")
+    tree.write(MANIFEST, (json.dumps({"repo": job["repo"], "commit": job["commit"], "files": verified,
+                                      "verified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+                                     indent=1) + "\n").encode())
     print(json.dumps(report))
     return 0
 

@@ -23,7 +23,6 @@ import threading
 import time
 import urllib.parse
 import zlib
-from pathlib import Path
 
 PIECE = 8 << 20
 HAVE = ".modelfleet-have.json"
@@ -60,32 +59,33 @@ def piece_of(range_header: str, size: int, piece: int) -> int | None:
     return index if end == offset + length - 1 else None
 
 
-def digests(path: Path, piece: int) -> list[str]:
+def digests(fd: int, piece: int) -> list[str]:
     out = []
-    with path.open("rb") as f:
+    with os.fdopen(fd, "rb") as f:
         while block := f.read(piece):
             out.append(hashlib.sha256(block).hexdigest())
     return out
 
 
-def pieces_of(directory: Path, names: list[str], piece: int) -> dict:
-    """Every piece's sha256 of the (verified) files `names` in `directory`, computed once per file version (size
-    and mtime) and kept in PIECES_CACHE, so a seed's re-run reads nothing again."""
-    cache_path = directory / PIECES_CACHE
+def pieces_of(tree, names: list[str], piece: int) -> dict:
+    """Every piece's sha256 of the (verified) files `names` in `tree` (modelfleet_fetch.Tree: nothing followed,
+    nothing named predictably), computed once per file version (size and mtime) and kept in PIECES_CACHE, so a
+    seed's re-run reads nothing again."""
     cache = {}
     with contextlib.suppress(OSError, ValueError):
-        cache = json.loads(cache_path.read_text())
+        cache = json.loads(tree.read(PIECES_CACHE) or b"{}")
     known = cache.get("files", {}) if cache.get("piece_size") == piece else {}
     out = {}
     for rel in names:
-        st = (directory / rel).stat()
+        fd = tree.open(rel)
+        st = os.fstat(fd)
         entry = known.get(rel)
         if not entry or entry["size"] != st.st_size or entry["mtime"] != st.st_mtime:
-            entry = {"size": st.st_size, "mtime": st.st_mtime, "pieces": digests(directory / rel, piece)}
+            entry = {"size": st.st_size, "mtime": st.st_mtime, "pieces": digests(fd, piece)}
+        else:
+            os.close(fd)
         out[rel] = entry
-    temp = directory / f".modelfleet-pieces.{os.getpid()}.tmp"
-    temp.write_text(json.dumps({"piece_size": piece, "files": out}))
-    temp.replace(cache_path)
+    tree.write(PIECES_CACHE, json.dumps({"piece_size": piece, "files": out}).encode())
     return {"piece_size": piece, "files": {rel: e["pieces"] for rel, e in out.items()}}
 
 
@@ -110,7 +110,7 @@ class HaveView:
             if rel not in self.names or not isinstance(entry.get("have"), str):
                 continue
             if partial is not None and not re.fullmatch(
-                    rf"\.{re.escape(rel.rsplit('/', 1)[-1])}\.\d+\.modelfleet-partial", str(partial)):
+                    rf"\.{re.escape(rel.rsplit('/', 1)[-1])}\.\d+\.[0-9a-f]+\.modelfleet-partial", str(partial)):
                 continue  # a partial is only ever the listed file's own, beside it
             out[rel] = {"have": entry["have"], "partial": partial}
         return out
@@ -130,11 +130,12 @@ class HaveView:
 
 class Swarm:
     """One receiver's copy of `paths` from the group's `peers` ({name: base url}), every piece checked against
-    `pieces` ({rel: [sha256]}); `verify(path, meta)` checks a whole file (None, or (expected, found)); `pace`:
+    `pieces` ({rel: [sha256]}); `verify(rel, meta)` checks a whole file below `tree` (None, or (expected,
+    found)); `tree`: the destination (modelfleet_fetch.Tree: every write by descriptor, nothing followed); `pace`:
     the host's receive cap (or None); `moved(n)`: progress for the watchdog."""
 
-    def __init__(self, job: dict, paths: list[str], complete: list[str], verify, pace=None, moved=None):
-        self.dest, self.files, self.token = Path(job["dest"]), job["files"], job["token"]
+    def __init__(self, job: dict, paths: list[str], complete: list[str], verify, tree, pace=None, moved=None):
+        self.tree, self.files, self.token = tree, job["files"], job["token"]
         self.piece, self.pieces = int(job["piece_size"]), job["pieces"]
         self.peers, self.verify, self.pace, self.moved = dict(job["peers"]), verify, pace, moved or (lambda n: None)
         self.timeout = float(job.get("stall_s") or 60)
@@ -153,36 +154,28 @@ class Swarm:
         self.digests: dict[str, str] = {}
         self.failure: str | None = None
         self.have = {rel: bytearray(b"0" * piece_count(self.files[rel]["size"], self.piece)) for rel in paths}
-        self.partial = {rel: self._partial(rel) for rel in paths}
+        self.partial: dict[str, str] = {}  # rel -> its partial file's path below the tree (a name no one guesses)
         self.todo = {(rel, i) for rel in paths for i in range(len(self.have[rel]))}
         self.inflight: set[tuple[str, int]] = set()
         self.left = {rel: len(self.have[rel]) for rel in paths}
         self.complete = set(complete)
         self.fds = {}
         for rel in paths:
-            target = self.partial[rel]
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            fd, self.partial[rel] = tree.create(rel)
             os.ftruncate(fd, self.files[rel]["size"])
             self.fds[rel] = fd
         self.write_have()
         for rel in [r for r in paths if not self.left[r]]:  # empty files: nothing to fetch
             self.finish(rel)
 
-    def _partial(self, rel: str) -> Path:
-        target = self.dest / rel
-        return target.with_name(f".{target.name}.{os.getpid()}.modelfleet-partial")
-
     def write_have(self) -> None:
         """HAVE, replaced whole: what this host's server may send now (written by root, read by the server)."""
         with self.cond:
             files = {rel: {"have": "*", "partial": None} for rel in self.complete}
-            files.update({rel: {"have": bits.decode(), "partial": self.partial[rel].name}
+            files.update({rel: {"have": bits.decode(), "partial": self.partial[rel].rsplit("/", 1)[-1]}
                           for rel, bits in self.have.items() if rel not in self.complete})
             text = json.dumps({"piece_size": self.piece, "files": files})
-        temp = self.dest / f".modelfleet-have.{os.getpid()}.{threading.get_ident()}.tmp"
-        temp.write_text(text)
-        temp.replace(self.dest / HAVE)
+        self.tree.write(HAVE, text.encode())
 
     def request(self, name: str, path: str, headers: dict | None = None):
         parts = urllib.parse.urlsplit(self.peers[name])
@@ -342,14 +335,14 @@ class Swarm:
         partial = self.partial[rel]
         wrong = self.verify(partial, self.files[rel])
         if wrong:
-            partial.unlink(missing_ok=True)
+            self.tree.unlink(partial)
             with self.cond:
                 seed = self.pieces_from
                 self.failure = (f"{rel}: every piece matched the piece digests read from {seed}, but the whole file "
                                 f"does not match the control node's (expected {wrong[0]}, found {wrong[1]}): the copy "
                                 f"on {seed} is bad: run with model_reverify=true on {seed} (--limit {seed})")
             return
-        partial.replace(self.dest / rel)
+        self.tree.rename(partial, rel)
         with self.cond:
             self.complete.add(rel)
             if self.files[rel].get("sha256"):
@@ -370,5 +363,5 @@ class Swarm:
         if self.failure is not None:
             for rel in self.have:
                 if rel not in self.complete:
-                    self.partial[rel].unlink(missing_ok=True)
+                    self.tree.unlink(self.partial[rel])
         return self.digests

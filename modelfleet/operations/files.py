@@ -78,8 +78,11 @@ def directory(path: str, current: dict | None, mode: str = "0755", user: str = "
     if _owned(current, "dir", mode, user, group):
         host.noop(f"directory {path} is in place")
         return
+    # The marker made O_EXCL (noclobber), never through a link: an engine cache's directory is its container's too.
+    m = shlex.quote(f"{path}/{MARKER}")
     yield StringCommand("mkdir", "-p", p, "&&", "chown", f"{user}:{group}", p, "&&", "chmod", mode, p, "&&",
-                        "touch", shlex.quote(f"{path}/{MARKER}"))
+                        "{", "[", "-L", m, "]", "||", "[", "-e", m, "]", "||", "(", "set", "-C;", ":", ">", m, ");",
+                        "}")
 
 
 @operation()

@@ -33,7 +33,8 @@ for arg; do
     p=$value
     while [ ! -e "$p" ]; do p=$(dirname "$p"); done
     echo "free $(df -B1 -P "$p" | awk 'NR==2 {print $4}')"
-    [ -f "$value/$MANIFEST" ] && echo "manifest $(tr -d '\n' < "$value/$MANIFEST")"
+    # Never through a link: an engine cache's directory is written by its container too
+    [ -f "$value/$MANIFEST" ] && [ ! -L "$value/$MANIFEST" ] && echo "manifest $(tr -d '\n' < "$value/$MANIFEST")"
     # huggingface_hub keeps its own .cache inside a download directory: not part of the tree (an engine cache
     # directory lies under another .cache, so the pattern is anchored at the tree)
     [ -d "$value" ] && find "$value" -type f ! -path "$value/.cache/*" \( -name "*$PARTIAL" -printf "partial %s %P\n" \

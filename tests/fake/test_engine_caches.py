@@ -57,12 +57,12 @@ def test_old_keys_beyond_keep_are_pruned_and_the_one_in_use_never(fake, stale, k
     host = {**b300_host(), "model_keep_revisions": keep, "fake_responses": _with_root_entries(fake, svc, stale)}
     state = fake.run_fake([("b300-01", host)], serve)
     commands = fake.executed(state, "b300-01")
-    prunes = [c for c in commands if "xargs -r rm -rf" in c]
+    prunes = [c for c in commands if "xargs -r -I@ rm -rf" in c]
     if not pruned:
         assert prunes == [] and changed_ops(state, "b300-01") == []
         return
     assert len(prunes) == 1
     root = render.engine_cache(svc).root
     assert prunes[0] == (f"sh -c 'cd {root} && ls -dt -- {' '.join(sorted(stale))} | tail -n +{keep + 1} | "
-                         "xargs -r rm -rf --'")
+                         "xargs -r -I@ rm -rf -- @ @.key.json'")
     assert render.engine_cache(svc).key not in prunes[0]

@@ -143,3 +143,43 @@ def planted_cache_is_refused(holder: dict, peer: dict, tmp_path) -> None:
     assert ssh(peer, f"grep -rl root: {peer_dir} 2>/dev/null").stdout == ""
     # And the holder's server, asked for the links by name with the attacker's best guess, gives no byte.
     assert raw_get(peer, holder["address"], "/innocent.json")[1] == 0
+
+
+VICTIM = "/root/victim-ssh"  # stands in for /root/.ssh: the attack aims at root's keys
+
+
+def test_a_directory_link_in_a_receivers_cache_is_refused_and_roots_keys_stay_as_they_were(lab_hosts, tmp_path):
+    holder, peer = lab_hosts[0], lab_hosts[1]
+    try:
+        receivers_link_is_refused(holder, peer, tmp_path)
+    finally:  # as the other lab tests expect the hosts: no link, no victim, no engine running
+        for spec in (holder, peer):
+            ssh(spec, f"rm -rf {spec['model_root']}/.cache/vllm {VICTIM}; systemctl stop 'modelfleet-tiny-*'")
+
+
+def receivers_link_is_refused(holder: dict, peer: dict, tmp_path) -> None:
+    for spec in (holder, peer):
+        ssh(spec, f"systemctl stop 'modelfleet-tiny-*'; rm -rf {spec['model_root']}/.cache/vllm {VICTIM}")
+    first = serve([holder], tmp_path)
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+    root = f"{holder['model_root']}/.cache/vllm"
+    key = ssh(holder, f"ls {root} | grep -Ex '[0-9a-f]{{16}}'").stdout.split()[0]
+    # The holder's engine writes a file where the receiver's engine will have a link: indexed and served as any.
+    ssh(holder, f"mkdir -p {root}/{key}/inductor && echo 'ssh-ed25519 AAAA attacker' > {root}/{key}/inductor/"
+                "authorized_keys")
+    # The receiver's own engine (an earlier start with this key, in the directories modelfleet made for it)
+    # left only a link in its key directory: no regular file, so the host counted as one to fill.
+    peer_dir = f"{peer['model_root']}/.cache/vllm/{key}"
+    ssh(peer, f"mkdir -p {VICTIM} {peer_dir} && echo 'ssh-ed25519 AAAA root' > {VICTIM}/authorized_keys && "
+              f"touch {peer_dir}/../.modelfleet-owned {peer_dir}/.modelfleet-owned && "
+              f"ln -sfn {VICTIM} {peer_dir}/inductor")
+    before = ssh(peer, f"ls -A {VICTIM}; sha256sum {VICTIM}/authorized_keys").stdout
+    run = serve([holder, peer], tmp_path)
+    text = run.stdout + run.stderr
+    said = [line for line in text.splitlines() if "modelfleet:" in line or "rror" in line or "refus" in line]
+    # What the attacker got: root's keys as they were, nothing beside them, the link as it was planted.
+    assert ssh(peer, f"ls -A {VICTIM}; sha256sum {VICTIM}/authorized_keys").stdout == before, said
+    assert ssh(peer, f"readlink {peer_dir}/inductor").stdout.strip() == VICTIM
+    assert run.returncode != 0, said
+    named = [line for line in text.splitlines() if "holds what no cache may hold" in line]
+    assert named and f"inductor (a symlink to {VICTIM})" in named[0] and peer_dir in named[0], said

@@ -111,6 +111,15 @@ def test_the_key_file_says_why_and_holds_no_secret(monkeypatch):
     assert "sk-test" not in cache.key_json
 
 
+def test_root_writes_the_key_file_where_the_engines_container_cannot_plant_a_link():
+    """The key file was written (then chowned and chmodded, as root) inside the directory the engine mounts
+    read-write: a link planted under its name sent root's write, and a chmod 0644, to the link's target."""
+    cache = render.engine_cache(host().services[0])
+    mounted = caches.docker_flags(cache)[1].split(":")[0]
+    assert mounted == cache.dir and not cache.key_file.startswith(f"{mounted}/")
+    assert cache.key_file.rsplit("/", 1)[0] == cache.root
+
+
 def test_the_inventory_env_wins_over_the_cache_roots():
     svc = host(env={"TRITON_CACHE_DIR": "/tmp/triton"}).services[0]
     env = render.env_values(svc)
@@ -158,11 +167,13 @@ def test_prune_command_keeps_the_newest_stale_keys(tmp_path, keep):
     now = time.time()
     for age, name in enumerate(names):  # names[0] is the newest
         (tmp_path / name / "inductor").mkdir(parents=True)
+        (tmp_path / f"{name}{caches.KEY_FILE}").write_text("{}")
         os.utime(tmp_path / name, (now - 100 * age, now - 100 * age))
     (tmp_path / "in-use").mkdir()
     command = caches.prune_command(str(tmp_path), names, keep)
     subprocess.run(command.get_raw_value(), shell=True, check=True)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[:keep] + ["in-use"])
+    kept = names[:keep] + [f"{name}{caches.KEY_FILE}" for name in names[:keep]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept + ["in-use"])
 
 
 def test_the_h200_figures_in_the_docs_are_the_recordings():

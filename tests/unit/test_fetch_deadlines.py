@@ -117,7 +117,7 @@ def test_a_server_nobody_asks_ends_after_its_idle_time(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     serve_job = {"dir": str(tmp_path), "address": "127.0.0.1", "port": port, "token": "t" * 64, "files": [],
-                 "idle_s": 2}
+                 "idle_s": 2, "name": "gpu-01", "proof_key": "k" * 64}
     proc = subprocess.Popen([sys.executable, FETCH, "serve"], stdin=subprocess.PIPE)
     proc.stdin.write(json.dumps(serve_job).encode())
     proc.stdin.close()

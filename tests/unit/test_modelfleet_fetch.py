@@ -41,15 +41,17 @@ def source(tmp_path):
 
 
 TOKEN = "5e" * 32
+KEY = "7a" * 32  # the serving host's proof key (gpu-01's), as the control node makes one per host
+NAME = "gpu-01"
 
 
-def serving(directory, *rate: str, files=None, port=None):
+def serving(directory, *rate: str, files=None, port=None, name=NAME, key=KEY, **extra):
     """The peer server as the unit runs it: its job on stdin. Started when its challenge is answered."""
     port = port or free_port()
     files = files if files is not None else [str(p.relative_to(directory)) for p in directory.rglob("*")
                                              if p.is_file()]
     job = {"dir": str(directory), "address": "127.0.0.1", "port": port, "token": TOKEN, "files": files,
-           "rate_mb_s": float(rate[0]) if rate else None}
+           "rate_mb_s": float(rate[0]) if rate else None, "name": name, "proof_key": key, **extra}
     proc = subprocess.Popen([sys.executable, FETCH, "serve"], stdin=subprocess.PIPE)
     proc.stdin.write(json.dumps(job).encode())
     proc.stdin.close()
@@ -63,9 +65,10 @@ def serving(directory, *rate: str, files=None, port=None):
     raise AssertionError("the peer server did not start")
 
 
-def with_token(job, token=TOKEN):
+def with_token(job, token=TOKEN, proofs=None):
+    """A receiver's job as the control node writes it: the run's token and its sources' proof keys."""
     data = json.loads(job.read_text())
-    job.write_text(json.dumps({**data, "token": token}))
+    job.write_text(json.dumps({**data, "token": token, "proofs": proofs or {NAME: KEY, "gpu-03": KEY}}))
     return job
 
 
@@ -75,8 +78,8 @@ def test_a_peer_copy_verifies_and_a_capped_server_keeps_to_its_rate(source, rate
     proc, url = serving(tmp_path / "src", *([str(rate_mb_s)] if rate_mb_s else []))
     try:
         start = time.monotonic()
-        run = subprocess.run([sys.executable, FETCH, str(with_token(job)), "peer", url], capture_output=True,
-                             text=True)
+        run = subprocess.run([sys.executable, FETCH, str(with_token(job)), "peer", url, f"--source-name={NAME}"],
+                             capture_output=True, text=True)
         seconds = time.monotonic() - start
     finally:
         proc.kill()
@@ -113,6 +116,7 @@ def cache_job(tmp_path, dest, files):
     job = tmp_path / "cache-job.json"
     job.write_text(json.dumps({"repo": "engine-cache/vllm", "commit": "0123456789abcdef", "endpoint": None,
                                "dest": str(dest), "token_file": None, "kind": "cache", "token": TOKEN,
+                               "proofs": {NAME: KEY},
                                "files": {rel: {**e, "blob_id": None} for rel, e in files.items()}}))
     return job
 
@@ -137,8 +141,8 @@ def test_an_indexed_cache_reaches_a_peer_checked_and_a_changed_file_is_never_kep
     proc, url = serving(seed, files=sorted(listed))
     try:
         dest = tmp_path / "peer" / "0123456789abcdef"
-        run = subprocess.run([sys.executable, FETCH, str(cache_job(tmp_path, dest, listed)), "peer", url],
-                             capture_output=True, text=True)
+        run = subprocess.run([sys.executable, FETCH, str(cache_job(tmp_path, dest, listed)), "peer", url,
+                              f"--source-name={NAME}"], capture_output=True, text=True)
         assert run.returncode == 0, run.stderr
         for rel in listed:
             assert (dest / rel).read_bytes() == (seed / rel).read_bytes()
@@ -149,10 +153,10 @@ def test_an_indexed_cache_reaches_a_peer_checked_and_a_changed_file_is_never_kep
         (seed / "triton" / "kernel.cubin").write_bytes(b"CUBIN" * 1000)
         other = tmp_path / "peer2" / "0123456789abcdef"
         run = subprocess.run([sys.executable, FETCH, str(cache_job(tmp_path, other, listed)), "peer", url,
-                              "--source-name=gpu-07"], capture_output=True, text=True)
+                              f"--source-name={NAME}"], capture_output=True, text=True)
         line = run.stderr.strip()
         assert run.returncode == 1 and len(line.splitlines()) == 1, run.stderr
-        assert "engine cache 0123456789abcdef" in line and "sent by peer gpu-07" in line
+        assert "engine cache 0123456789abcdef" in line and f"sent by peer {NAME}" in line
         assert "triton/kernel.cubin" in line and "removed" in line and "hub" not in line and "current" not in line
         assert not (other / "triton" / "kernel.cubin").exists() and not (other / ".modelfleet-manifest.json").exists()
     finally:
@@ -225,7 +229,7 @@ def test_the_probe_names_the_process_holding_the_port(tmp_path):
             time.sleep(0.05)
         job = tmp_path / "serve.json"
         job.write_text(json.dumps({"dir": str(tmp_path), "address": "127.0.0.1", "port": port, "token": TOKEN,
-                                   "files": []}))
+                                   "files": [], "name": "gpu-05", "proof_key": KEY}))
         proc, _ = subprocess.Popen([sys.executable, FETCH, "serve"], stdin=subprocess.PIPE, stderr=subprocess.PIPE), None
         proc.stdin.write(job.read_bytes())
         proc.stdin.close()
@@ -295,4 +299,4 @@ def test_the_script_names_the_checkpoint_layout_as_the_package_does():
     from modelfleet import host_commands
     text = (FILES_DIR / "modelfleet_fetch.py").read_text()
     assert f'MANIFEST = "{host_commands.MANIFEST}"' in text
-    assert f'"{host_commands.FETCH_LOCK}"' in text and f'{host_commands.PARTIAL}")' in text
+    assert f'"{host_commands.FETCH_LOCK}"' in text and f'PARTIAL = "{host_commands.PARTIAL}"' in text

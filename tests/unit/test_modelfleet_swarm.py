@@ -15,8 +15,8 @@ import pytest
 
 from modelfleet import transfer
 from modelfleet.files import modelfleet_swarm as swarm
-from modelfleet.files.modelfleet_fetch import challenge
-from tests.unit.test_modelfleet_fetch import FETCH, TOKEN, free_port
+from modelfleet.files.modelfleet_fetch import Tree, challenge
+from tests.unit.test_modelfleet_fetch import FETCH, KEY, TOKEN, free_port
 
 PIECE = 256 << 10
 
@@ -38,12 +38,12 @@ def test_the_package_and_the_host_programs_agree_on_piece_size_and_have_file():
 
 
 def test_a_receivers_server_sends_only_verified_pieces_of_listed_files():
-    have = {"files": {"a/model.bin": {"have": "0110", "partial": ".model.bin.77.modelfleet-partial"},
+    have = {"files": {"a/model.bin": {"have": "0110", "partial": ".model.bin.77.5eed.modelfleet-partial"},
                       "b.bin": {"have": "1", "partial": "../../etc/shadow"},
                       "unlisted.bin": {"have": "*", "partial": None},
                       "done.bin": {"have": "*", "partial": None}}}
     view = swarm.HaveView(lambda: json.dumps(have), frozenset({"a/model.bin", "b.bin", "done.bin"}), complete=False)
-    assert view.source("a/model.bin", 1) == "a/.model.bin.77.modelfleet-partial"
+    assert view.source("a/model.bin", 1) == "a/.model.bin.77.5eed.modelfleet-partial"
     assert view.source("a/model.bin", 0) is None and view.source("a/model.bin", 9) is None
     assert view.source("a/model.bin", None) is None  # not whole yet
     assert view.source("b.bin", 0) is None  # a partial name that is not the file's own
@@ -53,14 +53,14 @@ def test_a_receivers_server_sends_only_verified_pieces_of_listed_files():
 
 def test_pieces_are_computed_once_per_file_version(tmp_path):
     (tmp_path / "m.bin").write_bytes(b"x" * (PIECE + 3))
-    first = swarm.pieces_of(tmp_path, ["m.bin"], PIECE)
+    first = swarm.pieces_of(Tree(tmp_path), ["m.bin"], PIECE)
     assert first["files"]["m.bin"] == [hashlib.sha256(b"x" * PIECE).hexdigest(), hashlib.sha256(b"xxx").hexdigest()]
     cache = json.loads((tmp_path / swarm.PIECES_CACHE).read_text())
     cache["files"]["m.bin"]["pieces"] = ["f" * 64, "f" * 64]  # a kept list is reused while size and mtime hold
     (tmp_path / swarm.PIECES_CACHE).write_text(json.dumps(cache))
-    assert swarm.pieces_of(tmp_path, ["m.bin"], PIECE)["files"]["m.bin"] == ["f" * 64] * 2
+    assert swarm.pieces_of(Tree(tmp_path), ["m.bin"], PIECE)["files"]["m.bin"] == ["f" * 64] * 2
     (tmp_path / "m.bin").write_bytes(b"y" * (PIECE + 3))
-    assert swarm.pieces_of(tmp_path, ["m.bin"], PIECE)["files"]["m.bin"][1] == hashlib.sha256(b"yyy").hexdigest()
+    assert swarm.pieces_of(Tree(tmp_path), ["m.bin"], PIECE)["files"]["m.bin"][1] == hashlib.sha256(b"yyy").hexdigest()
 
 
 def data_of(name: str, size: int) -> bytes:
@@ -77,7 +77,7 @@ def group(tmp_path):
     for rel, size in files.items():
         (seed / rel).write_bytes(data_of(rel, size))
         meta[rel] = {"size": size, "sha256": hashlib.sha256(data_of(rel, size)).hexdigest(), "blob_id": None}
-    pieces = swarm.pieces_of(seed, sorted(files), PIECE)["files"]
+    pieces = swarm.pieces_of(Tree(seed), sorted(files), PIECE)["files"]
     return tmp_path, seed, meta, pieces
 
 
@@ -85,15 +85,18 @@ def receiver_job(tmp_path, name, meta, pieces, peers, rate_mb_s=None):
     job = tmp_path / f"{name}.json"
     job.write_text(json.dumps({"repo": "org/m", "commit": "c" * 40, "endpoint": "", "dest": str(tmp_path / name),
                                "token_file": None, "files": meta, "token": TOKEN, "pieces": pieces,
-                               "piece_size": PIECE, "peers": peers, "rate_mb_s": rate_mb_s, "stall_s": 20}))
+                               "piece_size": PIECE, "peers": peers, "rate_mb_s": rate_mb_s, "stall_s": 20,
+                               "proofs": dict.fromkeys(peers, KEY)}))
     return job
 
 
 def server(directory, meta, swarm_mode=False, rate_mb_s=None):
     """A peer server as the unit runs it (its job on stdin): a holder's, or a receiver's (`swarm_mode`: it sends
-    only what the have file in its directory says was verified). Returned once its challenge is answered."""
+    only what the have file in its directory says was verified), named as its directory. Returned once its
+    challenge is answered."""
     port = free_port()
     job = {"dir": str(directory), "address": "127.0.0.1", "port": port, "token": TOKEN, "files": sorted(meta),
+           "name": directory.name, "proof_key": KEY,
            "sizes": {rel: m["size"] for rel, m in meta.items()}, "swarm": swarm_mode, "piece_size": PIECE,
            "rate_mb_s": rate_mb_s}
     proc = subprocess.Popen([sys.executable, FETCH, "serve"], stdin=subprocess.PIPE)
@@ -101,7 +104,7 @@ def server(directory, meta, swarm_mode=False, rate_mb_s=None):
     proc.stdin.close()
     url = f"http://127.0.0.1:{port}/"
     for _ in range(200):
-        if challenge(url, TOKEN, timeout=1) is None:
+        if challenge(url, KEY, directory.name, timeout=1) is None:
             return proc, url
         time.sleep(0.05)
     proc.kill()
@@ -150,7 +153,7 @@ def test_a_bad_piece_is_refused_and_its_peer_named(group):
     with (liar / rel).open("r+b") as f:  # one piece's bytes changed, sizes the same
         f.seek(2 * PIECE + 5)
         f.write(b"EVIL")
-    partial = honest / "sub" / ".model-1.safetensors.1.modelfleet-partial"
+    partial = honest / "sub" / ".model-1.safetensors.1.0a.modelfleet-partial"
     shutil.copyfile(seed / rel, partial)
     held = {r: {"have": "*", "partial": None} for r in meta}
     (honest / swarm.HAVE).write_text(json.dumps({"files": {**held, rel: {"have": "110111", "partial": partial.name}}}))
@@ -180,7 +183,7 @@ def test_the_server_refuses_a_piece_it_has_not_verified(group, tmp_path):
     dest = tmp_path / "partial-host"
     dest.mkdir()
     rel = "model-2.safetensors"
-    partial = dest / f".{rel}.99.modelfleet-partial"
+    partial = dest / f".{rel}.99.beef.modelfleet-partial"
     partial.write_bytes(data_of(rel, meta[rel]["size"]))
     (dest / swarm.HAVE).write_text(json.dumps({"files": {rel: {"have": "010", "partial": partial.name}}}))
     proc, url = server(dest, meta, swarm_mode=True)
@@ -219,7 +222,8 @@ def test_receivers_first_ask_the_seed_for_disjoint_shares(group):
     for slot in range(3):
         (tmp_path / f"r{slot}").mkdir()
         job = json.loads(receiver_job(tmp_path, f"r{slot}", meta, pieces, {"seed": "http://127.0.0.1:9/"}).read_text())
-        receiver = swarm.Swarm({**job, "stripe": [slot, 3]}, sorted(meta), [], verify=lambda *_: None)
+        receiver = swarm.Swarm({**job, "stripe": [slot, 3]}, sorted(meta), [], lambda *_: None,
+                               Tree(tmp_path / f"r{slot}"))
         receiver.views["seed"] = {rel: "*" for rel in meta}
         keys = set(receiver.todo)
         shares.append({key for key in keys if receiver.mine(key)})

@@ -146,7 +146,8 @@ def test_service_stage_creates_a_fresh_config_dir_with_the_marker(fake):
     host = {**H200_HOST, "config_dir": "/srv/mf-etc", "fake_responses": {"@@modelfleet-probe": h200_probe(fake)}}
     commands = fake.executed(fake.run_fake([("h200", host)], lambda: run_stages(preflight, service)), "h200")
     assert ("mkdir -p /srv/mf-etc && chown root:root /srv/mf-etc && chmod 0700 /srv/mf-etc && "
-            "touch /srv/mf-etc/.modelfleet-owned") in commands
+            "{ [ -L /srv/mf-etc/.modelfleet-owned ] || [ -e /srv/mf-etc/.modelfleet-owned ] || "
+            "( set -C; : > /srv/mf-etc/.modelfleet-owned ); }") in commands
 
 
 def test_storage_stage_refuses_a_mount_point_that_holds_files(fake, caplog):
@@ -163,3 +164,30 @@ def test_storage_stage_refuses_a_mount_point_that_holds_files(fake, caplog):
     changes = [c for c in fake.executed(state, "h200") if "@@modelfleet-" not in c]  # but the reads of the host
     assert not any(c.startswith(("mkfs", "mdadm", "sh -c")) for c in changes), changes
     assert "refused: storage: model_root /srv/models holds files (old-models)" in caplog.text
+
+
+def test_the_marker_is_never_made_through_a_link_planted_in_the_directory(tmp_path):
+    """An engine container that can write its cache directory chmods it (so the next run fixes its mode) and
+    plants `.modelfleet-owned -> /etc/nologin`: `touch` as root made the victim, an empty file anywhere."""
+    import subprocess
+
+    from modelfleet.operations.files import directory
+
+    cache = tmp_path / "cache" / "0123456789abcdef"
+    cache.mkdir(parents=True)
+    cache.chmod(0o777)
+    victim = tmp_path / "etc" / "nologin"
+    victim.parent.mkdir()
+    (cache / MARKER).symlink_to(victim)
+    current = {"kind": "dir", "mode": "777", "user": "root", "group": "root", "entries": [MARKER]}
+    commands = [str(c.get_raw_value()) for c in directory._inner(path=str(cache), current=current)
+                if hasattr(c, "get_raw_value")]
+    assert len(commands) == 1
+    run = subprocess.run(["sh", "-c", commands[0]], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert not victim.exists() and (cache / MARKER).is_symlink()  # nothing made through the link
+    assert oct(cache.stat().st_mode & 0o777) == "0o755"
+    fresh = tmp_path / "fresh"
+    commands = [str(c.get_raw_value()) for c in directory._inner(path=str(fresh), current=None)
+                if hasattr(c, "get_raw_value")]
+    assert subprocess.run(["sh", "-c", commands[0]]).returncode == 0 and (fresh / MARKER).is_file()

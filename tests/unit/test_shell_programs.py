@@ -319,3 +319,19 @@ def test_router_health_waits_for_the_router(tmp_path, monkeypatch):
     assert (tmp_path / "calls").read_text().count("/health") == 3
     (tmp_path / "up").write_text(f"{router.local_url(rp)}\n")
     assert sh(router.health_script(rp, timeout_s=3), tools).returncode == 0
+
+
+def test_deployed_state_never_reads_a_manifest_through_a_link(tmp_path):
+    """An engine cache's directory is written by its container: `.modelfleet-manifest.json -> /etc/shadow` made
+    root read the victim and send it to the control node."""
+    cache = tmp_path / "cache" / "0123456789abcdef"
+    cache.mkdir(parents=True)
+    victim = tmp_path / "shadow"
+    victim.write_text('{"files": {"root:$6$secret": {}}}')
+    (cache / hc.MANIFEST).symlink_to(victim)
+    fact = DeployedState()
+    out = sh(fact.command(trees=(str(cache),)))
+    assert "secret" not in out.stdout
+    state = fact.process(out.stdout.splitlines())
+    assert state["trees"][str(cache)]["manifest"] is None
+    assert state["trees"][str(cache)]["odd"]  # the link itself is named

@@ -1,6 +1,9 @@
 """Moving verified files between hosts (modelfleet.transfer): who copies from whom, wave by wave, the peer
 server's transient unit, and the fetch command a host runs."""
 
+import json
+from types import SimpleNamespace
+
 from modelfleet.transfer import FETCH, VENV, _fetch_command, fanout_unit, fanout_waves
 
 
@@ -78,3 +81,44 @@ def test_the_control_node_takes_a_seeds_piece_list_only_whole_and_well_formed():
             assert "gpu-01:/m" in str(error)
         else:
             raise AssertionError(f"accepted {bad}")
+
+
+class Written:
+    """A host as the transfer's FunctionCommands see it: what it was given in files, and its commands' answers."""
+
+    def __init__(self, name: str):
+        self.name, self.files = name, {}
+
+    def put_file(self, content, dest, remote_temp_filename=None):
+        self.files[dest] = json.loads(content.read())
+        return True
+
+    def run_shell_command(self, command, **_):
+        return True, SimpleNamespace(stdout_lines=[], stderr_lines=[], stdout="")
+
+
+def test_each_server_proves_itself_with_its_own_key_and_a_receiver_gets_only_its_sources_keys():
+    """A receiver that held every server's key (or one key for all) could answer for any of them, and so could
+    whoever read its job: it gets the keys of the hosts it copies from, and nothing of the others."""
+    from modelfleet import runscope
+    from modelfleet.transfer import _copy_from_peer, _serve_job, _swarm_copy, group_pieces, held_files
+
+    state = SimpleNamespace(failed_hosts=[], print_output=False, print_input=False)
+    hosts = {name: Written(name) for name in ("a", "b", "c", "d")}
+    with runscope.scope():
+        held_files(("g", "a")).update({"m.bin": {"size": 1, "sha256": "0" * 64, "blob_id": None}})
+        for name in ("a", "b"):
+            assert _serve_job(state, hosts[name], "/etc/mf/fanout-g.json", "g", "/srv/m", f"10.0.0.{ord(name)}",
+                              18431, ("g", "a"), None, 120)
+        served = {name: hosts[name].files["/etc/mf/fanout-g.json"] for name in ("a", "b")}
+        assert [served[n]["name"] for n in ("a", "b")] == ["a", "b"]
+        assert served["a"]["proof_key"] != served["b"]["proof_key"] and served["a"]["token"] == served["b"]["token"]
+        urls = {name: f"http://10.0.0.{ord(name)}:18431/" for name in hosts}
+        assert _copy_from_peer(state, hosts["c"], "/etc/mf/job.json", {"files": {}}, "g", "a", ["b"], urls, False, [])
+        tree_job = hosts["c"].files["/etc/mf/job.peer.json"]
+        assert tree_job["proofs"] == {"a": served["a"]["proof_key"]}
+        group_pieces("g").update({"m.bin": ["0" * 64]})
+        assert _swarm_copy(state, hosts["d"], "/etc/mf/job.json", {"files": {}}, "g", {"a": urls["a"], "b": urls["b"]},
+                           ["a"], None, False, [])
+        swarm_job = hosts["d"].files["/etc/mf/job.peer.json"]
+        assert swarm_job["proofs"] == {"a": served["a"]["proof_key"], "b": served["b"]["proof_key"]}
