@@ -172,7 +172,8 @@ def _swarm_copy(state, host, job_path: str, job: dict, group: str, peers: dict[s
     body = {**job, "token": fanout_token(group), "pieces": pieces, "piece_size": PIECE_SIZE, "peers": usable,
             "proofs": {name: proof_key(group, name) for name in usable},
             "rate_mb_s": rate_mb_s, "stripe": [receivers.index(host.name), len(receivers)],
-            "pieces_from": runscope.slot("fanout-pieces-from", dict).get(group)}
+            "pieces_from": runscope.slot("fanout-pieces-from", dict).get(group),
+            "server_unit": fanout_unit(group)}  # its own server stops with a failed copy (no later operation)
     if not _put_secret(host, peer_job, json.dumps(body)):
         return refuse(state, host, [f"could not write {peer_job}"])
     return _run_fetch(state, host, _fetch_command(peer_job, "swarm", None, reverify), "the group's peers",
