@@ -260,6 +260,7 @@ class Swarm:
                     chosen = self.choose()
                     if chosen:
                         break
+                    self.failure = self.failure or self.hopeless()
                     self.cond.wait(POLL_S)
                 key, name = chosen
                 self.inflight.add(key)
@@ -274,6 +275,20 @@ class Swarm:
                     self.inflight.discard(key)
                     self.active[name] -= 1
                     self.cond.notify_all()
+
+    def hopeless(self) -> str | None:
+        """A piece no peer can send any more: every peer that holds its file whole sent bad bytes (asked nothing
+        more) and no other has it. Named now, not at the stall deadline as if a source froze."""
+        holders = {n for n, view in self.views.items() if "*" in view.values()} | set(self.banned)
+        if not self.banned or holders - set(self.banned) or any(
+                n not in self.views for n in self.peers if n not in self.banned):  # one not heard from yet
+            return None
+        for rel, index in sorted(self.todo - self.inflight):
+            if not any(self.has(n, rel, index) for n in self.peers if n not in self.banned):
+                bad = ", ".join(sorted(self.banned))
+                return (f"every holder of {rel} sent bytes that fail its digests ({bad}): no good copy is left in "
+                        f"the group; run with model_reverify=true on {bad} (--limit), then re-run")
+        return None
 
     def fetch(self, name: str, rel: str, index: int) -> None:
         """Ask `name` for one piece; keep it only when its sha256 is the control node's."""

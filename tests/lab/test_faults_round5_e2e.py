@@ -4,10 +4,12 @@ hub's leftovers and a swarm receiver whose copy failed. Each ends in one line na
 no partial file on disk, the other hosts going on, and a plain re-run that converges. The time from each fault to
 its line is printed for the notes."""
 
+import subprocess
 import time
 
 import pytest
 
+import lab
 from lab import hub, scenario, ssh
 from modelfleet.commands import pyinfra_argv
 from tests.lab.test_faults_e2e import output as text
@@ -146,5 +148,38 @@ def test_a_swarm_receiver_whose_copy_failed_stops_serving_with_it(clean):
     assert serving != "active", serving  # its server went with its copy, not at its idle timeout
     assert not leftovers(peer) and not fetches_left(peer)
     ssh(peer, f"rm -f {ROOT}/filler")
+    again = model_run([seed, peer], revision="main")
+    assert again.returncode == 0, text(again)[-3000:]
+
+
+def test_a_host_killed_while_the_run_writes_its_job_file_is_named_as_gone(clean):
+    seed, peer, _ = clean
+    hub.freeze(1 << 20)  # the seed's download holds the run while the receiver goes down
+    scenario.write(model_root=ROOT, revision="main", stall_s=60, only=[seed["name"], peer["name"]])
+    killed = {}
+
+    def watch(proc, line):
+        if "Fetch modelfleet/tiny-lab@" in line and not killed:
+            for _ in range(50):
+                if hub.stats()["bytes_served"] >= 1 << 20:
+                    break
+                time.sleep(0.2)
+            subprocess.run(["docker", "stop", "-t", "0", peer["name"]], capture_output=True, check=True)
+            killed["at"] = time.monotonic()
+            hub.reset_stats()
+
+    try:
+        code, lines = timed_lines(pyinfra_argv("inventories/lab.py", "deploys/model.py"), watch)
+    finally:
+        subprocess.run(["docker", "start", peer["name"]], capture_output=True, check=True)
+        lab.wait_ssh(peer, timeout_s=120)
+    out = "".join(line for _, line in lines)
+    named = [(at, line) for at, line in lines if "stopped answering over SSH" in line]
+    assert killed and code != 0 and named, out[-3000:]
+    at, line = named[0]
+    assert f"host {peer['name']}" in line, line
+    assert "SFTP" not in out and "Traceback" not in out, out[-3000:]
+    print(f"\nhost killed: its line {at - killed['at']:.1f} s after the kill")
+    assert ssh(seed, f"cat {ROOT}/tiny-lab/current/.modelfleet-manifest.json").returncode == 0  # the seed went on
     again = model_run([seed, peer], revision="main")
     assert again.returncode == 0, text(again)[-3000:]
