@@ -300,3 +300,25 @@ def test_the_script_names_the_checkpoint_layout_as_the_package_does():
     text = (FILES_DIR / "modelfleet_fetch.py").read_text()
     assert f'MANIFEST = "{host_commands.MANIFEST}"' in text
     assert f'"{host_commands.FETCH_LOCK}"' in text and f'PARTIAL = "{host_commands.PARTIAL}"' in text
+
+
+def test_a_hub_name_that_stops_resolving_is_named_as_such():
+    """What huggingface_hub raises when the resolver fails mid-run (its error wraps httpx's, which wraps the
+    resolver's): one line naming the host and the name, not a failed download."""
+    import httpx2
+
+    from modelfleet.files.modelfleet_fetch import source_failed
+
+    job = {"host": "gpu-4", "endpoint": "https://hub.example.internal:8443"}
+    try:
+        try:
+            try:
+                raise socket.gaierror(-3, "Temporary failure in name resolution")
+            except socket.gaierror as error:
+                raise httpx2.ConnectError(str(error)) from error
+        except httpx2.ConnectError as error:
+            raise RuntimeError("An error happened while trying to locate the file on the Hub") from error
+    except RuntimeError as error:
+        said = str(source_failed(job, ["w.safetensors"], error))
+    assert said.startswith("host gpu-4: the hub's name hub.example.internal does not resolve there"), said
+    assert "resolv.conf" in said
