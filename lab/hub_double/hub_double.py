@@ -156,6 +156,7 @@ class Hub:
                 return {}
             self.faulted[key] = done + 1
             self.stats.setdefault("faults", {})[key] = done + 1
+            self.stats.setdefault("first_fault_at", time.time())  # for the tests' fault-to-line figures
         return {**faults, "retry_after": fields.get("hub_retry_after")}
 
     def count(self, repo: str, path: str, client: str, nbytes: int) -> None:

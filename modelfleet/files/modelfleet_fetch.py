@@ -700,6 +700,8 @@ def fetch_from_swarm(job: dict, paths: list[str], complete: list[str], watch: Wa
     digests = swarm.run()
     report.update(peers=sorted(peers), unproven_peers=unproven, refused_pieces=swarm.refused,
                   peers_lost=sorted(swarm.lost), bytes_by_peer=swarm.received)
+    if isinstance(swarm.failed_with, OSError) and swarm.failed_with.errno == errno.ENOSPC:
+        raise swarm.failed_with  # run() names the host, the filesystem and the bytes needed
     if swarm.failure:
         raise FetchError(f"the copy from the group's peers failed: {swarm.failure}; files already verified are "
                          "kept, re-run")

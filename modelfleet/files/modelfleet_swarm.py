@@ -153,6 +153,7 @@ class Swarm:
         self.received = {name: 0 for name in self.peers}  # verified bytes, by the peer that sent them
         self.digests: dict[str, str] = {}
         self.failure: str | None = None
+        self.failed_with: BaseException | None = None  # the exception behind `failure` (a full disk is named)
         self.have = {rel: bytearray(b"0" * piece_count(self.files[rel]["size"], self.piece)) for rel in paths}
         self.partial: dict[str, str] = {}  # rel -> its partial file's path below the tree (a name no one guesses)
         self.todo = {(rel, i) for rel in paths for i in range(len(self.have[rel]))}
@@ -270,6 +271,7 @@ class Swarm:
             except Exception as error:  # noqa: BLE001 (one failure ends the copy with its line)
                 with self.cond:
                     self.failure = self.failure or f"{type(error).__name__}: {error}"
+                    self.failed_with = self.failed_with or error
             finally:
                 with self.cond:
                     self.inflight.discard(key)
