@@ -433,11 +433,9 @@ def fetch_from_hub(job: dict, paths: list[str], tree: Tree) -> None:
     except OSError as error:
         if error.errno == errno.ENOSPC:
             raise
-        raise source_failed(job, paths, error) from error
-        raise FetchError(f"the hub ({job['endpoint']}) failed during the download: {one_line(error)}; "
-                         "files already verified are kept, re-run when it answers") from error
+        raise source_failed(job, error) from error
     except Exception as error:  # huggingface_hub's HTTP errors carry no common base we can import here
-        raise source_failed(job, paths, error) from error
+        raise source_failed(job, error) from error
 
 
 # How a source answered badly, for the lines that name it: the last refusal (status, Retry-After, file, when).
@@ -508,7 +506,7 @@ def retry_asked(error: BaseException, job: dict) -> float | None:
     return None
 
 
-def source_failed(job: dict, paths: list[str], error: BaseException) -> FetchError:
+def source_failed(job: dict, error: BaseException) -> FetchError:
     """The hub's failure in one line naming the host and the real cause: the status it answered, a name that
     does not resolve, or the library's own words."""
     where = f"host {job.get('host') or 'this host'}: the hub ({job['endpoint']})"
@@ -635,6 +633,10 @@ def fetch_from_peer(job: dict, paths: list[str], base_url: str, name: str | None
                              "server is not this run's honest one: fix the source host and re-run") from None
         except urllib.error.HTTPError as error:
             tree.unlink(temp)
+            if not token and error.code in (408, 429, 500, 502, 503, 504):  # a mirror that answers badly
+                wait = mirror_retry(job, base_url, rel, error)
+                time.sleep(wait)
+                return one(rel)  # again, where the mirror asked, within the run's deadline
             raise FetchError(f"the source {source} refused {rel} (HTTP {error.code}): it does not serve that "
                              "file of this run; fix the source host and re-run") from error
         except urllib.error.URLError as error:
@@ -655,6 +657,25 @@ def fetch_from_peer(job: dict, paths: list[str], base_url: str, name: str | None
 
     with ThreadPoolExecutor(WORKERS) as pool:
         return dict(pool.map(one, paths))
+
+
+REFUSED_SINCE: dict[str, float] = {}  # a mirror's file -> when it first refused it (the deadline counts from there)
+
+
+def mirror_retry(job: dict, base_url: str, rel: str, error: urllib.error.HTTPError) -> float:
+    """The wait a mirror asked for (Retry-After) before `rel` is asked again, while the run's deadline
+    (model_stall_s since its first refusal of that file) allows it; else the one line naming it."""
+    stall_s, now = float(job.get("stall_s") or 60), time.monotonic()
+    since = REFUSED_SINCE.setdefault(rel, now)
+    wait = (error.headers or {}).get("Retry-After", "")
+    asked = {"status": error.code, "retry_after": int(wait) if wait.isdigit() else None, "file": rel}
+    ANSWERS["last"] = {**asked, "at": now}  # the watchdog names the status, not a frozen source
+    if asked["retry_after"] is not None and now - since + asked["retry_after"] < stall_s:
+        return max(1, asked["retry_after"])
+    beyond = f", beyond the run's deadline (model_stall_s {stall_s:g} s)" if asked["retry_after"] is not None else ""
+    raise FetchError(f"host {job.get('host') or 'this host'}: the mirror ({base_url}) {answered(asked)}"
+                     f"{beyond}: files already verified are kept, partial files removed, "
+                     "the other hosts go on; re-run when it serves again") from error
 
 
 def whole_file_wrong(tree: Tree, rel: str, meta: dict) -> tuple[str, str] | None:
