@@ -416,7 +416,7 @@ def fetch_from_hub(job: dict, paths: list[str], tree: Tree) -> None:
     token = Path(token_file).read_text().strip() if token_file and Path(token_file).exists() else False
     for rel in paths:  # a corrupt file must go before huggingface_hub would trust it as complete
         tree.unlink(rel)
-    watch_answers(job, tree)
+    watch_answers(job)
     try:
         while True:
             try:
@@ -424,6 +424,9 @@ def fetch_from_hub(job: dict, paths: list[str], tree: Tree) -> None:
                                   endpoint=job["endpoint"], token=token, allow_patterns=paths, max_workers=WORKERS)
                 break
             except Exception as error:  # a 503 the library does not retry: where the hub asked, again (resumed)
+                named = next((e for e in causes(error) if isinstance(e, FetchError)), None)
+                if named:  # our own line, raised through the library (every download thread has ended)
+                    raise named from None
                 wait = retry_asked(error, job)
                 if wait is None:
                     raise
@@ -464,10 +467,10 @@ def answered(asked: dict) -> str:
     return f"answered HTTP {asked['status']}{after} (for {asked['file']})"
 
 
-def watch_answers(job: dict, tree) -> None:
+def watch_answers(job: dict) -> None:
     """Note each refusal the hub answers (huggingface_hub retries 429s itself, sleeping Retry-After): the lines
     name the status, not a frozen source; a retry asked beyond the run's deadline (model_stall_s) ends the fetch
-    at once, in one line."""
+    at once, in one line (raised through the library, so its partial files go once its threads have ended)."""
     from huggingface_hub import set_client_factory
     from huggingface_hub.utils._http import default_client_factory
 
@@ -481,11 +484,9 @@ def watch_answers(job: dict, tree) -> None:
                  "file": response.url.path.split("/resolve/", 1)[-1].split("/", 1)[-1], "at": time.monotonic()}
         ANSWERS["last"] = asked
         if asked["retry_after"] is not None and asked["retry_after"] >= stall_s:
-            say(f"host {job.get('host') or 'this host'}: the hub ({job['endpoint']}) {answered(asked)}, beyond the "
-                f"run's deadline (model_stall_s {stall_s:g} s): files already verified are kept, the other hosts "
-                "go on; re-run when it serves again")
-            give_up(tree)
-            os._exit(1)
+            raise FetchError(f"host {job.get('host') or 'this host'}: the hub ({job['endpoint']}) {answered(asked)}, "
+                             f"beyond the run's deadline (model_stall_s {stall_s:g} s): files already verified are "
+                             "kept, partial files removed, the other hosts go on; re-run when it serves again")
 
     def factory():
         client = default_client_factory()
@@ -506,14 +507,20 @@ def retry_asked(error: BaseException, job: dict) -> float | None:
     return None
 
 
-def source_failed(job: dict, error: BaseException) -> FetchError:
-    """The hub's failure in one line naming the host and the real cause: the status it answered, a name that
-    does not resolve, or the library's own words."""
-    where = f"host {job.get('host') or 'this host'}: the hub ({job['endpoint']})"
+def causes(error: BaseException) -> list[BaseException]:
+    """The error and what it was raised from or during (huggingface_hub wraps httpx's, which wraps the OS's)."""
     chain, seen = [], error
     while seen is not None and len(chain) < 10:
         chain.append(seen)
         seen = seen.__cause__ or seen.__context__
+    return chain
+
+
+def source_failed(job: dict, error: BaseException) -> FetchError:
+    """The hub's failure in one line naming the host and the real cause: the status it answered, a name that
+    does not resolve, or the library's own words."""
+    where = f"host {job.get('host') or 'this host'}: the hub ({job['endpoint']})"
+    chain = causes(error)
     text = " ".join(str(e) for e in chain)
     if any(isinstance(e, socket.gaierror) for e in chain) or re.search(
             r"name resolution|Name or service not known|nodename nor servname|No address associated", text):

@@ -48,6 +48,7 @@ def test_the_hub_asking_to_retry_is_obeyed_within_the_deadline_and_named_beyond_
     faults = hub.stats().get("faults", {})
     assert faults and all(n == 2 for n in faults.values()), faults
     ssh(seed, f"rm -rf {ROOT}")
+    hub.reset_stats()
     # 429 asking for 600 s, beyond the deadline (model_stall_s 8): one line at once naming host, hub and status.
     scenario.write(model_root=ROOT, revision="main", stall_s=8, only=[seed["name"]],
                    hub_status=429, hub_retry_after=600)
