@@ -17,13 +17,21 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m pip install -q -c requirements.lock -e '.[test]'
 	touch $@
 
-# Refresh requirements.lock from pyproject.toml's ranges (uv's resolver, run from .venv), and the hub client's
-# hashed lock for hosts (every file of every pinned version, for each Python and machine the hosts run).
+# Refresh requirements.lock from pyproject.toml's ranges (uv's resolver, run from .venv), and the hashed locks for
+# hosts (every file of every pinned version, for each Python from 3.10 and machine the hosts run): the hub
+# client's, and each catalog router release's (catalog/router_locks/<package>-<version>.txt, wheels only; made
+# afresh: uv keeps the hashes of a lock it is given, and those would miss files of the newer Pythons).
 lock: install
 	$(PYTHON) -m pip install -q uv
 	$(VENV)/bin/uv pip compile -q --python-version 3.11 --extra test -o requirements.lock pyproject.toml
 	cd modelfleet/files && $(abspath $(VENV))/bin/uv pip compile -q --universal --python-version 3.10 --generate-hashes \
 	    --custom-compile-command "make lock" -o hub_client.txt hub_client.in
+	for req in $$($(PYTHON) -c 'from modelfleet.catalog.routers import specs; \
+	        print(*sorted({f"{s.package}=={s.version}" for s in specs().values()}))'); do \
+	    out=modelfleet/catalog/router_locks/$$(echo "$$req" | sed 's/==/-/').txt; rm -f "$$out"; \
+	    echo "$$req" | $(VENV)/bin/uv pip compile -q --universal --python-version 3.10 --generate-hashes \
+	        --only-binary :all: --no-annotate --custom-compile-command "make lock" -o "$$out" - || exit 1; \
+	done
 
 # Debian packages (docker.io, mmdebstrap, docker-registry) and a running dockerd, for the lab.
 lab-setup:

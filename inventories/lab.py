@@ -56,6 +56,10 @@ def _pool(index: int, spec: dict) -> dict:
     if spec["name"] == _scenario.moe:
         return {"pool": f"tiny-{spec['name']}", "engine": "llama.cpp", "recipe": "tiny-lab-llamacpp-moe",
                 "revision": "moe", "checkpoint_group": None}
+    if spec["name"] == _scenario.venv_vllm:  # the real vLLM from a venv the control node's wheelhouse fills
+        return {"pool": f"tiny-{spec['name']}", "engine": "vllm", "recipe": "tiny-llama-vllm-cpu",
+                "model": "tiny-llama", "checkpoint_group": "tiny-llama", "runtime": "venv",
+                "venv_lock": _scenario.venv_lock, "venv_wheelhouse": _scenario.venv_wheelhouse}
     if spec["name"] == _scenario.real_vllm or spec["name"] in _scenario.real_vllm_replicas:
         # the real vLLM's hosts share their checkpoint (a host joining copies it from a peer); no other host has it
         return {"pool": f"tiny-{spec['name']}", "engine": "vllm", "recipe": "tiny-llama-vllm-cpu",
@@ -70,9 +74,10 @@ def _for_vendor(settings: dict, hardware: str) -> dict:
     `cpu` board, nothing of GPUs or checkpoints)."""
     from modelfleet.catalog import load_catalog
     from modelfleet.inventory import HostData
-    from modelfleet.inventory.applies import host_scopes, scope_of
+    from modelfleet.inventory.applies import DOOR_SCOPES, host_scopes, scope_of
 
-    held = host_scopes(load_catalog().hardware[hardware].vendor) | ({"model"} if hardware != "cpu" else set())
+    held = host_scopes(load_catalog().hardware[hardware].vendor) | ({"model"} if hardware != "cpu" else set()) | \
+        DOOR_SCOPES  # a front door's settings are the host's whatever its board
     return {k: v for k, v in settings.items() if k not in HostData.model_fields or scope_of(HostData, k) in (None, *held)}
 
 
@@ -107,9 +112,6 @@ lab_hosts = [
         # A host made with the scenario's cdi has a Docker with CDI and its GPUs' device nodes (lab/cdi.py): its
         # containers get their GPUs as the units ask for them; the others' Docker (20.10) has no CDI.
         "gpu_passthrough": bool(spec.get("cdi")),
-        # Lab hosts share the machine's network namespace and have no NET_ADMIN: no nftables rule of their own
-        # (tests/router/test_worker_api_owner_e2e.py shows the router's rule in a namespace of its own).
-        "router_worker_firewall": False,
         # Admission judges the persona's recorded `nvidia-smi -q -x` (and kernel log) where it has one.
         "admission": spec.get("admission", False),
         "admission_h2d": _scenario.admission_h2d,
@@ -136,6 +138,20 @@ lab_hosts = [
     for index, spec in enumerate(_lab["hosts"])
     if not _scenario.only or spec["name"] in _scenario.only
 ]
+
+
+def _vllm_doors(data: dict) -> set:
+    """The hosts this host's vLLM services name in `router` (a front door whose router checks no key)."""
+    return {s.get("router", data.get("router")) for s in data.get("services") or [data]
+            if s.get("engine", data.get("engine")) == "vllm"} - {None}
+
+
+# Lab hosts share the machine's network namespace and have no NET_ADMIN: no nftables rule of their own
+# (tests/router/test_worker_api_owner_e2e.py shows the router's rule in a namespace of its own). Set on the
+# hosts of a vLLM front door alone: it applies nowhere else (refused there).
+_open_doors = set().union(*(_vllm_doors(data) for _, data in lab_hosts))
+lab_hosts = [(name, {**data, "router_worker_firewall": False} if name in _open_doors else data)
+             for name, data in lab_hosts]
 
 if _scenario.router_only and _scenario.router:  # the router host runs only the front door: no board, no service
     from modelfleet.inventory.schema import SERVICE_KEYS as _SERVICE_KEYS  # noqa: E402

@@ -86,6 +86,11 @@ class Scenario:
     # The gate pool (gate_hosts=2) serves the tiny Llama with the real vLLM, data parallel across its two hosts
     # (recipe tiny-llama-vllm-cpu-dp2: a head and a --headless rank); about 7.7 GB for the pair.
     real_vllm_pool: bool = False
+    # That host serves the tiny Llama with the real vLLM from a venv (runtime venv, recipe tiny-llama-vllm-cpu), built
+    # from `venv_lock` with the control node's `venv_wheelhouse` (lab/vllm_venv.py): no container, no index.
+    venv_vllm: str | None = None
+    venv_lock: str | None = None
+    venv_wheelhouse: str | None = None
     # Admission also asks for copy bandwidth (the lab's containers have no GPU: a refusal to see).
     admission_h2d: bool = False
     # Admission also runs DCGM's diagnostic at this level (the persona's recording, where it has one); 0: not.

@@ -20,6 +20,7 @@ from pyinfra.api import StringCommand, operation
 
 from modelfleet.host_commands import revisions_dir
 from modelfleet.inventory import ServicePlan
+from modelfleet.venvs import ENGINE_USER
 
 CONTAINER_DIR = "/cache"
 KEY_FILE = ".key.json"  # after the key, beside its directory
@@ -33,6 +34,7 @@ class EngineCache:
     key: str
     inputs: dict
     env: dict  # variable -> path inside the container
+    owner: str = "root"  # who the engine runs as: a venv engine's own user writes its cache (modelfleet.venvs)
 
     @property
     def dir(self) -> str:
@@ -85,7 +87,7 @@ def key_inputs(svc: ServicePlan, argv: list[str]) -> dict:
     return {"engine": svc.engine_name, "image": image_identity(svc.image), "gpu": hw.gpu_name or hw.id,
             "driver_branch": svc.driver_branch, "model": svc.hf_repo, "revision": svc.revision,
             "argv": key_argv(svc, argv), "layout": svc.recipe.layout.model_dump(), "nnodes": svc.nnodes,
-            "node_rank": svc.node_rank}
+            "node_rank": svc.node_rank, **({"venv": svc.venv.name} if svc.venv else {})}
 
 
 def key_of(inputs: dict) -> str:
@@ -99,9 +101,11 @@ def cache_of(svc: ServicePlan, argv: list[str]) -> EngineCache | None:
     if not spec:
         return None
     inputs = key_inputs(svc, argv)
-    env = {var: f"{CONTAINER_DIR}/{sub}" for var, sub in spec["env"].items()}
-    return EngineCache(root=f"{model_root(svc)}/.cache/{svc.engine_name}", key=key_of(inputs), inputs=inputs,
-                       env=env)
+    root, key = f"{model_root(svc)}/.cache/{svc.engine_name}", key_of(inputs)
+    # A venv engine (no mount) reads the cache where it is on the host.
+    mounted = f"{root}/{key}" if svc.venv else CONTAINER_DIR
+    env = {var: f"{mounted}/{sub}" for var, sub in spec["env"].items()}
+    return EngineCache(root=root, key=key, inputs=inputs, env=env, owner=ENGINE_USER if svc.venv else "root")
 
 
 def docker_flags(cache: EngineCache | None) -> list[str]:

@@ -23,7 +23,7 @@ def _owned(plan: HostPlan) -> list[tuple[str, str, str, str]]:
         owner = f"pool {svc.pool}"
         out += [("unit", svc.unit_name, owner, "pool"), ("file", svc.env_file, owner, "pool"),
                 ("file", svc.secrets_config_file, owner, "pool"), ("file", svc.auth_file, owner, "pool"),
-                ("port", str(svc.port), f"{owner} (its engine)", "port")]
+                *(("port", str(port), f"{owner} (its engine)", "port") for port in svc.ports)]
         bootstrap = bootstrap_port(svc.recipe, svc.engine_name) if pd_role(svc.recipe, svc.engine_name) == \
             "prefill" else None
         if bootstrap:

@@ -39,7 +39,7 @@ from modelfleet.fabric_run import as_run
 from modelfleet.facts.probe import HostProbe
 from modelfleet.facts.state import STATE_KINDS, DeployedState
 from modelfleet.inventory import HostPlan, InventoryError, Resolved, door
-from modelfleet.units import rank_restarted, starts
+from modelfleet.units import flap_count, rank_restarted, starts
 
 
 class UndeclaredRead(ModelfleetError):
@@ -155,8 +155,10 @@ class HostRun:
                 plan = cache.inventory.hosts[name]
                 target = pyinfra_state.inventory.get_host(name)
                 with ctx_host.use(target):
+                    pythons = tuple(sorted({s.venv.python for s in plan.services if s.venv}))
                     cache.probes[name] = target.get_fact(HostProbe, model_root=plan.model_root,
-                                                         fabric=multi_node(plan), **cache.probe_args)
+                                                         fabric=multi_node(plan), pythons=pythons,
+                                                         **cache.probe_args)
         return cache.probes[name]
 
     def fabric(self, pool: str) -> PoolFabric:
@@ -246,6 +248,12 @@ class HostRun:
                       for name in cache.inventory.pools[pool].hosts}
             cache.ranks_restarted[pool] = {name: n for name, n in counts.items() if n}
         return cache.ranks_restarted[pool]
+
+    def rank_flaps(self, pool: str) -> dict[str, int]:
+        """The pool restarts in a row each host's dying rank caused (units.flap_count), where there were any."""
+        counts = {name: flap_count(self._cache.inventory.hosts[name], self.deployed_on(name), pool)
+                  for name in self._cache.inventory.pools[pool].hosts}
+        return {name: n for name, n in counts.items() if n}
 
 
 def multi_node(plan: HostPlan) -> bool:

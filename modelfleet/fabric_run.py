@@ -9,6 +9,7 @@ from typing import Protocol
 
 from modelfleet.fabric import PoolFabric
 from modelfleet.inventory import Resolved, ServicePlan
+from modelfleet.inventory.pools import unequal_gpus
 
 
 class HostRun(Protocol):
@@ -49,4 +50,18 @@ def refusals(ctx: HostRun, services) -> list[str]:
             lines.append(f"pool {svc.pool}: {where}: {field}: {message}")
         if fabric and not fabric.errors and svc.host not in fabric.hosts:
             lines.append(f"pool {svc.pool}: host {svc.host}: fabric: no fabric derived for this member")
+        lines += [f"pool {svc.pool}: gpus: {line}" for line in visible_gpu_problems(ctx, svc)]
     return lines
+
+
+def visible_gpu_problems(ctx: HostRun, svc: ServicePlan) -> list[str]:
+    """A pool across hosts whose members' drivers show fewer GPUs than the pool gives each (a GPU fell off the
+    bus): its ranks per host would differ. Members whose probe lists no GPU (a driver being installed) are
+    preflight's to judge."""
+    members = ctx.inventory.pools[svc.pool].hosts
+    if len(members) < 2 or svc.hardware.vendor not in ("nvidia", "amd"):
+        return []
+    counts = {name: len(ctx.probe_on(name).get(f"{svc.hardware.vendor}_gpus") or []) for name in members}
+    if all(n >= svc.gpus or n == 0 for n in counts.values()):
+        return []
+    return [unequal_gpus(counts, f"seen by the drivers; the pool needs {svc.gpus} each")]

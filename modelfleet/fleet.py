@@ -22,7 +22,7 @@ from pathlib import Path
 import paramiko
 from fabric import Connection
 
-from modelfleet import host_record, masking, router, weight_cache
+from modelfleet import host_record, masking, router, venvs, weight_cache
 from modelfleet.errors import ModelfleetError
 from modelfleet.health import admission_state
 from modelfleet.host_commands import (
@@ -106,6 +106,13 @@ def execute(conn: Connection, plan: HostPlan, command: str) -> tuple[int, str, s
 UNIT_PROPERTIES = ("ActiveState", "SubState", "NRestarts", "ExecMainStartTimestamp")
 
 
+def _venv_echo(svc) -> str:
+    """A venv engine's `image`: the venv its running unit's ExecStart names (venv:<path>), as systemd has it."""
+    unit = shlex.quote(svc.unit_name)
+    return (f"echo \"image=venv:$(systemctl show -p ExecStart --value {unit} 2>/dev/null "
+            f"| grep -o '{venvs.VENV_ROOT}/[^/ ]*' | head -n 1)\"; echo image_id=; ")
+
+
 def status_script(plan: HostPlan) -> str:
     """One round trip per host: every unit's state, its container's image, model revision, health, GPUs."""
     parts = []
@@ -116,8 +123,10 @@ def status_script(plan: HostPlan) -> str:
         parts.append(
             f"echo '{MARK} service {svc.pool}'; "
             f"{unit_show_command(svc.unit_name, UNIT_PROPERTIES)}; "
-            f"echo \"image=$(docker inspect --format '{{{{.Config.Image}}}}' {container} 2>/dev/null)\"; "
-            f"echo \"image_id=$(docker inspect --format '{{{{.Image}}}}' {container} 2>/dev/null)\"; "
+            + (_venv_echo(svc) if svc.venv else
+               f"echo \"image=$(docker inspect --format '{{{{.Config.Image}}}}' {container} 2>/dev/null)\"; "
+               f"echo \"image_id=$(docker inspect --format '{{{{.Image}}}}' {container} 2>/dev/null)\"; ")
+            +
             f"echo \"revision=$(readlink {current})\"; "
             + (f"echo \"health=$(curl -s -o /dev/null -m 5 -w '%{{http_code}}' {health})\"; " if health else "")
         )

@@ -208,3 +208,13 @@ def fabric_command() -> str:
     (netdev address/MTU/state, HCA ports, partition keys, non-empty GIDs with their types and netdevs, NUMA
     nodes); IMEX channels, service and node list; the RDMA modules loaded; /dev/infiniband."""
     return program("fabric", env={"MARK": FABRIC_MARK, "MODULES": "|".join(FABRIC_MODULES), "ZERO_GID": ZERO_GID})
+
+
+# How long a stopped engine's GPU memory may take to be released before the next start is refused.
+GPU_RELEASE_WAIT_S = 20
+
+
+def gpus_free_script(unit: str, gpus: Iterable[int], stop: bool) -> str:
+    """Shell: stop `unit` (when `stop`), then the processes holding memory on `gpus` (NVIDIA indices) after up to
+    GPU_RELEASE_WAIT_S, each named (exit 1), or none. (AMD: no recorded `amd-smi process` output to read yet.)"""
+    return program("gpus_free", unit, int(stop), GPU_RELEASE_WAIT_S, *gpus)

@@ -13,8 +13,9 @@ from modelfleet.registry import RegistryError, pinned
 
 
 def pinned_image(svc: ServicePlan) -> str:
-    """`repo:tag@sha256:...` for the service: what the images stage pulls and the unit runs."""
-    return pinned(svc.image)
+    """`repo:tag@sha256:...` for the service: what the images stage pulls and the unit runs ("" for a venv
+    engine: its lock's hashes pin it)."""
+    return pinned(svc.image) if svc.image else ""
 
 
 def pinned_revision(plan: HostPlan, svc: ServicePlan, **pinned) -> ServicePlan:

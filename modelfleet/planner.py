@@ -164,7 +164,9 @@ def plan_capacity(model: Model, hardware: Hardware, gpus: int, nodes: int = 1, r
     kv_room = usable - per_gpu
     disk = ckpt * (1 + keep_revisions) + ckpt * TEMP_FRACTION
     if recipe is not None and load_catalog().engines[recipe.engine].registration:
-        disk += ckpt  # its own store holds a copy of the file it registers (Ollama's blob)
+        # Its own store holds a copy of the file it registers (Ollama's blob), one store beside each revision on
+        # disk: the served one and each kept for rollback (render.store_dir; pruned with its revision).
+        disk += ckpt * (1 + keep_revisions)
     raw = {"bf16": model.params_total * 2, "8bit": model.params_total * 1, "4bit": model.params_total * 0.5}
     reason = ""
     fits = True

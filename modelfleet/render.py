@@ -8,7 +8,17 @@ from typing import TYPE_CHECKING
 import jinja2
 import yaml
 
-from modelfleet import TEMPLATES_DIR, caches, engine_flags, grammar, keys, masking, runscope, weight_cache
+from modelfleet import (
+    TEMPLATES_DIR,
+    caches,
+    engine_flags,
+    grammar,
+    keys,
+    masking,
+    runscope,
+    venvs,
+    weight_cache,
+)
 from modelfleet.catalog.routers import pd_role, pd_spec
 from modelfleet.inventory import ServicePlan
 from modelfleet.inventory.plan import _url_host
@@ -19,6 +29,10 @@ if TYPE_CHECKING:
 DOCKER = "/usr/bin/docker"
 CONTAINER_MODEL_DIR = "/model"
 CONTAINER_SECRETS = "/run/modelfleet/secrets.yaml"
+# A venv engine reads its key file as a systemd credential (root's 0600 file, handed to the unit's own user):
+# `%d` is the unit's credentials directory, a specifier systemd expands in ExecStart.
+CREDENTIAL = "secrets.yaml"
+_CREDENTIAL_MARK = "@MODELFLEET_CREDENTIAL@"
 START_LIMIT_INTERVAL_S = 600
 START_LIMIT_BURST = 3
 MASK = masking.MASK
@@ -82,7 +96,7 @@ def engine_argv(svc: ServicePlan) -> list[str]:
             argv += [parameter.flag, str(svc.recipe_params[name])]
     argv += list(svc.extra_args)
     if svc.api_key_env and engine.api_key_config_file:
-        argv += ["--config", CONTAINER_SECRETS]
+        argv += ["--config", _CREDENTIAL_MARK if svc.venv else CONTAINER_SECRETS]
     return argv
 
 
@@ -224,7 +238,9 @@ def weights_daemon_argv(svc: ServicePlan) -> list[str]:
 
 
 def _model_path(svc: ServicePlan) -> str:
-    return f"{CONTAINER_MODEL_DIR}/{svc.model_file}" if svc.model_file else CONTAINER_MODEL_DIR
+    """Where the engine finds the checkpoint: the container's mount, or the host's directory for a venv."""
+    root = svc.model_dir if svc.venv else CONTAINER_MODEL_DIR
+    return f"{root}/{svc.model_file}" if svc.model_file else root
 
 
 def weights_env(svc: ServicePlan, mask: bool = False) -> dict[str, str]:
@@ -247,7 +263,8 @@ def render_weights_unit(svc: ServicePlan) -> str:
     stale = f"find {weight_cache.socket_dir(svc)} -mindepth 1 -maxdepth 1 -delete"
     return render_template("weights.service.j2", svc=svc, unit=weight_cache, key=weight_cache.key_hash(
         svc, engine_argv(svc)), exec_start=Lines(exec_start(argv).replace(_IMAGE_MARK, "${" + WEIGHTS_IMAGE_VAR + "}")),
-        exec_ready=exec_start(["/bin/sh", "-c", ready]), exec_clean=exec_start(["/bin/sh", "-c", stale]))
+        exec_ready=exec_start(["/bin/sh", "-c", ready]), exec_clean=exec_start(["/bin/sh", "-c", stale]),
+        exec_verified=exec_start(["/bin/sh", "-c", weight_cache.verified_check(svc)]))
 
 
 def render_weights_env(svc: ServicePlan, mask: bool = False) -> str:
@@ -303,9 +320,67 @@ def one_line_each(values) -> list[str]:
     return values
 
 
+def venv_argv(svc: ServicePlan) -> list[str]:
+    """A venv engine's whole command line: the venv's own entry point, then the argv a container gets."""
+    return svc.venv.argv0 + engine_argv(svc)
+
+
+# The device nodes a GPU's process opens, beside its own (/dev/nvidiaN; AMD: its render node): what a venv
+# unit's device policy allows, as the container gets them from CDI or --device.
+NVIDIA_SHARED_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+
+
+def venv_devices(svc: ServicePlan) -> list[str]:
+    """The service's GPUs as device nodes, for the venv unit's DeviceAllow (its GPUs only, as the container's
+    --device flags give it): none where GPUs are not passed (a CPU board)."""
+    if not svc.gpu_passthrough or svc.hardware.vendor == "none":
+        return []
+    if svc.hardware.vendor == "amd":
+        return ["/dev/kfd", *(f"/dev/dri/renderD{AMD_FIRST_RENDER_NODE + i}" for i in svc.gpu_indices)]
+    return [*NVIDIA_SHARED_DEVICES, *(f"/dev/nvidia{i}" for i in svc.gpu_indices)]
+
+
+def venv_gpu_env(svc: ServicePlan) -> dict[str, str]:
+    """Which GPUs the venv engine sees, by the host's index (the container sees only its own devices): CUDA
+    numbers devices fastest first unless told PCI bus order, which is nvidia-smi's."""
+    if not svc.venv or not svc.gpu_passthrough or svc.hardware.vendor == "none":
+        return {}
+    indices = ",".join(map(str, svc.gpu_indices))
+    if svc.hardware.vendor == "amd":
+        return {"ROCR_VISIBLE_DEVICES": indices}
+    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": indices}
+
+
+def venv_notes(svc: ServicePlan) -> list[str]:
+    """What `render` says of a venv engine: where it is built, from what, and what only the host can tell."""
+    venv = svc.venv
+    source = (f"the wheelhouse {venv.wheelhouse} ({len(venv.wheels)} files, pushed to {venv.staging}; pip checks "
+              "each against the lock's hashes on the host)" if venv.wheelhouse
+              else f"the index {venv.index_url}" if venv.index_url else "the host's own pip index settings")
+    needs = (f"Python {' or '.join(venv.python_needs)} (the wheels' tags)" if venv.python_needs
+             else f"Python {venv.python_min} or newer" if venv.python_min else "any Python the lock's wheels take")
+    return [f"venv route: {svc.recipe.venv.source}",
+            f"runtime venv: {venv.path}, {venv.engine} {venv.version} from the lock {venv.lock_file} "
+            f"(sha256 {venv.lock_digest[:DIGEST_SHOWN]}...), installed with pip --require-hashes --no-deps from "
+            f"{source}; the previous venv is kept for rollback",
+            f"interpreter {venv.python} on the host: needs {needs} with its venv module; read on the host by "
+            "preflight (not known before the run)",
+            f"flags checked with {svc.engine_name} {svc.recipe.engine_version}'s parser; the lock installs "
+            f"{venv.version}"]
+
+
+DIGEST_SHOWN = 16
+
+
 def render_unit(svc: ServicePlan) -> str:
+    if svc.venv:
+        line = exec_start(one_line_each(venv_argv(svc)))
+        line = Lines(line.replace(_CREDENTIAL_MARK, f"%d/{CREDENTIAL}"))
+        return render_template("engine.service.j2", svc=svc, weights=None, unit=weight_cache, exec_start=line,
+                               venv=svc.venv, user=venvs.ENGINE_USER, devices=venv_devices(svc),
+                               cache=engine_cache(svc), credential=CREDENTIAL if secrets_in_config(svc) else None)
     weights = weight_cache.unit_name(svc) if weight_cache.spec(svc) else None
-    return render_template("engine.service.j2", svc=svc, weights=weights, unit=weight_cache,
+    return render_template("engine.service.j2", svc=svc, weights=weights, unit=weight_cache, venv=None,
                            exec_start=exec_start(one_line_each(docker_run_argv(svc))),
                            exec_start_post=registration_steps(svc))
 
@@ -316,8 +391,8 @@ def api_key(svc: ServicePlan) -> str | None:
 
 def env_values(svc: ServicePlan, mask: bool = False) -> dict[str, str]:
     cache = engine_cache(svc)
-    env = {**(cache.env if cache else {}), **pd_values(svc, "engine_env"), **weight_cache.env(svc), **svc.env,
-           **fabric_env(svc), **address_env(svc)}
+    env = {**(cache.env if cache else {}), **pd_values(svc, "engine_env"), **weight_cache.env(svc),
+           **venv_gpu_env(svc), **svc.env, **fabric_env(svc), **address_env(svc)}
     key = api_key(svc)
     if key and svc.engine.api_key_env:
         env[svc.engine.api_key_env] = MASK if mask else key
@@ -377,7 +452,8 @@ def registration_steps(svc: ServicePlan) -> list[str]:
 
 
 def address_env(svc: ServicePlan) -> dict[str, str]:
-    """An engine configured through its environment (Ollama's OLLAMA_HOST): the address and port it listens on;
+    """An engine configured through its environment (Ollama's OLLAMA_HOST): the address and port it listens on,
+    its store and what keeps its model served (the keys of Engine.own_env, which validate refuses in any env);
     set last, so neither the recipe nor the inventory's env moves it."""
     engine, reg = svc.engine, svc.engine.registration
     env = {**reg.env, reg.store_env: CONTAINER_STORE} if reg else {}
@@ -385,8 +461,12 @@ def address_env(svc: ServicePlan) -> dict[str, str]:
 
 
 def listed_name(svc: ServicePlan) -> str:
-    """The served name as the engine's /v1/models lists it (Ollama adds its default tag, `:latest`)."""
-    return svc.engine.listed_name.format(name=svc.served_name)
+    """The served name as the engine's /v1/models lists it: Ollama adds its default tag (`:latest`) to a name
+    without one, and lists a tagged name (`tiny:q4`; a tag follows the last `/`) as it is."""
+    name = svc.served_name
+    if svc.engine.listed_name.startswith("{name}:") and ":" in name.rsplit("/", 1)[-1]:
+        return name
+    return svc.engine.listed_name.format(name=name)
 
 
 def render_env(svc: ServicePlan, mask: bool = False) -> str:

@@ -7,6 +7,8 @@ puts them on the host."""
 
 from __future__ import annotations
 
+import re
+
 from modelfleet import render
 from modelfleet.inventory.plan import ServicePlan, _url_host
 from modelfleet.router import NGINX, UNIT_DIR, proxy_key_conf
@@ -28,7 +30,8 @@ def listen(svc: ServicePlan) -> str:
 def render_conf(svc: ServicePlan, runtime: str | None = None) -> str:
     return render.render_template("replica_door.nginx.conf.j2", svc=svc, listen=listen(svc),
                                   runtime=runtime or f"/run/modelfleet-door-replica-{svc.pool}",
-                                  key_conf=paths(svc)["key"], backend=f"127.0.0.1:{svc.port}")
+                                  key_conf=paths(svc)["key"], backend=f"127.0.0.1:{svc.port}",
+                                  health_pattern=re.escape(svc.engine.health_path))
 
 
 def render_unit(svc: ServicePlan) -> str:

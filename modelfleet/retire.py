@@ -22,12 +22,12 @@ from pathlib import Path
 from pyinfra import host
 from pyinfra.api import FunctionCommand, StringCommand, operation
 
-from modelfleet import replica_door, router
+from modelfleet import replica_door, router, venvs
 from modelfleet.grammar import slug
 from modelfleet.host_commands import revisions_dir
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.report import note, report_path, save_json
-from modelfleet.render import CONTAINER_MODEL_DIR, DOCKER
+from modelfleet.render import CONTAINER_MODEL_DIR, CONTAINER_MODELFILE, DOCKER
 from modelfleet.targets import canonical_ip
 from modelfleet.units import UNIT_DIR, unit_paths
 from modelfleet.weight_cache import unit_names
@@ -56,6 +56,7 @@ class Retired:
     files: tuple[str, ...] = ()
     port: int | None = None
     checkpoint: str | None = None
+    venv: str | None = None  # a venv engine's virtual environment (runtime venv), removed with it
 
     def line(self, remove_checkpoint: bool = False) -> str:
         parts = [f"modelfleet: retiring {self.unit} ({self.what}; {self.active}, {self.enabled or 'no unit file'})"]
@@ -97,12 +98,17 @@ def described(unit: str, found: dict) -> Retired:
                       if argv[:3] == [DOCKER, "rm", "-f"] and len(argv) == 4), None)
     files: list[str] = []
     checkpoint = None
-    env_file = _after(start, "--env-file")
+    settings = dict(line.partition("=")[::2] for line in lines if "=" in line and not line.startswith("#"))
+    venv = os.path.dirname(os.path.dirname(start[0])) if start and venvs.is_venv_path(start[0]) else None
+    env_file = settings.get("EnvironmentFile") if venv else _after(start, "--env-file")
     if env_file and env_file.endswith(".env"):  # an engine: its env, secrets and client auth files
         stem = env_file[:-len(".env")]
         files += [env_file, f"{stem}.secrets.yaml", f"{stem}.auth"]
         mounts = [v for flag, v in zip(start, start[1:], strict=False) if flag == "-v"]
-        checkpoint = next((m.split(":")[0] for m in mounts if m.split(":")[1:2] == [CONTAINER_MODEL_DIR]), None)
+        checkpoint = settings.get("ReadOnlyPaths") if venv else next(
+            (m.split(":")[0] for m in mounts if m.split(":")[1:2] == [CONTAINER_MODEL_DIR]), None)
+        # An engine that registers its checkpoint (Ollama): the Modelfile it is mounted from.
+        files += [m.split(":")[0] for m in mounts if m.split(":")[1:2] == [CONTAINER_MODELFILE]]
     config = next((arg for arg in start if arg.endswith(".json") and "/router-" in arg), None)
     if config and unit.startswith("modelfleet-router-"):  # a router: its launcher config, replicas and keys
         base = config[:-len(".json")]
@@ -114,7 +120,7 @@ def described(unit: str, found: dict) -> Retired:
     return Retired(unit=unit, what=said.split(" · ")[0].split(":")[0] or "a unit modelfleet wrote",
                    active=found.get("ActiveState") or "inactive", enabled=found.get("UnitFileState") or "",
                    container=container, files=tuple(files), port=int(port) if port and port.isdigit() else None,
-                   checkpoint=checkpoint)
+                   checkpoint=checkpoint, venv=venv)
 
 
 def named_units(plan: HostPlan) -> set[str]:
@@ -132,6 +138,7 @@ def named_units(plan: HostPlan) -> set[str]:
 def kept_paths(plan: HostPlan) -> set[str]:
     """Files the plan's own units use: never removed with a retired unit, whatever its file says."""
     paths = {path for svc in plan.services for path in (*unit_paths(svc), svc.auth_file, svc.secrets_config_file)}
+    paths |= {svc.venv.path for svc in plan.services if svc.venv}  # a venv another service of the plan runs
     return paths | {path for rp in plan.routers for path in router.paths(rp).values()}
 
 
@@ -140,7 +147,8 @@ def to_retire(owned: dict[str, dict], named: set[str] = frozenset(), kept: set[s
     out = []
     for unit in sorted(set(owned) - set(named)):
         found = described(unit, owned[unit])
-        out.append(Retired(**{**asdict(found), "files": tuple(p for p in found.files if p not in kept)}))
+        out.append(Retired(**{**asdict(found), "files": tuple(p for p in found.files if p not in kept),
+                              "venv": found.venv if found.venv not in kept else None}))
     return out
 
 
@@ -192,7 +200,7 @@ def removable(checkpoint: str | None) -> bool:
 
 
 @operation(is_idempotent=False)
-def units_retired(retired: list[Retired], remove_checkpoints: bool = False):
+def units_retired(retired: list[Retired], remove_checkpoints: bool = False, kept_venvs: frozenset = frozenset()):
     """
     Each unit stopped and disabled, its container removed, its unit file and the files modelfleet wrote for it
     removed, then one daemon-reload; a line per unit names it, and the host's report (reports/retired/<host>.json)
@@ -214,6 +222,8 @@ def units_retired(retired: list[Retired], remove_checkpoints: bool = False):
             yield StringCommand(f"if {DOCKER} container inspect {name} >/dev/null 2>&1; then "
                                 f"{DOCKER} rm -f {name} >/dev/null; fi")
         yield StringCommand("rm", "-f", "--", shlex.quote(f"{UNIT_DIR}/{r.unit}"), *map(shlex.quote, r.files))
+        if r.venv:  # its venv, and the builds of its engine kept for its rollback that no other unit runs
+            yield StringCommand(venvs.retire_command(r.venv, kept_venvs))
         if remove_checkpoints and removable(r.checkpoint):
             yield StringCommand("rm", "-rf", "--", shlex.quote(revisions_dir(r.checkpoint)))
     yield StringCommand("systemctl", "daemon-reload")

@@ -7,21 +7,24 @@ modelfleet.stages.router puts them on the host. The routers catalog is modelflee
 The router is started by a launcher (templates/router_launch.py.j2) that reads its flags from a JSON file, the
 replicas from a file of URLs and the key from a 0600 file, and hands them to the router's own argument parser
 in-process: the key is never in a command line. Replicas are added and removed through the worker API of the
-running router (no restart); the URL file only says where a (re)started router begins.
+running router (no restart); the URL file only says where a (re)started router begins. A router that watches a
+manifest of its replicas (smg: `start: file`) gets none of those calls: modelfleet rewrites the unit's copy of
+the manifest (render_manifest, edit_manifest_script) and the router re-reads it.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import shlex
 from pathlib import Path
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from pyinfra.api import FactBase
 
-from modelfleet import keys, render
-from modelfleet.catalog import CATALOG_DIR
+from modelfleet import grammar, keys, render
+from modelfleet.catalog import CATALOG_DIR, load_catalog
 from modelfleet.catalog.routers import (  # noqa: F401  (re-exported: callers name them modelfleet.router.*)
     PdBootstrap,
     PdRole,
@@ -62,6 +65,8 @@ DOOR_USER = "modelfleet-door"
 ROUTER_USER = "modelfleet-router"
 USERS = (DOOR_USER, ROUTER_USER)
 NFT = "/usr/sbin/nft"
+# Where systemd makes a unit's RuntimeDirectory: the router's copies of its files, its live manifest among them.
+RUNTIME_ROOT = "/run"
 
 
 def client_keys(rp: RouterPlan) -> list[str]:
@@ -94,12 +99,30 @@ def lock(s: RouterSpec) -> str:
 
 
 def install_command(rp: RouterPlan, index_url: str | None = None) -> list[str]:
-    """The venv and pip's install of lock() (on the host at paths()["lock"]): hashes required, wheels only;
-    from `index_url` (the host's router_pip_index_url) instead of PyPI where given."""
+    """The venv (built afresh) and pip's install of lock() (on the host at paths()["lock"]): hashes required,
+    wheels only; from `index_url` (the host's router_pip_index_url) instead of PyPI where given. The marker is
+    a copy of the lock it was built from: a venv of another lock (or of an older modelfleet's bare marker) is
+    built again."""
     v, p = venv(rp), paths(rp)
-    index = ["--index-url", index_url] if index_url else []
-    return ["python3", "-m", "venv", v, "&&", f"{v}/bin/pip", "install", "-q", "--disable-pip-version-check",
-            "--require-hashes", "--only-binary=:all:", *index, "-r", p["lock"], "&&", "touch", p["installed"]]
+    return ["python3", "-m", "venv", "--clear", v, "&&", f"{v}/bin/pip", "install", "-q",
+            "--disable-pip-version-check", "--require-hashes", "--only-binary=:all:", *index_args(index_url), "-r", p["lock"], "&&",
+            "cp", "-f", p["lock"], p["installed"]]
+
+
+def index_args(index_url: str | None) -> list[str]:
+    """pip's arguments for router_pip_index_url: a file:// URL is a folder of wheels on the host (pip reads
+    one only as --find-links, and nothing else then); a plain-HTTP index off loopback is one pip ignores unless
+    trusted (the lock's hashes still check every file it serves)."""
+    if not index_url:
+        return []
+    parts = urlsplit(index_url)
+    if parts.scheme == "file":
+        return ["--no-index", "--find-links", unquote(parts.path)]
+    host = parts.hostname or ""
+    if parts.scheme == "http" and not (host == "localhost" or (grammar.address(host) is None and
+                                                               ipaddress.ip_address(host).is_loopback)):
+        return ["--index-url", index_url, "--trusted-host", parts.netloc]
+    return ["--index-url", index_url]
 
 
 # The files beside a router's launcher config (router-NAME.json) and an nginx door's config (door-NAME.conf),
@@ -218,10 +241,13 @@ def launcher_config(rp: RouterPlan) -> str:
     """What the launcher reads: the router's flags, where the replicas and the key are, and how the router
     learns of the replicas when it starts (a flag, or the worker API once it answers)."""
     s, p = spec(rp), paths(rp)
-    # A PD front door's servers are in its flags already (router_args).
-    start = {} if rp.pd else {"worker_urls_flag": s.worker_urls_flag} if s.start == "flag" else {"register": {
-        "health": f"{local_url(rp)}/health", "url": f"{local_url(rp)}{s.workers['add'].path}",
-        "body": _body(rp, "add", "{url}")}}
+    # A PD front door's servers are in its flags already (router_args). A watched manifest: the launcher
+    # names the file it was handed (`{manifest}`), which is where modelfleet rewrites it.
+    values = {"health_interval_s": HEALTH_INTERVAL_S, "manifest": "{manifest}"}
+    start = {} if rp.pd else {"worker_urls_flag": s.worker_urls_flag} if s.start == "flag" else {
+        "discovery_args": [a.format(**values) for a in s.discovery_args]} if s.start == "file" else {"register": {
+            "health": f"{local_url(rp)}/health", "url": f"{local_url(rp)}{s.workers['add'].path}",
+            "body": _body(rp, "add", "{url}")}}
     admin = {"admin_keys_flag": s.admin_keys_flag, "admin_key_file": p["admin"]} if s.admin_keys_flag else {}
     return json.dumps({"module": s.module, "args": router_args(rp), **start, "workers_file": p["workers"],
                        "api_key_flag": s.api_key_flag, "key_file": p["key"], **admin}, indent=1) + "\n"
@@ -233,8 +259,69 @@ def _body(rp: RouterPlan, call: str, url: str) -> dict[str, str] | None:
         if template else None
 
 
+def watches_manifest(rp: RouterPlan) -> bool:
+    """The router reads its replicas from a manifest it watches (smg), not from calls to its worker API."""
+    return spec(rp).start == "file" and not rp.pd
+
+
+def render_manifest(rp: RouterPlan, urls: list[str]) -> str:
+    """smg's discovery manifest: each replica by URL, under the served name (what /v1/models lists)."""
+    workers = [{"url": url, "model_id": rp.served_name} for url in urls]
+    return json.dumps({"version": 1, "workers": workers}, indent=1) + "\n"
+
+
 def workers_file(rp: RouterPlan) -> str:
+    """Where a (re)started router begins: its manifest (watches_manifest), else one replica URL a line."""
+    if watches_manifest(rp):
+        return render_manifest(rp, [w.url for w in rp.workers])
     return "".join(f"{w.url}\n" for w in rp.workers)
+
+
+def runtime_dir(rp: RouterPlan) -> str:
+    return f"{RUNTIME_ROOT}/{rp.unit_name.removesuffix('.service')}"
+
+
+def live_manifest(rp: RouterPlan) -> str:
+    """The manifest the running router watches: the unit's copy of workers_file in its runtime directory."""
+    return f"{runtime_dir(rp)}/{Path(paths(rp)['workers']).name}"
+
+
+# Run as root on the router host: one replica put into or taken out of the live manifest. The directory is the
+# router user's: the file is read without following a link, the new one made beside it (O_EXCL, a random
+# name), given the directory's owner and mode 0400 through its descriptor, then renamed over the old one.
+_EDIT_MANIFEST = """
+import json, os, stat, sys, tempfile
+action, path, url, model = sys.argv[1:5]
+folder = os.path.dirname(path)
+info = os.lstat(folder)
+if not stat.S_ISDIR(info.st_mode):
+    sys.exit(f"modelfleet: {folder} is not a directory: the router's manifest not changed")
+try:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+except OSError as error:
+    sys.exit(f"modelfleet: cannot read the router's manifest {path}: {error.strerror}")
+with os.fdopen(fd) as f:
+    manifest = json.load(f)
+workers = [w for w in manifest["workers"] if w.get("url") != url]
+if action == "add":
+    workers.append({"url": url, "model_id": model})
+fd, tmp = tempfile.mkstemp(dir=folder, prefix=".manifest-")
+try:
+    os.fchown(fd, info.st_uid, info.st_gid)
+    os.fchmod(fd, 0o400)
+    with os.fdopen(fd, "w") as f:
+        json.dump(dict(manifest, workers=workers), f, indent=1)
+        f.write("\\n")
+    os.replace(tmp, path)
+except BaseException:
+    os.unlink(tmp)
+    raise
+"""
+
+
+def edit_manifest_script(rp: RouterPlan, action: str, url: str) -> str:
+    """Shell: `url` added to (or removed from) the manifest the running router watches (root, on its host)."""
+    return shlex.join(["python3", "-c", _EDIT_MANIFEST.strip(), action, live_manifest(rp), url, rp.served_name])
 
 
 def launcher() -> str:
@@ -365,6 +452,10 @@ def preview(rp: RouterPlan) -> tuple[list[dict], list[str]]:
                  f"; only they reach the router on 127.0.0.1:{rp.backend_port} ({p['rule']})" if firewalled(rp) else
                  f"; router_worker_firewall is off: any local process reaches the router on 127.0.0.1:"
                  f"{rp.backend_port}" if owner_only(rp) else ""))
+    if watches_manifest(rp):
+        notes.append(f"front door {rp.name}: {spec(rp).package} reads its replicas from {live_manifest(rp)} (the "
+                     f"unit's copy of {p['workers']}); a replica joining or leaving rewrites it, the router is not "
+                     "restarted")
     if has_admin_key(rp):
         notes.append(f"front door {rp.name}: {p['admin']} and {p['admin_auth']} (0600), the worker API's key, are "
                      "made on the router host by the run, never on the control node")
@@ -435,14 +526,17 @@ def add_script(rp: RouterPlan, url: str) -> str:
     """Add a replica once it answers /health from the router host, then wait until the router lists it."""
     if rp.pd:
         return _pd_refused(rp, url, "adding")
-    return _worker_program(rp, "add", url, _curl(rp, "add", url=url))
+    call = edit_manifest_script(rp, "add", url) if watches_manifest(rp) else _curl(rp, "add", url=url)
+    return _worker_program(rp, "add", url, call)
 
 
 def remove_script(rp: RouterPlan, url: str, worker_id: str) -> str:
     """Take a replica out of the router (in-flight requests finish on it), then wait until it is gone."""
     if rp.pd:
         return _pd_refused(rp, url, "taking out")
-    return _worker_program(rp, "remove", url, _curl(rp, "remove", url=url, id=worker_id))
+    call = edit_manifest_script(rp, "remove", url) if watches_manifest(rp) else _curl(rp, "remove", url=url,
+                                                                                      id=worker_id)
+    return _worker_program(rp, "remove", url, call)
 
 
 def replica_probes(rp: RouterPlan) -> list[tuple[str, str]]:
@@ -464,6 +558,14 @@ def replica_exposure_script(rp: RouterPlan) -> str | None:
     body = json.dumps({"model": rp.served_name, "messages": [{"role": "user", "content": "Say hi."}],
                        "prompt": "Say hi.", "text": "Say hi.", "input": "Say hi.", "max_tokens": 1})
     return program("replica_exposure", rp.name, body, *(part for probe in probes for part in probe))
+
+
+def replicas_ready_script(rp: RouterPlan, timeout_s: int = 120) -> str:
+    """Shell for the router host: every replica answers its engine's health path where the router reaches it,
+    within `timeout_s` in all (exit 1 and one line naming those that do not)."""
+    health = load_catalog().engines[rp.engine_name].health_path
+    return program("replicas_ready", rp.name, timeout_s, *(part for w in rp.workers for part in (w.host,
+                                                                                                 f"{w.url}{health}")))
 
 
 def health_script(rp: RouterPlan, timeout_s: int = 60) -> str:

@@ -177,6 +177,14 @@ def still_served(result, targets: list[Target]) -> list[str]:
                            "of the inventory first (a converge retires what the inventory no longer names on the "
                            "hosts it still holds)")
                 break
+        else:
+            # A served host that resolves to nothing now could be the very address given: nothing is proved.
+            blind = sorted(name for name, (_, reached) in hosts.items()
+                           if not reached and (name.startswith("@ssh/") or not name.startswith("@")))
+            if blind:
+                out.append(f"{t.given}: host(s) {', '.join(blind)} of the inventory do not resolve now, so retire "
+                           f"cannot prove {t.given} is none of them: make them resolve, or take them out of the "
+                           "inventory, then retire again")
     return out
 
 

@@ -54,10 +54,29 @@ def _rendered(svc: ServicePlan, mask: bool = False) -> list[tuple[str, str, str,
     return files
 
 
+# A rank of a pool across hosts that died restarts its whole pool; one that keeps dying is held out after this
+# many such restarts in a row (one per converge), so the pool is not restarted on every converge.
+FLAP_LIMIT = 3
+
+
+def flap_file(plan: HostPlan, pool: str) -> str:
+    """Where a host counts the pool restarts its dying rank caused in a row (the count, then a newline)."""
+    return f"{plan.config_dir}/{pool}.rank-restarts"
+
+
+def flap_count(plan: HostPlan, state: dict, pool: str) -> int:
+    """That count, read from the file's digest (DeployedState reads digests, not contents): 0 without one."""
+    entry = state["paths"].get(flap_file(plan, pool)) or {}
+    if entry.get("kind") != "file":
+        return 0
+    return next((n for n in range(1, FLAP_LIMIT + 10) if not content_changes(entry, f"{n}\n", "0644")), 0)
+
+
 def start_reads(plan: HostPlan) -> dict[str, list[str]]:
     """What starts() reads of a host: declared by every stage that asks whether a pool (re)starts (names and
     paths only: no pin is needed to know them)."""
-    return {"paths": [path for svc in plan.services for path in unit_paths(svc)],
+    return {"paths": [path for svc in plan.services for path in unit_paths(svc)]
+            + [flap_file(plan, svc.pool) for svc in plan.services if svc.nnodes > 1],
             "units": [unit for svc in plan.services for unit in weight_cache.unit_names(svc)]}
 
 
@@ -152,5 +171,6 @@ def starts(plan: HostPlan, state: dict, pool: str, as_run=None) -> bool:
                 svc = as_run(svc)
             unit = state["units"].get(svc.unit_name) or {}
             return (engine_edited(svc, state) or unit.get("ActiveState") != "active"
-                    or merged(svc.unit_name, unit).restart or rank_restarted(plan, state, pool) > 0)
+                    or merged(svc.unit_name, unit).restart
+                    or (rank_restarted(plan, state, pool) > 0 and flap_count(plan, state, pool) < FLAP_LIMIT))
     return False

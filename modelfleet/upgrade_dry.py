@@ -28,6 +28,11 @@ def _image(running: str | None, wanted: str) -> dict:
     return out
 
 
+def _venv(running: str | None, venv) -> dict:
+    """A venv engine's `image`: the venv its unit runs (status: venv:<path>); the path names the lock."""
+    return _change(running, f"venv:{venv.path}")
+
+
 def _change(old, new) -> dict:
     return {"old": old, "new": new, "changes": None if old is None else old != new}
 
@@ -46,7 +51,8 @@ def host_changes(plan, row: dict) -> dict:
     if not row.get("reachable"):
         out["note"] = f"not read: {row.get('error') or 'unreachable'} (old values unknown)"
     out["services"] = [{"pool": svc.pool, "unit": svc.unit_name,
-                        "image": _image(running.get(svc.pool, {}).get("image") or None, svc.image),
+                        "image": _venv(running.get(svc.pool, {}).get("image") or None, svc.venv) if svc.venv
+                        else _image(running.get(svc.pool, {}).get("image") or None, svc.image),
                         "revision": _revision(running.get(svc.pool, {}).get("revision") or None,
                                               svc.revision or "main")}
                        for svc in plan.services]

@@ -102,7 +102,11 @@ def _images(found: _Found, plan: HostPlan, insecure) -> None:
     from modelfleet.stages import exporters
 
     images = [(svc.image, "control node (digest) and hosts (pull)", f"engine image of pool {svc.pool}")
-              for svc in plan.services]
+              for svc in plan.services if not svc.venv]
+    for svc in plan.services:  # a venv engine: its index, unless the control node pushes a wheelhouse
+        if svc.venv and not svc.venv.wheelhouse:
+            found.add(svc.venv.index_url or "the host's pip settings", "package index",
+                      f"venv of pool {svc.pool} ({svc.venv.lock_file})", "hosts (pip)", plan.name)
     if exporters.enabled(plan):
         images.append((plan.dcgm_exporter_image, "control node (digest) and hosts (pull)", "DCGM exporter"))
     passthrough = plan.services[0].gpu_passthrough if plan.services else True
@@ -152,6 +156,11 @@ def _front_doors(found: _Found, plan: HostPlan) -> None:
         found.add(f"{rp.base_url}/v1", FRONT_DOOR, f"{rp.served_name} for clients ({'TLS' if rp.tls else 'plain HTTP'})",
                   "clients (inbound)", plan.name)
         spec = router.spec(rp)
+        if plan.router_pip_index_url:
+            found.add(plan.router_pip_index_url, "pip index", f"{spec.package}=={spec.version} and its dependencies "
+                      "(router_pip_index_url; each wheel's sha256 from the catalog's lock)", "hosts (front doors)",
+                      plan.name)
+            continue
         found.add(PIP_DEFAULT_INDEX, "pip index", f"{spec.package}=={spec.version} (pip's default; a host's "
                   "pip.conf may name another)", "hosts (front doors)", plan.name)
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 
 from modelfleet import engine_flags, grammar
 from modelfleet.catalog import Engine, Recipe, WeightCache
+from modelfleet.host_commands import MANIFEST
 
 # The host's directory of the sockets, one folder per pool (0700, created by systemd: RuntimeDirectory of both
 # units), and where both containers see it.
@@ -109,6 +111,15 @@ def runtime_directories(svc) -> str:
 
 def socket_dir(svc) -> str:
     return f"/run/{runtime_directory(svc)}"
+
+
+def verified_check(svc) -> str:
+    """Shell: the folder the daemon loads is the pinned revision's, a real directory holding the manifest of a
+    verified copy (host_commands.MANIFEST), else one line naming it and exit 1 (the engine then loads from disk,
+    and the verify gate says so)."""
+    return (f"f={shlex.quote(svc.model_dir)}; test -d \"$f\" && ! test -L \"$f\" && test -f \"$f/{MANIFEST}\" || "
+            f"{{ echo \"modelfleet: weight cache of pool {svc.pool}: $f is not a verified checkpoint of revision "
+            f"{svc.revision} (no {MANIFEST} there): not loading it\" >&2; exit 1; }}")
 
 
 def _filled(text: str, **values) -> str:

@@ -70,7 +70,10 @@ class RouterSpec(_Strict):
     port_flag: str
     api_key_flag: str
     admin_keys_flag: str | None = None  # the control plane's keys: set, the worker API takes modelfleet's key only
-    start: Literal["flag", "api"]  # how a (re)started router gets its replicas: --worker-urls, or the worker API
+    # How the router gets its replicas: --worker-urls when it starts (then the worker API), the worker API once it
+    # answers, or a manifest file it watches (`discovery_args`, `{manifest}`: the file) that modelfleet rewrites.
+    start: Literal["flag", "api", "file"]
+    discovery_args: list[str] = []
     policies: list[str]
     inference_routes: list[str]  # what a key-less request must be refused on, at the front door
     client_routes: list[str]  # what else an nginx front door forwards with a client's key (`{id}`: one segment)

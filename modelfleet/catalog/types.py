@@ -258,6 +258,18 @@ class Engine(_Strict):
             raise ValueError("give host_flag, port_flag and served_name_flag, or address_env")
         return self
 
+    def own_env(self) -> dict[str, str]:
+        """The environment modelfleet sets itself for the engine (modelfleet.render.address_env), each variable
+        with what it carries: no recipe or inventory env may set one (it would be overwritten)."""
+        reg = self.registration
+        out = {key: f"{value} (the engine entry's, to keep a registered model served)"
+               for key, value in (reg.env if reg else {}).items()}
+        if reg:
+            out[reg.store_env] = "its store on the model root"
+        if self.address_env:
+            out[self.address_env] = "bind_address and port"
+        return out
+
 
 class Layout(_Strict):
     tp: Size = 1
@@ -312,6 +324,20 @@ class ReadyBudget(_Strict):
         return self
 
 
+class VenvRoute(_Strict):
+    """The engine installed into a virtual environment on the host, as the guide installs it (`runtime: venv`,
+    docs/venv.md). The site's lock (requirements with hashes) says exactly what is installed; this says what
+    that lock must hold (`requires`, the guide's own requirements) and how to start the engine from it."""
+
+    source: Text  # the guide's install commands, verbatim
+    requires: Annotated[list[Annotated[str, grammar.checked(grammar.single_line)]], Field(min_length=1)]
+    package: Id | None = None  # the distribution whose version names the venv; unset: the engine's name
+    prerelease: bool = False  # the guide installs a pre-release (uv's --prerelease=allow): the lock may pin one
+    python: Version | None = None  # the oldest Python the engine supports (checked against the host's)
+    entrypoint: list[Token] = []  # the engine's command inside the venv's bin/; unset: the engine's entrypoint
+    lock_with: Text | None = None  # how to make a lock from `requires` (shown when a service has none)
+
+
 def _docker_options(options: dict) -> dict:
     """The docker run options a recipe may set, each held to what docker accepts."""
     for key, value in options.items():
@@ -330,7 +356,11 @@ class Recipe(_Strict):
     source: Text
     verified: bool
     notes: Text | None = None
-    image: Image
+    # The engine's container image; a recipe with a `venv` route only may leave it out (runtime venv).
+    image: Image | None = None
+    # How a service of this recipe runs its engine unless it says otherwise: container (the image) or venv.
+    runtime: Literal["container", "venv"] | None = None
+    venv: VenvRoute | None = None
     min_engine_version: Version | None = None
     # The engine version whose argument parser these flags were checked with (an image tag without a version,
     # such as vllm/vllm-openai:kimi-k3, says nothing itself; `render` shows both).
@@ -359,9 +389,17 @@ class Recipe(_Strict):
     def site(self) -> str | None:
         return self._site
 
+    @property
+    def default_runtime(self) -> str:
+        return self.runtime or ("container" if self.image else "venv")
+
     @model_validator(mode="after")
     def _runtime_matches_the_tag(self):
-        problem = image_runtime.tag_problem(self.image, self.cuda, self.rocm)
+        if self.default_runtime == "container" and not self.image:
+            raise ValueError("runtime container needs an image (or say runtime: venv with a venv route)")
+        if self.default_runtime == "venv" and not self.venv:
+            raise ValueError("runtime venv needs a `venv` route (what the guide installs)")
+        problem = image_runtime.tag_problem(self.image, self.cuda, self.rocm) if self.image else None
         if problem:
             raise ValueError(problem)
         return self

@@ -191,12 +191,14 @@ def render_cmd(inventory: str, host: str, group_data, data, as_json: bool, pin: 
                          "restarts; only a change of its key (in its unit file) restarts it")
         files += [{"path": path, "mode": mode, "content": content}
                   for path, content, mode, _ in units.unit_files(svc, mask=True)]  # the run's one rendering path
-        if svc.door_address and not svc.router and not svc.node_rank:  # a keyless engine's keyed proxy
+        if svc.door_address and not svc.node_rank:  # the keyed proxy the run puts before the engine
             from modelfleet import replica_door
 
             files += replica_door.preview(svc)
-            notes.append(f"pool {svc.pool}: {svc.engine_name} holds no key: it listens on 127.0.0.1:{svc.port}, a "
-                         f"keyed proxy ({replica_door.unit_name(svc)}) on {replica_door.listen(svc)}")
+            why = (f"a replica behind the front door on {svc.router.host}: its engine leaves model routes open "
+                   "without its key" if svc.router else f"{svc.engine_name} holds no key")
+            notes.append(f"pool {svc.pool}: {why}: it listens on 127.0.0.1:{svc.port}, a keyed proxy "
+                         f"({replica_door.unit_name(svc)}) on {replica_door.listen(svc)}")
     for rp in plan.routers:  # the front doors this host runs (modelfleet.router)
         from modelfleet.router import preview
         door_files, door_notes = preview(rp)
@@ -211,6 +213,14 @@ def render_cmd(inventory: str, host: str, group_data, data, as_json: bool, pin: 
         click.echo(f["content"])
 
 
+def _venv_notes(svc, notes: list[str]) -> list[str]:
+    fraction = svc.engine.memory_fraction_flag or "planning only"
+    return [f"recipe {svc.recipe.id} ({'verified' if svc.recipe.verified else 'not verified'} by modelfleet; "
+            f"source: {svc.recipe.source})", *notes,
+            f"memory fraction: {svc.recipe.memory_fraction} ({fraction}); clients call it: "
+            f"{', '.join(render.served_names(svc))}; GPUs: {', '.join(map(str, svc.gpu_indices)) or 'none'}"]
+
+
 def _service_notes(plan, svc, pin: bool) -> list[str]:
     """What `render` says above a service's files: pins, the recipe and its flag check, the image's runtime, the
     memory fraction, names and GPUs, and what the run fills in on the host."""
@@ -218,6 +228,8 @@ def _service_notes(plan, svc, pin: bool) -> list[str]:
     from modelfleet.inventory import COMMIT_RE
 
     notes: list[str] = []
+    if svc.venv:
+        return _venv_notes(svc, render.venv_notes(svc))
     if not pin and ("@sha256:" not in svc.image or not COMMIT_RE.match(svc.revision or "")):
         notes.append(f"image {svc.image} and revision {svc.revision or 'main'} as written: the run pins them "
                      "(digest, commit) and names the engine cache directory after the pins (render --pin "

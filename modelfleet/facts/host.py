@@ -62,6 +62,24 @@ class DiskFree(FactBase):
         return None
 
 
+class Pythons(FactBase):
+    """The interpreters a venv engine names (`venv_python`): each one's version, and whether it can make a venv
+    with pip in it (the venv module and ensurepip: Debian and Ubuntu split them into pythonX.Y-venv)."""
+
+    def command(self, names: tuple[str, ...] = ()) -> str:
+        probe = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
+        return "; ".join(f"echo {shlex.quote(n)} $({shlex.quote(n)} -c {shlex.quote(probe)} 2>/dev/null) "
+                         f"$({shlex.quote(n)} -c 'import venv, ensurepip' >/dev/null 2>&1 && echo venv)"
+                         for n in names) or "true"
+
+    def process(self, output):
+        found = {}
+        for line in output:
+            name, *rest = line.split()
+            found[name] = {"version": rest[0] if rest and rest[0][0].isdigit() else None, "venv": "venv" in rest}
+        return found
+
+
 # The firmware's Secure Boot variable (EFI global variable GUID): 4 bytes of attributes, then 1 when on.
 SECURE_BOOT_VAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 # The key DKMS signs modules with on Ubuntu (shim-signed's update-secureboot-policy makes it).

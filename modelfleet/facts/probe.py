@@ -21,6 +21,7 @@ from modelfleet.facts.host import (
     ListeningPorts,
     MemTotal,
     OsRelease,
+    Pythons,
     RenderGroup,
 )
 
@@ -32,6 +33,7 @@ PARTS = {
     "mem_total_kib": MemTotal, "render_gid": RenderGroup,
     "gpu_health": GpuHealth,  # only when asked: admission's read (nvidia-smi -q -x, Xid lines) rides along
     "fabric": HostFabricFact,  # only when asked: a multi-node pool member's network and RDMA view
+    "pythons": Pythons,  # only when a service runs from a venv: the interpreters it names
 }
 
 
@@ -42,12 +44,15 @@ class HostProbe(FactBase):
     def default():
         return {name: None for name in PARTS}
 
-    def command(self, model_root: str = "/srv/models", health: bool = False, fabric: bool = False) -> str:
+    def command(self, model_root: str = "/srv/models", health: bool = False, fabric: bool = False,
+                pythons: tuple[str, ...] = ()) -> str:
         sections = []
         for name, cls in PARTS.items():
-            if (cls is GpuHealth and not health) or (cls is HostFabricFact and not fabric):
+            if (cls is GpuHealth and not health) or (cls is HostFabricFact and not fabric) or \
+                    (cls is Pythons and not pythons):
                 continue
-            cmd = cls().command(model_root) if cls is DiskFree else cls().command()
+            cmd = cls().command(model_root) if cls is DiskFree else cls().command(pythons) if cls is Pythons \
+                else cls().command()
             sections.append(f"echo '{MARK} {name}'; ( {cmd} ) 2>/dev/null; echo \"{MARK} rc=$?\"")
         return "; ".join(sections)
 

@@ -14,7 +14,11 @@ SCOPES = {
     "gpu": "hosts with GPUs",
     "model": "hosts that serve a model (not router_only)",
     "router": "a service with a front door (`router` set)",
+    # Known once every host is resolved (a service of any host names the front door's host in `router`).
+    "front_door": "hosts that run a front door (a service names them in `router`)",
+    "open_router": "hosts that run a front door whose router checks no key itself (vLLM's)",
 }
+DOOR_SCOPES = {"front_door", "open_router"}
 
 
 UNUSED = "set, but "  # how each of this module's problems starts
@@ -27,9 +31,13 @@ def scope_of(model: type[BaseModel], name: str) -> str | None:
 
 def _given(value: BaseModel, name: str) -> bool:
     """Set by the inventory to ask for something: not the default (a default written out changes nothing), and
-    not off (`admission: False` where there is nothing to admit turns off what is not there)."""
+    not off (`admission: False` where there is nothing to admit turns off what is not there), unless the
+    setting is declared strict (off is what it asks for)."""
     setting = getattr(value, name)
-    return name in value.model_fields_set and setting != type(value).model_fields[name].default and bool(setting)
+    extra = type(value).model_fields[name].json_schema_extra
+    strict = isinstance(extra, dict) and extra.get("strict")
+    return name in value.model_fields_set and setting != type(value).model_fields[name].default and \
+        (bool(setting) or bool(strict))
 
 
 def host_scopes(vendor: str) -> set[str]:
@@ -60,8 +68,17 @@ def host_problems(host: BaseModel, hardware, where: str) -> list[tuple[str, str,
     what = {"nvidia": "an NVIDIA host", "amd": "an AMD host"}.get(vendor, "a host without GPUs")
     if not serves:
         what = "a router_only host without GPUs"
-    return unused(host, host_scopes(vendor) | ({"model"} if serves else set()), where,
+    # The front doors' scopes are judged once every host is resolved (door_problems).
+    return unused(host, host_scopes(vendor) | ({"model"} if serves else set()) | DOOR_SCOPES, where,
                   f"this is {what} ({hardware.id} board)")
+
+
+def door_problems(host: BaseModel, holding: set[str], where: str) -> list[tuple[str, str, str]]:
+    """A front door's host settings on a host without one (`holding`: the DOOR_SCOPES that hold there, from
+    modelfleet.inventory.routed.door_scopes)."""
+    what = "its front doors' routers check keys themselves" if "front_door" in holding else \
+        "no service names this host in `router` (it runs no front door)"
+    return unused(host, holding | (set(SCOPES) - DOOR_SCOPES), where, what)
 
 
 def service_problems(service: BaseModel, where: str) -> list[tuple[str, str, str]]:

@@ -12,6 +12,7 @@ from modelfleet.catalog import Engine, Hardware, Model, Recipe
 from modelfleet.errors import ModelfleetError
 from modelfleet.host_commands import revisions_dir
 from modelfleet.inventory.schema import HUB_ENDPOINT, HostData, ServiceData
+from modelfleet.venvs import VenvPlan
 
 if TYPE_CHECKING:
     from modelfleet.fabric import HostFabric
@@ -189,6 +190,11 @@ class ServicePlan:
     # A replica (no `pool` given) names its unit after what it serves, so every replica has the same unit name.
     unit_stem: str = ""
     render_gid: int | None = None  # AMD: the host's render group (read with the probe), added by number
+    venv: VenvPlan | None = None  # runtime venv: the engine runs from this virtual environment, not `image`
+
+    @property
+    def runtime(self) -> str:
+        return "venv" if self.venv else "container"
 
     def at_commit(self, commit: str, model_file: str | None = None, **pinned) -> "ServicePlan":
         """The same service pinned to a resolved 40-hex commit: its own model directory, so a new revision
@@ -206,6 +212,12 @@ class ServicePlan:
     def checkpoint_patterns(self) -> tuple[str, ...]:
         """The files of the repository this service needs (a GGUF repository holds every quantization)."""
         return (f"{self.recipe.gguf_quant}/*",) if self.recipe.gguf_quant and self.model.gguf else ()
+
+    @property
+    def ports(self) -> tuple[int, ...]:
+        """Every port the service's engine listens on: its own, then its side ports (TokenSpeed's control server
+        on port + 1), from the engine entry."""
+        return (self.port, *(self.port + offset for offset in self.engine.side_ports))
 
     @property
     def unit_name(self) -> str:

@@ -62,7 +62,12 @@ def warnings(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], data: dict[
         where = f"pool {pool.name}"
         tag = head.image.rsplit("/", 1)[-1].partition(":")[2].split("@")[0]
         version = TAG_BUILD.search(tag) or TAG_VERSION.search(tag)
-        if version is None or version.group(1) == "":
+        if head.venv:  # the lock says which version installs, as the image's tag does
+            if head.venv.version.split("+")[0] != head.recipe.engine_version.lstrip("v"):
+                out.append((where, "venv_lock", f"{head.venv.lock_file} installs {head.venv.engine} "
+                                                f"{head.venv.version}, but recipe {head.recipe.id}'s flags were "
+                                                f"checked with {head.recipe.engine_version}"))
+        elif version is None or version.group(1) == "":
             out.append((where, "image", f"{head.image} names no engine version: its flags were checked with "
                                         f"{head.engine_name} {head.recipe.engine_version}'s parser; pin an image "
                                         "of that version"))
@@ -82,6 +87,14 @@ def warnings(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], data: dict[
     return out
 
 
+def unequal_gpus(counts: dict[str, int], how: str) -> str:
+    """The one line for a pool whose hosts carry different numbers of ranks (NCCL hangs at init then, NCCL
+    #2385: 7 + 8 ranks, 3 of 3 runs)."""
+    said = ", ".join(f"{name} {n}" for name, n in counts.items())
+    return (f"unequal GPUs per host ({how}): {said}: NCCL hangs at init when the hosts of a pool carry different "
+            "numbers of ranks; give every member the same number of GPUs, or take the short host out")
+
+
 def resolve_pools(hosts: dict[str, HostPlan], errors: list) -> dict[str, PoolPlan]:
     pools: dict[str, PoolPlan] = defaultdict(lambda: PoolPlan(name=""))
     for plan in hosts.values():
@@ -93,8 +106,11 @@ def resolve_pools(hosts: dict[str, HostPlan], errors: list) -> dict[str, PoolPla
     for pool in pools.values():
         where = f"pool {pool.name}"
         head = pool.services[0]
+        counts = {s.host: s.gpus for s in pool.services}
+        if len(set(counts.values())) > 1:
+            errors.append((where, "gpus", unequal_gpus(counts, "declared")))
         for fld in ("model", "engine_name", "recipe", "hardware", "served_name", "port", "revision", "image",
-                    "gpus", "weight_cache"):
+                    "weight_cache"):
             values = sorted({str(getattr(getattr(s, fld), "id", getattr(s, fld))) for s in pool.services})
             if len(values) > 1:
                 label = "mixed hardware" if fld == "hardware" else "members disagree"

@@ -100,6 +100,7 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
     hosts: dict[str, HostPlan] = {}
     addresses: dict[tuple[str, int], str] = {}
     lone_routers: list[str] = []  # hosts with router_only
+    checked_hosts: dict[str, HostData] = {}
     if not entries:
         errors.append(("inventory", "hosts", "no hosts: the inventory defines no group with a host"))
     for name, data in entries:
@@ -107,6 +108,7 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
         if checked is None:
             continue
         host, hw = checked
+        checked_hosts[name] = host
         if host.router_only:
             lone_routers.append(name)
         gpu_count = host.gpu_count if host.gpu_count is not None else (hw.gpus_per_node if hw else 0)
@@ -129,6 +131,9 @@ def resolve(entries: list[tuple[str, dict[str, Any]]], catalog: Catalog | None =
     pools = resolve_pools(hosts, errors)
     hosts = with_ranks(hosts, pools)
     door_warnings: list[tuple[str, str, str]] = []
+    scopes = routed.door_scopes(hosts)
+    for name, host in checked_hosts.items():
+        errors += applies.door_problems(host, scopes.get(name, set()), f"host {name}")
     hosts, routers = routed.resolve(hosts, pools, errors, RESERVED_PORTS, offline=offline, warnings=door_warnings)
     errors += claims.collisions(hosts)
     errors, fleet = applies.fleet_wide(errors, sources or {})
@@ -204,7 +209,7 @@ def _services(name: str, data: dict[str, Any], host: HostData, hw: Hardware | No
         svc = resolve_service(name, host, hw, raw, cat, errors, skipped)
         if svc is None:
             continue
-        for port in [svc.port, *(svc.port + offset for offset in svc.engine.side_ports)]:
+        for port in svc.ports:
             side = "" if port == svc.port else f" ({svc.engine_name} listens there too, at port + {port - svc.port})"
             if port in ports:
                 errors.append((where, "port", f"{port} is used by pools {ports[port]} and {svc.pool}{side}"))

@@ -55,6 +55,21 @@ def resolve(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], errors: list
     return out, routers
 
 
+def door_scopes(hosts: dict[str, HostPlan]) -> dict[str, set[str]]:
+    """host -> the front-door scopes that hold there (modelfleet.inventory.applies): a service names it in
+    `router`; one of those routers checks no key itself (an engine with no router in the catalog counts, its
+    own error said by the front door's check)."""
+    out: dict[str, set[str]] = {}
+    for plan in hosts.values():
+        for svc in plan.services:
+            if svc.router:
+                scopes = out.setdefault(svc.router.host, {"front_door"})
+                rspec = specs().get(svc.engine_name)
+                if rspec is None or rspec.auth == "proxy":
+                    scopes.add("open_router")
+    return out
+
+
 def _front_door(hosts: dict[str, HostPlan], router_host: str, served: str, services: list, lone: bool,
                 routers: dict[str, RouterPlan], errors: list, reserved: dict[int, str],
                 offline: bool, warnings: list | None = None) -> RouterPlan | None:
@@ -145,7 +160,10 @@ def _door_problems(where: str, served: str, head, rhost: HostPlan, roles: dict[s
     if not _ip(bind):
         errors.append((where, "router_bind_address", f"unset, and the router host's address {bind!r} is not "
                        "an IP address to listen on: set router_bind_address"))
-    taken = {**reserved, rhost.ssh_port: "SSH", **{s.port: f"pool {s.pool}" for s in rhost.services}}
+    taken = {**reserved, rhost.ssh_port: "SSH"}
+    for s in rhost.services:
+        taken |= {port: f"pool {s.pool}" + ("" if port == s.port else f" ({s.engine_name} listens there too, at "
+                                                                       f"port + {port - s.port})") for port in s.ports}
     for port, what in ((head.router.port, "the front door"), (head.router.port + 1, "the router behind it"),
                        (head.router.port + 2, "the router's metrics")):
         if port > 65535 or port in taken:

@@ -86,8 +86,9 @@ def _bind(value: str) -> str | None:
 
 # Where a setting can apply (its `json_schema_extra`): the resolver refuses a value other than the default on a
 # host or service where it cannot (modelfleet.inventory.applies), so no setting vanishes in silence.
-def applies(scope: str) -> dict[str, str]:
-    return {"applies": scope}
+# `strict`: turning it off counts as asking too (a defence turned off where it is not is meant for another host).
+def applies(scope: str, strict: bool = False) -> dict[str, str | bool]:
+    return {"applies": scope, **({"strict": True} if strict else {})}
 
 
 Name = Annotated[str, _fits(grammar.name)]
@@ -179,6 +180,22 @@ class ServiceData(BaseModel):
     recipe_params: dict[Name, Annotated[float | int | str, _fits(grammar.flag_value)]] = Field(
         {}, description="Values for the recipe's required parameters (e.g. SGLang's `mamba_full_memory_ratio` "
         "for Kimi K3).")
+    runtime: Literal["container", "venv"] | None = Field(
+        None, description="`container` (the recipe's image) or `venv` (the engine installed from `venv_lock` "
+        "into a virtual environment on the host, docs/venv.md); unset: the recipe's.")
+    venv_lock: Annotated[str, _fits(grammar.no_control)] | None = Field(
+        None, description="runtime venv: the lock on the control node, every requirement pinned with "
+        "`--hash=sha256:` (pip installs it with --require-hashes); another lock is another venv.")
+    venv_wheelhouse: Annotated[str, _fits(grammar.no_control)] | None = Field(
+        None, description="runtime venv: a control-node directory holding every file the lock names, pushed "
+        "to the host (air-gapped sites); unset: the host installs from `venv_index_url`.")
+    venv_index_url: Url | None = Field(
+        None, description="runtime venv: the package index the host installs from; unset (and no wheelhouse): "
+        "the host's own pip settings.")
+    venv_python: Annotated[str, _fits(grammar.no_control)] = Field(
+        "python3", pattern=r"^(/[A-Za-z0-9._/-]+/)?python3(\.[0-9]+)?$",
+        description="runtime venv: the host's interpreter that makes the venv (a name on PATH or an absolute "
+        "path, e.g. python3.12); the system's own packages are never touched.")
 
 
 # The keys a host, its group or a `services` entry may set for a service.
@@ -229,14 +246,16 @@ class HostData(BaseModel):
                               "in `router`), no engine: no `services` nor `model`, `hardware` unset (the catalog's "
                               "`cpu` board, no GPUs) and no driver, checkpoint or engine image.")
     router_pip_index_url: Annotated[str, _fits(_index_url)] | None = Field(
-        None, description="The package index (a PEP 503 simple URL, e.g. a site mirror) this host's pip installs "
-        "a front door's router and its dependencies from; each wheel's sha256 is checked against the catalog's "
-        "lock all the same. Unset: PyPI.")
+        None, description="The package index (a PEP 503 simple URL, e.g. a site mirror; plain HTTP off loopback "
+        "is trusted for it) or `file:///` folder of wheels on the host that this host's pip installs a front "
+        "door's router and its dependencies from; each wheel's sha256 is checked against the catalog's lock all "
+        "the same. Unset: PyPI.", json_schema_extra=applies("front_door"))
     router_worker_firewall: bool = Field(True, description="A front door whose router checks no key itself "
                                          "(vLLM's) gets an nftables rule, loaded by the router's unit, that lets "
                                          "only the door's and the router's users reach the router on loopback; "
                                          "false only where the host takes no nftables rules (a container without "
-                                         "NET_ADMIN, as the lab's hosts): any local process then reaches it.")
+                                         "NET_ADMIN, as the lab's hosts): any local process then reaches it.",
+                                         json_schema_extra=applies("open_router", strict=True))
     services: Annotated[list[dict[str, Any]], Field(min_length=1)] | None = Field(
         None, description="Several services on one host, each entry a set of service settings; unset: the "
         "host's own service settings are its one service.")

@@ -5,12 +5,13 @@ problem collected as (where, field, message)."""
 from __future__ import annotations
 
 import difflib
+import ipaddress
 from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
 
-from modelfleet import engine_flags, host_commands, image_runtime, keys, masking, weight_cache
+from modelfleet import engine_flags, host_commands, image_runtime, keys, masking, venvs, weight_cache
 from modelfleet.catalog import Catalog, Engine, Hardware, Recipe, arg_refusals, load_catalog
 from modelfleet.catalog.routers import pd_role
 from modelfleet.exposure import off_loopback_problem
@@ -72,7 +73,15 @@ def resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[st
                                                    f"{svc.engine}, which runs none of the checkpoint's code: it "
                                                    "would be ignored; take it out"))
     gpus = svc.gpus if svc.gpus is not None else recipe.layout.gpus_per_node
-    image = from_registry(host, svc.image or recipe.image)
+    venv = venv_plan(where, svc, recipe, engine.entrypoint, errors) \
+        if (svc.runtime or recipe.default_runtime) == "venv" else None
+    errors += [(where, fld, "set, but the service runs a container (say runtime: venv)") for fld in
+               ("venv_lock", "venv_wheelhouse", "venv_index_url", "venv_python")
+               if venv is None and fld in svc.model_fields_set and (svc.runtime or recipe.default_runtime) != "venv"]
+    if venv is None and not (svc.image or recipe.image):
+        errors.append((where, "runtime", f"container, but recipe {recipe.id} names no image (it installs the "
+                                         "engine into a venv: say runtime: venv with venv_lock)"))
+    image = "" if venv or not (svc.image or recipe.image) else from_registry(host, svc.image or recipe.image)
     revision_dir = svc.revision or "main"
     return ServicePlan(
         host=name, pool=svc.pool or _slug(name), unit_stem="" if svc.pool else _slug(svc.served_name or model.id),
@@ -96,7 +105,54 @@ def resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[st
                             client_keys_env=tuple(svc.router_client_keys_env or ()),
                             tls_key=svc.router_tls_key, server_name=svc.router_server_name)
         if svc.router else None,
+        venv=venv,
     )
+
+
+def venv_plan(where: str, svc: ServiceData, recipe: Recipe, entrypoint: str,
+              errors: list) -> venvs.VenvPlan | None:
+    """The service's venv (runtime venv) from its lock and wheelhouse on the control node, or None with every
+    problem in `errors`: a recipe without a venv route, no lock, a lock without hashes or not holding what the
+    guide installs, a wheelhouse missing a file the lock names or built for another Python than venv_python."""
+    route = recipe.venv
+    if route is None:
+        errors.append((where, "runtime", f"venv, but recipe {recipe.id} has no venv route (it runs the image "
+                                         f"{recipe.image})"))
+        return None
+    why = {"image": "no image runs", "weight_cache": "the restart tier's daemon runs in a container"}
+    errors += [(where, fld, f"set, but runtime is venv: {why[fld]} (runtime container, or unset it)")
+               for fld in why if getattr(svc, fld)]
+    if recipe.layout.nodes > 1:
+        errors.append((where, "runtime", f"venv: recipe {recipe.id} spans {recipe.layout.nodes} hosts; a pool "
+                                         "across hosts runs containers (its network gate runs in the image)"))
+    if not svc.venv_lock:
+        hint = f" (make one: {route.lock_with})" if route.lock_with else " (pip-compile/uv --generate-hashes)"
+        errors.append((where, "venv_lock", f"missing: runtime venv installs from a lock with hashes{hint}"))
+        return None
+    lock, problems = venvs.read_lock(svc.venv_lock)
+    errors += [(where, "venv_lock", p) for p in problems]
+    if lock is None or problems:
+        return None
+    errors += [(where, "venv_lock", p) for p in venvs.requirement_problems(lock, route.requires, route.prerelease)]
+    package = route.package or recipe.engine
+    entry = lock.get(package)
+    if entry is None:
+        errors.append((where, "venv_lock", f"{svc.venv_lock} has no {package}, the engine's distribution"))
+        return None
+    wheels, needs = (), ()
+    if svc.venv_wheelhouse:
+        files, missing, needs = venvs.wheelhouse_files(lock, svc.venv_wheelhouse)
+        errors += [(where, "venv_wheelhouse", m) for m in missing]
+        wheels = tuple(files)
+        pinned = venvs.python_version_of(svc.venv_python)
+        if pinned and needs and pinned not in needs:
+            errors.append((where, "venv_python", f"{svc.venv_python}, but the wheelhouse's wheels are built for "
+                                                 f"Python {' or '.join(needs)}"))
+    return venvs.VenvPlan(
+        path=venvs.venv_path(recipe.engine, entry.version, lock.digest), engine=recipe.engine,
+        version=entry.version, lock_file=svc.venv_lock, lock_digest=lock.digest, python=svc.venv_python,
+        python_needs=needs, python_min=route.python, wheelhouse=svc.venv_wheelhouse, wheels=wheels,
+        index_url=svc.venv_index_url, entrypoint=tuple(route.entrypoint or [entrypoint]))
 
 
 def _named(where: str, raw: dict[str, Any], cat: Catalog, hw: Hardware | None,
@@ -154,6 +210,10 @@ def _problems(where: str, svc: ServiceData, host: HostData, hw: Hardware, recipe
             and not engine.api_key_config_file:
         errors.append((where, "api_key_env", f"{svc.engine} holds no key: on loopback nothing would check "
                        f"{svc.api_key_env}; unset it, or set `bind_address` for a keyed proxy on that address"))
+    if keyed_door(svc, engine) and _ip(svc.bind_address) in WILDCARDS:
+        errors.append((where, "bind_address", f"{svc.bind_address} for {svc.engine}, which holds no key: its keyed "
+                       f"proxy would listen on every address of the port the engine holds on 127.0.0.1 (the kernel "
+                       "refuses both): give the one address clients use"))
     door_key = keys.from_env(svc.api_key_env) if keyed_door(svc, engine) and skipped is None else None
     if door_key and not PROXY_KEY.match(door_key.strip()):
         errors.append((where, "api_key_env", f"the value of {svc.api_key_env} (not shown) has characters the keyed "
@@ -173,11 +233,12 @@ def _problems(where: str, svc: ServiceData, host: HostData, hw: Hardware, recipe
                                                                                    svc.engine)]
     errors += [(where if key in svc.env else f"recipe {recipe.id}", f"env.{key}", problem)
                for key in {**recipe.env, **svc.env} if (problem := masking.env_name_problem(key))]
-    # What modelfleet sets in the engine's environment itself (its address, its store): not the env's to move.
-    own = {engine.address_env, engine.registration.store_env if engine.registration else None} - {None}
+    # What modelfleet sets in the engine's environment itself (its address, its store, its keep-alive): not the
+    # env's to move (it would be overwritten in silence).
+    own = engine.own_env()
     errors += [(where if key in svc.env else f"recipe {recipe.id}", f"env.{key}", f"set by modelfleet for "
-                f"{svc.engine} (bind_address and port; its store on the model root)")
-               for key in sorted(own & {*recipe.env, *svc.env})]
+                f"{svc.engine} ({own[key]}): take it out")
+               for key in sorted(set(own) & {*recipe.env, *svc.env})]
     for param, spec in recipe.parameters.items():
         if param not in svc.recipe_params:
             errors.append((where, f"recipe_params.{param}", f"recipe {recipe.id} needs it ({spec.flag}); "
@@ -196,6 +257,16 @@ def _problems(where: str, svc: ServiceData, host: HostData, hw: Hardware, recipe
                 if hw.vendor == "nvidia" else None)]
     errors += [(where, fld, f"recipe {recipe.id}: {msg}") for fld, msg in runtime if msg]
     return errors
+
+
+WILDCARDS = {ipaddress.ip_address("0.0.0.0"), ipaddress.ip_address("::")}  # every address of the host
+
+
+def _ip(text: str):
+    try:
+        return ipaddress.ip_address(text.strip("[]"))
+    except ValueError:
+        return None
 
 
 def keyed_door(svc: ServiceData, engine: Engine) -> bool:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import shlex
 
-from pyinfra import host
-from pyinfra.api import StringCommand, operation
+from pyinfra import host, state
+from pyinfra.api import FunctionCommand, StringCommand, operation
 
 from modelfleet.host_commands import journal_command, program
+from modelfleet.operations.report import refuse
 
 JOURNAL_LINES = 40
 
@@ -40,11 +41,32 @@ def wait_ready(unit: str, base_url: str, served_name: str, timeout_s: int, auth_
 
 
 @operation(is_idempotent=False)
+def gpus_freed(unit: str, script: str):
+    """Before a unit (re)starts: the old engine stopped and every GPU it held free (host_commands.gpus_free_script);
+    a process still holding one is named and the unit does not start on top of it."""
+    if not state.is_executing:
+        host.noop(f"{unit}'s GPUs are asked for held memory before it starts")
+        return
+    ok, output = host.run_shell_command(StringCommand(script), print_output=False, print_input=False)
+    if ok:
+        host.noop(f"{unit}: " + " ".join(output.stdout_lines))
+        return
+    yield FunctionCommand(refuse, ([line.removeprefix("modelfleet: ") for line in output.stderr_lines]
+                                   or [f"{unit}: the GPU memory check failed"],), {})
+
+
+@operation(is_idempotent=False)
 def restarts_counted(unit: str):
     """systemd's count of the unit's own restarts set back to 0 once its pool is up (a restart by systemctl keeps
     it): a restart counted after this is a rank that died (units.rank_restarted), not one that retried while the
     pool formed."""
     yield StringCommand("systemctl", "reset-failed", shlex.quote(unit))
+
+
+@operation()
+def flaps_forgotten(path: str):
+    """A rank that stayed up since the last converge: the pool restarts it caused in a row start again from 0."""
+    yield StringCommand("rm", "-f", "--", shlex.quote(path))
 
 
 @operation(is_idempotent=False)

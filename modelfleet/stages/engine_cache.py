@@ -24,15 +24,16 @@ import json
 import shlex
 from functools import partial
 
-from pyinfra import host, state
+from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
-from modelfleet import render
+from modelfleet import render, venvs
 from modelfleet.caches import EngineCache
 from modelfleet.context import HostRun
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.files import content_file, directory
 from modelfleet.operations.report import refuse
+from modelfleet.operations.venv import engine_user
 from modelfleet.transfer import (
     FANOUT_FLOOR_BYTES_S,
     FANOUT_MARGIN_S,
@@ -47,7 +48,7 @@ from modelfleet.transfer import (
     peer_copied,
     wave_sources,
 )
-from modelfleet.units import pinned_services
+from modelfleet.units import pinned_services, start_reads
 
 NAME = "engine_cache"
 PINS: frozenset[str] = frozenset({"images", "revisions"})
@@ -69,9 +70,13 @@ def _job_path(plan: HostPlan, cache: EngineCache) -> str:
 
 
 def wants(plan: HostPlan, probe: dict) -> dict:
-    caches = _caches(plan).values()
-    return {"trees": [c.dir for c in caches], "units": [f"{fanout_unit(f'cache-{c.key}')}.service" for c in caches],
-            "paths": [p for c in caches for p in (c.root, c.dir, _job_path(plan, c))]}
+    """Its caches' trees, units and files; and what deciding whether a pool (re)starts reads (its ranks' caches
+    are made to agree only then)."""
+    caches, unit_reads = _caches(plan).values(), start_reads(plan)
+    return {"trees": [c.dir for c in caches],
+            "units": [f"{fanout_unit(f'cache-{c.key}')}.service" for c in caches] + unit_reads["units"],
+            "paths": [p for c in caches for p in (c.root, c.dir, _job_path(plan, c))] + unit_reads["paths"],
+            "texts": [venvs.USER_LINE] if any(c.owner != "root" for c in caches) else []}
 
 
 def warm(tree: dict | None) -> bool:
@@ -139,6 +144,93 @@ def cache_indexed(directory_: str, label: str, needed: bool, group: str = ""):
     yield FunctionCommand(_index_read, (directory_, label, group), {})
 
 
+# Where a rank's cache goes when its pool's ranks disagree (kept, beside its key; pruned as an old key would be).
+SET_ASIDE = ".modelfleet-set-aside"
+
+
+def _warm_now(directory_: str) -> StringCommand:
+    """Shell: does the key directory hold any cache file now (after the fan-out)? Prints 1 or nothing."""
+    script = (f"find {shlex.quote(directory_)} -type f ! -name '.modelfleet-*' -print -quit 2>/dev/null | "
+              "grep -c . || true")
+    return StringCommand("sh", "-c", shlex.quote(script))
+
+
+def set_aside_command(directory_: str) -> StringCommand:
+    """Shell: everything of the key directory moved into <dir>.modelfleet-set-aside (the last one replaced; the
+    key file, beside the directory, stays); links are moved, never followed."""
+    aside = directory_ + SET_ASIDE
+    script = (f"d={shlex.quote(directory_)}; a={shlex.quote(aside)}; rm -rf -- \"$a\" && mkdir -m 0755 -- \"$a\" && "
+              "find \"$d\" -mindepth 1 -maxdepth 1 -exec mv -t \"$a\" -- {} +")
+    return StringCommand("sh", "-c", shlex.quote(script))
+
+
+def pool_verdict(pool: str, warm_on: dict[str, bool]) -> tuple[str, list[str], str]:
+    """(what the pool's ranks get: `identical` / `none`, the hosts whose cache is set aside, the line that says
+    so). Ranks of one pool that see different engine caches hang at start (one skips FlashInfer's autotuning,
+    the others run its collectives: vLLM #57423): every rank warm, or none."""
+    warm = sorted(name for name, hot in warm_on.items() if hot)
+    cold = sorted(name for name, hot in warm_on.items() if not hot)
+    if not cold:
+        return "identical", [], f"pool {pool}: engine caches: every rank holds its cache ({', '.join(warm)})"
+    if not warm:
+        return "none", [], f"pool {pool}: engine caches: none on any rank, every rank compiles"
+    return "none", warm, (f"pool {pool}: engine caches differ between ranks (warm on {', '.join(warm)}; empty on "
+                          f"{', '.join(cold)}): set aside on {', '.join(warm)} (kept as <key>{SET_ASIDE}), every "
+                          "rank compiles (ranks that see different caches hang at start)")
+
+
+def _read_warm(state, host, pool: str, directory_: str, seen: dict) -> bool:
+    ok, output = host.run_shell_command(_warm_now(directory_), print_output=False, print_input=False)
+    seen[host.name] = ok and output.stdout.strip() not in ("", "0")
+    return True
+
+
+def _agree(state, host, pool: str, members: list[str], directory_: str, seen: dict) -> bool:
+    outcome, aside, line = pool_verdict(pool, {name: seen[name] for name in members if name in seen})
+    if host.name in aside:
+        ok, output = host.run_shell_command(set_aside_command(directory_), print_output=False, print_input=False)
+        if not ok:
+            return refuse(state, host, [f"{line}; moving {directory_} aside failed: "
+                                        + " | ".join(output.stderr_lines[-3:])])
+    if aside:
+        host.log_styled(f"modelfleet: {line}", fg="yellow", log_func=logger.warning)
+    elif host.name == members[0]:
+        host.log_styled(f"modelfleet: {line}")
+    return True
+
+
+@operation(is_idempotent=False)
+def pool_caches_agree(pool: str, members: list[str], directory_: str, seen: dict, needed: bool):
+    """A pool across hosts about to start: every rank's cache is read after the fan-out (one operation on every
+    member), then judged together (the next): every rank warm, or none (pool_verdict)."""
+    if not needed:
+        host.noop(f"pool {pool}: no rank starts, its caches stay as they are")
+        return
+    yield FunctionCommand(_read_warm, (pool, directory_, seen), {})
+
+
+@operation(is_idempotent=False)
+def pool_caches_judged(pool: str, members: list[str], directory_: str, seen: dict, needed: bool):
+    if not needed:
+        host.noop(f"pool {pool}: no rank starts")
+        return
+    yield FunctionCommand(_agree, (pool, members, directory_, seen), {})
+
+
+def _pool_caches(ctx: HostRun) -> None:
+    """Each pool across hosts of this host: its ranks' caches agree before it starts."""
+    for svc in pinned_services(ctx.plan):
+        cache = render.engine_cache(ctx.as_run(svc))
+        if cache is None or svc.nnodes < 2:
+            continue
+        members, needed = list(ctx.inventory.pools[svc.pool].hosts), ctx.pool_starts(svc.pool)
+        seen = ctx.pool_checks(f"engine-cache {svc.pool}")
+        pool_caches_agree(name=f"Engine cache of pool {svc.pool}'s rank after the fan-out", pool=svc.pool,
+                          members=members, directory_=cache.dir, seen=seen, needed=needed)
+        pool_caches_judged(name=f"Engine caches of pool {svc.pool}: every rank or none", pool=svc.pool,
+                           members=members, directory_=cache.dir, seen=seen, needed=needed)
+
+
 @deploy("modelfleet engine_cache")
 def run(ctx: HostRun):
     plan = ctx.plan
@@ -151,7 +243,11 @@ def run(ctx: HostRun):
         name = f"engine-cache/{cache.inputs['engine']}"
         group = f"cache-{key}"
         directory(name=f"Engine cache root {cache.root}", path=cache.root, current=at(cache.root))
-        directory(name=f"Engine cache {cache.dir}", path=cache.dir, current=at(cache.dir))
+        if cache.owner != "root":  # a venv engine's: its user owns it, made here if this is the host's first
+            engine_user(name=f"User {cache.owner} (venv engines)",
+                        present=venvs.user_present(mine["texts"].get(venvs.USER_LINE)))
+        directory(name=f"Engine cache {cache.dir}", path=cache.dir, current=at(cache.dir), user=cache.owner,
+                  group=cache.owner)
         job = _job_path(plan, cache)
         job_fields = {"repo": name, "commit": key, "endpoint": None, "dest": cache.dir, "token_file": None,
                       "kind": "cache", "host": plan.name, "stall_s": plan.model_stall_s}
@@ -186,3 +282,4 @@ def run(ctx: HostRun):
         fanout_serving(name=f"Stop serving engine cache {key}", group=group, directory_=cache.dir,
                        address=fanout_address(plan), port=FANOUT_PORT, serve=False, needed=served,
                        config_dir=plan.config_dir)
+    _pool_caches(ctx)

@@ -1,12 +1,15 @@
-"""Stage images: pull each service's image by the digest its tag resolved to, once per run, on the control node."""
+"""Stage images: pull each service's image by the digest its tag resolved to, once per run, on the control node;
+or, for a venv engine (runtime venv), build its venv from its lock."""
 
 from __future__ import annotations
 
 from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
 
+from modelfleet import venvs
 from modelfleet.context import HostRun
 from modelfleet.inventory import HostPlan
+from modelfleet.operations.venv import engine_user, venv_built, venvs_pruned
 from modelfleet.pins import pinned_image
 
 NAME = "images"
@@ -24,14 +27,31 @@ def image_present(image: str, current: dict | None):
 
 def wants(plan: HostPlan, probe: dict) -> dict:
     """What this stage reads from the host's DeployedState."""
-    return {"images": [pinned_image(svc) for svc in plan.services]}
+    built = [svc.venv for svc in plan.services if svc.venv]
+    images = {"images": [pinned_image(svc) for svc in plan.services if not svc.venv]}
+    return {**images, "paths": [venvs.VENV_ROOT, *(v.marker for v in built)], "texts": [venvs.USER_LINE]} \
+        if built else images
 
 
 @deploy("modelfleet images")
 def run(ctx: HostRun):
     plan = ctx.plan
     # Read in the deploy body, not the operation: an operation's body runs twice (prepare and execute).
-    present = ctx.deployed()["images"]
+    state = ctx.deployed()
+    present = state["images"]
     for svc in plan.services:
+        if svc.venv:
+            continue
         image = pinned_image(svc)
         image_present(name=f"Pull {svc.image} (pinned digest)", image=image, current=present.get(image))
+    built = [svc.venv for svc in plan.services if svc.venv]
+    if not built:
+        return
+    at = state["paths"].get
+    engine_user(name=f"User {venvs.ENGINE_USER} (venv engines)", present=venvs.user_present(
+        state["texts"].get(venvs.USER_LINE)))
+    for venv in dict.fromkeys(built):
+        venv_built(name=f"Venv {venv.path} ({venv.engine} {venv.version}, lock {venv.lock_digest[:12]})",
+                   venv=venv, built=bool(at(venv.marker)))
+    venvs_pruned(name=f"Prune {venvs.VENV_ROOT}", entries=(at(venvs.VENV_ROOT) or {}).get("entries"),
+                 in_use={v.name for v in built})

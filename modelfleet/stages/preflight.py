@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pyinfra.api import deploy
 
+from modelfleet import venvs
 from modelfleet.catalog import load_catalog
 from modelfleet.context import HostRun
 from modelfleet.fabric import report as pool_fabric_report
@@ -62,7 +63,7 @@ def evaluate(plan: HostPlan, probe: dict, defer_stack: bool = False) -> dict:
     disk = probe.get("disk") or {}
     disk_needed = 0.0
     for svc in plan.services:
-        row, disk_bytes = _service_row(plan, svc, versions, ports, pending)
+        row, disk_bytes = _service_row(plan, svc, versions, ports, pending, probe.get("pythons") or {})
         services.append(row)
         disk_needed += disk_bytes
         problems += [f"{svc.pool}: {r}" for r in row["problems"]]
@@ -80,10 +81,14 @@ def evaluate(plan: HostPlan, probe: dict, defer_stack: bool = False) -> dict:
     }
 
 
-def _service_row(plan: HostPlan, svc, versions: dict, ports: dict, pending: bool) -> tuple[dict, float]:
-    """One service held to the host: the planner's fit, the recipe's driver and CUDA, its port free; and the
-    disk its checkpoint needs."""
+def _service_row(plan: HostPlan, svc, versions: dict, ports: dict, pending: bool,
+                 pythons: dict) -> tuple[dict, float]:
+    """One service held to the host: the planner's fit, the recipe's driver and CUDA, its port free, a venv's
+    interpreter; and the disk its checkpoint needs."""
     hw, recipe, reasons = plan.hardware, svc.recipe, []
+    python = venvs.python_problem(svc.venv, pythons.get(svc.venv.python)) if svc.venv else None
+    if python:
+        reasons.append(f"venv_python: {python}")
     cap = plan_capacity(svc.model, hw, gpus=svc.gpus, nodes=svc.nnodes, recipe=recipe,
                         host_ram_gib=plan.host_ram_gib)
     if hw.vendor != "none" and not cap.fits:

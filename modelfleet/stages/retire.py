@@ -26,4 +26,4 @@ def run(ctx: HostRun):
     owned = ctx.deployed()["owned"].get(UNIT_DIR) or {}
     retired = retire.to_retire(owned, retire.named_units(plan), retire.kept_paths(plan))
     retire.units_retired(name="Retire " + (", ".join(r.unit for r in retired) or "units") + " (not in the inventory)",
-                         retired=retired)
+                         retired=retired, kept_venvs=frozenset(s.venv.name for s in plan.services if s.venv))

@@ -7,6 +7,7 @@ asked without the key). Runs after the service stage, so the replicas of this ru
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 from contextlib import nullcontext
 from dataclasses import replace
@@ -165,8 +166,9 @@ def _front_door(ctx: HostRun, rp: RouterPlan, deployed: dict, launcher_changed: 
         fail_host(name=f"Front door {rp.name}", reasons=[f"router {rp.name}: api_key_env {rp.api_key_env} is not "
                                                          "set on the control node: no front door without a key"])
         return
-    installed = bool(at(p["installed"]))
     lock = router.lock(spec)
+    # Built from this lock (the marker is its copy): a venv of an older lock is built again.
+    installed = (at(p["installed"]) or {}).get("sha256") == hashlib.sha256(lock.encode()).hexdigest()
     content_file(name=f"Wheels and hashes of {spec.package} {spec.version} ({p['lock']})", dest=p["lock"],
                  content=lock, current=at(p["lock"]))
     venv_installed(name=f"{spec.package} {spec.version} in {router.venv(rp)} (hashes required)",
@@ -216,6 +218,8 @@ def _front_door(ctx: HostRun, rp: RouterPlan, deployed: dict, launcher_changed: 
     if probe:
         replicas_refuse_keyless(name=f"Replicas of front door {rp.name} refuse a request without the key, asked "
                                 f"from {rp.host}", script=probe)
+    replicas_ready(name=f"Every replica of front door {rp.name} is ready (asked from {rp.host})",
+                   script=router.replicas_ready_script(rp))
     plan = ctx.plan
     tunnel = (rp.bind_address, rp.port) if _is_loopback(rp.bind_address) and plan.address not in (
         rp.bind_address, "@local") else None
@@ -253,6 +257,23 @@ def replicas_refuse_keyless(script: str):
         return
     yield FunctionCommand(refuse, ([f"verify: {line.removeprefix('modelfleet: ')}"
                                     for line in output.stderr_lines] or ["verify: the replicas' probe failed"],), {})
+
+
+@operation(is_idempotent=False)
+def replicas_ready(script: str):
+    """The verify gate waits for every replica the front door routes to (router.replicas_ready_script), while
+    executing: a router answers its /health before its workers do; replicas still not ready then report the
+    door degraded, naming them."""
+    if not state.is_executing:
+        host.noop("the replicas are asked for their health once they run")
+        return
+    ok, output = host.run_shell_command(StringCommand(script), print_output=False, print_input=False)
+    if ok:
+        host.noop(f"{len(output.stdout_lines)} replica(s) ready")
+        return
+    yield FunctionCommand(refuse, ([f"verify: {line.removeprefix('modelfleet: ')}"
+                                    for line in output.stderr_lines] or ["verify: the replicas' health check failed"],),
+                          {})
 
 
 @operation(is_idempotent=False)

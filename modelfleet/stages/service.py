@@ -9,16 +9,26 @@ from pyinfra.api import deploy
 
 from modelfleet import caches, fabric_run, render, timeline
 from modelfleet.context import HostRun
+from modelfleet.host_commands import gpus_free_script
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.files import content_file, directory
 from modelfleet.operations.mounts import MOUNTINFO, private_bind
 from modelfleet.operations.owned_unit import owned_running, refused_when_kept, unmasked
 from modelfleet.operations.report import fail_host, note_once
-from modelfleet.operations.service import restarts_counted, unit_retired, wait_ready, worker_up
+from modelfleet.operations.service import (
+    flaps_forgotten,
+    gpus_freed,
+    restarts_counted,
+    unit_retired,
+    wait_ready,
+    worker_up,
+)
 from modelfleet.units import (
+    FLAP_LIMIT,
     UNIT_DIR,
     edited,
     engine_edited,
+    flap_file,
     pinned_services,
     start_reads,
     unit_files,
@@ -55,7 +65,9 @@ def _engine_cache(svc, state: dict, bound: set[str]) -> None:
         return
     at = state["paths"].get
     directory(name=f"Engine cache root {cache.root}", path=cache.root, current=at(cache.root))
-    directory(name=f"Engine cache {cache.dir}", path=cache.dir, current=at(cache.dir))
+    # A venv engine runs as its own user (not a container's root): its cache directory is that user's.
+    directory(name=f"Engine cache {cache.dir}", path=cache.dir, current=at(cache.dir), user=cache.owner,
+              group=cache.owner)
     caches_dir = posixpath.dirname(cache.root)  # the container writes code there: nosuid,nodev
     if caches_dir not in bound:
         bound.add(caches_dir)
@@ -76,8 +88,29 @@ def _prune_caches(services: list, keep: int, at) -> None:
 
 
 def _rank_lost(ctx: HostRun, svc) -> bool:
-    """A rank of the service's pool died and systemd restarted it: it cannot rejoin, so every rank restarts."""
-    lost = ctx.ranks_restarted(svc.pool) if svc.nnodes > 1 else {}
+    """A rank of the service's pool died and systemd restarted it: it cannot rejoin, so every rank restarts;
+    each host counts the pool restarts its rank caused in a row, and a rank that caused FLAP_LIMIT of them is
+    held out (named, its host failed) instead of restarting the pool on every converge."""
+    if svc.nnodes < 2:
+        return False
+    lost, flaps = ctx.ranks_restarted(svc.pool), ctx.rank_flaps(svc.pool)
+    held = {name for name in lost if flaps.get(name, 0) >= FLAP_LIMIT}
+    mine, path = flaps.get(ctx.plan.name, 0), flap_file(ctx.plan, svc.pool)
+    if ctx.plan.name in held:
+        fail_host(name=f"Pool {svc.pool}: rank held out", reasons=[
+            f"pool {svc.pool}: rank on {ctx.plan.name} held out: it died again after {mine} pool restarts in a "
+            f"row (limit {FLAP_LIMIT}); the pool is not restarted for it (journalctl -u {svc.unit_name}); once "
+            f"fixed, remove {path} on {ctx.plan.name} and re-run"])
+    elif held:
+        note_once(name=f"Pool {svc.pool}: a rank held out", message=f"modelfleet: pool {svc.pool}: rank on "
+                  f"{', '.join(sorted(held))} held out after {FLAP_LIMIT} pool restarts in a row: not restarting "
+                  "the pool for it")
+    if ctx.plan.name in lost and ctx.plan.name not in held:
+        content_file(name=f"Pool restarts in a row its rank caused ({path})", dest=path, content=f"{mine + 1}\n",
+                     current=ctx.deployed()["paths"].get(path), mode="0644")
+    elif mine and ctx.plan.name not in lost:  # it stayed up since the last converge: the count starts again
+        flaps_forgotten(name=f"Its rank stayed up: {path} removed", path=path)
+    lost = {name: n for name, n in lost.items() if name not in held}
     if lost:
         where = ", ".join(f"{name} ({n} time{'s' * (n > 1)})" for name, n in sorted(lost.items()))
         note_once(name=f"Pool {svc.pool}: a rank died", message=f"modelfleet: pool {svc.pool}: systemd restarted "
@@ -141,8 +174,15 @@ def run(ctx: HostRun):
         if weights:  # first, and waited for (its ExecStartPost): the engine then maps the weights it loaded
             owned_running(cache_unit, units[cache_unit], cache_extra, reload=changed[weights[0]],
                           restart=changed[weights[0]])
+        restart = _rank_lost(ctx, svc) | engine_edited(svc, state)  # both: the rank's count is kept either way
+        if svc.hardware.vendor == "nvidia" and svc.gpu_indices and svc.gpu_passthrough and (
+                restart or extra.restart or unit.get("ActiveState") != "active"):
+            gpus_freed(name=f"{svc.unit_name}: its GPUs {','.join(map(str, svc.gpu_indices))} free before it "
+                       "starts", unit=svc.unit_name, script=gpus_free_script(
+                           svc.unit_name, svc.gpu_indices,
+                           stop=unit.get("ActiveState") in ("active", "activating", "reloading")))
         starts = owned_running(svc.unit_name, unit, extra, reload=changed[f"{UNIT_DIR}/{svc.unit_name}"],
-                               restart=engine_edited(svc, state) or _rank_lost(ctx, svc))
+                               restart=restart)
         timeline.watch(host.name, svc.pool, svc.served_name)
         if starts and svc.node_rank:
             worker_up(name=f"Worker {svc.unit_name} (rank {svc.node_rank} of pool {svc.pool}) stays up",

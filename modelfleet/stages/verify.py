@@ -16,11 +16,12 @@ from urllib.parse import urlsplit
 from pyinfra import host, state
 from pyinfra.api import FunctionCommand, deploy, operation
 
+from modelfleet import timeline, weight_cache
 from modelfleet.checks import Endpoint, endpoint, exposure, reachable_from_control_node
 from modelfleet.checks.gate import run_gate
 from modelfleet.checks.tunnel import through_host
 from modelfleet.context import HostRun
-from modelfleet.operations.report import refuse, reports_dir, save_report
+from modelfleet.operations.report import note, refuse, reports_dir, save_report
 from modelfleet.units import start_reads
 
 NAME = "verify"
@@ -71,11 +72,52 @@ def endpoint_verified(ep: Endpoint, tunnel: tuple[str, int] | None, ready_timeou
     yield FunctionCommand(refuse, ([f"verify {ep.name}: {f}" for f in _failures(report)],), {})
 
 
+def weight_load_said(engine: str, lines: list[str]) -> dict:
+    """What the engine's own log says of its last weight load, where it runs with the restart tier: `mapped`
+    (from the weight cache), `fallback` (it asked the cache and loaded from disk, with why where it says),
+    `disk` (it loaded without a word of the cache) or `unknown` (no such line), and the line that says so."""
+    boot = timeline.parse_boot(engine, lines) or {"events": [], "weight_load": None}
+    said = {"skipped": "mapped", "fallback": "fallback", "loaded": "disk"}.get(boot["weight_load"], "unknown")
+    event = next((e for e in boot["events"] if e["event"] in ("weights_fallback", "weights_mapped")), {})
+    return {"weight_load": said, **{k: v for k, v in event.items() if k in ("why", "tensors", "mode")}}
+
+
+def _weight_load(state, host, svc_name: str, engine: str, container: str, cache_unit: str) -> bool:
+    """FunctionCommand body: read the engine's lines, report which load happened, say a fallback in one line."""
+    ok, output = host.run_shell_command(timeline.boot_log_command(container), print_output=False)
+    said = weight_load_said(engine, output.stdout_lines if ok else [])
+    save_report("weight_load", f"{svc_name}-{host.name}", {"host": host.name, **said})
+    if said["weight_load"] == "mapped":
+        host.log_styled(f"weight cache: {svc_name} mapped {said.get('tensors', '?')} tensors from the weight "
+                        "cache", fg="green")
+        return True
+    why = {"fallback": f"fell back to loading from disk ({said.get('why') or 'the daemon was not usable'})",
+           "disk": "loaded from disk without asking the weight cache",
+           "unknown": "printed no weight-load line (its log is gone or unreadable)"}[said["weight_load"]]
+    note(state, host, f"modelfleet: weight cache {said['weight_load']}: {svc_name} on {host.name} {why}: the "
+                      f"restart tier did not serve this start (journalctl -u {cache_unit})")
+    return True
+
+
+@operation(is_idempotent=False)
+def weight_load_reported(svc_name: str, engine: str, container: str, cache_unit: str):
+    """The restart tier's verify: the engine's own lines say whether its weights were mapped from the cache or it
+    fell back to the disk (which vLLM's fallback does without failing), reported either way."""
+    if not state.is_executing:
+        host.noop(f"{svc_name}: its weight load is read from the engine's log once it runs")
+        return
+    yield FunctionCommand(_weight_load, (svc_name, engine, container, cache_unit), {})
+
+
 @deploy("modelfleet verify")
 def run(ctx: HostRun):
     plan = ctx.plan
     alone = ctx.alone
     for svc in plan.services:
+        if weight_cache.spec(svc):  # every rank maps (or loads) its own shard
+            weight_load_reported(name=f"Weight load of {svc.served_name} (restart tier)", svc_name=svc.pool,
+                                 engine=svc.engine_name, container=svc.container_name,
+                                 cache_unit=weight_cache.unit_name(svc))
         if svc.node_rank:
             continue  # a pool is verified at its head
         tunnel = None if reachable_from_control_node(plan, svc) else (svc.bind_address, svc.port)

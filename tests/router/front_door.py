@@ -217,7 +217,15 @@ def start_front_door(rp: RouterPlan, workdir: Path) -> list[subprocess.Popen]:
         sh(router.admin_key_script(rp))
     launcher = workdir / "modelfleet_router.py"
     launcher.write_text(router.launcher())
+    # As the unit does: the router reads copies of its files in its runtime directory (where modelfleet then
+    # rewrites the manifest a watching router reads).
+    router.RUNTIME_ROOT = str(workdir / "run")
+    runtime = Path(router.runtime_dir(rp))
+    runtime.mkdir(parents=True, mode=0o700)
+    for path in router.handed(rp):
+        shutil.copy(path, runtime)
     procs = [subprocess.Popen([str(venv / "bin" / "python"), str(launcher), paths["config"]],
+                              env={**os.environ, "MODELFLEET_ROUTER_FILES": str(runtime)},
                               stdout=(workdir / "router.log").open("w"), stderr=subprocess.STDOUT)]
     if nginx:
         runtime = workdir / "door"

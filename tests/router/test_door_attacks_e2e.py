@@ -374,3 +374,43 @@ def test_a_vllm_replica_on_another_host_is_reached_only_through_its_keyed_proxy(
     finally:
         stop_all([*procs, door])
         engine.stop()
+
+
+def test_a_replicas_keyed_proxy_opens_only_the_exact_health_path(tmp_path):
+    """The keyed proxy before a replica (modelfleet.replica_door), in front of a backend that, as vLLM's metrics
+    app does, answers every path under /metrics: what nginx normalises to the health path gets 401 without the
+    key, never the metrics; the health path itself stays open, and the key opens the rest."""
+    from dataclasses import replace as with_
+
+    from modelfleet import replica_door
+    from modelfleet.inventory import resolve
+
+    port = free_base_port(1)
+    engine = _MountedMetrics(port)
+    entries = [(n, {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm",
+                    "ssh_hostname": a, "fabric_address": f, "router": "r1", "api_key_env": "UNUSED"})
+               for n, a, f in (("r1", "10.0.0.1", "10.1.0.1"), ("a", "10.0.0.2", "10.1.0.2"))]
+    svc = with_(resolve(entries, offline=True).hosts["a"].services[0], door_address="127.0.0.2", port=port,
+                config_dir=str(tmp_path))
+    runtime = tmp_path / "replica-door"
+    runtime.mkdir()
+    for path, content, _, _ in replica_door.files(svc, KEY):
+        if path.startswith(str(tmp_path)):
+            Path(path).write_text(content)
+    conf = replica_door.paths(svc)["conf"]
+    Path(conf).write_text(replica_door.render_conf(svc, runtime=str(runtime)))
+    door = subprocess.Popen([str(nginx_binary()), "-e", "stderr", "-p", str(runtime), "-c", conf],
+                            stdout=(tmp_path / "replica-door.log").open("w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.2:{port}"
+    try:
+        wait_for(lambda: http("GET", f"{url}/health", timeout=2)[0] == 200, 20, "the replica's proxy answers")
+        assert b"vllm:" in _get(engine.url, "/metrics/../health")[1]  # what the backend hands out
+        for path in ("/metrics/../health", "/metrics/%2e%2e/health", "//health", "/%68ealth", "/x/../health",
+                     "/metrics", "/metrics?x=/health"):
+            status, body = _get(url, path)
+            assert (status, b"vllm:" in body) == (401, False), (path, status, body[:200])
+        assert _get(url, "/health")[0] == 200 and _get(url, "/health?probe=1")[0] == 404  # the backend's answer
+        assert b"vllm:" in _get(url, "/metrics", KEY)[1]
+    finally:
+        stop_all([door])
+        engine.stop()

@@ -39,3 +39,57 @@ def test_replicas_of_one_recipe_on_two_hosts_want_the_same_key_directory():
     cache = next(iter(one.values()))
     assert wants["trees"] == [cache.dir] and f"modelfleet-fanout-cache-{cache.key}.service" in wants["units"]
 
+
+
+def test_ranks_of_a_pool_get_every_cache_or_none_and_the_line_says_which():
+    # vLLM #57423: a rank that skips FlashInfer's autotuning while the others run it hangs the pool at start.
+    assert engine_cache.pool_verdict("pair", {"pa": True, "pb": True}) == (
+        "identical", [], "pool pair: engine caches: every rank holds its cache (pa, pb)")
+    assert engine_cache.pool_verdict("pair", {"pa": False, "pb": False})[:2] == ("none", [])
+    assert engine_cache.pool_verdict("pair", {"pa": True, "pb": False}) == ("none", ["pa"], (
+        "pool pair: engine caches differ between ranks (warm on pa; empty on pb): set aside on pa (kept as "
+        "<key>.modelfleet-set-aside), every rank compiles (ranks that see different caches hang at start)"))
+
+
+def test_a_warm_rank_is_set_aside_whole_its_key_file_kept_and_links_moved_not_followed(tmp_path):
+    import subprocess
+
+    from modelfleet.caches import KEY_FILE
+
+    key = tmp_path / "root" / "abc123"
+    (key / "flashinfer").mkdir(parents=True)
+    (key / "flashinfer" / "autotune.json").write_text("{}")
+    (key.parent / f"{key.name}{KEY_FILE}").write_text("{}\n")  # beside its directory (caches.KEY_FILE)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("x")
+    (key / "planted").symlink_to(outside)
+
+    def sh(command):
+        return subprocess.run(str(command), shell=True, capture_output=True, text=True)
+
+    assert sh(engine_cache._warm_now(str(key))).stdout.strip() == "1"
+    assert sh(engine_cache.set_aside_command(str(key))).returncode == 0
+    aside = tmp_path / "root" / "abc123.modelfleet-set-aside"
+    assert list(key.iterdir()) == [] and (key.parent / f"{key.name}{KEY_FILE}").exists()
+    assert (aside / "flashinfer" / "autotune.json").exists() and (aside / "planted").is_symlink()
+    assert (outside / "keep").read_text() == "x"  # the link moved, its target untouched
+    assert sh(engine_cache._warm_now(str(key))).stdout.strip() == "0"
+    assert sh(engine_cache.set_aside_command(str(key))).returncode == 0  # again: the last set-aside replaced
+    assert not (aside / "flashinfer").exists()
+
+
+def test_a_pool_whose_ranks_disagree_sets_the_warm_rank_aside_before_it_starts(fake, caplog, tmp_path, monkeypatch):
+    from modelfleet.pipeline import run_stages
+    from tests.stages.test_service import _pool_hosts
+
+    monkeypatch.setenv("MODELFLEET_REPORTS", str(tmp_path))
+    hosts = _pool_hosts(fake)
+    hosts[0][1]["fake_responses"]["-print -quit"] = ["1"]  # pa's rank kept its cache, pb's is new
+    hosts[1][1]["fake_responses"]["-print -quit"] = ["0"]
+    state = fake.run_fake(hosts, lambda: run_stages(engine_cache))
+    moved = [c for c in fake.executed(state, "pa") if "modelfleet-set-aside" in c]
+    assert len(moved) == 1 and not [c for c in fake.executed(state, "pb") if "modelfleet-set-aside" in c]
+    assert ("modelfleet: pool pair: engine caches differ between ranks (warm on @fake/pa; empty on @fake/pb): set "
+            "aside on @fake/pa") in caplog.text
+    assert state.failed_hosts == set()

@@ -4,6 +4,7 @@ converged host, and a replica's unit under its pool's name retired."""
 import hashlib  # noqa: F401
 
 import pytest
+from pyinfra.api.exceptions import PyinfraError
 
 from modelfleet.inventory import resolve
 from tests.fake.hosts import IMAGE, b300_host, b300_probe, changed_ops, converged_replies, serve
@@ -148,3 +149,61 @@ def test_a_pool_started_across_hosts_counts_its_ranks_restarts_from_when_it_is_u
         assert commands.index("systemctl reset-failed modelfleet-pair.service") > started, commands
     head = fake.executed(state, "pa")
     assert any("/health" in c for c in head[:head.index("systemctl reset-failed modelfleet-pair.service")])
+
+
+def test_a_gpu_still_held_after_the_old_engine_stopped_is_named_and_no_engine_starts_on_it(fake, uploads, caplog):
+    # vLLM #57650: the engine died, its process still holds GPU memory; the new engine must not start on top.
+    line = ("modelfleet: modelfleet-k31.service stopped but its GPUs are still held: GPU 3: pid 48213 "
+            "(VLLM::EngineCore) holds 104000 MiB: not starting an engine on top of it (kill the process, or reset "
+            "the GPU, then re-run)")
+    host = {**b300_host(), "fake_responses": {"@@modelfleet-probe": b300_probe(fake),
+                                              "gpus_free modelfleet-k31.service": {"stderr": [line],
+                                                                                   "success": False}}}
+    state = fake.run_fake([("b300-01", host)], serve, dry=True)
+    with pytest.raises(PyinfraError, match="No hosts remaining"):  # its one host failed
+        fake.finish(state)
+    commands = fake.executed(state, "b300-01")
+    check = next(c for c in commands if "gpus_free modelfleet-k31.service" in c)
+    assert check.endswith("gpus_free modelfleet-k31.service 0 20 0 1 2 3 4 5 6 7")  # its 8 GPUs
+    assert "systemctl start modelfleet-k31.service" not in commands
+    assert [h.name for h in state.failed_hosts] == ["@fake/b300-01"]
+    assert f"refused: {line.removeprefix('modelfleet: ')}" in caplog.text
+    # Free GPUs: the check passes and the unit starts after it.
+    host["fake_responses"].pop("gpus_free modelfleet-k31.service")
+    commands = fake.executed(fake.run_fake([("b300-01", host)], serve), "b300-01")
+    check = next(i for i, c in enumerate(commands) if "gpus_free modelfleet-k31.service" in c)
+    assert check < commands.index("systemctl start modelfleet-k31.service")
+
+
+def _flapping(fake, restarts: str, in_a_row: int | None):
+    """The pool 'pair' with its worker pb's rank restarted `restarts` times by systemd since the pool was up,
+    and the pool restarts in a row that rank caused so far (its count file, None: none)."""
+    lines = ["@@modelfleet-state unit modelfleet-pair.service", "ActiveState=active", "UnitFileState=enabled",
+             f"NRestarts={restarts}"]
+    if in_a_row is not None:
+        digest = hashlib.sha256(f"{in_a_row}\n".encode()).hexdigest()
+        lines += ["@@modelfleet-state path /etc/modelfleet/pair.rank-restarts", f"file 644 root root {digest}"]
+    head, worker = _pool_hosts(fake)
+    worker[1]["fake_responses"]["@@modelfleet-state"] = lines
+    return [head, worker]
+
+
+def test_a_rank_that_keeps_dying_is_held_out_after_three_pool_restarts_and_named(fake, uploads, caplog):
+    # The rank died again after 3 pool restarts in a row: held out, its host failed, the head goes on.
+    state = fake.run_fake(_flapping(fake, "2", 3), serve)
+    assert [h.name for h in state.failed_hosts] == ["@fake/pb"]
+    assert ("refused: pool pair: rank on @fake/pb held out: it died again after 3 pool restarts in a row (limit 3); "
+            "the pool is not restarted for it (journalctl -u modelfleet-pair.service); once fixed, remove "
+            "/etc/modelfleet/pair.rank-restarts on @fake/pb and re-run") in caplog.text
+    assert "modelfleet: pool pair: rank on @fake/pb held out after 3 pool restarts in a row" in caplog.text
+    assert "systemd restarted its rank" not in caplog.text  # the pool is not restarted for it
+    assert "systemctl start modelfleet-pair.service" in fake.executed(state, "pa")  # the head converges
+
+
+def test_a_rank_that_died_counts_the_pool_restart_and_one_that_stayed_up_forgets_the_count(fake, uploads, caplog):
+    state = fake.run_fake(_flapping(fake, "1", 1), serve)
+    assert state.failed_hosts == set()
+    assert "pool pair: systemd restarted its rank on @fake/pb (1 time)" in caplog.text
+    assert uploads.files["/etc/modelfleet/pair.rank-restarts"] == "2\n"
+    state = fake.run_fake(_flapping(fake, "0", 2), serve)
+    assert "rm -f -- /etc/modelfleet/pair.rank-restarts" in fake.executed(state, "pb")

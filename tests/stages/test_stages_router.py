@@ -3,6 +3,7 @@ to the inventory is registered through the router's worker API and a removed one
 of the router; a new front door gets its venv, files and unit."""
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,7 @@ def front_door(hosts):
     return result.routers["tiny-lab"]
 
 
-def state_lines(rp, units_active=True) -> list[str]:
+def state_lines(rp, units_active=True, marker=None) -> list[str]:
     """What DeployedState prints for a router host that has this front door as the stage writes it."""
     def file_line(content, mode):
         return f"file {mode} root root {hashlib.sha256(content.encode()).hexdigest()}"
@@ -53,7 +54,8 @@ def state_lines(rp, units_active=True) -> list[str]:
     files = {router.LAUNCHER: (router.launcher(), 755), p["config"]: (router.launcher_config(rp), 644),
              **{path: (content, 600) for path, content in router.key_files(rp, KEY).items()},
              p["unit"]: (router.render_unit(rp), 644), p["workers"]: (router.workers_file(rp), 644),
-             p["installed"]: ("", 644), p["lock"]: (router.lock(router.spec(rp)), 644)}
+             p["lock"]: (router.lock(router.spec(rp)), 644),
+             p["installed"]: (router.lock(router.spec(rp)) if marker is None else marker, 644)}
     lines = ["@@modelfleet-state path /etc/modelfleet", "dir 700 root root -",
              f"@@modelfleet-state path {TOOLS_BIN}", "dir 755 root root -"]
     if router.has_admin_key(rp):  # made on the host: its content is the host's own
@@ -75,8 +77,9 @@ def workers_json(urls) -> str:
     return f'{{"workers":[{rows}],"total":{len(urls)}}}'
 
 
-def run_router_host(fake, hosts, rp, listed, active=True):
-    replies = {"@@modelfleet-state": state_lines(rp, active), router.list_command(rp): [workers_json(listed)]}
+def run_router_host(fake, hosts, rp, listed, active=True, marker=None):
+    replies = {"@@modelfleet-state": state_lines(rp, active, marker),
+               router.list_command(rp): [workers_json(listed)]}
     data = dict(hosts)
     data["r1"] = {**data["r1"], "fake_responses": replies}
     return fake.run_fake([(n, d) for n, d in data.items()], lambda: pipeline.run_stages(router_stage))
@@ -86,9 +89,11 @@ def test_a_converged_front_door_gets_no_command(fake, env):
     hosts = inventory()
     rp = front_door(hosts)
     state = run_router_host(fake, hosts, rp, [w.url for w in rp.workers])
-    # Two round trips: what the stage finds deployed, and what the router lists.
+    # Two round trips: what the stage finds deployed, and what the router lists; then the verify gate's wait
+    # for every replica the door routes to.
     commands = fake.executed(state, "r1")
-    assert len(commands) == 2 and router.list_command(rp) in commands[1], commands
+    assert len(commands) == 3 and router.list_command(rp) in commands[1], commands
+    assert commands[2] == router.replicas_ready_script(rp)
     assert fake.executed(state, "a") == []  # a replica host runs no front door
     # The verify gate goes through the front door, asking every inference route of the router without the key.
     (call,) = env
@@ -96,6 +101,20 @@ def test_a_converged_front_door_gets_no_command(fake, env):
     assert (call["ep"].base_url, call["ep"].model, call["ep"].api_key, call["tunnel"]) == (
         "http://127.0.0.1:8800", "tiny-lab", KEY, ("127.0.0.1", 8800))
     assert call["ep"].refused_routes == tuple(router.spec(rp).inference_routes)
+
+
+@pytest.mark.parametrize("marker", ["", "sglang-router==0.3.1 \\\n    --hash=sha256:" + "0" * 64 + "\n"])
+def test_a_venv_built_from_another_lock_is_built_again_and_the_router_restarted(fake, env, marker):
+    """A venv an older modelfleet marked (an empty marker) or built from another lock: the catalog's lock is
+    installed into it afresh (--clear), its marker becomes the lock, and the router restarts on it."""
+    hosts = inventory()
+    rp = front_door(hosts)
+    state = run_router_host(fake, hosts, rp, [w.url for w in rp.workers], marker=marker)
+    commands = fake.executed(state, "r1")
+    venv, p = router.venv(rp), router.paths(rp)
+    assert any(c.startswith(f"python3 -m venv --clear {venv} && ") and
+               c.endswith(f"-r {p['lock']} && cp -f {p['lock']} {p['installed']}") for c in commands), commands
+    assert f"systemctl restart {rp.unit_name}" in commands
 
 
 def test_a_new_replica_is_registered_and_a_gone_one_taken_out_without_a_restart(fake, env):
@@ -125,11 +144,14 @@ def test_a_new_front_door_is_installed_and_started(fake, uploads, monkeypatch, e
     # The router's system users, then its venv from the catalog's lock, every wheel's hash checked.
     assert router.users_script() in commands
     assert uploads.files[p["lock"]] == router.lock(router.spec(rp))
-    assert (f"python3 -m venv {venv} && {venv}/bin/pip install -q --disable-pip-version-check --require-hashes "
-            f"--only-binary=:all: -r {p['lock']} && touch {venv}/.modelfleet-installed") in commands
+    assert (f"python3 -m venv --clear {venv} && {venv}/bin/pip install -q --disable-pip-version-check --require-hashes "
+            f"--only-binary=:all: -r {p['lock']} && cp -f {p['lock']} {venv}/.modelfleet-installed") in commands
     assert f"systemctl start {rp.unit_name}" in commands
     assert not any(router.list_command(rp) in c for c in commands)  # it starts with the replicas' file
-    assert uploads.files[p["workers"]] == "http://127.0.0.1:18011\nhttp://127.0.0.2:18012\n"
+    # smg's manifest of the replicas, which the unit hands it (and joins and leaves rewrite).
+    assert json.loads(uploads.files[p["workers"]]) == {"version": 1, "workers": [
+        {"url": "http://127.0.0.1:18011", "model_id": "tiny-lab"}, {"url": "http://127.0.0.2:18012",
+                                                                     "model_id": "tiny-lab"}]}
     assert uploads.files[p["key"]] == KEY + "\n" and uploads.files[p["config"]] == router.launcher_config(rp)
     assert not any(KEY in c for c in commands)  # the key only ever travels as a file's content
 
@@ -245,3 +267,20 @@ def written_0600(path: str, commands: list[str]) -> bool:
 
 def front_door_plan(hosts):
     return resolve([(f"@fake/{n}", d) for n, d in hosts]).hosts
+
+
+def test_a_door_whose_replica_is_not_ready_is_reported_degraded_naming_it(fake, env, caplog):
+    # SGLang #33740: the router answers /health before its workers; the gate waits for them, then names the rest.
+    hosts = inventory()
+    rp = front_door(hosts)
+    line = ("modelfleet: front door tiny-lab degraded: replicas not ready after 120 s: @fake/a "
+            "(http://127.0.0.2:18012/health answered 503)")
+    replies = {"@@modelfleet-state": state_lines(rp), router.list_command(rp): [workers_json([w.url for w in
+                                                                                               rp.workers])],
+               "replicas_ready tiny-lab": {"stdout": ["ready @fake/r1 http://127.0.0.1:18011/health"],
+                                           "stderr": [line], "success": False}}
+    data = dict(hosts)
+    data["r1"] = {**data["r1"], "fake_responses": replies}
+    state = fake.run_fake(list(data.items()), lambda: pipeline.run_stages(router_stage))
+    assert [h.name for h in state.failed_hosts] == ["@fake/r1"]
+    assert f"refused: verify: {line.removeprefix('modelfleet: ')}" in caplog.text

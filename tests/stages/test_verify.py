@@ -39,3 +39,35 @@ def test_it_declares_what_deciding_a_pool_restart_reads():
     plan = resolve([("a", POOL)]).hosts["a"]
     assert verify.wants(plan, {}) == start_reads(plan)
     assert verify.wants(plan, {})["units"] == [plan.services[0].unit_name]
+
+
+def test_the_restart_tier_fallback_is_read_from_the_engines_lines_and_named(fake, monkeypatch, caplog, tmp_path):
+    # vLLM's weight cache falls back to the disk load without failing: the gate reads the engine's own lines.
+    import json
+
+    from modelfleet.operations.report import report_path
+    from tests.fake.hosts import b300_host
+    from tests.unit.test_weight_cache import VLLM_FALLBACK, VLLM_LOADED, VLLM_MAPPED
+
+    monkeypatch.setattr(verify, "endpoint_verified", lambda **kwargs: None)  # no endpoint behind @fake
+    caplog.set_level("INFO")
+    stamp = "2026-12-05T03:10:02.000000000Z "
+
+    def run(lines):
+        host = {**b300_host(), "weight_cache": True,
+                "fake_responses": {"docker logs --timestamps": [stamp + line for line in lines]}}
+        return fake.run_fake([("b300-01", host)], lambda: run_stages(verify))
+
+    run([VLLM_FALLBACK, VLLM_LOADED])
+    assert ("modelfleet: weight cache fallback: k31 on @fake/b300-01 fell back to loading from disk (no daemon at "
+            "/run/modelfleet-weights/x.sock): the restart tier did not serve this start (journalctl -u "
+            "modelfleet-k31-weights.service)") in caplog.text
+    report = json.loads(report_path("weight_load", "k31-@fake/b300-01").read_text())
+    assert report == {"host": "@fake/b300-01", "weight_load": "fallback",
+                      "why": "no daemon at /run/modelfleet-weights/x.sock"}
+    caplog.clear()
+    run([VLLM_MAPPED])
+    assert "weight cache fallback" not in caplog.text and "mapped 1822 tensors from the weight cache" in caplog.text
+    assert json.loads(report_path("weight_load", "k31-@fake/b300-01").read_text())["weight_load"] == "mapped"
+    run([VLLM_LOADED])
+    assert "modelfleet: weight cache disk: k31 on @fake/b300-01 loaded from disk without asking" in caplog.text

@@ -22,7 +22,7 @@ def _options(help_text: str) -> set[str]:
 
 
 @pytest.mark.parametrize("engine, help_file", [("vllm", "vllm-router-0.1.17-help.txt"),
-                                               ("sglang", "sglang-router-0.3.2-launch-help.txt")])
+                                               ("sglang", "smg-1.13.0-launch-help.txt")])
 def test_every_flag_is_the_real_routers(engine, help_file):
     help_text = recorded(help_file)
     rp = resolve(fleet(engine)).routers["tiny-lab"]

@@ -57,3 +57,17 @@ def test_each_fabric_problem_is_one_line_naming_pool_place_and_field():
         "pool k31: host t2: fabric: no fabric derived for this member"]
     ctx, result, _ = pair()
     assert refusals(ctx, [s for p in result.hosts.values() for s in p.services]) == []
+
+
+def test_a_member_whose_driver_shows_fewer_gpus_refuses_the_pool_naming_hosts_and_counts():
+    ctx, result, _ = pair()
+    gpus = {"t1": [{"index": i} for i in range(4)], "t2": [{"index": i} for i in range(3)]}
+    ctx.probe_on = lambda name: {"nvidia_gpus": gpus[name]}
+    assert refusals(ctx, result.hosts["t1"].services) == [
+        "pool k31: gpus: unequal GPUs per host (seen by the drivers; the pool needs 4 each): t1 4, t2 3: NCCL "
+        "hangs at init when the hosts of a pool carry different numbers of ranks; give every member the same "
+        "number of GPUs, or take the short host out"]
+    gpus["t2"] = []  # no driver answering yet: preflight's to judge after gpu_driver
+    assert refusals(ctx, result.hosts["t1"].services) == []
+    gpus["t2"] = [{"index": i} for i in range(4)]
+    assert refusals(ctx, result.hosts["t1"].services) == []

@@ -24,15 +24,21 @@ SAMPLES = {
     "hf_endpoint": "https://hub.site", "model_source": "https://mirror.site/m", "model_keep_revisions": 2,
     "model_reverify": True, "model_fanout_width": 4, "model_fanout": "tree", "model_fanout_rate_mb_s": 100,
     "model_stall_s": 120, "assess_models": ["qwen3-8b"],
+    "router_pip_index_url": "https://pypi.site/simple", "router_worker_firewall": False,
 }
 DECLARED = {name: scope_of(model, name) for model in (HostData, ServiceData) for name in model.model_fields
             if scope_of(model, name)}
+STRICT = {"router_worker_firewall"}  # off is what it asks for: refused where it cannot apply
 
 NVIDIA = {"ssh_hostname": "10.0.0.1", "hardware": "h200", "gpu_count": 1, "model": "qwen3-8b", "engine": "vllm"}
 AMD = {"ssh_hostname": "10.0.0.2", "hardware": "mi355x", "model": "kimi-k3", "engine": "sglang", "revision": "c" * 40,
        "recipe_params": {"mamba_full_memory_ratio": 0.5}}
 REPLICA = {"ssh_hostname": "10.0.0.4", "hardware": "lab-cpu", "model": "tiny-lab", "engine": "sglang",
            "recipe": "tiny-lab-sglang", "router": "gw", "api_key_env": "MF_APPLIES_KEY"}
+# A vLLM replica behind its own host's front door (vLLM's router checks no key: an nginx door before it).
+VLLM_DOOR = {"ssh_hostname": "10.0.0.6", "hardware": "lab-cpu", "model": "tiny-lab", "engine": "vllm",
+             "recipe": "tiny-lab-vllm", "router": "v1", "router_bind_address": "127.0.0.1", "served_name": "tiny-v",
+             "api_key_env": "MF_APPLIES_KEY"}
 
 
 @pytest.fixture(autouse=True)
@@ -58,15 +64,17 @@ def test_every_declared_setting_has_a_sample_and_a_known_scope():
 def _fleet(where: str, name: str, value) -> list:
     gw = ("gw", {"router_only": True, "ssh_hostname": "10.0.0.3"})
     hosts = {"nvidia": ("n1", dict(NVIDIA)), "amd": ("m1", dict(AMD)), "router_only": gw,
-             "replica": ("r1", dict(REPLICA))}
+             "replica": ("r1", dict(REPLICA)), "vllm_door": ("v1", dict(VLLM_DOOR))}
     hosts[where][1][name] = value
     return list(hosts.values())
 
 
 WHERE_NOT = {"nvidia": ["amd", "router_only"], "amd": ["nvidia", "router_only"], "gpu": ["router_only"],
-             "router": ["nvidia"], "model": ["router_only"]}
-WHERE_YES = {"nvidia": "nvidia", "amd": "amd", "gpu": "nvidia", "router": "replica", "model": "nvidia"}
-HOST_OF = {"nvidia": "n1", "amd": "m1", "router_only": "gw", "replica": "r1"}
+             "router": ["nvidia"], "model": ["router_only"], "front_door": ["nvidia", "replica"],
+             "open_router": ["nvidia", "router_only"]}  # gw's front door is SGLang's, whose router checks keys
+WHERE_YES = {"nvidia": "nvidia", "amd": "amd", "gpu": "nvidia", "router": "replica", "model": "nvidia",
+             "front_door": "router_only", "open_router": "vllm_door"}
+HOST_OF = {"nvidia": "n1", "amd": "m1", "router_only": "gw", "replica": "r1", "vllm_door": "v1"}
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLES))
@@ -74,7 +82,7 @@ def test_a_setting_where_it_cannot_apply_is_refused_naming_host_and_field(name):
     scope = DECLARED[name]
     for where in WHERE_NOT[scope]:
         result = resolve(_fleet(where, name, SAMPLES[name]))
-        if not SAMPLES[name]:  # turning off what the host does not have asks for nothing
+        if not SAMPLES[name] and name not in STRICT:  # turning off what the host does not have asks for nothing
             assert name not in unused(result, HOST_OF[where]), (name, where, result.errors)
             continue
         assert name in unused(result, HOST_OF[where]), (name, where, result.errors)
@@ -157,3 +165,18 @@ def test_the_runs_own_resolution_judges_a_fleet_wide_value_as_validate_did(tmp_p
     door.guard()  # passes: a warning
     result = door.for_run(entries)
     assert unused(result, "m1") == set() and ("host m1", "dcgm_exporter") in [(w, f) for w, f, _ in result.warnings]
+
+
+def test_a_fleet_wide_router_index_is_a_warning_on_the_hosts_without_a_front_door(tmp_path):
+    """`--data router_pip_index_url=...` is meant for the front doors' hosts: a warning on the others; the same
+    value in a host's own data where it runs no front door is refused, naming host and field."""
+    from modelfleet.inventory.door import open_inventory
+
+    inv = tmp_path / "inv.py"
+    gw = {"router_only": True, "ssh_hostname": "10.0.0.3"}
+    inv.write_text(f"hosts = [('gw', {gw!r}), ('r1', {REPLICA!r})]\n")
+    result = open_inventory(str(inv), data={"router_pip_index_url": "https://pypi.site/simple"})
+    assert result.errors == [] and [(w, f) for w, f, _ in result.warnings if f.startswith("router")] == [
+        ("host r1", "router_pip_index_url")]
+    inv.write_text(f"hosts = [('gw', {gw!r}), ('r1', {{**{REPLICA!r}, 'router_pip_index_url': 'https://x.site/s'}})]\n")
+    assert unused(open_inventory(str(inv)), "r1") == {"router_pip_index_url"}

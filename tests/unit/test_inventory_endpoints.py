@@ -34,7 +34,7 @@ def test_the_router_host_has_its_front_door_row_and_the_replicas_theirs():
     [door] = endpoints.rows(result, "gw")
     assert (door["endpoint"], door["bind_address"], door["port"], door["url"], door["tls"]) == (
         "front door tiny-lab", "10.0.0.9", 8800, "http://10.0.0.9:8800/v1", False)
-    assert door["router"].startswith("sglang-router ")
+    assert door["router"] == "smg 1.13.0"
     assert [r["url"] for r in door["replicas"]] == ["http://10.0.0.2:30000", "http://10.0.0.3:30000"]
     [a] = endpoints.rows(result, "a")
     assert a == {"endpoint": "pool a", "bind_address": "10.0.0.2", "port": 30000, "router": door["router"],
@@ -42,7 +42,7 @@ def test_the_router_host_has_its_front_door_row_and_the_replicas_theirs():
                  "replica_url": "http://10.0.0.2:30000"}
     [solo] = endpoints.rows(result, "solo")
     assert (solo["front_door"], solo["url"], solo["port"]) == (None, "http://127.0.0.1:30100/v1", 30100)
-    assert endpoints.lines([door])[0].startswith("front door tiny-lab  listens 10.0.0.9:8800  router sglang-router")
+    assert endpoints.lines([door])[0].startswith("front door tiny-lab  listens 10.0.0.9:8800  router smg 1.13.0")
     assert "clients use http://10.0.0.9:8800/v1 (plain HTTP)" in endpoints.lines([a])[0]
 
 

@@ -29,3 +29,13 @@ def test_a_pool_on_an_image_of_another_engine_version_than_its_recipe_is_warned(
     assert [m for w, f, m in odd.warnings if (w, f) == ("pool q", "image")] == [
         f"vllm/vllm-openai:v0.1.0 is vllm 0.1.0, but recipe {odd.hosts['q'].services[0].recipe.id}'s flags were "
         f"checked with {odd.hosts['q'].services[0].recipe.engine_version}"]
+
+
+def test_a_pool_with_unequal_gpus_per_host_is_refused_naming_hosts_and_counts():
+    # NCCL #2385: 7 + 8 ranks hang at init; the plan refuses before any host is touched.
+    errors = resolve([("t1", {"hardware": "gb300", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": PIN,
+                              "pool": "g"}),
+                      ("t2", {"hardware": "gb300", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": PIN,
+                              "pool": "g", "gpus": 3})]).errors
+    said = [m for w, f, m in errors if (w, f) == ("pool g", "gpus")]
+    assert said and said[0].startswith("unequal GPUs per host (declared): t1 4, t2 3: NCCL hangs at init")

@@ -138,3 +138,14 @@ def test_the_inventory_refuses_a_scenario_with_a_wrong_field_naming_it(lab_state
     (lab_state / "scenario.json").write_text(json.dumps({"gate_hosts": "2"}))
     result = open_inventory(str(ROOT / "inventories" / "lab.py"), offline=True)
     assert any("gate_hosts must be int" in message for _, _, message in result.errors), result.errors
+
+
+@pytest.mark.parametrize("engine,router_only", [("vllm", False), ("vllm", True), ("sglang", False)])
+def test_only_the_host_of_a_vllm_front_door_turns_its_router_firewall_off(lab_state, engine, router_only):
+    """router_worker_firewall applies only to a front door whose router checks no key (vLLM's): the lab turns it
+    off there alone (elsewhere it would be refused)."""
+    scenario.write(lab_state / "scenario.json", engine=engine, router="mflab-1", router_only=router_only,
+                   api_key_env="MODELFLEET_LAB_KEY")
+    fleet = inventory()
+    off = {name for name, data in fleet.items() if data.get("router_worker_firewall") is False}
+    assert off == ({"mflab-1"} if engine == "vllm" else set()), fleet

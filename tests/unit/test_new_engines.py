@@ -55,7 +55,7 @@ def test_off_loopback_an_engine_that_holds_no_key_sits_behind_a_keyed_proxy_of_i
     assert replica_door.doors(plan) == [svc]
     conf = replica_door.render_conf(svc)
     assert f"listen 10.0.0.9:{svc.port};" in conf and f"server 127.0.0.1:{svc.port};" in conf
-    assert "if ($modelfleet_authorized = 0)" in conf and KEY not in conf
+    assert "if ($modelfleet_refusal = 401)" in conf and KEY not in conf
     [row] = rows(result, "h1")
     assert row["url"] == f"http://10.0.0.9:{svc.port}/v1" and row["front_door"] == "keyed proxy on h1"
 
@@ -64,6 +64,14 @@ def test_off_loopback_an_engine_that_holds_no_key_sits_behind_a_keyed_proxy_of_i
 def test_off_loopback_without_a_key_is_refused_naming_host_and_field(engine):
     [(where, fld, message)] = resolve([("h1", host(engine, bind_address="10.0.0.9"))]).errors
     assert (where, fld) == ("host h1", "bind_address") and "set `api_key_env`" in message
+
+
+@pytest.mark.parametrize("wildcard", ["0.0.0.0", "::", "[::]"])
+def test_a_keyed_proxy_on_every_address_is_refused(wildcard, monkeypatch):
+    """The proxy on 0.0.0.0:P beside the engine on 127.0.0.1:P: the kernel refuses the second bind."""
+    monkeypatch.setenv("DOOR_KEY", KEY)
+    errors = resolve([("h1", host("ollama", bind_address=wildcard, api_key_env="DOOR_KEY"))]).errors
+    assert [(w, f) for w, f, _ in errors] == [("host h1", "bind_address")], errors
 
 
 def test_a_key_the_keyed_proxy_cannot_hold_is_refused(monkeypatch):
@@ -136,8 +144,11 @@ def test_the_planner_sizes_ollamas_gpu_layers_and_the_rest_goes_to_host_ram():
     report = plan_capacity(model, h200, 1, recipe=recipe)
     assert report.fits and report.reason.startswith("fits by layer: 11 of 61 layers on the GPUs")
     assert not plan_capacity(model, h200, 1, recipe=recipe, host_ram_gib=256).fits
-    # Ollama keeps its own copy of the file it registers: one more checkpoint of disk.
-    assert report.disk_needed_bytes == pytest.approx(649.0e9 * (2 + 0.05 + 1))
+    # Ollama keeps its own copy of the file it registers beside each revision on disk (served + 1 kept).
+    assert report.disk_needed_bytes == pytest.approx(649.0e9 * (2 + 0.05 + 2))
+    # Three revisions kept for rollback: four revisions on disk, each with its store.
+    kept = plan_capacity(model, h200, 1, recipe=recipe, keep_revisions=3)
+    assert kept.disk_needed_bytes == pytest.approx(649.0e9 * (4 + 0.05 + 4))
     lines = layer_lines(report, model, h200, recipe)
     assert lines[0] == "ollama offloads whole layers, not MoE experts: 11 of 61 layers on the GPUs (num_gpu 11), " \
                        "the rest in host RAM"
@@ -187,7 +198,7 @@ def test_verify_asks_the_keyed_proxy_where_clients_do_and_its_health_path_stays_
     svc = plan.services[0]
     ep = endpoint(plan, svc)
     assert ep.base_url == "http://10.0.0.9:11434" and reachable_from_control_node(plan, svc)
-    assert "location = /api/version {" in replica_door.render_conf(svc)
+    assert '"~^/api/version(\\?|$)" 1;' in replica_door.render_conf(svc)
     assert "location = /health {" not in replica_door.render_conf(svc)
 
 
@@ -220,6 +231,29 @@ def test_the_env_may_not_move_ollamas_address_or_store():
     assert all("set by modelfleet for ollama" in m for _, _, m in errors)
 
 
+def test_the_env_may_set_nothing_modelfleet_sets_for_ollama():
+    """OLLAMA_KEEP_ALIVE (modelfleet keeps the registered model loaded: -1) in the inventory's env was
+    overwritten in silence: every variable render.address_env sets is refused, naming host and field."""
+    svc = resolve([("h1", host("ollama"))]).hosts["h1"].services[0]
+    own = render.address_env(svc)
+    assert "OLLAMA_KEEP_ALIVE" in own
+    errors = resolve([("h1", host("ollama", env={key: "5m" for key in own}))]).errors
+    assert [(w, f) for w, f, _ in errors] == [("host h1", f"env.{key}") for key in sorted(own)], errors
+    assert all("set by modelfleet for ollama" in m for _, _, m in errors)
+    assert set(own) == set(svc.engine.own_env())  # one list: what render sets is what validate refuses
+    assert resolve([("h1", host("ollama", env={"OLLAMA_FLASH_ATTENTION": "1"}))]).errors == []
+
+
+@pytest.mark.parametrize("served,listed", [("tiny", "tiny:latest"), ("tiny:q4", "tiny:q4"),
+                                           ("site.example:5000/team/tiny", "site.example:5000/team/tiny:latest")])
+def test_readiness_waits_for_the_name_ollama_lists(served, listed):
+    """Ollama adds `:latest` only to a name without a tag: readiness and verify wait for `tiny:q4` itself."""
+    result = resolve([("h1", host("ollama", served_name=served))])
+    assert result.errors == []
+    svc = result.hosts["h1"].services[0]
+    assert render.listed_name(svc) == listed
+
+
 def test_tokenspeeds_control_server_port_is_held_apart_from_other_services():
     """`tokenspeed serve` also listens on port + 1 (its control server): a service of the host there is refused."""
     data = host("tokenspeed", services=[{"port": 8000}, {"model": "kimi-k3", "engine": "tokenspeed",
@@ -240,3 +274,29 @@ def test_render_shows_the_keyed_proxy_the_run_writes_with_its_key_masked(tmp_pat
     for path, content, _, secret in replica_door.files(svc, KEY):
         assert (shown[path] == content) != secret  # the same file; the key map only masked
     assert KEY not in out.output
+
+
+def test_tokenspeeds_control_server_port_is_held_apart_from_a_front_door_on_its_host(monkeypatch):
+    """A front door on the host of a TokenSpeed service: its port may not be the engine's control server
+    (port + 1), which the front door's check and the host's claims name alike."""
+    monkeypatch.setenv("DOOR_KEY", KEY)
+    gateway = ("gw", host("tokenspeed", port=8799))
+    replica = ("a", {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "sglang", "recipe": "tiny-lab-sglang",
+                     "ssh_hostname": "192.0.2.61", "fabric_address": "192.0.2.61", "router": "gw",
+                     "api_key_env": "DOOR_KEY"})
+    errors = resolve([gateway, replica]).errors
+    assert [(w, f) for w, f, _ in errors] == [("router tiny-lab", "router_port")], errors
+    assert "port 8800 (the front door) is used by pool " in errors[0][2] and "at port + 1" in errors[0][2]
+    assert resolve([gateway, (replica[0], {**replica[1], "router_port": 8810})]).errors == []
+
+
+def test_tokenspeeds_control_server_port_is_a_claimed_port_of_its_host():
+    """A prefill server's bootstrap port on TokenSpeed's control server port (port + 1) of the same host."""
+    from modelfleet.catalog.routers import bootstrap_port
+
+    taken = bootstrap_port(CATALOG.recipes["kimi-k3-sglang-pd-prefill-b300"], "sglang")
+    data = host("tokenspeed", gpu_count=16, services=[
+        {"port": taken - 1, "pool": "ts"},
+        {"engine": "sglang", "recipe": "kimi-k3-sglang-pd-prefill-b300", "port": 30000, "pool": "prefill"}])
+    found = [(f, m) for w, f, m in resolve([("h1", data)]).errors if "one overwriting the other" in m]
+    assert found and f"port {taken} would be taken by both pool ts (its engine)" in found[0][1], found

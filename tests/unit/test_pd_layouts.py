@@ -21,7 +21,7 @@ from modelfleet.facts.fabric import parse_fabric
 from modelfleet.inventory import resolve
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-HELP = {"vllm": "vllm-router-0.1.17-help.txt", "sglang": "sglang-router-0.3.2-launch-help.txt"}
+HELP = {"vllm": "vllm-router-0.1.17-help.txt", "sglang": "smg-1.13.0-launch-help.txt"}
 PIN = "d" * 40
 KEY = "pd-front-door-key-0123"
 RAILS = [f"mlx5_{i}" for i in range(10, 18)]

@@ -40,3 +40,21 @@ def test_the_door_listens_on_the_fabric_keys_every_route_and_passes_to_the_engin
     assert files[p["key"]][1:] == ("0600", True) and KEY in files[p["key"]][0]
     assert f"After=network-online.target {svc.unit_name}" in unit and f"-c {p['conf']}" in unit
     assert p["conf"].startswith(svc.config_dir + "/door-replica-")
+
+
+def test_render_shows_a_routed_replicas_keyed_proxy_as_the_run_writes_it(tmp_path):
+    """The preview is the promise: a routed vLLM replica off its router host listens behind a keyed proxy on
+    the fabric, and `render` shows that proxy's files (the key masked) beside the engine's unit."""
+    from click.testing import CliRunner
+
+    from modelfleet.cli import main
+
+    inv = tmp_path / "inv.py"
+    inv.write_text(f"hosts = {[('r1', host('10.0.0.1', '10.1.0.1')), ('a', host('10.0.0.2', '10.1.0.2'))]!r}\n")
+    out = CliRunner().invoke(main, ["render", str(inv), "a", "--json"])
+    assert out.exit_code == 0, out.output
+    (svc,) = replica_door.doors(resolve([("r1", host("10.0.0.1", "10.1.0.1")),
+                                         ("a", host("10.0.0.2", "10.1.0.2"))]).hosts["a"])
+    p = replica_door.paths(svc)
+    assert all(path in out.stdout for path in (p["conf"], p["key"], p["unit"])), out.stdout[:2000]
+    assert "listen 10.1.0.2:" in out.stdout and KEY not in out.stdout

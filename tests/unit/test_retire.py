@@ -54,6 +54,14 @@ def test_an_engine_unit_says_its_pool_container_files_port_and_checkpoint(resolv
     assert retire.removable(pinned.checkpoint) and not retire.removable("/" + "a" * 40)
 
 
+def test_an_ollama_unit_says_its_modelfile_too(monkeypatch):
+    """Ollama's unit registers its checkpoint from `<config_dir>/<pool>.Modelfile`: retired with the unit."""
+    svc = resolve([("h1", {"hardware": "h200", "gpu_count": 1, "model": "tiny-lab", "engine": "ollama",
+                           "recipe": "tiny-lab-ollama", "gpus": 1})]).hosts["h1"].services[0]
+    r = retire.described(svc.unit_name, found(render.render_unit(svc)))
+    assert r.files == (svc.env_file, svc.secrets_config_file, svc.auth_file, render.modelfile_path(svc))
+
+
 def test_a_front_door_router_and_proxy_unit_say_their_files(resolved):
     rp = resolved.routers["tiny-lab"]
     p = router.paths(rp)

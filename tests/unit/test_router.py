@@ -4,6 +4,8 @@ test_inventory_routed.py; the routers catalog held to the real routers' help: te
 
 import json
 import re
+import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from modelfleet import router
 from modelfleet.inventory import resolve
 from modelfleet.inventory.plan import RouterPlan, Worker
 from modelfleet.stages.router import registration
+from tests import front_doors
 from tests.front_doors import KEY, fleet, recorded
 from tests.pem import certificate, private_key
 
@@ -33,28 +36,61 @@ def test_the_key_is_in_no_unit_config_or_command():
     assert KEY in router.proxy_key_conf(KEY)  # only in the 0600 file the proxy includes
 
 
-def test_sglang_router_checks_the_key_itself_at_the_front_door():
+def test_sglangs_front_door_is_smg_checking_the_key_itself_and_reading_a_manifest_of_its_replicas():
     rp = resolve(fleet("sglang")).routers["tiny-lab"]
     config = json.loads(router.launcher_config(rp))
-    assert config == {"module": "sglang_router.launch_router",
+    assert config == {"module": "smg.launch_router",
                       "args": ["--host", "10.0.0.1", "--port", "8800", "--policy", "cache_aware",
                                "--health-check-interval-secs", "10", "--health-check-endpoint", "/health",
                                "--health-failure-threshold", "3", "--prometheus-host", "127.0.0.1",
                                "--prometheus-port", "8802"],
-                      # Its replicas go in through the worker API, so /v1/models lists them by the served name.
-                      "register": {"health": "http://10.0.0.1:8800/health", "url": "http://10.0.0.1:8800/workers",
-                                   "body": {"url": "{url}", "model_id": "tiny-lab"}},
+                      # Its replicas come from the manifest it was handed, which it watches: no registration.
+                      "discovery_args": ["--discovery-provider", "file", "--discovery-file", "{manifest}",
+                                         "--discovery-check-interval-secs", "10"],
                       "workers_file": "/etc/modelfleet/router-tiny-lab.workers",
                       "api_key_flag": "--api-key", "key_file": "/etc/modelfleet/router-tiny-lab.key",
                       # The worker API takes a key of its own, made on the router host, that no client holds.
                       "admin_keys_flag": "--control-plane-api-keys",
                       "admin_key_file": "/etc/modelfleet/router-tiny-lab.admin"}
-    assert ("ExecStart=/opt/modelfleet/router-sglang-router-0.3.2/bin/python \\\n"
+    assert ("ExecStart=/opt/modelfleet/router-smg-1.13.0/bin/python \\\n"
             "    /opt/modelfleet/bin/modelfleet_router.py \\\n    /etc/modelfleet/router-tiny-lab.json\n"
             ) in router.render_unit(rp)
-    assert router.workers_file(rp) == "http://10.1.0.2:30000\nhttp://10.1.0.3:30000\nhttp://127.0.0.1:30000\n"
-    # Its worker API wants modelfleet's own key: from the 0600 header file made beside it.
+    assert json.loads(router.workers_file(rp)) == {"version": 1, "workers": [
+        {"url": f"http://{a}:30000", "model_id": "tiny-lab"} for a in ("10.1.0.2", "10.1.0.3", "127.0.0.1")]}
+    assert router.live_manifest(rp) == "/run/modelfleet-router-tiny-lab/router-tiny-lab.workers"
+    # Joining and leaving rewrite that manifest; no call to the worker API (which only lists, with its key).
+    for script in (router.add_script(rp, "http://10.1.0.9:30000"), router.remove_script(rp, "http://10.1.0.2:30000",
+                                                                                          "id-1")):
+        assert "/run/modelfleet-router-tiny-lab/router-tiny-lab.workers" in script and "-X POST" not in script
+        assert "-X DELETE" not in script
     assert "-H @/etc/modelfleet/router-tiny-lab.admin-auth" in router.list_command(rp)
+
+
+def _manifest_edit(rp, action: str, url: str):
+    return subprocess.run(router.edit_manifest_script(rp, action, url), shell=True, capture_output=True, text=True)
+
+
+def test_the_manifest_edit_keeps_the_router_users_file_and_never_follows_a_link(tmp_path, monkeypatch):
+    monkeypatch.setattr(router, "RUNTIME_ROOT", str(tmp_path))
+    rp = resolve(fleet("sglang")).routers["tiny-lab"]
+    live = Path(router.live_manifest(rp))
+    live.parent.mkdir(mode=0o700)
+    live.write_text(router.workers_file(rp))
+    assert _manifest_edit(rp, "add", "http://10.1.0.9:30000").returncode == 0
+    assert _manifest_edit(rp, "remove", "http://10.1.0.2:30000").returncode == 0
+    assert _manifest_edit(rp, "add", "http://10.1.0.9:30000").returncode == 0  # already in: once
+    assert [w["url"] for w in json.loads(live.read_text())["workers"]] == [
+        "http://10.1.0.3:30000", "http://127.0.0.1:30000", "http://10.1.0.9:30000"]
+    assert oct(live.stat().st_mode & 0o777) == "0o400" and list(live.parent.iterdir()) == [live]
+    # The router's user owns the directory: a link it plants where the manifest was is neither read nor
+    # written through.
+    target = tmp_path / "root-only"
+    target.write_text('{"version": 1, "workers": []}')
+    live.unlink()
+    live.symlink_to(target)
+    refused = _manifest_edit(rp, "add", "http://10.1.0.8:30000")
+    assert refused.returncode != 0 and "cannot read the router's manifest" in refused.stderr
+    assert target.read_text() == '{"version": 1, "workers": []}' and live.is_symlink()
 
 
 def test_vllm_router_listens_on_loopback_behind_the_proxy():
@@ -71,7 +107,9 @@ def test_vllm_router_listens_on_loopback_behind_the_proxy():
         rp, "http://10.1.0.9:8000")
 
 
-def test_worker_lists_parse_from_both_real_routers():
+def test_worker_lists_parse_from_the_real_routers():
+    assert router.parse_workers(recorded("smg-1.13.0-workers.json.txt")) == {
+        "http://127.0.0.1:39011": {"id": "01a24f38-e9b0-7405-997c-be94d2c6fb25", "healthy": True}}
     assert router.parse_workers(recorded("sglang-router-0.3.2-workers.json.txt")) == {
         "http://127.0.0.1:18011": {"id": "5f82aa8a-36fe-4a6b-b293-692ef30f268b", "healthy": True},
         "http://127.0.0.1:18012": {"id": "f258c45a-db51-4bbe-8746-d7f7b7cb5430", "healthy": True}}
@@ -92,7 +130,9 @@ def test_registration_adds_the_new_removes_the_gone_and_leaves_the_rest():
     listed = router.parse_workers(recorded("sglang-router-0.3.2-workers.json.txt"))
     remove, add = registration(rp, listed)
     assert list(remove) == ["http://127.0.0.1:18012"] and list(add) == ["http://127.0.0.1:18013"]
-    assert "/workers/f258c45a-db51-4bbe-8746-d7f7b7cb5430" in remove["http://127.0.0.1:18012"]
+    # smg drains what its manifest no longer lists: the script takes the URL out of it.
+    assert "remove /run/modelfleet-router-tiny-lab/router-tiny-lab.workers http://127.0.0.1:18012" in remove[
+        "http://127.0.0.1:18012"]
     converged = RouterPlan(**{**rp.__dict__, "workers": tuple(Worker(u, u, u) for u in listed)})
     assert registration(converged, listed) == ({}, {})
 
@@ -291,6 +331,43 @@ def test_the_door_forwards_with_a_key_only_the_model_routes_matched_on_the_reque
         assert not pattern.match(path), path
 
 
+@pytest.mark.parametrize("python", ["3.10", "3.11", "3.12", "3.13"])
+def test_each_router_lock_pins_one_version_of_each_package_for_every_python_the_hosts_run(python):
+    """os.yaml's releases run Python 3.10 (Ubuntu 22.04) to 3.13: each router lock holds, for each, one pinned
+    version of every package with its hashes, with the router release itself; on 3.10 what aiohttp and anyio
+    need there alone (async-timeout, exceptiongroup)."""
+    from packaging.markers import Marker
+
+    env = {"python_version": python, "python_full_version": f"{python}.0", "sys_platform": "linux",
+           "platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython",
+           "platform_python_implementation": "CPython", "os_name": "posix"}
+    for s in router.specs().values():
+        lock = router.lock(s)
+        held = [name for name, _, marker in re.findall(r"^([a-z0-9-]+)==(\S+)(?: ; ([^\\\n]*))? \\$", lock, re.M)
+                if not marker or Marker(marker).evaluate(env)]
+        assert len(held) == len(set(held)) and s.package in held, (s.package, python, held)
+        # aiohttp and anyio (vllm-router's) need these on 3.10 alone
+        assert python != "3.10" or "aiohttp" not in held or {"async-timeout", "exceptiongroup"} <= set(held), \
+            (s.package, held)
+
+
+@pytest.mark.parametrize("url,args", [
+    ("https://pypi.site/simple", ["--index-url", "https://pypi.site/simple"]),
+    ("http://127.0.0.1:3141/simple", ["--index-url", "http://127.0.0.1:3141/simple"]),  # pip trusts loopback
+    ("http://localhost/simple", ["--index-url", "http://localhost/simple"]),
+    ("http://pypi.site:3141/root/simple", ["--index-url", "http://pypi.site:3141/root/simple", "--trusted-host",
+                                           "pypi.site:3141"]),
+    ("http://10.0.0.7/simple", ["--index-url", "http://10.0.0.7/simple", "--trusted-host", "10.0.0.7"]),
+    ("file:///srv/router%20wheels", ["--no-index", "--find-links", "/srv/router wheels"]),
+])
+def test_the_sites_index_is_one_pip_reads(url, args):
+    """pip ignores a plain-HTTP index off loopback unless trusted (the lock's hashes still check each file),
+    and reads a file:// folder of wheels only as --find-links."""
+    rp = resolve(fleet("sglang")).routers["tiny-lab"]
+    command = router.install_command(rp, url)
+    assert command[command.index("--only-binary=:all:") + 1:command.index("-r")] == args
+
+
 def test_the_router_venv_installs_the_catalogs_lock_with_every_hash_required():
     from modelfleet.inventory import resolve as resolve_inventory
 
@@ -298,16 +375,62 @@ def test_the_router_venv_installs_the_catalogs_lock_with_every_hash_required():
         rp = resolve(fleet(engine)).routers["tiny-lab"]
         s, p = router.spec(rp), router.paths(rp)
         lock = router.lock(s)
-        pins = dict(line.split(" ")[0].split("==") for line in lock.splitlines() if line[:1].isalpha())
-        assert pins[s.package] == s.version  # the router release itself, pinned beside its dependencies
-        entries = re.findall(r"^\S+==\S+ \\\n((?:    --hash=sha256:[0-9a-f]{64}(?: \\)?\n)+)", lock, re.M)
+        pins = [line.split(" ")[0].split("==") for line in lock.splitlines() if line[:1].isalpha()]
+        assert dict(pins)[s.package] == s.version  # the router release itself, pinned beside its dependencies
+        entries = re.findall(r"^\S+==\S+(?: ;[^\\\n]*)? \\\n((?:    --hash=sha256:[0-9a-f]{64}(?: \\)?\n)+)",
+                             lock, re.M)
         assert len(entries) == len(pins)  # every requirement carries its hashes
         command = router.install_command(rp)
         assert command[command.index("install"):] == [
             "install", "-q", "--disable-pip-version-check", "--require-hashes", "--only-binary=:all:", "-r",
-            p["lock"], "&&", "touch", p["installed"]]
+            p["lock"], "&&", "cp", "-f", p["lock"], p["installed"]]
         assert {f["path"]: f["content"] for f in router.preview(rp)[0]}[p["lock"]] == lock
     mirror = "https://pypi.mirror.example/simple"
-    assert ["--index-url", mirror, "-r"] == router.install_command(rp, mirror)[-7:-4]
+    command = router.install_command(rp, mirror)
+    assert ["--index-url", mirror, "-r"] == command[command.index("--index-url"):][:3]
     bad = resolve_inventory([("r1", {**fleet("sglang")[0][1], "router_pip_index_url": "https://u:p@mirror/simple"})])
     assert [e for e in bad.errors if e[1] == "router_pip_index_url"] != []
+
+
+def test_a_tokenspeed_pools_front_door_is_smg_too():
+    revision = "a" * 40
+    hosts = [(name, {**front_doors.host(address, fabric, "tokenspeed"), "model": "kimi-k3", "revision": revision,
+                     "recipe": "kimi-k3-tokenspeed-b300", "hardware": "b300"})
+             for name, address, fabric in (("r1", "10.0.0.1", "10.1.0.1"), ("a", "10.0.0.2", "10.1.0.2"))]
+    result = resolve(hosts)
+    assert result.errors == []
+    rp = result.routers["kimi-k3"]
+    assert router.summary(rp)["router"] == "smg 1.13.0" and router.watches_manifest(rp)
+    assert json.loads(router.launcher_config(rp))["module"] == "smg.launch_router"
+
+
+@pytest.mark.slow
+def test_a_wheelhouse_folder_installs_through_the_products_own_command(tmp_path):
+    """router_pip_index_url = file:///<folder of wheels>: the real pip, run with the command the stage sends,
+    installs the locked wheel from it (as --index-url, pip looked for a PEP 503 tree there and found nothing)."""
+    import hashlib
+    import os
+    import subprocess
+    import zipfile
+
+    house = tmp_path / "wheel house"
+    house.mkdir()
+    wheel = house / "mf_probe-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as whl:
+        whl.writestr("mf_probe/__init__.py", "")
+        whl.writestr("mf_probe-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: mf-probe\nVersion: 1.0\n")
+        whl.writestr("mf_probe-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        whl.writestr("mf_probe-1.0.dist-info/RECORD", "")
+    lock = tmp_path / "lock.txt"
+    lock.write_text(f"mf-probe==1.0 \\\n    --hash=sha256:{hashlib.sha256(wheel.read_bytes()).hexdigest()}\n")
+    rp = resolve(fleet("sglang")).routers["tiny-lab"]
+    p, venv = router.paths(rp), tmp_path / "venv"
+    command = [str(lock) if a == p["lock"] else str(venv / ".modelfleet-installed") if a == p["installed"]
+               else a.replace(router.venv(rp), str(venv))
+               for a in router.install_command(rp, "file://" + str(house).replace(" ", "%20"))]
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PIP_")}, "PIP_CONFIG_FILE": os.devnull}
+    done = subprocess.run(" ".join(a if a == "&&" else shlex.quote(a) for a in command), shell=True, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert list(venv.glob("lib/python*/site-packages/mf_probe/__init__.py"))
+    assert (venv / ".modelfleet-installed").read_text() == lock.read_text()

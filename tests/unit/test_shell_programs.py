@@ -245,45 +245,52 @@ def test_worker_up_wants_the_unit_to_stay_up(tmp_path, unit_state, rc, stderr):
 
 
 def front_door(tmp_path: Path, monkeypatch):
-    """The lab's SGLang front door (tiny-lab, key in a header file) and a stand-in curl for its worker API and
-    the replicas: `listed` holds the router's list, `up` the replicas (and router) that answer /health,
-    `lazy` makes the router accept a call and change nothing."""
+    """The lab's SGLang front door (smg: tiny-lab, its replicas in the manifest it watches) and a stand-in curl
+    for its worker list and the replicas: the router lists what its live manifest (in a runtime directory under
+    tmp_path) says, `up` holds the replicas that answer /health, `lazy` makes the router stop re-reading its
+    manifest (it lists what `listed` holds)."""
+    from modelfleet import router
     from modelfleet.inventory import resolve
 
     monkeypatch.setenv("MF_KEY", "shell-programs-key-0123")
+    monkeypatch.setattr(router, "RUNTIME_ROOT", str(tmp_path / "run"))
     hosts = [(f"@fake/{name}", {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "sglang",
                                 "recipe": "tiny-lab-sglang", "port": port, "router": "@fake/r1",
                                 "router_bind_address": "127.0.0.1", "api_key_env": "MF_KEY",
                                 "fabric_address": address})
              for name, address, port in (("r1", "127.0.0.1", 18011), ("a", "127.0.0.2", 18012))]
+    rp = resolve(hosts).routers["tiny-lab"]
+    live = Path(router.live_manifest(rp))
+    live.parent.mkdir(parents=True)
+    live.write_text(router.render_manifest(rp, []))
     tools = tmp_path / "bin"
     for name in ("listed", "up", "calls"):
         (tmp_path / name).write_text("")
     tool(tools, "sleep", "true")
     t = tmp_path
-    tool(tools, "curl", f'm=GET; for a; do case $p in -X) m=$a;; -d) d=$a;; esac; p=$a; url=$a; done\n'
+    tool(tools, "curl", f'm=GET; for a; do case $p in -X) m=$a;; esac; p=$a; url=$a; done\n'
                         f'echo "$m $url" >> {t}/calls\n'
                         f'case "$m $url" in *" "*/health) grep -qxF "${{url%/health}}" {t}/up || exit 7;; '
-                        f'GET*) printf \'{{"workers": [\'; sed \'s/.*/{{"url": "&"}}/\' {t}/listed | paste -sd,; '
-                        f'echo "]}}";; '
-                        f'*) [ -e {t}/lazy ] && exit 0; [ -e {t}/refuse ] && exit 22;; esac\n'
-                        f'case $m in POST) echo "$d" | sed \'s/.*"url": "\\([^"]*\\)".*/\\1/\' >> {t}/listed;; '
-                        f'DELETE) : > {t}/listed;; esac')
-    return resolve(hosts).routers["tiny-lab"], tools
+                        f'GET*) if [ -e {t}/lazy ]; then printf \'{{"workers": [\'; '
+                        f'sed \'s/.*/{{"url": "&"}}/\' {t}/listed | paste -sd,; echo "]}}"; '
+                        f'else cat {live}; fi;; esac')
+    return rp, tools
 
 
 def test_a_replica_is_added_once_it_answers_and_taken_out(tmp_path, monkeypatch):
     from modelfleet import router
 
     rp, tools = front_door(tmp_path, monkeypatch)
+    live = Path(router.live_manifest(rp))
     new = "http://127.0.0.3:18013"
     (tmp_path / "up").write_text(f"{new}\n")
     added = sh(router.add_script(rp, new), tools)
     assert added.returncode == 0, added.stderr
-    assert (tmp_path / "listed").read_text() == f"{new}\n"
-    assert (tmp_path / "calls").read_text().splitlines()[:2] == [f"GET {new}/health", f"POST {router.local_url(rp)}/workers"]
+    assert json.loads(live.read_text())["workers"] == [{"url": new, "model_id": "tiny-lab"}]
+    # No call to the worker API: the replica's health, then the router's list.
+    assert (tmp_path / "calls").read_text().splitlines()[:2] == [f"GET {new}/health", f"GET {router.local_url(rp)}/workers"]
     removed = sh(router.remove_script(rp, new, "id-1"), tools)
-    assert removed.returncode == 0 and (tmp_path / "listed").read_text() == ""
+    assert removed.returncode == 0 and json.loads(live.read_text())["workers"] == []
 
 
 def test_a_replica_that_does_not_answer_is_not_added(tmp_path, monkeypatch):
@@ -293,7 +300,7 @@ def test_a_replica_that_does_not_answer_is_not_added(tmp_path, monkeypatch):
     run = sh(router.add_script(rp, "http://127.0.0.3:18013"), tools)
     assert run.returncode == 1 and run.stderr == ("modelfleet: replica http://127.0.0.3:18013 does not answer /health "
                                                   "from the router host: not added to front door tiny-lab\n")
-    assert "POST" not in (tmp_path / "calls").read_text()
+    assert json.loads(Path(router.live_manifest(rp)).read_text())["workers"] == []
 
 
 def test_a_router_that_does_not_act_or_refuses_fails_the_call(tmp_path, monkeypatch):
@@ -308,9 +315,10 @@ def test_a_router_that_does_not_act_or_refuses_fails_the_call(tmp_path, monkeypa
     (tmp_path / "listed").write_text(f"{new}\n")
     run = sh(router.remove_script(rp, new, "id-1"), tools)
     assert run.returncode == 1 and run.stderr == f"modelfleet: router tiny-lab still lists {new} after 60 s\n"
-    (tmp_path / "lazy").unlink()
-    (tmp_path / "refuse").touch()
-    assert sh(router.remove_script(rp, new, "id-1"), tools).returncode == 22  # curl's own exit status
+    # No manifest to rewrite (the router is not running): the call fails, naming the file.
+    Path(router.live_manifest(rp)).unlink()
+    run = sh(router.remove_script(rp, new, "id-1"), tools)
+    assert run.returncode == 1 and "cannot read the router's manifest" in run.stderr
 
 
 def test_router_health_waits_for_the_router(tmp_path, monkeypatch):

@@ -115,6 +115,15 @@ def test_a_spelling_of_another_address_is_not_taken_for_a_served_host(inv):
         assert t.addresses == {address} and targets.still_served(result, [t]) == [], (given, t)
 
 
+def test_an_address_is_refused_while_a_served_host_does_not_resolve(tmp_path, no_connection):
+    """A served host whose name resolves to nothing now may be the very address given: refused, naming it."""
+    path = tmp_path / "inv.py"
+    path.write_text(f"gpus = {[('gpu5', {**HOST, 'ssh_hostname': 'gpu5.invalid'})]!r}\n")
+    result = open_checked(str(path))
+    said = targets.still_served(result, [targets.target("10.0.0.5")])
+    assert len(said) == 1 and "gpu5" in said[0] and "do not resolve" in said[0], said
+
+
 def test_a_name_that_does_not_resolve_is_not_retired(inv, no_connection):
     out = CliRunner().invoke(main, ["retire", str(inv), "gone.invalid", "--json", "-y"])
     assert out.exit_code == 1

@@ -161,6 +161,12 @@ def test_a_rank_systemd_restarted_restarts_its_pool_and_a_service_on_one_host_ne
     assert units.rank_restarted(worker, state(NRestarts="2"), "other") == 0
     assert not units.starts(worker, state(NRestarts="0"), "pair")
     assert units.starts(worker, state(NRestarts="1"), "pair")  # the gate and verify run again: the pool restarts
+    # A rank that already caused FLAP_LIMIT pool restarts in a row is held out: the pool does not start for it.
+    flaps = {units.flap_file(worker, "pair"): {"kind": "file", "mode": "644", "user": "root", "group": "root",
+                                               "sha256": hashlib.sha256(f"{units.FLAP_LIMIT}\n".encode()).hexdigest()}}
+    held = {"paths": {**written, **flaps}, "units": {unit: {"ActiveState": "active", "NRestarts": "1"}}}
+    assert units.flap_count(worker, held, "pair") == units.FLAP_LIMIT and not units.starts(worker, held, "pair")
+    assert units.flap_file(worker, "pair") in units.start_reads(worker)["paths"]
     single = resolve([("@fake/b300-01", b300_host())]).hosts["@fake/b300-01"]
     one = {"paths": {}, "units": {single.services[0].unit_name: {"ActiveState": "active", "NRestarts": "3"}}}
     assert units.rank_restarted(single, one, single.services[0].pool) == 0

@@ -188,3 +188,23 @@ def test_the_command_prints_urls_and_origins():
     text = subprocess.run([sys.executable, "-m", "modelfleet.cli", "urls", "inventories/prod.py"],
                           capture_output=True, text=True)
     assert text.returncode == 0 and "origins to allow: " in text.stdout
+
+
+def test_a_front_doors_router_comes_from_the_sites_index_where_one_is_set(monkeypatch):
+    """router_pip_index_url on the router host: the site's index is listed for the router, not PyPI."""
+    from tests.front_doors import KEY, fleet
+
+    monkeypatch.setenv("MF_ROUTER_KEY", KEY)
+    hosts = fleet("sglang")
+    default = resolve(hosts)
+    assert default.errors == []
+    listed = {e["url"] for e in urls.outside_urls(default, list(default.hosts)) if e["kind"] == "pip index"
+              and e["used_by"] == "hosts (front doors)"}
+    assert listed == {urls.PIP_DEFAULT_INDEX}
+    hosts[0] = (hosts[0][0], {**hosts[0][1], "router_pip_index_url": "https://pypi.site.example/simple"})
+    site = resolve(hosts)
+    assert site.errors == []
+    entries = [e for e in urls.outside_urls(site, list(site.hosts)) if e["kind"] == "pip index"
+               and e["used_by"] == "hosts (front doors)"]
+    assert [e["url"] for e in entries] == ["https://pypi.site.example/simple"], entries
+    assert "https://pypi.site.example:443" in urls.origins(entries)

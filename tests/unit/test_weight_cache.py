@@ -363,3 +363,41 @@ def test_the_readiness_wait_passes_on_every_gpus_socket_and_fails_when_the_daemo
         path.unlink()
     quick = script.replace("-gt 15", "-gt 1").replace("sleep 2", "sleep 0.1")
     assert quick != script and subprocess.run(["/bin/sh", "-c", quick], timeout=20).returncode == 1
+
+
+def test_the_daemon_loads_only_a_verified_folder_of_the_pinned_revision(tmp_path):
+    """The cache unit's check before its daemon starts, run for real: the revision's folder with the model stage's
+    manifest passes; one without it, or a link in its place, is refused in one line naming it."""
+    import subprocess
+    from types import SimpleNamespace
+
+    from modelfleet.host_commands import MANIFEST
+
+    def check(folder):
+        svc = SimpleNamespace(model_dir=str(folder), pool="k31", revision="e" * 40)
+        return subprocess.run(["/bin/sh", "-c", weight_cache.verified_check(svc)], capture_output=True, text=True)
+
+    verified, unverified = tmp_path / "verified", tmp_path / "unverified"
+    verified.mkdir(), unverified.mkdir()
+    (verified / MANIFEST).write_text("{}")
+    assert check(verified).returncode == 0
+    refused = check(unverified)
+    assert refused.returncode == 1 and refused.stderr.strip() == (
+        f"modelfleet: weight cache of pool k31: {unverified} is not a verified checkpoint of revision {'e' * 40} "
+        f"(no {MANIFEST} there): not loading it")
+    (tmp_path / "link").symlink_to(verified)
+    assert check(tmp_path / "link").returncode == 1
+
+
+def test_the_cache_unit_checks_its_folder_before_the_daemon_starts():
+    from modelfleet import render
+    from modelfleet.inventory import resolve
+    from modelfleet.units import pinned_services
+    from tests.fake.hosts import b300_host
+
+    plan = resolve([("b300-01", {**b300_host(), "weight_cache": True})]).hosts["b300-01"]
+    svc = pinned_services(plan)[0]
+    unit = render.render_weights_unit(svc)
+    check = unit.index("test -f \"$$f/.modelfleet-manifest.json\"")
+    assert unit.rindex("ExecStartPre=", 0, check) > unit.index("ExecStartPre=") and svc.model_dir in unit
+    assert check < unit.index("\nExecStart=")
