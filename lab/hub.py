@@ -59,7 +59,7 @@ def ensure(state: Path, lab_dir: Path, vllm_image: str | None = None) -> dict:
     """Start the hub double (vllm_image: make the tiny Llama checkpoint with it first, when it is not there)."""
     mib = scenario.load(state / "scenario.json").hub_shard_mib
     argv = [sys.executable, str(lab_dir / "hub_double" / "hub_double.py"), "--data", str(state / "hub"),
-            "--listen", LISTEN, "--token-file", str(token_file(state))]
+            "--listen", LISTEN, "--token-file", str(token_file(state)), "--scenario", str(state / "scenario.json")]
     for repo in REPOS:
         argv += ["--repo", repo.format(mib=mib)]
     gguf = state / "tiny-lab.gguf"  # what the real llama-server loads (lab/tiny_gguf.py)

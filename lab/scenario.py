@@ -97,6 +97,15 @@ class Scenario:
     dcgm_level: int = 0
     # The driver release bare hosts get (a driver upgrade when it changes); None: the product's default.
     driver_version: str | None = None
+    # The hub double answers badly (read at each request, no restart): every file body answered with this status
+    # (429, 503, ...) and hub_retry_after as its Retry-After (s; None: no header), cut after hub_cut_after bytes
+    # (the connection closed), or the bytes of revision hub_swap under the asked revision's names (a mirror
+    # serving another revision); each for a file's first hub_fault_times requests (0: every request).
+    hub_status: int | None = None
+    hub_retry_after: int | None = None
+    hub_cut_after: int | None = None
+    hub_swap: str | None = None
+    hub_fault_times: int = 0
     # Another hub (e.g. a closed port: the hub-unreachable fault); None: the lab's hub double.
     hf_endpoint: str | None = None
     # Each host's first loop device (lab up --disks) stands in for its NVMe drive.

@@ -87,15 +87,22 @@ def serve_job_path(config_dir: str, group: str) -> str:
     return f"{config_dir}/fanout-{slug(group, '-')}.json"
 
 
-def _put_secret(host, dest: str, content: str) -> bool:
+def _put_secret(host, dest: str, content: str) -> str | None:
     """Write a 0600 file in a 0700 directory (the config directory) at execution time, its content never in a
-    command line."""
+    command line. None when written, else the one line saying why not: a host that went away mid-run is named
+    as such (pyinfra's own error would send the operator to check its SFTP subsystem)."""
     directory_, name = posixpath.split(dest)
     temp = posixpath.join(directory_, f".{name}.modelfleet-tmp")
-    if not host.put_file(BytesIO(content.encode()), dest, remote_temp_filename=temp):
-        return False
-    ok, _ = host.run_shell_command(StringCommand("chmod", "0600", shlex.quote(dest)), print_output=False)
-    return ok
+    try:
+        if not host.put_file(BytesIO(content.encode()), dest, remote_temp_filename=temp):
+            return f"could not write {dest}"
+        ok, _ = host.run_shell_command(StringCommand("chmod", "0600", shlex.quote(dest)), print_output=False)
+    except Exception as error:  # paramiko's and pyinfra's connection errors share no base worth naming
+        cause = str(error.__cause__ or error).strip().splitlines()[:1] or [type(error).__name__]
+        return (f"host {host.name} stopped answering over SSH while this run wrote {dest} ({cause[0][:200]}): the "
+                "host or its network went down; nothing more ran there, the other hosts go on; bring it back and "
+                "re-run")
+    return None if ok else f"could not make {dest} 0600"
 
 
 def _serve_job(state, host, dest: str, group: str, directory_: str, address: str, port: int, files_key: tuple,
@@ -107,7 +114,8 @@ def _serve_job(state, host, dest: str, group: str, directory_: str, address: str
            "proof_key": proof_key(group, host.name), "files": sorted(files),
            "sizes": {rel: meta["size"] for rel, meta in files.items()}, "rate_mb_s": rate_mb_s, "idle_s": idle_s,
            "swarm": swarm, "piece_size": PIECE_SIZE}
-    return _put_secret(host, dest, json.dumps(job))
+    why = _put_secret(host, dest, json.dumps(job))
+    return not why or refuse(state, host, [why])
 
 
 def group_pieces(group: str) -> dict:
@@ -172,9 +180,10 @@ def _swarm_copy(state, host, job_path: str, job: dict, group: str, peers: dict[s
     body = {**job, "token": fanout_token(group), "pieces": pieces, "piece_size": PIECE_SIZE, "peers": usable,
             "proofs": {name: proof_key(group, name) for name in usable},
             "rate_mb_s": rate_mb_s, "stripe": [receivers.index(host.name), len(receivers)],
-            "pieces_from": runscope.slot("fanout-pieces-from", dict).get(group)}
-    if not _put_secret(host, peer_job, json.dumps(body)):
-        return refuse(state, host, [f"could not write {peer_job}"])
+            "pieces_from": runscope.slot("fanout-pieces-from", dict).get(group),
+            "server_unit": fanout_unit(group)}  # its own server stops with a failed copy (no later operation)
+    if why := _put_secret(host, peer_job, json.dumps(body)):
+        return refuse(state, host, [why])
     return _run_fetch(state, host, _fetch_command(peer_job, "swarm", None, reverify), "the group's peers",
                       restart)
 
@@ -221,8 +230,8 @@ def _copy_from_peer(state, host, job_path: str, job: dict, group: str, planned: 
     files = dict(held_files((group, source))) if cache else job["files"]
     peer_job = f"{job_path.removesuffix('.json')}.peer.json"
     body = {**job, "files": files, "token": fanout_token(group), "proofs": {source: proof_key(group, source)}}
-    if not _put_secret(host, peer_job, json.dumps(body)):
-        return refuse(state, host, [f"could not write {peer_job}"])
+    if why := _put_secret(host, peer_job, json.dumps(body)):
+        return refuse(state, host, [why])
     if not _run_fetch(state, host, _fetch_command(peer_job, "peer", urls[source], reverify, source),
                       f"peer {source}", restart):
         return False

@@ -7,6 +7,11 @@
     GET /_lab/stats, POST /_lab/reset      bytes served (per repo, per file, per client address), for the tests
     POST /_lab/freeze?after=N              a frozen hub: every file body stops after N bytes and the connection
                                            stays open, sending nothing, until /_lab/reset
+    --scenario FILE                        a hub that answers badly, as the lab's scenario file has it (read at
+                                           each request): hub_status (e.g. 429 or 503, with hub_retry_after as
+                                           Retry-After), hub_cut_after (a body cut after N bytes, the connection
+                                           closed), hub_swap (another revision's bytes under the asked one's
+                                           names), each for a file's first hub_fault_times requests (0: all)
 
 Errors carry the hub's X-Error-Code (RepoNotFound, RevisionNotFound, EntryNotFound, GatedRepo) so the real
 client raises its real exceptions. With --token-file, every request needs `Authorization: Bearer <token>`
@@ -98,6 +103,9 @@ class Hub:
         self.commits: dict[str, dict[str, dict]] = {}   # commit -> path -> {size, oid, sha256?, file}
         self.stats: dict = {}
         self.frozen_after: int | None = None  # the freeze fault: bytes of a body sent before it stops
+        self.scenario: Path | None = None  # the lab's scenario file: its hub_* fault switches
+        self.faulted: dict[str, int] = {}  # file -> requests it got a fault for (per scenario file version)
+        self.faults_of: float | None = None
         self.reset()
         for revision_dir in sorted((root / "files").glob("*/*/*")):
             repo = f"{revision_dir.parent.parent.name}/{revision_dir.parent.name}"
@@ -126,6 +134,30 @@ class Hub:
         with self.lock:
             self.stats = {"bytes_served": 0, "requests": 0, "by_repo": {}, "by_file": {}, "by_client": {}}
             self.frozen_after = None
+            self.faulted = {}
+
+    def fault(self, key: str) -> dict:
+        """The scenario's hub faults for this request of `key` (a file), counted; {} when none applies."""
+        try:
+            mtime = self.scenario.stat().st_mtime if self.scenario else None
+            fields = json.loads(self.scenario.read_text()) if mtime else {}
+        except (OSError, ValueError):
+            mtime, fields = None, {}
+        faults = {k: v for k, v in fields.items()
+                  if k in ("hub_status", "hub_cut_after", "hub_swap") and v is not None}
+        with self.lock:
+            if mtime != self.faults_of:  # a new scenario: its faults count from zero
+                self.faults_of, self.faulted = mtime, {}
+            if not faults:
+                return {}
+            times = fields.get("hub_fault_times") or 0
+            done = self.faulted.get(key, 0)
+            if times and done >= times:
+                return {}
+            self.faulted[key] = done + 1
+            self.stats.setdefault("faults", {})[key] = done + 1
+            self.stats.setdefault("first_fault_at", time.time())  # for the tests' fault-to-line figures
+        return {**faults, "retry_after": fields.get("hub_retry_after")}
 
     def count(self, repo: str, path: str, client: str, nbytes: int) -> None:
         with self.lock:
@@ -248,6 +280,23 @@ class Handler(BaseHTTPRequestHandler):
         entry = found["files"].get(path)
         if entry is None:
             return self._error(404, "EntryNotFound", f"{path} does not exist at {revision}")
+        fault = self.hub.fault(f"{repo}/{path}") if self.command == "GET" else {}
+        if fault.get("hub_status"):  # a hub or mirror that asks the client to come back later (or just fails)
+            code = fault["hub_status"]
+            raw = json.dumps({"error": f"lab fault: {code}"}).encode()
+            self.send_response(code)
+            if fault.get("retry_after") is not None:
+                self.send_header("Retry-After", str(fault["retry_after"]))
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+            return
+        if fault.get("hub_swap"):  # the same name, another revision's bytes: only a digest tells them apart
+            other = self.hub.commits.get(self.hub.refs[repo].get(fault["hub_swap"], ""), {}).get(path)
+            if other and other["size"] == entry["size"]:
+                entry = other
+        cut = fault.get("hub_cut_after")
         size, start, end = entry["size"], 0, entry["size"] - 1
         status = 200
         wanted = self.headers.get("Range")
@@ -285,9 +334,13 @@ class Handler(BaseHTTPRequestHandler):
             remaining = end - start + 1
             try:
                 while remaining:
+                    if cut is not None and sent >= cut:  # a cut body: the connection closes short of its length
+                        self.close_connection = True
+                        break
                     while self.hub.frozen_after is not None and sent >= self.hub.frozen_after:
                         time.sleep(0.2)  # frozen, not down: the connection stays open and silent
                     limit = remaining if self.hub.frozen_after is None else self.hub.frozen_after - sent
+                    limit = limit if cut is None else min(limit, cut - sent)
                     block = f.read(min(CHUNK, remaining, max(limit, 1)))
                     self.wfile.write(block)
                     sent += len(block)
@@ -301,6 +354,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--listen", default="127.0.0.1:5070")
     parser.add_argument("--token-file", type=Path)
+    parser.add_argument("--scenario", type=Path, help="the lab's scenario file: its hub_* faults")
     parser.add_argument("--repo", action="append", default=[],
                         help="REPO=REV[,REV...]:SHARDS:SHARD_MIB, generated once into --data")
     parser.add_argument("--extra-file", action="append", default=[],
@@ -318,6 +372,7 @@ def main() -> None:
                     shutil.copyfile(source, target)
     token = args.token_file.read_text().strip() if args.token_file else None
     Handler.hub = Hub(args.data, token)
+    Handler.hub.scenario = args.scenario
     host, port = args.listen.rsplit(":", 1)
     ThreadingHTTPServer((host, int(port)), Handler).serve_forever()
 

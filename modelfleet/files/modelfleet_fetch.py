@@ -305,7 +305,7 @@ class Watchdog(threading.Thread):
         while True:
             time.sleep(1)
             if orphaned():
-                self.tree.drop_temps()
+                give_up(self.tree)
                 os._exit(3)
             if not self.armed:
                 continue
@@ -316,10 +316,16 @@ class Watchdog(threading.Thread):
                 names = self.waiting()
                 shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
                 source = self.source() if callable(self.source) else self.source
-                say(f"host {self.host}: no byte from {source} for {self.stall_s:g} s while fetching "
-                    f"{shown or 'the checkpoint'} (model_stall_s): the source froze; files already verified "
-                    "are kept, the other hosts go on; re-run when it answers")
-                self.tree.drop_temps()
+                asked = ANSWERS.get("last")
+                if asked and now - asked["at"] < self.stall_s:  # it answered, refusing: not a frozen source
+                    say(f"host {self.host}: {source} {answered(asked)} for {self.stall_s:g} s while fetching "
+                        f"{shown or 'the checkpoint'} (model_stall_s): files already verified are kept, the other "
+                        "hosts go on; re-run when it serves again")
+                else:
+                    say(f"host {self.host}: no byte from {source} for {self.stall_s:g} s while fetching "
+                        f"{shown or 'the checkpoint'} (model_stall_s): the source froze; files already verified "
+                        "are kept, the other hosts go on; re-run when it answers")
+                give_up(self.tree)
                 os._exit(1)
 
 
@@ -410,17 +416,145 @@ def fetch_from_hub(job: dict, paths: list[str], tree: Tree) -> None:
     token = Path(token_file).read_text().strip() if token_file and Path(token_file).exists() else False
     for rel in paths:  # a corrupt file must go before huggingface_hub would trust it as complete
         tree.unlink(rel)
+    watch_answers(job)
     try:
-        snapshot_download(job["repo"], revision=job["commit"], local_dir=job["dest"], endpoint=job["endpoint"],
-                          token=token, allow_patterns=paths, max_workers=WORKERS)
+        while True:
+            try:
+                snapshot_download(job["repo"], revision=job["commit"], local_dir=job["dest"],
+                                  endpoint=job["endpoint"], token=token, allow_patterns=paths, max_workers=WORKERS)
+                break
+            except Exception as error:  # a 503 the library does not retry: where the hub asked, again (resumed)
+                named = next((e for e in causes(error) if isinstance(e, FetchError)), None)
+                if named:  # our own line, raised through the library (every download thread has ended)
+                    raise named from None
+                wait = retry_asked(error, job)
+                if wait is None:
+                    raise
+                time.sleep(wait)
+    except FetchError:
+        raise
     except OSError as error:
         if error.errno == errno.ENOSPC:
             raise
-        raise FetchError(f"the hub ({job['endpoint']}) failed during the download: {one_line(error)}; "
-                         "files already verified are kept, re-run when it answers") from error
+        raise source_failed(job, error) from error
     except Exception as error:  # huggingface_hub's HTTP errors carry no common base we can import here
-        raise FetchError(f"the hub ({job['endpoint']}) failed during the download: {one_line(error)}; "
-                         "files already verified are kept, re-run when it answers") from error
+        raise source_failed(job, error) from error
+
+
+# How a source answered badly, for the lines that name it: the last refusal (status, Retry-After, file, when).
+ANSWERS: dict = {}
+HUB_PARTIAL = ".incomplete"  # huggingface_hub's own partial file, under the destination's .cache/huggingface
+SERVER_UNIT: list[str] = []  # a swarm receiver's own fan-out server: it stops with the fetch's failure
+TREES: list = []  # the destinations of this fetch: their partial files go when it fails
+
+
+def give_up(tree) -> None:
+    """A failing or orphaned fetch leaves nothing of its own: its partial files, huggingface_hub's partial
+    files in the destination (no later download resumes them) and, on a swarm receiver, its own server
+    (pyinfra runs no further operation on a failed host: it would serve until its idle timeout)."""
+    tree.drop_temps()
+    with contextlib.suppress(OSError):
+        for rel, st, _ in tree.entries():
+            if rel.startswith(".cache/huggingface/") and rel.endswith(HUB_PARTIAL) and stat.S_ISREG(st.st_mode):
+                tree.unlink(rel)
+    for unit in SERVER_UNIT:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(["systemctl", "stop", unit], capture_output=True, timeout=30)
+
+
+def answered(asked: dict) -> str:
+    after = f", asking to retry after {asked['retry_after']} s" if asked.get("retry_after") is not None else ""
+    return f"answered HTTP {asked['status']}{after} (for {asked['file']})"
+
+
+def watch_answers(job: dict) -> None:
+    """Note each refusal the hub answers (huggingface_hub retries 429s itself, sleeping Retry-After): the lines
+    name the status, not a frozen source; a retry asked beyond the run's deadline (model_stall_s) ends the fetch
+    at once, in one line (raised through the library, so its partial files go once its threads have ended)."""
+    from huggingface_hub import set_client_factory
+    from huggingface_hub.utils._http import default_client_factory
+
+    stall_s = float(job.get("stall_s") or 60)
+
+    def hook(response) -> None:
+        if response.status_code not in (408, 429, 500, 502, 503, 504):
+            return
+        wait = response.headers.get("Retry-After", "")
+        asked = {"status": response.status_code, "retry_after": int(wait) if wait.isdigit() else None,
+                 "file": response.url.path.split("/resolve/", 1)[-1].split("/", 1)[-1], "at": time.monotonic()}
+        ANSWERS["last"] = asked
+        if asked["retry_after"] is not None and asked["retry_after"] >= stall_s:
+            raise FetchError(f"host {job.get('host') or 'this host'}: the hub ({job['endpoint']}) {answered(asked)}, "
+                             f"beyond the run's deadline (model_stall_s {stall_s:g} s): files already verified are "
+                             "kept, partial files removed, the other hosts go on; re-run when it serves again")
+
+    def factory():
+        client = default_client_factory()
+        client.event_hooks = {**client.event_hooks, "response": [*client.event_hooks.get("response", []), hook]}
+        return client
+
+    set_client_factory(factory)
+
+
+def retry_asked(error: BaseException, job: dict) -> float | None:
+    """The wait a 429 or 503 the library gave up on asked for (Retry-After), within the run's deadline; None:
+    not such an answer, or no wait asked (the error is the line)."""
+    response = getattr(error, "response", None)
+    wait = str(getattr(response, "headers", {}).get("Retry-After", "")) if response is not None else ""
+    if getattr(response, "status_code", None) in (429, 503) and wait.isdigit() \
+            and int(wait) < float(job.get("stall_s") or 60):
+        return int(wait)
+    return None
+
+
+def causes(error: BaseException) -> list[BaseException]:
+    """The error and what it was raised from or during (huggingface_hub wraps httpx's, which wraps the OS's)."""
+    chain, seen = [], error
+    while seen is not None and len(chain) < 10:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return chain
+
+
+def source_failed(job: dict, error: BaseException) -> FetchError:
+    """The hub's failure in one line naming the host and the real cause: the status it answered, a name that
+    does not resolve, or the library's own words."""
+    where = f"host {job.get('host') or 'this host'}: the hub ({job['endpoint']})"
+    chain = causes(error)
+    text = " ".join(str(e) for e in chain)
+    if any(isinstance(e, socket.gaierror) for e in chain) or re.search(
+            r"name resolution|Name or service not known|nodename nor servname|No address associated", text):
+        name = urllib.parse.urlparse(job["endpoint"]).hostname
+        return FetchError(f"host {job.get('host') or 'this host'}: the hub's name {name} does not resolve there "
+                          f"({job['endpoint']}): check the host's resolver (/etc/resolv.conf, /etc/hosts); files "
+                          "already verified are kept, the other hosts go on; re-run when it resolves")
+    response = next((getattr(e, "response", None) for e in chain if getattr(e, "response", None) is not None), None)
+    if response is not None and getattr(response, "status_code", 200) >= 400:
+        wait = response.headers.get("Retry-After")
+        asked = {"status": response.status_code, "retry_after": wait,
+                 "file": str(response.url).split("/resolve/", 1)[-1].split("/", 1)[-1]}
+        return FetchError(f"{where} {answered(asked)}: files already verified are kept, partial files removed, "
+                          "the other hosts go on; re-run when it serves again")
+    return FetchError(f"{where} failed during the download: {one_line(error)}; files already verified are kept, "
+                      "re-run when it answers")
+
+
+def disk_full(error: OSError) -> str:
+    """ENOSPC as one line: the host, the filesystem, the bytes the download still needs and those free."""
+    job, dest = CONTEXT.get("job") or {}, Path(CONTEXT.get("dest") or ".")
+    mount = dest
+    while not os.path.ismount(mount) and mount != mount.parent:
+        mount = mount.parent
+    with contextlib.suppress(OSError):
+        st = os.statvfs(dest)
+        CONTEXT["free"] = st.f_bavail * st.f_frsize
+    return (f"disk full on host {job.get('host') or 'this host'}, filesystem {mount}: {CONTEXT.get('needed', 0)} bytes "
+            f"needed for {len(CONTEXT.get('missing', []))} file(s) of {job.get('repo', 'the checkpoint')} into "
+            f"{dest}, {CONTEXT.get('free', 0)} free ({getattr(error, 'filename', None) or 'writing'}); partial "
+            "files removed, verified files kept; free space there (or move model_root to a larger disk) and re-run")
+
+
+CONTEXT: dict = {}
 
 
 def proof(key: str, nonce: str, name: str, where: str) -> str:
@@ -506,6 +640,10 @@ def fetch_from_peer(job: dict, paths: list[str], base_url: str, name: str | None
                              "server is not this run's honest one: fix the source host and re-run") from None
         except urllib.error.HTTPError as error:
             tree.unlink(temp)
+            if not token and error.code in (408, 429, 500, 502, 503, 504):  # a mirror that answers badly
+                wait = mirror_retry(job, base_url, rel, error)
+                time.sleep(wait)
+                return one(rel)  # again, where the mirror asked, within the run's deadline
             raise FetchError(f"the source {source} refused {rel} (HTTP {error.code}): it does not serve that "
                              "file of this run; fix the source host and re-run") from error
         except urllib.error.URLError as error:
@@ -526,6 +664,25 @@ def fetch_from_peer(job: dict, paths: list[str], base_url: str, name: str | None
 
     with ThreadPoolExecutor(WORKERS) as pool:
         return dict(pool.map(one, paths))
+
+
+REFUSED_SINCE: dict[str, float] = {}  # a mirror's file -> when it first refused it (the deadline counts from there)
+
+
+def mirror_retry(job: dict, base_url: str, rel: str, error: urllib.error.HTTPError) -> float:
+    """The wait a mirror asked for (Retry-After) before `rel` is asked again, while the run's deadline
+    (model_stall_s since its first refusal of that file) allows it; else the one line naming it."""
+    stall_s, now = float(job.get("stall_s") or 60), time.monotonic()
+    since = REFUSED_SINCE.setdefault(rel, now)
+    wait = (error.headers or {}).get("Retry-After", "")
+    asked = {"status": error.code, "retry_after": int(wait) if wait.isdigit() else None, "file": rel}
+    ANSWERS["last"] = {**asked, "at": now}  # the watchdog names the status, not a frozen source
+    if asked["retry_after"] is not None and now - since + asked["retry_after"] < stall_s:
+        return max(1, asked["retry_after"])
+    beyond = f", beyond the run's deadline (model_stall_s {stall_s:g} s)" if asked["retry_after"] is not None else ""
+    raise FetchError(f"host {job.get('host') or 'this host'}: the mirror ({base_url}) {answered(asked)}"
+                     f"{beyond}: files already verified are kept, partial files removed, "
+                     "the other hosts go on; re-run when it serves again") from error
 
 
 def whole_file_wrong(tree: Tree, rel: str, meta: dict) -> tuple[str, str] | None:
@@ -571,6 +728,8 @@ def fetch_from_swarm(job: dict, paths: list[str], complete: list[str], watch: Wa
     digests = swarm.run()
     report.update(peers=sorted(peers), unproven_peers=unproven, refused_pieces=swarm.refused,
                   peers_lost=sorted(swarm.lost), bytes_by_peer=swarm.received)
+    if isinstance(swarm.failed_with, OSError) and swarm.failed_with.errno == errno.ENOSPC:
+        raise swarm.failed_with  # run() names the host, the filesystem and the bytes needed
     if swarm.failure:
         raise FetchError(f"the copy from the group's peers failed: {swarm.failure}; files already verified are "
                          "kept, re-run")
@@ -1055,6 +1214,8 @@ def main(argv: list[str]) -> int:
                          "it, remove it (or the directory) and re-run")
     watch = Watchdog(job, tree)
     watch.start()
+    TREES.append(tree)
+    SERVER_UNIT.extend([job["server_unit"]] if job.get("server_unit") else [])
     try:
         manifest = json.loads(tree.read(MANIFEST) or b"{}").get("files", {})
     except (OSError, ValueError):
@@ -1070,6 +1231,8 @@ def main(argv: list[str]) -> int:
         source = f"peer {name} ({argv[2]})" if name else f"the mirror ({argv[2]})" if mode == "peer" \
             else "the group's peers" if mode == "swarm" else f"the hub ({job['endpoint']})"
         watch.arm(source, lambda: [rel for rel in waiting if tree.size(rel) != files[rel]["size"]])
+        CONTEXT.update(job=job, dest=str(dest), missing=missing,
+                       needed=sum(files[rel]["size"] for rel in missing))
         if mode == "swarm":
             streamed = fetch_from_swarm(job, missing, sorted(verified), watch, report, tree)
         else:
@@ -1139,9 +1302,10 @@ def run(argv: list[str]) -> int:
     try:
         return main(argv)
     except Exception as error:
+        for tree in TREES:
+            give_up(tree)
         if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-            message = (f"disk full while writing {getattr(error, 'filename', None) or 'the checkpoint'}: free space "
-                       "under model_root (or move it to a larger disk) and re-run; verified files are kept")
+            message = disk_full(error)
         elif isinstance(error, FetchError):
             message = str(error)
         else:

@@ -153,6 +153,7 @@ class Swarm:
         self.received = {name: 0 for name in self.peers}  # verified bytes, by the peer that sent them
         self.digests: dict[str, str] = {}
         self.failure: str | None = None
+        self.failed_with: BaseException | None = None  # the exception behind `failure` (a full disk is named)
         self.have = {rel: bytearray(b"0" * piece_count(self.files[rel]["size"], self.piece)) for rel in paths}
         self.partial: dict[str, str] = {}  # rel -> its partial file's path below the tree (a name no one guesses)
         self.todo = {(rel, i) for rel in paths for i in range(len(self.have[rel]))}
@@ -260,6 +261,7 @@ class Swarm:
                     chosen = self.choose()
                     if chosen:
                         break
+                    self.failure = self.failure or self.hopeless()
                     self.cond.wait(POLL_S)
                 key, name = chosen
                 self.inflight.add(key)
@@ -269,11 +271,26 @@ class Swarm:
             except Exception as error:  # noqa: BLE001 (one failure ends the copy with its line)
                 with self.cond:
                     self.failure = self.failure or f"{type(error).__name__}: {error}"
+                    self.failed_with = self.failed_with or error
             finally:
                 with self.cond:
                     self.inflight.discard(key)
                     self.active[name] -= 1
                     self.cond.notify_all()
+
+    def hopeless(self) -> str | None:
+        """A piece no peer can send any more: every peer that holds its file whole sent bad bytes (asked nothing
+        more) and no other has it. Named now, not at the stall deadline as if a source froze."""
+        holders = {n for n, view in self.views.items() if "*" in view.values()} | set(self.banned)
+        if not self.banned or holders - set(self.banned) or any(
+                n not in self.views for n in self.peers if n not in self.banned):  # one not heard from yet
+            return None
+        for rel, index in sorted(self.todo - self.inflight):
+            if not any(self.has(n, rel, index) for n in self.peers if n not in self.banned):
+                bad = ", ".join(sorted(self.banned))
+                return (f"every holder of {rel} sent bytes that fail its digests ({bad}): no good copy is left in "
+                        f"the group; run with model_reverify=true on {bad} (--limit), then re-run")
+        return None
 
     def fetch(self, name: str, rel: str, index: int) -> None:
         """Ask `name` for one piece; keep it only when its sha256 is the control node's."""

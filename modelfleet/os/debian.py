@@ -12,7 +12,7 @@ from pyinfra import host
 from pyinfra.api import FunctionCommand, StringCommand, operation
 
 from modelfleet import trust
-from modelfleet.operations.report import refuse
+from modelfleet.operations.report import note, refuse
 from modelfleet.os import VendorRepo, family_data
 
 NAME = "debian"
@@ -133,10 +133,35 @@ def packages(wanted: dict[str, str | None], current: dict):
     if not todo:
         host.noop(f"packages {', '.join(wanted) or '(none)'} are installed")
         return
+    yield FunctionCommand(_interrupted_repaired, (), {})
     yield apt_get("update")
     versioned = any(todo.values())
     specs = [shlex.quote(f"{name}={version}-*" if version else name) for name, version in todo.items()]
     yield apt_get("install", *(["--allow-downgrades", "--allow-change-held-packages"] if versioned else []), *specs)
+
+
+# dpkg's journal of an unfinished run (power lost mid-install), or packages it left unpacked or half-configured.
+DPKG_INTERRUPTED_SH = "ls -A /var/lib/dpkg/updates 2>/dev/null | grep -q . || dpkg --audit 2>/dev/null | grep -q ."
+# dpkg first (it replays its journal; a package whose dependencies are missing stays unconfigured), then apt
+# installs what they need and configures the rest; the check after says whether anything is left.
+DPKG_REPAIR_SH = ("export DEBIAN_FRONTEND=noninteractive; dpkg --configure -a --force-confdef --force-confold; "
+                  "apt-get -q update && apt-get -y -q -f install -o Dpkg::Options::=--force-confdef "
+                  "-o Dpkg::Options::=--force-confold && ! { " + DPKG_INTERRUPTED_SH + "; }")
+
+
+def _interrupted_repaired(state, host) -> bool:
+    """FunctionCommand body: a package install interrupted mid-way (apt refuses every install until it is
+    finished) is finished first, and named; one that cannot be is the host's one line."""
+    quiet = {"print_output": False, "print_input": False}
+    interrupted, _ = host.run_shell_command(StringCommand("sh", "-c", shlex.quote(DPKG_INTERRUPTED_SH)), **quiet)
+    if not interrupted:
+        return True
+    note(state, host, "an interrupted package install (dpkg) was found: finishing it first (dpkg --configure -a, "
+                      "apt-get -f install)")
+    repaired, output = host.run_shell_command(StringCommand("sh", "-c", shlex.quote(DPKG_REPAIR_SH)), **quiet)
+    return repaired or refuse(state, host, [
+        "an interrupted package install (dpkg) could not be finished: "
+        f"{(output.stderr_lines or ['no output'])[-1]}; run `dpkg --configure -a` there, then re-run"])
 
 
 @operation()

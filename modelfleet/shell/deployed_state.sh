@@ -39,6 +39,9 @@ for arg; do
     # directory lies under another .cache, so the pattern is anchored at the tree)
     [ -d "$value" ] && find "$value" -type f ! -path "$value/.cache/*" \( -name "*$PARTIAL" -printf "partial %s %P\n" \
       -o ! -name ".modelfleet-*" -printf "file %s %T@ %P\n" \)
+    # huggingface_hub's own partial files there (a download that died or froze): no later download resumes them
+    [ -d "$value/.cache/huggingface" ] && find "$value/.cache/huggingface" -type f -name "*.incomplete" \
+      -printf "partial %s .cache/huggingface/%P\n"
     # What no cache may hold (a symlink, a device, a pipe or socket, a setuid or setgid file): named, never indexed
     [ -d "$value" ] && find "$value" ! -path "$value/.cache/*" \( ! -type f ! -type d -o -type f -perm /6000 \) \
       -printf "odd %y %P\n"

@@ -137,8 +137,9 @@ def revisions_pruned(parent: str, remove: list[str]):
 
 @operation()
 def litter_removed(parent: str, commit: str, partials: dict, unfinished: list[str]):
-    """Partial files (`.<name>.<pid>.modelfleet-partial`) and revision directories without a manifest that a
-    fetch no longer running left behind (its process died, its host restarted): no live fetch holds their lock."""
+    """Partial files (`.<name>.<pid>.modelfleet-partial`, huggingface_hub's `.incomplete`) and revision
+    directories without a manifest that a fetch no longer running left behind (its process died, its host
+    restarted): no live fetch holds their lock."""
     if not partials and not unfinished:
         host.noop("no partial file or unfinished revision left behind")
         return

@@ -300,3 +300,74 @@ def test_the_script_names_the_checkpoint_layout_as_the_package_does():
     text = (FILES_DIR / "modelfleet_fetch.py").read_text()
     assert f'MANIFEST = "{host_commands.MANIFEST}"' in text
     assert f'"{host_commands.FETCH_LOCK}"' in text and f'PARTIAL = "{host_commands.PARTIAL}"' in text
+
+
+def test_a_hub_name_that_stops_resolving_is_named_as_such():
+    """What huggingface_hub raises when the resolver fails mid-run (its error wraps httpx's, which wraps the
+    resolver's): one line naming the host and the name, not a failed download."""
+    import httpx2
+
+    from modelfleet.files.modelfleet_fetch import source_failed
+
+    job = {"host": "gpu-4", "endpoint": "https://hub.example.internal:8443"}
+    try:
+        try:
+            try:
+                raise socket.gaierror(-3, "Temporary failure in name resolution")
+            except socket.gaierror as error:
+                raise httpx2.ConnectError(str(error)) from error
+        except httpx2.ConnectError as error:
+            raise RuntimeError("An error happened while trying to locate the file on the Hub") from error
+    except RuntimeError as error:
+        said = str(source_failed(job, error))
+    assert said.startswith("host gpu-4: the hub's name hub.example.internal does not resolve there"), said
+    assert "resolv.conf" in said
+
+
+def mirror(refusals: int, data: bytes, status: int = 503, retry_after: str | None = "1") -> tuple[str, list]:
+    """A plain HTTP mirror that answers `status` (with Retry-After) to its first `refusals` requests, then serves
+    `data`. Its URL and the times of the requests it got."""
+    import http.server
+    import threading
+
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            seen.append(time.monotonic())
+            if len(seen) <= refusals:
+                self.send_response(status)
+                if retry_after is not None:
+                    self.send_header("Retry-After", retry_after)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}/", seen
+
+
+def test_a_mirror_asking_to_retry_is_obeyed_within_the_deadline_and_named_beyond_it(source):
+    tmp_path, job = source
+    data = (tmp_path / "src" / "model.safetensors").read_bytes()
+    job.write_text(json.dumps({**json.loads(job.read_text()), "host": "gpu-2", "stall_s": 4}))
+    url, seen = mirror(2, data)
+    run = subprocess.run([sys.executable, FETCH, str(job), "peer", url], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert len(seen) == 3 and seen[1] - seen[0] >= 1 and seen[2] - seen[1] >= 1  # where it asked, no sooner
+    shutil.rmtree(tmp_path / "dst")
+    url, seen = mirror(100, data, status=429, retry_after="30")
+    run = subprocess.run([sys.executable, FETCH, str(job), "peer", url], capture_output=True, text=True, timeout=60)
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 1 and len(lines) == 1 and len(seen) == 1, run.stderr
+    assert lines[0].startswith(f"modelfleet: host gpu-2: the mirror ({url}) answered HTTP 429, asking to retry "
+                               "after 30 s (for model.safetensors), beyond the run's deadline"), lines[0]
+    assert not [p for p in (tmp_path / "dst").rglob("*") if p.is_file() and "modelfleet-lock" not in p.name]

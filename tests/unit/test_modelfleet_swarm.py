@@ -231,3 +231,19 @@ def test_receivers_first_ask_the_seed_for_disjoint_shares(group):
             key, peer = receiver.choose()
             assert peer == "seed" and key in shares[-1]
     assert set().union(*shares) == keys and sum(map(len, shares)) == len(keys)
+
+
+def test_a_piece_bad_on_every_holder_is_named_not_left_to_the_stall_deadline():
+    """Both holders sent bad bytes for a piece: nothing can send it any more; the receiver says so at once."""
+    one = object.__new__(swarm.Swarm)
+    one.peers = {"a": "http://a", "b": "http://b", "c": "http://c"}
+    one.views = {"a": {"w.safetensors": "*"}, "b": {"w.safetensors": "*"}, "c": {"w.safetensors": "10"}}
+    one.todo, one.inflight, one.banned = {("w.safetensors", 1)}, set(), {"a": "w.safetensors"}
+    assert one.hopeless() is None  # b may still send it
+    one.banned["b"] = "w.safetensors"
+    said = one.hopeless()
+    assert said and "every holder of w.safetensors" in said and "a, b" in said and "model_reverify" in said
+    one.views["c"] = {"w.safetensors": "11"}  # a receiver that verified it: it can send it
+    assert one.hopeless() is None
+    del one.views["c"]  # a peer not heard from yet (or down): not decided
+    assert one.hopeless() is None

@@ -115,3 +115,47 @@ def test_unattended_upgrades_leave_every_excluded_pattern_alone():
     for pattern in ("nvidia-", "libnvidia-", "linux-modules-nvidia-", "cuda-", "docker-ce", "containerd.io", "rocm"):
         assert f'    "{pattern}";\n' in conf
     assert debian.UPGRADES_CONF.startswith("/etc/apt/apt.conf.d/")
+
+
+class _Host:
+    """A host whose dpkg was interrupted (`interrupted`) and whose repair succeeds or not (`repairs`)."""
+
+    def __init__(self, interrupted: bool, repairs: bool):
+        self.interrupted, self.repairs, self.ran, self.logged = interrupted, repairs, [], []
+        self.name = "gpu-7"
+
+    def run_shell_command(self, command, **kwargs):
+        text = str(command)
+        self.ran.append(text)
+        output = type("Output", (), {"stderr_lines": ["E: Sub-process /usr/bin/dpkg returned an error code (1)"]})
+        if "dpkg --configure -a" in text:
+            return self.repairs, output
+        return self.interrupted, output
+
+    def log_styled(self, message, **kwargs):
+        self.logged.append(message)
+
+
+def test_an_interrupted_package_install_is_finished_first_and_named(monkeypatch):
+    refused = []
+    monkeypatch.setattr(debian, "refuse", lambda state, host, reasons: refused.extend(reasons) or False)
+    clean = _Host(interrupted=False, repairs=True)
+    assert debian._interrupted_repaired(None, clean) and len(clean.ran) == 1 and not clean.logged
+    broken = _Host(interrupted=True, repairs=True)
+    assert debian._interrupted_repaired(None, broken)
+    assert "dpkg --configure -a" in broken.ran[1] and "apt-get -y -q -f install" in broken.ran[1]
+    assert broken.logged == ["an interrupted package install (dpkg) was found: finishing it first "
+                             "(dpkg --configure -a, apt-get -f install)"]
+    stuck = _Host(interrupted=True, repairs=False)
+    assert not debian._interrupted_repaired(None, stuck)
+    assert refused and "could not be finished" in refused[0] and "dpkg returned an error code" in refused[0]
+
+
+def test_the_interrupted_check_reads_dpkgs_journal(tmp_path):
+    updates = tmp_path / "updates"
+    updates.mkdir()
+    check = debian.DPKG_INTERRUPTED_SH.replace("/var/lib/dpkg/updates", str(updates)).replace(
+        "dpkg --audit", "true")  # the journal alone
+    assert sh(check).returncode == 1
+    (updates / "0000").write_text("")
+    assert sh(check).returncode == 0

@@ -78,6 +78,8 @@ def test_deployed_state_reads_a_checkpoint_tree(tmp_path):
     (done / "w.safetensors.modelfleet-partial").write_bytes(b"12345")
     (done / ".cache").mkdir()
     (done / ".cache" / "x").write_text("cache")
+    (done / ".cache" / "huggingface" / "download").mkdir(parents=True)  # huggingface_hub's own partial file
+    (done / ".cache" / "huggingface" / "download" / "ab12.deadbeef.incomplete").write_bytes(b"123")
     (done / hc.MANIFEST).write_text(json.dumps({"commit": "a" * 40}, indent=1))
     (model / hc.CURRENT).symlink_to("a" * 40)
     (live / hc.FETCH_LOCK).touch()
@@ -97,7 +99,8 @@ def test_deployed_state_reads_a_checkpoint_tree(tmp_path):
     state = fact.process(out.stdout.splitlines())
     tree = state["trees"][str(done)]
     assert tree["files"] == {"config.json": [3, pytest.approx((done / "config.json").stat().st_mtime, abs=0.01)]}
-    assert tree["partials"] == {"w.safetensors.modelfleet-partial": 5}
+    assert tree["partials"] == {"w.safetensors.modelfleet-partial": 5,
+                                ".cache/huggingface/download/ab12.deadbeef.incomplete": 3}
     assert tree["manifest"] == {"commit": "a" * 40}
     assert tree["current"] == "a" * 40 and tree["free_bytes"] > 0
     assert sorted(tree["revisions"]) == ["a" * 40, "b" * 40, "c" * 40]

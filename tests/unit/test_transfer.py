@@ -122,3 +122,24 @@ def test_each_server_proves_itself_with_its_own_key_and_a_receiver_gets_only_its
                            ["a"], None, False, [])
         swarm_job = hosts["d"].files["/etc/mf/job.peer.json"]
         assert swarm_job["proofs"] == {"a": served["a"]["proof_key"], "b": served["b"]["proof_key"]}
+
+
+def test_a_host_gone_while_its_job_file_is_written_is_named_not_its_sftp_subsystem():
+    from paramiko.ssh_exception import SSHException
+    from pyinfra.api.exceptions import ConnectError
+
+    from modelfleet.transfer import _put_secret
+
+    class Gone:
+        name = "gpu-3"
+
+        def put_file(self, *args, **kwargs):  # what pyinfra raises once the host's transport is gone
+            try:
+                raise SSHException("SSH session not active")
+            except SSHException as error:
+                raise ConnectError("Unable to establish SFTP connection. Check that the SFTP subsystem for the "
+                                   "SSH service at gpu-3 is enabled.") from error
+
+    why = _put_secret(Gone(), "/etc/modelfleet/x.peer.json", "{}")
+    assert why.startswith("host gpu-3 stopped answering over SSH while this run wrote /etc/modelfleet/x.peer.json")
+    assert "SSH session not active" in why and "SFTP" not in why
