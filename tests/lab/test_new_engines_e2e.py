@@ -55,7 +55,7 @@ def free_port() -> int:
 
 def service(tmp_path, **data):
     name = f"{lab.PREFIX}engines"
-    result = resolve([(name, {"ssh_hostname": "127.0.0.1", "gpu_count": 8, "revision": PIN, "gpu_passthrough": False,
+    result = resolve([(name, {"ssh_hostname": "127.0.0.1", "revision": PIN, "gpu_passthrough": False,
                               "model_root": str(tmp_path / "models"), "config_dir": str(tmp_path / "etc"),
                               "port": free_port(), **data})])
     assert result.errors == [], result.errors
@@ -102,7 +102,7 @@ def test_ollama_unit_registers_the_mounted_file_and_serves_it(image, tmp_path):
 
 
 def test_tokenspeed_unit_starts_on_loopback_with_its_rendered_command_line(image, tmp_path):
-    plan, svc = service(tmp_path, hardware="b300", model="kimi-k3", engine="tokenspeed",
+    plan, svc = service(tmp_path, hardware="b300", gpu_count=8, model="kimi-k3", engine="tokenspeed",
                         recipe="kimi-k3-tokenspeed-b300")
     try:
         run_container(svc, image)
