@@ -57,7 +57,7 @@ def test_an_interrupted_upgrade_says_where_it_stopped_and_its_command_finishes_i
     assert set(stopped["hosts_now"]) == {s["name"] for s in lab_hosts}
     assert f"finish with: {stopped['finish_with']}" in err
     assert stopped["finish_with"].startswith("modelfleet upgrade inventories/lab.py ")
-    finish = run_modelfleet(*shlex.split(stopped["finish_with"])[1:], timeout=1200)
+    finish = run_modelfleet(*shlex.split(stopped["finish_with"])[1:], "-y", timeout=1200)  # no terminal to ask on
     assert finish.returncode == 0, finish.stdout[-3000:]
     converge = run_pyinfra("inventories/lab.py", "deploys/serve.py", timeout=1200)
     assert converge.returncode == 0 and changed(converge) == 0, converge.stdout[-4000:]
