@@ -148,6 +148,18 @@ def resolve_pools(hosts: dict[str, HostPlan], errors: list) -> dict[str, PoolPla
                                    weight_cache=head.weight_cache)
             if not report.fits:
                 errors.append((where, "model", report.reason))
+    # Every multi-node pool's head listens for its ranks on the same fixed rendezvous port (render.MASTER_PORT,
+    # DP_RPC_PORT): two such pools headed by one host would take each other's ranks.
+    headed: dict[str, str] = {}
+    for pool in pools.values():
+        if len(pool.hosts) > 1:
+            head = pool.hosts[0]
+            if head in headed:
+                errors.append((f"pool {pool.name}", "hosts", f"its head {head} (its first host) also heads the "
+                               f"multi-node pool {headed[head]}: both would rendezvous on the same port of {head}; a host "
+                               f"heads one multi-node pool at most: serve this pool from hosts whose first (in "
+                               f"inventory order, rank 0) is not {head}"))
+            headed.setdefault(head, pool.name)
     return dict(pools)
 
 
