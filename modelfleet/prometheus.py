@@ -1,5 +1,6 @@
 """A Prometheus scrape configuration for the fleet: every engine's /metrics, each front door's router metrics,
-and per host the DCGM exporter (NVIDIA GPUs, :9400) and the node exporter (:9100) where the caller says they run;
+and per host the DCGM exporter (NVIDIA GPUs, :9400: where host data sets `dcgm_exporter`, or everywhere with
+`--dcgm`) and the node exporter (:9100) where the caller says they run;
 labels pool, host, model, engine. A target is the address the metrics listen on as the host gets it (a wildcard
 bind: the host's address); one that listens on loopback only is named in `unscrapable` instead, unless the
 configuration is for a Prometheus on that host (`on`). Queries for the numbers the guides watch are in
@@ -87,7 +88,7 @@ def scrape_config(resolved: Resolved, dcgm: bool = False, node_exporter: bool = 
             continue
         pools = ",".join(sorted({s.pool for s in plan.services}))
         host_labels = {"host": name, "pool": pools, "hardware": plan.hardware.id}
-        if dcgm and plan.hardware.vendor == "nvidia":
+        if (dcgm or plan.dcgm_exporter) and plan.hardware.vendor == "nvidia":  # the exporters stage runs one there
             dcgm_targets.append({"targets": [f"{_url_host(plan.fabric_address)}:{DCGM_PORT}"],
                                  "labels": host_labels})
         if node_exporter:

@@ -47,6 +47,14 @@ def test_dcgm_only_on_nvidia_hosts_and_node_exporter_on_every_host():
     assert [t["targets"][0].rsplit(":", 1)[1] for t in found["modelfleet-node"]] == ["9100"] * 3
 
 
+def test_a_host_whose_data_runs_the_dcgm_exporter_is_scraped_without_the_flag():
+    resolved = resolve([("t1", {**TRAYS, "ssh_hostname": "10.0.0.1", "fabric_address": "10.9.0.1",
+                                "dcgm_exporter": True}), ("t2", {**TRAYS, "ssh_hostname": "10.0.0.2"})])
+    assert not resolved.errors, resolved.errors
+    assert jobs(scrape_config(resolved))["modelfleet-dcgm"] == [
+        {"targets": ["10.9.0.1:9400"], "labels": {"host": "t1", "pool": "k31", "hardware": "gb300"}}]
+
+
 def test_loopback_engines_are_named_for_the_operator_not_listed_as_targets():
     config = scrape_config(fleet())
     assert "modelfleet-engines" not in jobs(config)  # every engine here listens on its host's loopback
