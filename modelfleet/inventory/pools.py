@@ -128,6 +128,7 @@ def resolve_pools(hosts: dict[str, HostPlan], errors: list) -> dict[str, PoolPla
             pool.name = svc.pool
             pool.hosts.append(plan.name)
             pool.services.append(svc)
+    in_ram: dict[str, list] = defaultdict(list)  # host -> (pool, offload split) of its replicas offloading
     for pool in pools.values():
         where = f"pool {pool.name}"
         head = pool.services[0]
@@ -173,6 +174,15 @@ def resolve_pools(hosts: dict[str, HostPlan], errors: list) -> dict[str, PoolPla
                                    weight_cache=head.weight_cache)
             if not report.fits:
                 errors.append((where, "model", report.reason))
+            elif len(pool.hosts) == 1 and report.offload and report.offload.get("experts_in_ram_bytes"):
+                in_ram[pool.hosts[0]].append((pool.name, report.offload))
+    for name, parts in in_ram.items():  # each replica's experts fit the RAM alone: together too?
+        need, ram = sum(o["ram_need_bytes"] for _, o in parts), parts[0][1]["host_ram_bytes"]
+        if len(parts) > 1 and ram and need > ram:
+            said = ", ".join(f"pool {p} {o['ram_need_bytes'] / 1e9:.0f} GB" for p, o in parts)
+            errors.append((f"host {name}", "services", f"its services keep {need / 1e9:.0f} GB of experts in host "
+                           f"RAM together ({said}), the host has {ram / 2**30:.0f} GiB: serve fewer of them on "
+                           "this host, or set `host_ram_gib` if it has more"))
     # Every multi-node pool's head listens for its ranks on the same fixed rendezvous port (render.MASTER_PORT,
     # DP_RPC_PORT): two such pools headed by one host would take each other's ranks.
     headed: dict[str, str] = {}

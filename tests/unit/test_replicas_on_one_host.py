@@ -56,3 +56,17 @@ def test_two_multi_node_pools_headed_by_one_host_are_refused():
     apart = [one("t1", "10.0.0.1", "k1", 8000), one("t2", "10.0.0.2", "k1", 8000),
              one("t3", "10.0.0.3", "k2", 8001), one("t4", "10.0.0.4", "k2", 8001)]
     assert resolve(apart).errors == []
+
+
+def test_replicas_keeping_experts_in_host_ram_must_fit_it_together():
+    llama = {"model": "kimi-k3", "engine": "llama.cpp", "recipe": "kimi-k3-llamacpp-iq1-m-2gpu-ram"}
+
+    def replicas(n: int, ram_gib: int):
+        return resolve([("g1", {"ssh_hostname": "192.0.2.1", "hardware": "h200", "revision": "a" * 40,
+                                "host_ram_gib": ram_gib, "services": [
+                                    {**llama, "pool": f"k{i}", "port": 8080 + 10 * i} for i in range(n)]})]).errors
+    assert replicas(1, 800) == [] and replicas(2, 1024) == []  # about 479 GB each
+    errors = replicas(2, 800)
+    assert [(w, f) for w, f, _ in errors] == [("host g1", "services")]
+    assert errors[0][2].startswith("its services keep 959 GB of experts in host RAM together (pool k0 479 GB, "
+                                   "pool k1 479 GB), the host has 800 GiB")
