@@ -10,6 +10,7 @@ import click
 
 from modelfleet.cli.common import emit, inventory_options, limit_option, main, resolved_or_exit, selected
 from modelfleet.commands import inventory_args
+from modelfleet.prometheus import KEY_DIR
 
 
 def yes_option(command):
@@ -117,24 +118,30 @@ def upgrade_plan(everything, planned: list[list[str]], down: list[str]) -> str:
 @click.option("--dcgm", is_flag=True, help="Scrape a DCGM exporter on every NVIDIA host (:9400).")
 @click.option("--node-exporter", is_flag=True, help="Scrape a node exporter on every host (:9100).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write here instead of stdout.")
+@click.option("--on", "on", metavar="HOST", help="For a Prometheus (or agent) on HOST: that host's targets, those "
+              "on its loopback included.")
+@click.option("--key-dir", default=KEY_DIR, show_default=True,
+              help="Where the Prometheus host keeps the key of each api_key_env a keyed /metrics asks for.")
 @inventory_options
-def prometheus(inventory: str, dcgm: bool, node_exporter: bool, output: str | None, group_data, data) -> None:
-    """A Prometheus scrape configuration for the fleet, labelled by pool, host and model."""
+def prometheus(inventory: str, dcgm: bool, node_exporter: bool, output: str | None, on: str | None, key_dir: str,
+               group_data, data) -> None:
+    """A Prometheus scrape configuration for the fleet, labelled by pool, host and model: each engine's and each
+    front door's metrics where they listen; what it cannot scrape is said on stderr."""
     import yaml
 
-    from modelfleet.prometheus import loopback_targets, scrape_config
+    from modelfleet.prometheus import notes, scrape_config
 
     result = resolved_or_exit(inventory, group_data, data)
-    text = yaml.safe_dump(scrape_config(result, dcgm, node_exporter), sort_keys=False)
+    if on and on not in result.hosts:
+        raise click.UsageError(f"--on {on}: no such host in {inventory}")
+    text = yaml.safe_dump(scrape_config(result, dcgm, node_exporter, on=on, key_dir=key_dir), sort_keys=False)
     if output:
         with open(output, "w") as f:
             f.write(text)
     else:
         click.echo(text, nl=False)
-    unreachable = loopback_targets(result)
-    if unreachable:
-        click.echo(f"note: {len(unreachable)} engine(s) listen on their host's loopback ({', '.join(unreachable)}):"
-                   " scrape them from an agent on that host, or bind them to the pool network", err=True)
+    for line in notes(result, on, key_dir):
+        click.echo(f"note: {line}", err=True)
 
 
 @main.command()

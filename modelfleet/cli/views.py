@@ -116,9 +116,12 @@ def plan(inventory, host, group_data, data, model: str, hardware: str, gpus: int
                                    f"{cat.recipes[recipe_id].model} on {', '.join(cat.recipes[recipe_id].hardware)})")
         recipes = [cat.recipes[recipe_id]]
     if quant:
+        quants = sorted({r.gguf_quant for r in recipes if r.gguf_quant})
         recipes = [r for r in recipes if r.gguf_quant == quant]
         if not recipes:
-            raise click.UsageError(f"no recipe of {model} on {hardware} with GGUF quantization {quant!r}")
+            raise click.UsageError(f"no recipe of {model} on {hardware} with GGUF quantization {quant!r}; its "
+                                   f"quantizations there: {', '.join(quants) or 'none'} (`modelfleet catalog` "
+                                   "lists every recipe)")
     # A recipe sizes only the layout it was written for; any other layout is an estimate without one.
     laid_out = [r for r in recipes if (r.layout.nodes, r.layout.gpus_per_node) == (nodes, gpus)]
     if recipe_id and not laid_out:

@@ -17,9 +17,36 @@ from modelfleet.planner import plan_capacity
 
 
 def information(pools: dict[str, PoolPlan]) -> list[tuple[str, str, str]]:
-    """What a recipe says of itself (its notes): the author's information, not a problem `--strict` refuses."""
-    return [(f"pool {pool.name}", "recipe", f"{head.recipe.id}: {' '.join(head.recipe.notes.split())}")
-            for pool in pools.values() for head in pool.services[:1] if head.recipe.notes]
+    """What a recipe says of itself (its notes), and what its own image's tag does not say (the guide's tag, kept
+    as the catalogue ships it): the catalogue's information, not a problem `--strict` refuses."""
+    out = []
+    for pool in pools.values():
+        head = pool.services[0]
+        if head.recipe.notes:
+            out.append((f"pool {pool.name}", "recipe", f"{head.recipe.id}: {' '.join(head.recipe.notes.split())}"))
+        found = _tag_version(head)
+        if not head.venv and _catalogue_image(head) and found != head.recipe.engine_version.lstrip("v"):
+            said = f"is {head.engine_name} {found}" if found else "names no engine version"
+            out.append((f"pool {pool.name}", "image", f"{head.image}, the image recipe {head.recipe.id} ships, "
+                        f"{said}; its flags were checked with {head.engine_name} {head.recipe.engine_version}'s "
+                        "parser. The run pins this tag's digest when it starts: `modelfleet render --pin "
+                        "INVENTORY HOST` shows it, `image: <that reference>` keeps it"))
+    return out
+
+
+def _catalogue_image(svc) -> bool:
+    """The service runs its shipped recipe's own image (through `image_registry`, or pinned by digest, alike)."""
+    if svc.recipe._site is not None or not svc.recipe.image:
+        return False
+    ref, shipped = svc.image.split("@")[0], svc.recipe.image.split("@")[0]
+    return ref == shipped or ref.endswith(f"/{shipped}")
+
+
+def _tag_version(head) -> str | None:
+    """The engine version (or llama.cpp build) the pool's image tag names, if any."""
+    tag = head.image.rsplit("/", 1)[-1].partition(":")[2].split("@")[0]
+    version = TAG_BUILD.search(tag) or TAG_VERSION.search(tag)
+    return version.group(1) if version else None
 
 
 PLACEHOLDER_REVISION = re.compile(r"^(0+|f+|x+)$", re.IGNORECASE)
@@ -60,19 +87,17 @@ def warnings(hosts: dict[str, HostPlan], pools: dict[str, PoolPlan], data: dict[
     for pool in pools.values():
         head = pool.services[0]
         where = f"pool {pool.name}"
-        tag = head.image.rsplit("/", 1)[-1].partition(":")[2].split("@")[0]
-        version = TAG_BUILD.search(tag) or TAG_VERSION.search(tag)
         if head.venv:  # the lock says which version installs, as the image's tag does
             if head.venv.version.split("+")[0] != head.recipe.engine_version.lstrip("v"):
                 out.append((where, "venv_lock", f"{head.venv.lock_file} installs {head.venv.engine} "
                                                 f"{head.venv.version}, but recipe {head.recipe.id}'s flags were "
                                                 f"checked with {head.recipe.engine_version}"))
-        elif version is None or version.group(1) == "":
+        elif not _catalogue_image(head) and not _tag_version(head):  # the site's choice of image
             out.append((where, "image", f"{head.image} names no engine version: its flags were checked with "
                                         f"{head.engine_name} {head.recipe.engine_version}'s parser; pin an image "
                                         "of that version"))
-        elif version.group(1) != head.recipe.engine_version.lstrip("v"):
-            out.append((where, "image", f"{head.image} is {head.engine_name} {version.group(1)}, but recipe "
+        elif not _catalogue_image(head) and _tag_version(head) != head.recipe.engine_version.lstrip("v"):
+            out.append((where, "image", f"{head.image} is {head.engine_name} {_tag_version(head)}, but recipe "
                                         f"{head.recipe.id}'s flags were checked with {head.recipe.engine_version}"))
         role = pd_role(head.recipe, head.engine_name)
         if role and not head.router:
@@ -103,6 +128,7 @@ def resolve_pools(hosts: dict[str, HostPlan], errors: list) -> dict[str, PoolPla
             pool.name = svc.pool
             pool.hosts.append(plan.name)
             pool.services.append(svc)
+    in_ram: dict[str, list] = defaultdict(list)  # host -> (pool, offload split) of its replicas offloading
     for pool in pools.values():
         where = f"pool {pool.name}"
         head = pool.services[0]
@@ -148,6 +174,27 @@ def resolve_pools(hosts: dict[str, HostPlan], errors: list) -> dict[str, PoolPla
                                    weight_cache=head.weight_cache)
             if not report.fits:
                 errors.append((where, "model", report.reason))
+            elif len(pool.hosts) == 1 and report.offload and report.offload.get("experts_in_ram_bytes"):
+                in_ram[pool.hosts[0]].append((pool.name, report.offload))
+    for name, parts in in_ram.items():  # each replica's experts fit the RAM alone: together too?
+        need, ram = sum(o["ram_need_bytes"] for _, o in parts), parts[0][1]["host_ram_bytes"]
+        if len(parts) > 1 and ram and need > ram:
+            said = ", ".join(f"pool {p} {o['ram_need_bytes'] / 1e9:.0f} GB" for p, o in parts)
+            errors.append((f"host {name}", "services", f"its services keep {need / 1e9:.0f} GB of experts in host "
+                           f"RAM together ({said}), the host has {ram / 2**30:.0f} GiB: serve fewer of them on "
+                           "this host, or set `host_ram_gib` if it has more"))
+    # Every multi-node pool's head listens for its ranks on the same fixed rendezvous port (render.MASTER_PORT,
+    # DP_RPC_PORT): two such pools headed by one host would take each other's ranks.
+    headed: dict[str, str] = {}
+    for pool in pools.values():
+        if len(pool.hosts) > 1:
+            head = pool.hosts[0]
+            if head in headed:
+                errors.append((f"pool {pool.name}", "hosts", f"its head {head} (its first host) also heads the "
+                               f"multi-node pool {headed[head]}: both would rendezvous on the same port of {head}; a host "
+                               f"heads one multi-node pool at most: serve this pool from hosts whose first (in "
+                               f"inventory order, rank 0) is not {head}"))
+            headed.setdefault(head, pool.name)
     return dict(pools)
 
 

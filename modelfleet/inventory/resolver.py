@@ -209,6 +209,9 @@ def _services(name: str, data: dict[str, Any], host: HostData, hw: Hardware | No
         svc = resolve_service(name, host, hw, raw, cat, errors, skipped)
         if svc is None:
             continue
+        if any(s.pool == svc.pool for s in services):  # one pool, one service per host: later checks see one
+            errors.append((where, "pool", _same_pool(svc)))
+            continue
         for port in svc.ports:
             side = "" if port == svc.port else f" ({svc.engine_name} listens there too, at port + {port - svc.port})"
             if port in ports:
@@ -220,10 +223,7 @@ def _services(name: str, data: dict[str, Any], host: HostData, hw: Hardware | No
         if svc.gpus > gpu_count and hw and hw.vendor != "none":
             errors.append((where, "gpus", f"service {svc.pool} wants {svc.gpus} GPUs, host has {gpu_count}"))
         services.append(svc)
-    pools_here = [s.pool for s in services]
-    if len(set(pools_here)) != len(pools_here):
-        errors.append((where, "pool", "two services of this host name the same pool"))
-    elif len({s.unit_name for s in services}) != len(services):
+    if len({s.unit_name for s in services}) != len(services):
         errors.append((where, "pool", "two services of this host would share a unit name: give each its own "
                                       "`pool`"))
     wanted = sum(s.gpus for s in services)
@@ -232,6 +232,17 @@ def _services(name: str, data: dict[str, Any], host: HostData, hw: Hardware | No
     elif hw and hw.vendor != "none":
         services = assign_gpus(services, gpu_count, where, errors)
     return services
+
+
+def _same_pool(svc: ServicePlan) -> str:
+    """Why a host's second service of one pool is refused, and the layout that serves several replicas there."""
+    if svc.unit_stem:  # no `pool` given: every such service is the pool named after the host
+        return (f"two services of this host leave `pool` unset, so both would be pool {svc.pool} (one unit, one "
+                f"env file): give each service of a host its own `pool` (e.g. {svc.pool}-0, {svc.pool}-1) and "
+                "`port`, and `gpu_indices` to choose their GPUs (docs/validation.md, \"Several replicas on one "
+                "host\")")
+    return (f"two services of this host name pool {svc.pool}: a pool is one service per host (a replica "
+            "beside it is a pool of its own: give it its own `pool` and `port`)")
 
 
 def _host_plan(name: str, host: HostData, hw: Hardware, gpu_count: int, services: list[ServicePlan],

@@ -179,7 +179,7 @@ def _door_problems(where: str, served: str, head, rhost: HostPlan, roles: dict[s
                        "proxy's config cannot hold: use 8-512 of A-Z a-z 0-9 . _ ~ + / = -"))
     reached = rhost.address if bind in ("0.0.0.0", "::") else bind
     errors += tls_problems(where, head.router, offline, head.router.server_name or reached, warnings)
-    errors += client_key_problems(where, head.router.client_keys_env, head.api_key_env, offline)
+    errors += client_key_problems(where, head.router.client_keys_env, head.api_key_env, offline, warnings)
     return errors
 
 
@@ -203,14 +203,17 @@ def tls_problems(where: str, choice, offline: bool, name: str = "",
 
 
 def client_key_problems(where: str, names: tuple[str, ...], model_key_env: str | None,
-                        offline: bool) -> list[tuple[str, str, str]]:
+                        offline: bool, warnings: list | None = None) -> list[tuple[str, str, str]]:
     """The clients' keys of a front door (router_client_keys_env): each variable set on the control node, a key
-    the proxy's config can hold, and none the replicas' own (values never shown). nginx serves such a front door
-    (behind_proxy)."""
+    the proxy's config can hold, and none the replicas' own (values never shown) but `api_key_env`'s variable
+    named on purpose: the shared key clients hold stays accepted while they move to keys of their own (a
+    warning until it is taken out). nginx serves such a front door (behind_proxy)."""
     fld = "router_client_keys_env"
-    if not names:
-        return []
-    if offline:
+    if model_key_env in names and warnings is not None:
+        warnings.append((where, fld, f"lists {model_key_env}, the replicas' key: clients still sending that shared "
+                         "key are taken while they move to their own; take it out once they have (that key then "
+                         f"gets 401 at the front door), then give {model_key_env} a new value"))
+    if not names or offline:
         return []
     out, model_key = [], keys.stripped(model_key_env)
     for name in names:
@@ -220,9 +223,10 @@ def client_key_problems(where: str, names: tuple[str, ...], model_key_env: str |
         elif not PROXY_KEY.match(value):
             out.append((where, fld, f"the value of {name} (not shown) has characters the proxy's config cannot "
                         "hold: use 8-512 of A-Z a-z 0-9 . _ ~ + / = -"))
-        elif value == model_key:
+        elif value == model_key and name != model_key_env:
             out.append((where, fld, f"{name} holds the same key as {model_key_env}, the replicas' key that "
-                        "clients must never see: give clients keys of their own"))
+                        "clients must never see: give clients keys of their own (to keep taking the shared key "
+                        f"while clients move, list {model_key_env} itself, then take it out)"))
     return out
 
 

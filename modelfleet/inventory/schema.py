@@ -168,7 +168,8 @@ class ServiceData(BaseModel):
     router_client_keys_env: list[SecretVar] | None = Field(
         None, description="Names of control-node variables, each holding a key the front door accepts from "
         "clients (an old and a new key overlap while clients move); the front door then reaches the replicas with "
-        "`api_key_env`'s key, which clients never see. Unset: clients use `api_key_env`'s key.", json_schema_extra=applies("router"))
+        "`api_key_env`'s key, which clients never see (list `api_key_env` itself too while clients move off it). "
+        "Unset: clients use `api_key_env`'s key.", json_schema_extra=applies("router"))
     router_tls_cert: Annotated[str, _fits(grammar.no_control)] | None = Field(
         None, description="The front door's TLS certificate chain (PEM), a file on the control node, with "
         "`router_tls_key`; unset: the front door speaks plain HTTP.", json_schema_extra=applies("router"))

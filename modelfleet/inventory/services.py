@@ -44,13 +44,33 @@ def _pick_recipe(cat: Catalog, svc: ServiceData, hardware: str, where: str, erro
     found = [r for r in cat.recipes_for(svc.model, svc.engine, hardware) if not pd_role(r, svc.engine)]
     if not found:
         errors.append((where, "recipe", f"no recipe for model {svc.model} with engine {svc.engine} on "
-                       f"{hardware}"))
+                       f"{hardware}; {_recipe_choices(cat, svc, hardware)}"))
         return None
     if len(found) > 1:
         errors.append((where, "recipe", f"several recipes match ({', '.join(r.id for r in found)}): "
                        "name one with `recipe`"))
         return None
     return found[0]
+
+
+def _recipe_choices(cat: Catalog, svc: ServiceData, hardware: str) -> str:
+    """What a service without a recipe can be switched to, and the next step: its model's recipes on its board
+    (another engine, a prefill/decode part), else its model's on other boards, else the board's recipes."""
+    def listed(recipes: list[Recipe], model: bool = False) -> str:
+        return ", ".join(f"{r.id} ({r.model + ', ' if model else ''}{r.engine} on {'/'.join(r.hardware)}"
+                         + (f", the {pd_role(r, r.engine)} part of a prefill/decode pair" if pd_role(r, r.engine)
+                            else "") + ")" for r in sorted(recipes, key=lambda r: r.id))
+    site = f"add a site recipe for {svc.model} with {svc.engine} on {hardware} (recipes/ beside the inventory, " \
+           "docs/recipes.md)"
+    of_model = [r for r in cat.recipes.values() if r.model == svc.model]
+    here = [r for r in of_model if hardware in r.hardware]
+    if here:
+        return f"on {hardware} it has {listed(here)}: name one with `recipe` (and its `engine`), or {site}"
+    if of_model:
+        return f"its recipes are for other boards: {listed(of_model)}: serve it on one of those, or {site}"
+    on_board = [r for r in cat.recipes.values() if hardware in r.hardware]
+    return (f"no recipe serves {svc.model} on any board, and {hardware} has {listed(on_board, True) or 'none'}: "
+            f"{site}")
 
 
 def resolve_service(name: str, host: HostData, hw: Hardware | None, raw: dict[str, Any], cat: Catalog,

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from modelfleet import router
+from modelfleet.inventory import resolve
 from modelfleet.inventory.plan import RouterPlan, Worker
+from tests.front_doors import fleet
 from tests.router import front_door as door
 from tests.router.front_door import KEY, SERVED, http
 
@@ -91,6 +93,56 @@ def test_the_clients_key_rotates_with_no_refused_request(engine, tmp_path, monke
         assert http("POST", f"{front}/v1/chat/completions", chat, KEY)[0] == 401
         assert http("POST", f"{front}/v1/chat/completions", chat, NEW)[0] == 200
         assert nginx.poll() is None and procs[0].poll() is None
+    finally:
+        door.stop_all(procs)
+        for replica in replicas:
+            replica.stop()
+
+
+def test_moving_from_the_shared_key_to_client_keys_refuses_no_request(tmp_path, monkeypatch):
+    """From the one shared key (api_key_env, which clients hold) to clients' own keys, vLLM's front door (nginx
+    already): list api_key_env beside the new key, move the clients, take it out. No request refused."""
+    monkeypatch.setenv("MF_ROUTER_KEY", KEY)  # tests.front_doors' api_key_env
+    monkeypatch.setenv("MF_CLIENT_NEW", NEW)
+    replicas = [door.Replica("vllm", tmp_path, i) for i in range(2)]
+    shared = RouterPlan(name=SERVED, host="local", engine_name="vllm", served_name=SERVED, bind_address="127.0.0.1",
+                        port=door.free_base_port(3), policy="round_robin", api_key_env="MF_ROUTER_KEY",
+                        config_dir=str(tmp_path), workers=tuple(Worker(f"r{i}", "local", r.url)
+                                                                for i, r in enumerate(replicas)))
+    procs = door.start_front_door(shared, tmp_path)
+    nginx, runtime = procs[1], str(tmp_path / "door")
+
+    def converge(*names: str) -> None:
+        """What a converge with router_client_keys_env = names writes (the stage's own call), then a reload;
+        `validate` takes each step first."""
+        assert resolve(fleet("vllm", router_client_keys_env=list(names))).errors == []
+        rp = RouterPlan(**{**shared.__dict__, "client_keys_env": names})
+        p = router.paths(rp)
+        Path(p["proxy_key"]).write_text(router.proxy_key_conf(router.client_keys(rp), router.api_key(rp)))
+        Path(p["proxy"]).write_text(router.render_proxy(rp, runtime=runtime))
+        door.sh(f"{door.nginx_binary()} -t -q -e stderr -p {runtime} -c {p['proxy']}")
+        nginx.send_signal(signal.SIGHUP)
+        time.sleep(1.5)
+
+    chat = {"model": SERVED, "messages": [{"role": "user", "content": "hi"}]}
+    front = shared.base_url
+    try:
+        assert http("POST", f"{front}/v1/chat/completions", chat, NEW)[0] == 401  # before: the shared key only
+        with RotatingClients(front, KEY) as clients:
+            time.sleep(2)
+            converge("MF_ROUTER_KEY", "MF_CLIENT_NEW")  # both taken; replicas get the shared key from the door
+            time.sleep(2)
+            clients.key = NEW
+            time.sleep(2)
+            converge("MF_CLIENT_NEW")
+            time.sleep(2)
+        by_key = {k: [s for key, s in clients.answers if key == k] for k in (KEY, NEW)}
+        refused = [(k, s) for k, s in clients.answers if s != 200]
+        print(f"\nshared -> client keys: {len(by_key[KEY])} requests with the shared key, {len(by_key[NEW])} with "
+              f"the client's own, {len(refused)} not answered 200: {refused[:5]}")
+        assert len(by_key[KEY]) >= 20 and len(by_key[NEW]) >= 20 and refused == []
+        assert http("POST", f"{front}/v1/chat/completions", chat, KEY)[0] == 401
+        assert http("POST", f"{front}/v1/chat/completions", chat, NEW)[0] == 200
     finally:
         door.stop_all(procs)
         for replica in replicas:

@@ -16,7 +16,11 @@ def test_prometheus_writes_the_same_configuration_to_a_file_and_notes_loopback_e
     to_file = run("prometheus", inv, "-o", written)
     assert printed.exit_code == to_file.exit_code == 0
     assert yaml.safe_load(written.read_text()) == yaml.safe_load(printed.stdout)
-    assert to_file.stdout == "" and "listen on their host's loopback" in to_file.stderr
+    assert to_file.stdout == "" and "(loopback only)" in to_file.stderr and "--on g1" in to_file.stderr
+    on_host = run("prometheus", inv, "--on", "g1")
+    assert on_host.exit_code == 0 and "(loopback only)" not in on_host.stderr
+    assert [j["job_name"] for j in yaml.safe_load(on_host.stdout)["scrape_configs"]] == ["modelfleet-engines"]
+    assert run("prometheus", inv, "--on", "nope").exit_code == 2
 
 
 def test_converge_dry_keeps_a_pool_in_one_shard(tmp_path):

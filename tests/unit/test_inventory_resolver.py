@@ -68,6 +68,20 @@ def test_every_problem_is_reported_at_once_naming_host_and_field(monkeypatch):
     assert expected <= errors, expected - errors
 
 
+def test_no_recipe_names_the_recipes_there_are_and_the_next_step():
+    found = {w: m for w, f, m in resolve([
+        ("d", {"hardware": "h200", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": PIN}),
+        ("s", {"hardware": "h200", "model": "qwen3-8b", "engine": "sglang", "revision": PIN})]).errors if f == "recipe"}
+    assert found["host d"] == (
+        "no recipe for model kimi-k3.1-pro with engine vllm on h200; its recipes are for other boards: "
+        "kimi-k3.1-pro-sglang-b300 (sglang on b300), kimi-k3.1-pro-vllm-b300 (vllm on b300), "
+        "kimi-k3.1-pro-vllm-gb300 (vllm on gb300): serve it on one of those, or add a site recipe for kimi-k3.1-pro "
+        "with vllm on h200 (recipes/ beside the inventory, docs/recipes.md)")
+    assert found["host s"].startswith("no recipe for model qwen3-8b with engine sglang on h200; on h200 it has "
+                                      "qwen3-8b-vllm-1gpu (vllm on ")
+    assert "name one with `recipe` (and its `engine`)" in found["host s"]
+
+
 def test_plan_that_cannot_fit_is_refused_at_validate():
     errors = resolve([("r", {"hardware": "rtx4090", "gpu_count": 1, "model": "qwen3-8b", "engine": "vllm",
                              "gpus": 1, "pool": "r"})]).errors

@@ -169,6 +169,7 @@ def test_plan_cli_takes_the_quantization_and_prints_the_split():
     wrong = CliRunner().invoke(main, ["plan", "--model", "kimi-k3", "--hardware", "h200", "--gpus", "1",
                                       "--quant", "Q9_NOPE"])
     assert wrong.exit_code == 2 and "no recipe of kimi-k3 on h200 with GGUF quantization 'Q9_NOPE'" in wrong.output
+    assert "its quantizations there: UD-IQ1_M, UD-IQ1_S, UD-Q4_K_XL" in " ".join(wrong.output.split())
 
 
 def test_gpu_memory_sampler_reports_peaks_per_gpu_for_the_run_and_a_window():
