@@ -21,7 +21,7 @@ MARKER = ".modelfleet-owned"
 # secrets_config_file and auth_file; the model stage's hub token, fetch jobs and their logs, the peer servers'
 # jobs) and the tools it copies.
 OWN_NAMES = (".modelfleet-*", ".*.modelfleet-tmp", "[A-Za-z0-9]*.env", "[A-Za-z0-9]*.secrets.yaml",
-             "[A-Za-z0-9]*.auth", "hf-token", "checkpoint-*.json", "checkpoint-*.json.log", "engine-cache-*.json",
+             "[A-Za-z0-9]*.auth", "[A-Za-z0-9]*.rank-restarts", "[A-Za-z0-9]*.Modelfile", "hf-token", "checkpoint-*.json", "checkpoint-*.json.log", "engine-cache-*.json",
              "engine-cache-*.json.log", "fanout-*.json",
              # A front door's (modelfleet.router.paths): the router's config, replicas and keys, the proxy's.
              "router-*.json", "router-*.workers", "router-*.key", "router-*.admin", "router-*.admin-auth",
@@ -75,14 +75,19 @@ def directory(path: str, current: dict | None, mode: str = "0755", user: str = "
             f"into it. Name another directory in the inventory, or, if it is modelfleet's, "
             f"`touch {path}/{MARKER}`"],), {})
         return
-    if _owned(current, "dir", mode, user, group):
-        host.noop(f"directory {path} is in place")
-        return
     # The marker made O_EXCL (noclobber), never through a link: an engine cache's directory is its container's too.
     m = shlex.quote(f"{path}/{MARKER}")
+    marked = ["{", "[", "-L", m, "]", "||", "[", "-e", m, "]", "||", "(", "set", "-C;", ":", ">", m, ");", "}"]
+    if _owned(current, "dir", mode, user, group):
+        # A directory taken over as it was (made by someone else, or by modelfleet before the marker, with this
+        # owner and mode) is marked too: what modelfleet writes there later need not be a name it knows.
+        if "entries" in current and not any(fnmatch.fnmatchcase(e, ".modelfleet-*") for e in current["entries"]):
+            yield StringCommand(*marked)
+            return
+        host.noop(f"directory {path} is in place")
+        return
     yield StringCommand("mkdir", "-p", p, "&&", "chown", f"{user}:{group}", p, "&&", "chmod", mode, p, "&&",
-                        "{", "[", "-L", m, "]", "||", "[", "-e", m, "]", "||", "(", "set", "-C;", ":", ">", m, ");",
-                        "}")
+                        *marked)
 
 
 @operation()

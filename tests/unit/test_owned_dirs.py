@@ -191,3 +191,44 @@ def test_the_marker_is_never_made_through_a_link_planted_in_the_directory(tmp_pa
     commands = [str(c.get_raw_value()) for c in directory._inner(path=str(fresh), current=None)
                 if hasattr(c, "get_raw_value")]
     assert subprocess.run(["sh", "-c", commands[0]]).returncode == 0 and (fresh / MARKER).is_file()
+
+
+def test_every_file_modelfleet_writes_into_the_config_dir_is_a_name_it_knows(monkeypatch):
+    """What the stages write beside the env files (a rank's restart count, Ollama's Modelfile, a front door's
+    and a replica door's files, the jobs of the fan-out) keeps the directory modelfleet's on the next run."""
+    import fnmatch
+    import posixpath
+    from types import SimpleNamespace
+
+    from modelfleet import render, replica_door, router, transfer, units, weight_cache
+    from modelfleet.operations.files import OWN_NAMES
+    from modelfleet.stages import engine_cache, model
+    from tests.front_doors import KEY, fleet
+
+    monkeypatch.setenv("MF_ROUTER_KEY", KEY)
+    result = resolve(fleet("sglang"))
+    rp, plan = result.routers["tiny-lab"], result.hosts["a"]
+    svc = plan.services[0]
+    written = [units.flap_file(plan, svc.pool), render.modelfile_path(svc), weight_cache.env_file(svc),
+               svc.env_file, svc.auth_file, svc.secrets_config_file, transfer.serve_job_path(plan.config_dir, "g"),
+               model._job_path(plan, f"{plan.model_root}/tiny-lab/{'a' * 40}"), f"{plan.config_dir}/hf-token",
+               *[p for p in replica_door.paths(svc).values() if p.startswith(plan.config_dir)],
+               *[p for p in router.paths(rp).values() if p.startswith(rp.config_dir + "/")]]
+    written.append(engine_cache._job_path(plan, SimpleNamespace(key="0123456789abcdef")))
+    unknown = [p for p in written if not any(fnmatch.fnmatchcase(posixpath.basename(p), pattern)
+                                             for pattern in OWN_NAMES)]
+    assert unknown == []
+
+
+def test_a_directory_taken_over_as_it_was_is_marked(fake):
+    """A config directory someone made empty with modelfleet's owner and mode gets the marker on the first run."""
+    from modelfleet.operations.files import directory
+
+    def deploy():
+        directory(name="d", path="/srv/app", current=dir_state())
+        directory(name="marked", path="/srv/other", current=dir_state(MARKER, "q.env"))
+
+    state = fake.run_fake([("h", {})], deploy)
+    commands = fake.executed(state, "h")
+    assert any(f"/srv/app/{MARKER}" in c and "set -C" in c for c in commands), commands
+    assert not any("/srv/other" in c for c in commands)
