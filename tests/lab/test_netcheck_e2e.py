@@ -58,7 +58,7 @@ def test_threshold_above_what_the_lab_reaches_fails_with_the_figures(lab_hosts, 
 
 def test_copy_bandwidth_asked_where_the_container_sees_no_gpu_fails_the_pool_saying_so(lab_hosts, tmp_path):
     """The wiring of admission_h2d: the gate runs on the two hosts, the check script refuses to measure copies
-    with no GPU in the container, and the pool fails with that reason (real figures: docs/hw-runs)."""
+    with no GPU in the container, and the pool fails with that reason (real figures: docs/measurements/hw-runs)."""
     run, report = gate(tmp_path, admission_h2d=True)
     assert run.returncode != 0 and not report["ok"]
     assert report["problems"] == [f"{spec['name']}: the host-to-device check needs a GPU in the container: none is "

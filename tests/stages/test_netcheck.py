@@ -27,7 +27,7 @@ def test_without_a_known_threshold_only_correctness_is_judged_and_the_report_say
     assert verdict["ok"] and verdict["threshold_note"] == "no threshold known: correctness only"
 
 
-# The lent H200's own figures (docs/hw-runs/h2d-h200x1-2026-12-03.json): 54.04 GB/s in, 54.98 GB/s out.
+# The lent H200's own figures (docs/measurements/hw-runs/h2d-h200x1-2026-12-03.json): 54.04 GB/s in, 54.98 GB/s out.
 H200_COPIES = [{"gpu": 0, "bytes": 1 << 30, "h2d_gbs": 54.04, "d2h_gbs": 54.98}]
 
 

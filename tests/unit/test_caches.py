@@ -178,7 +178,7 @@ def test_prune_command_keeps_the_newest_stale_keys(tmp_path, keep):
 
 def test_the_h200_figures_in_the_docs_are_the_recordings():
     root = Path(__file__).resolve().parents[2]
-    run = json.loads((root / "docs/hw-runs/compile-cache-h200x1-2026-12-04.json").read_text())
+    run = json.loads((root / "docs/measurements/hw-runs/compile-cache-h200x1-2026-12-04.json").read_text())
 
     def median(rows, key):
         return statistics.median(r[key] for r in rows)
@@ -186,7 +186,7 @@ def test_the_h200_figures_in_the_docs_are_the_recordings():
     first = median(run["warm"], "first_call_s") / median(run["cold"], "first_call_s")
     wall = median(run["warm"], "wall_s") / median(run["cold"], "wall_s")
     assert round(first, 3) == run["warm_over_cold_first_call"] and round(wall, 3) == run["warm_over_cold_wall"]
-    for doc in ("docs/engine-caches.md", "docs/hw-runs/README.md"):
+    for doc in ("docs/engine-caches.md", "docs/measurements/hw-runs/README.md"):
         text = (root / doc).read_text()
         assert f"**{first:.3f} of cold**" in text, doc
         assert f"({wall:.3f})" in text or f"{wall:.3f} (imports" in text, doc

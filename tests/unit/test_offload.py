@@ -242,8 +242,8 @@ def test_tiny_gguf_moe_variant_has_llamas_expert_tensors_and_keeps_the_dense_fil
 def test_bench_json_and_plot_carry_the_peak_per_gpu(tmp_path):
     from modelfleet.checks.bench import plot
 
-    # the H200 run's record (docs/hw-runs/llama-server-h200-2026-12-03.json): a level as the bench wrote it
-    record = json.loads((Path(__file__).resolve().parents[2] / "docs" / "hw-runs" /
+    # the H200 run's record (docs/measurements/hw-runs/llama-server-h200-2026-12-03.json): a level as the bench wrote it
+    record = json.loads((Path(__file__).resolve().parents[2] / "docs" / "measurements" / "hw-runs" /
                          "llama-server-h200-2026-12-03.json").read_text())
     gpu_run = record["runs"][0]
     assert gpu_run["recipe"] == "tiny-moe-h200-gpu" and gpu_run["bench"]["gpu_memory"]["peak_mib"] == {"0": 2501}
