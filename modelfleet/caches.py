@@ -26,6 +26,9 @@ CONTAINER_DIR = "/cache"
 KEY_FILE = ".key.json"  # after the key, beside its directory
 KEY_LENGTH = 16
 KEY_RE = re.compile(rf"[0-9a-f]{{{KEY_LENGTH}}}")
+# Where a rank's cache goes when its pool's ranks disagree (stages/engine_cache): beside its key, pruned with it.
+SET_ASIDE = ".modelfleet-set-aside"
+ASIDE_RE = re.compile(rf"([0-9a-f]{{{KEY_LENGTH}}}){re.escape(SET_ASIDE)}")
 
 
 @dataclass(frozen=True)
@@ -114,16 +117,21 @@ def docker_flags(cache: EngineCache | None) -> list[str]:
 
 
 def stale_keys(entries: list[str] | None, in_use: set[str]) -> list[str]:
-    """The key directories of an engine's cache root that no service on the host uses now."""
-    return sorted(e for e in entries or [] if KEY_RE.fullmatch(e) and e not in in_use)
+    """The key directories of an engine's cache root that no service on the host uses now, and the set-aside
+    copies whose key directory is gone already (one of a key that stays goes with it)."""
+    entries = entries or []
+    keys = [e for e in entries if KEY_RE.fullmatch(e) and e not in in_use]
+    orphans = [e for e in entries if (m := ASIDE_RE.fullmatch(e)) and m.group(1) not in in_use
+               and m.group(1) not in entries]
+    return sorted(keys + orphans)
 
 
 def prune_command(root: str, stale: list[str], keep: int) -> StringCommand:
-    """Remove all but the `keep` most recently changed of `stale` (names checked by KEY_RE, all under root), each
-    with its key file."""
+    """Remove all but the `keep` most recently changed of `stale` (names from stale_keys, all under root), each
+    with its key file and its set-aside copy."""
     names = " ".join(shlex.quote(name) for name in stale)
     script = (f"cd {shlex.quote(root)} && ls -dt -- {names} | tail -n +{keep + 1} | "
-              f"xargs -r -I@ rm -rf -- @ @{KEY_FILE}")
+              f"xargs -r -I@ rm -rf -- @ @{KEY_FILE} @{SET_ASIDE}")
     return StringCommand("sh", "-c", shlex.quote(script))
 
 

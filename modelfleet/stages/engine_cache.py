@@ -28,7 +28,7 @@ from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
 from modelfleet import render, venvs
-from modelfleet.caches import EngineCache
+from modelfleet.caches import SET_ASIDE, EngineCache
 from modelfleet.context import HostRun
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.files import content_file, directory
@@ -144,8 +144,6 @@ def cache_indexed(directory_: str, label: str, needed: bool, group: str = ""):
     yield FunctionCommand(_index_read, (directory_, label, group), {})
 
 
-# Where a rank's cache goes when its pool's ranks disagree (kept, beside its key; pruned as an old key would be).
-SET_ASIDE = ".modelfleet-set-aside"
 
 
 def _warm_now(directory_: str) -> StringCommand:

@@ -159,6 +159,11 @@ def test_stale_keys_are_only_key_directories_not_in_use():
                "0123456789ABCDEF", "0123456789abcdef0"]
     assert caches.stale_keys(entries, {"aaaaaaaaaaaaaaaa"}) == ["0123456789abcdef", "fedcba9876543210"]
     assert caches.stale_keys(None, set()) == []
+    # A set-aside copy goes with its key, or alone once its key directory is gone; one of a key in use stays.
+    aside = caches.SET_ASIDE
+    entries = ["aaaaaaaaaaaaaaaa", f"aaaaaaaaaaaaaaaa{aside}", "0123456789abcdef", f"0123456789abcdef{aside}",
+               f"fedcba9876543210{aside}", f"notakey{aside}"]
+    assert caches.stale_keys(entries, {"aaaaaaaaaaaaaaaa"}) == ["0123456789abcdef", f"fedcba9876543210{aside}"]
 
 
 @pytest.mark.parametrize("keep", [0, 1, 2])
@@ -170,9 +175,12 @@ def test_prune_command_keeps_the_newest_stale_keys(tmp_path, keep):
         (tmp_path / f"{name}{caches.KEY_FILE}").write_text("{}")
         os.utime(tmp_path / name, (now - 100 * age, now - 100 * age))
     (tmp_path / "in-use").mkdir()
+    for name in names:  # each with the copy a pool's disagreeing ranks set aside
+        (tmp_path / f"{name}{caches.SET_ASIDE}" / "inductor").mkdir(parents=True)
+        os.utime(tmp_path / f"{name}{caches.SET_ASIDE}", (0, 0))
     command = caches.prune_command(str(tmp_path), names, keep)
     subprocess.run(command.get_raw_value(), shell=True, check=True)
-    kept = names[:keep] + [f"{name}{caches.KEY_FILE}" for name in names[:keep]]
+    kept = [f"{name}{suffix}" for name in names[:keep] for suffix in ("", caches.KEY_FILE, caches.SET_ASIDE)]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept + ["in-use"])
 
 
