@@ -41,7 +41,7 @@ from modelfleet.inventory import HostPlan, ServicePlan
 from modelfleet.operations.files import content_file, directory
 from modelfleet.operations.report import fail_host, save_report
 from modelfleet.pins import pinned_image
-from modelfleet.render import fabric_env, fabric_flags, gpu_flags, rendezvous_address
+from modelfleet.render import CONTAINER_UIDS_FIXED, fabric_env, fabric_flags, gpu_flags, rendezvous_address
 from modelfleet.units import start_reads
 
 NAME = "netcheck"
@@ -85,7 +85,9 @@ def check_command(svc: ServicePlan, image: str, h2d: bool = False) -> str:
     """The docker run that executes the check script (fed on stdin) inside the serving image."""
     b, fabric = backend(svc), svc.fabric
     ops = "all_reduce,all_gather" + (",all_to_all" if svc.recipe.layout.ep else "") if collective(svc) else ""
-    argv = ["docker", "run", "--rm", "-i", "--network", "host", "--ipc=host", *gpu_flags(svc), *fabric_flags(fabric)]
+    # On the host's network beside a front door whose worker-API rule knows users by uid: no uid changes inside.
+    argv = ["docker", "run", "--rm", "-i", "--network", "host", "--ipc=host", *CONTAINER_UIDS_FIXED, *gpu_flags(svc),
+            *fabric_flags(fabric)]
     env = {**fabric_env(svc), **(NCCL_LOG_ENV if svc.nnodes > 1 and b == "nccl" else {})}
     for key, value in sorted(env.items()):
         argv += ["-e", f"{key}={value}"]

@@ -58,3 +58,15 @@ def test_the_check_command_asks_for_copies_and_skips_collectives_on_one_gpu():
     command = check_command(svc, "img@sha256:" + "0" * 64, h2d=True)
     assert "--ops '' " in command and "--h2d-bytes 1G" in command
     assert "--h2d-bytes" not in check_command(svc, "img@sha256:" + "0" * 64)
+
+
+def test_the_check_container_on_the_hosts_network_cannot_change_its_uid():
+    """Beside a front door whose worker-API rule knows users by uid, the gate's container (host network, the
+    serving image) runs as the engine's does: no CAP_SETUID/CAP_SETGID, no new privileges."""
+    from modelfleet.inventory import resolve
+    from modelfleet.stages.netcheck import check_command
+
+    one = {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm", "pool": "p"}
+    command = check_command(resolve([("a", one)]).hosts["a"].services[0], "img@sha256:" + "0" * 64)
+    assert "--network host" in command
+    assert "--cap-drop SETUID --cap-drop SETGID --security-opt no-new-privileges" in command
