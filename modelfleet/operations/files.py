@@ -18,11 +18,12 @@ from modelfleet.operations.report import refuse
 MARKER = ".modelfleet-owned"
 # Names modelfleet writes into the directories it owns: its own dot files (the marker, a checkpoint's manifest
 # and fetch lock, a secret's upload temp file), the config directory's files (ServicePlan.env_file,
-# secrets_config_file and auth_file; the model stage's hub token, fetch jobs and their logs, the peer servers'
-# jobs) and the tools it copies.
+# secrets_config_file and auth_file; a rank's restart count, Ollama's Modelfile; the model stage's hub token, fetch
+# jobs and their logs, the peer servers' jobs) and the tools it copies.
 OWN_NAMES = (".modelfleet-*", ".*.modelfleet-tmp", "[A-Za-z0-9]*.env", "[A-Za-z0-9]*.secrets.yaml",
-             "[A-Za-z0-9]*.auth", "[A-Za-z0-9]*.rank-restarts", "[A-Za-z0-9]*.Modelfile", "hf-token", "checkpoint-*.json", "checkpoint-*.json.log", "engine-cache-*.json",
-             "engine-cache-*.json.log", "fanout-*.json",
+             "[A-Za-z0-9]*.auth", "[A-Za-z0-9]*.rank-restarts", "[A-Za-z0-9]*.Modelfile", "hf-token",
+             "checkpoint-*.json", "checkpoint-*.json.log", "engine-cache-*.json", "engine-cache-*.json.log",
+             "fanout-*.json",
              # A front door's (modelfleet.router.paths): the router's config, replicas and keys, the proxy's.
              "router-*.json", "router-*.workers", "router-*.key", "router-*.admin", "router-*.admin-auth",
              "router-*.nft",
