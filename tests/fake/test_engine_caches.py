@@ -64,5 +64,5 @@ def test_old_keys_beyond_keep_are_pruned_and_the_one_in_use_never(fake, stale, k
     assert len(prunes) == 1
     root = render.engine_cache(svc).root
     assert prunes[0] == (f"sh -c 'cd {root} && ls -dt -- {' '.join(sorted(stale))} | tail -n +{keep + 1} | "
-                         "xargs -r -I@ rm -rf -- @ @.key.json'")
+                         "xargs -r -I@ rm -rf -- @ @.key.json @.modelfleet-set-aside'")
     assert render.engine_cache(svc).key not in prunes[0]
