@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.listener import CountingListener
+from tests.helpers.listener import CountingListener
 
 pytestmark = pytest.mark.slow  # pyinfra's own CLI in child processes
 

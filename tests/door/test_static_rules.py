@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from modelfleet.catalog import CATALOG_DIR
 from modelfleet.cli import main
-from tests.listener import CountingListener
+from tests.helpers.listener import CountingListener
 
 ROOT = Path(__file__).resolve().parents[2]
 PIN = "0123456789abcdef0123456789abcdef01234567"

@@ -3,7 +3,7 @@ test_catalog_routers.py): three lab hosts behind a front door on r1, and the rea
 
 from pathlib import Path
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "router"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "router"
 KEY = "lab-front-door-key-0123"
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 H200 = FIXTURES / "gpu-hosts" / "h200x1-ubuntu2404"
 PUBLIC = FIXTURES / "public-samples"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-FOLDER = Path(__file__).resolve().parent / "fixtures" / "public-samples"
+FOLDER = Path(__file__).resolve().parents[1] / "fixtures" / "public-samples"
 
 
 def public_sample(name: str) -> str:

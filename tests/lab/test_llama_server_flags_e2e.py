@@ -14,7 +14,7 @@ import pytest
 import lab
 from lab.engine_parsers import llama_server
 from modelfleet import REPO_ROOT, render
-from tests.recipe_pools import CATALOG, RECIPE_BOARDS, pool
+from tests.helpers.recipe_pools import CATALOG, RECIPE_BOARDS, pool
 
 pytestmark = pytest.mark.lab
 

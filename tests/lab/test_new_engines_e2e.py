@@ -20,8 +20,8 @@ from modelfleet import render, units
 from modelfleet.checks import endpoint
 from modelfleet.checks.ready import readiness
 from modelfleet.inventory import resolve
+from tests.helpers.recipe_pools import PIN
 from tests.lab.conftest import dockerd_answers
-from tests.recipe_pools import PIN
 
 pytestmark = pytest.mark.lab
 

@@ -15,7 +15,7 @@ import pytest
 from modelfleet import router
 from modelfleet.inventory import resolve
 from modelfleet.inventory.plan import RouterPlan, Worker
-from tests.front_doors import fleet
+from tests.helpers.front_doors import fleet
 from tests.router import front_door as door
 from tests.router.front_door import KEY, SERVED, http
 
@@ -102,7 +102,7 @@ def test_the_clients_key_rotates_with_no_refused_request(engine, tmp_path, monke
 def test_moving_from_the_shared_key_to_client_keys_refuses_no_request(tmp_path, monkeypatch):
     """From the one shared key (api_key_env, which clients hold) to clients' own keys, vLLM's front door (nginx
     already): list api_key_env beside the new key, move the clients, take it out. No request refused."""
-    monkeypatch.setenv("MF_ROUTER_KEY", KEY)  # tests.front_doors' api_key_env
+    monkeypatch.setenv("MF_ROUTER_KEY", KEY)  # tests.helpers.front_doors' api_key_env
     monkeypatch.setenv("MF_CLIENT_NEW", NEW)
     replicas = [door.Replica("vllm", tmp_path, i) for i in range(2)]
     shared = RouterPlan(name=SERVED, host="local", engine_name="vllm", served_name=SERVED, bind_address="127.0.0.1",

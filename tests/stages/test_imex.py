@@ -5,7 +5,7 @@ import hashlib
 
 from modelfleet.pipeline import run_stages
 from modelfleet.stages import imex
-from tests.fabric_doubles import trays
+from tests.helpers.fabric_doubles import trays
 
 
 def test_imex_on_fresh_trays_writes_the_node_list_makes_the_channel_and_starts_the_service(fake, uploads, monkeypatch):

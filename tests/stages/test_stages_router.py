@@ -13,7 +13,7 @@ from modelfleet import pipeline, router  # noqa: E402
 from modelfleet.inventory import resolve  # noqa: E402
 from modelfleet.stages import TOOLS_BIN  # noqa: E402
 from modelfleet.stages import router as router_stage  # noqa: E402
-from tests.pem import certificate
+from tests.helpers.pem import certificate
 
 KEY = "stage-test-key-0123456"
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "router"

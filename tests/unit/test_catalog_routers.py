@@ -9,7 +9,7 @@ from modelfleet import router
 from modelfleet.catalog import load_catalog
 from modelfleet.catalog.routers import bootstrap_port, pd_role, specs
 from modelfleet.inventory import resolve
-from tests.front_doors import KEY, fleet, recorded
+from tests.helpers.front_doors import KEY, fleet, recorded
 
 
 @pytest.fixture(autouse=True)

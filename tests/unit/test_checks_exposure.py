@@ -12,7 +12,7 @@ import pytest
 
 from modelfleet.checks import Endpoint, exposure
 from modelfleet.exposure import key_coverage
-from tests.engine_on_loopback import engine_on_loopback
+from tests.helpers.engine_on_loopback import engine_on_loopback
 
 KEY = "k-exposure-test"
 

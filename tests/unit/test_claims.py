@@ -5,7 +5,7 @@ the host (or file) and the field, with the other errors at once."""
 import pytest
 
 from modelfleet.inventory import resolve
-from tests.recipe_pools import pool
+from tests.helpers.recipe_pools import pool
 
 KEY_ENV = "MF_CLAIMS_KEY"
 
@@ -62,7 +62,7 @@ def test_a_prefill_servers_bootstrap_port_is_a_port_of_its_host():
     """SGLang's prefill server also listens on its bootstrap port (8998 by default): an engine port on it is
     refused like any other collision."""
     from modelfleet.catalog.routers import bootstrap_port
-    from tests.recipe_pools import CATALOG
+    from tests.helpers.recipe_pools import CATALOG
 
     taken = bootstrap_port(CATALOG.recipes["kimi-k3-sglang-pd-prefill-b300"], "sglang")
     result = pool("kimi-k3-sglang-pd-prefill-b300", "b300", port=taken)

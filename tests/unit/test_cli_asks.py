@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from modelfleet import retire, rollout, shards
 from modelfleet.cli import main, operate
-from tests.cli_runner import H200, PIN, inventory
+from tests.helpers.cli_runner import H200, PIN, inventory
 
 TRAYS = {"hardware": "gb300", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": PIN, "pool": "k31"}
 

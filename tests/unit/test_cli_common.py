@@ -3,7 +3,7 @@ before it connects anywhere."""
 
 from __future__ import annotations
 
-from tests.cli_runner import H200, inventory, run
+from tests.helpers.cli_runner import H200, inventory, run
 
 
 def test_data_that_is_not_key_equals_value_is_a_usage_error(tmp_path):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.cli_runner import run
+from tests.helpers.cli_runner import run
 
 
 def test_lab_runs_only_from_a_checkout(tmp_path, monkeypatch):

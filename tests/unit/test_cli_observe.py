@@ -9,8 +9,8 @@ import socket
 import pytest
 import yaml
 
-from tests.cli_runner import H200, inventory, run
-from tests.engine_on_loopback import engine_on_loopback
+from tests.helpers.cli_runner import H200, inventory, run
+from tests.helpers.engine_on_loopback import engine_on_loopback
 
 
 @pytest.mark.parametrize("served, code", [("tiny-lab", 0), ("another-model", 1)])

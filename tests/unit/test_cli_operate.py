@@ -6,7 +6,7 @@ import json
 
 import yaml
 
-from tests.cli_runner import H200, PIN, inventory, run
+from tests.helpers.cli_runner import H200, PIN, inventory, run
 
 
 def test_prometheus_writes_the_same_configuration_to_a_file_and_notes_loopback_engines(tmp_path):

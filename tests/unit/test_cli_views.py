@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tests.cli_runner import H200, inventory, run
+from tests.helpers.cli_runner import H200, inventory, run
 
 
 def test_validate_says_ok_and_where_it_looked_for_group_data(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 
 from modelfleet import router
 from modelfleet.inventory import resolve
-from tests.front_doors import fleet
+from tests.helpers.front_doors import fleet
 
 SHARED, CLIENT = "shared-model-key-0001", "client-own-key-0002"
 

@@ -5,7 +5,7 @@ from modelfleet.health import dcgm_check, parse_dcgm_diag
 from modelfleet.host_commands import DCGM_MISSING, dcgm_diag_sh
 from modelfleet.inventory import resolve
 from modelfleet.stages.admission import judge
-from tests.public_samples import public_sample
+from tests.helpers.public_samples import public_sample
 
 
 def test_dcgm3_layout_is_read_and_a_skip_on_one_gpu_passes():

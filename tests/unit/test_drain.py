@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from modelfleet import fleet, router
 from modelfleet.cli import main
 from modelfleet.cli.common import open_checked
-from tests.cli_runner import PIN, inventory
+from tests.helpers.cli_runner import PIN, inventory
 
 
 def replica(fabric: str, port: int) -> dict:

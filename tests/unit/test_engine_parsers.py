@@ -15,7 +15,7 @@ import pytest
 
 import lab.engine_parsers as engine_parsers
 from modelfleet import REPO_ROOT, render, weight_cache
-from tests.recipe_pools import CATALOG, RECIPE_BOARDS, pool
+from tests.helpers.recipe_pools import CATALOG, RECIPE_BOARDS, pool
 
 pytestmark = pytest.mark.slow  # the real vLLM and SGLang parsers, in their own interpreter
 

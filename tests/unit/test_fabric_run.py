@@ -8,7 +8,7 @@ from modelfleet import render
 from modelfleet.fabric import PoolFabric
 from modelfleet.fabric_run import as_run, pool_fabric, refusals
 from modelfleet.inventory import resolve
-from tests.fabric_doubles import fabric
+from tests.helpers.fabric_doubles import fabric
 
 PAIR = {"hardware": "gb300", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": "e" * 40, "pool": "k31"}
 

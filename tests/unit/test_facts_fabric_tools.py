@@ -7,7 +7,7 @@ from pathlib import Path
 
 from modelfleet.facts import fabric_tools as tools
 from modelfleet.rails import gid_families
-from tests.public_samples import public_sample_lines
+from tests.helpers.public_samples import public_sample_lines
 
 FABRIC = Path(__file__).resolve().parents[1] / "fixtures" / "fabric"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from modelfleet.facts.health import MARK, GpuHealth
 from modelfleet.health import amd_verdict, parse_amd_metric, parse_amdgpu_faults
-from tests.public_samples import public_sample_lines
+from tests.helpers.public_samples import public_sample_lines
 
 METRIC = (Path(__file__).resolve().parents[2] / "lab" / "personas" / "mi355x8-synthetic" / "amd-smi-metric.json").read_text()
 MEMORY = {i: 294912 for i in range(8)}

@@ -12,7 +12,7 @@ import sys
 import time
 
 from modelfleet import FILES_DIR
-from tests.listener import scripted_http
+from tests.helpers.listener import scripted_http
 
 FETCH = str(FILES_DIR / "modelfleet_fetch.py")
 DATA = os.urandom(1 << 20)

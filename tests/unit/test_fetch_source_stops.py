@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from modelfleet import FILES_DIR
-from tests.listener import scripted_http
+from tests.helpers.listener import scripted_http
 
 FETCH = str(FILES_DIR / "modelfleet_fetch.py")
 DATA = bytes(range(256)) * 4096  # 1 MiB

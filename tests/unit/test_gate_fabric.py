@@ -13,8 +13,8 @@ from modelfleet import render
 from modelfleet.catalog import load_catalog
 from modelfleet.inventory import resolve
 from modelfleet.stages import netcheck
-from tests.fabric_doubles import HCAS, fabric, trays
-from tests.public_samples import public_sample_lines
+from tests.helpers.fabric_doubles import HCAS, fabric, trays
+from tests.helpers.public_samples import public_sample_lines
 
 NCCL = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
 IMAGE = "vllm/vllm-openai@sha256:" + "0" * 64

@@ -8,7 +8,7 @@ import pytest
 
 from modelfleet import health
 from modelfleet.health import parse_smi_xml, parse_xids, verdict
-from tests.public_samples import public_sample_lines
+from tests.helpers.public_samples import public_sample_lines
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 H200_XML = (FIXTURES / "gpu-hosts" / "h200x1-ubuntu2404" / "nvidia-smi-q-x.txt").read_text().split("__rc=")[0]

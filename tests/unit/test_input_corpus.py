@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from modelfleet.cli import main
 from tests.conftest import ROOT
-from tests.listener import CountingListener
+from tests.helpers.listener import CountingListener
 
 BASE = {"ssh_hostname": "192.0.2.10", "hardware": "h200", "gpu_count": 2, "model": "qwen3-8b", "engine": "vllm"}
 DIGEST = "sha256:" + "a" * 64

@@ -125,7 +125,7 @@ def test_a_fleet_wide_value_is_a_warning_on_the_hosts_it_cannot_apply_to(tmp_pat
 def test_weight_cache_beside_its_own_flag_in_any_spelling_the_engine_reads_is_refused(engine_recipe, spelling):
     """`--load_format` is vLLM's `--load-format`: beside `weight_cache` (whose client sets it) the engine would
     load the weights twice per GPU; refused as the written spelling was."""
-    from tests.recipe_pools import pool
+    from tests.helpers.recipe_pools import pool
 
     result = pool(*engine_recipe, weight_cache=True, extra_args=spelling)
     assert ("host n0", "weight_cache") in [(w, f) for w, f, _ in result.errors], (spelling, result.errors)
@@ -141,7 +141,7 @@ def test_a_service_setting_on_a_router_only_host_is_refused(name, value):
 
 def test_trust_remote_code_on_gguf_weights_is_refused():
     """llama.cpp reads GGUF weights and runs no checkpoint code: the setting would vanish."""
-    from tests.recipe_pools import pool
+    from tests.helpers.recipe_pools import pool
 
     result = pool("kimi-k3-llamacpp-ud-iq1-m", "h200", trust_remote_code=True)
     assert [(w, f) for w, f, _ in result.errors] == [("host n0", "trust_remote_code")], result.errors

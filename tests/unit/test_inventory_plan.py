@@ -8,7 +8,7 @@ import pytest
 from modelfleet.inventory import resolve
 from modelfleet.inventory.plan import InventoryError, RouterPlan, StackPlan
 from modelfleet.inventory.schema import HostData
-from tests.recipe_pools import PIN, pool
+from tests.helpers.recipe_pools import PIN, pool
 
 TINY = {"hardware": "h200", "gpu_count": 2, "model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm"}
 

@@ -6,7 +6,7 @@ import pytest
 
 from modelfleet import router
 from modelfleet.inventory import resolve
-from tests.front_doors import KEY, fleet, host
+from tests.helpers.front_doors import KEY, fleet, host
 
 
 @pytest.fixture(autouse=True)

@@ -16,8 +16,8 @@ import pytest
 
 from modelfleet.inventory import resolve
 from modelfleet.inventory import tls as tls_rules
-from tests.front_doors import KEY, fleet
-from tests.pem import certificate
+from tests.helpers.front_doors import KEY, fleet
+from tests.helpers.pem import certificate
 
 
 @pytest.fixture(autouse=True)

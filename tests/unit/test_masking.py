@@ -162,7 +162,7 @@ def test_front_door_client_keys_masked_where_the_run_prints_them(monkeypatch):
     holds them (the 0600 file a `--diff` or a failing upload would print) reaches a reader masked."""
     from modelfleet import router
     from modelfleet.inventory import resolve
-    from tests.front_doors import KEY, fleet
+    from tests.helpers.front_doors import KEY, fleet
 
     client = "client-" + secrets.token_hex(8)
     monkeypatch.setenv("MF_ROUTER_KEY", KEY)

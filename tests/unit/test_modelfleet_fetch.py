@@ -16,7 +16,7 @@ import time
 import pytest
 
 from modelfleet import FILES_DIR
-from tests.listener import scripted_http
+from tests.helpers.listener import scripted_http
 
 FETCH = str(FILES_DIR / "modelfleet_fetch.py")
 SIZE = 16 << 20

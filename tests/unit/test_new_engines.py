@@ -16,7 +16,7 @@ from modelfleet.cli import main
 from modelfleet.inventory import resolve
 from modelfleet.inventory.endpoints import rows
 from modelfleet.planner import gpu_layers, layer_lines, plan_capacity
-from tests.recipe_pools import CATALOG, PIN, pool
+from tests.helpers.recipe_pools import CATALOG, PIN, pool
 
 KEY = "sk-door-test-0123456789"
 

@@ -5,7 +5,7 @@ refuses the GPU naming GPU, link and counter; CRC counts are kept, not refused; 
 from pathlib import Path
 
 from modelfleet import nvlink_errors
-from tests.public_samples import public_sample_lines
+from tests.helpers.public_samples import public_sample_lines
 from tests.unit.test_health import judge
 
 B300 = Path(__file__).resolve().parents[2] / "lab" / "personas" / "b300x8-synthetic" / "nvidia-smi-nvlink-e.txt"

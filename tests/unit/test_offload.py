@@ -31,7 +31,7 @@ from modelfleet.planner import (
     split_lines,
 )
 from modelfleet.stages.preflight import host_ram_problems
-from tests.recipe_pools import CATALOG, PIN, pool
+from tests.helpers.recipe_pools import CATALOG, PIN, pool
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 HELP_B11434 = (FIXTURES / "llama-server" / "help-b11434.txt").read_text()

@@ -22,7 +22,7 @@ from modelfleet import render, units
 from modelfleet.checks import Endpoint
 from modelfleet.checks.ready import readiness
 from tests.conftest import ROOT
-from tests.recipe_pools import pool
+from tests.helpers.recipe_pools import pool
 
 FIXTURES = json.loads((ROOT / "tests" / "fixtures" / "ollama" / "api.json").read_text())
 ANSWERS = {a["request"]: a for a in FIXTURES["answers"]}

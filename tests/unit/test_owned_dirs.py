@@ -203,7 +203,7 @@ def test_every_file_modelfleet_writes_into_the_config_dir_is_a_name_it_knows(mon
     from modelfleet import render, replica_door, router, transfer, units, weight_cache
     from modelfleet.operations.files import OWN_NAMES
     from modelfleet.stages import engine_cache, model
-    from tests.front_doors import KEY, fleet
+    from tests.helpers.front_doors import KEY, fleet
 
     monkeypatch.setenv("MF_ROUTER_KEY", KEY)
     result = resolve(fleet("sglang"))

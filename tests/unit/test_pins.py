@@ -10,7 +10,7 @@ from modelfleet import checkpoint, pins, registry, runscope
 from modelfleet.checkpoint import ModelSourceError
 from modelfleet.inventory import resolve
 from modelfleet.registry import RegistryError
-from tests.recipe_pools import PIN, pool
+from tests.helpers.recipe_pools import PIN, pool
 
 DIGEST = "sha256:" + "d" * 64
 TINY = {"hardware": "h200", "gpu_count": 1, "model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm"}

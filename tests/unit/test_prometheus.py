@@ -7,7 +7,7 @@ import pytest
 from modelfleet import router
 from modelfleet.inventory import resolve
 from modelfleet.prometheus import notes, scrape_config
-from tests.front_doors import KEY, host
+from tests.helpers.front_doors import KEY, host
 
 PIN = "e" * 40
 TRAYS = {"hardware": "gb300", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": PIN, "pool": "k31"}

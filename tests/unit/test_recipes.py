@@ -12,7 +12,7 @@ from modelfleet.checkpoint import Snapshot
 from modelfleet.cli import main
 from modelfleet.inventory import resolve
 from modelfleet.planner import plan_capacity
-from tests.recipe_pools import CATALOG, PIN, RECIPE_BOARDS, pool
+from tests.helpers.recipe_pools import CATALOG, PIN, RECIPE_BOARDS, pool
 
 
 def flags(argv: list[str]) -> list[str]:

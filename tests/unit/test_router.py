@@ -14,9 +14,9 @@ from modelfleet import router
 from modelfleet.inventory import resolve
 from modelfleet.inventory.plan import RouterPlan, Worker
 from modelfleet.stages.router import registration
-from tests import front_doors
-from tests.front_doors import KEY, fleet, recorded
-from tests.pem import certificate, private_key
+from tests.helpers import front_doors
+from tests.helpers.front_doors import KEY, fleet, recorded
+from tests.helpers.pem import certificate, private_key
 
 
 @pytest.fixture(autouse=True)

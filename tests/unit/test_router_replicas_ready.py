@@ -13,7 +13,7 @@ import pytest
 from modelfleet import router
 from modelfleet.inventory import resolve
 from modelfleet.inventory.plan import Worker
-from tests.front_doors import KEY, fleet
+from tests.helpers.front_doors import KEY, fleet
 
 
 class Replica(http.server.BaseHTTPRequestHandler):

@@ -16,7 +16,7 @@ import pytest
 
 import lab.engine_parsers as engine_parsers
 from modelfleet import REPO_ROOT, render
-from tests.recipe_pools import CATALOG, RECIPE_BOARDS, pool
+from tests.helpers.recipe_pools import CATALOG, RECIPE_BOARDS, pool
 from tests.unit.test_exposure import DOUBLE
 
 pytestmark = pytest.mark.slow  # the real parsers, in their own interpreter

@@ -192,7 +192,7 @@ def test_the_command_prints_urls_and_origins():
 
 def test_a_front_doors_router_comes_from_the_sites_index_where_one_is_set(monkeypatch):
     """router_pip_index_url on the router host: the site's index is listed for the router, not PyPI."""
-    from tests.front_doors import KEY, fleet
+    from tests.helpers.front_doors import KEY, fleet
 
     monkeypatch.setenv("MF_ROUTER_KEY", KEY)
     hosts = fleet("sglang")

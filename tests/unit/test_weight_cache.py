@@ -16,7 +16,7 @@ import pytest
 from modelfleet import fleet, planner, render, retire, timeline, units, weight_cache
 from modelfleet.catalog import load_catalog
 from modelfleet.inventory import resolve
-from tests.recipe_pools import CATALOG, pool
+from tests.helpers.recipe_pools import CATALOG, pool
 
 VLLM, SGLANG = ("kimi-k2-thinking-vllm-h200", "h200"), ("kimi-k3-sglang-b300", "b300")
 KEY_ENV = "MF_WEIGHT_CACHE_TEST_KEY"
@@ -275,7 +275,7 @@ def test_the_boot_log_filter_keeps_the_ipc_loaders_lines():
 def test_render_shows_the_cache_unit_as_the_run_writes_it_and_validate_names_host_and_field(tmp_path):
     """`modelfleet render` and the run (units.unit_files) render the cache's unit alike; a host whose engine has
     no weight cache is refused by validate, exit 2, host and field named, no traceback."""
-    from tests.cli_runner import H200, inventory, run
+    from tests.helpers.cli_runner import H200, inventory, run
 
     inv = inventory(tmp_path, {"g1": {**H200, "weight_cache": True}})
     out = run("render", "--json", inv, "g1")
