@@ -56,7 +56,7 @@ def targets(resolved: Resolved) -> list[dict]:
             found.append({"job": "modelfleet-engines", "host": name, "what": f"pool {svc.pool}",
                           "listen": f"{_url_host(address)}:{svc.port}",
                           "target": _at(address, plan.address, svc.port), "labels": labels,
-                          "key_env": _keyed(svc), "loopback": _is_loopback(address),
+                          "key_env": _keyed(svc), "loopback": _loopback_only(address, plan.address),
                           "none": None if any(svc.engine.metrics.model_dump().values()) else
                           f"the catalogue knows no /metrics of {svc.engine_name} on its API (catalog/engines.yaml)"})
     for rp in resolved.routers.values():
@@ -66,8 +66,15 @@ def targets(resolved: Resolved) -> list[dict]:
         labels = {"front_door": rp.name, "host": rp.host, "served_name": rp.served_name, "router": rp.engine_name}
         found.append({"job": "modelfleet-front-doors", "host": rp.host, "what": f"front door {rp.name}",
                       "listen": f"{_url_host(at[0])}:{at[1]}", "target": _at(at[0], rp.host_address, at[1]),
-                      "labels": labels, "key_env": None, "loopback": _is_loopback(at[0]), "none": None})
+                      "labels": labels, "key_env": None, "loopback": _loopback_only(at[0], rp.host_address),
+                      "none": None})
     return found
+
+
+def _loopback_only(address: str, reached: str) -> bool:
+    """Listening on loopback, where the inventory reaches the host by another address (a host reached at a
+    loopback address, as the lab's or a local one, is scraped there)."""
+    return _is_loopback(address) and address != reached
 
 
 def _scraped(t: dict, on: str | None) -> bool:

@@ -63,6 +63,16 @@ def test_loopback_engines_are_named_for_the_operator_not_listed_as_targets():
     assert "127.0.0.1:8000 (loopback only)" in said[0] and "--on t1" in said[0]
 
 
+def test_a_host_reached_at_its_own_loopback_address_is_scraped_there():
+    """The lab's hosts (and a host on this machine) are reached at a 127/8 address their engines bind: scraped."""
+    lab = {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm",
+           "ssh_hostname": "127.0.1.11", "bind_address": "127.0.1.11"}
+    resolved = resolve([("mflab-1", lab)])
+    assert not resolved.errors, resolved.errors
+    assert [e["targets"] for e in jobs(scrape_config(resolved))["modelfleet-engines"]] == [["127.0.1.11:8000"]]
+    assert notes(resolved) == []
+
+
 def test_a_wildcard_bind_is_scraped_at_the_hosts_address_and_sglangs_open_metrics_need_no_key(monkeypatch):
     monkeypatch.setenv("MF_KEY", KEY)
     resolved = resolve([("g1", {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "sglang",
