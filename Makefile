@@ -37,7 +37,9 @@ lock: install
 lab-setup:
 	bash lab/setup-machine.sh
 
-# Lab up (3 hosts), serve.py over SSH, one chat completion per endpoint through the openai SDK.
+# Lab up (3 hosts), serve.py over SSH, one chat completion per endpoint through the openai SDK. The first run on a
+# machine builds the lab's images (14 minutes measured on a busy two-core machine, the real vLLM's CPU build the
+# longest step); later runs take about a minute.
 demo: install lab-setup
 	$(PYTHON) -m lab.demo
 
@@ -100,12 +102,13 @@ engine-flags: engine-parsers lab-setup
 		modelfleet/catalog/engine_flags.json
 	$(PYTHON) -m lab.engine_parsers llama-flags modelfleet/catalog/engine_flags.json
 
-# The tests that need no lab, start no other interpreter or program and wait out no timeout (about 20 s on two
-# cores); `make test` runs them all.
+# The tests that need no lab, start no other interpreter or program and wait out no timeout (about 100 s on two
+# busy cores, collecting them about 30 s of it); `make test` runs them all.
 test-fast: install
 	$(PYTHON) -m pytest -q -m "not slow" tests --ignore=tests/lab --ignore=tests/router
 
-# Every test; the engine-parser checks may not skip here (MODELFLEET_REQUIRE_ENGINE_PARSERS).
+# Every test; the engine-parser checks may not skip here (MODELFLEET_REQUIRE_ENGINE_PARSERS). 45 to 55 minutes on
+# two cores, the lab's end-to-end tests nearly all of it (the real vLLM's venv, pool and router modules the longest).
 test: install engine-parsers
 	MODELFLEET_REQUIRE_ENGINE_PARSERS=1 $(PYTHON) -m pytest -q tests
 
