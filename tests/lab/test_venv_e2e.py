@@ -209,7 +209,7 @@ def test_retire_leaves_no_file_of_it(venv_host, tmp_path):
     ssh = ["--ssh-user", "root", "--ssh-key", key, "--known-hosts", known]
     with scenario.applied(**{**fields, "only": []}):  # the lab's inventory without the host: it left
         inventory = derived(tmp_path, hosts={spec["name"]})
-        done = run_modelfleet("retire", inventory, spec["address"], *ssh, cwd=REPO_ROOT,
+        done = run_modelfleet("retire", inventory, spec["address"], "-y", *ssh, cwd=REPO_ROOT,
                               env={"MODELFLEET_REPORTS": str(tmp_path / "reports")})
     assert done.returncode == 0, done.stdout + done.stderr
     active, _, file = unit_state(spec, unit)
