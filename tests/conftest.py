@@ -90,6 +90,17 @@ def no_run_left_current():
     yield
 
 
+@pytest.fixture(autouse=True)
+def router_runtime_root_restored():
+    """A front door started on this machine (tests/router/front_door.py, also from lab tests) points the router's
+    runtime directory into its test's folder; every later test sees /run again."""
+    from modelfleet import router
+
+    saved = router.RUNTIME_ROOT
+    yield
+    router.RUNTIME_ROOT = saved
+
+
 _connect = socket.socket.connect
 
 
