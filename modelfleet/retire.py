@@ -105,7 +105,7 @@ def described(unit: str, found: dict) -> Retired:
         stem = env_file[:-len(".env")]
         files += [env_file, f"{stem}.secrets.yaml", f"{stem}.auth"]
         mounts = [v for flag, v in zip(start, start[1:], strict=False) if flag == "-v"]
-        checkpoint = settings.get("ReadOnlyPaths") if venv else next(
+        checkpoint = settings.get("BindReadOnlyPaths") if venv else next(
             (m.split(":")[0] for m in mounts if m.split(":")[1:2] == [CONTAINER_MODEL_DIR]), None)
         # An engine that registers its checkpoint (Ollama): the Modelfile it is mounted from.
         files += [m.split(":")[0] for m in mounts if m.split(":")[1:2] == [CONTAINER_MODELFILE]]

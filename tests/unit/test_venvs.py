@@ -195,8 +195,8 @@ def test_the_unit_runs_the_containers_argv_from_the_venv_as_its_own_user_on_its_
     assert "User=modelfleet-engine" in unit and "docker" not in unit
     for line in ("NoNewPrivileges=yes", "ProtectSystem=strict", "PrivateTmp=yes", "RemoveIPC=yes",
                  "DevicePolicy=closed", "DeviceAllow=/dev/nvidia2 rw", "DeviceAllow=/dev/nvidia3 rw",
-                 f"EnvironmentFile={svc.env_file}", f"ReadOnlyPaths={svc.model_dir}",
-                 f"ReadWritePaths={render.engine_cache(svc).dir}", "Restart=on-failure", "StartLimitBurst=3",
+                 f"EnvironmentFile={svc.env_file}", f"BindReadOnlyPaths={svc.model_dir}",
+                 f"BindPaths={render.engine_cache(svc).dir}", "Restart=on-failure", "StartLimitBurst=3",
                  "TimeoutStartSec=3900", "TimeoutStopSec=60"):
         assert line + "\n" in unit, line
     assert "/dev/nvidia0" not in unit and "/dev/nvidia4" not in unit
