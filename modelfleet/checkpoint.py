@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import urllib.request
@@ -12,7 +11,7 @@ from dataclasses import dataclass, replace
 from fnmatch import fnmatch
 from pathlib import Path
 
-from modelfleet import runscope
+from modelfleet import keys, runscope
 from modelfleet.errors import ModelfleetError
 from modelfleet.host_commands import MANIFEST
 from modelfleet.inventory import COMMIT_RE
@@ -108,7 +107,7 @@ def snapshot(repo: str, revision: str | None, endpoint: str, token_env: str, sou
             if source:
                 snap = _from_mirror(repo, revision or "", source)
             else:
-                snap = _from_hub(repo, revision or "main", endpoint, os.environ.get(token_env))
+                snap = _from_hub(repo, revision or "main", endpoint, keys.from_env(token_env))
             outside = sorted(rel for rel in snap.files if not inside(rel))
             if outside:
                 raise ModelSourceError(f"{repo}@{snap.commit[:12]} on {source or endpoint} lists files outside its "

@@ -34,7 +34,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Callable
 
-from modelfleet import FILES_DIR
+from modelfleet import FILES_DIR, keys
 from modelfleet.checkpoint import MANIFEST, ModelSourceError, inside, snapshot
 from modelfleet.errors import ModelfleetError
 from modelfleet.inventory import COMMIT_RE, Resolved
@@ -115,7 +115,7 @@ class HubSource:
         """The file, at staging/rel."""
         from huggingface_hub import hf_hub_download
 
-        token = os.environ.get(want.token_env) or False
+        token = keys.from_env(want.token_env) or False
         try:
             got = hf_hub_download(want.repo, rel, revision=commit, endpoint=want.endpoint, token=token,
                                   local_dir=str(staging))

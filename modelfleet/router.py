@@ -69,8 +69,13 @@ NFT = "/usr/sbin/nft"
 RUNTIME_ROOT = "/run"
 
 
+def client_key_names(rp: RouterPlan) -> tuple[str, ...]:
+    """The control-node variables of the keys clients send: router_client_keys_env's, else the model's own."""
+    return rp.client_keys_env or (rp.api_key_env,)
+
+
 def client_keys(rp: RouterPlan) -> list[str]:
-    """The keys the front door accepts: each of router_client_keys_env's, else the model's own."""
+    """The keys the front door accepts (client_key_names' values)."""
     if not rp.client_keys_env:
         return [api_key(rp)]
     return [keys.required(name) for name in rp.client_keys_env]
@@ -370,20 +375,34 @@ def client_route_pattern(rp: RouterPlan) -> str:
     return f"^({'|'.join(alternatives)})(\\?|$)"
 
 
-def proxy_key_conf(keys: str | list[str], upstream: str | None = None) -> str:
+def proxy_key_conf(keys: str | list[str], upstream: str | None = None, names: tuple[str, ...] = (),
+                   upstream_name: str | None = None, mask: bool = False) -> str:
     """nginx's map from the Authorization header to 1 for each key clients may send. A map's plain strings match
     ignoring case, so each key is a case-sensitive regular expression (`~`), anchored at both ends, its `.` and
-    `+` literal. `upstream`: the key the proxy sends on instead of the client's (the replicas' own)."""
+    `+` literal. `upstream`: the key the proxy sends on instead of the client's (the replicas' own). `names` and
+    `upstream_name`: the variables they come from, as comments; `mask`: each key shown as the mask (render)."""
     keys = [keys] if isinstance(keys, str) else keys
-    if not keys or not all(PROXY_KEY.match(k) for k in [*keys, *([upstream] if upstream else [])]):
+    if not mask and (not keys or not all(PROXY_KEY.match(k) for k in [*keys, *([upstream] if upstream else [])])):
         raise ValueError("refusing to write a key the proxy's config cannot hold (value not shown)")
-    lines = ["map $http_authorization $modelfleet_authorized {", "    default 0;"]
-    lines += [f'    "~^Bearer {"".join(f"[{c}]" if c in ".+" else c for c in key)}$" 1;' for key in keys]
+    shown = (lambda key: render.MASK) if mask else (lambda key: "".join(f"[{c}]" if c in ".+" else c for c in key))
+    lines = [f"# {name}" for name in names] + ["map $http_authorization $modelfleet_authorized {", "    default 0;"]
+    lines += [f'    "~^Bearer {shown(key)}$" 1;' for key in keys]
     lines.append("}")
     if upstream:
-        lines += ["map $http_authorization $modelfleet_upstream_authorization {", f'    default "Bearer {upstream}";',
-                  "}"]
+        lines += [f"# {upstream_name}, for the replicas"] if upstream_name else []
+        lines += ["map $http_authorization $modelfleet_upstream_authorization {",
+                  f'    default "Bearer {render.MASK if mask else upstream}";', "}"]
     return "\n".join(lines) + "\n"
+
+
+def proxy_key_file(rp: RouterPlan, mask: bool = False) -> str:
+    """The front door's key map as the router host gets it (`mask`: as render shows it): the clients' keys, and
+    the replicas' own where the clients have keys of their own."""
+    names = client_key_names(rp)
+    upstream = bool(rp.client_keys_env)
+    values = [render.MASK] * len(names) if mask else client_keys(rp)
+    return proxy_key_conf(values, (render.MASK if mask else api_key(rp)) if upstream else None, names,
+                          rp.api_key_env if upstream else None, mask=mask)
 
 
 def render_proxy_unit(rp: RouterPlan) -> str:
@@ -419,7 +438,7 @@ def summary(rp: RouterPlan) -> dict:
     return {"name": rp.name, "host": rp.host, "bind_address": rp.bind_address, "port": rp.port,
             "url": f"{rp.base_url}/v1", "tls": rp.tls,
             "router": f"{spec(rp).package} {spec(rp).version}", "proxy": behind_proxy(rp),
-            "client_keys_env": list(rp.client_keys_env or (rp.api_key_env,)),
+            "client_keys_env": list(client_key_names(rp)),
             "replicas": [{"pool": w.pool, "host": w.host, "url": w.url} for w in rp.workers]}
 
 
@@ -433,13 +452,7 @@ def preview(rp: RouterPlan) -> tuple[list[dict], list[str]]:
              *([(p["rule"], render_rule(rp), "0600")] if firewalled(rp) else []),
              (p["unit"], render_unit(rp), "0644")]
     if behind_proxy(rp):
-        names = rp.client_keys_env or (rp.api_key_env,)
-        conf = "".join(f"# {name}\n" for name in names) + "map $http_authorization $modelfleet_authorized {\n" \
-            "    default 0;\n" + "".join(f'    "~^Bearer {render.MASK}$" 1;\n' for _ in names) + "}\n"
-        if rp.client_keys_env:
-            conf += (f"# {rp.api_key_env}, for the replicas\nmap $http_authorization "
-                     f'$modelfleet_upstream_authorization {{\n    default "Bearer {render.MASK}";\n}}\n')
-        files += [(p["proxy_key"], conf, "0600"), (p["proxy"], render_proxy(rp), "0644"),
+        files += [(p["proxy_key"], proxy_key_file(rp, mask=True), "0600"), (p["proxy"], render_proxy(rp), "0644"),
                   (p["proxy_unit"], render_proxy_unit(rp), "0644")]
     if rp.tls:
         files += [(p["tls_cert"], Path(rp.tls_cert).read_text(), "0600"), (p["tls_key"], masked, "0600")]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import posixpath
 import shlex
 from functools import partial
@@ -23,7 +22,7 @@ from io import BytesIO
 from pyinfra import host, state
 from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand, deploy, operation
 
-from modelfleet import FILES_DIR, masking
+from modelfleet import FILES_DIR, keys, masking
 from modelfleet.checkpoint import Snapshot, missing_files
 from modelfleet.context import HostRun
 from modelfleet.host_commands import CURRENT, revisions_dir
@@ -246,14 +245,14 @@ def run(ctx: HostRun):
         downloader = _downloader(ctx, svc)
         downloads = from_hub and (host.name == downloader or bool(missing))
         hub_token_file(name=f"Hub token {plan.config_dir}/hf-token (0600)", dest=f"{plan.config_dir}/hf-token",
-                       token=os.environ.get(plan.hf_token_env) if downloads else None,
+                       token=keys.from_env(plan.hf_token_env) if downloads else None,
                        current=mine["paths"].get(f"{plan.config_dir}/hf-token"))
         checkpoint_fetched(name=f"Fetch {snap.repo}@{snap.commit[:12]} from {masking.url(source_url) or 'the hub'}", job=job,
                            mode="peer" if source_url else "hub", source=source_url,
                            missing=missing if is_seed else [], reverify=plan.model_reverify,
                            restart=_engines_of(plan, model_dir),
                            source_name=f"the mirror ({source_url})" if source_url else f"the hub ({plan.hf_endpoint})")
-        borrowed = downloads and host.name != downloader and bool(os.environ.get(plan.hf_token_env))
+        borrowed = downloads and host.name != downloader and bool(keys.from_env(plan.hf_token_env))
         hub_token_file(name=f"Hub token {plan.config_dir}/hf-token removed after the download "
                        "(not the group's downloader)", dest=f"{plan.config_dir}/hf-token", token=None,
                        current={"kind": "file"} if borrowed else None)

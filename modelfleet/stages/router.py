@@ -197,7 +197,7 @@ def _front_door(ctx: HostRun, rp: RouterPlan, deployed: dict, launcher_changed: 
     if starting:
         router_answers(name=f"Wait until router {rp.name} answers", script=router.health_script(rp))
     if router.behind_proxy(rp):
-        _proxy(rp, deployed, key)
+        _proxy(rp, deployed)
     changes = starting
     # A router (re)started here begins with the URL file: nothing to register. A PD front door's servers are
     # its flags (a change rewrote its config and restarted it): its worker API is left alone.
@@ -333,10 +333,9 @@ def _replica_door(svc, deployed: dict) -> None:
                    and (changed[p["conf"]] or changed[p["key"]]))
 
 
-def _proxy(rp: RouterPlan, deployed: dict, key: str) -> None:
+def _proxy(rp: RouterPlan, deployed: dict) -> None:
     at, p = deployed["paths"].get, router.paths(rp)
-    conf = router.proxy_key_conf(router.client_keys(rp), key if rp.client_keys_env else None)
-    files = [(p["proxy_key"], conf, "0600", True),
+    files = [(p["proxy_key"], router.proxy_key_file(rp), "0600", True),
              *((path, content, "0600", True) for path, content in router.tls_files(rp).items()),
              (p["proxy"], router.render_proxy(rp), "0644", False),
              (p["proxy_unit"], router.render_proxy_unit(rp), "0644", False)]

@@ -118,7 +118,7 @@ def test_moving_from_the_shared_key_to_client_keys_refuses_no_request(tmp_path, 
         assert resolve(fleet("vllm", router_client_keys_env=list(names))).errors == []
         rp = RouterPlan(**{**shared.__dict__, "client_keys_env": names})
         p = router.paths(rp)
-        Path(p["proxy_key"]).write_text(router.proxy_key_conf(router.client_keys(rp), router.api_key(rp)))
+        Path(p["proxy_key"]).write_text(router.proxy_key_file(rp))
         Path(p["proxy"]).write_text(router.render_proxy(rp, runtime=runtime))
         door.sh(f"{door.nginx_binary()} -t -q -e stderr -p {runtime} -c {p['proxy']}")
         nginx.send_signal(signal.SIGHUP)

@@ -30,7 +30,7 @@ def step(*names: str):
     resolved = resolve(fleet("vllm", **({"router_client_keys_env": list(names)} if names else {})))
     assert resolved.errors == [], resolved.errors
     rp = resolved.routers["tiny-lab"]
-    conf = router.proxy_key_conf(router.client_keys(rp), router.api_key(rp) if rp.client_keys_env else None)
+    conf = router.proxy_key_file(rp)
     return resolved, conf
 
 

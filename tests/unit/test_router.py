@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet import router
+from modelfleet import render, router
 from modelfleet.inventory import resolve
 from modelfleet.inventory.plan import RouterPlan, Worker
 from modelfleet.stages.router import registration
@@ -265,6 +265,10 @@ def test_clients_keys_are_a_list_of_control_node_variables_and_the_replicas_get_
     files, _ = router.preview(rp)
     shown = next(f["content"] for f in files if f["path"] == router.paths(rp)["proxy_key"])
     assert "MF_CLIENT_OLD" in shown and "client-old" not in shown and KEY not in shown
+    host_gets = router.proxy_key_file(rp)  # what render shows is the host's file, each key masked
+    for value in ("client-old-key-1111", "client-new-key-2222", KEY):
+        host_gets = host_gets.replace(value, render.MASK)
+    assert shown == host_gets
     # Refused naming the front door and field: unset, the replicas' own key, a router that checks one key itself.
     monkeypatch.setenv("MF_CLIENT_SAME", KEY)
     problems = resolve(fleet("vllm", router_client_keys_env=["MF_CLIENT_NONE", "MF_CLIENT_SAME"])).errors
