@@ -71,7 +71,9 @@ def split(run: dict, host: str) -> dict:
     # prepare, which begins at that zero.
     off = report["pyinfra_started_at"] - run["spawned_at"]
     answer = member["first_answer_s"] + off
-    stages = {s["stage"]: round(s["seconds"] + (off if s["start_s"] == 0 else 0.0), 3)
+    # Each stage up to the first answer (the verify stage says it got one just before its span ends).
+    stages = {s["stage"]: round(min(s["end_s"], member["first_answer_s"]) - s["start_s"]
+                                + (off if s["start_s"] == 0 else 0.0), 3)
               for s in member["stages"] if s["start_s"] < member["first_answer_s"]}
     service = next(s for s in member["stages"] if s["stage"] == "service")
     events = {e["event"]: e["at"] for e in (member["engine_boot"] or {}).get("events", []) if "at" in e}

@@ -217,7 +217,7 @@ class Recorder(BaseStateCallback):
     def __init__(self, started: float) -> None:
         self.started = started
         self.ops: dict[tuple[str, str], list[float | None]] = {}  # (host, op hash) -> [start, end]
-        self.pools: dict[str, dict[str, dict]] = {}  # pool -> host -> {"served_name", "boot"}
+        self.pools: dict[str, dict[str, dict]] = {}  # pool -> host -> {"started", "boot", and each EVENTS'}
 
     def operation_host_start(self, state, host, op_hash) -> None:
         self.ops[(host.name, op_hash)] = [time.time(), None]
@@ -244,18 +244,12 @@ class Recorder(BaseStateCallback):
         hosts = {}
         for name, member in self.pools[pool].items():
             stages: dict[str, list[float]] = {}
-            ready = answer = None
             for (op_host, op_hash), (start, end) in self.ops.items():
                 if op_host != name or end is None:
                     continue
                 names = state.get_op_meta(op_hash).names
                 span = stages.setdefault(stage_of(names), [start, end])
                 span[0], span[1] = min(span[0], start), max(span[1], end)
-                label = sorted(names)[0] if names else ""
-                if label.startswith(f"modelfleet service | Wait until {member['served_name']} answers"):
-                    ready = end
-                elif label.startswith(f"modelfleet verify | Verify {member['served_name']} at"):
-                    answer = end
             # Before the first operation runs, pyinfra connects, reads every fact and plans (each stage's probe
             # and state reads): one span, the same for every host.
             first = min((start for start, _ in self.ops.values()), default=self.started)
@@ -264,7 +258,8 @@ class Recorder(BaseStateCallback):
             hosts[name] = {
                 "stages": [{"stage": stage, "start_s": self._at(s), "end_s": self._at(e), "seconds": round(e - s, 3)}
                            for stage, s, e in spans],
-                "ready_s": self._at(ready), "first_answer_s": self._at(answer), "engine_boot": member.get("boot")}
+                **{field: self._at(member.get(event)) for event, field in EVENTS.items()},
+                "engine_boot": member.get("boot")}
         ends = [h[k] for h in hosts.values() for k in ("first_answer_s", "ready_s") if h[k] is not None]
         return {"pool": pool, "pyinfra_started_at": round(self.started, 3),
                 "first_answer_s": max((h["first_answer_s"] for h in hosts.values() if h["first_answer_s"]),
@@ -280,15 +275,30 @@ def recorder(state=None) -> Recorder:
     return runscope.attached("timeline", lambda: Recorder(process_start()), run=state)
 
 
-def watch(host_name: str, pool: str, served_name: str) -> None:
+def watch(host_name: str, pool: str) -> None:
     """Time this host's part of the pool in the current run (called while the stages are added)."""
-    recorder().pools.setdefault(pool, {}).setdefault(host_name, {"served_name": served_name})
+    recorder().pools.setdefault(pool, {}).setdefault(host_name, {})
+
+
+# The moments a stage says it reached (reached()), as the report names them.
+EVENTS = {"ready": "ready_s", "first_answer": "first_answer_s"}
+
+
+def reached(pool: str, event: str):
+    """A FunctionCommand body for the moment this host's part of the pool reached `event` (one of EVENTS): the
+    stage that knows says so; the timeline reads no operation's wording."""
+    assert event in EVENTS, event
+
+    def stamp(state, host) -> bool:
+        recorder(state).pools.setdefault(pool, {}).setdefault(host.name, {})[event] = time.time()
+        return True
+    return stamp
 
 
 def _read_boot(state, host, pool: str, engine: str, container: str) -> bool:
     """FunctionCommand body, once the engine answers (or the worker is up): its boot lines. A log that cannot be
     read leaves the boot timeline out; it never fails the host."""
-    member = recorder(state).pools.setdefault(pool, {}).setdefault(host.name, {"served_name": ""})
+    member = recorder(state).pools.setdefault(pool, {}).setdefault(host.name, {})
     member["started"] = True
     if boot_log(engine) is None:
         return True

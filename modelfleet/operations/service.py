@@ -35,9 +35,12 @@ def worker_up(unit: str):
 
 @operation(is_idempotent=False)
 def wait_ready(unit: str, base_url: str, served_name: str, timeout_s: int, auth_file: str | None = None,
-               health_path: str = "/health"):
-    """Poll the engine on the host itself (the endpoint is loopback-bound by default)."""
+               health_path: str = "/health", on_ready=None):
+    """Poll the engine on the host itself (the endpoint is loopback-bound by default). `on_ready`: a
+    FunctionCommand body run once it answers (the run's timeline)."""
     yield StringCommand(readiness_script(unit, base_url, served_name, timeout_s, auth_file, health_path))
+    if on_ready:
+        yield FunctionCommand(on_ready, (), {})
 
 
 @operation(is_idempotent=False)

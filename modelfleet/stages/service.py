@@ -183,7 +183,7 @@ def run(ctx: HostRun):
                            stop=unit.get("ActiveState") in ("active", "activating", "reloading")))
         starts = owned_running(svc.unit_name, unit, extra, reload=changed[f"{UNIT_DIR}/{svc.unit_name}"],
                                restart=restart)
-        timeline.watch(host.name, svc.pool, svc.served_name)
+        timeline.watch(host.name, svc.pool)
         if starts and svc.node_rank:
             worker_up(name=f"Worker {svc.unit_name} (rank {svc.node_rank} of pool {svc.pool}) stays up",
                       unit=svc.unit_name)
@@ -191,7 +191,7 @@ def run(ctx: HostRun):
             wait_ready(name=f"Wait until {svc.served_name} answers at {svc.base_url}", unit=svc.unit_name,
                        base_url=svc.base_url, served_name=render.listed_name(svc),
                        timeout_s=svc.recipe.ready_timeout_s, auth_file=svc.auth_file if key else None,
-                       health_path=svc.engine.health_path)
+                       health_path=svc.engine.health_path, on_ready=timeline.reached(svc.pool, "ready"))
         if starts:
             started.append(svc)
             timeline.boot_recorded(name=f"Boot timeline of {svc.container_name}", pool=svc.pool,

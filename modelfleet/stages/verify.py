@@ -50,7 +50,7 @@ BENCH = {"concurrencies": [1, 4], "num_prompts": 16, "input_len": 128, "output_l
 
 @operation(is_idempotent=False)
 def endpoint_verified(ep: Endpoint, tunnel: tuple[str, int] | None, ready_timeout_s: float, full: bool = True,
-                      with_bench: bool = False):
+                      with_bench: bool = False, pool: str | None = None):
     """Runs the checks only while executing (after the service stage): a pass changes nothing. With
     `with_bench` (host data verify_bench), a short bench follows and a regression fails the gate."""
     if not state.is_executing:
@@ -66,6 +66,8 @@ def endpoint_verified(ep: Endpoint, tunnel: tuple[str, int] | None, ready_timeou
             report["exposure"] = exposure.check(target)
             report["ok"] = report["ok"] and report["exposure"]["ok"]
     save_report("verify", ep.name, report)
+    if pool and report["readiness"].get("ok"):  # the pool's first answer, for its timeline
+        timeline.reached(pool, "first_answer")(state, host)
     if report["ok"]:
         host.noop(f"{ep.name}: " + ("ready, smoke and tool-call probe pass" if full else "ready (nothing changed)"))
         return
@@ -123,5 +125,5 @@ def run(ctx: HostRun):
         tunnel = None if reachable_from_control_node(plan, svc) else (svc.bind_address, svc.port)
         endpoint_verified(name=f"Verify {svc.served_name} at {svc.base_url}", ep=endpoint(plan, svc),
                           tunnel=tunnel, ready_timeout_s=min(svc.recipe.ready_timeout_s, 120),
-                          with_bench=plan.verify_bench,
+                          with_bench=plan.verify_bench, pool=svc.pool,
                           full=alone or plan.verify_full or plan.verify_bench or ctx.pool_starts(svc.pool))
