@@ -21,10 +21,11 @@ from modelfleet.inventory.plan import Resolved
 from modelfleet.inventory.resolver import resolve
 from modelfleet.loader import LOADING, InventoryFileError, read_inventory
 
-# Invocations already validated (refuse_invalid then does nothing), each with where its hosts' values came from:
-# the run resolves pyinfra's merged data, which has lost that, and a fleet-wide value (--data,
-# group_data/all.py) is judged there as validate judged it.
-_guarded: dict[tuple, dict[str, dict[str, str]]] = {}
+# Invocations already validated (refuse_invalid then does nothing), each with its resolution: the run's own where
+# pyinfra merged the same host data (resolved once per run); else the run resolves pyinfra's merged data with the
+# guard's record of where each value came from, so a fleet-wide value (--data, group_data/all.py) is judged there
+# as validate judged it.
+_guarded: dict[tuple, Resolved] = {}
 
 
 def _key(run: dict[str, Any]) -> tuple:
@@ -162,7 +163,11 @@ def for_run(entries: list[tuple[str, dict[str, Any]]]) -> Resolved:
     rules, applied by pyinfra), with the catalog of the inventory the run was started with."""
     run = invocation()
     inventory = run["inventory"] if run and Path(run["inventory"]).is_file() else None
-    result = resolve(entries, catalog_for(inventory), sources=_guarded.get(_key(run)) if run else None)
+    guarded = _guarded.get(_key(run)) if run else None
+    if guarded is not None and guarded.data == dict(entries):
+        result = guarded
+    else:
+        result = resolve(entries, catalog_for(inventory), sources=guarded.sources if guarded else None)
     for _, data in entries:
         masking.learn_data(data if isinstance(data, dict) else {})
     masking.learn_inventory(result)  # pyinfra's output from here on (operation names, command output) masked
@@ -188,7 +193,7 @@ def guard() -> None:
         print(f"modelfleet: {run['inventory']} is not valid; nothing was touched:\n{result.error_report()}",
               file=sys.stderr)
         raise SystemExit(2)
-    _guarded[key] = result.sources
+    _guarded[key] = result
 
 
 def guarded() -> bool:
@@ -265,4 +270,4 @@ def refuse_invalid(inventory_file: str) -> None:
               file=sys.stderr)
         raise SystemExit(2)
     if run:
-        _guarded[_key(run)] = result.sources
+        _guarded[_key(run)] = result

@@ -167,6 +167,30 @@ def test_the_runs_own_resolution_judges_a_fleet_wide_value_as_validate_did(tmp_p
     assert unused(result, "m1") == set() and ("host m1", "dcgm_exporter") in [(w, f) for w, f, _ in result.warnings]
 
 
+def test_the_guards_resolution_is_the_runs_where_pyinfra_merged_the_same_data(tmp_path, monkeypatch):
+    """The inventory is resolved once per run: the guard's result is the run's; data pyinfra merged otherwise
+    (a host's value it changed) is resolved again, with the guard's sources."""
+    from modelfleet.inventory import door
+    from modelfleet.loader import read_inventory
+
+    inv = tmp_path / "inv.py"
+    inv.write_text(f"nvidia = [('n1', {NVIDIA!r})]\namd = [('m1', {AMD!r})]\n")
+    run = {"inventory": str(inv), "cwd": str(tmp_path), "group_data": (), "data": {"dcgm_exporter": True}}
+    monkeypatch.setattr(door, "invocation", lambda: run)
+    monkeypatch.setattr(door, "_guarded", {})
+    monkeypatch.setattr(door.masking, "install", lambda: None)
+    entries = read_inventory(str(inv), cwd=str(tmp_path), override_data=run["data"]).entries
+    door.guard()
+    resolves = []
+    real = door.resolve
+    monkeypatch.setattr(door, "resolve", lambda *a, **k: resolves.append(a) or real(*a, **k))
+    guarded = door._guarded[door._key(run)]
+    assert door.for_run(entries) is guarded and resolves == []
+    changed = [(name, {**data, "model_keep_revisions": 3}) for name, data in entries]
+    again = door.for_run(changed)
+    assert len(resolves) == 1 and again is not guarded and again.warnings == guarded.warnings
+
+
 def test_a_fleet_wide_router_index_is_a_warning_on_the_hosts_without_a_front_door(tmp_path):
     """`--data router_pip_index_url=...` is meant for the front doors' hosts: a warning on the others; the same
     value in a host's own data where it runs no front door is refused, naming host and field."""
