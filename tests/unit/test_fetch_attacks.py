@@ -236,6 +236,7 @@ def threads_of(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/task"))
 
 
+@pytest.mark.slow  # waits out a timeout
 def test_3000_idle_connections_neither_starve_nor_pin_the_server(tmp_path):
     """3,000 connections that never send a request: before, each held a thread for good (3,002 threads) and
     kept the server's idle timer from firing. Challenges (which anyone may ask) renew nothing either."""

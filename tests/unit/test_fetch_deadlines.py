@@ -11,6 +11,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from modelfleet import FILES_DIR
 from tests.helpers.listener import scripted_http
 
@@ -32,6 +34,7 @@ def job(tmp_path, stall_s: int) -> str:
     return str(path)
 
 
+@pytest.mark.slow  # waits out a timeout
 def test_a_source_that_freezes_fails_in_one_line_within_the_deadline(tmp_path):
     url = frozen_source()
     start = time.monotonic()
@@ -112,6 +115,7 @@ def test_a_lock_held_by_a_fetch_whose_session_lives_is_refused(tmp_path):
         proc.kill()
 
 
+@pytest.mark.slow  # waits out a timeout
 def test_a_server_nobody_asks_ends_after_its_idle_time(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

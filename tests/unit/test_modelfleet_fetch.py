@@ -355,6 +355,7 @@ def mirror(refusals: int, data: bytes, status: int = 503, retry_after: str | Non
     return f"http://127.0.0.1:{server.server_address[1]}/", seen
 
 
+@pytest.mark.slow  # waits out a timeout
 def test_a_mirror_asking_to_retry_is_obeyed_within_the_deadline_and_named_beyond_it(source):
     tmp_path, job = source
     data = (tmp_path / "src" / "model.safetensors").read_bytes()

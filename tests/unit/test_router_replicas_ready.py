@@ -50,6 +50,7 @@ def door(monkeypatch, urls: dict[str, str]):
     return replace(rp, workers=tuple(Worker(f"p{i}", name, url) for i, (name, url) in enumerate(urls.items())))
 
 
+@pytest.mark.slow  # waits out a timeout
 def test_the_door_waits_for_a_replica_that_becomes_ready_and_names_one_that_never_does(monkeypatch, replicas):
     started = time.monotonic()
     ok = subprocess.run(router.replicas_ready_script(door(monkeypatch, {k: replicas[k] for k in ("gpu-1", "gpu-2")}),

@@ -60,6 +60,7 @@ def no_connection(monkeypatch):
     monkeypatch.setattr("socket.create_connection", refused)
 
 
+@pytest.mark.slow  # waits out a timeout
 @pytest.mark.parametrize("served", [h for h in SPELLINGS if h != "@local"])
 def test_a_served_host_is_refused_under_every_spelling_before_connecting(inv, no_connection, served):
     out = CliRunner().invoke(main, ["retire", str(inv), *SPELLINGS[served], "-y"])
@@ -107,6 +108,7 @@ def test_every_spelling_reaches_the_same_addresses_as_getaddrinfo_gives(inv):
             assert t.addresses & reached or t.names & served[host][0], (given, t)
 
 
+@pytest.mark.slow  # waits out a timeout
 def test_a_spelling_of_another_address_is_not_taken_for_a_served_host(inv):
     """Octal is octal (inet_aton, as getaddrinfo reads it): 010.9.8.7 is 8.9.8.7, not g4's 10.9.8.7."""
     result = open_checked(str(inv))
