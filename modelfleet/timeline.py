@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 
 from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.api.state import BaseStateCallback
-from pyinfra.context import ctx_state
+from pyinfra.context import ctx_host, ctx_state
 
 from modelfleet import runscope
 from modelfleet.catalog import CATALOG_DIR, CatalogError, load_catalog
@@ -271,7 +271,7 @@ class Recorder(BaseStateCallback):
 
 
 def recorder(state=None) -> Recorder:
-    state = state or ctx_state.get()
+    state = ctx_state.get() if state is None else state  # pyinfra's `state` proxy is not the State: never passed
     return runscope.attached("timeline", lambda: Recorder(process_start()), run=state)
 
 
@@ -293,6 +293,11 @@ def reached(pool: str, event: str):
         recorder(state).pools.setdefault(pool, {}).setdefault(host.name, {})[event] = time.time()
         return True
     return stamp
+
+
+def reached_now(pool: str, event: str) -> None:
+    """reached(), from inside an operation that is executing (the verify gate)."""
+    reached(pool, event)(ctx_state.get(), ctx_host.get())
 
 
 def _read_boot(state, host, pool: str, engine: str, container: str) -> bool:

@@ -67,7 +67,7 @@ def endpoint_verified(ep: Endpoint, tunnel: tuple[str, int] | None, ready_timeou
             report["ok"] = report["ok"] and report["exposure"]["ok"]
     save_report("verify", ep.name, report)
     if pool and report["readiness"].get("ok"):  # the pool's first answer, for its timeline
-        timeline.reached(pool, "first_answer")(state, host)
+        timeline.reached_now(pool, "first_answer")
     if report["ok"]:
         host.noop(f"{ep.name}: " + ("ready, smoke and tool-call probe pass" if full else "ready (nothing changed)"))
         return

@@ -26,6 +26,19 @@ def test_a_pool_is_verified_at_its_head_only(fake):
         not [op for op in ops["b"] if op.startswith("modelfleet verify | Verify ")], ops
 
 
+def test_a_verified_pool_stamps_its_first_answer_on_the_runs_timeline(fake, monkeypatch):
+    """The gate says when the pool first answered (the timeline reads no operation's wording)."""
+    from modelfleet import timeline
+
+    monkeypatch.setattr(verify, "run_gate", lambda *a, **k: {"ok": True, "readiness": {"ok": True}})
+    monkeypatch.setattr(verify.exposure, "check", lambda target: {"ok": True})
+    monkeypatch.setattr(verify, "reachable_from_control_node", lambda plan, svc: True)  # no SSH to tunnel through
+    host = {**POOL, "recipe": "tiny-lab-vllm", "ssh_hostname": "192.0.2.1"}
+    state = fake.run_fake([("a", host)], lambda: run_stages(verify))
+    member = timeline.recorder(state).pools["pair"]["@fake/a"]
+    assert member["first_answer"] > timeline.recorder(state).started
+
+
 def test_a_failed_report_reads_as_one_line_per_failure():
     report = {"scope": "full", "bench": {"regressions": ["ttft_p50 1.9x the baseline"]},
               "readiness": {"ok": True}, "smoke": {"ok": False, "failures": ["no reasoning_content"]},
