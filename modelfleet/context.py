@@ -137,9 +137,6 @@ class HostRun:
     def probe(self) -> dict:
         return self._cache.probes.get(self.plan.name, {})
 
-    def remember_probe(self, probe: dict) -> None:
-        self._cache.probes[self.plan.name] = probe
-
     def read_probe(self, **args) -> dict:
         """This host's preflight probe (`args`: the run's, e.g. `health`), read once per run: a pool peer's
         fabric may have read it already."""

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from modelfleet.facts import fabric as ff
-from modelfleet.facts import fabric_tools as tools
 from modelfleet.facts.probe import HostProbe
 from modelfleet.host_commands import FABRIC_MARK, fabric_command
+from tests.helpers import fabric_tools as tools
 from tests.helpers.public_samples import public_sample_lines
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

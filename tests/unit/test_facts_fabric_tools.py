@@ -1,12 +1,12 @@
 """The public tools' outputs (ibstat, ibv_devinfo, show_gids, rdma link, nvidia-smi topo -m's NIC legend) parsed
-from published samples (modelfleet.facts.fabric_tools); test_facts_fabric holds them against the fabric fact."""
+from published samples (tests/helpers/fabric_tools.py); test_facts_fabric holds them against the fabric fact."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from modelfleet.facts import fabric_tools as tools
 from modelfleet.rails import gid_families
+from tests.helpers import fabric_tools as tools
 from tests.helpers.public_samples import public_sample_lines
 
 FABRIC = Path(__file__).resolve().parents[1] / "fixtures" / "fabric"

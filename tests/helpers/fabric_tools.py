@@ -1,6 +1,6 @@
 """The public tools that print a host's RDMA view (`ibstat`, `ibv_devinfo`, `show_gids`, `rdma link`,
-`nvidia-smi topo -m`'s matrix and NIC legend), parsed: they cross-check the fabric fact (facts/fabric.py), which
-reads the same HCAs' state from sysfs in one command."""
+`nvidia-smi topo -m`'s matrix and NIC legend), parsed: the tests' oracle for the fabric fact (facts/fabric.py),
+which reads the same HCAs' state from sysfs in one command. Not shipped: no host runs these tools for modelfleet."""
 
 from __future__ import annotations
 
