@@ -1,5 +1,6 @@
 """The fabric fact: a host's network and RDMA view, read in one remote command (host_commands.fabric_command).
-The parsers of the public tools that print the same view, which cross-check it, are the tests' (tests/helpers/fabric_tools.py).
+The parsers of the public tools that print the same view, which cross-check it, are the tests'
+(tests/helpers/fabric_tools.py).
 
 The fact is JSON (it goes into the preflight report): interfaces with their addresses, the IPv4/IPv6 route
 table, HCAs with their ports and GID tables, GPUs' and HCAs' PCI paths and each GPU's PCIe distance to each
