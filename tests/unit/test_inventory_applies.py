@@ -148,9 +148,10 @@ def test_trust_remote_code_on_gguf_weights_is_refused():
     assert pool("kimi-k3-llamacpp-ud-iq1-m", "h200", trust_remote_code=False).errors == []
 
 
-def test_the_runs_own_resolution_judges_a_fleet_wide_value_as_validate_did(tmp_path, monkeypatch):
-    """Inside `pyinfra INV ... --data dcgm_exporter=true`, the run resolves pyinfra's merged data (where the value
-    came from is lost there): the guard's sources keep it a warning on the AMD host, not a failure mid-run."""
+@pytest.fixture
+def pyinfra_run(tmp_path, monkeypatch):
+    """`pyinfra INV ... --data dcgm_exporter=true` on an NVIDIA and an AMD host: (door, the invocation, the host
+    data pyinfra merges)."""
     from modelfleet.inventory import door
     from modelfleet.loader import read_inventory
 
@@ -160,26 +161,23 @@ def test_the_runs_own_resolution_judges_a_fleet_wide_value_as_validate_did(tmp_p
     monkeypatch.setattr(door, "invocation", lambda: run)
     monkeypatch.setattr(door, "_guarded", {})
     monkeypatch.setattr(door.masking, "install", lambda: None)
-    entries = read_inventory(str(inv), cwd=str(tmp_path), override_data=run["data"]).entries
+    return door, run, read_inventory(str(inv), cwd=str(tmp_path), override_data=run["data"]).entries
+
+
+def test_the_runs_own_resolution_judges_a_fleet_wide_value_as_validate_did(pyinfra_run):
+    """Inside `pyinfra INV ... --data dcgm_exporter=true`, the run resolves pyinfra's merged data (where the value
+    came from is lost there): the guard's sources keep it a warning on the AMD host, not a failure mid-run."""
+    door, _, entries = pyinfra_run
     assert "dcgm_exporter" in unused(door.for_run(entries), "m1")  # nothing to tell where it came from
     door.guard()  # passes: a warning
     result = door.for_run(entries)
     assert unused(result, "m1") == set() and ("host m1", "dcgm_exporter") in [(w, f) for w, f, _ in result.warnings]
 
 
-def test_the_guards_resolution_is_the_runs_where_pyinfra_merged_the_same_data(tmp_path, monkeypatch):
+def test_the_guards_resolution_is_the_runs_where_pyinfra_merged_the_same_data(pyinfra_run, monkeypatch):
     """The inventory is resolved once per run: the guard's result is the run's; data pyinfra merged otherwise
     (a host's value it changed) is resolved again, with the guard's sources."""
-    from modelfleet.inventory import door
-    from modelfleet.loader import read_inventory
-
-    inv = tmp_path / "inv.py"
-    inv.write_text(f"nvidia = [('n1', {NVIDIA!r})]\namd = [('m1', {AMD!r})]\n")
-    run = {"inventory": str(inv), "cwd": str(tmp_path), "group_data": (), "data": {"dcgm_exporter": True}}
-    monkeypatch.setattr(door, "invocation", lambda: run)
-    monkeypatch.setattr(door, "_guarded", {})
-    monkeypatch.setattr(door.masking, "install", lambda: None)
-    entries = read_inventory(str(inv), cwd=str(tmp_path), override_data=run["data"]).entries
+    door, run, entries = pyinfra_run
     door.guard()
     resolves = []
     real = door.resolve
