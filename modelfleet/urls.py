@@ -78,19 +78,22 @@ def _stack(found: _Found, plan: HostPlan, system: dict) -> None:
     from modelfleet.stages import container_runtime, gpu_driver, os_base
 
     name, probe, fam = plan.name, {"os": system}, osfam.family(system)
-    arch = fam.arch(system["arch"])
     driver = gpu_driver.decide(plan, probe, {"packages": {}})
     runtime = container_runtime.decide(plan, probe, {"texts": {}, "paths": {}, "units": {}})
-    if driver.repo_deb_url:
-        found.add(driver.repo_deb_url, "package", f"{driver.repo_package} (the vendor's repository and key)",
+    if driver.repo_package_url:
+        found.add(driver.repo_package_url, "package", f"{driver.repo_package} (the vendor's repository and key)",
                   "hosts", name, system)
+    if driver.repo_key:
+        found.add(driver.repo_key[1], "signing key", f"{driver.repo_key[2]}, for "
+                  f"{', '.join(path for path, _ in driver.sources)}", "hosts", name, system)
     for list_path, content in driver.sources:
-        for url, suite in fam.source_urls(content, arch):
-            found.add(url, fam.SOURCE_KIND, f"{list_path} (suite {suite})", "hosts", name, system)
-    for list_path, content, key_url, key_path in runtime.sources:
-        found.add(key_url, "signing key", f"{key_path}, for {list_path}", "hosts", name, system)
-        for url, suite in fam.source_urls(content, arch):
-            found.add(url, fam.SOURCE_KIND, f"{list_path} (suite {suite})", "hosts", name, system)
+        for url, what in fam.source_urls(content, system["arch"]):
+            found.add(url, fam.SOURCE_KIND, f"{list_path} ({what})", "hosts", name, system)
+    for repo in runtime.repositories:
+        for list_path, content in repo.sources:
+            found.add(repo.key_url, "signing key", f"{repo.key}, for {list_path}", "hosts", name, system)
+            for url, what in fam.source_urls(content, system["arch"]):
+                found.add(url, fam.SOURCE_KIND, f"{list_path} ({what})", "hosts", name, system)
     packages = list(os_base.base_packages(plan, {"kernel": "<kernel>"}, builds_module=driver.builds_module))
     packages += [p for p in runtime.packages if p == "docker.io"]
     found.add(None, "distribution archive", ", ".join(packages), f"hosts ({fam.OWN_SOURCES})", name, system)

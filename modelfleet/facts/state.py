@@ -23,7 +23,7 @@ from modelfleet.host_commands import (
 MARK = "@@modelfleet-state"
 # The kinds of things the fact reads, each a key of its result and a keyword of its command (a stage's wants()
 # declares what it reads by these kinds).
-STATE_KINDS = ("paths", "units", "images", "trees", "packages", "texts", "owned", "users")
+STATE_KINDS = ("paths", "units", "images", "trees", "packages", "texts", "owned", "users", "reboots")
 # The first line of every unit file modelfleet writes (templates/*.service.j2): what marks a unit as its own, so
 # one the inventory no longer names may be retired (modelfleet.retire), and one a user wrote never is.
 OWNED_MARK = "# Managed by modelfleet - do not edit; re-run the deploy instead."
@@ -52,7 +52,9 @@ class DeployedState(FactBase):
      "texts": {path: None | content} (small config files a stage must read, e.g. /etc/docker/daemon.json),
      "owned": {unit_dir: {unit: {"text": its file, and UNIT_PROPERTIES as under "units"}}} (the unit files there
               that modelfleet wrote, by OWNED_MARK),
-     "users": {name: None | uid} (system users a stage creates)}.
+     "users": {name: None | uid} (system users a stage creates),
+     "reboots": {"host": True | None} (whether the host needs a reboot, for an OS family that answers by a program:
+                modelfleet.os's REBOOT_SH)}.
     A stage fetches it once and decides every file, directory, unit and image from it, instead of one
     stat/sha/systemctl/docker round trip per operation.
     """
@@ -63,15 +65,19 @@ class DeployedState(FactBase):
 
     def command(self, paths: tuple[str, ...] = (), units: tuple[str, ...] = (), images: tuple[str, ...] = (),
                 trees: tuple[str, ...] = (), packages: tuple[str, ...] = (), texts: tuple[str, ...] = (),
-                owned: tuple[str, ...] = (), users: tuple[str, ...] = (), family: str | None = None) -> str:
-        """`family`: the host's OS family (modelfleet.os), which reads its packages; the default one if None."""
+                owned: tuple[str, ...] = (), users: tuple[str, ...] = (), reboots: tuple[str, ...] = (),
+                family: str | None = None) -> str:
+        """`family`: the host's OS family (modelfleet.os), which reads its packages (and, where it answers by a
+        program, whether the host needs a reboot); the default one if None."""
+        fam = osfam.by_name(family)
         kinds = {"path": paths, "unit": units, "image": images, "tree": trees, "package": packages, "text": texts,
-                 "owned": owned, "user": users}
+                 "owned": owned, "user": users, "reboot": reboots}
+        asks = {"reboot_needed": fam.REBOOT_SH} if fam.REBOOT_SH and reboots else {}
         return program("deployed_state", *(f"{kind}={value}" for kind, values in kinds.items() for value in values),
                        env={"MARK": MARK, "MANIFEST": MANIFEST, "FETCH_LOCK": FETCH_LOCK, "PARTIAL": PARTIAL,
                             "CURRENT": CURRENT, "OWNED_MARK": OWNED_MARK},
                        functions={"unit_show": unit_show_command('"$1"', UNIT_PROPERTIES),
-                                  "package_state": osfam.by_name(family).PACKAGE_STATE_SH})
+                                  "package_state": fam.PACKAGE_STATE_SH, **asks})
 
     def process(self, output):
         result = self.default()
@@ -100,6 +106,8 @@ class DeployedState(FactBase):
                 result["texts"][name] = (result["texts"][name] or "") + line[2:] + "\n"
             elif kind == "package" and line[:3] in ("ii ", "hi "):
                 result["packages"][name] = {"version": line.split()[1], "held": line.startswith("h")}
+            elif kind == "reboot" and line == "needed":
+                result["reboots"][name] = True
             elif kind == "user" and line.isdigit():
                 result["users"][name] = int(line)
             elif kind == "image" and line.startswith("id=sha256:"):

@@ -2,21 +2,28 @@
 
 A stage never speaks a package manager itself: it asks `family(os_info)` (os_info as preflight's probe reads
 /etc/os-release) and uses what that module defines. The tables (releases, their codenames and vendor repository
-names, each family's package names) live in catalog/os.yaml; the family's code in modelfleet/os/<family>.py,
-loaded by the name the data gives it, so a new family is its own module and a data section, nothing else.
+names, each family's package names and repository layouts) live in catalog/os.yaml; the family's code in
+modelfleet/os/<family>.py, loaded by the name the data gives it, so a new family is its own module and a data
+section (docs/adding-an-os-family.md counts the files).
 
-A family module defines (modelfleet/os/debian.py is the first):
-- operations, each deciding from DeployedState's view: `packages(wanted, current)` (name -> upstream version or
-  None), `held(names, current)`, `repo_package(package, url, current, keyring, repo, fingerprints)` (a vendor's
-  repository package published at a URL, its key checked first), `key_fetched(url, dest, current, repo,
-  fingerprints)`, `in_archive(package, refusal, current)`; and `missing(wanted, current)`, the pure decision;
-- repositories: `key_path(repo)`, `source(name, url, suite, components, key, arch)` -> (file, content),
-  `source_urls(content, arch)` -> [(url, suite)], `cuda_repository(url, cuda_dir, cuda_arch)` and
-  `amd_repository(url, version, codename, build)` -> VendorRepo;
-- versions: `upstream(version)`, `upstream_sh(package)`, `exact_install_sh(names, reference_package)`;
-- the host's package database for DeployedState: `PACKAGE_STATE_SH` (prints `ii VERSION`, or `hi VERSION` for a
-  held package, for the package "$1"), and paths: `REBOOT_REQUIRED`, `UPGRADES_CONF`, `upgrades_conf()`;
-- `arch(machine)` (the package manager's name for `uname -m`), `names(role)` (catalog/os.yaml's package names).
+The contract speaks what every package manager has; a family module defines:
+- repositories, as `Repository` records the family decides from catalog data: `repository(name, url, os_info,
+  key_url)` (Docker's, the container toolkit's: the family's `repositories` table says how its package manager
+  lays them out), `cuda_repository(url, cuda_dir, cuda_arch, branch, flavor)`, `amd_repository(url, version,
+  release, build)`; `source_urls(content, machine)` -> [(url, what)] for the `urls` view;
+- keys: `key_fetched(url, dest, current, repo, fingerprints)` (a repository's key, put in place only when its
+  fingerprint is pinned) and `repo_package(...)` (a vendor's package that brings its repository and key, the key
+  checked first);
+- packages, each operation deciding from DeployedState's view: `packages(wanted, current)` (name -> upstream
+  version or None), `held(names, current)`, `in_archive(package, refusal, current)`; `missing(wanted, current)`,
+  the pure decision; versions: `upstream(version)`, `upstream_sh(package)`, `exact_install_sh(names, reference)`;
+- the host's package database for DeployedState: `PACKAGE_STATE_SH`, a shell body that prints `ii VERSION` for
+  the installed package "$1", `hi VERSION` when it is held, nothing else (the seam's two words, dpkg's letters);
+- whether the host needs a reboot, a question the family answers its own way: `reboot_asks()` (what DeployedState
+  reads for it), `reboot_needed(deployed)`, and `REBOOT_SH` (a shell body, exit 0 when a reboot is needed, that
+  DeployedState runs for a family that asks that way; None for one that reads a file);
+- `upgrades_config()` -> (path, content) that keeps the family's automatic updater off the GPU stack, or None;
+- `names(role)` (catalog/os.yaml's package names), `NAME`, and the `urls` view's words `SOURCE_KIND`, `OWN_SOURCES`.
 The service manager is systemd for every family (modelfleet.operations.service, modelfleet.units).
 """
 
@@ -40,16 +47,20 @@ def table() -> dict:
 
 
 @dataclass
-class VendorRepo:
-    """A vendor's repository as a family brings it in: a package published at a URL that installs it (and its
-    key, a path inside the package, checked against the pins of `repo` first), and the source files rewritten
-    with the configured URL (so a site mirror serves the packages too)."""
+class Repository:
+    """A package repository as a family brings it in, decided from catalog data: the source files it writes
+    (with the configured URL, so a site mirror serves the packages too) and where its key comes from. Either the
+    key is fetched from `key_url` to `key` (checked against the pins of `repo` first), or a package published at
+    `package_url` brings the repository and its key (`keyring`, a path inside the package, checked first)."""
 
     repo: str  # its name in catalog/signing_keys.yaml
+    url: str = ""  # the base URL, as configured
+    sources: list[tuple[str, str]] = field(default_factory=list)  # (file, content)
+    key: str | None = None  # where its key lies on the host
+    key_url: str | None = None  # where that key is fetched from (None: it comes with `package`)
     package: str | None = None
     package_url: str | None = None
     keyring: str | None = None
-    sources: list[tuple[str, str]] = field(default_factory=list)  # (file, content)
 
 
 def family_name(os_info: dict | None) -> str:

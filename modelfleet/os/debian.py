@@ -1,6 +1,7 @@
 """The Debian family (Debian, Ubuntu): dpkg and apt. Packages, holds, repositories and their signing keys, decided
 from a DeployedState read once (no dpkg round trip per operation); the paths apt reads; dpkg's versions. The
-contract it keeps is modelfleet.os's; its tables are catalog/os.yaml's `debian` section."""
+contract it keeps is modelfleet.os's; its tables are catalog/os.yaml's `debian` section. apt's own notions (a
+suite and components, `$(ARCH)` and dpkg's architecture names, one-line sources) stay here."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pyinfra.api import FunctionCommand, StringCommand, operation
 
 from modelfleet import trust
 from modelfleet.operations.report import note, refuse
-from modelfleet.os import VendorRepo, family_data
+from modelfleet.os import Repository, family_data
 
 NAME = "debian"
 
@@ -23,6 +24,7 @@ SOURCES_DIR = "/etc/apt/sources.list.d"
 UPGRADES_CONF = "/etc/apt/apt.conf.d/51modelfleet-unattended-upgrades"
 # Debian/Ubuntu flag a pending kernel (or library) update here; reported, never a reason to reboot by itself.
 REBOOT_REQUIRED = "/run/reboot-required"
+REBOOT_SH = None  # the question is a file DeployedState reads, not a program it runs
 # How the `urls` view names a source file's repository, and the distribution's own (a host's configuration).
 SOURCE_KIND = "apt repository"
 OWN_SOURCES = "their own apt sources"
@@ -67,9 +69,23 @@ def source(name: str, url: str, suite: str, components: str = "", key: str | Non
     return f"{SOURCES_DIR}/{name}.list", " ".join(words) + "\n"
 
 
-def source_urls(content: str, arch: str) -> list[tuple[str, str]]:
-    """Each `deb [options] URL SUITE [COMPONENTS]` line -> (URL, suite); apt's $(ARCH) as the host's dpkg arch."""
-    out = []
+def repository(name: str, url: str, os_info: dict | None, key_url: str | None = None) -> Repository:
+    """A repository laid out as catalog/os.yaml's `repositories` entry `name` says (under `url`, the configured
+    base), with its key fetched to /etc/apt/keyrings (from `key_url`, else the layout's own key path)."""
+    layout, os_info = family_data(NAME)["repositories"][name], os_info or {}
+    words = {"id": os_info.get("id") or "ubuntu", "codename": os_info.get("codename") or "stable"}
+    base = url.rstrip("/")
+    key = key_path(name)
+    list_file = source(name, f"{base}/{layout['path'].format(**words)}", layout["suite"].format(**words),
+                       layout.get("components", ""), key, arch(os_info.get("arch")) if layout.get("arch") else None)
+    return Repository(repo=name, url=url, sources=[list_file], key=key,
+                      key_url=key_url or f"{base}/{layout['key'].format(**words)}")
+
+
+def source_urls(content: str, machine: str | None) -> list[tuple[str, str]]:
+    """Each `deb [options] URL SUITE [COMPONENTS]` line -> (URL, "suite SUITE"); apt's $(ARCH) as dpkg names the
+    host's `uname -m`."""
+    dpkg_arch, out = arch(machine), []
     for line in content.splitlines():
         words = line.split()
         while words and words[0] in ("deb", "deb-src"):
@@ -79,28 +95,43 @@ def source_urls(content: str, arch: str) -> list[tuple[str, str]]:
                 words = words[1:]
             words = words[1:]
         url, suite = (words + ["", ""])[:2]
-        out.append((url.replace("$(ARCH)", arch), suite.replace("$(ARCH)", arch)))
+        out.append((url.replace("$(ARCH)", dpkg_arch), f"suite {suite.replace('$(ARCH)', dpkg_arch)}"))
     return out
 
 
-def cuda_repository(url: str, cuda_dir: str, cuda_arch: str) -> VendorRepo:
+def cuda_repository(url: str, cuda_dir: str, cuda_arch: str, branch: int | None = None,
+                    flavor: str = "") -> Repository:
     """NVIDIA's CUDA network repository: its cuda-keyring package, and the list file it ships rewritten with the
-    configured URL (identical unless a mirror is set)."""
+    configured URL (identical unless a mirror is set). The branch is held by a package here (nvidia_pinning)."""
     name, deb, keyring = CUDA_KEYRING
     repo = f"{url.rstrip('/')}/{cuda_dir}/{cuda_arch}/"
-    return VendorRepo(repo="cuda", package=name, package_url=repo + deb, keyring=keyring,
+    return Repository(repo="cuda", url=url, package=name, package_url=repo + deb, keyring=keyring,
                       sources=[source(f"cuda-{cuda_dir}-{cuda_arch}", repo, "/", key=keyring)])
 
 
-def amd_repository(url: str, version: str, codename: str, build: str) -> VendorRepo:
-    """AMD's: the amdgpu-install package of the Ubuntu release `codename`, and its two lists with the configured
-    URL, so a site mirror serves the packages too."""
+def amd_repository(url: str, version: str, release: str, build: str) -> Repository:
+    """AMD's: the amdgpu-install package of the Ubuntu release `release` (a codename: catalog/os.yaml's `amdgpu`),
+    and its two lists with the configured URL, so a site mirror serves the packages too."""
     amd = url.rstrip("/")
-    return VendorRepo(
-        repo="rocm", package="amdgpu-install", keyring=AMD_KEYRING,
-        package_url=f"{amd}/amdgpu-install/{version}/ubuntu/{codename}/amdgpu-install_{build}_all.deb",
-        sources=[source("amdgpu", f"{amd}/amdgpu/{version}/ubuntu", codename, "main", AMD_KEYRING, "amd64"),
-                 source("rocm", f"{amd}/rocm/apt/{version}", codename, "main", AMD_KEYRING, "amd64")])
+    return Repository(
+        repo="rocm", url=url, package="amdgpu-install", keyring=AMD_KEYRING,
+        package_url=f"{amd}/amdgpu-install/{version}/ubuntu/{release}/amdgpu-install_{build}_all.deb",
+        sources=[source("amdgpu", f"{amd}/amdgpu/{version}/ubuntu", release, "main", AMD_KEYRING, "amd64"),
+                 source("rocm", f"{amd}/rocm/apt/{version}", release, "main", AMD_KEYRING, "amd64")])
+
+
+def reboot_asks() -> dict[str, list[str]]:
+    """What DeployedState reads to tell whether the host needs a reboot: the file Debian's packages leave."""
+    return {"paths": [REBOOT_REQUIRED]}
+
+
+def reboot_needed(deployed: dict) -> bool:
+    return bool(deployed["paths"].get(REBOOT_REQUIRED))
+
+
+def upgrades_config() -> tuple[str, str]:
+    """unattended-upgrades' file that leaves the GPU stack alone."""
+    return UPGRADES_CONF, upgrades_conf()
 
 
 def upgrades_conf() -> str:

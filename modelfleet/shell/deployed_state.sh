@@ -1,8 +1,9 @@
 #!/bin/sh
 # What a stage has already put on a host, for modelfleet.facts.state.DeployedState. Arguments are KIND=VALUE
-# (path, unit, image, tree, package, text, owned, user); each answer starts with a "$MARK KIND VALUE" line.
+# (path, unit, image, tree, package, text, owned, user, reboot); each answer starts with a "$MARK KIND VALUE" line.
 # Set by the caller: MARK, MANIFEST, FETCH_LOCK, PARTIAL, CURRENT, OWNED_MARK, unit_show (systemctl show for unit
-# "$1"), package_state (the OS family's installed version of package "$1").
+# "$1"), package_state (the OS family's installed version of package "$1"), and reboot_needed where the family
+# answers that by a program (exit 0: the host needs a reboot).
 for arg; do
   kind=${arg%%=*}
   value=${arg#*=}
@@ -62,6 +63,9 @@ for arg; do
   package)
     # Installed packages only ("ii VERSION"); a hold shows as "hi VERSION" (the OS family's query).
     package_state "$value" ;;
+  reboot)
+    # The OS family's answer (needs-restarting -r on the RHEL family); a missing tool answers no.
+    reboot_needed && echo needed ;;
   user)
     # A system user's uid (nothing when there is none).
     getent passwd "$value" | cut -d: -f3 ;;

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
 
 from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
@@ -41,7 +40,7 @@ def runtime_holds(fam) -> set[str]:
 class RuntimePlan:
     manage: bool
     vendor: str = "none"
-    sources: list[tuple[str, str, str, str]] = field(default_factory=list)  # (source file, content, key url, key path)
+    repositories: list[osfam.Repository] = field(default_factory=list)  # Docker's and the toolkit's
     packages: dict[str, None] = field(default_factory=dict)
     configure_nvidia: bool = False
     cdi: bool = False
@@ -68,17 +67,13 @@ def decide(plan: HostPlan, probe: dict, state: dict, driver_changes: bool = Fals
     os_info = probe.get("os") or {}
     fam = osfam.family(os_info)
     if stack.docker_source == "docker":
-        distro = os_info.get("id") or "ubuntu"
-        key, url = fam.key_path("docker"), f"{stack.docker_repo_url.rstrip('/')}/{distro}"
-        out.sources.append((*fam.source("docker", url, os_info.get("codename") or "stable", "stable", key,
-                                        fam.arch(os_info.get("arch"))), f"{url}/gpg", key))
+        out.repositories.append(fam.repository("docker", stack.docker_repo_url, os_info))
         out.packages.update(dict.fromkeys(fam.names("docker")))
     else:
         out.packages[fam.names("distro_docker")] = None
     if vendor == "nvidia":
-        key = fam.key_path(TOOLKIT_PACKAGE)
-        out.sources.append((*fam.source(TOOLKIT_PACKAGE, f"{stack.container_toolkit_repo_url.rstrip('/')}/$(ARCH)",
-                                        "/", key=key), stack.container_toolkit_key_url, key))
+        out.repositories.append(fam.repository(TOOLKIT_PACKAGE, stack.container_toolkit_repo_url, os_info,
+                                               key_url=stack.container_toolkit_key_url))
         out.packages[TOOLKIT_PACKAGE] = None
         out.configure_nvidia = not nvidia_runtime_configured(state["texts"].get(DAEMON_JSON))
         # The spec names the driver's libraries by version: regenerate it when the driver changes. nvidia-ctk
@@ -114,7 +109,8 @@ def container_sees_gpus(needed: bool, reason: str, vendor: str, image: str):
 
 def wants(plan: HostPlan, probe: dict) -> dict:
     d = decide(plan, probe, {"texts": {}, "paths": {}})
-    return {"paths": [p for s in d.sources for p in (s[0], s[3])] + ([CDI_SPEC] if d.vendor == "nvidia" else []),
+    return {"paths": [p for r in d.repositories for p in (*(f for f, _ in r.sources), r.key)]
+            + ([CDI_SPEC] if d.vendor == "nvidia" else []),
             "packages": list(d.packages), "units": ["docker.service"] if d.manage else [],
             "texts": [DAEMON_JSON] if d.vendor == "nvidia" else []}
 
@@ -126,11 +122,11 @@ def run(ctx: HostRun, driver_changes: bool = False, reboot_pending: bool = False
     d = decide(plan, ctx.probe, state, driver_changes, reboot_pending)
     fam = osfam.family(ctx.probe.get("os"))
     paths = state["paths"]
-    for list_path, content, key_url, key_path in d.sources:
-        repo = PurePosixPath(key_path).stem  # the keys are named after their repository (docker.asc, ...)
-        fam.key_fetched(name=f"Signing key {key_path}", url=key_url, dest=key_path, current=paths.get(key_path),
-                        repo=repo, fingerprints=trust.expected(plan.stack.repo_key_fingerprints, repo))
-        content_file(name=f"Source list {list_path}", dest=list_path, content=content, current=paths.get(list_path))
+    for repo in d.repositories:
+        fam.key_fetched(name=f"Signing key {repo.key}", url=repo.key_url, dest=repo.key, current=paths.get(repo.key),
+                        repo=repo.repo, fingerprints=trust.expected(plan.stack.repo_key_fingerprints, repo.repo))
+        for path, content in repo.sources:
+            content_file(name=f"Source list {path}", dest=path, content=content, current=paths.get(path))
     fam.packages(name="Docker and the container toolkit", wanted=d.packages, current=state["packages"])
     # Held: an upgrade of Docker restarts dockerd (and every engine); one of the toolkit changes how GPUs reach
     # them. Both change only through modelfleet.

@@ -56,9 +56,10 @@ class DriverPlan:
     vendor: str
     problems: list[str] = field(default_factory=list)
     family: str = ""  # the host's OS family (modelfleet.os), which speaks the package manager
-    repo_package: str | None = None  # cuda-keyring / amdgpu-install, from a package at repo_deb_url
-    repo_deb_url: str | None = None
+    repo_package: str | None = None  # cuda-keyring / amdgpu-install, from a package at repo_package_url
+    repo_package_url: str | None = None
     repo_keyring: tuple[str, str] | None = None  # (repository, keyring path inside the package): checked first
+    repo_key: tuple[str, str, str] | None = None  # (repository, key URL, key path): a key fetched and checked
     sources: list[tuple[str, str]] = field(default_factory=list)  # (source file, content) with the configured URL
     packages: dict[str, str | None] = field(default_factory=dict)
     hold: list[str] = field(default_factory=list)
@@ -119,7 +120,8 @@ def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
                             f"{', '.join(osfam.cuda_arches())})")
         return out
     branch = int(stack.driver_branch)
-    _repository(out, fam.cuda_repository(stack.nvidia_repo_url, distro, arch))
+    _repository(out, fam.cuda_repository(stack.nvidia_repo_url, distro, arch, branch,
+                                         "-open" if stack.driver_flavor == "open" else ""))
     out.loaded = loaded = loaded_driver(probe)
     if branch_of(loaded) > branch and not stack.driver_allow_downgrade:
         out.problems.append(f"driver_branch: the loaded driver {loaded} is newer than branch {branch}; set "
@@ -136,7 +138,9 @@ def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
         out.from_archive = {signed.modules, signed.modules_flavour, signed.userspace, signed.utils}
     flavor = "-open" if stack.driver_flavor == "open" else ""
     out.driver_package = signed.userspace if signed else fam.names("nvidia_driver").format(branch=branch, flavor=flavor)
-    pinning = fam.names("nvidia_pinning").format(branch=branch) if stack.driver_pinning and not signed else None
+    # A family whose package manager pins the branch another way (a module stream) names no pinning package.
+    pinning = fam.names("nvidia_pinning") if stack.driver_pinning and not signed else None
+    pinning = pinning.format(branch=branch) if pinning else None
     installed = state["packages"]
     if replaces_driver(plan, probe) and signed:
         # Canonical's module signed for the running kernel (the flavour's package follows its kernel updates),
@@ -181,16 +185,17 @@ def decide(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
     return _repository_if_needed(out, installed)
 
 
-def _repository(out: DriverPlan, repo: osfam.VendorRepo) -> None:
-    out.repo_package, out.repo_deb_url, out.sources = repo.package, repo.package_url, repo.sources
+def _repository(out: DriverPlan, repo: osfam.Repository) -> None:
+    out.repo_package, out.repo_package_url, out.sources = repo.package, repo.package_url, repo.sources
     out.repo_keyring = (repo.repo, repo.keyring) if repo.keyring else None
+    out.repo_key = (repo.repo, repo.key_url, repo.key) if repo.key_url else None
 
 
 def _repository_if_needed(out: DriverPlan, installed: dict) -> DriverPlan:
     """A host with nothing to install from the vendor's repository gets no repository: skipping cleanly (the
     signed driver comes from the distribution's archive)."""
     if not [p for p in out._packages_installed(installed) if p not in out.from_archive]:
-        out.repo_package = out.repo_deb_url = out.repo_keyring = None
+        out.repo_package = out.repo_package_url = out.repo_keyring = out.repo_key = None
         out.sources = []
     return out
 
@@ -199,12 +204,12 @@ def _decide_amd(plan: HostPlan, probe: dict, state: dict) -> DriverPlan:
     stack, os_info = plan.stack, probe.get("os") or {}
     fam = osfam.family(os_info)
     out = DriverPlan(vendor="amd", allowed_reboot=stack.reboot, family=fam.NAME)
-    codename = (osfam.release(os_info) or {}).get("amdgpu")
-    if not codename:
+    release = (osfam.release(os_info) or {}).get("amdgpu")
+    if not release:
         key = (os_info.get("id"), os_info.get("version_id"))
         out.problems.append(f"os: {key} has no amdgpu-install package (supported: {osfam.supported('amdgpu')})")
         return out
-    _repository(out, fam.amd_repository(stack.amd_repo_url, stack.rocm_version, codename,
+    _repository(out, fam.amd_repository(stack.amd_repo_url, stack.rocm_version, release,
                                          stack.amdgpu_install_build))
     out.packages = {"amdgpu-dkms": None, "rocm": None}
     # A new amdgpu-dkms needs a boot; so does one installed by an earlier run that amd-smi cannot see yet.
@@ -286,7 +291,9 @@ def wants(plan: HostPlan, probe: dict) -> dict:
     d = decide(plan, probe, empty)  # with nothing installed: every package and list it may need
     return {"packages": [p for p in [d.repo_package, d.driver_package, *d.packages, *d.exact, *sorted(d.from_archive)]
                          if p],
-            "paths": [path for path, _ in d.sources] + [d.os.REBOOT_REQUIRED, d.os.UPGRADES_CONF], "units": d.units,
+            "paths": [path for path, _ in d.sources] + ([d.repo_key[2]] if d.repo_key else [])
+            + d.os.reboot_asks().get("paths", []) + [conf[0] for conf in [d.os.upgrades_config()] if conf],
+            "reboots": d.os.reboot_asks().get("reboots", []), "units": d.units,
             "texts": [GROUP_FILE] if d.groups else []}
 
 
@@ -303,16 +310,23 @@ def run(ctx: HostRun, decided: DriverPlan | None = None) -> DriverPlan:
     # Operation names are the same on every host (pyinfra shows one name per operation across hosts).
     repo, keyring = d.repo_keyring or ("", None)
     fam.repo_package(name="Vendor repository package (cuda-keyring / amdgpu-install)", package=d.repo_package,
-                 url=d.repo_deb_url, current=current, keyring=keyring, repo=repo,
-                 fingerprints=trust.expected(plan.stack.repo_key_fingerprints, repo))
+                     url=d.repo_package_url, current=current, keyring=keyring, repo=repo,
+                     fingerprints=trust.expected(plan.stack.repo_key_fingerprints, repo))
+    if d.repo_key:  # a family that writes the vendor's source file itself fetches its key (checked) first
+        repo, key_url, key = d.repo_key
+        fam.key_fetched(name=f"Signing key {key}", url=key_url, dest=key, current=state["paths"].get(key),
+                        repo=repo, fingerprints=trust.expected(plan.stack.repo_key_fingerprints, repo))
     for path, content in d.sources:
         content_file(name="Vendor source list", dest=path, content=content, current=state["paths"].get(path))
     fam.packages(name="GPU driver packages", wanted=d.packages, current=current)
     at_driver_version(name="Fabric Manager at the driver's exact version", names=d.exact,
                       driver_package=d.driver_package, version=d.exact_version, current=current, family=d.family)
     fam.held(name="Hold the driver branch", names=d.hold, current=current)
-    content_file(name=f"Unattended upgrades leave the GPU stack alone ({fam.UPGRADES_CONF})", dest=fam.UPGRADES_CONF,
-                 content=fam.upgrades_conf(), current=state["paths"].get(fam.UPGRADES_CONF))
+    upgrades = fam.upgrades_config()
+    if upgrades:  # the family's automatic updater, where it has one to tell
+        conf, content = upgrades
+        content_file(name=f"Unattended upgrades leave the GPU stack alone ({conf})", dest=conf, content=content,
+                     current=state["paths"].get(conf))
     if d.groups:
         in_groups(name=f"{plan.stack.service_user} in {', '.join(d.groups)}", user=plan.stack.service_user,
                   groups=d.groups, group_file=state["texts"].get(GROUP_FILE))

@@ -66,7 +66,7 @@ def run(ctx: HostRun) -> bool:
                    "pending": driver.pending, "reason": driver.reboot_reason},
         "docker_restarted": runtime.restart_docker, "cdi_generated": runtime.cdi,
         # A kernel update waiting for its boot: the DKMS module must be built for that kernel too; not acted on.
-        "kernel_update_pending": bool(deployed["paths"].get(fam.REBOOT_REQUIRED)),
+        "kernel_update_pending": fam.reboot_needed(deployed),
         # Known before the run: does any stack operation send a command? If none does, the report is true
         # now (and a converged host shows no change); otherwise it is written once those operations succeeded.
         "changes": any(state.get_op_data_for_host(host, h).operation_meta.will_change

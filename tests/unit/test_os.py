@@ -12,10 +12,14 @@ from modelfleet import PACKAGE_DIR
 from modelfleet import os as osfam
 
 # What a family module defines (modelfleet/os/__init__.py's docstring): the stages call nothing else.
-CONTRACT = ("NAME", "packages", "held", "repo_package", "key_fetched", "in_archive", "missing", "key_path", "source",
+CONTRACT = ("NAME", "packages", "held", "repo_package", "key_fetched", "in_archive", "missing", "repository",
             "source_urls", "cuda_repository", "amd_repository", "upstream", "upstream_sh", "exact_install_sh",
-            "PACKAGE_STATE_SH", "REBOOT_REQUIRED", "UPGRADES_CONF", "upgrades_conf", "arch", "names", "SOURCE_KIND",
-            "OWN_SOURCES")
+            "PACKAGE_STATE_SH", "REBOOT_SH", "reboot_asks", "reboot_needed", "upgrades_config", "names",
+            "SOURCE_KIND", "OWN_SOURCES")
+# The modules that ask a family something, and how they name it there.
+CALLERS = ("stages/gpu_driver.py", "stages/gpu_stack.py", "stages/container_runtime.py", "stages/os_base.py",
+           "stages/router.py", "urls.py", "host_record.py", "facts/state.py", "context.py")
+ASKED = re.compile(r"\b(?:fam|d\.os|self\.os|osfam\.(?:family|by_name)\([^()]*\))\.(\w+)")
 ROLES = ("base", "kernel_headers", "router_base", "router_firewall", "distro_docker", "docker", "docker_holds", "nvidia_driver",
          "nvidia_pinning", "fabric_manager", "cuda_toolkit")
 # A package manager's words: its commands and the paths it reads.
@@ -32,6 +36,13 @@ def test_every_family_keeps_the_contract(name):
     assert data["ids"] and data["source"]
     assert [r for r in ROLES if r not in data["packages"]] == []
     assert set(data["arches"]) == set(osfam.cuda_arches())
+
+
+def test_the_stages_ask_a_family_only_what_the_contract_names():
+    """apt's notions (a suite, components, `$(ARCH)`, a reboot file's path) are no stage's business."""
+    asked = {(rel, name) for rel in CALLERS for name in ASKED.findall((PACKAGE_DIR / rel).read_text())}
+    assert {name for _, name in asked} - {"names"}, "the pattern finds the stages' calls"
+    assert sorted((rel, name) for rel, name in asked if name not in CONTRACT) == []
 
 
 def test_every_release_names_a_family_and_a_codename():

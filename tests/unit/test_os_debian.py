@@ -91,15 +91,31 @@ def test_repositories_are_the_files_the_stages_wrote_before_the_seam():
     assert (amd.repo, amd.keyring) == ("rocm", "/etc/apt/keyrings/rocm.gpg")
 
 
-def test_a_source_line_reads_back_as_apt_reads_it():
-    path, line = debian.source("docker", "https://download.docker.com/linux/ubuntu", "noble", "stable",
-                               debian.key_path("docker"), debian.arch("aarch64"))
+def test_a_repository_is_laid_out_as_the_data_says_and_reads_back_as_apt_reads_it():
+    docker = debian.repository("docker", "https://download.docker.com/linux/",
+                               {"id": "ubuntu", "codename": "noble", "arch": "aarch64"})
+    [(path, line)] = docker.sources
     assert path == "/etc/apt/sources.list.d/docker.list"
     assert line == ("deb [arch=arm64 signed-by=/etc/apt/keyrings/docker.asc] "
                     "https://download.docker.com/linux/ubuntu noble stable\n")
-    assert debian.source_urls(line, "arm64") == [("https://download.docker.com/linux/ubuntu", "noble")]
-    _, flat = debian.source("t", "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)", "/")
-    assert debian.source_urls(flat, "amd64") == [("https://nvidia.github.io/libnvidia-container/stable/deb/amd64", "/")]
+    assert (docker.repo, docker.key, docker.key_url) == (
+        "docker", "/etc/apt/keyrings/docker.asc", "https://download.docker.com/linux/ubuntu/gpg")
+    assert debian.source_urls(line, "aarch64") == [("https://download.docker.com/linux/ubuntu", "suite noble")]
+    toolkit = debian.repository("nvidia-container-toolkit", "https://nvidia.github.io/libnvidia-container/stable/deb",
+                                {"id": "debian"}, key_url="https://nvidia.github.io/libnvidia-container/gpgkey")
+    [(_, flat)] = toolkit.sources
+    assert flat == ("deb [signed-by=/etc/apt/keyrings/nvidia-container-toolkit.asc] "
+                    "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH) /\n")
+    assert toolkit.key_url == "https://nvidia.github.io/libnvidia-container/gpgkey"
+    # apt's $(ARCH) is dpkg's name for the host's `uname -m`
+    assert debian.source_urls(flat, "x86_64") == [("https://nvidia.github.io/libnvidia-container/stable/deb/amd64",
+                                                   "suite /")]
+
+
+def test_a_reboot_is_needed_when_debians_file_is_there():
+    assert debian.reboot_asks() == {"paths": ["/run/reboot-required"]} and debian.REBOOT_SH is None
+    assert debian.reboot_needed({"paths": {"/run/reboot-required": {"kind": "file"}}})
+    assert not debian.reboot_needed({"paths": {"/run/reboot-required": None}})
 
 
 def test_names_and_arches_come_from_the_data():
@@ -114,6 +130,7 @@ def test_unattended_upgrades_leave_every_excluded_pattern_alone():
     assert conf.startswith("// Managed by modelfleet")
     for pattern in ("nvidia-", "libnvidia-", "linux-modules-nvidia-", "cuda-", "docker-ce", "containerd.io", "rocm"):
         assert f'    "{pattern}";\n' in conf
+    assert debian.upgrades_config() == (debian.UPGRADES_CONF, conf)
     assert debian.UPGRADES_CONF.startswith("/etc/apt/apt.conf.d/")
 
 
