@@ -21,7 +21,9 @@ from modelfleet import FILES_DIR, masking
 
 CATALOG_FILE = Path(__file__).parent / "catalog" / "signing_keys.yaml"
 CHECK_PROGRAM = FILES_DIR / "key_fingerprint.py"
-REPOSITORIES = ("cuda", "docker", "nvidia-container-toolkit", "rocm")
+# The repositories whose keys are pinned: catalog/signing_keys.yaml's entries (an OS family's own keys, e.g. the
+# CUDA repository's rpm key, are entries of their own there).
+REPOSITORIES = tuple(yaml.safe_load(CATALOG_FILE.read_text()))
 
 
 def _host(url: str) -> tuple[str, int | None]:

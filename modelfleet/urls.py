@@ -94,7 +94,7 @@ def _stack(found: _Found, plan: HostPlan, system: dict) -> None:
             found.add(repo.key_url, "signing key", f"{repo.key}, for {list_path}", "hosts", name, system)
             for url, what in fam.source_urls(content, system["arch"]):
                 found.add(url, fam.SOURCE_KIND, f"{list_path} ({what})", "hosts", name, system)
-    packages = list(os_base.base_packages(plan, {"kernel": "<kernel>"}, builds_module=driver.builds_module))
+    packages = list(os_base.base_packages(plan, {**system, "kernel": "<kernel>"}, builds_module=driver.builds_module))
     packages += [p for p in runtime.packages if p == "docker.io"]
     found.add(None, "distribution archive", ", ".join(packages), f"hosts ({fam.OWN_SOURCES})", name, system)
 

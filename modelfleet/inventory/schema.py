@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from modelfleet import grammar
+from modelfleet import grammar, trust
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 HUB_ENDPOINT = "https://huggingface.co"
@@ -358,7 +358,7 @@ class HostData(BaseModel):
                                             description="NVIDIA Container Toolkit repository, or a mirror.", json_schema_extra=applies("nvidia"))
     container_toolkit_key_url: Url = Field("https://nvidia.github.io/libnvidia-container/gpgkey",
                                            description="Signing key of the Container Toolkit repository.", json_schema_extra=applies("nvidia"))
-    repo_key_fingerprints: dict[Literal["cuda", "docker", "nvidia-container-toolkit", "rocm"],
+    repo_key_fingerprints: dict[Literal[trust.REPOSITORIES],  # catalog/signing_keys.yaml's names
                                 Annotated[list[Annotated[str, Field(pattern=r"^([0-9A-Fa-f]{40}|[0-9A-Fa-f]{64})$")]],
                                           Field(min_length=1)]] = Field(
         {}, description="A repository's signing key fingerprints (40 or 64 hex), for a site mirror that signs with "

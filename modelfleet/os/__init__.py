@@ -31,12 +31,16 @@ from __future__ import annotations
 
 import functools
 import importlib
+import posixpath
+import shlex
 from dataclasses import dataclass, field
 from types import ModuleType
 
 import yaml
+from pyinfra import host
+from pyinfra.api import StringCommand, operation
 
-from modelfleet import PACKAGE_DIR
+from modelfleet import PACKAGE_DIR, trust
 
 DATA_FILE = PACKAGE_DIR / "catalog" / "os.yaml"
 
@@ -101,11 +105,14 @@ def releases(having: str) -> list[tuple[str, str]]:
 
 
 def supported(having: str) -> str:
-    """The releases with `having`, as a refusal names them: "Ubuntu 22.04, 24.04, Debian 12"."""
+    """The releases with `having`, as a refusal names them: "Ubuntu 22.04, 24.04, Debian 12, RHEL 9.4, ..."
+    (a family's `labels` name an ID; else it is capitalized)."""
+    labels = {i: label for fam in table()["families"].values() for i, label in (fam.get("labels") or {}).items()}
     by_id: dict[str, list[str]] = {}
     for os_id, version in releases(having):
         by_id.setdefault(os_id, []).append(version)
-    return ", ".join(f"{os_id.capitalize()} {', '.join(versions)}" for os_id, versions in by_id.items())
+    return ", ".join(f"{labels.get(os_id, os_id.capitalize())} {', '.join(versions)}"
+                     for os_id, versions in by_id.items())
 
 
 def codename(os_id: str, version_id: str) -> str | None:
@@ -115,3 +122,18 @@ def codename(os_id: str, version_id: str) -> str | None:
 def cuda_arches() -> dict[str, str]:
     """`uname -m` -> the architecture directory of NVIDIA's CUDA repository."""
     return table()["cuda_arches"]
+
+
+@operation()
+def key_fetched(url: str | None, dest: str | None, current: dict | None, repo: str = "",
+                fingerprints: tuple[str, ...] = ()):
+    """A repository's signing key (ASCII-armoured, as published) at `dest`, fetched once from `url` and put in
+    place only when its fingerprint is the one pinned for `repo` (else the host fails, naming both). Every family
+    fetches keys this way (curl and the pinned check know no package manager)."""
+    if not dest or current:
+        host.noop(f"key {dest or '(none)'} is in place")
+        return
+    yield StringCommand("install", "-d", "-m", "0755", posixpath.dirname(dest))
+    yield StringCommand(f"curl -fsSL --retry 3 -o {dest}.tmp {shlex.quote(url)} && "
+                        f"{trust.check_command(dest + '.tmp', repo, fingerprints)} && chmod 0644 {dest}.tmp && "
+                        f"mv {dest}.tmp {dest} || {{ rm -f {dest}.tmp; exit 1; }}")

@@ -5,7 +5,6 @@ suite and components, `$(ARCH)` and dpkg's architecture names, one-line sources)
 
 from __future__ import annotations
 
-import posixpath
 import re
 import shlex
 
@@ -14,7 +13,7 @@ from pyinfra.api import FunctionCommand, StringCommand, operation
 
 from modelfleet import trust
 from modelfleet.operations.report import note, refuse
-from modelfleet.os import Repository, family_data
+from modelfleet.os import Repository, family_data, key_fetched  # noqa: F401 (the contract names it)
 
 NAME = "debian"
 
@@ -35,9 +34,10 @@ AMD_KEYRING = f"{KEYRINGS}/rocm.gpg"  # what amdgpu-install brings, for its two 
 PACKAGE_STATE_SH = "dpkg-query -W -f='${db:Status-Abbrev} ${Version}\\n' -- \"$1\" 2>/dev/null | grep -E '^[hi]i '"
 
 
-def names(role: str):
+def names(role: str, os_info: dict | None = None):
     """catalog/os.yaml's package names for `role` (base, kernel_headers, router_base, router_firewall, distro_docker,
-    docker, docker_holds, nvidia_driver, nvidia_pinning, fabric_manager, cuda_toolkit)."""
+    docker, docker_holds, nvidia_driver, nvidia_pinning, fabric_manager, cuda_toolkit); the same on every
+    release of this family."""
     return family_data(NAME)["packages"][role]
 
 
@@ -79,7 +79,7 @@ def repository(name: str, url: str, os_info: dict | None, key_url: str | None = 
     list_file = source(name, f"{base}/{layout['path'].format(**words)}", layout["suite"].format(**words),
                        layout.get("components", ""), key, arch(os_info.get("arch")) if layout.get("arch") else None)
     return Repository(repo=name, url=url, sources=[list_file], key=key,
-                      key_url=key_url or f"{base}/{layout['key'].format(**words)}")
+                      key_url=key_url or (f"{base}/{layout['key'].format(**words)}" if layout.get("key") else None))
 
 
 def source_urls(content: str, machine: str | None) -> list[tuple[str, str]]:
@@ -223,20 +223,6 @@ def repo_package(package: str | None, url: str | None, current: dict, keyring: s
     yield StringCommand("d=$(mktemp -d)", "&&", "{", "curl", "-fsSL", "--retry", "3", "-o", deb, shlex.quote(url),
                         "&&", *check, apt_get("install", deb), ";", "}", ";", "rc=$?;", "rm", "-rf", '"$d";', "exit",
                         "$rc")
-
-
-@operation()
-def key_fetched(url: str | None, dest: str | None, current: dict | None, repo: str = "",
-                fingerprints: tuple[str, ...] = ()):
-    """A repository's signing key (ASCII-armoured, as published) at `dest`, fetched once from `url` and put in
-    place only when its fingerprint is the one pinned for `repo` (else the host fails, naming both)."""
-    if not dest or current:
-        host.noop(f"key {dest or '(none)'} is in place")
-        return
-    yield StringCommand("install", "-d", "-m", "0755", posixpath.dirname(dest))
-    yield StringCommand(f"curl -fsSL --retry 3 -o {dest}.tmp {shlex.quote(url)} && "
-                        f"{trust.check_command(dest + '.tmp', repo, fingerprints)} && chmod 0644 {dest}.tmp && "
-                        f"mv {dest}.tmp {dest} || {{ rm -f {dest}.tmp; exit 1; }}")
 
 
 def _in_archive(state, host, package: str, refusal: str) -> bool:

@@ -66,7 +66,8 @@ def decide(plan: HostPlan, probe: dict, state: dict, driver_changes: bool = Fals
     out = RuntimePlan(manage=True, vendor=vendor)
     os_info = probe.get("os") or {}
     fam = osfam.family(os_info)
-    if stack.docker_source == "docker":
+    # A family whose archive has no Docker (the RHEL family ships podman) takes Docker's repository.
+    if stack.docker_source == "docker" or not fam.names("distro_docker"):
         out.repositories.append(fam.repository("docker", stack.docker_repo_url, os_info))
         out.packages.update(dict.fromkeys(fam.names("docker")))
     else:

@@ -21,9 +21,9 @@ def base_packages(plan: HostPlan, os_info: dict | None, builds_module: bool = Tr
     if not plan.stack_ours:
         return {}
     fam = osfam.family(os_info)
-    names = list(fam.names("base"))
+    names = list(fam.names("base", os_info))
     if builds_module and (os_info or {}).get("kernel"):
-        names.append(fam.names("kernel_headers").format(kernel=os_info["kernel"]))
+        names.append(fam.names("kernel_headers", os_info).format(kernel=os_info["kernel"]))
     return dict.fromkeys(names)
 
 

@@ -203,7 +203,8 @@ def test_preflight_alone_refuses_fabric_manager_skew_that_the_stack_would_fix(fa
 
 def test_unsupported_os_is_refused_naming_the_field(fake):
     host = bare(fake, "nvidia", "debian12")
-    host["fake_responses"]["@@modelfleet-probe"] = fake.probe_reply({"os": ["ID=rocky", 'VERSION_ID="9.4"',
+    # Rocky Linux 8: its family (rhel) is known, the release is not one the stack installs on
+    host["fake_responses"]["@@modelfleet-probe"] = fake.probe_reply({"os": ["ID=rocky", 'VERSION_ID="8.10"',
                                                                        "MACHINE_ARCH=x86_64"], "disk": DF})
     state = fake.run_fake([("n1", host)], stack_only, dry=True)
     assert "<refuse>" in fake.planned(state, "n1")
