@@ -11,109 +11,16 @@ Regenerate only for a change meant to reach Debian hosts:
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 from pathlib import Path
 
 import pytest
-from pyinfra.connectors.fake import FakeConnector
+
+from tests.helpers.planned_steps import harness, run
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "os-debian-golden.json"
 DISTROS = {"ubuntu2204": ("ubuntu", "22.04"), "ubuntu2404": ("ubuntu", "24.04"), "debian12": ("debian", "12")}
 STATE_MARK = "@@modelfleet-state"
-
-
-def _harness():
-    from tests.conftest import _fake_harness
-
-    return _fake_harness()
-
-
-# Operations whose commands are no OS family's (GPU checks, the reboot, the report): named, their commands not kept.
-NOT_THE_FAMILYS = ("A container sees", "GPUs answer", "Reboot for", "GPU stack report")
-
-
-def _command(command) -> object:
-    """A command as the host gets it: FunctionCommands by name and arguments, uploads with their content; the
-    key check's program (modelfleet/files, not the family's) by name."""
-    from modelfleet import trust
-
-    function = getattr(command, "function", None)
-    if function:
-        return [f"<{function.__name__}>", [repr(a) for a in command.args], _asks(command)]
-    if hasattr(command, "dest"):
-        return [f"<upload {command.dest}>", command.src.getvalue().decode()]
-    return command.get_masked_value().replace(shlex.quote(trust.CHECK_PROGRAM.read_text()), "<key check>")
-
-
-class _Asked:
-    """A host for a FunctionCommand's body: records what it runs, answers every command with `answer`."""
-
-    def __init__(self, answer: bool):
-        self.ran: list[str] = []
-        self.answer = answer
-
-    def run_shell_command(self, command, **kwargs):
-        self.ran.append(command.get_raw_value())
-        return self.answer, None
-
-
-def _asks(command) -> list[str]:
-    """The shell commands a FunctionCommand's body runs on the host: each answered no (nothing interrupted),
-    or, for a body that would then refuse the host, yes (the archive has the package)."""
-    for answer in (False, True):
-        host = _Asked(answer)
-        try:
-            command.function(None, host, *command.args, **command.kwargs)
-            return host.ran
-        except AttributeError:  # it reached refuse() or note(), which need a real state
-            continue
-    return ["<not run>"]
-
-
-def _steps(state, name: str) -> list:
-    """Each operation's name and the commands a run would send for it."""
-    from pyinfra.context import ctx_host, ctx_state
-
-    host = state.inventory.get_host(f"@fake/{name}")
-    out = []
-    with ctx_state.use(state), ctx_host.use(host):
-        for op_hash in state.get_op_order():
-            op_name = ", ".join(state.get_op_meta(op_hash).names)
-            commands = state.get_op_data_for_host(host, op_hash).command_generator()
-            theirs = any(name in op_name for name in NOT_THE_FAMILYS)
-            out.append([op_name, [] if theirs else [_command(c) for c in commands]])
-    return out
-
-
-def _state_query(command: str) -> dict:
-    """DeployedState's command: what it asks (KIND=VALUE) and the shell functions it is given (the family's
-    package query among them); the program's own text is the fact's, not the family's."""
-    words = shlex.split(command)
-    program, args = words[2], words[4:]
-    functions = [line for line in program.splitlines() if line.split("(", 1)[0].isidentifier()
-                 and line.split("(", 1)[1:2] and line.split("(", 1)[1].startswith(") {")]
-    return {"asks": args, "functions": functions}
-
-
-def _run(fake, hosts: dict, dry: bool = True) -> tuple[list, list]:
-    asked: list[str] = []
-    original = FakeConnector.run_shell_command
-
-    def record(self, command, *args, **kwargs):
-        text = command.get_raw_value() if hasattr(command, "get_raw_value") else str(command)
-        if "deployed_state" in text:
-            asked.append(text)
-        return original(self, command, *args, **kwargs)
-
-    FakeConnector.run_shell_command = record
-    try:
-        from tests.stages.test_gpu_driver import stack_only
-
-        state = fake.run_fake([("n1", hosts)], stack_only, dry=dry)
-    finally:
-        FakeConnector.run_shell_command = original
-    return _steps(state, "n1"), [_state_query(c) for c in asked]
 
 
 def _urls(host: dict, system: str, arch: str) -> list:
@@ -130,7 +37,7 @@ def render() -> dict:
     from tests.stages.test_gpu_driver import bare, converged_state, loaded_probe, os_lines
     from tests.stages.test_secure_boot_stack import secure_host
 
-    fake = _harness()
+    fake = harness()
     from modelfleet.os import debian
 
     # What a package operation runs when dpkg was interrupted (its FunctionCommand's second command).
@@ -151,17 +58,17 @@ def render() -> dict:
                         {"os": os_lines(fake, distro, arch), "disk": [
                             "Filesystem 1-blocks Used Available Capacity Mounted on",
                             "/dev/md0 30000000000000 1000000000 29000000000000 1% /srv"], "ports": []})
-                steps, asked = _run(fake, host)
+                steps, asked = run(fake, host)
                 out[f"{distro} {arch} {case}"] = {"steps": steps, "state": asked,
                                                   "urls": _urls(host, f"{os_id}-{version}", arch)}
     # A converged host moved to another release (versions asked for, Fabric Manager at it, holds moved).
     host = {"hardware": "h200", "gpu_count": 8, "model": "kimi-k2-thinking", "engine": "vllm", "pool": "p",
             "revision": "e" * 40, "driver_version": "580.95.05",
             "fake_responses": {"@@modelfleet-probe": loaded_probe(fake), STATE_MARK: converged_state()}}
-    steps, asked = _run(fake, host)
+    steps, asked = run(fake, host)
     out["ubuntu2404 x86_64 new driver_version on a converged host"] = {"steps": steps, "state": asked}
     # Secure Boot on Ubuntu: the archive is asked for Canonical's signed modules first.
-    steps, asked = _run(fake, secure_host(fake))
+    steps, asked = run(fake, secure_host(fake))
     out["ubuntu2404 x86_64 secure boot"] = {"steps": steps, "state": asked}
     return out
 
@@ -174,7 +81,7 @@ def _reboot_pending(fake, tmp_path, monkeypatch) -> dict:
     host = {"hardware": "h200", "gpu_count": 8, "model": "kimi-k2-thinking", "engine": "vllm", "pool": "p",
             "revision": "e" * 40, "driver_pinning": False,
             "fake_responses": {"@@modelfleet-probe": loaded_probe(fake), STATE_MARK: converged_state()}}
-    _run(fake, host, dry=False)
+    run(fake, host, dry=False)
     return json.loads(next((tmp_path / "gpu_stack").glob("*.json")).read_text())
 
 
