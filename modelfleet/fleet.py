@@ -394,7 +394,9 @@ def logs(plans: list[HostPlan], lines: int = 50, follow: bool = False, sink=sys.
         finally:
             conn.close()
 
-    threads = [threading.Thread(target=stream, args=(plan, journal_command(svc.unit_name, lines, follow=follow, iso=True)), daemon=True)
+    threads = [threading.Thread(target=stream,
+                                args=(plan, journal_command(svc.unit_name, lines, follow=follow, iso=True)),
+                                daemon=True)
                for plan in plans for svc in plan.services]
     for t in threads:
         t.start()

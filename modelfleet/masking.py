@@ -33,8 +33,10 @@ URL_CREDENTIALS = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)([^/?#@\s\"']+)@")
 # twice changes nothing), and so is what only names one: a placeholder (`Bearer <key>`, `{key}`, `$KEY`, `%s`),
 # a call or attribute (`token = job.get(...)`) or a word under 8 characters (`token=token`). Known secrets are
 # masked by value wherever they appear; this catches the ones the control node does not hold.
-NAMED_VALUE = re.compile(r"(?i)(\b[\w-]*(?:api[_-]?key|token|secret|password|passwd)(?:\s*=\s*['\"]?|['\"]?\s*:\s*['\"])"
-                         r"|--[\w-]*(?:api-key|token|secret|password)\s+|\bbearer\s+)(?!\*{8}|<[\w-]+>|\{[\w.]+\}|\$\{?\w+\}?|%s)([^\s'\",;(){}\[\]]{8,})(?![\w(\[.])")
+NAMED_VALUE = re.compile(r"(?i)(\b[\w-]*(?:api[_-]?key|token|secret|password|passwd)"
+                         r"(?:\s*=\s*['\"]?|['\"]?\s*:\s*['\"])"
+                         r"|--[\w-]*(?:api-key|token|secret|password)\s+|\bbearer\s+)"
+                         r"(?!\*{8}|<[\w-]+>|\{[\w.]+\}|\$\{?\w+\}?|%s)([^\s'\",;(){}\[\]]{8,})(?![\w(\[.])")
 MIN_LENGTH = 4  # shorter values are not searched for (they would mask ordinary words)
 
 _known: set[str] = set()

@@ -94,7 +94,8 @@ def rows(model: type[BaseModel]) -> list[str]:
         raise ValueError(f"{model.__name__}: no description for {', '.join(missing)} (give each field "
                          "Field(..., description=...))")
     return [f"| `{name}` | {_cell(type_name(field.annotation, field.metadata))} | {_cell(_default(field))} | "
-            f"{_cell(field.description.strip())}{_applies(model, name)} |" for name, field in model.model_fields.items()]
+            f"{_cell(field.description.strip())}{_applies(model, name)} |"
+            for name, field in model.model_fields.items()]
 
 
 def _applies(model: type[BaseModel], name: str) -> str:

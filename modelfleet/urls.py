@@ -153,8 +153,9 @@ def _front_doors(found: _Found, plan: HostPlan) -> None:
                   f"hosts ({osfam.family(None).OWN_SOURCES})", plan.name)
     for rp in plan.routers:
         # The one URL here clients come in by (never an outside one to let out): by router_server_name.
-        found.add(f"{rp.base_url}/v1", FRONT_DOOR, f"{rp.served_name} for clients ({'TLS' if rp.tls else 'plain HTTP'})",
-                  "clients (inbound)", plan.name)
+        found.add(f"{rp.base_url}/v1", FRONT_DOOR,
+                  f"{rp.served_name} for clients ({'TLS' if rp.tls else 'plain HTTP'})", "clients (inbound)",
+                  plan.name)
         spec = router.spec(rp)
         if plan.router_pip_index_url:
             found.add(plan.router_pip_index_url, "pip index", f"{spec.package}=={spec.version} and its dependencies "

@@ -93,7 +93,8 @@ def _stats(values: list[float]) -> dict:
         return {"mean_ms": None, "median_ms": None, "p99_ms": None}
     # Linear interpolation between closest ranks, as numpy.percentile (what vllm bench serve reports).
     p99 = statistics.quantiles(values, n=100, method="inclusive")[98] if len(values) > 1 else values[0]
-    return {"mean_ms": round(1000 * statistics.fmean(values), 3), "median_ms": round(1000 * statistics.median(values), 3),
+    return {"mean_ms": round(1000 * statistics.fmean(values), 3),
+            "median_ms": round(1000 * statistics.median(values), 3),
             "p99_ms": round(1000 * p99, 3)}
 
 

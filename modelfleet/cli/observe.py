@@ -23,7 +23,8 @@ def _inventory_endpoints(inventory: str, hosts: tuple[str, ...], group_data=(), 
 @main.command()
 @click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
 @limit_option
-@click.option("--ready-timeout", type=click.FloatRange(min=0, max=86400), default=60, show_default=True, help="Seconds to wait for /health.")
+@click.option("--ready-timeout", type=click.FloatRange(min=0, max=86400), default=60, show_default=True,
+              help="Seconds to wait for /health.")
 @inventory_options
 def verify(inventory: str, limit, hosts, ready_timeout: float, group_data, data) -> None:
     """Readiness, smoke and tool-call/multi-turn probe of every endpoint (JSON; exit 1 if any fails)."""
@@ -42,14 +43,19 @@ def verify(inventory: str, limit, hosts, ready_timeout: float, group_data, data)
 @click.option("--model", help="Model name for --base-url.")
 @click.option("--api-key-env", help="Environment variable holding the key for --base-url.")
 @click.option("--concurrency", default="1,4,16", show_default=True, help="Comma-separated levels.")
-@click.option("--num-prompts", type=click.IntRange(min=1, max=1_000_000), default=32, show_default=True, help="Tasks per level.")
-@click.option("--input-len", type=click.IntRange(min=1, max=4_194_304), default=128, show_default=True, help="Prompt tokens per task.")
-@click.option("--output-len", type=click.IntRange(min=1, max=4_194_304), default=128, show_default=True, help="Tokens generated per task.")
-@click.option("--retries", type=click.IntRange(min=0, max=100), default=0, show_default=True, help="Re-sends of a failed task.")
+@click.option("--num-prompts", type=click.IntRange(min=1, max=1_000_000), default=32, show_default=True,
+              help="Tasks per level.")
+@click.option("--input-len", type=click.IntRange(min=1, max=4_194_304), default=128, show_default=True,
+              help="Prompt tokens per task.")
+@click.option("--output-len", type=click.IntRange(min=1, max=4_194_304), default=128, show_default=True,
+              help="Tokens generated per task.")
+@click.option("--retries", type=click.IntRange(min=0, max=100), default=0, show_default=True,
+              help="Re-sends of a failed task.")
 @click.option("--no-metrics", is_flag=True, help="Do not scrape the engine's /metrics during the run.")
 @click.option("--no-gpu-memory", is_flag=True, help="Do not sample the serving hosts' GPU memory (nvidia-smi over "
                                                       "SSH) during the run.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="reports/bench", show_default=True, help="Where the JSON and PNG reports go.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="reports/bench", show_default=True,
+              help="Where the JSON and PNG reports go.")
 @inventory_options
 def bench(inventory, limit, hosts, base_url, model, api_key_env, concurrency, num_prompts, input_len, output_len,
           retries, no_metrics, no_gpu_memory, out_dir, group_data, data) -> None:
@@ -85,11 +91,13 @@ def bench(inventory, limit, hosts, base_url, model, api_key_env, concurrency, nu
         if any(level < 1 for level in levels):
             raise ValueError
     except ValueError:
-        raise click.UsageError(f"--concurrency must be integers (1 or more) separated by commas, got {concurrency!r}") from None
+        raise click.UsageError(f"--concurrency must be integers (1 or more) separated by commas, "
+                               f"got {concurrency!r}") from None
     results = []
     for ep in endpoints:
         def progress(level, ep=ep):
-            click.echo(f"{ep.name}: concurrency {level['concurrency']}: {level['completed']}/{level['num_prompts']} ok, "
+            click.echo(f"{ep.name}: concurrency {level['concurrency']}: "
+                       f"{level['completed']}/{level['num_prompts']} ok, "
                        f"TTFT p99 {level['ttft']['p99_ms']} ms, {level['output_throughput']} tok/s", err=True)
         results.append(run_bench(ep, levels, num_prompts, input_len, output_len, Path(out_dir), retries,
                                  not no_metrics, progress, gpu_memory=readers.get(ep.name)))
@@ -151,7 +159,8 @@ def status(inventory: str, limit, hosts, as_json: bool, group_data, data) -> Non
 @click.argument("patterns", nargs=-1, metavar="[HOST|GROUP]...")
 @click.option("--limit", "limit", multiple=True, metavar="HOST|GROUP",
               help="Only these hosts: a name, a glob or a group, as pyinfra's --limit (repeatable).")
-@click.option("-n", "--lines", type=click.IntRange(min=1, max=1_000_000), default=50, show_default=True, help="Journal lines per unit.")
+@click.option("-n", "--lines", type=click.IntRange(min=1, max=1_000_000), default=50, show_default=True,
+              help="Journal lines per unit.")
 @click.option("-f", "--follow", is_flag=True, help="Keep following (Ctrl-C to stop).")
 @inventory_options
 def logs(inventory: str, patterns, limit, lines: int, follow: bool, group_data, data) -> None:
@@ -169,7 +178,8 @@ def logs(inventory: str, patterns, limit, lines: int, follow: bool, group_data, 
 @click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
 @click.argument("host")
 @click.option("--pool", help="Which of the host's services (default: its first).")
-@click.option("--local-port", type=click.IntRange(min=1, max=65535), help="Local port (default: the endpoint's own port).")
+@click.option("--local-port", type=click.IntRange(min=1, max=65535),
+              help="Local port (default: the endpoint's own port).")
 @inventory_options
 def tunnel(inventory: str, host: str, pool: str | None, local_port: int | None, group_data, data) -> None:
     """Forward a local port to HOST's loopback-bound endpoint (ssh -N -L) and print the base_url to use."""

@@ -76,8 +76,8 @@ def validate(inventory: str, group_data, data, offline: bool, strict: bool, as_j
               help="Rollback copies kept on disk.")
 @click.option("--recipe", "recipe_id", help="Size this catalog recipe (default: the first of MODEL on HARDWARE).")
 @click.option("--quant", help="GGUF quantization, e.g. UD-IQ1_M: a llama.cpp recipe of MODEL with it on HARDWARE.")
-@click.option("--host-ram-gib", type=click.IntRange(min=1, max=65536), help="Host RAM for recipes that keep MoE experts in RAM "
-              "(default: the hardware catalog's figure).")
+@click.option("--host-ram-gib", type=click.IntRange(min=1, max=65536),
+              help="Host RAM for recipes that keep MoE experts in RAM (default: the hardware catalog's figure).")
 @click.option("--json", "as_json", is_flag=True, help="Print the full plan as JSON.")
 def plan(inventory, host, group_data, data, model: str, hardware: str, gpus: int, nodes: int, keep_revisions: int,
          recipe_id: str | None, quant: str | None, host_ram_gib: int | None, as_json: bool) -> None:
@@ -148,7 +148,8 @@ def layer_lines_of(svc) -> list[str]:
 
 def _plan_text(report, recipe, layered: list[str]) -> str:
     lines = [
-        f"{report.model} on {report.nodes}x{report.gpus_per_node} {report.hardware}" + (f" (recipe {recipe.id})" if recipe else ""),
+        f"{report.model} on {report.nodes}x{report.gpus_per_node} {report.hardware}"
+        + (f" (recipe {recipe.id})" if recipe else ""),
         "raw parameter bytes: " + ", ".join(f"{k} {v / 1e12:.2f} TB" for k, v in report.raw_bytes.items()),
         f"checkpoint: {report.checkpoint_bytes / 1e12:.3f} TB" + (" (estimated)" if report.checkpoint_estimated
                                                                   else ""),

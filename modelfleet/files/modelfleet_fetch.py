@@ -21,11 +21,11 @@ as the control node read it: {path: {size, sha256 (LFS files and caches) | null,
 null}}. Sizes and digests never come from the source: for an engine cache, the control node read the holder's
 index over SSH. A peer copy's job also holds the run's fan-out token, the proof keys of its sources only
 (`proofs`: {host: key}) and says what it copies (`kind`: checkpoint or cache). No file gets more bytes than
-its size: a source that sends more is cut off there, the partial file removed, the source named. A file counts as verified when its size matches and its sha256 (LFS files) or git blob
-id (the others: config, tokenizer) matches — or, on a re-run, when size and mtime equal what the manifest
-recorded after a full check. Missing or corrupt files are (re)fetched; completed files are never fetched again.
-The result goes to DEST/.modelfleet-manifest.json and, as JSON, to stdout. Tokens are read from 0600 files,
-never argv.
+its size: a source that sends more is cut off there, the partial file removed, the source named. A file counts
+as verified when its size matches and its sha256 (LFS files) or git blob id (the others: config, tokenizer)
+matches — or, on a re-run, when size and mtime equal what the manifest recorded after a full check. Missing or
+corrupt files are (re)fetched; completed files are never fetched again. The result goes to
+DEST/.modelfleet-manifest.json and, as JSON, to stdout. Tokens are read from 0600 files, never argv.
 
 The peer server (`serve`, started by the stage as an unprivileged transient unit, its job on stdin) answers
 GET of exactly the names its job lists, each opened below its directory without following a symlink, to a
@@ -44,8 +44,9 @@ digests of the bytes now on disk. An engine cache's directory is written by its 
 every command works in DEST (and DIR) by descriptor (Tree): opened once without following a link, each name
 below reached component by component with O_NOFOLLOW, new files O_EXCL under unguessable names renamed into
 place, the lock opened O_NOFOLLOW and refused unless a plain file; a cache directory holding a symlink, device,
-pipe, socket or setuid file is refused and named, on a receiver as on a holder. Any failure ends in one line on stderr (`modelfleet: ...`, exit 1) saying
-what failed and what to do; the traceback goes to JOB.json's `.log` beside it.
+pipe, socket or setuid file is refused and named, on a receiver as on a holder. Any failure ends in one line
+on stderr (`modelfleet: ...`, exit 1) saying what failed and what to do; the traceback goes to JOB.json's
+`.log` beside it.
 
 Why one file of over 400 lines: it runs on hosts with python3's standard library alone (the hub download in the
 stage's venv), copied beside modelfleet_swarm.py (the piece exchange); its commands share the job format, the

@@ -96,7 +96,8 @@ def fleet_wide(problems: list[tuple[str, str, str]], sources: dict[str, dict[str
     for problem in problems:
         where, fld, message = problem
         origin = sources.get(where.removeprefix("host "), {}).get(fld, "")
-        if message.startswith(UNUSED) and " applies only to " in message and (origin == "--data" or origin.endswith("group_data/all.py")):
+        fleet_wide_origin = origin == "--data" or origin.endswith("group_data/all.py")
+        if message.startswith(UNUSED) and " applies only to " in message and fleet_wide_origin:
             warnings.append((where, fld, message.replace("; take it out (a group's value", "; (the whole fleet's "
                                                          "value, kept for the hosts it applies to; a group's value")))
         else:

@@ -131,7 +131,8 @@ def module_settings(inventory: str, values: dict[str, Any]) -> list[tuple[str, s
 
     known = set(HostData.model_fields) | set(SERVICE_KEYS)
     return [(inventory, key, "set at module level, where pyinfra reads only groups (it would be ignored): put it "
-                             "in group_data/all.py, a group's data or the hosts' data") for key in values if key in known]
+                             "in group_data/all.py, a group's data or the hosts' data")
+            for key in values if key in known]
 
 
 def invocation() -> dict[str, Any] | None:
