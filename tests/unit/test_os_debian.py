@@ -51,8 +51,8 @@ def test_a_held_package_reads_as_held(tmp_path):
     assert found == {"docker-ce": {"version": "5:28.0.1-1~ubuntu.24.04~noble", "held": True}, "old": None}
 
 
-@pytest.mark.parametrize("version,upstream", [("1:580.159.04-1ubuntu1", "580.159.04"), ("580.95.05-0ubuntu1", "580.95.05"),
-                                              ("2.28.1", "2.28.1")])
+@pytest.mark.parametrize("version,upstream", [("1:580.159.04-1ubuntu1", "580.159.04"),
+                                              ("580.95.05-0ubuntu1", "580.95.05"), ("2.28.1", "2.28.1")])
 def test_upstream_version_reads_the_same_in_shell_and_python(tmp_path, version, upstream):
     assert debian.upstream(version) == upstream
     stand_in(tmp_path, "dpkg-query", f"printf %s '{version}'")
