@@ -83,7 +83,8 @@ def test_repositories_are_the_files_the_stages_wrote_before_the_seam():
     assert cuda.sources == [("/etc/apt/sources.list.d/cuda-ubuntu2404-sbsa.list",
                              f"deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] {base} /\n")]
     amd = debian.amd_repository("https://repo.radeon.com/", "7.0", "noble", "7.0.70000-1")
-    assert amd.package_url == "https://repo.radeon.com/amdgpu-install/7.0/ubuntu/noble/amdgpu-install_7.0.70000-1_all.deb"
+    assert amd.package_url == ("https://repo.radeon.com/amdgpu-install/7.0/ubuntu/noble/"
+                               "amdgpu-install_7.0.70000-1_all.deb")
     signed = "[arch=amd64 signed-by=/etc/apt/keyrings/rocm.gpg]"
     assert amd.sources == [
         ("/etc/apt/sources.list.d/amdgpu.list", f"deb {signed} https://repo.radeon.com/amdgpu/7.0/ubuntu noble main\n"),
