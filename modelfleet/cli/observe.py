@@ -6,16 +6,18 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 import click
 
 from modelfleet import keys, masking
+from modelfleet.checks import Endpoint, inventory_endpoints
+from modelfleet.checks.cost import PriceError, cost_per_task, load_prices
+from modelfleet.checks.tunnel import port_free
 from modelfleet.cli.common import emit, inventory_options, limit_option, main, resolved_or_exit, selected
 
 
 def _inventory_endpoints(inventory: str, hosts: tuple[str, ...], group_data=(), data=()):
-    from modelfleet.checks import inventory_endpoints
-
     result = resolved_or_exit(inventory, group_data, data)
     return inventory_endpoints(result, tuple(selected(result, hosts)))
 
@@ -29,6 +31,7 @@ def _inventory_endpoints(inventory: str, hosts: tuple[str, ...], group_data=(), 
 def verify(inventory: str, limit, hosts, ready_timeout: float, group_data, data) -> None:
     """Readiness, smoke and tool-call/multi-turn probe of every endpoint (JSON; exit 1 if any fails)."""
     endpoints = _inventory_endpoints(inventory, tuple(limit) + tuple(hosts), group_data, data)
+    # the openai SDK (hundreds of modules) loads only when verify runs
     from modelfleet.checks.probe import verify as verify_endpoint
 
     reports = [verify_endpoint(ep, ready_timeout) for ep in endpoints]
@@ -60,10 +63,6 @@ def verify(inventory: str, limit, hosts, ready_timeout: float, group_data, data)
 def bench(inventory, limit, hosts, base_url, model, api_key_env, concurrency, num_prompts, input_len, output_len,
           retries, no_metrics, no_gpu_memory, out_dir, group_data, data) -> None:
     """Acceptance bench (vLLM bench serve definitions): JSON + PNG per endpoint; exit 1 on regressions."""
-    from pathlib import Path
-
-    from modelfleet.checks import Endpoint
-
     if bool(inventory) == bool(base_url):
         raise click.UsageError("give an INVENTORY or --base-url (with --model), not both")
     if base_url:
@@ -77,13 +76,14 @@ def bench(inventory, limit, hosts, base_url, model, api_key_env, concurrency, nu
                               model=model, engine="remote", api_key=key)]
         readers = {}
     else:
-        from modelfleet.checks import inventory_endpoints
+        # the openai SDK (hundreds of modules) loads only when bench runs
         from modelfleet.checks.bench import host_gpu_memory
 
         result = resolved_or_exit(inventory, group_data, data)
         endpoints = inventory_endpoints(result, tuple(selected(result, limit, hosts)))
         plans = {f"{name}/{svc.pool}": plan for name, plan in result.hosts.items() for svc in plan.services}
         readers = {} if no_gpu_memory else {ep.name: host_gpu_memory(plans[ep.name]) for ep in endpoints}
+    # the openai SDK (hundreds of modules) loads only when bench runs
     from modelfleet.checks.bench import bench as run_bench
 
     try:
@@ -111,10 +111,6 @@ def bench(inventory, limit, hosts, base_url, model, api_key_env, concurrency, nu
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 def cost(runs: tuple[str, ...], as_json: bool) -> None:
     """Cost per successful task: (compute or API + storage/network + operations + human correction) / tasks."""
-    from pathlib import Path
-
-    from modelfleet.checks.cost import PriceError, cost_per_task, load_prices
-
     rows = []
     for run in runs:
         label, _, rest = run.partition("=")
@@ -147,6 +143,7 @@ def _plans(inventory: str, hosts: tuple[str, ...], group_data=(), data=()):
 @inventory_options
 def status(inventory: str, limit, hosts, as_json: bool, group_data, data) -> None:
     """Per host: unit state, image, model revision, endpoint health, restarts, GPUs (concurrently, over SSH)."""
+    # fleet loads fabric's SSH client: only the commands that reach hosts pay for it
     from modelfleet import fleet
 
     rows = fleet.status(_plans(inventory, tuple(limit) + tuple(hosts), group_data, data))
@@ -166,6 +163,7 @@ def status(inventory: str, limit, hosts, as_json: bool, group_data, data) -> Non
 def logs(inventory: str, patterns, limit, lines: int, follow: bool, group_data, data) -> None:
     """The engine units' journal from the hosts given (names, globs or groups; default: all), each line
     prefixed by its host."""
+    # fleet loads fabric's SSH client: only the commands that reach hosts pay for it
     from modelfleet import fleet
 
     try:
@@ -183,9 +181,8 @@ def logs(inventory: str, patterns, limit, lines: int, follow: bool, group_data, 
 @inventory_options
 def tunnel(inventory: str, host: str, pool: str | None, local_port: int | None, group_data, data) -> None:
     """Forward a local port to HOST's loopback-bound endpoint (ssh -N -L) and print the base_url to use."""
-
+    # fleet loads fabric's SSH client: only the commands that reach hosts pay for it
     from modelfleet import fleet
-    from modelfleet.checks.tunnel import port_free
 
     [plan] = _plans(inventory, (host,), group_data, data)
     services = [s for s in plan.services if pool in (None, s.pool)]
