@@ -17,6 +17,7 @@ import os
 import re
 import sys
 import threading
+import traceback
 import urllib.parse
 from typing import Any
 
@@ -185,8 +186,6 @@ class MaskedStream:
 
 
 def _excepthook(kind, error, trace):
-    import traceback
-
     sys.stderr.write(mask("".join(traceback.format_exception(kind, error, trace))))
 
 
@@ -237,6 +236,7 @@ def install() -> None:
     """For the rest of the process (pyinfra's run): its streams masked, an uncaught exception's traceback with
     them, and the traceback pyinfra writes to DEBUG_LOG on an internal error; sudo's password on stdin, never
     on a host's command line (modelfleet.sudo)."""
+    # sudo loads pyinfra's connectors: only a pyinfra run installs it, the CLI and the checks' child do not
     from modelfleet import sudo
 
     sudo.install()

@@ -15,7 +15,7 @@ import annotated_types
 from pydantic import AfterValidator, BaseModel
 from pydantic.fields import FieldInfo
 
-from modelfleet.inventory import applies, schema
+from modelfleet.inventory import applies, resolver, schema
 
 BEGIN, END = "<!-- settings:begin -->", "<!-- settings:end -->"
 
@@ -105,9 +105,7 @@ def _applies(model: type[BaseModel], name: str) -> str:
 
 
 def _pyinfra_keys() -> list[str]:
-    from modelfleet.inventory.resolver import _pyinfra_keys as keys
-
-    return sorted(keys() - set(schema.HostData.model_fields))
+    return sorted(resolver._pyinfra_keys() - set(schema.HostData.model_fields))
 
 
 def table() -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
+import subprocess
 import threading
 import time
 import urllib.request
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from openai import APIError, OpenAI
 
-from modelfleet import masking
+from modelfleet import fleet, masking
 from modelfleet.catalog import EngineMetrics, load_catalog
 from modelfleet.checks import Endpoint
 from modelfleet.checks.probe import client
@@ -202,12 +203,8 @@ def host_gpu_memory(plan):
     if plan.hardware.vendor != "nvidia":
         return None
     if plan.address == "@local":
-        import subprocess
-
         return lambda: subprocess.run(gpu_memory_sh(), shell=True, capture_output=True, text=True,
                                       timeout=10).stdout
-    from modelfleet import fleet
-
     conn = fleet.connect(plan)
     return lambda: fleet.execute(conn, plan, gpu_memory_sh())[1]
 
@@ -280,9 +277,11 @@ def regressions(current: dict, previous: dict | None) -> list[str]:
 
 def plot(result: dict, path: Path) -> None:
     """Latency percentiles (TTFT, TPOT, ITL: median and p99) against concurrency."""
+    # matplotlib (slow to import) loads only to draw a plot
     import matplotlib
 
     matplotlib.use("Agg")
+    # after use(): pyplot takes its backend when it loads
     import matplotlib.pyplot as plt
 
     levels = result["levels"]

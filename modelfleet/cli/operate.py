@@ -367,7 +367,7 @@ def mirror(inventory: str, dest: str, limit, from_host: str | None, group_data, 
     as DEST/<hub repo>/<commit>/ with its manifest, each file verified before it is renamed into place. From
     the hub (hf_endpoint, the token hf_token_env names), or --from-host. A re-run copies nothing already
     verified. Progress on stderr, a JSON summary on stdout; exit 1 on failure."""
-    # mirror loads the checkpoint client (urllib, a thread pool): only mirror needs it
+    # mirror loads the checkpoint client (urllib) and fabric's SSH client: only mirror needs them
     from modelfleet.mirror import MirrorError, build
 
     result = resolved_or_exit(inventory, group_data, data)

@@ -25,7 +25,6 @@ from modelfleet.inventory.schema import HostData
 from modelfleet.planner import layer_lines, plan_capacity, split_lines
 from modelfleet.router import preview as door_preview
 from modelfleet.router import summary as door_summary
-from modelfleet.urls import known_systems, origins, outside_urls
 
 
 @main.command()
@@ -350,6 +349,9 @@ def urls(inventory: str, limit, hosts, only_os, arches, as_json: bool, group_dat
     """Every outside URL a run over INVENTORY will use, without connecting to anything: the GPU stack's apt
     repositories, packages and keys, the images' registries, the hub or the checkpoint mirror, pip's index;
     and the origins (scheme://host:port) a firewall must let through."""
+    # urls asks the stages themselves (50 more modules, urllib.request among them): only this command needs them
+    from modelfleet.urls import known_systems, origins, outside_urls
+
     unknown = [name for name in only_os if name not in known_systems()]
     if unknown:
         raise click.UsageError(f"--os {', '.join(unknown)}: not a release the GPU stack installs on (known: "

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from modelfleet.inventory.schema import SERVICE_KEYS, ServiceData
+
 # scope -> (who it applies to, in the error's words)
 SCOPES = {
     "nvidia": "NVIDIA hosts",
@@ -108,8 +110,6 @@ def fleet_wide(problems: list[tuple[str, str, str]], sources: dict[str, dict[str
 def router_only_problems(data: dict, where: str) -> list[tuple[str, str, str]]:
     """A router-only host serves no model: a service setting given to it (an engine, a port, extra_args, a
     router of its own) would be ignored. `model` and `services` are router_only's own refusals."""
-    from modelfleet.inventory.schema import SERVICE_KEYS, ServiceData
-
     out = []
     for name in SERVICE_KEYS:
         if name == "model" or name not in data:

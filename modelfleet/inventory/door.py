@@ -12,13 +12,18 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
+import click
+
 from modelfleet import grammar, masking
-from modelfleet.catalog import CatalogError, load_catalog, with_site_hardware, with_site_recipes
+from modelfleet.catalog import YAML_SUFFIXES, CatalogError, load_catalog, with_site_hardware, with_site_recipes
 from modelfleet.inventory.plan import Resolved
 from modelfleet.inventory.resolver import resolve
+from modelfleet.inventory.schema import SERVICE_KEYS, HostData
 from modelfleet.loader import LOADING, InventoryFileError, read_inventory
 
 # Invocations already validated (refuse_invalid then does nothing), each with where its hosts' values came from:
@@ -118,8 +123,6 @@ def open_inventory(inventory: str, *, cwd: str | None = None, group_data: tuple[
 
 def _yaml_listed(folder: Path) -> list[str]:
     """The YAML files of a site folder, as the catalog reads them (one that is not a file was an error)."""
-    from modelfleet.catalog import YAML_SUFFIXES
-
     return sorted(str(p) for p in folder.iterdir() if p.suffix.lower() in YAML_SUFFIXES and p.is_file()) \
         if folder.is_dir() else []
 
@@ -127,8 +130,6 @@ def _yaml_listed(folder: Path) -> list[str]:
 def module_settings(inventory: str, values: dict[str, Any]) -> list[tuple[str, str, str]]:
     """Settings written at the inventory file's top level: pyinfra reads only groups there, so they would be
     ignored without a word."""
-    from modelfleet.inventory.schema import SERVICE_KEYS, HostData
-
     known = set(HostData.model_fields) | set(SERVICE_KEYS)
     return [(inventory, key, "set at module level, where pyinfra reads only groups (it would be ignored): put it "
                              "in group_data/all.py, a group's data or the hosts' data")
@@ -138,8 +139,6 @@ def module_settings(inventory: str, values: dict[str, Any]) -> list[tuple[str, s
 def invocation() -> dict[str, Any] | None:
     """How the running `pyinfra` command was started (inventory, working directory, --group-data, --data and
     its ssh_* options), read from pyinfra's own command-line context; None outside pyinfra's CLI."""
-    import click
-
     context = click.get_current_context(silent=True)
     if context is not None and {"inventory", "operations"} <= set(context.params):
         params = context.params
@@ -202,8 +201,6 @@ def limit(result: Resolved, patterns: tuple[str, ...] | list[str]) -> list[str]:
     """The hosts `pyinfra --limit PATTERN ...` would pick: a group's hosts, else the host names matching the
     glob, in inventory order; a pattern matching nothing is an error (pyinfra only warns, and would act on
     none)."""
-    from fnmatch import fnmatch
-
     if not patterns:
         return list(result.hosts)
     chosen: set[str] = set()
@@ -220,8 +217,6 @@ def whole(result: Resolved, names: list[str], checkpoint_groups: bool = True) ->
     """The inventory cut down to `names` and every host that shares a pool with one of them (a pool is converged,
     gated and upgraded as one) or, with `checkpoint_groups`, a checkpoint group (a converge copies from the
     group's first host; an upgrade prefetches batch by batch from whichever peer holds the revision)."""
-    from dataclasses import replace
-
     keep = set(names)
     grown = True
     while grown:
