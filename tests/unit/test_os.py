@@ -16,8 +16,8 @@ CONTRACT = ("NAME", "packages", "held", "repo_package", "key_fetched", "in_archi
             "source_urls", "cuda_repository", "amd_repository", "upstream", "upstream_sh", "exact_install_sh",
             "PACKAGE_STATE_SH", "REBOOT_REQUIRED", "UPGRADES_CONF", "upgrades_conf", "arch", "names", "SOURCE_KIND",
             "OWN_SOURCES")
-ROLES = ("base", "kernel_headers", "router_base", "router_firewall", "distro_docker", "docker", "docker_holds", "nvidia_driver",
-         "nvidia_pinning", "fabric_manager", "cuda_toolkit")
+ROLES = ("base", "kernel_headers", "router_base", "router_firewall", "distro_docker", "docker", "docker_holds",
+         "nvidia_driver", "nvidia_pinning", "fabric_manager", "cuda_toolkit")
 # A package manager's words: its commands and the paths it reads.
 PACKAGE_MANAGER = re.compile(r"\b(apt-get|apt-mark|apt-cache|dpkg(-query|-deb)?|dnf|yum|rpm)\b|/etc/apt\b|"
                              r"sources\.list|/etc/yum\.repos\.d")
@@ -68,7 +68,8 @@ def _code_strings(tree: ast.Module) -> list[ast.Constant]:
     prose = set()
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant):
             prose.add(id(body[0].value))
         if isinstance(node, ast.keyword) and node.arg == "description":
             prose |= {id(n) for n in ast.walk(node.value)}
