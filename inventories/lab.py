@@ -51,8 +51,9 @@ def _pool(index: int, spec: dict) -> dict:
                 "model": "tiny-llama", "checkpoint_group": None, "netcheck_min_busbw_gbps": _scenario.gate_min_busbw,
                 "netcheck_timeout_s": 60}
     if index < _gate_hosts:
-        return {"pool": "gate", "recipe": f"tiny-lab-vllm-dp{_gate_hosts}", "engine": "vllm", "port": 8100, "netcheck_min_busbw_gbps": _scenario.gate_min_busbw,
-                "netcheck_timeout_s": 15, **_gate_faults.get(index, {})}
+        return {"pool": "gate", "recipe": f"tiny-lab-vllm-dp{_gate_hosts}", "engine": "vllm", "port": 8100,
+                "netcheck_min_busbw_gbps": _scenario.gate_min_busbw, "netcheck_timeout_s": 15,
+                **_gate_faults.get(index, {})}
     if spec["name"] == _scenario.moe:
         return {"pool": f"tiny-{spec['name']}", "engine": "llama.cpp", "recipe": "tiny-lab-llamacpp-moe",
                 "revision": "moe", "checkpoint_group": None}
@@ -78,7 +79,8 @@ def _for_vendor(settings: dict, hardware: str) -> dict:
 
     held = host_scopes(load_catalog().hardware[hardware].vendor) | ({"model"} if hardware != "cpu" else set()) | \
         DOOR_SCOPES  # a front door's settings are the host's whatever its board
-    return {k: v for k, v in settings.items() if k not in HostData.model_fields or scope_of(HostData, k) in (None, *held)}
+    return {k: v for k, v in settings.items()
+            if k not in HostData.model_fields or scope_of(HostData, k) in (None, *held)}
 
 
 def _serves(index: int, spec: dict) -> dict:
@@ -95,7 +97,8 @@ def _serves(index: int, spec: dict) -> dict:
         return service
     pair = {**service, "engine": "vllm", "recipe": "tiny-lab-vllm", "gpus": 1}
     return {"services": [{**pair, "pool": "pair-a", "port": 8000},
-                         {**pair, "pool": "pair-b", "port": 8001, "env": {**_scenario.engine_env, **_scenario.pair_b_env}}]}
+                         {**pair, "pool": "pair-b", "port": 8001,
+                          "env": {**_scenario.engine_env, **_scenario.pair_b_env}}]}
 
 
 lab_hosts = [

@@ -91,7 +91,8 @@ def hub_revision() -> None:
     spec = importlib.util.spec_from_file_location("hub_double", lab.LAB_DIR / "hub_double" / "hub_double.py")
     double = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(double)
-    if not (lab.STATE / "hub" / "files" / "modelfleet" / "tiny-lab" / REVISION / "model.safetensors.index.json").exists():
+    shard_index = lab.STATE / "hub" / "files" / "modelfleet" / "tiny-lab" / REVISION / "model.safetensors.index.json"
+    if not shard_index.exists():
         double.generate(lab.STATE / "hub", "modelfleet/tiny-lab", REVISION, SHARDS, SHARD_MIB)
         daemons.stop(lab.STATE, "hub")
 

@@ -29,8 +29,8 @@ def main() -> int:
     host = f"{lab.PREFIX}1"
     old = subprocess.run(["git", "show", f"{args.baseline_commit}:modelfleet/files/modelfleet_fetch.py"],
                          cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
-    subprocess.run(["docker", "exec", host, "sh", "-c", f"rm -rf {WORK} && mkdir -p {WORK}/lab {WORK}/modelfleet/files"],
-                   check=True)
+    subprocess.run(["docker", "exec", host, "sh", "-c",
+                    f"rm -rf {WORK} && mkdir -p {WORK}/lab {WORK}/modelfleet/files"], check=True)
     for source, dest in ((REPO_ROOT / "lab" / "fanout_compare.py", "lab/fanout_compare.py"),
                          (FILES_DIR / "modelfleet_fetch.py", "modelfleet/files/modelfleet_fetch.py")):
         subprocess.run(["docker", "cp", str(source), f"{host}:{WORK}/{dest}"], check=True)

@@ -9,9 +9,10 @@ each split by stage from its run's reports/timeline/<pool>.json, on the lab's re
 
 Each is one `pyinfra inventories/lab.py deploys/serve.py` over the bench's hosts (the scenario's only), every
 host on the bench's engine, whose boot lines the timeline reads. `first_answer_s` is the verify stage's answer,
-in seconds since the bench spawned pyinfra; each stage's span is the timeline's; `between_stages_s` is what no stage's span
-covers before the answer. Medians over ROUNDS rounds (argument; default 3), each on hosts made afresh; ratios of the medians.
-`budget`: the recipe's ready_budget_s beside the median ready_s of cold and restart (over: the median took longer).
+in seconds since the bench spawned pyinfra; each stage's span is the timeline's; `between_stages_s` is what no
+stage's span covers before the answer. Medians over ROUNDS rounds (argument; default 3), each on hosts made
+afresh; ratios of the medians. `budget`: the recipe's ready_budget_s beside the median ready_s of cold and
+restart (over: the median took longer).
 """
 
 from __future__ import annotations

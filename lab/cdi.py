@@ -154,7 +154,8 @@ def start(state: Path, name: str, home: Path) -> bool:
         "ip-masq": False, "ip6tables": False, "storage-driver": "overlay2", "log-level": "warn"}, indent=2) + "\n")
     log = open(state / f"dockerd-{name}.log", "a")
     # Its own session (stopped by process group); containerd, runc and their shims are the machine's.
-    path = f"{root / 'usr' / 'sbin'}:{root / 'usr' / 'bin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    path = (f"{root / 'usr' / 'sbin'}:{root / 'usr' / 'bin'}:"
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
     proc = subprocess.Popen([str(root / "usr" / "sbin" / "dockerd"), f"--config-file={config}"], stdout=log,
                             stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
                             env={**os.environ, "PATH": path})

@@ -287,7 +287,8 @@ def h100(host_index: int) -> Host:
         h.iface(f"ib{n}", nic, 2044, f"192.168.{n}.{me}", 24, mac_text=f"00:00:10:{n:02x}:{host_index:02x}:{i:02x}")
         h.route(f"192.168.{n}.0/24", f"ib{n}")
     for i, state in ((1, "down"), (2, "down"), (7, "up"), (8, "up")):
-        nic = f"pci0000:e0/0000:e0:01.0/0000:e1:00.{i % 2}" if i in (7, 8) else f"pci0000:d0/0000:d0:01.0/0000:d1:00.{i % 2}"
+        nic = (f"pci0000:e0/0000:e0:01.0/0000:e1:00.{i % 2}" if i in (7, 8)
+               else f"pci0000:d0/0000:d0:01.0/0000:d1:00.{i % 2}")
         netdev = {1: "ens1f0np0", 2: "ens1f1np1", 7: "ens7f0np0", 8: "ens7f1np1"}[i]
         m = mac(0x50 + i, host_index, me)
         address = f"10.3.0.{me}" if i == 7 else (f"10.4.0.{me}" if i == 8 else None)

@@ -21,8 +21,9 @@ directory on the same disk by, in turn, each run:
                root, no token): what the token and the unprivileged server cost
 Each method's time ends after `sync` of the destination's filesystem, so bytes still in the page cache are not
 counted as written. The source is read once first, so every method reads it from the page cache.
-Prints one JSON document: every run's seconds and MB/s, each client's CPU seconds per GB, the medians, each method's median rate over curl's, and
-what one core hashes (sha256 of bytes in memory): the receiver's ceiling where cores are few.
+Prints one JSON document: every run's seconds and MB/s, each client's CPU seconds per GB, the medians, each
+method's median rate over curl's, and what one core hashes (sha256 of bytes in memory): the receiver's ceiling
+where cores are few.
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ def main() -> int:
     serve_job.chmod(0o600)
     unit = f"modelfleet-fanout-compare-{port}"
     if args.unprivileged:  # as the stages start it: systemd opens the job, the server runs as a dynamic user
-        subprocess.run(["systemd-run", f"--unit={unit}", "--collect", *(f"--property={p}" for p in args.server_property),
+        subprocess.run(["systemd-run", f"--unit={unit}", "--collect",
+                        *(f"--property={p}" for p in args.server_property),
                         f"--property=StandardInput=file:{serve_job}", "python3", str(FETCH), "serve"],
                        check=True, capture_output=True)
         servers = []
@@ -169,7 +171,8 @@ def main() -> int:
     w = args.workers
     curl = f"curl -sSf -H @{header}"
     methods = {
-        "fetch": lambda: [sys.executable, str(FETCH), str(fresh(job, job_text)), "peer", url, f"--source-name={source_name}"],
+        "fetch": lambda: [sys.executable, str(FETCH), str(fresh(job, job_text)), "peer", url,
+                          f"--source-name={source_name}"],
         "curl": lambda: parallel(f"{curl} -o {dest}/{{}} {url}/{{}}", rels, w),
         "curl+sha256": lambda: (parallel(f"{curl} -o {dest}/{{}} {url}/{{}}", rels, w) + f" && cd {dest} && "
                                 + parallel("sha256sum {}", rels, w) + f" | sort -k2 | diff - {sums}"),

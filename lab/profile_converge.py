@@ -71,7 +71,8 @@ def component(filename: str) -> str | None:
         module = filename.split("/modelfleet/", 1)[1].removesuffix(".py").replace("/", ".")
         return f"modelfleet.{module}"
     for package, name in (("paramiko", "paramiko"), ("cryptography", "crypto (cryptography, nacl, bcrypt)"),
-                          ("nacl", "crypto (cryptography, nacl, bcrypt)"), ("bcrypt", "crypto (cryptography, nacl, bcrypt)"),
+                          ("nacl", "crypto (cryptography, nacl, bcrypt)"),
+                          ("bcrypt", "crypto (cryptography, nacl, bcrypt)"),
                           ("gevent", "gevent"), ("greenlet", "gevent"), ("click", "click"), ("jinja2", "jinja2"),
                           ("yaml", "yaml"), ("pydantic", "pydantic"), ("typeguard", "typeguard")):
         if f"/site-packages/{package}/" in filename or f"/site-packages/_{package}" in filename:

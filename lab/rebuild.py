@@ -98,7 +98,8 @@ def rehearse(specs: list[dict], skewed: str | None, reports: Path) -> list[dict]
     dry = pyinfra(names, "gpu_stack.py", reports / "dry", "--dry", yes=False)
     first = pyinfra(names, "gpu_stack.py", reports)
     if first.returncode:
-        raise RuntimeError(f"deploys/gpu_stack.py failed on {', '.join(names)}:\n{(first.stdout + first.stderr)[-4000:]}")
+        raise RuntimeError(f"deploys/gpu_stack.py failed on {', '.join(names)}:\n"
+                           f"{(first.stdout + first.stderr)[-4000:]}")
     stack = {n: json.loads((reports / "gpu_stack" / f"{n}.json").read_text()) for n in names}
     after_first = {name: lab.restarts(name) for name in names}
     second = pyinfra(names, "gpu_stack.py", reports)

@@ -1,8 +1,9 @@
 """N simulated hosts answering from a recording (lab/replay.py): MODELFLEET_REPLAY names the recording,
 MODELFLEET_REPLAY_HOSTS how many hosts; MODELFLEET_REPLAY_STOCK=1 leaves out modelfleet's validation (stock
-pyinfra's runs, which load no modelfleet code). Host i copies recorded host i mod R, each in its own pool: its data is the
-recorded host's with the recorded host's name replaced by its own (sim-<i>, so the pools, directories and units
-differ as they would on distinct hosts; the replay connector reads its name back as the recorded one's).
+pyinfra's runs, which load no modelfleet code). Host i copies recorded host i mod R, each in its own pool: its
+data is the recorded host's with the recorded host's name replaced by its own (sim-<i>, so the pools,
+directories and units differ as they would on distinct hosts; the replay connector reads its name back as the
+recorded one's).
 """
 
 import importlib.util

@@ -118,7 +118,8 @@ def write(path: Path, seed: int = 0, experts: int = 0, experts_used: int = 2, ex
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list([*_byte_tokens(), *(m.replace(" ", "") for m in MERGES), *SPECIALS])
-    writer.add_token_types([gguf.TokenType.NORMAL] * FIRST_SPECIAL + [gguf.TokenType.CONTROL] * 2 + [gguf.TokenType.USER_DEFINED] * 2)
+    writer.add_token_types([gguf.TokenType.NORMAL] * FIRST_SPECIAL + [gguf.TokenType.CONTROL] * 2
+                           + [gguf.TokenType.USER_DEFINED] * 2)
     writer.add_token_merges(MERGES)
     writer.add_bos_token_id(FIRST_SPECIAL)
     writer.add_eos_token_id(EOS)

@@ -20,7 +20,8 @@ import json
 import sys
 from pathlib import Path
 
-# head_dim 64: the CPU attention kernels have no 16 (tiny_gguf's 64 / 4 heads): "Unsupported CPU attention configuration"
+# head_dim 64: the CPU attention kernels have no 16 (tiny_gguf's 64 / 4 heads):
+# "Unsupported CPU attention configuration"
 EMBED, LAYERS, HEADS, FFN, CONTEXT, VOCAB = 128, 2, 2, 256, 4096, 512
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
 EOS = "<|im_end|>"

@@ -5,7 +5,8 @@ those caches: the image (its digest when pinned), the GPU model, the driver bran
 engine's full argument list (but where it listens and where its pool meets), the parallel layout and the node's
 rank. A change of any of them starts a new directory; the inputs are written beside it (<key>.key.json in the
 engine's root, where the container cannot write: root never writes in the directory the container does) so an
-operator can see why a key changed. Old keys are pruned like old revisions: the newest `model_keep_revisions` besides those in use."""
+operator can see why a key changed. Old keys are pruned like old revisions: the newest `model_keep_revisions`
+besides those in use."""
 
 from __future__ import annotations
 

@@ -44,6 +44,7 @@ class Snapshot:
 
 def _hub_metadata(request: dict) -> dict:
     """Runs in the child: commit and every file's size, LFS sha256 and git blob id, from the hub's API."""
+    # huggingface_hub (slow to import, and not under pyinfra's gevent patches) loads only in the child
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
 

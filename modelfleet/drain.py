@@ -7,7 +7,7 @@ stops the pool). A converge of a drained host brings it back too: it converges t
 
 from __future__ import annotations
 
-from modelfleet import fleet
+from modelfleet import fleet, weight_cache
 from modelfleet.inventory import Resolved
 from modelfleet.rollout import endpoints
 
@@ -56,8 +56,6 @@ def undrain(resolved: Resolved, hosts: list[str]) -> dict:
 
 
 def units(resolved: Resolved, host: str) -> list[str]:
-    from modelfleet import weight_cache
-
     return [unit for svc in resolved.hosts[host].services for unit in weight_cache.unit_names(svc)]
 
 

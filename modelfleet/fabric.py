@@ -90,8 +90,9 @@ def _control(plan, fact: dict, head: str, errors: list) -> tuple[str, dict] | No
         return None
     if route is None:
         devs = sorted({str(r["dev"]) for r in fact.get("routes") or []})
-        errors.append((where, "NCCL_SOCKET_IFNAME", f"no interface reaches head {head}: no route covers it and "
-                                                    f"there is no default route (routes on {', '.join(devs) or 'none'})"))
+        errors.append((where, "NCCL_SOCKET_IFNAME",
+                       f"no interface reaches head {head}: no route covers it and "
+                       f"there is no default route (routes on {', '.join(devs) or 'none'})"))
         return None
     state = (interfaces.get(route["dev"]) or {}).get("state")
     if state == "down":

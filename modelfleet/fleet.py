@@ -23,6 +23,7 @@ import paramiko
 from fabric import Connection
 
 from modelfleet import host_record, masking, router, venvs, weight_cache
+from modelfleet.checks.tunnel import forward
 from modelfleet.errors import ModelfleetError
 from modelfleet.health import admission_state
 from modelfleet.host_commands import (
@@ -394,7 +395,9 @@ def logs(plans: list[HostPlan], lines: int = 50, follow: bool = False, sink=sys.
         finally:
             conn.close()
 
-    threads = [threading.Thread(target=stream, args=(plan, journal_command(svc.unit_name, lines, follow=follow, iso=True)), daemon=True)
+    threads = [threading.Thread(target=stream,
+                                args=(plan, journal_command(svc.unit_name, lines, follow=follow, iso=True)),
+                                daemon=True)
                for plan in plans for svc in plan.services]
     for t in threads:
         t.start()
@@ -405,8 +408,6 @@ def logs(plans: list[HostPlan], lines: int = 50, follow: bool = False, sink=sys.
 def tunnel(plan: HostPlan, svc: ServicePlan, local_port: int):
     """(open connection, context manager forwarding local_port to the endpoint): `ssh -N -L` over the
     inventory's SSH settings; the context yields the bound local port."""
-    from modelfleet.checks.tunnel import forward
-
     conn = connect(plan)
     open_checked(conn, plan)
     return conn, forward(conn.transport, svc.bind_address, svc.port, local_port)

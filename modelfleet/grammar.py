@@ -30,7 +30,8 @@ _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
 _DOMAIN = (rf"(?:localhost(?::[0-9]+)?|{_LABEL}(?:\.{_LABEL})+(?::[0-9]+)?|{_LABEL}:[0-9]+"
            r"|\[[0-9a-fA-F:]+\](?::[0-9]+)?)")
-IMAGE = re.compile(rf"^(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::[\w][\w.-]{{0,127}})?(?:@sha256:[0-9a-f]{{64}})?$")
+IMAGE = re.compile(rf"^(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*"
+                   rf"(?::[\w][\w.-]{{0,127}})?(?:@sha256:[0-9a-f]{{64}})?$")
 DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 PATH_CHARS = re.compile(r"^/[A-Za-z0-9_.@+/-]*$")
 DEVICE = re.compile(r"^/dev/[A-Za-z0-9_./-]+$")
@@ -72,7 +73,8 @@ def env_value(value: str) -> str | None:
 VERSION = re.compile(r"^(v?[0-9]+(\.[0-9]+){0,3}([.+-][A-Za-z0-9]+)*|b[0-9]+)$")  # 0.34.0, v1.2-rc1, b11669
 DRIVER = re.compile(r"^[0-9]{3}(\.[0-9]{1,3}){0,2}$")  # an NVIDIA branch (580) or release (580.95.05)
 RELATIVE_FILE = re.compile(r"^(?![-/])[A-Za-z0-9_.*?\[\]+@=-]+(/[A-Za-z0-9_.*?\[\]+@=-]+)*$")
-PACKAGE = re.compile(r"^[a-z0-9]([a-z0-9+.-]|{branch}){0,127}(=[A-Za-z0-9.+:~-]{1,64})?$")  # a Debian package[=version]; {branch}: the driver branch
+# a Debian package[=version]; {branch}: the driver branch
+PACKAGE = re.compile(r"^[a-z0-9]([a-z0-9+.-]|{branch}){0,127}(=[A-Za-z0-9.+:~-]{1,64})?$")
 HUB_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
 FLAG = re.compile(r"^--?[A-Za-z][A-Za-z0-9_.-]*$")
 VISIBLE_DEVICES = re.compile(r"^[A-Z_]*VISIBLE_DEVICES$")  # CUDA_, HIP_, ROCR_, NVIDIA_VISIBLE_DEVICES...

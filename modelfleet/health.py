@@ -264,7 +264,8 @@ def verdict(gpus: list[dict], xids: list[dict], expected_count: int, min_memory_
         ecc = gpu["ecc"]
         checks.append(_check("ecc_volatile_uncorrectable", i, ecc["volatile_uncorrectable"], 0,
                              ecc["volatile_uncorrectable"] == 0,
-                             f"GPU {i}: {ecc['volatile_uncorrectable']} uncorrectable ECC error(s) since the driver loaded"))
+                             f"GPU {i}: {ecc['volatile_uncorrectable']} uncorrectable ECC error(s) "
+                             "since the driver loaded"))
         checks.append(_check("ecc_aggregate_uncorrectable", i, ecc["aggregate_uncorrectable"],
                              aggregate_uncorrectable_max, ecc["aggregate_uncorrectable"] <= aggregate_uncorrectable_max,
                              f"GPU {i}: {ecc['aggregate_uncorrectable']} uncorrectable ECC error(s) over its life"))

@@ -155,7 +155,8 @@ def container_gpu_check(vendor: str, image: str) -> str:
         host_side = AMD_RENDER_NODES_SH
         container_side = f"docker run --rm --device /dev/kfd --device /dev/dri {img} sh -c {shlex.quote(host_side)}"
     else:
-        host_side, container_side = NVIDIA_GPU_LIST, f"docker run --rm --device nvidia.com/gpu=all {img} {NVIDIA_GPU_LIST}"
+        host_side = NVIDIA_GPU_LIST
+        container_side = f"docker run --rm --device nvidia.com/gpu=all {img} {NVIDIA_GPU_LIST}"
     return program("container_gpu_check", functions={"host_gpus": host_side, "container_gpus": container_side})
 
 
@@ -192,7 +193,8 @@ DCGM_MISSING = "@@modelfleet-dcgm no dcgmi"
 def dcgm_diag_sh(level: int) -> str:
     """DCGM's diagnostic at `level` as JSON (`dcgmi diag -r N -j`; it needs nv-hostengine running), or a marker
     line when the host has no dcgmi."""
-    return f"command -v dcgmi >/dev/null || {{ echo '{DCGM_MISSING}'; exit 0; }}; dcgmi diag -r {int(level)} -j 2>&1; true"
+    return (f"command -v dcgmi >/dev/null || {{ echo '{DCGM_MISSING}'; exit 0; }}; "
+            f"dcgmi diag -r {int(level)} -j 2>&1; true")
 
 
 FABRIC_MARK = "@@modelfleet-fabric"
@@ -204,9 +206,9 @@ ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"  # a GID table slot not in 
 def fabric_command() -> str:
     """The host's network and RDMA view in marked sections, read by modelfleet.facts.fabric.parse_fabric:
     `ip -j` addresses and routes where iproute2 answers, else /proc/net's route tables, fib_trie and if_inet6;
-    the sysfs links of netdevs, HCAs, their uverbs nodes and NVIDIA GPUs (their PCI paths); one `grep -H` over the sysfs values
-    (netdev address/MTU/state, HCA ports, partition keys, non-empty GIDs with their types and netdevs, NUMA
-    nodes); IMEX channels, service and node list; the RDMA modules loaded; /dev/infiniband."""
+    the sysfs links of netdevs, HCAs, their uverbs nodes and NVIDIA GPUs (their PCI paths); one `grep -H` over
+    the sysfs values (netdev address/MTU/state, HCA ports, partition keys, non-empty GIDs with their types and
+    netdevs, NUMA nodes); IMEX channels, service and node list; the RDMA modules loaded; /dev/infiniband."""
     return program("fabric", env={"MARK": FABRIC_MARK, "MODULES": "|".join(FABRIC_MODULES), "ZERO_GID": ZERO_GID})
 
 

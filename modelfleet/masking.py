@@ -17,6 +17,7 @@ import os
 import re
 import sys
 import threading
+import traceback
 import urllib.parse
 from typing import Any
 
@@ -33,8 +34,10 @@ URL_CREDENTIALS = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)([^/?#@\s\"']+)@")
 # twice changes nothing), and so is what only names one: a placeholder (`Bearer <key>`, `{key}`, `$KEY`, `%s`),
 # a call or attribute (`token = job.get(...)`) or a word under 8 characters (`token=token`). Known secrets are
 # masked by value wherever they appear; this catches the ones the control node does not hold.
-NAMED_VALUE = re.compile(r"(?i)(\b[\w-]*(?:api[_-]?key|token|secret|password|passwd)(?:\s*=\s*['\"]?|['\"]?\s*:\s*['\"])"
-                         r"|--[\w-]*(?:api-key|token|secret|password)\s+|\bbearer\s+)(?!\*{8}|<[\w-]+>|\{[\w.]+\}|\$\{?\w+\}?|%s)([^\s'\",;(){}\[\]]{8,})(?![\w(\[.])")
+NAMED_VALUE = re.compile(r"(?i)(\b[\w-]*(?:api[_-]?key|token|secret|password|passwd)"
+                         r"(?:\s*=\s*['\"]?|['\"]?\s*:\s*['\"])"
+                         r"|--[\w-]*(?:api-key|token|secret|password)\s+|\bbearer\s+)"
+                         r"(?!\*{8}|<[\w-]+>|\{[\w.]+\}|\$\{?\w+\}?|%s)([^\s'\",;(){}\[\]]{8,})(?![\w(\[.])")
 MIN_LENGTH = 4  # shorter values are not searched for (they would mask ordinary words)
 
 _known: set[str] = set()
@@ -183,8 +186,6 @@ class MaskedStream:
 
 
 def _excepthook(kind, error, trace):
-    import traceback
-
     sys.stderr.write(mask("".join(traceback.format_exception(kind, error, trace))))
 
 
@@ -235,6 +236,7 @@ def install() -> None:
     """For the rest of the process (pyinfra's run): its streams masked, an uncaught exception's traceback with
     them, and the traceback pyinfra writes to DEBUG_LOG on an internal error; sudo's password on stdin, never
     on a host's command line (modelfleet.sudo)."""
+    # sudo loads pyinfra's connectors: only a pyinfra run installs it, the CLI and the checks' child do not
     from modelfleet import sudo
 
     sudo.install()

@@ -34,7 +34,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Callable
 
-from modelfleet import FILES_DIR, keys
+from modelfleet import FILES_DIR, fleet, keys
 from modelfleet.checkpoint import MANIFEST, ModelSourceError, inside, snapshot
 from modelfleet.errors import ModelfleetError
 from modelfleet.inventory import COMMIT_RE, Resolved
@@ -113,6 +113,7 @@ class HubSource:
 
     def copy(self, want: Wanted, commit: str, rel: str, staging: Path) -> None:
         """The file, at staging/rel."""
+        # huggingface_hub (slow to import) loads only when the hub is the source
         from huggingface_hub import hf_hub_download
 
         token = keys.from_env(want.token_env) or False
@@ -135,8 +136,6 @@ class HostSource:
     SFTP with the inventory's SSH settings (host keys checked as `status` checks them)."""
 
     def __init__(self, result: Resolved, name: str):
-        from modelfleet import fleet
-
         if name not in result.hosts:
             raise MirrorError(f"--from-host {name}: no such host in the inventory")
         self.plan = result.hosts[name]

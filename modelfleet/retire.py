@@ -16,6 +16,8 @@ import os
 import re
 import shlex
 import socket
+import subprocess
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,11 +25,13 @@ from pyinfra import host
 from pyinfra.api import FunctionCommand, StringCommand, operation
 
 from modelfleet import replica_door, router, venvs
+from modelfleet.commands import pyinfra_argv
 from modelfleet.grammar import slug
 from modelfleet.host_commands import revisions_dir
 from modelfleet.inventory import HostPlan
 from modelfleet.operations.report import note, report_path, save_json
 from modelfleet.render import CONTAINER_MODEL_DIR, CONTAINER_MODELFILE, DOCKER
+from modelfleet.stages import exporters
 from modelfleet.targets import canonical_ip
 from modelfleet.units import UNIT_DIR, unit_paths
 from modelfleet.weight_cache import unit_names
@@ -126,8 +130,6 @@ def described(unit: str, found: dict) -> Retired:
 def named_units(plan: HostPlan) -> set[str]:
     """The units the host's plan names (its services, under their old names too, which the service stage
     retires itself; its front doors; its exporter)."""
-    from modelfleet.stages import exporters
-
     names = {unit for svc in plan.services for unit in unit_names(svc)}
     names |= {svc.legacy_unit_name for svc in plan.services if svc.legacy_unit_name}
     names |= {unit for rp in plan.routers for unit in (rp.unit_name, rp.proxy_unit_name)}
@@ -252,11 +254,6 @@ def run(targets: list, served: dict, deploy_file: str, dry: bool, remove_checkpo
     (`served`: modelfleet.targets.served of the inventory); what each host retired (or, dry, would retire), read
     from what the deploy wrote while planning. A target that resolved to nothing is not handed to pyinfra; it
     and any host the deploy did not plan on (unreachable, refused) make the run not ok."""
-    import subprocess
-    import tempfile
-
-    from modelfleet.commands import pyinfra_argv
-
     reachable = [t for t in targets if not t.unresolved]
     found, refused, done = {}, {}, None
     if reachable:

@@ -1,13 +1,14 @@
 """Rolling upgrade: change the image, the model revision or the driver release (`driver_version`) in the
-inventory, then `modelfleet upgrade INVENTORY`. Batches: a multi-node pool is one batch; single-node hosts go `parallel` at a time, never leaving fewer healthy
-endpoints than `min_healthy`. Per batch: prefetch (deploys/prefetch.py: the new revision beside the old one,
-the new image pulled, while the old one serves), switch (deploys/serve.py: units restart, the verify gate runs),
-and if that fails, put back the image digest and revision the batch ran before (read with `modelfleet status`
-first), restart it, stop the rollout and report. A batch whose driver changes is drained first (its units
-stopped and disabled), then serve.py installs the driver with Fabric Manager, reboots, and passes admission,
-the NCCL gate and verify before its units start again; a failure leaves that batch drained and reported (a
-driver is not rolled back in place). A watcher asks every endpoint /v1/models twice a second throughout, so the
-report says how many requests failed, inside and outside the batch being switched.
+inventory, then `modelfleet upgrade INVENTORY`. Batches: a multi-node pool is one batch; single-node hosts go
+`parallel` at a time, never leaving fewer healthy endpoints than `min_healthy`. Per batch: prefetch
+(deploys/prefetch.py: the new revision beside the old one, the new image pulled, while the old one serves),
+switch (deploys/serve.py: units restart, the verify gate runs), and if that fails, put back the image digest
+and revision the batch ran before (read with `modelfleet status` first), restart it, stop the rollout and
+report. A batch whose driver changes is drained first (its units stopped and disabled), then serve.py installs
+the driver with Fabric Manager, reboots, and passes admission, the NCCL gate and verify before its units start
+again; a failure leaves that batch drained and reported (a driver is not rolled back in place). A watcher asks
+every endpoint /v1/models twice a second throughout, so the report says how many requests failed, inside and
+outside the batch being switched.
 """
 
 from __future__ import annotations

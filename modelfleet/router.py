@@ -110,7 +110,8 @@ def install_command(rp: RouterPlan, index_url: str | None = None) -> list[str]:
     built again."""
     v, p = venv(rp), paths(rp)
     return ["python3", "-m", "venv", "--clear", v, "&&", f"{v}/bin/pip", "install", "-q",
-            "--disable-pip-version-check", "--require-hashes", "--only-binary=:all:", *index_args(index_url), "-r", p["lock"], "&&",
+            "--disable-pip-version-check", "--require-hashes", "--only-binary=:all:", *index_args(index_url),
+            "-r", p["lock"], "&&",
             "cp", "-f", p["lock"], p["installed"]]
 
 

@@ -1,13 +1,14 @@
 """One modelfleet run per host at a time.
 
 The lock is an flock on the host (/run/modelfleet/run.lock, in a directory only root can write: nobody else can
-plant a symlink, a FIFO or a lock there) held by a process attached to its own SSH channel of the run's connection: it lives exactly as long as the control node's run. When the run ends, or the
-control node dies (its sockets close with it), sshd closes the channel, the holder exits and the kernel drops
-the lock; a reboot clears /run. So a second run meets a busy lock only while the first really runs, and is
-told who holds it. The one stale case, a connection left half-open by a control node that vanished without
-closing it, is taken over when the holder recorded this very control node (same machine and boot) with a
-process that no longer exists; the host then signals its holder only after checking that the pid it recorded
-holds the lock now with the start time it recorded (modelfleet/files/run_lock.py).
+plant a symlink, a FIFO or a lock there) held by a process attached to its own SSH channel of the run's
+connection: it lives exactly as long as the control node's run. When the run ends, or the control node dies
+(its sockets close with it), sshd closes the channel, the holder exits and the kernel drops the lock; a reboot
+clears /run. So a second run meets a busy lock only while the first really runs, and is told who holds it. The
+one stale case, a connection left half-open by a control node that vanished without closing it, is taken over
+when the holder recorded this very control node (same machine and boot) with a process that no longer exists;
+the host then signals its holder only after checking that the pid it recorded holds the lock now with the
+start time it recorded (modelfleet/files/run_lock.py).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import annotated_types
 from pydantic import AfterValidator, BaseModel
 from pydantic.fields import FieldInfo
 
-from modelfleet.inventory import applies, schema
+from modelfleet.inventory import applies, resolver, schema
 
 BEGIN, END = "<!-- settings:begin -->", "<!-- settings:end -->"
 
@@ -94,7 +94,8 @@ def rows(model: type[BaseModel]) -> list[str]:
         raise ValueError(f"{model.__name__}: no description for {', '.join(missing)} (give each field "
                          "Field(..., description=...))")
     return [f"| `{name}` | {_cell(type_name(field.annotation, field.metadata))} | {_cell(_default(field))} | "
-            f"{_cell(field.description.strip())}{_applies(model, name)} |" for name, field in model.model_fields.items()]
+            f"{_cell(field.description.strip())}{_applies(model, name)} |"
+            for name, field in model.model_fields.items()]
 
 
 def _applies(model: type[BaseModel], name: str) -> str:
@@ -104,9 +105,7 @@ def _applies(model: type[BaseModel], name: str) -> str:
 
 
 def _pyinfra_keys() -> list[str]:
-    from modelfleet.inventory.resolver import _pyinfra_keys as keys
-
-    return sorted(keys() - set(schema.HostData.model_fields))
+    return sorted(resolver._pyinfra_keys() - set(schema.HostData.model_fields))
 
 
 def table() -> str:

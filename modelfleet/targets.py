@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+
+from pyinfra.connectors.sshuserclient.client import get_ssh_config
 
 from modelfleet.errors import ModelfleetError
 
@@ -65,8 +68,6 @@ def canonical_name(text: str) -> str:
 def ssh_hostname(name: str, config_file: str | None = None) -> str:
     """Where pyinfra's SSH connector connects for `name`: the SSH config's HostName for it (pyinfra's own
     reader: ~/.ssh/config, or `config_file`), else `name`."""
-    from pyinfra.connectors.sshuserclient.client import get_ssh_config
-
     config = get_ssh_config(config_file)
     return (config.lookup(name).get("hostname") if config else None) or name
 
@@ -145,8 +146,6 @@ def served(result) -> dict[str, tuple[frozenset[str], frozenset[str]]]:
     """Every host the inventory holds -> (its names as compared, the addresses it is reached at): its name, its
     ssh_hostname, the SSH config's HostName for that (its own ssh_config_file too), and what each resolves to.
     The names resolve at once (threads), so a slow resolver costs one timeout, not one per host."""
-    from concurrent.futures import ThreadPoolExecutor
-
     names, asked = {}, set()
     for name in dict.fromkeys([*result.hosts, *result.data]):
         data = result.data.get(name) or {}

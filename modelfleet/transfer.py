@@ -5,8 +5,9 @@ The checkpoint fan-out (stage model) and the engine caches' (stage engine_cache)
 Trust (docs/design.md, "Trust between hosts"): each group's servers and receivers share a secret made for the
 run on the control node; it reaches hosts only in 0600 job files (the server's is opened by systemd and given
 on stdin). Each server also gets a proof key of its own (per run and host), with which it answers a receiver's
-challenge for its host and address; a receiver's job holds the keys of its sources only. A server serves the names its job lists; the file list, sizes and sha256s a receiver checks come
-from the control node (the hub's metadata, or a cache holder's index read over SSH), never from the source."""
+challenge for its host and address; a receiver's job holds the keys of its sources only. A server serves the
+names its job lists; the file list, sizes and sha256s a receiver checks come from the control node (the hub's
+metadata, or a cache holder's index read over SSH), never from the source."""
 
 from __future__ import annotations
 

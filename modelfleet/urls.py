@@ -4,7 +4,15 @@ the GPU stack supports, the images the units and checks run, and the checkpoint 
 
 from __future__ import annotations
 
+import urllib.parse
+
+from modelfleet import os as osfam
+from modelfleet import router
 from modelfleet.inventory import HostPlan, Resolved
+from modelfleet.registry import base_url, insecure_of, split_reference
+from modelfleet.stages import container_runtime, exporters, gpu_driver, os_base
+from modelfleet.stages import model as model_stage
+from modelfleet.stages import router as router_stage
 
 # pip's own default index: what a host's `pip install` reaches unless its pip.conf names another.
 PIP_DEFAULT_INDEX = "https://pypi.org/simple/"
@@ -13,16 +21,12 @@ FRONT_DOOR = "front door"  # an entry clients reach (inbound), not one a firewal
 
 def known_systems() -> list[str]:
     """Every `ID-VERSION` the GPU stack installs on (either vendor), as `urls --os` takes them."""
-    from modelfleet import os as osfam
-
     return sorted({f"{os_id}-{version}" for os_id, version in {*osfam.releases("cuda"), *osfam.releases("amdgpu")}})
 
 
 def stack_systems(vendor: str, only: tuple[str, ...] = (), arches: tuple[str, ...] = ()) -> list[dict]:
     """The OS releases and architectures the GPU stack installs on for `vendor`, as preflight's probe reports
     them (`only`: e.g. ("ubuntu-24.04",); `arches`: e.g. ("x86_64",))."""
-    from modelfleet import os as osfam
-
     if vendor == "amd":
         releases, machine = osfam.releases("amdgpu"), ["x86_64"]  # amdgpu's lists are arch=amd64
     else:
@@ -57,8 +61,6 @@ def outside_urls(result: Resolved, names: list[str], only_os: tuple[str, ...] = 
     own decisions (a bare host of each OS release the stack supports, or `only_os`), the images the units and
     checks run, and the checkpoint source. Each entry: url (None for what the hosts' own configuration names),
     kind, what, used_by, hosts, os."""
-    from modelfleet.registry import insecure_of
-
     found = _Found()
     insecure = insecure_of(result.data.values())
     for name in names:
@@ -74,9 +76,6 @@ def outside_urls(result: Resolved, names: list[str], only_os: tuple[str, ...] = 
 def _stack(found: _Found, plan: HostPlan, system: dict) -> None:
     """What the GPU stack's stages would install on a bare host of `system`: the vendors' repositories and keys,
     and the distribution's own packages."""
-    from modelfleet import os as osfam
-    from modelfleet.stages import container_runtime, gpu_driver, os_base
-
     name, probe, fam = plan.name, {"os": system}, osfam.family(system)
     driver = gpu_driver.decide(plan, probe, {"packages": {}})
     runtime = container_runtime.decide(plan, probe, {"texts": {}, "paths": {}, "units": {}})
@@ -101,9 +100,6 @@ def _stack(found: _Found, plan: HostPlan, system: dict) -> None:
 
 def _images(found: _Found, plan: HostPlan, insecure) -> None:
     """The registries of the images the host's units and checks run."""
-    from modelfleet.registry import base_url, split_reference
-    from modelfleet.stages import exporters
-
     images = [(svc.image, "control node (digest) and hosts (pull)", f"engine image of pool {svc.pool}")
               for svc in plan.services if not svc.venv]
     for svc in plan.services:  # a venv engine: its index, unless the control node pushes a wheelhouse
@@ -123,8 +119,6 @@ def _images(found: _Found, plan: HostPlan, insecure) -> None:
 def _checkpoints(found: _Found, result: Resolved, plan: HostPlan, chosen: set[str]) -> None:
     """Where the host's checkpoints come from: the site's mirror, else the hub (the files only to the first
     host of each checkpoint group, with the hub client pip installs there)."""
-    from modelfleet.stages import model as model_stage
-
     name = plan.name
     for svc in plan.services:
         members = [h for h, p in result.hosts.items() if h in chosen and any(
@@ -147,17 +141,14 @@ def _checkpoints(found: _Found, result: Resolved, plan: HostPlan, chosen: set[st
 
 def _front_doors(found: _Found, plan: HostPlan) -> None:
     """A front door's packages and its router from pip."""
-    from modelfleet import os as osfam
-    from modelfleet import router
-    from modelfleet.stages import router as router_stage
-
     if plan.routers:
         found.add(None, "distribution archive", ", ".join(router_stage.wanted_packages(plan)),
                   f"hosts ({osfam.family(None).OWN_SOURCES})", plan.name)
     for rp in plan.routers:
         # The one URL here clients come in by (never an outside one to let out): by router_server_name.
-        found.add(f"{rp.base_url}/v1", FRONT_DOOR, f"{rp.served_name} for clients ({'TLS' if rp.tls else 'plain HTTP'})",
-                  "clients (inbound)", plan.name)
+        found.add(f"{rp.base_url}/v1", FRONT_DOOR,
+                  f"{rp.served_name} for clients ({'TLS' if rp.tls else 'plain HTTP'})", "clients (inbound)",
+                  plan.name)
         spec = router.spec(rp)
         if plan.router_pip_index_url:
             found.add(plan.router_pip_index_url, "pip index", f"{spec.package}=={spec.version} and its dependencies "
@@ -170,8 +161,6 @@ def _front_doors(found: _Found, plan: HostPlan) -> None:
 
 def origins(entries: list[dict]) -> list[str]:
     """scheme://host:port of every URL: what a firewall must let through."""
-    import urllib.parse
-
     out = []
     for entry in entries:
         if not entry["url"] or entry["kind"] == FRONT_DOOR:

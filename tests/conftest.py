@@ -8,7 +8,8 @@ from pathlib import Path
 # MODELFLEET_TEST_LAB_NET=2 (3...) runs a second suite beside a first one (e.g. beside CI on the same machine).
 _net = os.environ.get("MODELFLEET_TEST_LAB_NET", "1")
 assert _net != "0", "the suite never runs on the user's lab (net 0)"
-os.environ["MODELFLEET_LAB_STATE"] = str(Path(__file__).resolve().parent.parent / f".lab-test{'' if _net == '1' else _net}")
+os.environ["MODELFLEET_LAB_STATE"] = str(Path(__file__).resolve().parent.parent
+                                        / f".lab-test{'' if _net == '1' else _net}")
 os.environ["MODELFLEET_LAB_NET"] = _net
 
 

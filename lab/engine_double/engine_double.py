@@ -154,7 +154,8 @@ def answer(eng: Engine, body: dict) -> dict:
     last = messages[-1] if messages else {}
     tools = body.get("tools") or []
     # A reasoning model, as the guides' vLLM/SGLang models are; the lab's GGUF (llama.cpp) has no reasoning.
-    reasoning = None if eng.engine == "llama.cpp" else "The user asked something; the lab double answers deterministically."
+    reasoning = (None if eng.engine == "llama.cpp"
+                 else "The user asked something; the lab double answers deterministically.")
     if tools and last.get("role") == "user" and body.get("tool_choice") != "none":
         fn = tools[0]["function"]
         props = fn.get("parameters", {}).get("properties", {})
@@ -585,7 +586,8 @@ def main() -> None:
     if args.get("--headless"):
         # A vLLM headless worker serves no HTTP: it joins the head's data-parallel / torch.distributed group.
         print(f"INFO: {engine} double: headless worker (node rank {args.get('--node-rank', '-')}, DP start rank "
-              f"{args.get('--data-parallel-start-rank', '-')}) joined {args.get('--data-parallel-address') or args.get('--master-addr')}",
+              f"{args.get('--data-parallel-start-rank', '-')}) "
+              f"joined {args.get('--data-parallel-address') or args.get('--master-addr')}",
               flush=True)
         while True:
             time.sleep(3600)

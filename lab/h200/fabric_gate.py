@@ -5,9 +5,10 @@
 2. the host as a one-host pool (`@local`, h200, its fabric_address the address of the interface that carries its
    default route) and modelfleet.fabric.derive over that pool: interface, host IP variables, HCAs, devices;
 3. the gate's script (files/nccl_check.py) with the arguments netcheck.check_command renders for the member with
-   that fabric (outside docker: the host has none, and nothing can reach a registry to pin the image's digest), NCCL's INFO log on as the gate sets it for pools across hosts,
-   and the collectives a pool of several GPUs gets (all_reduce, all_gather; 1M..16G); the output read by
-   netcheck.host_report and judged by netcheck.judge with the member's fabric;
+   that fabric (outside docker: the host has none, and nothing can reach a registry to pin the image's
+   digest), NCCL's INFO log on as the gate sets it for pools across hosts, and the collectives a pool of
+   several GPUs gets (all_reduce, all_gather; 1M..16G); the output read by netcheck.host_report and judged by
+   netcheck.judge with the member's fabric;
 4. the gate's reachability check with two node ranks on this host (Gloo, its sweep to 64M) over the derived
    interface, then with the worker bound to an interface that is down: it must fail within the reach timeout,
    naming the pair.
@@ -176,7 +177,8 @@ def main() -> int:
             result["reach"][case] = {"skipped": "no interface is down on this host"}
             continue
         ranks = two_ranks(with_arg(gloo, "--reach-timeout", str(timeout)), env, ifname)
-        reports = {f"rank{i}": netcheck.host_report(r["rc"] == 0, r["stdout"], r["stderr"]) for i, r in enumerate(ranks)}
+        reports = {f"rank{i}": netcheck.host_report(r["rc"] == 0, r["stdout"], r["stderr"])
+                   for i, r in enumerate(ranks)}
         members = list(reports)
         judged = netcheck.judge(svc.pool, members, reports, None, fabrics={m: fabric for m in members})
         result["reach"][case] = {"worker_ifname": ifname, "ranks": ranks, "reports": reports, "verdict": judged}

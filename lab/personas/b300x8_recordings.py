@@ -40,7 +40,8 @@ def gpu_element(index: int, name: str, uuid: str, bus_id: str, memory: str) -> s
 
 
 def main() -> None:
-    rows = [[c.strip() for c in line.split(",")] for line in (B300 / "nvidia-smi-query-gpu.txt").read_text().splitlines()]
+    rows = [[c.strip() for c in line.split(",")]
+            for line in (B300 / "nvidia-smi-query-gpu.txt").read_text().splitlines()]
     gpus = "".join(gpu_element(int(r[0]), r[1], r[2], r[3], r[4]) for r in rows)
     head = H200[:H200.index("\t<gpu id=")].replace("<attached_gpus>1<", f"<attached_gpus>{len(rows)}<")
     head = re.sub(r"<driver_version>[^<]*<", f"<driver_version>{rows[0][5]}<", head)

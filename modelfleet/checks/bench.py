@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
+import subprocess
 import threading
 import time
 import urllib.request
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from openai import APIError, OpenAI
 
-from modelfleet import masking
+from modelfleet import fleet, masking
 from modelfleet.catalog import EngineMetrics, load_catalog
 from modelfleet.checks import Endpoint
 from modelfleet.checks.probe import client
@@ -93,7 +94,8 @@ def _stats(values: list[float]) -> dict:
         return {"mean_ms": None, "median_ms": None, "p99_ms": None}
     # Linear interpolation between closest ranks, as numpy.percentile (what vllm bench serve reports).
     p99 = statistics.quantiles(values, n=100, method="inclusive")[98] if len(values) > 1 else values[0]
-    return {"mean_ms": round(1000 * statistics.fmean(values), 3), "median_ms": round(1000 * statistics.median(values), 3),
+    return {"mean_ms": round(1000 * statistics.fmean(values), 3),
+            "median_ms": round(1000 * statistics.median(values), 3),
             "p99_ms": round(1000 * p99, 3)}
 
 
@@ -201,12 +203,8 @@ def host_gpu_memory(plan):
     if plan.hardware.vendor != "nvidia":
         return None
     if plan.address == "@local":
-        import subprocess
-
         return lambda: subprocess.run(gpu_memory_sh(), shell=True, capture_output=True, text=True,
                                       timeout=10).stdout
-    from modelfleet import fleet
-
     conn = fleet.connect(plan)
     return lambda: fleet.execute(conn, plan, gpu_memory_sh())[1]
 
@@ -279,9 +277,11 @@ def regressions(current: dict, previous: dict | None) -> list[str]:
 
 def plot(result: dict, path: Path) -> None:
     """Latency percentiles (TTFT, TPOT, ITL: median and p99) against concurrency."""
+    # matplotlib (slow to import) loads only to draw a plot
     import matplotlib
 
     matplotlib.use("Agg")
+    # after use(): pyplot takes its backend when it loads
     import matplotlib.pyplot as plt
 
     levels = result["levels"]

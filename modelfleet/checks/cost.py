@@ -55,7 +55,8 @@ def cost_per_task(bench: dict, prices: dict) -> dict:
     else:
         a = prices["api"]
         charges = input_tokens / 1e6 * a["input_per_mtok_usd"] + output_tokens / 1e6 * a["output_per_mtok_usd"]
-        basis = f"{input_tokens} in + {output_tokens} out tokens at ${a['input_per_mtok_usd']}/${a['output_per_mtok_usd']} per Mtok"
+        basis = (f"{input_tokens} in + {output_tokens} out tokens at "
+                 f"${a['input_per_mtok_usd']}/${a['output_per_mtok_usd']} per Mtok")
     period_costs = {name: float(prices.get(name, 0)) for name in PERIOD_COSTS}
     total = charges + sum(period_costs.values())
     return {

@@ -38,6 +38,7 @@ def run_gate(ep: Endpoint, ready_timeout_s: float, full: bool, bench: dict | Non
 
 
 def _child(request: dict) -> dict:
+    # the openai SDK loads only here, in the child: it does not import under pyinfra's gevent patches
     from modelfleet.checks.bench import bench
     from modelfleet.checks.probe import verify
 

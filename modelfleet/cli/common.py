@@ -9,8 +9,9 @@ import sys
 import click
 
 from modelfleet import masking, runscope
-from modelfleet.catalog import load_catalog
+from modelfleet.catalog import CatalogError, load_catalog
 from modelfleet.inventory import open_inventory
+from modelfleet.inventory.door import limit as pick
 from modelfleet.inventory.door import parse_data
 
 
@@ -35,8 +36,6 @@ def limit_option(command):
 
 
 def selected(result, limit=(), hosts=()) -> list[str]:
-    from modelfleet.inventory.door import limit as pick
-
     try:
         return pick(result, tuple(limit) + tuple(hosts))
     except ValueError as error:
@@ -55,8 +54,6 @@ def open_checked(inventory: str, group_data=(), data=(), offline: bool = False):
 
 def shipped_catalog():
     """The shipped catalog, or one line naming its broken file and field (exit 2)."""
-    from modelfleet.catalog import CatalogError
-
     try:
         return load_catalog()
     except CatalogError as error:

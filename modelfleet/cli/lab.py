@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
+from pathlib import Path
 
 import click
 
@@ -20,9 +22,6 @@ def lab() -> None:
 
 def _lab_module():
     """The checkout's lab/ package: found from the working directory (the repository root)."""
-    import importlib
-    from pathlib import Path
-
     if not (Path.cwd() / "lab" / "__init__.py").exists():
         raise click.ClickException("`modelfleet lab` runs from the root of a modelfleet checkout (its lab/ folder "
                                    "is not part of the installed package)")

@@ -6,16 +6,18 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 import click
 
 from modelfleet import keys, masking
+from modelfleet.checks import Endpoint, inventory_endpoints
+from modelfleet.checks.cost import PriceError, cost_per_task, load_prices
+from modelfleet.checks.tunnel import port_free
 from modelfleet.cli.common import emit, inventory_options, limit_option, main, resolved_or_exit, selected
 
 
 def _inventory_endpoints(inventory: str, hosts: tuple[str, ...], group_data=(), data=()):
-    from modelfleet.checks import inventory_endpoints
-
     result = resolved_or_exit(inventory, group_data, data)
     return inventory_endpoints(result, tuple(selected(result, hosts)))
 
@@ -23,11 +25,13 @@ def _inventory_endpoints(inventory: str, hosts: tuple[str, ...], group_data=(), 
 @main.command()
 @click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
 @limit_option
-@click.option("--ready-timeout", type=click.FloatRange(min=0, max=86400), default=60, show_default=True, help="Seconds to wait for /health.")
+@click.option("--ready-timeout", type=click.FloatRange(min=0, max=86400), default=60, show_default=True,
+              help="Seconds to wait for /health.")
 @inventory_options
 def verify(inventory: str, limit, hosts, ready_timeout: float, group_data, data) -> None:
     """Readiness, smoke and tool-call/multi-turn probe of every endpoint (JSON; exit 1 if any fails)."""
     endpoints = _inventory_endpoints(inventory, tuple(limit) + tuple(hosts), group_data, data)
+    # the openai SDK (hundreds of modules) loads only when verify runs
     from modelfleet.checks.probe import verify as verify_endpoint
 
     reports = [verify_endpoint(ep, ready_timeout) for ep in endpoints]
@@ -42,22 +46,23 @@ def verify(inventory: str, limit, hosts, ready_timeout: float, group_data, data)
 @click.option("--model", help="Model name for --base-url.")
 @click.option("--api-key-env", help="Environment variable holding the key for --base-url.")
 @click.option("--concurrency", default="1,4,16", show_default=True, help="Comma-separated levels.")
-@click.option("--num-prompts", type=click.IntRange(min=1, max=1_000_000), default=32, show_default=True, help="Tasks per level.")
-@click.option("--input-len", type=click.IntRange(min=1, max=4_194_304), default=128, show_default=True, help="Prompt tokens per task.")
-@click.option("--output-len", type=click.IntRange(min=1, max=4_194_304), default=128, show_default=True, help="Tokens generated per task.")
-@click.option("--retries", type=click.IntRange(min=0, max=100), default=0, show_default=True, help="Re-sends of a failed task.")
+@click.option("--num-prompts", type=click.IntRange(min=1, max=1_000_000), default=32, show_default=True,
+              help="Tasks per level.")
+@click.option("--input-len", type=click.IntRange(min=1, max=4_194_304), default=128, show_default=True,
+              help="Prompt tokens per task.")
+@click.option("--output-len", type=click.IntRange(min=1, max=4_194_304), default=128, show_default=True,
+              help="Tokens generated per task.")
+@click.option("--retries", type=click.IntRange(min=0, max=100), default=0, show_default=True,
+              help="Re-sends of a failed task.")
 @click.option("--no-metrics", is_flag=True, help="Do not scrape the engine's /metrics during the run.")
 @click.option("--no-gpu-memory", is_flag=True, help="Do not sample the serving hosts' GPU memory (nvidia-smi over "
                                                       "SSH) during the run.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="reports/bench", show_default=True, help="Where the JSON and PNG reports go.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="reports/bench", show_default=True,
+              help="Where the JSON and PNG reports go.")
 @inventory_options
 def bench(inventory, limit, hosts, base_url, model, api_key_env, concurrency, num_prompts, input_len, output_len,
           retries, no_metrics, no_gpu_memory, out_dir, group_data, data) -> None:
     """Acceptance bench (vLLM bench serve definitions): JSON + PNG per endpoint; exit 1 on regressions."""
-    from pathlib import Path
-
-    from modelfleet.checks import Endpoint
-
     if bool(inventory) == bool(base_url):
         raise click.UsageError("give an INVENTORY or --base-url (with --model), not both")
     if base_url:
@@ -71,13 +76,14 @@ def bench(inventory, limit, hosts, base_url, model, api_key_env, concurrency, nu
                               model=model, engine="remote", api_key=key)]
         readers = {}
     else:
-        from modelfleet.checks import inventory_endpoints
+        # the openai SDK (hundreds of modules) loads only when bench runs
         from modelfleet.checks.bench import host_gpu_memory
 
         result = resolved_or_exit(inventory, group_data, data)
         endpoints = inventory_endpoints(result, tuple(selected(result, limit, hosts)))
         plans = {f"{name}/{svc.pool}": plan for name, plan in result.hosts.items() for svc in plan.services}
         readers = {} if no_gpu_memory else {ep.name: host_gpu_memory(plans[ep.name]) for ep in endpoints}
+    # the openai SDK (hundreds of modules) loads only when bench runs
     from modelfleet.checks.bench import bench as run_bench
 
     try:
@@ -85,11 +91,13 @@ def bench(inventory, limit, hosts, base_url, model, api_key_env, concurrency, nu
         if any(level < 1 for level in levels):
             raise ValueError
     except ValueError:
-        raise click.UsageError(f"--concurrency must be integers (1 or more) separated by commas, got {concurrency!r}") from None
+        raise click.UsageError(f"--concurrency must be integers (1 or more) separated by commas, "
+                               f"got {concurrency!r}") from None
     results = []
     for ep in endpoints:
         def progress(level, ep=ep):
-            click.echo(f"{ep.name}: concurrency {level['concurrency']}: {level['completed']}/{level['num_prompts']} ok, "
+            click.echo(f"{ep.name}: concurrency {level['concurrency']}: "
+                       f"{level['completed']}/{level['num_prompts']} ok, "
                        f"TTFT p99 {level['ttft']['p99_ms']} ms, {level['output_throughput']} tok/s", err=True)
         results.append(run_bench(ep, levels, num_prompts, input_len, output_len, Path(out_dir), retries,
                                  not no_metrics, progress, gpu_memory=readers.get(ep.name)))
@@ -103,10 +111,6 @@ def bench(inventory, limit, hosts, base_url, model, api_key_env, concurrency, nu
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 def cost(runs: tuple[str, ...], as_json: bool) -> None:
     """Cost per successful task: (compute or API + storage/network + operations + human correction) / tasks."""
-    from pathlib import Path
-
-    from modelfleet.checks.cost import PriceError, cost_per_task, load_prices
-
     rows = []
     for run in runs:
         label, _, rest = run.partition("=")
@@ -139,6 +143,7 @@ def _plans(inventory: str, hosts: tuple[str, ...], group_data=(), data=()):
 @inventory_options
 def status(inventory: str, limit, hosts, as_json: bool, group_data, data) -> None:
     """Per host: unit state, image, model revision, endpoint health, restarts, GPUs (concurrently, over SSH)."""
+    # fleet loads fabric's SSH client: only the commands that reach hosts pay for it
     from modelfleet import fleet
 
     rows = fleet.status(_plans(inventory, tuple(limit) + tuple(hosts), group_data, data))
@@ -151,12 +156,14 @@ def status(inventory: str, limit, hosts, as_json: bool, group_data, data) -> Non
 @click.argument("patterns", nargs=-1, metavar="[HOST|GROUP]...")
 @click.option("--limit", "limit", multiple=True, metavar="HOST|GROUP",
               help="Only these hosts: a name, a glob or a group, as pyinfra's --limit (repeatable).")
-@click.option("-n", "--lines", type=click.IntRange(min=1, max=1_000_000), default=50, show_default=True, help="Journal lines per unit.")
+@click.option("-n", "--lines", type=click.IntRange(min=1, max=1_000_000), default=50, show_default=True,
+              help="Journal lines per unit.")
 @click.option("-f", "--follow", is_flag=True, help="Keep following (Ctrl-C to stop).")
 @inventory_options
 def logs(inventory: str, patterns, limit, lines: int, follow: bool, group_data, data) -> None:
     """The engine units' journal from the hosts given (names, globs or groups; default: all), each line
     prefixed by its host."""
+    # fleet loads fabric's SSH client: only the commands that reach hosts pay for it
     from modelfleet import fleet
 
     try:
@@ -169,13 +176,13 @@ def logs(inventory: str, patterns, limit, lines: int, follow: bool, group_data, 
 @click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
 @click.argument("host")
 @click.option("--pool", help="Which of the host's services (default: its first).")
-@click.option("--local-port", type=click.IntRange(min=1, max=65535), help="Local port (default: the endpoint's own port).")
+@click.option("--local-port", type=click.IntRange(min=1, max=65535),
+              help="Local port (default: the endpoint's own port).")
 @inventory_options
 def tunnel(inventory: str, host: str, pool: str | None, local_port: int | None, group_data, data) -> None:
     """Forward a local port to HOST's loopback-bound endpoint (ssh -N -L) and print the base_url to use."""
-
+    # fleet loads fabric's SSH client: only the commands that reach hosts pay for it
     from modelfleet import fleet
-    from modelfleet.checks.tunnel import port_free
 
     [plan] = _plans(inventory, (host,), group_data, data)
     services = [s for s in plan.services if pool in (None, s.pool)]

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
+from pathlib import Path
 
 import click
+import yaml
 
+from modelfleet import shards as sharding
+from modelfleet import targets as targeting
 from modelfleet.cli.common import emit, inventory_options, limit_option, main, resolved_or_exit, selected
-from modelfleet.commands import inventory_args
-from modelfleet.prometheus import KEY_DIR
+from modelfleet.commands import inventory_args, run_pyinfra
+from modelfleet.inventory.door import whole
+from modelfleet.operations.report import report_path
+from modelfleet.prometheus import KEY_DIR, notes, scrape_config
 
 
 def yes_option(command):
@@ -60,10 +68,7 @@ def asked(command: str, plan: str, question: str, yes: bool) -> None:
 def upgrade(inventory: str, parallel: int, min_healthy: int | None, allow_outage: bool, limit, dry: bool, yes: bool,
             group_data, data) -> None:
     """Rolling upgrade to what INVENTORY now says (image, revision, driver release): batch by batch (JSON)."""
-    import os
-    import signal
-
-    from modelfleet.inventory.door import whole
+    # rollout loads every stage and fabric's SSH client: only upgrade needs them
     from modelfleet.rollout import batches, endpoints, outages, rollout
 
     # Ctrl-C or `kill -INT` stops the rollout where it is and reports how to finish it, also when a shell
@@ -85,6 +90,7 @@ def upgrade(inventory: str, parallel: int, min_healthy: int | None, allow_outage
                                  ": pass --allow-outage to accept that outage"),
                                  param_hint="--parallel" if several else "--allow-outage")
     if dry:
+        # upgrade_dry loads every stage and fabric's SSH client: only upgrade --dry needs them
         from modelfleet.upgrade_dry import preview
 
         emit(preview(result, everything, parallel), True, "")
@@ -101,6 +107,7 @@ def upgrade(inventory: str, parallel: int, min_healthy: int | None, allow_outage
 def upgrade_plan(everything, planned: list[list[str]], down: list[str]) -> str:
     """What `upgrade` will do, said before it asks: its batches in order, each one's front doors, the outages
     accepted (`upgrade --dry` adds each host's changes, read from the hosts)."""
+    # fleet loads fabric's SSH client: only the commands that reach hosts pay for it
     from modelfleet import fleet
 
     lines = [f"modelfleet upgrade: {len(planned)} batch(es), one after another; each is prefetched while it "
@@ -127,10 +134,6 @@ def prometheus(inventory: str, dcgm: bool, node_exporter: bool, output: str | No
                group_data, data) -> None:
     """A Prometheus scrape configuration for the fleet, labelled by pool, host and model: each engine's and each
     front door's metrics where they listen; what it cannot scrape is said on stderr."""
-    import yaml
-
-    from modelfleet.prometheus import notes, scrape_config
-
     result = resolved_or_exit(inventory, group_data, data)
     if on and on not in result.hosts:
         raise click.UsageError(f"--on {on}: no such host in {inventory}")
@@ -151,9 +154,8 @@ def prometheus(inventory: str, dcgm: bool, node_exporter: bool, output: str | No
 def admit(inventory: str, limit, hosts, group_data, data) -> None:
     """GPU admission on every host (pyinfra, nothing changed): each host's checks as JSON; exit 1 if one is
     refused. Reports: reports/admission/<host>.json."""
-    from modelfleet.commands import run_pyinfra
+    # modelfleet.deploys loads every stage: only the commands that name a deploy pay for it
     from modelfleet.deploys import deploy
-    from modelfleet.operations.report import report_path
 
     result = resolved_or_exit(inventory, group_data, data)
     chosen = selected(result, limit, hosts)
@@ -201,9 +203,6 @@ def converge(inventory: str, deploy: str, shards: int, slice_: str | None, dry: 
     """Run DEPLOY on every host of INVENTORY in SHARDS pyinfra processes at once (a pool or checkpoint group is
     never split), or only slice K/N of them (--shard); each shard's output in reports/converge/shard-<k>.log,
     the summary as JSON; exit 1 if a shard failed."""
-    from modelfleet import shards as sharding
-    from modelfleet.inventory.door import whole
-
     result = resolved_or_exit(inventory, group_data, data)
     chosen = whole(result, selected(result, limit))
     numbers = of = None
@@ -256,18 +255,18 @@ def retire_cmd(inventory: str, targets, dry: bool, remove_checkpoints: bool, ssh
     connect to it (SSH config, getaddrinfo) and refused (exit 2), before anything connects, when it reaches a
     host INVENTORY still serves: a converge retires what its inventory drops. Shows what it will retire and asks
     unless -y. Exit 1 when a host could not be retired (not reached: name not resolving, connection refused)."""
+    # retire loads the registry and checkpoint clients (urllib), deploys every stage: only retire needs them
     from modelfleet import retire
-    from modelfleet import targets as hosts
     from modelfleet.deploys import deploy
 
     result = resolved_or_exit(inventory, group_data, data)
     try:
-        chosen = [hosts.target(t) for t in targets]
-    except hosts.TargetError as error:
+        chosen = [targeting.target(t) for t in targets]
+    except targeting.TargetError as error:
         click.echo(f"modelfleet retire: {error}", err=True)
         sys.exit(2)
-    served = hosts.served(result)
-    refused = hosts.still_served(result, chosen) + hosts.same_machine(chosen)
+    served = targeting.served(result)
+    refused = targeting.still_served(result, chosen) + targeting.same_machine(chosen)
     if refused:
         click.echo("\n".join(f"modelfleet retire: {line}" for line in refused), err=True)
         sys.exit(2)
@@ -308,6 +307,7 @@ def drain_cmd(inventory: str, hosts, allow_outage: bool, as_json: bool, group_da
     multi-node pool's member takes its pool along): their replicas out of their front doors, then their engines
     and weight caches stopped and disabled. Nothing is removed; `modelfleet undrain` (or a converge) brings them
     back. Exit 1 if a step failed (a front door that refuses stops the drain before any engine stops)."""
+    # drain loads every stage and fabric's SSH client: only drain and undrain need them
     from modelfleet import drain
 
     result = resolved_or_exit(inventory, group_data, data)
@@ -329,6 +329,7 @@ def drain_cmd(inventory: str, hosts, allow_outage: bool, as_json: bool, group_da
 def undrain_cmd(inventory: str, hosts, as_json: bool, group_data, data) -> None:
     """Bring drained HOSTs back: their weight caches and engines enabled and started, their replicas back into
     their front doors once they answer /health from the router host. Exit 1 if a step failed."""
+    # drain loads every stage and fabric's SSH client: only drain and undrain need them
     from modelfleet import drain
 
     result = resolved_or_exit(inventory, group_data, data)
@@ -366,8 +367,7 @@ def mirror(inventory: str, dest: str, limit, from_host: str | None, group_data, 
     as DEST/<hub repo>/<commit>/ with its manifest, each file verified before it is renamed into place. From
     the hub (hf_endpoint, the token hf_token_env names), or --from-host. A re-run copies nothing already
     verified. Progress on stderr, a JSON summary on stdout; exit 1 on failure."""
-    from pathlib import Path
-
+    # mirror loads the checkpoint client (urllib) and fabric's SSH client: only mirror needs them
     from modelfleet.mirror import MirrorError, build
 
     result = resolved_or_exit(inventory, group_data, data)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 
 import click
 
-from modelfleet import masking, render, weight_cache
+from modelfleet import engine_flags, image_runtime, masking, render, replica_door, weight_cache
 from modelfleet.cli.common import (
     emit,
     inventory_options,
@@ -18,7 +19,12 @@ from modelfleet.cli.common import (
     selected,
     shipped_catalog,
 )
+from modelfleet.errors import ModelfleetError
+from modelfleet.inventory import COMMIT_RE, endpoints
+from modelfleet.inventory.schema import HostData
 from modelfleet.planner import layer_lines, plan_capacity, split_lines
+from modelfleet.router import preview as door_preview
+from modelfleet.router import summary as door_summary
 
 
 @main.command()
@@ -33,8 +39,6 @@ def validate(inventory: str, group_data, data, offline: bool, strict: bool, as_j
     every problem at once (exit 2 if any), then warnings and the files read."""
     result = open_checked(inventory, group_data, data, offline)
     refused = result.errors + (result.warnings if strict else [])
-
-    from modelfleet.router import summary as door_summary
 
     def listed(problems):
         return [{"where": w, "field": f, "message": m} for w, f, m in problems]
@@ -76,8 +80,8 @@ def validate(inventory: str, group_data, data, offline: bool, strict: bool, as_j
               help="Rollback copies kept on disk.")
 @click.option("--recipe", "recipe_id", help="Size this catalog recipe (default: the first of MODEL on HARDWARE).")
 @click.option("--quant", help="GGUF quantization, e.g. UD-IQ1_M: a llama.cpp recipe of MODEL with it on HARDWARE.")
-@click.option("--host-ram-gib", type=click.IntRange(min=1, max=65536), help="Host RAM for recipes that keep MoE experts in RAM "
-              "(default: the hardware catalog's figure).")
+@click.option("--host-ram-gib", type=click.IntRange(min=1, max=65536),
+              help="Host RAM for recipes that keep MoE experts in RAM (default: the hardware catalog's figure).")
 @click.option("--json", "as_json", is_flag=True, help="Print the full plan as JSON.")
 def plan(inventory, host, group_data, data, model: str, hardware: str, gpus: int, nodes: int, keep_revisions: int,
          recipe_id: str | None, quant: str | None, host_ram_gib: int | None, as_json: bool) -> None:
@@ -148,7 +152,8 @@ def layer_lines_of(svc) -> list[str]:
 
 def _plan_text(report, recipe, layered: list[str]) -> str:
     lines = [
-        f"{report.model} on {report.nodes}x{report.gpus_per_node} {report.hardware}" + (f" (recipe {recipe.id})" if recipe else ""),
+        f"{report.model} on {report.nodes}x{report.gpus_per_node} {report.hardware}"
+        + (f" (recipe {recipe.id})" if recipe else ""),
         "raw parameter bytes: " + ", ".join(f"{k} {v / 1e12:.2f} TB" for k, v in report.raw_bytes.items()),
         f"checkpoint: {report.checkpoint_bytes / 1e12:.3f} TB" + (" (estimated)" if report.checkpoint_estimated
                                                                   else ""),
@@ -171,8 +176,8 @@ def render_cmd(inventory: str, host: str, group_data, data, as_json: bool, pin: 
     """Print HOST's systemd unit(s) and env file(s) as the run writes them, secrets masked. Without --pin, images
     by tag and the revision as written (the run pins them, and the engine cache directory is named after the
     pins); with --pin, as pinned."""
+    # units and pins load the registry and checkpoint clients (urllib): only render needs them
     from modelfleet import units
-    from modelfleet.errors import ModelfleetError
     from modelfleet.pins import pinned_service
 
     result = resolved_or_exit(inventory, group_data, data)
@@ -195,16 +200,13 @@ def render_cmd(inventory: str, host: str, group_data, data, as_json: bool, pin: 
         files += [{"path": path, "mode": mode, "content": content}
                   for path, content, mode, _ in units.unit_files(svc, mask=True)]  # the run's one rendering path
         if svc.door_address and not svc.node_rank:  # the keyed proxy the run puts before the engine
-            from modelfleet import replica_door
-
             files += replica_door.preview(svc)
             why = (f"a replica behind the front door on {svc.router.host}: its engine leaves model routes open "
                    "without its key" if svc.router else f"{svc.engine_name} holds no key")
             notes.append(f"pool {svc.pool}: {why}: it listens on 127.0.0.1:{svc.port}, a keyed proxy "
                          f"({replica_door.unit_name(svc)}) on {replica_door.listen(svc)}")
     for rp in plan.routers:  # the front doors this host runs (modelfleet.router)
-        from modelfleet.router import preview
-        door_files, door_notes = preview(rp)
+        door_files, door_notes = door_preview(rp)
         files, notes = files + door_files, notes + door_notes
     files, notes = masking.masked(files), masking.masked(notes)
     if as_json:
@@ -227,9 +229,6 @@ def _venv_notes(svc, notes: list[str]) -> list[str]:
 def _service_notes(plan, svc, pin: bool) -> list[str]:
     """What `render` says above a service's files: pins, the recipe and its flag check, the image's runtime, the
     memory fraction, names and GPUs, and what the run fills in on the host."""
-    from modelfleet import engine_flags, image_runtime
-    from modelfleet.inventory import COMMIT_RE
-
     notes: list[str] = []
     if svc.venv:
         return _venv_notes(svc, render.venv_notes(svc))
@@ -261,12 +260,11 @@ def _service_notes(plan, svc, pin: bool) -> list[str]:
 def _with_expected_fabric(result, svc, notes: list[str]):
     """A pool across hosts: the fabric the run would derive for this member from what the inventory and the
     catalog say (the facts decide at run time), with the reason for each value."""
-    from dataclasses import replace
-
-    from modelfleet import fabric
-
     if svc.nnodes == 1:
         return svc
+    # the fabric's derivation (the facts' parsers, about 10 ms to import) is needed for a pool across hosts only
+    from modelfleet import fabric
+
     expected = getattr(fabric, "expected", None)
     if expected is None:
         notes.append(f"pool {svc.pool} fabric: derived from the members' facts when the run starts")
@@ -289,8 +287,6 @@ def show(inventory: str, host: str, group_data, data, as_json: bool) -> None:
     """HOST's merged settings and where each value came from (the inventory file, a group_data file, --data,
     or the schema's default), as the run will see them; secrets masked. An inventory that does not validate
     is shown too, with the host's errors under the settings (exit 2 when there are any)."""
-    from modelfleet.inventory.schema import HostData
-
     result = open_checked(inventory, group_data, data)
     if host not in result.data:
         if result.errors and not result.data:
@@ -304,9 +300,7 @@ def show(inventory: str, host: str, group_data, data, as_json: bool) -> None:
              if k not in given and k != "services"]
     width = max(len(r["key"]) for r in rows)
     text = "\n".join(f"{r['key']:<{width}}  {json.dumps(r['value'], default=str)}  ({r['from']})" for r in rows)
-    from modelfleet.inventory import endpoints  # the front doors it runs, the services it serves
-
-    found = endpoints.rows(result, host)
+    found = endpoints.rows(result, host)  # the front doors it runs, the services it serves
     rows += [{"key": f"endpoint: {e['endpoint']}", "value": e, "from": "the resolved plan"} for e in found]
     emit(rows, as_json, text + "".join(f"\nendpoint: {line}" for line in endpoints.lines(found)))
     if result.errors:
@@ -355,6 +349,7 @@ def urls(inventory: str, limit, hosts, only_os, arches, as_json: bool, group_dat
     """Every outside URL a run over INVENTORY will use, without connecting to anything: the GPU stack's apt
     repositories, packages and keys, the images' registries, the hub or the checkpoint mirror, pip's index;
     and the origins (scheme://host:port) a firewall must let through."""
+    # urls asks the stages themselves (50 more modules, urllib.request among them): only this command needs them
     from modelfleet.urls import known_systems, origins, outside_urls
 
     unknown = [name for name in only_os if name not in known_systems()]

@@ -1,7 +1,7 @@
-"""What admission judges: `nvidia-smi -q -x`, `nvidia-smi nvlink -s` and `nvlink -e` (NVIDIA) or `amd-smi metric --ecc --pcie
---json` (AMD), the Xid / amdgpu fatal lines of the kernel log since boot (journal, else dmesg: whichever the
-host lets us read), the kernel release and the boot id. Read as a part of preflight's HostProbe when admission
-follows, so it costs no round trip of its own."""
+"""What admission judges: `nvidia-smi -q -x`, `nvidia-smi nvlink -s` and `nvlink -e` (NVIDIA) or `amd-smi
+metric --ecc --pcie --json` (AMD), the Xid / amdgpu fatal lines of the kernel log since boot (journal, else
+dmesg: whichever the host lets us read), the kernel release and the boot id. Read as a part of preflight's
+HostProbe when admission follows, so it costs no round trip of its own."""
 
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ class GpuHealth(FactBase):
                 f"echo '{MARK} signer'; {MODULE_SIGNER} 2>/dev/null; true")
 
     def process(self, output):
-        parts: dict[str, list[str]] = {"smi": [], "nvlink": [], "nvlink_errors": [], "amd": [], "kernel": [], "id": [], "signer": []}
+        parts: dict[str, list[str]] = {"smi": [], "nvlink": [], "nvlink_errors": [], "amd": [], "kernel": [], "id": [],
+                                       "signer": []}
         part = None
         for line in output:
             if line.startswith(MARK):

@@ -91,8 +91,9 @@ class DeployedState(FactBase):
             elif line.startswith(MARK):
                 kind, _, name = line[len(MARK):].strip().partition(" ")
                 result["owned" if kind == "owned" else f"{kind}s"][name] = {
-                    "unit": {}, "owned": {}, "tree": {"files": {}, "manifest": None, "free_bytes": None, "current": None,
-                                                      "revisions": []}}.get(kind)
+                    "unit": {}, "owned": {},
+                    "tree": {"files": {}, "manifest": None, "free_bytes": None, "current": None, "revisions": []},
+                }.get(kind)
             elif kind == "path" and line.split()[:1] in (["dir"], ["file"]):
                 what, mode, user, group, digest = line.split()
                 result["paths"][name] = {"kind": what, "mode": mode.zfill(3), "user": user, "group": group,

@@ -21,11 +21,11 @@ as the control node read it: {path: {size, sha256 (LFS files and caches) | null,
 null}}. Sizes and digests never come from the source: for an engine cache, the control node read the holder's
 index over SSH. A peer copy's job also holds the run's fan-out token, the proof keys of its sources only
 (`proofs`: {host: key}) and says what it copies (`kind`: checkpoint or cache). No file gets more bytes than
-its size: a source that sends more is cut off there, the partial file removed, the source named. A file counts as verified when its size matches and its sha256 (LFS files) or git blob
-id (the others: config, tokenizer) matches — or, on a re-run, when size and mtime equal what the manifest
-recorded after a full check. Missing or corrupt files are (re)fetched; completed files are never fetched again.
-The result goes to DEST/.modelfleet-manifest.json and, as JSON, to stdout. Tokens are read from 0600 files,
-never argv.
+its size: a source that sends more is cut off there, the partial file removed, the source named. A file counts
+as verified when its size matches and its sha256 (LFS files) or git blob id (the others: config, tokenizer)
+matches — or, on a re-run, when size and mtime equal what the manifest recorded after a full check. Missing or
+corrupt files are (re)fetched; completed files are never fetched again. The result goes to
+DEST/.modelfleet-manifest.json and, as JSON, to stdout. Tokens are read from 0600 files, never argv.
 
 The peer server (`serve`, started by the stage as an unprivileged transient unit, its job on stdin) answers
 GET of exactly the names its job lists, each opened below its directory without following a symlink, to a
@@ -44,8 +44,9 @@ digests of the bytes now on disk. An engine cache's directory is written by its 
 every command works in DEST (and DIR) by descriptor (Tree): opened once without following a link, each name
 below reached component by component with O_NOFOLLOW, new files O_EXCL under unguessable names renamed into
 place, the lock opened O_NOFOLLOW and refused unless a plain file; a cache directory holding a symlink, device,
-pipe, socket or setuid file is refused and named, on a receiver as on a holder. Any failure ends in one line on stderr (`modelfleet: ...`, exit 1) saying
-what failed and what to do; the traceback goes to JOB.json's `.log` beside it.
+pipe, socket or setuid file is refused and named, on a receiver as on a holder. Any failure ends in one line
+on stderr (`modelfleet: ...`, exit 1) saying what failed and what to do; the traceback goes to JOB.json's
+`.log` beside it.
 
 Why one file of over 400 lines: it runs on hosts with python3's standard library alone (the hub download in the
 stage's venv), copied beside modelfleet_swarm.py (the piece exchange); its commands share the job format, the
@@ -78,6 +79,7 @@ import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 MANIFEST = ".modelfleet-manifest.json"
@@ -410,6 +412,7 @@ def check(dest, files: dict, manifest: dict, reverify: bool,
 
 
 def fetch_from_hub(job: dict, paths: list[str], tree: Tree) -> None:
+    # huggingface_hub is in the stage's venv on the downloading host only: this file runs on the standard library
     from huggingface_hub import snapshot_download
 
     token_file = job.get("token_file")
@@ -471,6 +474,7 @@ def watch_answers(job: dict) -> None:
     """Note each refusal the hub answers (huggingface_hub retries 429s itself, sleeping Retry-After): the lines
     name the status, not a frozen source; a retry asked beyond the run's deadline (model_stall_s) ends the fetch
     at once, in one line (raised through the library, so its partial files go once its threads have ended)."""
+    # huggingface_hub is in the stage's venv on the downloading host only: this file runs on the standard library
     from huggingface_hub import set_client_factory
     from huggingface_hub.utils._http import default_client_factory
 
@@ -701,6 +705,7 @@ def fetch_from_swarm(job: dict, paths: list[str], complete: list[str], watch: Wa
                      tree: Tree) -> dict:
     """Copy `paths` piece by piece from the group's peers (modelfleet_swarm), serving what is verified meanwhile.
     Each peer proves it is the run's server before it gets the token; one that cannot is named and left out."""
+    # modelfleet_swarm lies beside this file on hosts; the control node (mirror) loads this file alone
     from modelfleet_swarm import Swarm
 
     peers, unproven = {}, []
@@ -784,8 +789,7 @@ def serve(job: dict) -> None:
     sendfile(2), no copy through Python, paced to the job's `rate_mb_s` in all when given. Long because its
     handler class is defined inside it: every check a request passes reads the job and the pacing state it closes
     over, and nothing of it is reachable but through this one listener."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
+    # modelfleet_swarm lies beside this file on hosts; the control node (mirror) loads this file alone
     from modelfleet_swarm import HAVE, HAVE_PATH, PIECE, SENDING, HaveView, piece_of
 
     token, names = job["token"], frozenset(job["files"])
@@ -1014,6 +1018,7 @@ def probe(job_path: str, host_name: str, wait_s: float = 10) -> None:
     while time.monotonic() < deadline:
         wrong = challenge(url, job["proof_key"], job.get("name") or host_name, timeout=2)
         if wrong is None:  # proven: the token renews its lease (only a request with the token does)
+            # modelfleet_swarm lies beside this file on hosts; the control node (mirror) loads this file alone
             from modelfleet_swarm import HAVE_PATH
 
             renew = urllib.request.Request(url.rstrip("/") + HAVE_PATH,
@@ -1194,6 +1199,7 @@ def main(argv: list[str]) -> int:
         print(json.dumps(index(Path(argv[1]), argv[2])))
         return 0
     if argv[0] == "pieces":  # the verified copy's piece digests, for the control node to hand the receivers
+        # modelfleet_swarm lies beside this file on hosts; the control node (mirror) loads this file alone
         from modelfleet_swarm import pieces_of
 
         tree = Tree(argv[1])

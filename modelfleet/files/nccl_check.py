@@ -67,6 +67,7 @@ def fail(report: dict, message: str, code: int = 1):
 
 
 def worker(local_rank: int, args) -> None:
+    # torch is in the serving image this runs in, not on the host nor the control node that read this file
     import torch
     import torch.distributed as dist
 
@@ -344,6 +345,7 @@ def main() -> None:
         parser.error(f"unknown op(s) {unknown}; known: {sorted(BUS_FACTOR)}")
     # Before torch is even imported: a member that cannot reach the head fails in seconds.
     args.reach_s = reach(args) if args.nnodes > 1 and args.reach_timeout else None
+    # torch is in the serving image this runs in, not on the host nor the control node that read this file
     import torch
 
     if args.backend == "nccl" and not torch.cuda.is_available():
@@ -353,6 +355,7 @@ def main() -> None:
     if args.local_procs == 1:
         worker(0, args)
     else:
+        # torch is in the serving image this runs in, not on the host nor the control node that read this file
         import torch.multiprocessing as mp
 
         context = mp.start_processes(worker, args=(args,), nprocs=args.local_procs, join=False,

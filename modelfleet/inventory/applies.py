@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from modelfleet.inventory.schema import SERVICE_KEYS, ServiceData
+
 # scope -> (who it applies to, in the error's words)
 SCOPES = {
     "nvidia": "NVIDIA hosts",
@@ -96,7 +98,8 @@ def fleet_wide(problems: list[tuple[str, str, str]], sources: dict[str, dict[str
     for problem in problems:
         where, fld, message = problem
         origin = sources.get(where.removeprefix("host "), {}).get(fld, "")
-        if message.startswith(UNUSED) and " applies only to " in message and (origin == "--data" or origin.endswith("group_data/all.py")):
+        fleet_wide_origin = origin == "--data" or origin.endswith("group_data/all.py")
+        if message.startswith(UNUSED) and " applies only to " in message and fleet_wide_origin:
             warnings.append((where, fld, message.replace("; take it out (a group's value", "; (the whole fleet's "
                                                          "value, kept for the hosts it applies to; a group's value")))
         else:
@@ -107,8 +110,6 @@ def fleet_wide(problems: list[tuple[str, str, str]], sources: dict[str, dict[str
 def router_only_problems(data: dict, where: str) -> list[tuple[str, str, str]]:
     """A router-only host serves no model: a service setting given to it (an engine, a port, extra_args, a
     router of its own) would be ignored. `model` and `services` are router_only's own refusals."""
-    from modelfleet.inventory.schema import SERVICE_KEYS, ServiceData
-
     out = []
     for name in SERVICE_KEYS:
         if name == "model" or name not in data:

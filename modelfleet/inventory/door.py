@@ -12,13 +12,18 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
+import click
+
 from modelfleet import grammar, masking
-from modelfleet.catalog import CatalogError, load_catalog, with_site_hardware, with_site_recipes
+from modelfleet.catalog import YAML_SUFFIXES, CatalogError, load_catalog, with_site_hardware, with_site_recipes
 from modelfleet.inventory.plan import Resolved
 from modelfleet.inventory.resolver import resolve
+from modelfleet.inventory.schema import SERVICE_KEYS, HostData
 from modelfleet.loader import LOADING, InventoryFileError, read_inventory
 
 # Invocations already validated (refuse_invalid then does nothing), each with its resolution: the run's own where
@@ -119,8 +124,6 @@ def open_inventory(inventory: str, *, cwd: str | None = None, group_data: tuple[
 
 def _yaml_listed(folder: Path) -> list[str]:
     """The YAML files of a site folder, as the catalog reads them (one that is not a file was an error)."""
-    from modelfleet.catalog import YAML_SUFFIXES
-
     return sorted(str(p) for p in folder.iterdir() if p.suffix.lower() in YAML_SUFFIXES and p.is_file()) \
         if folder.is_dir() else []
 
@@ -128,18 +131,15 @@ def _yaml_listed(folder: Path) -> list[str]:
 def module_settings(inventory: str, values: dict[str, Any]) -> list[tuple[str, str, str]]:
     """Settings written at the inventory file's top level: pyinfra reads only groups there, so they would be
     ignored without a word."""
-    from modelfleet.inventory.schema import SERVICE_KEYS, HostData
-
     known = set(HostData.model_fields) | set(SERVICE_KEYS)
     return [(inventory, key, "set at module level, where pyinfra reads only groups (it would be ignored): put it "
-                             "in group_data/all.py, a group's data or the hosts' data") for key in values if key in known]
+                             "in group_data/all.py, a group's data or the hosts' data")
+            for key in values if key in known]
 
 
 def invocation() -> dict[str, Any] | None:
     """How the running `pyinfra` command was started (inventory, working directory, --group-data, --data and
     its ssh_* options), read from pyinfra's own command-line context; None outside pyinfra's CLI."""
-    import click
-
     context = click.get_current_context(silent=True)
     if context is not None and {"inventory", "operations"} <= set(context.params):
         params = context.params
@@ -206,8 +206,6 @@ def limit(result: Resolved, patterns: tuple[str, ...] | list[str]) -> list[str]:
     """The hosts `pyinfra --limit PATTERN ...` would pick: a group's hosts, else the host names matching the
     glob, in inventory order; a pattern matching nothing is an error (pyinfra only warns, and would act on
     none)."""
-    from fnmatch import fnmatch
-
     if not patterns:
         return list(result.hosts)
     chosen: set[str] = set()
@@ -224,8 +222,6 @@ def whole(result: Resolved, names: list[str], checkpoint_groups: bool = True) ->
     """The inventory cut down to `names` and every host that shares a pool with one of them (a pool is converged,
     gated and upgraded as one) or, with `checkpoint_groups`, a checkpoint group (a converge copies from the
     group's first host; an upgrade prefetches batch by batch from whichever peer holds the revision)."""
-    from dataclasses import replace
-
     keep = set(names)
     grown = True
     while grown:

@@ -191,8 +191,8 @@ def resolve_pools(hosts: dict[str, HostPlan], errors: list) -> dict[str, PoolPla
             head = pool.hosts[0]
             if head in headed:
                 errors.append((f"pool {pool.name}", "hosts", f"its head {head} (its first host) also heads the "
-                               f"multi-node pool {headed[head]}: both would rendezvous on the same port of {head}; a host "
-                               f"heads one multi-node pool at most: serve this pool from hosts whose first (in "
+                               f"multi-node pool {headed[head]}: both would rendezvous on the same port of {head}; "
+                               f"a host heads one multi-node pool at most: serve this pool from hosts whose first (in "
                                f"inventory order, rank 0) is not {head}"))
             headed.setdefault(head, pool.name)
     return dict(pools)

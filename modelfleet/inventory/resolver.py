@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
+from pyinfra.api import arguments
+from pyinfra.api.connectors import get_all_connectors
 
 from modelfleet import claims, grammar, trust, weight_cache
 from modelfleet.catalog import Catalog, Hardware, load_catalog
@@ -36,10 +38,7 @@ RESERVED_PORTS = {22: "SSH", 9100: "node exporter", 9400: "DCGM exporter", 13345
 def _pyinfra_keys() -> frozenset[str]:
     """pyinfra's own host data: its global arguments and every connector's settings (read once per process:
     scanning the installed packages' entry points costs ~9 ms, and every host of every resolve asked)."""
-    from pyinfra.api.arguments import all_global_arguments
-    from pyinfra.api.connectors import get_all_connectors
-
-    keys = {name for name, _ in all_global_arguments()}
+    keys = {name for name, _ in arguments.all_global_arguments()}  # op_order may have replaced it: looked up now
     for connector in get_all_connectors().values():
         keys |= set(getattr(connector, "data_meta", {}))
     return frozenset(keys)

@@ -177,7 +177,8 @@ class ServiceData(BaseModel):
         None, description="The private key (PEM) of `router_tls_cert`, a file on the control node; the router "
         "host gets it as a 0600 file.", json_schema_extra=applies("router"))
     router_policy: Literal["random", "round_robin", "cache_aware", "power_of_two"] = Field(
-        "cache_aware", description="How the router picks a replica for each request (both routers' names).", json_schema_extra=applies("router"))
+        "cache_aware", description="How the router picks a replica for each request (both routers' names).",
+        json_schema_extra=applies("router"))
     recipe_params: dict[Name, Annotated[float | int | str, _fits(grammar.flag_value)]] = Field(
         {}, description="Values for the recipe's required parameters (e.g. SGLang's `mamba_full_memory_ratio` "
         "for Kimi K3).")
@@ -218,10 +219,12 @@ class HostData(BaseModel):
     ssh_port: Port = Field(22, description="pyinfra's own: the SSH port (an engine may not take it).")
     ssh_user: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_.-]{0,31}$")] | None = Field(
         None, description="pyinfra's own: the SSH user; unset: pyinfra's default.")
-    ssh_key: Annotated[str, _fits(grammar.single_line)] | None = Field(None, description="pyinfra's own: private key file; unset: the SSH agent and "
-                                "default keys.")
-    ssh_known_hosts_file: Annotated[str, _fits(grammar.single_line)] | None = Field(None, description="pyinfra's own: known-hosts file, also used by "
-                                             "status, logs, tunnel and upgrade; unset: `~/.ssh/known_hosts`.")
+    ssh_key: Annotated[str, _fits(grammar.single_line)] | None = Field(
+        None, description="pyinfra's own: private key file; unset: the SSH agent and "
+        "default keys.")
+    ssh_known_hosts_file: Annotated[str, _fits(grammar.single_line)] | None = Field(
+        None, description="pyinfra's own: known-hosts file, also used by "
+        "status, logs, tunnel and upgrade; unset: `~/.ssh/known_hosts`.")
     ssh_strict_host_key_checking: Literal["yes", "accept-new", "no", "off"] | None = Field(
         None, description="pyinfra's own; status, logs, tunnel and upgrade honour it too (unset: unknown host "
         "keys refused).")
@@ -230,7 +233,8 @@ class HostData(BaseModel):
     config_dir: OwnedDir = Field("/etc/modelfleet", description="Env and secret files (0700 directory, 0600 "
                                  "files).")
     hf_token_env: SecretVar = Field("HF_TOKEN", description="Name of the control-node variable holding the hub "
-                                    "token (reaches only the downloading host, in a 0600 file).", json_schema_extra=applies("model"))
+                                    "token (reaches only the downloading host, in a 0600 file).",
+                                    json_schema_extra=applies("model"))
     image_registry: Annotated[str, _fits(_registry)] | None = Field(
         None, description="Registry prefix put before every image (site mirror, lab registry); unset: images "
         "as named.")
@@ -240,9 +244,11 @@ class HostData(BaseModel):
         "always is.")
     insecure_http_hosts: list[Annotated[str, _fits(_http_host)]] = Field(
         [], description="Hosts (host[:port]) the hub token may reach over plain HTTP (`hf_endpoint`): a site's "
-        "own network; loopback always may. Never for a model that runs its own code.", json_schema_extra=applies("model"))
+        "own network; loopback always may. Never for a model that runs its own code.",
+        json_schema_extra=applies("model"))
     gpu_passthrough: bool = Field(True, description="Hand the service's GPUs to its container (NVIDIA: CDI "
-                                  "devices; AMD: /dev/kfd and its render nodes); False: the container gets none.", json_schema_extra=applies("gpu"))
+                                  "devices; AMD: /dev/kfd and its render nodes); False: the container gets none.",
+                                  json_schema_extra=applies("gpu"))
     router_only: bool = Field(False, description="The host runs only front doors (a service elsewhere names it "
                               "in `router`), no engine: no `services` nor `model`, `hardware` unset (the catalog's "
                               "`cpu` board, no GPUs) and no driver, checkpoint or engine image.")
@@ -269,24 +275,28 @@ class HostData(BaseModel):
     hf_endpoint: Url | None = Field(None, description="Hugging Face hub to fetch from; unset: the control "
                                     f"node's HF_ENDPOINT, else {HUB_ENDPOINT}.", json_schema_extra=applies("model"))
     model_source: Url | None = Field(None, description="Air-gapped sites: a mirror URL or file:// directory "
-                                     "holding `<repo>/<commit>/` with its manifest, used instead of the hub.", json_schema_extra=applies("model"))
-    model_keep_revisions: int = Field(1, ge=0, le=100, description="Older revisions kept on disk for rollback beside the "
-                                      "served one.", json_schema_extra=applies("model"))
+                                     "holding `<repo>/<commit>/` with its manifest, used instead of the hub.",
+                                     json_schema_extra=applies("model"))
+    model_keep_revisions: int = Field(1, ge=0, le=100, description="Older revisions kept on disk for rollback "
+                                      "beside the served one.", json_schema_extra=applies("model"))
     model_reverify: bool = Field(False, description="Hash every file again instead of trusting the manifest's "
                                  "size + mtime.", json_schema_extra=applies("model"))
     # Hosts that got their copy serve the next wave (a tree), so a large group takes log(N) waves, not N.
     model_fanout_width: int = Field(8, ge=1, le=1024, description="Peers one host serves the checkpoint to at "
-                                    "once (the group's first host's value counts for the group).", json_schema_extra=applies("model"))
+                                    "once (the group's first host's value counts for the group).",
+                                    json_schema_extra=applies("model"))
     model_fanout: Literal["swarm", "tree"] = Field("swarm", description="How a group's hosts copy the checkpoint: "
                                                    "`swarm`, piece by piece from every peer at once, each serving "
                                                    "the pieces it verified while it receives; `tree`, whole copies "
                                                    "in waves of model_fanout_width (the group's first host's value "
                                                    "counts).", json_schema_extra=applies("model"))
-    model_fanout_rate_mb_s: int | None = Field(None, ge=1, le=1_000_000, description="Cap on what a host serving peers sends "
-                                               "in all, MB/s, leaving room for inference; unset: no cap.", json_schema_extra=applies("model"))
+    model_fanout_rate_mb_s: int | None = Field(None, ge=1, le=1_000_000, description="Cap on what a host serving "
+                                               "peers sends in all, MB/s, leaving room for inference; unset: no cap.",
+                                               json_schema_extra=applies("model"))
     model_stall_s: int = Field(60, ge=5, le=3600, description="Seconds a download or peer copy may go without "
                                "receiving a byte before it fails, naming host, source and file (other hosts go "
-                               "on); a peer server with no request for twice as long ends.", json_schema_extra=applies("model"))
+                               "on); a peer server with no request for twice as long ends.",
+                               json_schema_extra=applies("model"))
     verify_bench: bool = Field(False, description="The verify stage also runs a short bench and fails on a "
                                "regression against the previous one.")
     verify_full: bool = Field(False, description="Smoke test and tool probe on every converge, not only when a "
@@ -296,9 +306,11 @@ class HostData(BaseModel):
     admission_valid_h: int = Field(24, ge=1, le=720, description="Hours an admission pass holds "
                                    "(reports/admission).", json_schema_extra=applies("gpu"))
     admission_h2d: bool = Field(False, description="Also time each GPU's pinned host <-> device copies when the "
-                                "pool's gate runs, against the hardware catalog's h2d_min_gbps.", json_schema_extra=applies("gpu"))
+                                "pool's gate runs, against the hardware catalog's h2d_min_gbps.",
+                                json_schema_extra=applies("gpu"))
     admission_dcgm_level: int = Field(0, ge=0, le=4, description="DCGM diagnostic level when admission judges "
-                                      "the host (`dcgmi diag -r N`; 0 off, 1 about a minute, 3-4 half an hour+).", json_schema_extra=applies("nvidia"))
+                                      "the host (`dcgmi diag -r N`; 0 off, 1 about a minute, 3-4 half an hour+).",
+                                      json_schema_extra=applies("nvidia"))
     dcgm_exporter: bool = Field(False, description="Run a DCGM exporter unit on NVIDIA hosts (:9400 on the "
                                 "fabric address).", json_schema_extra=applies("nvidia"))
     unit_dropins: Literal["remove", "keep"] = Field(
@@ -306,7 +318,8 @@ class HostData(BaseModel):
         "(remove), or the site keeps its own and the host is refused, naming each file (keep).")
     # NVIDIA's tag from github.com/NVIDIA/dcgm-exporter's README quickstart (DCGM 4.4.2, exporter 4.7.1)
     dcgm_exporter_image: Image = Field("nvcr.io/nvidia/k8s/dcgm-exporter:4.4.2-4.7.1-ubuntu22.04",
-                                       description="Image of the DCGM exporter unit.", json_schema_extra=applies("nvidia"))
+                                       description="Image of the DCGM exporter unit.",
+                                       json_schema_extra=applies("nvidia"))
     nvme_devices: Annotated[list[str], _each(lambda v: None if v == "auto" else grammar.device(v)),
                             _fits(_unique)] = Field(
         [], description="NVMe for model_root: device paths, or `[\"auto\"]` for every blank NVMe disk; several "
@@ -333,9 +346,11 @@ class HostData(BaseModel):
     # Changing it is a driver upgrade (`modelfleet upgrade` drains, installs, reboots and gates batch by batch).
     driver_version: str | None = Field(None, pattern=r"^[0-9]{3}\.[0-9]{2,3}(\.[0-9]{2})?$", description="One "
                                        "release of the branch (e.g. 580.159.04), Fabric Manager at the same "
-                                       "version; unset: a loaded driver of the branch is kept, else the newest.", json_schema_extra=applies("nvidia"))
+                                       "version; unset: a loaded driver of the branch is kept, else the newest.",
+                                       json_schema_extra=applies("nvidia"))
     driver_flavor: Literal["open", "proprietary"] = Field("open", description="Open kernel modules (NVIDIA's "
-                                                          "default since R560) or the proprietary ones.", json_schema_extra=applies("nvidia"))
+                                                          "default since R560) or the proprietary ones.",
+                                                          json_schema_extra=applies("nvidia"))
     driver_source: Literal["auto", "cuda", "ubuntu-signed"] = Field(
         "auto", description="Where the NVIDIA kernel module comes from: `cuda` (the CUDA repository, built by "
         "DKMS), `ubuntu-signed` (Canonical's signed modules for the running kernel); `auto`: ubuntu-signed on "
@@ -343,7 +358,8 @@ class HostData(BaseModel):
     driver_allow_downgrade: bool = Field(False, description="Accept replacing a loaded driver newer than the "
                                          "branch (refused otherwise).", json_schema_extra=applies("nvidia"))
     driver_pinning: bool = Field(True, description="Hold the branch with NVIDIA's "
-                                 "nvidia-driver-pinning-<branch> package; False: `apt-mark hold`.", json_schema_extra=applies("nvidia"))
+                                 "nvidia-driver-pinning-<branch> package; False: `apt-mark hold`.",
+                                 json_schema_extra=applies("nvidia"))
     cuda_toolkit: Annotated[str, Field(pattern=r"^[0-9]{1,2}-[0-9]{1,2}$")] | None = Field(
         None, description="e.g. `13-0` installs cuda-toolkit-13-0; unset: none (the engine images bring their "
         "own).", json_schema_extra=applies("nvidia"))
@@ -355,9 +371,11 @@ class HostData(BaseModel):
                                  "Manager), or a site mirror of it.", json_schema_extra=applies("nvidia"))
     # https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/install-guide.html
     container_toolkit_repo_url: Url = Field("https://nvidia.github.io/libnvidia-container/stable/deb",
-                                            description="NVIDIA Container Toolkit repository, or a mirror.", json_schema_extra=applies("nvidia"))
+                                            description="NVIDIA Container Toolkit repository, or a mirror.",
+                                            json_schema_extra=applies("nvidia"))
     container_toolkit_key_url: Url = Field("https://nvidia.github.io/libnvidia-container/gpgkey",
-                                           description="Signing key of the Container Toolkit repository.", json_schema_extra=applies("nvidia"))
+                                           description="Signing key of the Container Toolkit repository.",
+                                           json_schema_extra=applies("nvidia"))
     repo_key_fingerprints: dict[Literal[trust.REPOSITORIES],  # catalog/signing_keys.yaml's names
                                 Annotated[list[Annotated[str, Field(pattern=r"^([0-9A-Fa-f]{40}|[0-9A-Fa-f]{64})$")]],
                                           Field(min_length=1)]] = Field(
@@ -374,9 +392,11 @@ class HostData(BaseModel):
     rocm_version: str = Field("7.0", pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$", description="ROCm release "
                               "installed on AMD hosts.", json_schema_extra=applies("amd"))
     amdgpu_install_build: str = Field("7.0.70000-1", pattern=r"^[0-9][0-9.]*-[0-9]+$", description="Build of "
-                                      "amdgpu-install_<build>_all.deb for rocm_version.", json_schema_extra=applies("amd"))
+                                      "amdgpu-install_<build>_all.deb for rocm_version.",
+                                      json_schema_extra=applies("amd"))
     gpu_check_image: Image | None = Field(None, description="Image that must see the host's GPUs after the "
-                                          "stack; unset: NVIDIA's CUDA base image, Ubuntu's on AMD hosts.", json_schema_extra=applies("gpu"))
+                                          "stack; unset: NVIDIA's CUDA base image, Ubuntu's on AMD hosts.",
+                                          json_schema_extra=applies("gpu"))
     service_user: str = Field("root", pattern=r"^[a-z_][a-z0-9_-]{0,31}$", description="User added to the "
                               "render and video groups on AMD hosts.", json_schema_extra=applies("amd"))
 

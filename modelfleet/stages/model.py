@@ -79,7 +79,8 @@ def _group(ctx: HostRun, svc: ServicePlan) -> list[str]:
     members = []
     active = {h.name for h in state.inventory.get_active_hosts()}
     for name, plan in ctx.inventory.hosts.items():
-        if name in active and any(s.checkpoint_group == svc.checkpoint_group and s.model.id == svc.model.id for s in plan.services):
+        if name in active and any(s.checkpoint_group == svc.checkpoint_group and s.model.id == svc.model.id
+                                  for s in plan.services):
             members.append(name)
     return members
 
@@ -247,7 +248,8 @@ def run(ctx: HostRun):
         hub_token_file(name=f"Hub token {plan.config_dir}/hf-token (0600)", dest=f"{plan.config_dir}/hf-token",
                        token=keys.from_env(plan.hf_token_env) if downloads else None,
                        current=mine["paths"].get(f"{plan.config_dir}/hf-token"))
-        checkpoint_fetched(name=f"Fetch {snap.repo}@{snap.commit[:12]} from {masking.url(source_url) or 'the hub'}", job=job,
+        checkpoint_fetched(name=f"Fetch {snap.repo}@{snap.commit[:12]} from {masking.url(source_url) or 'the hub'}",
+                           job=job,
                            mode="peer" if source_url else "hub", source=source_url,
                            missing=missing if is_seed else [], reverify=plan.model_reverify,
                            restart=_engines_of(plan, model_dir),

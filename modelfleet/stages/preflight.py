@@ -34,8 +34,8 @@ def evaluate(plan: HostPlan, probe: dict, defer_stack: bool = False) -> dict:
     versions = probe.get("nvidia_versions") or {}
     pending = defer_stack and replaces_driver(plan, probe)
     if pending:
-        deferred.append(f"GPU count, model, memory and driver version: checked after gpu_driver installs "
-                        f"{'ROCm ' + plan.stack.rocm_version if hw.vendor == 'amd' else 'branch ' + plan.stack.driver_branch}")
+        next_stack = "ROCm " + plan.stack.rocm_version if hw.vendor == "amd" else "branch " + plan.stack.driver_branch
+        deferred.append(f"GPU count, model, memory and driver version: checked after gpu_driver installs {next_stack}")
     module = (probe.get("nvidia_module") or {}).get("version")
     if hw.vendor == "nvidia" and not pending and module and not versions.get("driver"):
         # The kernel runs a module but nvidia-smi cannot talk to it: the libraries on disk are another release
@@ -125,7 +125,8 @@ def fabric_manager_problems(plan: HostPlan, probe: dict) -> list[str]:
     if not fabric_manager_needed(plan, probe):
         return []
     if not fm.get("version"):
-        return [f"Fabric Manager: not installed; {plan.hardware.id} with NVSwitch needs nvidia-fabricmanager at the driver's version ({driver or 'no driver loaded'})"]
+        return [f"Fabric Manager: not installed; {plan.hardware.id} with NVSwitch needs nvidia-fabricmanager "
+                f"at the driver's version ({driver or 'no driver loaded'})"]
     if driver and fm["version"] != driver:
         return [f"Fabric Manager {fm['version']} does not match driver {driver} (the usual cause of CUDA error "
                 "802): install the Fabric Manager package of exactly the driver's version"]

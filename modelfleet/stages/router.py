@@ -239,8 +239,8 @@ def router_port_guarded(script: str):
     if ok:
         host.noop("a process of user nobody was refused by the router's port")
         return
-    yield FunctionCommand(refuse, ([f"verify: {line.removeprefix('modelfleet: ')}"
-                                    for line in output.stderr_lines] or ["verify: the router's port check failed"],), {})
+    reasons = [f"verify: {line.removeprefix('modelfleet: ')}" for line in output.stderr_lines]
+    yield FunctionCommand(refuse, (reasons or ["verify: the router's port check failed"],), {})
 
 
 @operation(is_idempotent=False)

@@ -1,8 +1,8 @@
 """A marker secret through every door it can come in by (the API key an inventory names, the hub token, pyinfra's
 sudo and SSH passwords, credentials in a mirror URL, a key holding a newline, a secret put in `env`) is found
 nowhere an attacker without root could read it: not in any command's output (validate, show, render, urls, plan,
-prometheus, each in text and JSON), not in the real `pyinfra` run's output (-vvv --debug, and its debug-inventory dump), not
-in the reports directory, and on the host only in the files the run writes 0600."""
+prometheus, each in text and JSON), not in the real `pyinfra` run's output (-vvv --debug, and its
+debug-inventory dump), not in the reports directory, and on the host only in the files the run writes 0600."""
 
 import json
 import os

@@ -185,7 +185,9 @@ def test_the_guard_refuses_the_same_inputs_before_any_connection(tmp_path):
     out = run.stdout + run.stderr
     assert run.returncode == 2 and "old.yaml" in out and "is a folder" in out and "Traceback" not in out, out[-3000:]
     (inv.parent / "hardware" / "old.yaml").rmdir()
-    inv.write_text(f"gpus = {[('h1', {**HOST, 'ssh_hostname': '127.0.0.1', 'ssh_port': listener.port, 'model_source': 'https://mirror.site/m', 'rocm_version': '7.1', 'revision': 'main'})]!r}\n")  # noqa: E501
+    gpus = [("h1", {**HOST, "ssh_hostname": "127.0.0.1", "ssh_port": listener.port,
+                    "model_source": "https://mirror.site/m", "rocm_version": "7.1", "revision": "main"})]
+    inv.write_text(f"gpus = {gpus!r}\n")
     run = subprocess.run([sys.executable, "-m", "pyinfra", "-y", str(inv), "deploys/serve.py"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     out = run.stdout + run.stderr

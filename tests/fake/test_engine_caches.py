@@ -43,7 +43,8 @@ def _with_root_entries(fake, svc, entries):
     replies = converged_replies(fake, svc)
     lines = replies["@@modelfleet-state"]
     at = lines.index(f"@@modelfleet-state path {cache.root}")
-    lines[at + 2:at + 2] = ["entries", "entry .modelfleet-owned", f"entry {cache.key}"] + [f"entry {e}" for e in entries]
+    lines[at + 2:at + 2] = (["entries", "entry .modelfleet-owned", f"entry {cache.key}"]
+                            + [f"entry {e}" for e in entries])
     return replies
 
 

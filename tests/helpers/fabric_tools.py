@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from modelfleet.facts.gpu import NvidiaTopology
+
 
 def parse_ibstat(lines: Iterable[str]) -> dict[str, dict]:
     """`ibstat`: CA -> {type, firmware, ports: {n: {state, phys_state, rate, link_layer, lid}}}."""
@@ -95,8 +97,6 @@ def parse_nic_legend(lines: Iterable[str]) -> dict[str, str]:
 
 def topology_distances(lines: list[str]) -> dict[str, dict[str, str]]:
     """GPU index -> HCA name -> topo's word, from `nvidia-smi topo -m` (matrix and NIC legend together)."""
-    from modelfleet.facts.gpu import NvidiaTopology
-
     topo = NvidiaTopology().process(lines) or {}
     legend = parse_nic_legend(lines)
     return {gpu.removeprefix("GPU"): {legend[nic]: topo["matrix"][gpu][nic] for nic in topo.get("nics", [])

@@ -19,6 +19,7 @@ def host(address: str, fabric: str, engine: str = "sglang", **extra) -> dict:
 
 def fleet(engine: str = "sglang", **extra) -> list:
     """Three replicas behind a front door on r1; vLLM's only on r1 (elsewhere it is refused, as below)."""
-    hosts = [("r1", host("10.0.0.1", "10.1.0.1", engine, **extra)), ("a", host("10.0.0.2", "10.1.0.2", engine, **extra)),
+    hosts = [("r1", host("10.0.0.1", "10.1.0.1", engine, **extra)),
+             ("a", host("10.0.0.2", "10.1.0.2", engine, **extra)),
              ("b", host("10.0.0.3", "10.1.0.3", engine, **extra))]
     return hosts[:1] if engine == "vllm" else hosts

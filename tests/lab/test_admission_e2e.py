@@ -1,7 +1,7 @@
 """GPU admission on the lab (#16): the recorded H200 and the synthetic 8-GPU B300 and MI355X are admitted; each fault
-persona (lab/personas/faults.yaml: one of them with one fault, as a real host reports it) is refused by exactly the check
-for its fault, all within 60 s (the hosts are judged at once), `status` shows the verdicts, and serve.py starts
-nothing on a refused host."""
+persona (lab/personas/faults.yaml: one of them with one fault, as a real host reports it) is refused by
+exactly the check for its fault, all within 60 s (the hosts are judged at once), `status` shows the verdicts,
+and serve.py starts nothing on a refused host."""
 
 import json
 import os
@@ -46,8 +46,8 @@ def judged(lab_hosts, tmp_path_factory):
     xid_host = next(s for s in faulty if s["persona"] == "h200x1-xid79")
     with lab.scenario.applied(only=[xid_host["name"]]):
         serve = run_pyinfra("inventories/lab.py", "deploys/serve.py", cwd=REPO_ROOT, timeout=600, env=env)
-    yield {"admit": admit, "admit_s": admit_s, "dcgm": dcgm, "dcgm_fault": dcgm_fault, "status": status, "serve": serve, "healthy": healthy, "boards": boards, "faulty": faulty,
-           "xid_host": xid_host}
+    yield {"admit": admit, "admit_s": admit_s, "dcgm": dcgm, "dcgm_fault": dcgm_fault, "status": status, "serve": serve,
+           "healthy": healthy, "boards": boards, "faulty": faulty, "xid_host": xid_host}
     lab.remove([s["name"] for s in started] + [dcgm_fault["name"]])
 
 

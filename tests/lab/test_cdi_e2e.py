@@ -99,7 +99,8 @@ def test_the_host_runs_a_docker_with_cdi_and_the_spec_its_nvidia_ctk_wrote(serve
     # Every GPU, as the DCGM exporter's unit and the GPU stack's container check ask for them.
     image = container(spec, "pair-a")["image"]
     listed = on_host(spec, f"docker run --rm --device nvidia.com/gpu=all --entrypoint ls {image} /dev").split()
-    assert sorted(n for n in listed if n.startswith("nvidia")) == sorted([f"nvidia{i}" for i in range(GPUS)] + [*COMMON])
+    assert sorted(n for n in listed if n.startswith("nvidia")) == sorted([f"nvidia{i}" for i in range(GPUS)]
+                                                                         + [*COMMON])
 
 
 def test_each_pool_sees_only_its_own_gpu(served):

@@ -33,7 +33,8 @@ def cache_files(spec: dict) -> dict[str, str]:
     """{path under the key directory: sha256} of the host's vLLM cache (one key: one recipe, one image)."""
     root = f"{spec['model_root']}/.cache/vllm"
     shown = ssh(spec, f"cd {root} && for k in $(ls | grep -Ex '[0-9a-f]{{16}}'); do "
-                      f"(cd $k && find . -type f ! -name '.modelfleet-*' -exec sha256sum {{}} +) | sed \"s|  ./|  $k/|\"; done")
+                      f"(cd $k && find . -type f ! -name '.modelfleet-*' -exec sha256sum {{}} +) "
+                      f"| sed \"s|  ./|  $k/|\"; done")
     assert shown.returncode == 0, shown.stderr
     return {line.split("  ", 1)[1]: line.split()[0] for line in shown.stdout.splitlines()}
 

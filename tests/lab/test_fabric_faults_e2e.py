@@ -25,8 +25,8 @@ RAILS = "=" + ",".join(f"mlx5_{i}:1" for i in range(10, 18))
 # fault persona -> the one line the pool's fabric report refuses it with ({worker}, {head}: the lab hosts' names)
 FAULTS = {
     "b300x8-roce-1-port-down": "host {worker}: NCCL_IB_HCA: 7 usable HCAs (mlx5_10, mlx5_11, mlx5_12, mlx5_14, "
-                               "mlx5_15, mlx5_16, mlx5_17), {head} has 8 (not usable here: mlx5_13): mlx5_13:1: port 1 is DOWN "
-                               "(physical state Disabled)",
+                               "mlx5_15, mlx5_16, mlx5_17), {head} has 8 (not usable here: mlx5_13): mlx5_13:1: "
+                               "port 1 is DOWN (physical state Disabled)",
     "b300x8-roce-1-no-rocev2": "host {worker}: NCCL_IB_HCA: mlx5_12 port 1 has no RoCE v2 GID (NCCL needs one on "
                                "every HCA of the rail)",
     "b300x8-roce-1-7hca": "host {worker}: NCCL_IB_HCA: 7 usable HCAs (mlx5_10, mlx5_11, mlx5_12, mlx5_13, mlx5_14, "
@@ -90,7 +90,8 @@ def test_the_healthy_pair_derives_the_rails_and_the_control_interface(fabric_hos
         assert "route group routes 10.224.0.0/16" in host["reasons"]["NCCL_IB_HCA"]
         assert "mlx5_bond_0:1: another route group (frontend, Ethernet)" in host["reasons"]["NCCL_IB_HCA"]
     assert fabric["hosts"][worker]["reasons"]["ifname"] == "bond0 routes to head 10.0.0.11 (10.0.0.0/24 dev bond0)"
-    assert fabric["hosts"][head]["reasons"]["ifname"] == "bond0 holds the head's address 10.0.0.11 (this host is the head)"
+    assert fabric["hosts"][head]["reasons"]["ifname"] == ("bond0 holds the head's address 10.0.0.11 "
+                                                          "(this host is the head)")
 
 
 @pytest.mark.parametrize("persona", list(FAULTS))
@@ -104,6 +105,7 @@ def test_each_fault_persona_is_refused_before_any_engine_naming_host_and_device(
     for spec in (head, worker):  # the pool is refused as a whole, in preflight
         preflight = json.loads((tmp_path / "preflight" / f"{spec['name']}.json").read_text())
         assert not preflight["ok"] and f"gate: fabric: {line}" in preflight["problems"], preflight["problems"]
-        assert lab.ssh(spec, "test -e /etc/systemd/system/modelfleet-gate.service || echo none").stdout.strip() == "none"
+        gate_unit = lab.ssh(spec, "test -e /etc/systemd/system/modelfleet-gate.service || echo none")
+        assert gate_unit.stdout.strip() == "none"
     assert lab.engine_containers([head["name"], worker["name"]]) == []
     assert line in run.stdout + run.stderr

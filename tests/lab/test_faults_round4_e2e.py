@@ -46,7 +46,8 @@ def model_run(only: list[dict], **more):
 def fetches_left(spec) -> str:
     """Fetch processes still running (a peer server, a receiver's included, ends on its own after 2 x stall_s
     without a request and is stopped by the next run)."""
-    return ssh(spec, "pgrep -af 'modelfleet_fetch.py' | grep -v -e pgrep -e 'modelfleet_fetch.py serve' || true").stdout.strip()
+    return ssh(spec, "pgrep -af 'modelfleet_fetch.py' | grep -v -e pgrep -e 'modelfleet_fetch.py serve' "
+                     "|| true").stdout.strip()
 
 
 def timed_lines(argv: list[str], watch) -> tuple[int, list[tuple[float, str]]]:

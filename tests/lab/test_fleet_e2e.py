@@ -119,6 +119,7 @@ def test_converge_in_shards_runs_whole_pools_in_parallel_processes_with_one_summ
         assert "Grand total" in log and all(f"[{name}]" in log for name in shard["hosts"])
         assert not any(f"[{spec['name']}]" in log for spec in served if spec["name"] not in shard["hosts"])
     assert "shard 2/2: 1 host(s), exit 0" in run.stderr
-    failed = subprocess.run(modelfleet_argv("converge", "inventories/lab.py", "deploys/absent.py", "-y", "--shards", "2"),
+    failed = subprocess.run(modelfleet_argv("converge", "inventories/lab.py", "deploys/absent.py", "-y",
+                                            "--shards", "2"),
                             env=env, capture_output=True, text=True, timeout=300)
     assert failed.returncode == 1 and json.loads(failed.stdout)["ok"] is False

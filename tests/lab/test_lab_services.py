@@ -47,7 +47,8 @@ def test_signed_apt_repository_installs_the_keyring_package_then_verifies_with_i
     # The source list the package installed is the one that works from now on, as with NVIDIA's cuda-keyring.
     again = apt_get(spec, "/etc/apt/sources.list.d/cuda-debian12-x86_64.list", "update")
     assert again.returncode == 0, again.stderr
-    shown = apt_get(spec, "/etc/apt/sources.list.d/cuda-debian12-x86_64.list", "-s", "install", "nvidia-driver-580-open")
+    shown = apt_get(spec, "/etc/apt/sources.list.d/cuda-debian12-x86_64.list", "-s", "install",
+                    "nvidia-driver-580-open")
     assert "Inst nvidia-driver-580-open (580.159.04-1" in shown.stdout
     # The same repository against another key must be refused: the signature is checked, not decorative.
     ssh(spec, f"echo 'deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] {apt['url']} /' "

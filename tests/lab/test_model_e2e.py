@@ -53,7 +53,8 @@ def test_group_of_three_downloads_once_and_every_host_verifies(checkpoint):
     assert stats["bytes_served"] == checkpoint_bytes  # hub egress 1.0x for 3 hosts
     for spec in specs:
         check = ssh(spec, f"python3 /opt/modelfleet/bin/modelfleet_fetch.py "
-                          f"{spec['config_dir']}/checkpoint-tiny-lab-{manifests[0]['commit'][:12]}.json verify --reverify")
+                          f"{spec['config_dir']}/checkpoint-tiny-lab-{manifests[0]['commit'][:12]}.json "
+                          "verify --reverify")
         assert json.loads(check.stdout)["ok"], check.stdout + check.stderr
     assert ssh(specs[1], "test -e /opt/modelfleet/hf-venv || echo absent").stdout.strip() == "absent"
     # The downloader's hub client came from the hashed lock (pip --require-hashes), and says so.

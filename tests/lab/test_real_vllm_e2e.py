@@ -176,8 +176,8 @@ REQUESTS = {  # name: (path, body, with the key)
     "chat without the key": ("/v1/chat/completions", CHAT, False), "invocations without the key":
     ("/invocations", CHAT, False), "bad request": ("/v1/chat/completions", {"messages": "not a list"}, True),
     "unknown model": ("/v1/chat/completions", {**CHAT, "model": "nope"}, True),
-    "version": ("/version", None, False), "completions": ("/v1/completions",
-                                                          {"model": "tiny-llama", "prompt": "hi", "max_tokens": 4}, True),
+    "version": ("/version", None, False),
+    "completions": ("/v1/completions", {"model": "tiny-llama", "prompt": "hi", "max_tokens": 4}, True),
 }
 # Where the double answers otherwise than vLLM 0.32.0 (found by this test; each still asserted to differ, so a
 # fixed double or a changed engine shows here). Routes the double does not serve at all:

@@ -18,7 +18,8 @@ def run(*argv, **fields):
 
 
 def image_of(spec):
-    return ssh(spec, f"docker inspect --format '{{{{.Config.Image}}}}' modelfleet-tiny-{spec['name']}-{spec['name']}").stdout.strip()
+    return ssh(spec, f"docker inspect --format '{{{{.Config.Image}}}}' "
+                     f"modelfleet-tiny-{spec['name']}-{spec['name']}").stdout.strip()
 
 
 def test_upgrade_then_a_broken_image_is_rolled_back(lab_hosts):

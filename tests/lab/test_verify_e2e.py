@@ -107,7 +107,8 @@ def test_verify_bench_when_asked_and_a_slower_engine_fails_the_gate(lab_hosts, t
     def run(engine_env=None):
         lab.scenario.write(engine_env=engine_env or {})
         env = {**os.environ, "MODELFLEET_REPORTS": str(tmp_path)}
-        return run_pyinfra("inventories/lab.py", "deploys/serve.py", extra=["--limit", host, "--data", "verify_bench=true"], env=env, timeout=600)
+        return run_pyinfra("inventories/lab.py", "deploys/serve.py",
+                           extra=["--limit", host, "--data", "verify_bench=true"], env=env, timeout=600)
 
     first = run()
     assert first.returncode == 0, first.stdout[-3000:]

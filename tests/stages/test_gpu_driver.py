@@ -22,7 +22,8 @@ OS_RELEASE = {
     "debian12": ['PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"', "ID=debian", 'VERSION_ID="12"',
                  "VERSION_CODENAME=bookworm"],
 }
-DF = ["Filesystem 1-blocks Used Available Capacity Mounted on", "/dev/md0 30000000000000 1000000000 29000000000000 1% /srv"]
+DF = ["Filesystem 1-blocks Used Available Capacity Mounted on",
+      "/dev/md0 30000000000000 1000000000 29000000000000 1% /srv"]
 HOSTS = {"nvidia": {"hardware": "h200", "gpu_count": 8, "model": "kimi-k2-thinking", "engine": "vllm"},
          "amd": {"hardware": "mi355x", "gpu_count": 8, "model": "kimi-k3", "engine": "vllm"}}
 H200_8 = [f"{i}, NVIDIA H200, GPU-{i}, 00000000:{i:02X}:00.0, 143771 MiB, 580.159.04, 9.0" for i in range(8)]
@@ -132,13 +133,16 @@ def converged_state(fm_version="580.159.04") -> list[str]:
         lines += [f"@@modelfleet-state package {name}", f"{'h' if name in held else 'i'}i  {version}"]
     lines += ["@@modelfleet-state path /run/reboot-required", "file 644 root root " + "1" * 64,
               "@@modelfleet-state path /etc/apt/keyrings/docker.asc", "file 644 root root " + "0" * 64,
-              "@@modelfleet-state path /etc/apt/keyrings/nvidia-container-toolkit.asc", "file 644 root root " + "0" * 64,
+              "@@modelfleet-state path /etc/apt/keyrings/nvidia-container-toolkit.asc",
+              "file 644 root root " + "0" * 64,
               "@@modelfleet-state path /etc/cdi/nvidia.yaml", "file 644 root root " + "0" * 64,
               f"@@modelfleet-state path {debian.UPGRADES_CONF}",
               "file 644 root root " + hashlib.sha256(debian.upgrades_conf().encode()).hexdigest(),
               *[x for path, text in SOURCES.items() for x in (
-                  f"@@modelfleet-state path {path}", f"file 644 root root {hashlib.sha256(text.encode()).hexdigest()}")],
-              "@@modelfleet-state text /etc/docker/daemon.json", "= {", '=     "runtimes": {"nvidia": {}},', '=     "features": {"cdi": true}', "= }"]
+                  f"@@modelfleet-state path {path}",
+                  f"file 644 root root {hashlib.sha256(text.encode()).hexdigest()}")],
+              "@@modelfleet-state text /etc/docker/daemon.json",
+              "= {", '=     "runtimes": {"nvidia": {}},', '=     "features": {"cdi": true}', "= }"]
     for unit in ("nvidia-persistenced.service", "nvidia-fabricmanager.service", "docker.service"):
         lines += [f"@@modelfleet-state unit {unit}", "ActiveState=active", "UnitFileState=enabled"]
     return lines

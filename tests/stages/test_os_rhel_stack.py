@@ -53,13 +53,15 @@ def test_a_bare_rocky_9_nvidia_host_gets_dnf_and_repo_files(fake):
     assert "stream=580-open" in files["/etc/dnf/modules.d/nvidia-driver.module"]
     # each key is fetched and checked against its pin before the .repo file that names it is written
     names = [name for name, _ in steps]
-    assert names.index("modelfleet gpu_driver | Signing key /etc/pki/rpm-gpg/cuda.asc") < \
-        names.index("modelfleet gpu_driver | Vendor source list") < names.index("modelfleet gpu_driver | GPU driver packages")
+    driver = [names.index(f"modelfleet gpu_driver | {name}") for name in (
+        "Signing key /etc/pki/rpm-gpg/cuda.asc", "Vendor source list", "GPU driver packages")]
+    assert driver == sorted(driver)
     assert "rhel9/x86_64/D42D0685.pub" in text and "cuda-rpm 610C7B14E068A878070DA4E99CD0A493D42D0685" in text
     assert "dnf -y -q install nvidia-open" in text
     assert "dnf -y -q versionlock add nvidia-open nvidia-fabricmanager-580" in text
     assert "dnf -y -q versionlock add docker-ce docker-ce-cli containerd.io nvidia-container-toolkit" in text
-    assert "https://download.docker.com/linux/rhel/gpg" in text and "docker-rpm 060A61C51B558A7F742B77AAC52FEB6B621E9F35" in text
+    assert "https://download.docker.com/linux/rhel/gpg" in text
+    assert "docker-rpm 060A61C51B558A7F742B77AAC52FEB6B621E9F35" in text
     # no unattended-upgrades file: held packages are version-locked (rhel.upgrades_config)
     assert not [name for name, _ in steps if "Unattended upgrades" in name]
     # DeployedState reads packages with rpm and asks the reboot question with needs-restarting
@@ -96,7 +98,8 @@ def converged(reboot: bool) -> list[str]:
     for name, version in installed.items():
         lines += [f"@@modelfleet-state package {name}", f"{'h' if name in held else 'i'}i {version}"]
     for path in ("/etc/yum.repos.d/docker-ce.repo", "/etc/yum.repos.d/nvidia-container-toolkit.repo",
-                 "/etc/pki/rpm-gpg/docker.asc", "/etc/pki/rpm-gpg/nvidia-container-toolkit.asc", "/etc/cdi/nvidia.yaml"):
+                 "/etc/pki/rpm-gpg/docker.asc", "/etc/pki/rpm-gpg/nvidia-container-toolkit.asc",
+                 "/etc/cdi/nvidia.yaml"):
         lines += [f"@@modelfleet-state path {path}", "file 644 root root " + "0" * 64]
     lines += ["@@modelfleet-state unit docker.service", "ActiveState=active", "UnitFileState=enabled",
               "@@modelfleet-state text /etc/docker/daemon.json",

@@ -47,7 +47,8 @@ def test_preflight_on_recorded_h200_accepts_small_model_and_refuses_kimi(fake):
 
 
 @pytest.mark.parametrize("fm, problem", [
-    (["nvswitches=4"], "Fabric Manager: not installed; b300 with NVSwitch needs nvidia-fabricmanager at the driver's version (580.95.05)"),
+    (["nvswitches=4"], "Fabric Manager: not installed; b300 with NVSwitch needs nvidia-fabricmanager "
+                       "at the driver's version (580.95.05)"),
     (["nvswitches=4", "Fabric Manager version is : 590.48.01"],
      "Fabric Manager 590.48.01 does not match driver 580.95.05 (the usual cause of CUDA error 802)"),
     (FM, None),
@@ -60,5 +61,6 @@ def test_preflight_checks_fabric_manager_against_the_driver(fake, fm, problem):
 
 
 def test_a_single_gpu_of_an_nvswitch_board_needs_no_fabric_manager():
-    plan = resolve([("h200", {"hardware": "h200", "gpu_count": 1, "model": "qwen3-8b", "engine": "vllm"})]).hosts["h200"]
+    plan = resolve([("h200", {"hardware": "h200", "gpu_count": 1, "model": "qwen3-8b",
+                              "engine": "vllm"})]).hosts["h200"]
     assert preflight.fabric_manager_problems(plan, {"fabric_manager": {"nvswitches": 0, "version": None}}) == []

@@ -50,10 +50,12 @@ def test_ubuntu_with_secure_boot_gets_the_signed_modules_looked_up_before_anythi
     assert "apt-mark hold nvidia-headless-no-dkms-580-server-open nvidia-utils-580-server " \
            "linux-modules-nvidia-580-server-open-6.8.0-87-generic linux-modules-nvidia-580-server-open-generic" in text
     assert "systemctl reboot" in text
-    assert "cuda-keyring_1.1-1_all.deb" in text  # 8x H200: Fabric Manager at the driver's release, from NVIDIA's repository
-    one_gpu = "\n".join(fake.planned(fake.run_fake([("n1", secure_host(fake, gpu_count=1, model="qwen3-8b"))], stack_only, dry=True),
-                                      "n1"))
-    assert "cuda-keyring_1.1-1_all.deb" not in one_gpu and "install " + " ".join(SIGNED) in one_gpu  # the archive's alone
+    # 8x H200: Fabric Manager at the driver's release, from NVIDIA's repository
+    assert "cuda-keyring_1.1-1_all.deb" in text
+    one_gpu_state = fake.run_fake([("n1", secure_host(fake, gpu_count=1, model="qwen3-8b"))], stack_only, dry=True)
+    one_gpu = "\n".join(fake.planned(one_gpu_state, "n1"))
+    # the archive's alone
+    assert "cuda-keyring_1.1-1_all.deb" not in one_gpu and "install " + " ".join(SIGNED) in one_gpu
     d = decided(fake, secure_host(fake))
     assert d.source == "ubuntu-signed" and "no linux-modules-nvidia-580-server-open-6.8.0-87-generic" in \
         d.signed_refusal and "mokutil --import /var/lib/shim-signed/mok/MOK.der" in d.signed_refusal

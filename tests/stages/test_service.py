@@ -55,7 +55,8 @@ def test_replicas_share_one_unit_name_and_a_replicas_unit_under_its_pool_name_is
     old = first.legacy_unit_name
     assert old == f"modelfleet-{first.pool}.service"
     replies = {"@@modelfleet-probe": b300_probe(fake),
-               "@@modelfleet-state": [f"@@modelfleet-state path /etc/systemd/system/{old}", "file 644 root root " + "0" * 64,
+               "@@modelfleet-state": [f"@@modelfleet-state path /etc/systemd/system/{old}",
+                                      "file 644 root root " + "0" * 64,
                                       f"@@modelfleet-state unit {old}", "ActiveState=active", "UnitFileState=enabled"]}
     state = fake.run_fake([("r1", {**replica, "fake_responses": replies})], serve)
     commands = fake.executed(state, "r1")

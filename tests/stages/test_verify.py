@@ -8,8 +8,8 @@ from modelfleet.pipeline import run_stages
 from modelfleet.stages import verify
 from modelfleet.units import start_reads
 
-POOL = {"hardware": "h200", "gpu_count": 1, "model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm-dp2", "pool": "pair",
-        "revision": "e" * 40, "image": "vllm/vllm-openai:v0.34.0@sha256:" + "f" * 64}
+POOL = {"hardware": "h200", "gpu_count": 1, "model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm-dp2",
+        "pool": "pair", "revision": "e" * 40, "image": "vllm/vllm-openai:v0.34.0@sha256:" + "f" * 64}
 
 
 @pytest.fixture(autouse=True)

@@ -91,7 +91,8 @@ def test_a_host_in_two_groups_whose_data_disagree_is_refused_naming_both(tmp_pat
     result = open_inventory(str(inv), cwd=str(tmp_path))
     assert [(w, f) for w, f, m in result.errors if "give it different values" in m] == [("host h1", "port")]
     inv.write_text(f"east = ['h1']\ncanary = ['h1']\nall_hosts = [('h1', {{**{base!r}, 'port': 8003}})]\n")
-    assert [m for _, _, m in open_inventory(str(inv), cwd=str(tmp_path)).errors if "give it different values" in m] == []
+    assert [m for _, _, m in open_inventory(str(inv), cwd=str(tmp_path)).errors
+            if "give it different values" in m] == []
     # --data settles it too.
     inv.write_text(f"east = ['h1']\ncanary = ['h1']\nall_hosts = [('h1', {base!r})]\n")
     assert [m for _, _, m in open_inventory(str(inv), cwd=str(tmp_path), data={"port": 8004}).errors

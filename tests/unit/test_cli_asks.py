@@ -52,7 +52,8 @@ def test_without_a_terminal_nothing_is_done_and_it_says_to_pass_y(fleet, acted, 
     assert "stdin is not a terminal" in out.output and "pass -y (--yes)" in out.output
 
 
-@pytest.mark.parametrize("command,ran", list(zip(COMMANDS, [["upgrade"], ["converge"], ["retire dry=False"]], strict=True)))
+@pytest.mark.parametrize("command,ran",
+                         list(zip(COMMANDS, [["upgrade"], ["converge"], ["retire dry=False"]], strict=True)))
 def test_y_acts_without_asking(fleet, acted, command, ran):
     out = CliRunner().invoke(main, [command[0], fleet, *command[1:], "-y"])
     assert out.exit_code == 0 and acted == ran, out.output

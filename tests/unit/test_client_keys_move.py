@@ -40,7 +40,8 @@ def test_the_shared_key_stays_accepted_beside_the_clients_own_until_taken_out():
     during, conf = step("MF_ROUTER_KEY", "MF_CLIENT_A")  # both taken; the replicas get the shared key
     assert accepted(conf, SHARED) and accepted(conf, CLIENT) and not accepted(conf, "nope-0123456789")
     assert f'default "Bearer {SHARED}";' in conf
-    assert [(w, f) for w, f, _ in during.warnings if f == "router_client_keys_env"] == [("router tiny-lab", "router_client_keys_env")]
+    assert [(w, f) for w, f, _ in during.warnings if f == "router_client_keys_env"] == [
+        ("router tiny-lab", "router_client_keys_env")]
     assert "take it out once they have" in [m for _, f, m in during.warnings if f == "router_client_keys_env"][0]
     after, conf = step("MF_CLIENT_A")  # the shared key gets 401 from here on
     assert accepted(conf, CLIENT) and not accepted(conf, SHARED)

@@ -20,7 +20,8 @@ IMAGE = "vllm/vllm-openai:v0.34.0@sha256:" + "f" * 64
 B300_GPUS = [f"{i}, NVIDIA B300 SXM6 AC, GPU-0000000{i}-synthetic, 00000000:{i:02X}:00.0, 275040 MiB, 580.95.05, 10.3"
              for i in range(8)]
 B300_VERSIONS = ["NVIDIA-SMI version  : 580.95.05", "DRIVER version      : 580.95.05", "CUDA Version        : 13.0"]
-DF = ["Filesystem 1-blocks Used Available Capacity Mounted on", "/dev/md0 30000000000000 1000000000 29000000000000 1% /srv"]
+DF = ["Filesystem 1-blocks Used Available Capacity Mounted on",
+      "/dev/md0 30000000000000 1000000000 29000000000000 1% /srv"]
 HOST = {"hardware": "b300", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": PIN, "pool": "k31",
         "served_name": "kimi-local", "image": IMAGE, "admission": False, "dcgm_exporter": True,
         "dcgm_exporter_image": "nvcr.io/nvidia/k8s/dcgm-exporter:4.4.2-4.7.1-ubuntu22.04@sha256:" + "d" * 64}
@@ -42,8 +43,10 @@ def reports(tmp_path, monkeypatch):
 def replies(fake) -> dict:
     svc = resolve([("@fake/b1", HOST)]).hosts["@fake/b1"].services[0]
     os_lines = fake.recorded(fake.H200 / "os-release.txt") + ["KERNEL_RELEASE=6.8.0-87-generic", "MACHINE_ARCH=x86_64"]
-    return {"@@modelfleet-probe": fake.probe_reply({"os": os_lines, "nvidia_gpus": B300_GPUS, "nvidia_versions": B300_VERSIONS,
-                                                     "disk": DF, "ports": [], "fabric_manager": ["nvswitches=0", "Fabric Manager version is : 580.95.05"]}),
+    fabric_manager = ["nvswitches=0", "Fabric Manager version is : 580.95.05"]
+    return {"@@modelfleet-probe": fake.probe_reply({"os": os_lines, "nvidia_gpus": B300_GPUS,
+                                                     "nvidia_versions": B300_VERSIONS, "disk": DF, "ports": [],
+                                                     "fabric_manager": fabric_manager}),
             "@@modelfleet-state": [f"@@modelfleet-state tree {svc.model_dir}", "free 100000000000000",
                                    f"@@modelfleet-state unit {svc.unit_name}", "ActiveState=active",
                                    "@@modelfleet-state path /etc/modelfleet", "dir 700 root root -"]}

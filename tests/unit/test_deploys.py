@@ -64,7 +64,8 @@ def test_a_host_whose_pins_fail_gets_one_line_per_pin_and_no_stage(fake, caplog,
     assert sent == []  # not even the stages' reads
     assert [line.split(":", 1)[0] for line in lines] == ["image digest", "checkpoint revision"]
     assert lines[0].startswith(f"image digest: 127.0.0.1:{closed_port}/") and "Connection refused" in lines[0]
-    assert "Qwen/Qwen3-8B" in lines[1] and lines[1].endswith("check hf_endpoint / model_source and the token, then re-run")
+    assert "Qwen/Qwen3-8B" in lines[1]
+    assert lines[1].endswith("check hf_endpoint / model_source and the token, then re-run")
 
 
 def test_an_entry_point_asks_only_for_the_pins_its_stages_use(fake, caplog, closed_port, mirror):

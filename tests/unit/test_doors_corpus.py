@@ -366,8 +366,8 @@ def test_a_llamacpp_build_tag_names_its_version(tmp_path):
     hosts = [(n, {**d, "image": "ghcr.io/ggml-org/llama.cpp:server-cuda13-b11669"}) for n, d in CLEAN["llama.cpp"]]
     warnings = open_inventory(str(inventory(tmp_path, hosts))).warnings
     assert [w[2] for w in warnings if w[1] == "image"] == [
-        "ghcr.io/ggml-org/llama.cpp:server-cuda13-b11669 is llama.cpp b11669, but recipe kimi-k3-llamacpp-iq1-m-2gpu-ram's "
-        "flags were checked with b11434"]
+        "ghcr.io/ggml-org/llama.cpp:server-cuda13-b11669 is llama.cpp b11669, "
+        "but recipe kimi-k3-llamacpp-iq1-m-2gpu-ram's flags were checked with b11434"]
 
 
 @pytest.mark.parametrize("change,message", [

@@ -209,13 +209,15 @@ def test_preflight_reports_the_pool_fabric_in_its_one_probe(fake, tmp_path, monk
         return {**pool, "ssh_hostname": f"192.0.2.{address[-2:]}", "fabric_address": address,
                 "fake_responses": {"@@modelfleet-probe": fake.probe_reply({"fabric": lines})}}
 
-    state = fake.run_fake([("b300-a", host("10.0.0.11", "b300-head.txt")), ("b300-b", host("10.0.0.12", "b300-worker.txt"))],
-                     lambda: run_stages(preflight))
+    state = fake.run_fake([("b300-a", host("10.0.0.11", "b300-head.txt")),
+                           ("b300-b", host("10.0.0.12", "b300-worker.txt"))],
+                          lambda: run_stages(preflight))
     for name in ("b300-a", "b300-b"):
         probes = [c for c in fake.executed(state, name) if "@@modelfleet-probe" in c]
         assert len(probes) == 1 and "@@modelfleet-fabric" in probes[0]  # one read, fabric included
     report = json.loads((tmp_path / "preflight" / "_fake_b300-b.json").read_text())
     fabric = report["fabric"]["pair"]
     assert fabric["ok"] and fabric["hosts"]["@fake/b300-b"]["env"]["NCCL_IB_HCA"] == RAILS
-    assert fabric["hosts"]["@fake/b300-b"]["reasons"]["ifname"] == "bond0 routes to head 10.0.0.11 (10.0.0.0/24 dev bond0)"
+    assert fabric["hosts"]["@fake/b300-b"]["reasons"]["ifname"] == ("bond0 routes to head 10.0.0.11 "
+                                                                     "(10.0.0.0/24 dev bond0)")
     assert json.loads((tmp_path / "fabric" / "pair.json").read_text()) == fabric

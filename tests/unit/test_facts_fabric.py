@@ -185,7 +185,8 @@ def test_the_probe_carries_the_fabric_only_when_asked():
     assert FABRIC_MARK not in HostProbe().command()
     command = HostProbe().command(fabric=True)
     assert fabric_command() in command
-    lines = ["@@modelfleet-probe fabric", *(H200 / "fabric-probe.txt").read_text().splitlines(), "@@modelfleet-probe rc=0"]
+    lines = ["@@modelfleet-probe fabric", *(H200 / "fabric-probe.txt").read_text().splitlines(),
+             "@@modelfleet-probe rc=0"]
     assert HostProbe().process(lines)["fabric"] == fact("fabric-probe.txt", H200)
 
 

@@ -10,7 +10,8 @@ from modelfleet.facts.health import MARK, GpuHealth
 from modelfleet.health import amd_verdict, parse_amd_metric, parse_amdgpu_faults
 from tests.helpers.public_samples import public_sample_lines
 
-METRIC = (Path(__file__).resolve().parents[2] / "lab" / "personas" / "mi355x8-synthetic" / "amd-smi-metric.json").read_text()
+METRIC = (Path(__file__).resolve().parents[2] / "lab" / "personas" / "mi355x8-synthetic"
+          / "amd-smi-metric.json").read_text()
 MEMORY = {i: 294912 for i in range(8)}
 
 
@@ -89,8 +90,10 @@ def test_the_remote_grep_keeps_every_line_the_parsers_read():
     import subprocess
 
     from modelfleet.health import KERNEL_LOG_PATTERN
-    lines = public_sample_lines("mi300x-dmesg-amdgpu-uncorrectable.txt") + public_sample_lines("mi50-dmesg-amdgpu-uncorrectable.txt")
-    lines.append("Dec 03 10:12:44 h200 kernel: NVRM: Xid (PCI:0000:00:06): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
+    lines = (public_sample_lines("mi300x-dmesg-amdgpu-uncorrectable.txt")
+             + public_sample_lines("mi50-dmesg-amdgpu-uncorrectable.txt"))
+    lines.append("Dec 03 10:12:44 h200 kernel: NVRM: Xid (PCI:0000:00:06): 79, pid='<unknown>', name=<unknown>, "
+                 "GPU has fallen off the bus.")
     kept = subprocess.run(["grep", "-E", KERNEL_LOG_PATTERN], input="\n".join(lines), capture_output=True,
                           text=True).stdout.splitlines()
     assert parse_amdgpu_faults(kept) == parse_amdgpu_faults(lines) and len(parse_amdgpu_faults(kept)) == 4

@@ -23,7 +23,8 @@ def fetch(tmp_path, url, *extra):
     job.write_text(json.dumps({"repo": "org/m", "commit": "c" * 40, "endpoint": "", "dest": str(tmp_path / "dst"),
                                "token_file": None, "files": {"model.safetensors": {
                                    "size": len(DATA), "sha256": hashlib.sha256(DATA).hexdigest(), "blob_id": None}}}))
-    return subprocess.run([sys.executable, FETCH, str(job), "peer", url, *extra], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, FETCH, str(job), "peer", url, *extra], capture_output=True, text=True,
+                          timeout=60)
 
 
 def test_a_short_read_names_the_source_as_stopped(tmp_path):
@@ -46,5 +47,6 @@ def test_a_reset_connection_names_the_source_as_stopped(tmp_path):
 def test_wrong_bytes_of_the_right_length_stay_a_checksum_mismatch(tmp_path):
     url = one_shot_server(bytes(len(DATA)), len(DATA))
     run = fetch(tmp_path, url)
-    assert run.returncode == 1 and "sent by the mirror" in run.stderr and "do not match the sizes and checksums" in run.stderr, run.stderr
+    assert run.returncode == 1 and "sent by the mirror" in run.stderr, run.stderr
+    assert "do not match the sizes and checksums" in run.stderr, run.stderr
     assert "stopped during the copy" not in run.stderr

@@ -102,7 +102,8 @@ def test_a_service_spanning_numa_nodes_is_told_which_indices_keep_it_on_one():
     plan = result.hosts["h1"]
 
     def placed(a, b):
-        return replace(plan, services=(replace(plan.services[0], gpu_indices=a), replace(plan.services[1], gpu_indices=b)))
+        return replace(plan, services=(replace(plan.services[0], gpu_indices=a),
+                                       replace(plan.services[1], gpu_indices=b)))
 
     assert locality_notes(placed((0, 1, 2), (3, 4, 5, 6)), topology) == [
         "b: GPUs 3,4,5,6 span NUMA nodes 0,1; gpu_indices [4, 5, 6, 7] would keep it on node 1"]

@@ -13,8 +13,9 @@ from modelfleet import host_commands as hc
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 H200_VERSION = FIXTURES / "gpu-hosts" / "h200x1-ubuntu2404" / "nvidia-smi-version.txt"
 B300_FABRIC_MANAGER = FIXTURES / "public-samples" / "b300x7-nv-fabricmanager-version.txt"
+# assumed: R610 renames the labels in `--version` as its banner does (public sample)
 R610_VERSION = "NVIDIA-SMI version  : 610.57.04\nNVML version        : 610.57\nKMD version         : 610.57.04\n" \
-               "CUDA UMD Version    : 13.3\n"  # assumed: R610 renames the labels in `--version` as its banner does (public sample)
+               "CUDA UMD Version    : 13.3\n"
 
 
 def recorded(path: Path) -> str:

@@ -24,8 +24,10 @@ def test_the_lock_pins_every_requirement_with_hashes():
 def fake_wheel(folder, name: str, version: str) -> None:
     with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as whl:
         whl.writestr(f"{name}/__init__.py", "import os\nos.system('id > /tmp/pwned')\n")
-        whl.writestr(f"{name}-{version}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-        whl.writestr(f"{name}-{version}.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        whl.writestr(f"{name}-{version}.dist-info/METADATA",
+                     f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        whl.writestr(f"{name}-{version}.dist-info/WHEEL",
+                     "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
         whl.writestr(f"{name}-{version}.dist-info/RECORD", "")
 
 

@@ -43,7 +43,8 @@ def test_a_grammar_reason_is_the_error_and_the_value_is_not_echoed():
 
 @pytest.mark.parametrize("url, reason", [
     ("https://hub.example", None), ("http://10.0.0.2:8080/hub", None), ("file:///srv/mirror", None),
-    ("ftp://hub.example", "is not an http(s):// or file:// URL"), ("hub.example", "is not an http(s):// or file:// URL"),
+    ("ftp://hub.example", "is not an http(s):// or file:// URL"),
+    ("hub.example", "is not an http(s):// or file:// URL"),
     ("https://hub.example/a\tb", "may not contain spaces or control characters"),
 ])
 def test_urls_are_http_https_or_file(url, reason):

@@ -78,7 +78,8 @@ def test_the_command_line_runs_one_command_under_a_scenario_and_refuses_a_bad_va
 def lab_state(tmp_path, monkeypatch):
     """A lab of two H200 hosts and an 8x B300 as `lab up` records it (hosts.json), no hub: what the inventory reads."""
     hosts = [{"name": f"mflab-{i}", "address": f"127.0.1.{i}", "persona": "h200x1" if i < 3 else "b300x8-synthetic",
-              "hardware": "h200" if i < 3 else "b300", "gpu_count": 1 if i < 3 else 8, "engine": ENGINES[i - 1], "bare": False, "admission": False, "disks": [f"/dev/loop{i}"],
+              "hardware": "h200" if i < 3 else "b300", "gpu_count": 1 if i < 3 else 8, "engine": ENGINES[i - 1],
+              "bare": False, "admission": False, "disks": [f"/dev/loop{i}"],
               "model_root": f"/srv/mflab-{i}/models", "config_dir": f"/srv/mflab-{i}/etc-modelfleet"}
              for i in (1, 2, 3)]
     (tmp_path / "hosts.json").write_text(json.dumps({

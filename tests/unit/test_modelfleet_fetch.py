@@ -230,7 +230,8 @@ def test_the_probe_names_the_process_holding_the_port(tmp_path):
         job = tmp_path / "serve.json"
         job.write_text(json.dumps({"dir": str(tmp_path), "address": "127.0.0.1", "port": port, "token": TOKEN,
                                    "files": [], "name": "gpu-05", "proof_key": KEY}))
-        proc, _ = subprocess.Popen([sys.executable, FETCH, "serve"], stdin=subprocess.PIPE, stderr=subprocess.PIPE), None
+        proc, _ = subprocess.Popen([sys.executable, FETCH, "serve"], stdin=subprocess.PIPE,
+                                   stderr=subprocess.PIPE), None
         proc.stdin.write(job.read_bytes())
         proc.stdin.close()
         assert proc.wait(10) != 0 and b"Address already in use" in proc.stderr.read()  # the real one cannot bind

@@ -86,9 +86,11 @@ def test_the_hca_loopback_runs_this_host_alone_with_shm_p2p_and_nvls_off(monkeyp
     child.write_text("#!/bin/sh\n"
                      f'echo "$@" > {tmp_path}/argv\n'
                      f'env | grep -E "^NCCL_(SHM|P2P|NVLS|MNNVL)" | sort > {tmp_path}/env\n'
-                     "echo 'h:1:2 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/RoCE [1]mlx5_1:1/RoCE [RO]; OOB eth0:10.0.0.1<0>'\n"
+                     "echo 'h:1:2 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/RoCE [1]mlx5_1:1/RoCE [RO]; "
+                     "OOB eth0:10.0.0.1<0>'\n"
                      "echo 'h:1:2 [0] NCCL INFO Using network IB'\n"
-                     'echo \'{"ok": true, "results": [{"op": "all_reduce", "bytes": 17179869184, "busbw_gbs": 41.2}]}\'\n')
+                     'echo \'{"ok": true, "results": '
+                     '[{"op": "all_reduce", "bytes": 17179869184, "busbw_gbs": 41.2}]}\'\n')
     monkeypatch.setattr(check.sys, "executable", "/bin/sh")
     monkeypatch.setattr(check.sys, "argv", [str(child)])
     import argparse

@@ -62,7 +62,8 @@ def test_one_gpu_plus_ram_iq1_m_split():
     assert s["experts_in_ram_bytes"] == pytest.approx(649e9 - DENSE) and s["experts_on_gpus_bytes"] == 0
     assert report.weights_per_gpu_bytes == pytest.approx(DENSE * 1.15)      # 67.2 GB on the one H200
     assert s["ram_need_bytes"] == pytest.approx((649e9 - DENSE) * 1.15)      # 679.2 GB in RAM
-    assert s["host_ram_gib"] == 2048 and report.kv_room_per_gpu_bytes == pytest.approx(143771 * MIB * 0.9 - DENSE * 1.15)
+    assert s["host_ram_gib"] == 2048
+    assert report.kv_room_per_gpu_bytes == pytest.approx(143771 * MIB * 0.9 - DENSE * 1.15)
     assert split_lines(report)[2] == "in host RAM: 590.6 GB experts x 1.15 = 679.2 GB of 2048 GiB"
 
 
@@ -116,7 +117,8 @@ def test_one_gpu_plus_ram_inventory_validates_renders_and_refuses_too_little_ram
     plan = result.hosts["ws1"]
     assert plan.host_ram_gib == 2048  # the h200 catalog figure
     argv = render.engine_argv(plan.services[0])
-    assert argv[argv.index("--n-gpu-layers"):] == ["--n-gpu-layers", "999", "--cpu-moe", "--ctx-size", "32768", "--jinja"]
+    assert argv[argv.index("--n-gpu-layers"):] == ["--n-gpu-layers", "999", "--cpu-moe", "--ctx-size", "32768",
+                                                   "--jinja"]
     small = resolve([("ws1", host("kimi-k3-llamacpp-iq1-m-1gpu-ram", host_ram_gib=256))])
     assert [(w, f) for w, f, _ in small.errors] == [("pool ws1", "model")]
     assert "the host has 256 GiB" in small.errors[0][2]

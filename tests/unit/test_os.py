@@ -20,8 +20,8 @@ CONTRACT = ("NAME", "packages", "held", "repo_package", "key_fetched", "in_archi
 CALLERS = ("stages/gpu_driver.py", "stages/gpu_stack.py", "stages/container_runtime.py", "stages/os_base.py",
            "stages/router.py", "urls.py", "host_record.py", "facts/state.py", "context.py")
 ASKED = re.compile(r"\b(?:fam|d\.os|self\.os|osfam\.(?:family|by_name)\([^()]*\))\.(\w+)")
-ROLES = ("base", "kernel_headers", "router_base", "router_firewall", "distro_docker", "docker", "docker_holds", "nvidia_driver",
-         "nvidia_pinning", "fabric_manager", "cuda_toolkit")
+ROLES = ("base", "kernel_headers", "router_base", "router_firewall", "distro_docker", "docker", "docker_holds",
+         "nvidia_driver", "nvidia_pinning", "fabric_manager", "cuda_toolkit")
 # A package manager's words: its commands and the paths it reads.
 PACKAGE_MANAGER = re.compile(r"\b(apt-get|apt-mark|apt-cache|dpkg(-query|-deb)?|dnf|yum|rpm)\b|/etc/apt\b|"
                              r"sources\.list|/etc/yum\.repos\.d")
@@ -82,7 +82,8 @@ def _code_strings(tree: ast.Module) -> list[ast.Constant]:
     prose = set()
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant):
             prose.add(id(body[0].value))
         if isinstance(node, ast.keyword) and node.arg == "description":
             prose |= {id(n) for n in ast.walk(node.value)}

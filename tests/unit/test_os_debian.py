@@ -51,8 +51,8 @@ def test_a_held_package_reads_as_held(tmp_path):
     assert found == {"docker-ce": {"version": "5:28.0.1-1~ubuntu.24.04~noble", "held": True}, "old": None}
 
 
-@pytest.mark.parametrize("version,upstream", [("1:580.159.04-1ubuntu1", "580.159.04"), ("580.95.05-0ubuntu1", "580.95.05"),
-                                              ("2.28.1", "2.28.1")])
+@pytest.mark.parametrize("version,upstream", [("1:580.159.04-1ubuntu1", "580.159.04"),
+                                              ("580.95.05-0ubuntu1", "580.95.05"), ("2.28.1", "2.28.1")])
 def test_upstream_version_reads_the_same_in_shell_and_python(tmp_path, version, upstream):
     assert debian.upstream(version) == upstream
     stand_in(tmp_path, "dpkg-query", f"printf %s '{version}'")
@@ -83,7 +83,8 @@ def test_repositories_are_the_files_the_stages_wrote_before_the_seam():
     assert cuda.sources == [("/etc/apt/sources.list.d/cuda-ubuntu2404-sbsa.list",
                              f"deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] {base} /\n")]
     amd = debian.amd_repository("https://repo.radeon.com/", "7.0", "noble", "7.0.70000-1")
-    assert amd.package_url == "https://repo.radeon.com/amdgpu-install/7.0/ubuntu/noble/amdgpu-install_7.0.70000-1_all.deb"
+    assert amd.package_url == ("https://repo.radeon.com/amdgpu-install/7.0/ubuntu/noble/"
+                               "amdgpu-install_7.0.70000-1_all.deb")
     signed = "[arch=amd64 signed-by=/etc/apt/keyrings/rocm.gpg]"
     assert amd.sources == [
         ("/etc/apt/sources.list.d/amdgpu.list", f"deb {signed} https://repo.radeon.com/amdgpu/7.0/ubuntu noble main\n"),

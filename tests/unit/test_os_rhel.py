@@ -64,7 +64,8 @@ def test_the_recorded_outputs_are_what_the_stand_ins_answer():
     assert text[text.index("$ rpm -q --qf %{evr} rpm") + 1] == f"{RPM[1]}-{RPM[2]}"
     assert text[text.index("$ rpm -q --qf %{epoch} rpm") + 1] == RPM[0]
     assert "terraform-0:1.5.5-1.*" in recorded("versionlock-list.txt").splitlines()
-    assert 'name = "bash"' in recorded("versionlock.toml") and 'value = "0:5.2.15-5.fc39"' in recorded("versionlock.toml")
+    toml = recorded("versionlock.toml")
+    assert 'name = "bash"' in toml and 'value = "0:5.2.15-5.fc39"' in toml
 
 
 def test_package_state_reads_rpm_and_dnf4s_lock_list(tmp_path):
@@ -173,7 +174,8 @@ def test_docker_repository_is_dockers_rhel_repo():
     ours = _sections(content)["docker-ce-stable"]
     theirs = _sections(recorded("docker-ce.repo"))["docker-ce-stable"]  # the CentOS variant's
     assert path == "/etc/yum.repos.d/docker-ce.repo"
-    assert {k: ours[k] for k in ("name", "enabled", "gpgcheck")} == {k: theirs[k] for k in ("name", "enabled", "gpgcheck")}
+    same = ("name", "enabled", "gpgcheck")
+    assert {k: ours[k] for k in same} == {k: theirs[k] for k in same}
     # The RHEL variant's URLs (socheatsok78/cloud-images, SOURCE): resolved for RHEL 9 on x86_64
     assert ours["baseurl"].replace("$releasever", "9").replace("$basearch", "x86_64") + "/" == \
         "https://download.docker.com/linux/rhel/9/x86_64/stable/"

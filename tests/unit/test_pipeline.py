@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def statements(path: Path) -> list[str]:
     """A deploy file's statements but its docstring."""
     body = ast.parse(path.read_text()).body
-    return [ast.unparse(node) for node in body if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
+    return [ast.unparse(node) for node in body
+            if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
 
 
 def test_each_deploy_file_runs_its_function_of_the_package_and_nothing_else():

@@ -49,7 +49,8 @@ def setup(monkeypatch, list_answers=True, remove_ok=True):
                                                           "revision": "r"}]} for n in ("r1", "a")]
     monkeypatch.setattr(fleet, "on_hosts", on_hosts)
     monkeypatch.setattr(fleet, "status", lambda plans: rows)
-    monkeypatch.setattr(rollout, "_pyinfra", lambda inv, deploy, hosts, *a: steps.append((deploy, *hosts)) or (True, ""))
+    monkeypatch.setattr(rollout, "_pyinfra",
+                        lambda inv, deploy, hosts, *a: steps.append((deploy, *hosts)) or (True, ""))
     return resolved, steps
 
 

@@ -157,7 +157,8 @@ def test_the_router_host_asks_every_replica_off_loopback_each_route_that_runs_th
     # The replica beside the router (loopback) is not asked; the two on the fabric are, on every model route.
     assert router.replica_probes(rp) == [(h, f"http://10.1.0.{n}:30000{route}") for h, n in (("a", 2), ("b", 3))
                                          for route in ("/v1/chat/completions", "/generate")]
-    vllm = RouterPlan(**{**rp.__dict__, "engine_name": "vllm", "workers": (Worker("p", "gpu-2", "http://10.1.0.2:8000"),)})
+    vllm = RouterPlan(**{**rp.__dict__, "engine_name": "vllm",
+                         "workers": (Worker("p", "gpu-2", "http://10.1.0.2:8000"),)})
     routes = [url.removeprefix("http://10.1.0.2:8000") for _, url in router.replica_probes(vllm)]
     assert routes[:2] == ["/v1/chat/completions", "/invocations"] and "/pooling" in routes and "/score" in routes
     script = router.replica_exposure_script(rp)

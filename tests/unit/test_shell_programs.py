@@ -288,7 +288,8 @@ def test_a_replica_is_added_once_it_answers_and_taken_out(tmp_path, monkeypatch)
     assert added.returncode == 0, added.stderr
     assert json.loads(live.read_text())["workers"] == [{"url": new, "model_id": "tiny-lab"}]
     # No call to the worker API: the replica's health, then the router's list.
-    assert (tmp_path / "calls").read_text().splitlines()[:2] == [f"GET {new}/health", f"GET {router.local_url(rp)}/workers"]
+    assert (tmp_path / "calls").read_text().splitlines()[:2] == [f"GET {new}/health",
+                                                                 f"GET {router.local_url(rp)}/workers"]
     removed = sh(router.remove_script(rp, new, "id-1"), tools)
     assert removed.returncode == 0 and json.loads(live.read_text())["workers"] == []
 
@@ -326,7 +327,8 @@ def test_router_health_waits_for_the_router(tmp_path, monkeypatch):
 
     rp, tools = front_door(tmp_path, monkeypatch)
     down = sh(router.health_script(rp, timeout_s=3), tools)
-    assert down.returncode == 1 and down.stderr == f"modelfleet: router tiny-lab does not answer {router.local_url(rp)}/health\n"
+    assert down.returncode == 1
+    assert down.stderr == f"modelfleet: router tiny-lab does not answer {router.local_url(rp)}/health\n"
     assert (tmp_path / "calls").read_text().count("/health") == 3
     (tmp_path / "up").write_text(f"{router.local_url(rp)}\n")
     assert sh(router.health_script(rp, timeout_s=3), tools).returncode == 0

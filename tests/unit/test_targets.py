@@ -22,9 +22,9 @@ HOST = {"hardware": "h200", "gpu_count": 1, "model": "qwen3-8b", "engine": "vllm
 # Each served host of the inventory below, with spellings pyinfra accepts for it (it connects each of them to
 # the served host).
 SPELLINGS = {
-    "g4": ["10.9.8.7", "@ssh/10.9.8.7", "10.9.8.7.", "0X0A090807", "012.011.010.07", "0x0a090807", "168364039", "10.9.2055", "10.9.8.07",
-           "::ffff:10.9.8.7", "[::ffff:10.9.8.7]", "@ssh/[::ffff:a09:807]", "g4", "G4", "g4.", "@ssh/G4.",
-           "alias-of-g4"],
+    "g4": ["10.9.8.7", "@ssh/10.9.8.7", "10.9.8.7.", "0X0A090807", "012.011.010.07", "0x0a090807", "168364039",
+           "10.9.2055", "10.9.8.07", "::ffff:10.9.8.7", "[::ffff:10.9.8.7]", "@ssh/[::ffff:a09:807]", "g4", "G4",
+           "g4.", "@ssh/G4.", "alias-of-g4"],
     "g6": ["2001:db8::7", "2001:0DB8:0000:0000:0000:0000:0000:0007", "[2001:db8::7]", "@ssh/2001:db8:0::7",
            "@ssh/[2001:DB8::7]", "fe80::1%lo"],
     "byname": ["localhost", "LOCALHOST.", "127.0.0.1", "127.1", "0x7f000001", "2130706433", "::1", "[::1]",

@@ -22,7 +22,8 @@ URL = re.compile(r"(?:https?|file)://[^\s'\"]+")
 STACK_KINDS = ("package", "apt repository", "signing key")
 HOSTS = {"nvidia": {"hardware": "h200", "gpu_count": 8, "model": "kimi-k2-thinking", "engine": "vllm"},
          "amd": {"hardware": "mi355x", "gpu_count": 8, "model": "kimi-k3", "engine": "vllm"}}
-DF = ["Filesystem 1-blocks Used Available Capacity Mounted on", "/dev/md0 30000000000000 1000000000 29000000000000 1% /srv"]
+DF = ["Filesystem 1-blocks Used Available Capacity Mounted on",
+      "/dev/md0 30000000000000 1000000000 29000000000000 1% /srv"]
 
 
 @pytest.fixture(autouse=True)

@@ -104,7 +104,8 @@ def _wheel(directory: Path, name: str, version: str, tag: str = "py3-none-any", 
     files = {f"{module or name.replace('-', '_')}.py": f"NAME = {name!r}\n",
              f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
              f"{dist}.dist-info/WHEEL": f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: {tag}\n"}
-    record = "".join(f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(c.encode()).digest()).rstrip(b'=').decode()},"
+    record = "".join(f"{p},sha256="
+                     f"{base64.urlsafe_b64encode(hashlib.sha256(c.encode()).digest()).rstrip(b'=').decode()},"
                      f"{len(c)}\n" for p, c in files.items()) + f"{dist}.dist-info/RECORD,,\n"
     files[f"{dist}.dist-info/RECORD"] = record
     path = directory / f"{dist}-{tag}.whl"

@@ -115,7 +115,8 @@ def test_an_engine_restart_leaves_the_cache_running():
     assert f"Wants=docker.service network-online.target {name}\n" in engine
     assert f"After=docker.service network-online.target {name}\n" in engine
     for text in (engine, cache):
-        assert not any(line.startswith(("Requires=", "BindsTo=", "PartOf=", "Requisite=")) for line in text.splitlines())
+        assert not any(line.startswith(("Requires=", "BindsTo=", "PartOf=", "Requisite="))
+                       for line in text.splitlines())
     assert svc.unit_name not in cache
     # The cache's unit waits for every GPU's socket (the weights loaded) before it counts as started.
     post = next(line for line in re.sub(r" \\\n\s*", " ", cache).splitlines() if line.startswith("ExecStartPost="))
@@ -149,7 +150,8 @@ def test_the_cache_gets_no_key_and_its_files_are_secret_mode(monkeypatch):
     rendered = {path: (content, mode) for path, content, mode, _ in units.unit_files(svc)}
     assert "weights-test-key-0123" in rendered[svc.env_file][0]
     env_text, mode = rendered[weight_cache.env_file(svc)]
-    assert mode == "0600" and "weights-test-key-0123" not in env_text and "weights-test-key-0123" not in weights_unit(svc)
+    assert mode == "0600" and "weights-test-key-0123" not in env_text
+    assert "weights-test-key-0123" not in weights_unit(svc)
     assert render.weights_env(svc)["MODELFLEET_WEIGHTS_IMAGE"] == svc.image
 
 
