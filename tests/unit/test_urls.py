@@ -19,7 +19,7 @@ from modelfleet.pipeline import run_stages  # noqa: E402
 from modelfleet.stages import gpu_stack, preflight  # noqa: E402
 
 URL = re.compile(r"(?:https?|file)://[^\s'\"]+")
-STACK_KINDS = ("package", "apt repository", "signing key")
+STACK_KINDS = ("package", "apt repository", "dnf repository", "signing key")
 HOSTS = {"nvidia": {"hardware": "h200", "gpu_count": 8, "model": "kimi-k2-thinking", "engine": "vllm"},
          "amd": {"hardware": "mi355x", "gpu_count": 8, "model": "kimi-k3", "engine": "vllm"}}
 DF = ["Filesystem 1-blocks Used Available Capacity Mounted on",
@@ -36,16 +36,17 @@ def os_release(fake, system: dict) -> list[str]:
     if (system["id"], system["version_id"]) == ("ubuntu", "24.04"):
         return fake.recorded(fake.H200 / "os-release.txt")
     return [f'PRETTY_NAME="{system["pretty_name"]}"', f"ID={system['id']}", f'VERSION_ID="{system["version_id"]}"',
-            f"VERSION_CODENAME={system['codename']}"]
+            *([f"VERSION_CODENAME={system['codename']}"] if system["codename"] else [])]
 
 
 def stack_only():
     run_stages(preflight, gpu_stack)
 
 
-def stage_urls(state, name: str, deb_arch: str) -> tuple[set[str], list[str]]:
-    """Every URL in the commands a dry run would send and in the files it would upload (apt's $(ARCH) as the
-    host's dpkg architecture, as apt reads a source list); and the commands."""
+def stage_urls(state, name: str, arch: str) -> tuple[set[str], list[str]]:
+    """Every URL in the commands a dry run would send and in the files it would upload (apt's $(ARCH) and dnf's
+    $basearch as the host's package manager names its architecture, as they read a source file; dnf's
+    $releasever stays, as the preview leaves it); and the commands."""
     from pyinfra.context import ctx_host, ctx_state
 
     host = state.inventory.get_host(f"@fake/{name}")
@@ -59,7 +60,7 @@ def stage_urls(state, name: str, deb_arch: str) -> tuple[set[str], list[str]]:
                     texts.append(command.src.getvalue().decode())
                 else:
                     texts.append(command.get_masked_value())
-    found = {u.replace("$(ARCH)", deb_arch) for text in texts for u in URL.findall(text)}
+    found = {u.replace("$(ARCH)", arch).replace("$basearch", arch) for text in texts for u in URL.findall(text)}
     return found, texts
 
 
@@ -73,11 +74,14 @@ def test_the_gpu_stack_uses_exactly_the_urls_the_preview_lists(fake, vendor, sys
     os_lines = os_release(fake, system) + ["KERNEL_RELEASE=6.8.0-87-generic", f"MACHINE_ARCH={system['arch']}"]
     probe = fake.probe_reply({"os": os_lines, "disk": DF, "ports": []})
     state = fake.run_fake([("n1", {**data, "fake_responses": {"@@modelfleet-probe": probe}})], stack_only, dry=True)
-    deb_arch = osfam.family(system).arch(system["arch"])
-    used, commands = stage_urls(state, "n1", deb_arch)
+    arch = osfam.family_data(osfam.family_name(system))["arches"][system["arch"]]  # the package manager's name
+    used, commands = stage_urls(state, "n1", arch)
     assert used, "the dry run used no URL: the fake host was not bare"
     label = f"{system['id']}-{system['version_id']} {system['arch']}"
     preview = urls.outside_urls(resolve([("n1", data)]), ["n1"])
+    # A source file naming the key the stack fetched to the host (dnf's gpgkey=file://) names no outside URL.
+    keys = {"file://" + e_what.split(",")[0] for e in preview if e["kind"] == "signing key" for e_what in e["what"]}
+    used -= keys
     listed = {e["url"] for e in preview if e["kind"] in STACK_KINDS and label in e["os"]}
     assert listed == used
     # The container check's image: pulled by the host from the registry the preview names.
