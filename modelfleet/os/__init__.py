@@ -12,8 +12,9 @@ The contract speaks what every package manager has; a family module defines:
   lays them out), `cuda_repository(url, cuda_dir, cuda_arch, branch, flavor)`, `amd_repository(url, version,
   release, build)`; `source_urls(content, machine)` -> [(url, what)] for the `urls` view;
 - keys: `key_fetched(url, dest, current, repo, fingerprints)` (a repository's key, put in place only when its
-  fingerprint is pinned) and `repo_package(...)` (a vendor's package that brings its repository and key, the key
-  checked first);
+  fingerprint is pinned; defined below, the same for every family) and `repo_package(...)` (a vendor's package
+  that brings its repository and key, the key checked first); a function body (PACKAGE_STATE_SH, REBOOT_SH) ends
+  with `return`, never `exit`;
 - packages, each operation deciding from DeployedState's view: `packages(wanted, current)` (name -> upstream
   version or None), `held(names, current)`, `in_archive(package, refusal, current)`; `missing(wanted, current)`,
   the pure decision; versions: `upstream(version)`, `upstream_sh(package)`, `exact_install_sh(names, reference)`;
@@ -23,7 +24,8 @@ The contract speaks what every package manager has; a family module defines:
   reads for it), `reboot_needed(deployed)`, and `REBOOT_SH` (a shell body, exit 0 when a reboot is needed, that
   DeployedState runs for a family that asks that way; None for one that reads a file);
 - `upgrades_config()` -> (path, content) that keeps the family's automatic updater off the GPU stack, or None;
-- `names(role)` (catalog/os.yaml's package names), `NAME`, and the `urls` view's words `SOURCE_KIND`, `OWN_SOURCES`.
+- `names(role, os_info)` (catalog/os.yaml's package names; a release may override its family's), `NAME`, and the
+  `urls` view's words `SOURCE_KIND`, `OWN_SOURCES`.
 The service manager is systemd for every family (modelfleet.operations.service, modelfleet.units).
 """
 

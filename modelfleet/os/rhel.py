@@ -194,11 +194,9 @@ def packages(wanted: dict[str, str | None], current: dict):
     if locked:
         yield dnf("versionlock", "delete", *locked)
     specs = [shlex.quote(f"{name}-{version}*" if version else name) for name, version in todo.items()]
-    if any(todo.values()):  # `install` of an older version than the installed one is a downgrade to dnf
-        yield StringCommand(dnf("install", "--allowerasing", *specs).get_raw_value()
-                            + " || " + dnf("downgrade", *specs).get_raw_value())
-    else:
-        yield dnf("install", *specs)
+    # A version given installs that version whichever one is installed, the former removed (dnf's install
+    # manual: https://man.archlinux.org/man/dnf5-install.8.en): a downgrade needs no other command.
+    yield dnf("install", *(["--allowerasing"] if any(todo.values()) else []), *specs)
     if locked:
         yield dnf("versionlock", "add", *locked)
 
