@@ -18,9 +18,12 @@ shell here against them). Not sourced, so not claimed:
   dnf-automatic loads the versionlock plugin was not checked here (`upgrades_config()` is None).
 - RHEL 10 (dnf 5): versionlock is built in and keeps its locks in /etc/dnf/versionlock.toml (dnf 5's manual);
   `needs-restarting` is asked as `dnf needs-restarting` there, whose exit status dnf 5's manual gives; the
-  package that carries that command on RHEL 10 was not found, so the base packages do not name it.
-- EPEL and CodeReady Builder, which DKMS and its build tools may come from (Rocky's NVIDIA guide enables both),
-  are the host's to enable: a missing dependency fails the install, naming it (dnf's own message).
+  package that carries that command on RHEL 10 was not found, so the base packages do not name it. On a RHEL 9
+  host read before dnf-utils is installed (a first run), that fallback is dnf 4's plain `needs-restarting`,
+  which lists processes: no reboot is reported then (the report's kernel_update_pending only; nothing acts on it).
+- EPEL and CodeReady Builder, which DKMS and its build tools may come from (Rocky's NVIDIA guide enables both:
+  https://github.com/rocky-linux/documentation/pull/3020), are the host's to enable: a missing dependency fails
+  the install, naming it (dnf's own message).
 - AMD's driver repository path for ROCm 7 (amdgpu/<version>/el/<release>/main/x86_64/) follows amdgpu-install's
   own amdgpu.repo for 6.4.4; AMD's 7.0.1 Rocky page lists only the ROCm and graphics repositories.
 """
