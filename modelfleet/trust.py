@@ -10,6 +10,7 @@ fingerprint (catalog/signing_keys.yaml, checked on the host by files/key_fingerp
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import shlex
 import urllib.parse
@@ -21,9 +22,17 @@ from modelfleet import FILES_DIR, masking
 
 CATALOG_FILE = Path(__file__).parent / "catalog" / "signing_keys.yaml"
 CHECK_PROGRAM = FILES_DIR / "key_fingerprint.py"
+
+
+@functools.cache  # read once per process: every host's plan asks (a YAML parse per host cost 9 ms)
+def signing_keys() -> dict[str, dict]:
+    """The catalog's pinned keys: repository -> {what, fingerprints, source}. Shared: never changed in place."""
+    return yaml.safe_load(CATALOG_FILE.read_text())
+
+
 # The repositories whose keys are pinned: catalog/signing_keys.yaml's entries (an OS family's own keys, e.g. the
 # CUDA repository's rpm key, are entries of their own there).
-REPOSITORIES = tuple(yaml.safe_load(CATALOG_FILE.read_text()))
+REPOSITORIES = tuple(signing_keys())
 
 
 def _host(url: str) -> tuple[str, int | None]:
@@ -83,11 +92,6 @@ def transport_problems(hf_endpoint: str, model_source: str | None, token_env: st
                          f"never fetched over plain HTTP ({masking.url(source)}), insecure_http_hosts "
                          "notwithstanding; use https://, file:// or a mirror on the host's loopback"))
     return out
-
-
-def signing_keys() -> dict[str, dict]:
-    """The catalog's pinned keys: repository -> {what, fingerprints, source}."""
-    return yaml.safe_load(CATALOG_FILE.read_text())
 
 
 def pinned(site: dict[str, list[str]] | None = None) -> tuple[tuple[str, tuple[str, ...]], ...]:

@@ -27,7 +27,7 @@ from functools import partial
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 
-from modelfleet import render, venvs
+from modelfleet import render, runscope, venvs
 from modelfleet.caches import SET_ASIDE, EngineCache
 from modelfleet.context import HostRun
 from modelfleet.inventory import HostPlan
@@ -96,10 +96,20 @@ def indexed(tree: dict | None) -> bool:
 def _members(ctx: HostRun, key: str) -> list[str]:
     """This run's hosts with a service of this key, in inventory order (those failed already left out), where
     their pool shares caches."""
-    active = {h.name for h in state.inventory.get_active_hosts()}
-    return [name for name, plan in ctx.inventory.hosts.items()
-            if name in active and key in _caches(plan, ctx) and name not in {h.name for h in state.failed_hosts}
-            and _shares(plan, key, ctx)]
+    sharing = runscope.slot("engine-cache sharing", lambda: _sharing(ctx))
+    active = {h.name for h in state.inventory.get_active_hosts()} - {h.name for h in state.failed_hosts}
+    return [name for name in sharing.get(key, ()) if name in active]
+
+
+def _sharing(ctx: HostRun) -> dict[str, list[str]]:
+    """key -> the hosts with a service of that key whose pools share caches, in inventory order: one pass over
+    the inventory per run (every host asks, so a pass per host grew with the square of the fleet)."""
+    out: dict[str, list[str]] = {}
+    for name, plan in ctx.inventory.hosts.items():
+        for key in _caches(plan, ctx):
+            if _shares(plan, key, ctx):
+                out.setdefault(key, []).append(name)
+    return out
 
 
 def _shares(plan: HostPlan, key: str, ctx: HostRun) -> bool:

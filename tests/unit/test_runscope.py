@@ -17,7 +17,7 @@ from modelfleet import PACKAGE_DIR, runscope
 PACKAGE_CONSTANTS = {
     ("catalog/__init__.py", "load_catalog"), ("stages/netcheck.py", "fabric_catalog"), ("catalog/routers.py", "specs"),
     ("exposure.py", "key_coverage"), ("inventory/resolver.py", "_pyinfra_keys"), ("op_order.py", "_GLOBAL_ARGUMENTS"),
-    ("engine_flags.py", "table"), ("os/__init__.py", "table"),
+    ("engine_flags.py", "table"), ("os/__init__.py", "table"), ("trust.py", "signing_keys"),
     ("xids.py", "catalog"), ("nvlink_errors.py", "catalog"),
 }
 # Module-level holders allowed: the run store itself, and the record of which pyinfra command line the
