@@ -102,8 +102,8 @@ engine-flags: engine-parsers lab-setup
 		modelfleet/catalog/engine_flags.json
 	$(PYTHON) -m lab.engine_parsers llama-flags modelfleet/catalog/engine_flags.json
 
-# The tests that need no lab, start no other interpreter or program and wait out no timeout (about 100 s on two
-# busy cores, collecting them about 30 s of it); `make test` runs them all.
+# The tests that need no lab, start no other interpreter or program and wait out no timeout (about 75 s on two
+# cores, collecting them about 8 s of it); `make test` runs them all.
 test-fast: install
 	$(PYTHON) -m pytest -q -m "not slow" tests --ignore=tests/lab --ignore=tests/router
 
