@@ -14,6 +14,7 @@ import pytest
 from modelfleet import caches, render
 from modelfleet.catalog import load_catalog
 from modelfleet.inventory import resolve
+from tests.helpers.made_keys import made_key
 
 PIN = "b" * 40
 DIGEST = "sha256:" + "f" * 64
@@ -97,7 +98,8 @@ def test_the_driver_branch_comes_from_the_host():
 
 
 def test_the_key_file_says_why_and_holds_no_secret(monkeypatch):
-    monkeypatch.setenv("K31_KEY", "sk-test-not-a-real-key-0123")
+    key = made_key()
+    monkeypatch.setenv("K31_KEY", key)
     svc = host(api_key_env="K31_KEY").services[0]
     cache = render.engine_cache(svc)
     written = json.loads(cache.key_json)
@@ -108,7 +110,7 @@ def test_the_key_file_says_why_and_holds_no_secret(monkeypatch):
         a for i, a in enumerate(argv) if argv[i - 1] not in ("--host", "--port")]
     assert written["inputs"]["image"] == DIGEST and written["inputs"]["revision"] == PIN
     assert written["inputs"]["gpu"] == "NVIDIA B300 SXM6 AC" and written["inputs"]["layout"]["tp"] == 8
-    assert "sk-test" not in cache.key_json
+    assert key not in cache.key_json
 
 
 def test_root_writes_the_key_file_where_the_engines_container_cannot_plant_a_link():

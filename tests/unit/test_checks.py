@@ -4,6 +4,7 @@ a loopback-bound engine directly or through a tunnel."""
 
 from modelfleet.checks import endpoint, inventory_endpoints, reachable_from_control_node
 from modelfleet.inventory import resolve
+from tests.helpers.made_keys import made_key
 
 PIN = "e" * 40
 KIMI = {"hardware": "b300", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": PIN}
@@ -18,9 +19,10 @@ def test_a_host_gives_its_served_name_url_and_engine():
 
 
 def test_a_keyed_service_gives_the_key_its_engine_was_started_with(monkeypatch):
-    monkeypatch.setenv("SITE_KIMI_KEY", "sk-site-key")
+    key = made_key()
+    monkeypatch.setenv("SITE_KIMI_KEY", key)
     plan = resolve([("b300-01", {**KIMI, "api_key_env": "SITE_KIMI_KEY"})]).hosts["b300-01"]
-    assert endpoint(plan, plan.services[0]).api_key == "sk-site-key"
+    assert endpoint(plan, plan.services[0]).api_key == key
 
 
 def test_a_multi_node_pool_is_one_endpoint_at_its_head_and_hosts_narrow_the_list():
@@ -34,7 +36,7 @@ def test_a_multi_node_pool_is_one_endpoint_at_its_head_and_hosts_narrow_the_list
 
 
 def test_a_loopback_engine_is_reached_directly_only_on_a_shared_loopback(monkeypatch):
-    monkeypatch.setenv("SITE_KIMI_KEY", "sk-site-key")
+    monkeypatch.setenv("SITE_KIMI_KEY", made_key())
     remote = resolve([("gpu-01", {**KIMI, "ssh_hostname": "10.0.0.9"})]).hosts["gpu-01"]
     assert remote.services[0].loopback and not reachable_from_control_node(remote, remote.services[0])
     local = resolve([("@local", KIMI)]).hosts["@local"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from tests.helpers.cli_runner import H200, inventory, run
+from tests.helpers.made_keys import made_key
 
 
 def test_validate_says_ok_and_where_it_looked_for_group_data(tmp_path):
@@ -30,7 +31,8 @@ def test_validate_reports_every_problem_at_once_and_exits_2(tmp_path):
 
 
 def test_render_prints_the_unit_and_env_file_with_the_key_masked(tmp_path, monkeypatch):
-    monkeypatch.setenv("SITE_QWEN_KEY", "sk-cli-test-key")
+    key = made_key()
+    monkeypatch.setenv("SITE_QWEN_KEY", key)
     inv = inventory(tmp_path, {"g1": {**H200, "api_key_env": "SITE_QWEN_KEY"}})
     out = run("render", "--json", inv, "g1")
     assert out.exit_code == 0, out.output
@@ -38,9 +40,9 @@ def test_render_prints_the_unit_and_env_file_with_the_key_masked(tmp_path, monke
     unit = next(p for p in files if p.startswith("/etc/systemd/system/"))
     assert files[unit]["mode"] == "0644" and "ExecStart=" in files[unit]["content"]
     assert all(f["mode"] == "0600" for p, f in files.items() if p != unit)
-    assert "sk-cli-test-key" not in out.output
+    assert key not in out.output
     text = run("render", inv, "g1").output
-    assert "sk-cli-test-key" not in text and f"# ==> {unit}\n" in text
+    assert key not in text and f"# ==> {unit}\n" in text
 
 
 def test_render_of_a_host_the_inventory_lacks_names_the_hosts_it_has(tmp_path):

@@ -15,6 +15,7 @@ import pytest
 
 import lab.engine_parsers as engine_parsers
 from modelfleet import REPO_ROOT, render, weight_cache
+from tests.helpers.made_keys import made_key
 from tests.helpers.recipe_pools import CATALOG, RECIPE_BOARDS, pool
 
 pytestmark = pytest.mark.slow  # the real vLLM and SGLang parsers, in their own interpreter
@@ -59,7 +60,7 @@ def checked():
     """One run of the real parsers over every rendered command line, and over broken copies of the first of
     each engine (which they must refuse: proof the check can fail)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(KEY_ENV, "sk-test")
+        patch.setenv(KEY_ENV, made_key())
         items = [item for recipe_id, hardware in CHECKED for item in rendered(recipe_id, hardware)]
     broken = []
     for engine in ENGINES:

@@ -3,12 +3,14 @@
 import pytest
 
 from modelfleet import keys
+from tests.helpers.made_keys import made_key
 
 
 def test_a_set_key_is_read_as_set_and_stripped_on_request(monkeypatch):
-    monkeypatch.setenv("MF_TEST_KEY", "  sk-value-1234 \n")
-    assert keys.from_env("MF_TEST_KEY") == "  sk-value-1234 \n"
-    assert keys.stripped("MF_TEST_KEY") == keys.required("MF_TEST_KEY") == "sk-value-1234"
+    key = made_key()
+    monkeypatch.setenv("MF_TEST_KEY", f"  {key} \n")
+    assert keys.from_env("MF_TEST_KEY") == f"  {key} \n"
+    assert keys.stripped("MF_TEST_KEY") == keys.required("MF_TEST_KEY") == key
 
 
 def test_unset_empty_and_no_name_are_told_apart(monkeypatch):

@@ -9,6 +9,7 @@ import pytest
 
 from modelfleet import fleet, masking
 from modelfleet.masking import MASK
+from tests.helpers.made_keys import made_key
 
 
 @pytest.fixture(autouse=True)
@@ -19,10 +20,11 @@ def fresh():
 
 
 def test_known_secret_masked_raw_escaped_and_line_by_line():
-    key = "sk-first-half\nsecond-half-77"
+    first, second = made_key("first"), made_key("second")
+    key = f"{first}\n{second}"
     masking.learn(key)
-    for shown in (key, repr(key), json.dumps(key), "first: sk-first-half", "then second-half-77 alone"):
-        assert "first-half" not in masking.mask(shown) and "second-half-77" not in masking.mask(shown), shown
+    for shown in (key, repr(key), json.dumps(key), f"first: {first}", f"then {second} alone"):
+        assert first not in masking.mask(shown) and second not in masking.mask(shown), shown
 
 
 @pytest.mark.parametrize("text,kept", [

@@ -19,6 +19,7 @@ from modelfleet import FILES_DIR, REPO_ROOT, checkpoint, mirror
 from modelfleet.inventory import resolve
 from modelfleet.pins import checkpoint_of, pinned_revision
 from modelfleet.stages import model as model_stage
+from tests.helpers.made_keys import made_key
 
 pytestmark = pytest.mark.slow  # the mirror command in child interpreters, copying files
 
@@ -37,7 +38,7 @@ def free_port() -> int:
 def hub(tmp_path_factory):
     """The lab's hub double on a free loopback port, gated by a token: (endpoint, token, stats())."""
     top = tmp_path_factory.mktemp("hub")
-    token = "hf_mirror_test_token"
+    token = made_key("hub-token")
     (top / "token").write_text(token + "\n")
     port = free_port()
     proc = subprocess.Popen([sys.executable, str(REPO_ROOT / "lab" / "hub_double" / "hub_double.py"),

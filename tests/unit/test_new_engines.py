@@ -16,9 +16,10 @@ from modelfleet.cli import main
 from modelfleet.inventory import resolve
 from modelfleet.inventory.endpoints import rows
 from modelfleet.planner import gpu_layers, layer_lines, plan_capacity
+from tests.helpers.made_keys import made_key
 from tests.helpers.recipe_pools import CATALOG, PIN, pool
 
-KEY = "sk-door-test-0123456789"
+KEY = made_key("door")
 
 
 def host(engine: str, **extra) -> dict:

@@ -5,6 +5,7 @@ import pytest
 
 from modelfleet import render
 from modelfleet.inventory import resolve
+from tests.helpers.made_keys import made_key
 
 PIN = "b" * 40
 
@@ -39,24 +40,26 @@ def test_unit_has_limits_timeouts_and_stop():
 
 
 def test_secret_goes_to_the_env_file_only(monkeypatch):
-    monkeypatch.setenv("K31_KEY", "sk-test-not-a-real-key-0123")
+    key = made_key()
+    monkeypatch.setenv("K31_KEY", key)
     svc = service(api_key_env="K31_KEY")
-    assert "sk-test" not in render.render_unit(svc)
-    assert "sk-test" not in " ".join(render.docker_run_argv(svc))
-    assert "VLLM_API_KEY=sk-test-not-a-real-key-0123" in render.render_env(svc)
+    assert key not in render.render_unit(svc)
+    assert key not in " ".join(render.docker_run_argv(svc))
+    assert f"VLLM_API_KEY={key}" in render.render_env(svc)
     masked = render.render_env(svc, mask=True)
-    assert "sk-test" not in masked and "VLLM_API_KEY=********" in masked
+    assert key not in masked and "VLLM_API_KEY=********" in masked
 
 
 def test_sglang_key_goes_to_a_config_file(monkeypatch):
-    monkeypatch.setenv("SGL_KEY", "sk-sglang-test")
+    key = made_key()
+    monkeypatch.setenv("SGL_KEY", key)
     data = {"hardware": "b300", "model": "kimi-k3.1-pro", "engine": "sglang", "revision": PIN, "pool": "s",
             "api_key_env": "SGL_KEY"}
     svc = resolve([("h", data)]).hosts["h"].services[0]
     argv = render.docker_run_argv(svc)
-    assert "sk-sglang" not in " ".join(argv)
+    assert key not in " ".join(argv)
     assert "--config" in argv and "--shm-size" in argv
-    assert "sk-sglang-test" in render.render_secrets_config(svc)
+    assert key in render.render_secrets_config(svc)
 
 
 def test_systemd_quoting_keeps_json_in_one_argument():

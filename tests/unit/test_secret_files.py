@@ -17,8 +17,10 @@ import pytest
 from pyinfra.api import FileUploadCommand, StringCommand
 
 from modelfleet.operations.files import content_file
+from tests.helpers.made_keys import made_key
 
-SECRET = "API_KEY=sk-never-seen-by-others\n"
+KEY = made_key()
+SECRET = f"API_KEY={KEY}\n"
 NOBODY = 65534
 ATTACKER = r"""
 import os, sys
@@ -103,5 +105,5 @@ def test_no_other_user_reads_a_secret_at_any_step(attacker, before):
         ask(proc, "look")
     assert dest.read_text() == SECRET and oct(dest.stat().st_mode & 0o777) == "0o600"
     got = ask(proc, "read")
-    assert "sk-never-seen" not in got and (not theirs.exists() or "sk-" not in theirs.read_text())
+    assert KEY not in got and (not theirs.exists() or KEY not in theirs.read_text())
     assert sorted(p.name for p in folder.iterdir()) == ["pool.env"]

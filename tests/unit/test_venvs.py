@@ -18,6 +18,7 @@ from modelfleet import render, units, venvs
 from modelfleet.facts.host import Pythons
 from modelfleet.inventory import resolve
 from modelfleet.stages import engine_cache, images, preflight
+from tests.helpers.made_keys import made_key
 
 PIN = "b" * 40
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "venv"
@@ -214,7 +215,8 @@ def test_the_unit_runs_the_containers_argv_from_the_venv_as_its_own_user_on_its_
 
 
 def test_sglangs_key_file_reaches_the_venv_engine_as_a_credential(monkeypatch, tmp_path):
-    monkeypatch.setenv("SGL_KEY", "sk-sglang-venv-test")
+    key = made_key()
+    monkeypatch.setenv("SGL_KEY", key)
     lock = _lock(tmp_path, f"sglang==0.5.23rc1 --hash=sha256:{'3' * 64}\n")
     data = {"hardware": "b300", "model": "kimi-k3", "engine": "sglang", "revision": PIN, "pool": "s",
             "api_key_env": "SGL_KEY", "runtime": "venv", "venv_lock": lock,
@@ -224,7 +226,7 @@ def test_sglangs_key_file_reaches_the_venv_engine_as_a_credential(monkeypatch, t
     svc = result.hosts["h"].services[0]
     unit = render.render_unit(svc)
     assert f"LoadCredential=secrets.yaml:{svc.secrets_config_file}\n" in unit
-    assert "--config %d/secrets.yaml" in unit and "sk-sglang" not in unit
+    assert "--config %d/secrets.yaml" in unit and key not in unit
     assert svc.venv.argv0 == [f"{svc.venv.path}/bin/sglang"]
 
 
