@@ -20,7 +20,7 @@ from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
 from modelfleet.host_commands import revisions_dir
-from modelfleet.inventory import ServicePlan
+from modelfleet.inventory.plan import ServicePlan
 from modelfleet.venvs import ENGINE_USER
 
 CONTAINER_DIR = "/cache"

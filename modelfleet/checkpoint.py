@@ -14,7 +14,7 @@ from pathlib import Path
 from modelfleet import keys, runscope
 from modelfleet.errors import ModelfleetError
 from modelfleet.host_commands import MANIFEST
-from modelfleet.inventory import COMMIT_RE
+from modelfleet.inventory.schema import COMMIT_RE
 
 HUB_TIMEOUT_S = 120
 

@@ -8,7 +8,7 @@ stops the pool). A converge of a drained host brings it back too: it converges t
 from __future__ import annotations
 
 from modelfleet import fleet, weight_cache
-from modelfleet.inventory import Resolved
+from modelfleet.inventory.plan import Resolved
 from modelfleet.rollout import endpoints
 
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from modelfleet.fabric import PoolFabric
-from modelfleet.inventory import Resolved, ServicePlan
+from modelfleet.inventory.plan import Resolved, ServicePlan
 from modelfleet.inventory.pools import unequal_gpus
 
 

@@ -36,7 +36,7 @@ from modelfleet.host_commands import (
     revisions_dir,
     unit_show_command,
 )
-from modelfleet.inventory import HostPlan, ServicePlan
+from modelfleet.inventory.plan import HostPlan, ServicePlan
 
 MARK = "@@modelfleet-status"
 

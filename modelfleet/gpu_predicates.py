@@ -3,7 +3,7 @@ plan and preflight's probe, shared by preflight (what to defer), the driver stag
 
 from __future__ import annotations
 
-from modelfleet.inventory import HostPlan
+from modelfleet.inventory.plan import HostPlan
 
 
 def loaded_driver(probe: dict) -> str | None:

@@ -37,7 +37,8 @@ from typing import Callable
 from modelfleet import FILES_DIR, fleet, keys
 from modelfleet.checkpoint import MANIFEST, ModelSourceError, inside, snapshot
 from modelfleet.errors import ModelfleetError
-from modelfleet.inventory import COMMIT_RE, Resolved
+from modelfleet.inventory.plan import Resolved
+from modelfleet.inventory.schema import COMMIT_RE
 
 LOCK = ".modelfleet-mirror-lock"
 STAGING = ".modelfleet-mirror-staging-"  # + pid: a run's temporary folder, removed when the run ends

@@ -8,7 +8,8 @@ from __future__ import annotations
 import fnmatch
 
 from modelfleet.checkpoint import ModelSourceError, Snapshot, snapshot
-from modelfleet.inventory import COMMIT_RE, HostPlan, ServicePlan
+from modelfleet.inventory.plan import HostPlan, ServicePlan
+from modelfleet.inventory.schema import COMMIT_RE
 from modelfleet.registry import RegistryError, pinned
 
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from modelfleet import router
 from modelfleet.exposure import key_coverage
-from modelfleet.inventory import Resolved
-from modelfleet.inventory.plan import _is_loopback, _url_host
+from modelfleet.inventory.plan import Resolved, _is_loopback, _url_host
 
 DCGM_PORT = 9400
 NODE_EXPORTER_PORT = 9100

@@ -20,8 +20,7 @@ from modelfleet import (
     weight_cache,
 )
 from modelfleet.catalog.routers import pd_role, pd_spec
-from modelfleet.inventory import ServicePlan
-from modelfleet.inventory.plan import _url_host
+from modelfleet.inventory.plan import ServicePlan, _url_host
 
 if TYPE_CHECKING:
     from modelfleet.fabric import HostFabric

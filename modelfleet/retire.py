@@ -28,7 +28,7 @@ from modelfleet import replica_door, router, venvs
 from modelfleet.commands import pyinfra_argv
 from modelfleet.grammar import slug
 from modelfleet.host_commands import revisions_dir
-from modelfleet.inventory import HostPlan
+from modelfleet.inventory.plan import HostPlan
 from modelfleet.operations.report import note, report_path, save_json
 from modelfleet.render import CONTAINER_MODEL_DIR, CONTAINER_MODELFILE, DOCKER
 from modelfleet.stages import exporters

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from modelfleet import fleet, render
 from modelfleet.commands import run_pyinfra
 from modelfleet.deploys import deploy
-from modelfleet.inventory import Resolved
+from modelfleet.inventory.plan import Resolved
 from modelfleet.operations.report import report_path
 
 

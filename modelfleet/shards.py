@@ -16,7 +16,7 @@ import time
 
 from modelfleet import masking
 from modelfleet.commands import pyinfra_argv
-from modelfleet.inventory import Resolved
+from modelfleet.inventory.plan import Resolved
 from modelfleet.operations.report import reports_dir
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from modelfleet import render, runscope, weight_cache
-from modelfleet.inventory import HostPlan, ServicePlan
+from modelfleet.inventory.plan import HostPlan, ServicePlan
 from modelfleet.operations.files import content_changes
 from modelfleet.pins import pinned_service
 

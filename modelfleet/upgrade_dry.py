@@ -7,7 +7,8 @@ given by tag is pinned to its digest by the run, which restarts a unit only when
 from __future__ import annotations
 
 from modelfleet import fleet
-from modelfleet.inventory import COMMIT_RE, Resolved
+from modelfleet.inventory.plan import Resolved
+from modelfleet.inventory.schema import COMMIT_RE
 from modelfleet.rollout import batches, driver_moves
 
 

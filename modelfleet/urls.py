@@ -8,7 +8,7 @@ import urllib.parse
 
 from modelfleet import os as osfam
 from modelfleet import router
-from modelfleet.inventory import HostPlan, Resolved
+from modelfleet.inventory.plan import HostPlan, Resolved
 from modelfleet.registry import base_url, insecure_of, split_reference
 from modelfleet.stages import container_runtime, exporters, gpu_driver, os_base
 from modelfleet.stages import model as model_stage

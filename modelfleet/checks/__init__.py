@@ -8,7 +8,7 @@ import ssl
 from dataclasses import dataclass
 
 from modelfleet import render
-from modelfleet.inventory import HostPlan, Resolved, ServicePlan
+from modelfleet.inventory.plan import HostPlan, Resolved, ServicePlan
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from modelfleet.host_commands import TOOLS_BIN  # noqa: F401  (re-exported: its 
 
 if TYPE_CHECKING:
     from modelfleet.context import HostRun
-    from modelfleet.inventory import HostPlan
+    from modelfleet.inventory.plan import HostPlan
 
 # What a stage may declare in wants(): the parts of the host's DeployedState it reads (STATE_KINDS, whose home is
 # that fact), and `probe`, the parts of preflight's HostProbe that preflight must read for it (e.g. the GPUs' health).

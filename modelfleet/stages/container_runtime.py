@@ -20,7 +20,7 @@ from modelfleet import os as osfam
 from modelfleet import trust
 from modelfleet.context import HostRun
 from modelfleet.host_commands import container_gpu_check
-from modelfleet.inventory import HostPlan
+from modelfleet.inventory.plan import HostPlan
 from modelfleet.operations.files import content_file
 from modelfleet.operations.service import unit_running
 

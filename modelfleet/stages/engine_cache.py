@@ -30,7 +30,7 @@ from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from modelfleet import render, runscope, venvs
 from modelfleet.caches import SET_ASIDE, EngineCache
 from modelfleet.context import HostRun
-from modelfleet.inventory import HostPlan
+from modelfleet.inventory.plan import HostPlan
 from modelfleet.operations.files import content_file, directory
 from modelfleet.operations.report import refuse
 from modelfleet.operations.venv import engine_user

@@ -9,7 +9,7 @@ from pyinfra.api import deploy
 
 from modelfleet import render
 from modelfleet.context import HostRun
-from modelfleet.inventory import HostPlan
+from modelfleet.inventory.plan import HostPlan
 from modelfleet.operations.files import content_changes, content_file
 from modelfleet.operations.owned_unit import owned_running, refused_when_kept, unmasked
 from modelfleet.prometheus import DCGM_PORT

@@ -35,7 +35,7 @@ from modelfleet.host_commands import (
     nvidia_gpu_count_sh,
     program,
 )
-from modelfleet.inventory import HostPlan
+from modelfleet.inventory.plan import HostPlan
 from modelfleet.operations.files import content_file
 from modelfleet.operations.reboot import reboot_and_wait
 from modelfleet.operations.report import fail_host

@@ -9,7 +9,7 @@ from pyinfra import host, state
 
 from modelfleet import os as osfam
 from modelfleet.context import HostRun
-from modelfleet.inventory import HostPlan
+from modelfleet.inventory.plan import HostPlan
 from modelfleet.operations.report import fail_host, report_path, save_report, write_report
 from modelfleet.stages import container_runtime, gpu_driver, os_base
 

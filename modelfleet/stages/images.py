@@ -8,7 +8,7 @@ from pyinfra.api import StringCommand, deploy, operation
 
 from modelfleet import venvs
 from modelfleet.context import HostRun
-from modelfleet.inventory import HostPlan
+from modelfleet.inventory.plan import HostPlan
 from modelfleet.operations.venv import engine_user, venv_built, venvs_pruned
 from modelfleet.pins import pinned_image
 

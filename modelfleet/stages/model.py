@@ -26,7 +26,7 @@ from modelfleet import FILES_DIR, keys, masking
 from modelfleet.checkpoint import Snapshot, missing_files
 from modelfleet.context import HostRun
 from modelfleet.host_commands import CURRENT, revisions_dir
-from modelfleet.inventory import HostPlan, ServicePlan
+from modelfleet.inventory.plan import HostPlan, ServicePlan
 from modelfleet.operations.files import content_file, directory
 from modelfleet.operations.report import fail_host, note
 from modelfleet.pins import checkpoint_of, pinned_revision

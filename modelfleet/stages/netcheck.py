@@ -37,7 +37,7 @@ from modelfleet.context import HostRun
 from modelfleet.fabric import HostFabric
 from modelfleet.fabric_run import pool_fabric, refusals
 from modelfleet.host_commands import TOOLS_BIN
-from modelfleet.inventory import HostPlan, ServicePlan
+from modelfleet.inventory.plan import HostPlan, ServicePlan
 from modelfleet.operations.files import content_file, directory
 from modelfleet.operations.report import fail_host, save_report
 from modelfleet.pins import pinned_image

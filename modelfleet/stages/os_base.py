@@ -11,7 +11,7 @@ from pyinfra.api import deploy
 from modelfleet import os as osfam
 from modelfleet.context import HostRun
 from modelfleet.facts.host import OsRelease
-from modelfleet.inventory import HostPlan
+from modelfleet.inventory.plan import HostPlan
 
 NAME = "os_base"  # a part of the gpu_stack stage
 

@@ -9,7 +9,7 @@ from modelfleet.catalog import load_catalog
 from modelfleet.context import HostRun
 from modelfleet.fabric import report as pool_fabric_report
 from modelfleet.gpu_predicates import fabric_manager_needed, locality_notes, replaces_driver
-from modelfleet.inventory import HostPlan
+from modelfleet.inventory.plan import HostPlan
 from modelfleet.operations.report import fail_host, save_report
 from modelfleet.planner import expert_offload, plan_capacity
 

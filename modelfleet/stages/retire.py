@@ -9,7 +9,7 @@ from pyinfra.api import deploy
 
 from modelfleet import retire
 from modelfleet.context import HostRun
-from modelfleet.inventory import HostPlan
+from modelfleet.inventory.plan import HostPlan
 from modelfleet.units import UNIT_DIR
 
 NAME = "retire"

@@ -23,8 +23,7 @@ from modelfleet.checks.gate import run_gate
 from modelfleet.checks.tunnel import through_host
 from modelfleet.context import HostRun
 from modelfleet.host_commands import TOOLS_BIN
-from modelfleet.inventory import HostPlan
-from modelfleet.inventory.plan import RouterPlan, _is_loopback
+from modelfleet.inventory.plan import HostPlan, RouterPlan, _is_loopback
 from modelfleet.operations.files import content_changes, content_file, directory
 from modelfleet.operations.owned_unit import owned_running, refused_when_kept, unmasked
 from modelfleet.operations.report import fail_host, note, refuse, reports_dir, save_report

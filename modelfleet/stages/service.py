@@ -10,7 +10,7 @@ from pyinfra.api import deploy
 from modelfleet import caches, fabric_run, render, timeline
 from modelfleet.context import HostRun
 from modelfleet.host_commands import gpus_free_script
-from modelfleet.inventory import HostPlan
+from modelfleet.inventory.plan import HostPlan
 from modelfleet.operations.files import content_file, directory
 from modelfleet.operations.mounts import MOUNTINFO, private_bind
 from modelfleet.operations.owned_unit import owned_running, refused_when_kept, unmasked

@@ -19,7 +19,7 @@ from pyinfra.api import StringCommand, deploy, operation
 from modelfleet.context import HostRun
 from modelfleet.facts.host import BlockDevices
 from modelfleet.host_commands import program
-from modelfleet.inventory import HostPlan
+from modelfleet.inventory.plan import HostPlan
 from modelfleet.operations.files import MARKER, directory
 from modelfleet.operations.mounts import FLAGS, MOUNTINFO, mount_options
 from modelfleet.operations.report import fail_host
