@@ -298,6 +298,8 @@ class Handler(BaseHTTPRequestHandler):
         native = self.path == NATIVE_ROUTES[self.eng.engine]
         if self.path != "/v1/chat/completions" and not native:
             return self._send(404, {"error": "not found"})
+        if self.eng.engine == "ollama" and not self.eng.never_ready:
+            time.sleep(max(0.0, STARTED + self.eng.load_delay - time.time()))  # Ollama loads on the first request
         if not self.eng.ready():
             return self._send(503, {"error": "model is loading"})
         kind = "invalid_request_error" if self.eng.engine == "llama.cpp" else "BadRequestError"

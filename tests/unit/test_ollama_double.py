@@ -6,6 +6,7 @@ name with Ollama's :latest). No Ollama binary is reachable here: this is what st
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -35,14 +36,15 @@ def _free_port() -> int:
 
 
 @pytest.fixture()
-def ollama(tmp_path):
-    """`ollama serve` played by the double: OLLAMA_HOST on loopback, its store in OLLAMA_MODELS."""
+def ollama(tmp_path, request):
+    """`ollama serve` played by the double: OLLAMA_HOST on loopback, its store in OLLAMA_MODELS; its load time
+    (seconds) is the test's parameter where it gives one."""
     exe = tmp_path / "bin" / "ollama"
     exe.parent.mkdir()
     exe.symlink_to(ROOT / "lab" / "engine_double" / "engine_double.py")
     port = _free_port()
     env = {**os.environ, "OLLAMA_HOST": f"127.0.0.1:{port}", "OLLAMA_MODELS": str(tmp_path / "store"),
-           "MODELFLEET_DOUBLE_LOAD_DELAY_S": "0"}
+           "MODELFLEET_DOUBLE_LOAD_DELAY_S": str(getattr(request, "param", 0))}
     proc = subprocess.Popen([sys.executable, str(exe), "serve"], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
@@ -122,7 +124,6 @@ def test_the_rendered_registration_serves_the_fetched_file_as_ollama_does(ollama
 def test_the_create_stream_is_ollamas_documented_one(ollama):
     """POST /api/create after the blob is pushed answers the documented stream, status by status."""
     data = b"GGUF-test"
-    import hashlib
 
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
     assert call(ollama["base"], "POST", f"/api/blobs/{digest}", data=data)[0] == 201
@@ -132,3 +133,18 @@ def test_the_create_stream_is_ollamas_documented_one(ollama):
     documented = [line["status"].split(" sha256:")[0] for line in ANSWERS["POST /api/create"]["stream"]]
     assert status == 200 and [json.loads(line)["status"].split(" sha256:")[0] for line in text.splitlines()] == \
         documented
+
+
+@pytest.mark.parametrize("ollama", [2], indirect=True)
+def test_a_chat_while_the_model_loads_waits_for_it_as_ollama_does(ollama):
+    """Ollama loads a model on its first request and answers it then: no 503 while loading (the CI flake of
+    stop 56 was the double answering one)."""
+    data = b"GGUF" + bytes(8)
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    assert call(ollama["base"], "POST", f"/api/blobs/{digest}", data=data)[0] == 201
+    assert call(ollama["base"], "POST", "/api/create", {"model": "m", "files": {"m.gguf": digest}})[0] == 200
+    started = time.monotonic()
+    status, _, text = call(ollama["base"], "POST", "/v1/chat/completions",
+                           {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 200 and json.loads(text)["choices"][0]["message"]["content"], text
+    assert time.monotonic() - started > 0.5  # it did wait for the load
