@@ -11,24 +11,8 @@ from dataclasses import dataclass, field
 
 from modelfleet.catalog import load_catalog
 from modelfleet.facts.fabric import route_to
+from modelfleet.inventory.plan import HostFabric
 from modelfleet.rails import Rail, check_rails, common_family, rail, what_was_left
-
-
-@dataclass(frozen=True)
-class HostFabric:
-    """One pool member's fabric, as its containers get it."""
-
-    host: str
-    ifname: str | None  # the control interface: the one that routes to the pool's head
-    head_address: str  # the head's address on that interface (never the SSH address when a fabric one exists)
-    hcas: tuple[str, ...] = ()  # active HCAs used by NCCL, in the same order on every member
-    env: dict[str, str] = field(default_factory=dict)  # NCCL_/GLOO_/engine host-IP variables, exact-match forms
-    devices: tuple[str, ...] = ()  # host device nodes passed into the container (RDMA, IMEX channel)
-    rdma: bool = False  # HCAs are used: the container needs IPC_LOCK and an unlimited memlock
-    imex: bool = False  # NVLink domain: IMEX node list, service and channel on this host
-    imex_nodes: tuple[str, ...] = ()  # the domain's fabric addresses, in pool order (IMEX's node list)
-    reasons: dict[str, str] = field(default_factory=dict)  # value name -> why it has this value
-    distances: dict[str, dict[str, str]] = field(default_factory=dict)  # GPU PCI address -> HCA -> PIX/PXB/...
 
 
 @dataclass

@@ -4,11 +4,7 @@ fabric rather than pyinfra: these are queries that return data (a table, a strea
 not a converge, and pyinfra would print its converge UI around them; a fabric Connection per host, run from
 parallel threads, hands back each host's result (and an unreachable host as an error, not an abort).
 
-Connections use the inventory's own SSH settings (ssh_hostname, ssh_port, ssh_user, ssh_key) and check host
-keys against the same file pyinfra does (ssh_known_hosts_file, else ~/.ssh/known_hosts). A changed key is
-always refused, and so is an unknown one unless the host's `ssh_strict_host_key_checking` is `accept-new`
-(pyinfra's own setting; `no`/`off` count as accept-new here, a changed key is still refused), which records
-it in that file: first contact is an explicit choice.
+Connections are ssh.py's: the inventory's own SSH settings, host keys checked as pyinfra checks them.
 """
 
 from __future__ import annotations
@@ -17,14 +13,9 @@ import shlex
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
-import paramiko
-from fabric import Connection
-
-from modelfleet import host_record, masking, router, venvs, weight_cache
+from modelfleet import host_record, masking, router, ssh, venvs, weight_cache
 from modelfleet.checks.tunnel import forward
-from modelfleet.errors import ModelfleetError
 from modelfleet.health import admission_state
 from modelfleet.host_commands import (
     CURRENT,
@@ -39,69 +30,6 @@ from modelfleet.host_commands import (
 from modelfleet.inventory.plan import HostPlan, ServicePlan
 
 MARK = "@@modelfleet-status"
-
-
-class HostKeyError(ModelfleetError, paramiko.SSHException):
-    pass
-
-
-def known_hosts_file(plan: HostPlan) -> Path:
-    return Path(plan.ssh_known_hosts_file or "~/.ssh/known_hosts").expanduser()
-
-
-def _key_name(plan: HostPlan) -> str:
-    """How known_hosts names the host: `[address]:port` off port 22, as OpenSSH writes it."""
-    return plan.address if plan.ssh_port == 22 else f"[{plan.address}]:{plan.ssh_port}"
-
-
-class _FirstContact(paramiko.MissingHostKeyPolicy):
-    """An unknown key: refused, or recorded when the inventory opts in (accept-new)."""
-
-    def __init__(self, plan: HostPlan):
-        self.plan = plan
-
-    def missing_host_key(self, client, hostname, key):
-        path = known_hosts_file(self.plan)
-        if self.plan.ssh_strict_host_key_checking not in ("accept-new", "no", "off"):
-            raise HostKeyError(
-                f"{self.plan.name}: host key of {_key_name(self.plan)} is not in {path}; check its fingerprint "
-                f"({key.get_name()} {key.fingerprint}), then add it (`ssh-keyscan -p {self.plan.ssh_port} "
-                f"{self.plan.address} >> {path}`) or set ssh_strict_host_key_checking: accept-new for first contact")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        with path.open("a") as f:
-            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-
-
-def connect(plan: HostPlan) -> Connection:
-    kwargs = {"key_filename": plan.ssh_key} if plan.ssh_key else {}
-    conn = Connection(plan.address, user=plan.ssh_user, port=plan.ssh_port, connect_kwargs=kwargs,
-                      connect_timeout=15)
-    path = known_hosts_file(plan)
-    if path.exists():
-        conn.client.load_host_keys(str(path))
-    conn.client.set_missing_host_key_policy(_FirstContact(plan))
-    return conn
-
-
-def open_checked(conn: Connection, plan: HostPlan) -> None:
-    """Open the connection; a changed host key becomes one line saying how to fix it."""
-    try:
-        conn.open()
-    except paramiko.BadHostKeyException as error:
-        path = known_hosts_file(plan)
-        raise HostKeyError(
-            f"{plan.name}: host key of {_key_name(plan)} CHANGED (offered {error.key.get_name()} "
-            f"{error.key.fingerprint}, {path} has {error.expected_key.fingerprint}); if the host was rebuilt, "
-            f"remove the old key with `ssh-keygen -R '{_key_name(plan)}' -f {path}`, else treat it as an "
-            "attack") from None
-
-
-def execute(conn: Connection, plan: HostPlan, command: str) -> tuple[int, str, str]:
-    """(exit status, stdout, stderr) of one command."""
-    open_checked(conn, plan)
-    result = conn.run(command, hide=True, warn=True, in_stream=False)
-    return result.exited, result.stdout, result.stderr
 
 
 UNIT_PROPERTIES = ("ActiveState", "SubState", "NRestarts", "ExecMainStartTimestamp")
@@ -184,9 +112,9 @@ def on_hosts(plans: list[HostPlan], script_of) -> dict[str, tuple[int, str, str]
             except Exception as error:
                 results[plan.name] = error
             return
-        conn = connect(plan)
+        conn = ssh.connect(plan)
         try:
-            results[plan.name] = execute(conn, plan, script_of(plan))
+            results[plan.name] = ssh.execute(conn, plan, script_of(plan))
         except Exception as error:
             results[plan.name] = error
         finally:
@@ -201,7 +129,7 @@ def on_hosts(plans: list[HostPlan], script_of) -> dict[str, tuple[int, str, str]
 
 
 def _unreachable(outcome: Exception) -> str:
-    return str(outcome) if isinstance(outcome, HostKeyError) else f"{type(outcome).__name__}: {outcome}"
+    return str(outcome) if isinstance(outcome, ssh.HostKeyError) else f"{type(outcome).__name__}: {outcome}"
 
 
 def drain(plans: list[HostPlan]) -> dict[str, str | None]:
@@ -381,9 +309,9 @@ def logs(plans: list[HostPlan], lines: int = 50, follow: bool = False, sink=sys.
     lock = threading.Lock()
 
     def stream(plan: HostPlan, command: str) -> None:
-        conn = connect(plan)
+        conn = ssh.connect(plan)
         try:
-            open_checked(conn, plan)
+            ssh.open_checked(conn, plan)
             _, stdout, _ = conn.client.exec_command(command + " 2>&1")
             for line in stdout:
                 with lock:
@@ -408,7 +336,7 @@ def logs(plans: list[HostPlan], lines: int = 50, follow: bool = False, sink=sys.
 def tunnel(plan: HostPlan, svc: ServicePlan, local_port: int):
     """(open connection, context manager forwarding local_port to the endpoint): `ssh -N -L` over the
     inventory's SSH settings; the context yields the bound local port."""
-    conn = connect(plan)
-    open_checked(conn, plan)
+    conn = ssh.connect(plan)
+    ssh.open_checked(conn, plan)
     return conn, forward(conn.transport, svc.bind_address, svc.port, local_port)
 

@@ -34,7 +34,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Callable
 
-from modelfleet import FILES_DIR, fleet, keys
+from modelfleet import FILES_DIR, keys, ssh
 from modelfleet.checkpoint import MANIFEST, ModelSourceError, inside, snapshot
 from modelfleet.errors import ModelfleetError
 from modelfleet.inventory.plan import Resolved
@@ -141,9 +141,9 @@ class HostSource:
             raise MirrorError(f"--from-host {name}: no such host in the inventory")
         self.plan = result.hosts[name]
         self.name = f"host {name}"
-        self.conn = fleet.connect(self.plan)
+        self.conn = ssh.connect(self.plan)
         try:
-            fleet.open_checked(self.conn, self.plan)
+            ssh.open_checked(self.conn, self.plan)
             self.sftp = self.conn.sftp()
         except Exception as error:
             self.conn.close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 import jinja2
 import yaml
@@ -20,10 +19,7 @@ from modelfleet import (
     weight_cache,
 )
 from modelfleet.catalog.routers import pd_role, pd_spec
-from modelfleet.inventory.plan import ServicePlan, _url_host
-
-if TYPE_CHECKING:
-    from modelfleet.fabric import HostFabric
+from modelfleet.inventory.plan import HostFabric, ServicePlan, _url_host
 
 DOCKER = "/usr/bin/docker"
 CONTAINER_MODEL_DIR = "/model"

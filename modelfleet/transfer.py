@@ -23,8 +23,8 @@ from pyinfra.api import FunctionCommand, StringCommand, operation
 
 from modelfleet import runscope
 from modelfleet.grammar import slug
+from modelfleet.host_commands import TOOLS_BIN
 from modelfleet.operations.report import note, refuse
-from modelfleet.stages import TOOLS_BIN
 
 FETCH = f"{TOOLS_BIN}/modelfleet_fetch.py"
 SWARM = f"{TOOLS_BIN}/modelfleet_swarm.py"  # imported by FETCH for a swarm's copy and its server

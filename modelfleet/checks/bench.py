@@ -23,7 +23,7 @@ from pathlib import Path
 
 from openai import APIError, OpenAI
 
-from modelfleet import fleet, masking
+from modelfleet import masking, ssh
 from modelfleet.catalog import EngineMetrics, load_catalog
 from modelfleet.checks import Endpoint
 from modelfleet.checks.probe import client
@@ -205,8 +205,8 @@ def host_gpu_memory(plan):
     if plan.address == "@local":
         return lambda: subprocess.run(gpu_memory_sh(), shell=True, capture_output=True, text=True,
                                       timeout=10).stdout
-    conn = fleet.connect(plan)
-    return lambda: fleet.execute(conn, plan, gpu_memory_sh())[1]
+    conn = ssh.connect(plan)
+    return lambda: ssh.execute(conn, plan, gpu_memory_sh())[1]
 
 
 def run_level(ep: Endpoint, concurrency: int, num_prompts: int, input_len: int, output_len: int,

@@ -19,10 +19,10 @@ from pyinfra import host
 from pyinfra.api import StringCommand, deploy, operation
 
 from modelfleet.context import HostRun
-from modelfleet.fabric import IMEX_CHANNEL, HostFabric
+from modelfleet.fabric import IMEX_CHANNEL
 from modelfleet.fabric_run import pool_fabric
 from modelfleet.host_commands import program
-from modelfleet.inventory.plan import HostPlan
+from modelfleet.inventory.plan import HostFabric, HostPlan
 from modelfleet.operations.files import content_changes, content_file, directory
 from modelfleet.operations.report import fail_host
 from modelfleet.operations.service import unit_running

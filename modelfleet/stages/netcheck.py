@@ -34,10 +34,9 @@ from pyinfra.api import FunctionCommand, StringCommand, deploy, operation
 from modelfleet import FILES_DIR, nccl_log
 from modelfleet.catalog import CATALOG_DIR, read_yaml
 from modelfleet.context import HostRun
-from modelfleet.fabric import HostFabric
 from modelfleet.fabric_run import pool_fabric, refusals
 from modelfleet.host_commands import TOOLS_BIN
-from modelfleet.inventory.plan import HostPlan, ServicePlan
+from modelfleet.inventory.plan import HostFabric, HostPlan, ServicePlan
 from modelfleet.operations.files import content_file, directory
 from modelfleet.operations.report import fail_host, save_report
 from modelfleet.pins import pinned_image

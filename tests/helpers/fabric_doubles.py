@@ -2,7 +2,8 @@
 modelfleet.fabric derives it, and two GB300 trays whose run context gives theirs."""
 
 from modelfleet.context import HostRun
-from modelfleet.fabric import HostFabric, PoolFabric
+from modelfleet.fabric import PoolFabric
+from modelfleet.inventory.plan import HostFabric
 
 HCAS = tuple(f"mlx5_{i}" for i in range(8))
 

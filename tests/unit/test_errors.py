@@ -35,7 +35,7 @@ EXCEPTIONS = _package_exceptions()
 def test_the_package_defines_exceptions():
     assert {"modelfleet.catalog.CatalogError", "modelfleet.inventory.plan.InventoryError",
             "modelfleet.loader.InventoryFileError", "modelfleet.checks.cost.PriceError",
-            "modelfleet.checkpoint.ModelSourceError", "modelfleet.fleet.HostKeyError"} <= set(EXCEPTIONS)
+            "modelfleet.checkpoint.ModelSourceError", "modelfleet.ssh.HostKeyError"} <= set(EXCEPTIONS)
 
 
 @pytest.mark.parametrize("name", sorted(EXCEPTIONS))
@@ -45,7 +45,7 @@ def test_each_derives_from_the_one_base(name):
 
 @pytest.mark.parametrize("name, base", [("modelfleet.checks.cost.PriceError", ValueError),
                                         ("modelfleet.checkpoint.ModelSourceError", RuntimeError),
-                                        ("modelfleet.fleet.HostKeyError", paramiko.SSHException)])
+                                        ("modelfleet.ssh.HostKeyError", paramiko.SSHException)])
 def test_each_is_also_the_exception_of_its_kind(name, base):
     assert issubclass(EXCEPTIONS[name], base)
 

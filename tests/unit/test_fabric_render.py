@@ -5,8 +5,8 @@ a service without a fabric renders exactly as before."""
 from dataclasses import replace
 
 from modelfleet import render
-from modelfleet.fabric import HostFabric
 from modelfleet.inventory import resolve
+from modelfleet.inventory.plan import HostFabric
 
 PIN = "e" * 40
 IMEX_CHANNEL = "/dev/nvidia-caps-imex-channels/channel0"

@@ -7,7 +7,7 @@ import secrets
 
 import pytest
 
-from modelfleet import fleet, masking
+from modelfleet import fleet, masking, ssh
 from modelfleet.masking import MASK
 from tests.helpers.made_keys import made_key
 
@@ -118,8 +118,8 @@ def test_logs_mask_the_key_an_engine_logs(monkeypatch):
 
     lines = ["server_args=ServerArgs(api_key='known-key-1234567', host='0.0.0.0')\n",
              "server_args=ServerArgs(api_key='unknown-key-7654321')\n", "ready\n"]
-    monkeypatch.setattr(fleet, "connect", lambda plan: Conn(lines))
-    monkeypatch.setattr(fleet, "open_checked", lambda conn, plan: None)
+    monkeypatch.setattr(ssh, "connect", lambda plan: Conn(lines))
+    monkeypatch.setattr(ssh, "open_checked", lambda conn, plan: None)
 
     class Plan:
         name = "h1"
