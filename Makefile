@@ -26,9 +26,9 @@ lock: install
 	$(VENV)/bin/uv pip compile -q --python-version 3.11 --extra test -o requirements.lock pyproject.toml
 	cd modelfleet/files && $(abspath $(VENV))/bin/uv pip compile -q --universal --python-version 3.10 --generate-hashes \
 	    --custom-compile-command "make lock" -o hub_client.txt hub_client.in
-	for req in $$($(PYTHON) -c 'from modelfleet.catalog.routers import specs; \
+	for req in $$($(PYTHON) -c 'from modelfleet.plan.catalog.routers import specs; \
 	        print(*sorted({f"{s.package}=={s.version}" for s in specs().values()}))'); do \
-	    out=modelfleet/catalog/router_locks/$$(echo "$$req" | sed 's/==/-/').txt; rm -f "$$out"; \
+	    out=modelfleet/plan/catalog/router_locks/$$(echo "$$req" | sed 's/==/-/').txt; rm -f "$$out"; \
 	    echo "$$req" | $(VENV)/bin/uv pip compile -q --universal --python-version 3.10 --generate-hashes \
 	        --only-binary :all: --no-annotate --custom-compile-command "make lock" -o "$$out" - || exit 1; \
 	done
@@ -94,13 +94,13 @@ lab-down: install
 engine-parsers: install
 	SYSTEM_PYTHON=$(SYSTEM_PYTHON) $(PYTHON) -m lab.engine_parsers build
 
-# The engine double's flag lists (modelfleet/catalog/engine_flags.json): vLLM's and SGLang's from those parsers,
+# The engine double's flag lists (modelfleet/plan/catalog/engine_flags.json): vLLM's and SGLang's from those parsers,
 # llama.cpp's from the lab's real llama-server (`--help`, in its image: needs dockerd).
 engine-flags: engine-parsers lab-setup
-	$$($(PYTHON) -m lab.engine_parsers python) lab/engine_parsers/check.py flags modelfleet/catalog/engine_flags.json
+	$$($(PYTHON) -m lab.engine_parsers python) lab/engine_parsers/check.py flags modelfleet/plan/catalog/engine_flags.json
 	$$($(PYTHON) -m lab.engine_parsers tokenspeed-python) lab/engine_parsers/tokenspeed_check.py flags \
-		modelfleet/catalog/engine_flags.json
-	$(PYTHON) -m lab.engine_parsers llama-flags modelfleet/catalog/engine_flags.json
+		modelfleet/plan/catalog/engine_flags.json
+	$(PYTHON) -m lab.engine_parsers llama-flags modelfleet/plan/catalog/engine_flags.json
 
 # The tests that need no lab, start no other interpreter or program and wait out no timeout (about 75 s on two
 # cores, collecting them about 8 s of it); `make test` runs them all.

@@ -2,6 +2,6 @@
 `pyinfra INVENTORY deploys/gpu_stack.py`. Rebuilds a bare-metal node up to a GPU-visible container runtime;
 serve.py runs the same stages first."""
 
-from modelfleet.deploys import gpu_stack
+from modelfleet.run.deploys import gpu_stack
 
 gpu_stack()

@@ -1,6 +1,6 @@
-"""All stages for every host of the inventory, in modelfleet.pipeline.SERVE's order (the one list):
+"""All stages for every host of the inventory, in modelfleet.run.pipeline.SERVE's order (the one list):
 `pyinfra INVENTORY deploys/serve.py`."""
 
-from modelfleet.deploys import serve
+from modelfleet.run.deploys import serve
 
 serve()

@@ -1,5 +1,5 @@
 """NVMe for model_root alone: `pyinfra INVENTORY deploys/storage.py` (refuses devices that hold data)."""
 
-from modelfleet.deploys import storage
+from modelfleet.run.deploys import storage
 
 storage()

@@ -1,5 +1,5 @@
 """The acceptance gate alone, against what is already serving: `pyinfra INVENTORY deploys/verify.py`."""
 
-from modelfleet.deploys import verify
+from modelfleet.run.deploys import verify
 
 verify()

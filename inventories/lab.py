@@ -73,9 +73,9 @@ def _pool(index: int, spec: dict) -> dict:
 def _for_vendor(settings: dict, hardware: str) -> dict:
     """The settings a host's board can use (an NVIDIA repository on an AMD host is refused; on the router-only
     `cpu` board, nothing of GPUs or checkpoints)."""
-    from modelfleet.catalog import load_catalog
-    from modelfleet.inventory import HostData
-    from modelfleet.inventory.applies import DOOR_SCOPES, host_scopes, scope_of
+    from modelfleet.plan.catalog import load_catalog
+    from modelfleet.plan.inventory import HostData
+    from modelfleet.plan.inventory.applies import DOOR_SCOPES, host_scopes, scope_of
 
     held = host_scopes(load_catalog().hardware[hardware].vendor) | ({"model"} if hardware != "cpu" else set()) | \
         DOOR_SCOPES  # a front door's settings are the host's whatever its board
@@ -157,7 +157,7 @@ lab_hosts = [(name, {**data, "router_worker_firewall": False} if name in _open_d
              for name, data in lab_hosts]
 
 if _scenario.router_only and _scenario.router:  # the router host runs only the front door: no board, no service
-    from modelfleet.inventory.schema import SERVICE_KEYS as _SERVICE_KEYS  # noqa: E402
+    from modelfleet.plan.inventory.schema import SERVICE_KEYS as _SERVICE_KEYS  # noqa: E402
 
     # ...nor any setting that applies only to hosts with GPUs or serving a model (refused there).
     lab_hosts = [(name, {**_for_vendor({k: v for k, v in data.items() if k not in ("hardware", "gpu_count",
@@ -166,6 +166,6 @@ if _scenario.router_only and _scenario.router:  # the router host runs only the 
                  if name == _scenario.router else (name, data) for name, data in lab_hosts]
 
 # Every host, group_data file and recipe is validated here, before pyinfra connects to any host (exit 2).
-from modelfleet.inventory import refuse_invalid as _refuse_invalid  # noqa: E402
+from modelfleet.plan.inventory import refuse_invalid as _refuse_invalid  # noqa: E402
 
 _refuse_invalid(__file__)

@@ -25,6 +25,6 @@ mi355x = [
 ]
 
 # Every host, group_data file and recipe is validated here, before pyinfra connects to any host (exit 2).
-from modelfleet.inventory import refuse_invalid as _refuse_invalid  # noqa: E402
+from modelfleet.plan.inventory import refuse_invalid as _refuse_invalid  # noqa: E402
 
 _refuse_invalid(__file__)

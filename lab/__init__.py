@@ -149,7 +149,7 @@ def ensure_images() -> None:
     context = STATE / "engine-build"
     shutil.rmtree(context, ignore_errors=True)
     shutil.copytree(LAB_DIR / "engine_double", context)
-    shutil.copy(LAB_DIR.parent / "modelfleet" / "catalog" / "engine_flags.json", context / "flags.json")
+    shutil.copy(LAB_DIR.parent / "modelfleet" / "plan" / "catalog" / "engine_flags.json", context / "flags.json")
     shutil.copytree(wheels, context / "wheels", copy_function=os.link)
     sh("docker", "build", "-q", "--build-arg", f"BASE={BASE_IMAGE}", "-t", local, str(context), capture=True)
     sh("docker", "build", "-q", "--build-arg", f"BASE={BASE_IMAGE}", "--label", "modelfleet.lab.version=0.35.0",

@@ -21,7 +21,7 @@ import time
 
 import lab
 from lab import replay
-from modelfleet.commands import run_modelfleet, run_pyinfra
+from modelfleet.base.commands import run_modelfleet, run_pyinfra
 
 STOCK_DEPLOY = "lab/stock_noop_deploy.py"
 SHARDS = 4

@@ -26,8 +26,8 @@ import time
 
 import lab
 from lab import daemons, hub, ssh
-from modelfleet.commands import run_pyinfra
-from modelfleet.host_commands import CURRENT, MANIFEST
+from modelfleet.base.commands import run_pyinfra
+from modelfleet.base.host_commands import CURRENT, MANIFEST
 
 ROOT = "/srv/models-fanout"
 REVISION, SHARDS, SHARD_MIB = "bench-1g", 8, 128

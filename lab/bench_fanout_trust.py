@@ -3,7 +3,7 @@
     python -m lab.bench_fanout_trust [--files 8] [--size-mib 128] [--runs 3] [--baseline-commit 8317439]
 
 lab/fanout_compare.py runs on the lab's first host (systemd as PID 1) with the peer server started as the
-stages start it (systemd-run, DynamicUser and the other properties of modelfleet.transfer.SERVER_PROPERTIES, the
+stages start it (systemd-run, DynamicUser and the other properties of modelfleet.host.transfer.SERVER_PROPERTIES, the
 job with the token on stdin) beside the fetch script of --baseline-commit (its server as root, no token, no
 challenge), each with its own curl, interleaved: receiver ÷ curl now, and then."""
 
@@ -14,7 +14,7 @@ import sys
 
 import lab
 from modelfleet import FILES_DIR, REPO_ROOT
-from modelfleet.transfer import SERVER_PROPERTIES
+from modelfleet.host.transfer import SERVER_PROPERTIES
 
 WORK = "/srv/fanout-trust"  # not under /tmp: the unit's PrivateTmp hides the host's
 

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import lab
 from lab import hub
-from modelfleet.catalog import load_catalog
-from modelfleet.commands import run_pyinfra
+from modelfleet.base.commands import run_pyinfra
+from modelfleet.plan.catalog import load_catalog
 
 # The lab's real servers (the double prints no boot lines): engine -> (its words in the report, the recipe
 # inventories/lab.py gives its hosts, the scenario's fields that put `hosts` (names, the first the pool's) on it).

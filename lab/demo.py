@@ -12,8 +12,8 @@ from openai import OpenAI
 
 import lab
 from lab import scenario
-from modelfleet.commands import run_pyinfra
-from modelfleet.inventory import resolve_inventory
+from modelfleet.base.commands import run_pyinfra
+from modelfleet.plan.inventory import resolve_inventory
 
 
 def served_by(svc, reply) -> str:

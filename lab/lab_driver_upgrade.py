@@ -10,7 +10,7 @@ import sys
 
 import lab
 from lab import REPO_ROOT
-from modelfleet.commands import run_modelfleet, run_pyinfra
+from modelfleet.base.commands import run_modelfleet, run_pyinfra
 
 OLD, NEW = "580.95.05", "580.159.04"
 

@@ -5,7 +5,7 @@ import json
 import sys
 
 import lab
-from modelfleet.commands import run_modelfleet, run_pyinfra
+from modelfleet.base.commands import run_modelfleet, run_pyinfra
 
 
 def main() -> int:

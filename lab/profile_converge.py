@@ -25,7 +25,7 @@ from pathlib import Path
 
 import lab
 from lab.bench_converge import STOCK_DEPLOY, converge
-from modelfleet.commands import pyinfra_argv
+from modelfleet.base.commands import pyinfra_argv
 
 STDLIB = sysconfig.get_paths()["stdlib"]
 # cProfile around pyinfra's own entry point, on the CPU clock; argv: OUT, then pyinfra's arguments.

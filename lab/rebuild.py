@@ -18,8 +18,8 @@ from pathlib import Path
 
 import lab
 from lab import REPO_ROOT
-from modelfleet.commands import run_pyinfra
-from modelfleet.host_commands import amd_gpu_count_sh, driver_version_sh, fabric_manager_version_sh
+from modelfleet.base.commands import run_pyinfra
+from modelfleet.base.host_commands import amd_gpu_count_sh, driver_version_sh, fabric_manager_version_sh
 
 SKEWED_FABRIC_MANAGER = "580.95.05"  # an older release in the lab's CUDA repository than the driver's
 

@@ -155,7 +155,7 @@ def cpu_seconds() -> float:
 def pyinfra(mode: str, recording: Path, inventory: str, deploy: str, env: dict | None = None,
             limit: list[str] = (), extra: list[str] = ()) -> dict:
     """One pyinfra run through RUNNER: wall and CPU seconds (user + sys of the child), exit status, output."""
-    from modelfleet.commands import pyinfra_argv
+    from modelfleet.base.commands import pyinfra_argv
 
     pyinfra_args = pyinfra_argv(inventory, deploy, limit=list(limit), extra=extra)[3:]  # from "-y" on
     cpu, start = cpu_seconds(), time.perf_counter()

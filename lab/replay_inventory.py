@@ -37,6 +37,6 @@ if _lab.get("hub"):
     os.environ.setdefault("MODELFLEET_LAB_HF_TOKEN", open(_lab["hub"]["token_file"]).read().strip())
 
 if not os.environ.get("MODELFLEET_REPLAY_STOCK"):
-    from modelfleet.inventory import refuse_invalid as _refuse_invalid
+    from modelfleet.plan.inventory import refuse_invalid as _refuse_invalid
 
     _refuse_invalid(__file__)

@@ -95,7 +95,7 @@ def no_run_left_current():
 def router_runtime_root_restored():
     """A front door started on this machine (tests/router/front_door.py, also from lab tests) points the router's
     runtime directory into its test's folder; every later test sees /run again."""
-    from modelfleet import router
+    from modelfleet.plan import router
 
     saved = router.RUNTIME_ROOT
     yield

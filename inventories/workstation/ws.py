@@ -17,6 +17,6 @@ hosts = [
     }),
 ]
 
-from modelfleet.inventory import refuse_invalid as _refuse_invalid  # noqa: E402
+from modelfleet.plan.inventory import refuse_invalid as _refuse_invalid  # noqa: E402
 
 _refuse_invalid(__file__)

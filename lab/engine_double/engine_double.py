@@ -12,7 +12,7 @@ The lab's "-broken" image tags have MODELFLEET_DOUBLE_NEVER_READY=1 baked in.
 MODELFLEET_DOUBLE_TOKEN_INTERVAL_S paces streamed tokens (default 0.002 s), so a bench has something to measure.
 MODELFLEET_DOUBLE_VERSION: the image version the replica says it runs, as every chat reply's `system_fingerprint`
 (the field llama-server fills with its build), so a rolling upgrade can tell which replicas run the new one.
-The API key covers what the played engine's key covers (KEY_FREE; modelfleet/catalog/key_coverage.yaml names
+The API key covers what the played engine's key covers (KEY_FREE; modelfleet/plan/catalog/key_coverage.yaml names
 the sources): vLLM's only the /v1, /v2 and /inference routes, so its /invocations runs the model without a key;
 SGLang's every route but /health*, /ready* and /metrics*; llama-server's every route but its public ones. Each
 engine's own non-/v1 inference route is served too (NATIVE_ROUTES).
@@ -37,11 +37,11 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-# The engines' recorded flag lists (modelfleet/catalog/engine_flags.json): copied beside the double in its image,
+# The engines' recorded flag lists (modelfleet/plan/catalog/engine_flags.json): copied beside the double in its image,
 # read from the checkout's catalog otherwise.
 _FLAGS_FILE = Path(__file__).resolve().parent / "flags.json"
 if not _FLAGS_FILE.exists():
-    _FLAGS_FILE = Path(__file__).resolve().parents[2] / "modelfleet" / "catalog" / "engine_flags.json"
+    _FLAGS_FILE = Path(__file__).resolve().parents[2] / "modelfleet" / "plan" / "catalog" / "engine_flags.json"
 FLAGS = json.loads(_FLAGS_FILE.read_text())
 STARTED = time.time()
 LOCK = threading.Lock()

@@ -15,8 +15,9 @@ inside modelfleet's: it imports vllm and sglang, and nothing of modelfleet (the 
         registers (`@router.post("/x")`, `add_api_route`, `Mount("/metrics")`, ...) and the prefixes its --api-key
         guards (GUARDED_PREFIX). Prints {"version": ..., "routes": {path: [file, ...]}, "guarded_prefixes": [...]}.
     python check.py flags FLAGS_JSON
-        rewrites the vllm and sglang sections of the engine double's flag list (modelfleet/catalog/engine_flags.json)
-        from the parsers: every option, whether it takes a value, the short forms, the default port.
+        rewrites the vllm and sglang sections of the engine double's flag list
+        (modelfleet/plan/catalog/engine_flags.json) from the parsers: every option, whether it takes a value, the short
+        forms, the default port.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import json
 import re
 import subprocess
 
-ENTRYPOINT = "/app/llama-server"  # the recipe's entrypoint (modelfleet/catalog/engines.yaml)
+ENTRYPOINT = "/app/llama-server"  # the recipe's entrypoint (modelfleet/plan/catalog/engines.yaml)
 PARSED = "failed to load model"
 
 

@@ -14,7 +14,7 @@ without a GPU) is stood in for, by names that raise when called: a parser that c
     python tokenspeed_check.py argvs < [{"id": ..., "engine": "tokenspeed", "argv": ["serve", ...]}]
         prints {"versions": {...}, "results": [{"id", "engine", "ok", "error"}]}
     python tokenspeed_check.py flags FLAGS_JSON
-        rewrites the tokenspeed section of the engine double's flag list (modelfleet/catalog/engine_flags.json):
+        rewrites the tokenspeed section of the engine double's flag list (modelfleet/plan/catalog/engine_flags.json):
         the orchestrator's, the engine's and the gateway's options together
 """
 

@@ -3,7 +3,7 @@
 1. the preflight probe with its fabric part (HostProbe().command(fabric=True), run by `sh -c` as pyinfra runs it),
    read by HostProbe().process; the fabric part's raw output is kept as fabric-probe.txt;
 2. the host as a one-host pool (`@local`, h200, its fabric_address the address of the interface that carries its
-   default route) and modelfleet.fabric.derive over that pool: interface, host IP variables, HCAs, devices;
+   default route) and modelfleet.host.fabric.derive over that pool: interface, host IP variables, HCAs, devices;
 3. the gate's script (files/nccl_check.py) with the arguments netcheck.check_command renders for the member with
    that fabric (outside docker: the host has none, and nothing can reach a registry to pin the image's
    digest), NCCL's INFO log on as the gate sets it for pools across hosts, and the collectives a pool of
@@ -33,10 +33,10 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
 
 from modelfleet import FILES_DIR  # noqa: E402
-from modelfleet import fabric as fab  # noqa: E402
-from modelfleet.facts.probe import MARK, HostProbe  # noqa: E402
-from modelfleet.inventory import resolve  # noqa: E402
-from modelfleet.stages import netcheck  # noqa: E402
+from modelfleet.host import fabric as fab  # noqa: E402
+from modelfleet.host.facts.probe import MARK, HostProbe  # noqa: E402
+from modelfleet.plan.inventory import resolve  # noqa: E402
+from modelfleet.run.stages import netcheck  # noqa: E402
 
 SCRIPT = FILES_DIR / "nccl_check.py"
 POOL_OPS = "all_reduce,all_gather"  # what check_command gives a pool of several GPUs (no expert parallelism)

@@ -1,5 +1,5 @@
 """llama.cpp on a real GPU host, driven by modelfleet's own code: for each recipe in recipes/ beside this file,
-resolve a one-host inventory (`@local`, h200), render the engine's argument list (modelfleet.render.engine_argv),
+resolve a one-host inventory (`@local`, h200), render the engine's argument list (modelfleet.plan.render.engine_argv),
 start llama-server with exactly that list, then run the verify gate (readiness, smoke, tool-call probe) and the
 bench with the host's GPU memory sampled, and put the planner's prediction for the same recipe beside it.
 
@@ -22,13 +22,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))
 
 from lab import tiny_gguf  # noqa: E402
-from modelfleet import render  # noqa: E402
-from modelfleet.catalog import Model, load_catalog, with_site_recipes  # noqa: E402
-from modelfleet.checks import endpoint  # noqa: E402
-from modelfleet.checks.bench import bench, gpu_memory_sh, parse_gpu_memory  # noqa: E402
-from modelfleet.checks.probe import verify  # noqa: E402
-from modelfleet.inventory import resolve  # noqa: E402
-from modelfleet.planner import plan_capacity, split_lines  # noqa: E402
+from modelfleet.plan import render  # noqa: E402
+from modelfleet.plan.catalog import Model, load_catalog, with_site_recipes  # noqa: E402
+from modelfleet.plan.inventory import resolve  # noqa: E402
+from modelfleet.plan.planner import plan_capacity, split_lines  # noqa: E402
+from modelfleet.run.checks import endpoint  # noqa: E402
+from modelfleet.run.checks.bench import bench, gpu_memory_sh, parse_gpu_memory  # noqa: E402
+from modelfleet.run.checks.probe import verify  # noqa: E402
 
 EXPERTS, EXPERTS_USED, EXPERT_FFN = 64, 2, 16384
 

@@ -8,11 +8,11 @@ import sys
 
 import click
 
-from modelfleet import masking, runscope
-from modelfleet.catalog import CatalogError, load_catalog
-from modelfleet.inventory import open_inventory
-from modelfleet.inventory.door import limit as pick
-from modelfleet.inventory.door import parse_data
+from modelfleet.base import masking, runscope
+from modelfleet.plan.catalog import CatalogError, load_catalog
+from modelfleet.plan.inventory import open_inventory
+from modelfleet.plan.inventory.door import limit as pick
+from modelfleet.plan.inventory.door import parse_data
 
 
 def emit(data, as_json: bool, text: str) -> None:

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import click
 
-from modelfleet import keys, masking
-from modelfleet.checks import Endpoint, inventory_endpoints
-from modelfleet.checks.cost import PriceError, cost_per_task, load_prices
-from modelfleet.checks.tunnel import port_free
+from modelfleet.base import keys, masking
 from modelfleet.cli.common import emit, inventory_options, limit_option, main, resolved_or_exit, selected
+from modelfleet.run.checks import Endpoint, inventory_endpoints
+from modelfleet.run.checks.cost import PriceError, cost_per_task, load_prices
+from modelfleet.run.checks.tunnel import port_free
 
 
 def _inventory_endpoints(inventory: str, hosts: tuple[str, ...], group_data=(), data=()):
@@ -32,7 +32,7 @@ def verify(inventory: str, limit, hosts, ready_timeout: float, group_data, data)
     """Readiness, smoke and tool-call/multi-turn probe of every endpoint (JSON; exit 1 if any fails)."""
     endpoints = _inventory_endpoints(inventory, tuple(limit) + tuple(hosts), group_data, data)
     # the openai SDK (hundreds of modules) loads only when verify runs
-    from modelfleet.checks.probe import verify as verify_endpoint
+    from modelfleet.run.checks.probe import verify as verify_endpoint
 
     reports = [verify_endpoint(ep, ready_timeout) for ep in endpoints]
     click.echo(json.dumps(reports, indent=2))
@@ -77,14 +77,14 @@ def bench(inventory, limit, hosts, base_url, model, api_key_env, concurrency, nu
         readers = {}
     else:
         # the openai SDK (hundreds of modules) loads only when bench runs
-        from modelfleet.checks.bench import host_gpu_memory
+        from modelfleet.run.checks.bench import host_gpu_memory
 
         result = resolved_or_exit(inventory, group_data, data)
         endpoints = inventory_endpoints(result, tuple(selected(result, limit, hosts)))
         plans = {f"{name}/{svc.pool}": plan for name, plan in result.hosts.items() for svc in plan.services}
         readers = {} if no_gpu_memory else {ep.name: host_gpu_memory(plans[ep.name]) for ep in endpoints}
     # the openai SDK (hundreds of modules) loads only when bench runs
-    from modelfleet.checks.bench import bench as run_bench
+    from modelfleet.run.checks.bench import bench as run_bench
 
     try:
         levels = [int(c) if c.strip().isascii() else -1 for c in concurrency.split(",")]  # `١` is no digit here
@@ -144,10 +144,10 @@ def _plans(inventory: str, hosts: tuple[str, ...], group_data=(), data=()):
 def status(inventory: str, limit, hosts, as_json: bool, group_data, data) -> None:
     """Per host: unit state, image, model revision, endpoint health, restarts, GPUs (concurrently, over SSH)."""
     # fleet loads fabric's SSH client: only the commands that reach hosts pay for it
-    from modelfleet import fleet
+    from modelfleet.fleet import status as fleet_status
 
-    rows = fleet.status(_plans(inventory, tuple(limit) + tuple(hosts), group_data, data))
-    emit(rows, as_json, fleet.status_table(rows))
+    rows = fleet_status.status(_plans(inventory, tuple(limit) + tuple(hosts), group_data, data))
+    emit(rows, as_json, fleet_status.status_table(rows))
     sys.exit(0 if all(r["reachable"] for r in rows) else 1)
 
 
@@ -164,10 +164,10 @@ def logs(inventory: str, patterns, limit, lines: int, follow: bool, group_data, 
     """The engine units' journal from the hosts given (names, globs or groups; default: all), each line
     prefixed by its host."""
     # fleet loads fabric's SSH client: only the commands that reach hosts pay for it
-    from modelfleet import fleet
+    from modelfleet.fleet import status as fleet_status
 
     try:
-        fleet.logs(_plans(inventory, tuple(patterns) + tuple(limit), group_data, data), lines, follow)
+        fleet_status.logs(_plans(inventory, tuple(patterns) + tuple(limit), group_data, data), lines, follow)
     except KeyboardInterrupt:
         pass
 
@@ -182,7 +182,7 @@ def logs(inventory: str, patterns, limit, lines: int, follow: bool, group_data, 
 def tunnel(inventory: str, host: str, pool: str | None, local_port: int | None, group_data, data) -> None:
     """Forward a local port to HOST's loopback-bound endpoint (ssh -N -L) and print the base_url to use."""
     # fleet loads fabric's SSH client: only the commands that reach hosts pay for it
-    from modelfleet import fleet
+    from modelfleet.fleet import status as fleet_status
 
     [plan] = _plans(inventory, (host,), group_data, data)
     services = [s for s in plan.services if pool in (None, s.pool)]
@@ -192,7 +192,7 @@ def tunnel(inventory: str, host: str, pool: str | None, local_port: int | None, 
     port = local_port or svc.port
     if not port_free(port):
         raise click.UsageError(f"local port {port} is already in use: choose another with --local-port")
-    conn, forwarding = fleet.tunnel(plan, svc, port)
+    conn, forwarding = fleet_status.tunnel(plan, svc, port)
     with forwarding as bound:
         click.echo(json.dumps({"host": host, "pool": svc.pool, "model": svc.served_name,
                                "base_url": f"http://127.0.0.1:{bound}/v1",

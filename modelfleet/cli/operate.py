@@ -12,13 +12,13 @@ from pathlib import Path
 import click
 import yaml
 
-from modelfleet import shards as sharding
-from modelfleet import targets as targeting
+from modelfleet.base import targets as targeting
+from modelfleet.base.commands import inventory_args, run_pyinfra
 from modelfleet.cli.common import emit, inventory_options, limit_option, main, resolved_or_exit, selected
-from modelfleet.commands import inventory_args, run_pyinfra
-from modelfleet.inventory.door import whole
-from modelfleet.operations.report import report_path
-from modelfleet.prometheus import KEY_DIR, notes, scrape_config
+from modelfleet.fleet import shards as sharding
+from modelfleet.host.operations.report import report_path
+from modelfleet.plan.inventory.door import whole
+from modelfleet.plan.prometheus import KEY_DIR, notes, scrape_config
 
 
 def yes_option(command):
@@ -69,7 +69,7 @@ def upgrade(inventory: str, parallel: int, min_healthy: int | None, allow_outage
             group_data, data) -> None:
     """Rolling upgrade to what INVENTORY now says (image, revision, driver release): batch by batch (JSON)."""
     # rollout loads every stage and fabric's SSH client: only upgrade needs them
-    from modelfleet.rollout import batches, endpoints, outages, rollout
+    from modelfleet.fleet.rollout import batches, endpoints, outages, rollout
 
     # Ctrl-C or `kill -INT` stops the rollout where it is and reports how to finish it, also when a shell
     # started this command in the background (which starts it with SIGINT ignored).
@@ -91,7 +91,7 @@ def upgrade(inventory: str, parallel: int, min_healthy: int | None, allow_outage
                                  param_hint="--parallel" if several else "--allow-outage")
     if dry:
         # upgrade_dry loads every stage and fabric's SSH client: only upgrade --dry needs them
-        from modelfleet.upgrade_dry import preview
+        from modelfleet.fleet.upgrade_dry import preview
 
         emit(preview(result, everything, parallel), True, "")
         return
@@ -108,12 +108,12 @@ def upgrade_plan(everything, planned: list[list[str]], down: list[str]) -> str:
     """What `upgrade` will do, said before it asks: its batches in order, each one's front doors, the outages
     accepted (`upgrade --dry` adds each host's changes, read from the hosts)."""
     # fleet loads fabric's SSH client: only the commands that reach hosts pay for it
-    from modelfleet import fleet
+    from modelfleet.fleet import status as fleet_status
 
     lines = [f"modelfleet upgrade: {len(planned)} batch(es), one after another; each is prefetched while it "
              "serves, switched, verified, and rolled back if its gate fails:"]
     for number, batch in enumerate(planned, 1):
-        doors = sorted({rp.name for rp, _ in fleet.behind_front_doors(everything, batch)})
+        doors = sorted({rp.name for rp, _ in fleet_status.behind_front_doors(everything, batch)})
         lines.append(f"  batch {number}: {', '.join(batch)}" + (f" (out of {', '.join(doors)} while it switches)"
                                                                if doors else ""))
     lines += [f"  outage accepted (--allow-outage): {line}" for line in down]
@@ -154,8 +154,8 @@ def prometheus(inventory: str, dcgm: bool, node_exporter: bool, output: str | No
 def admit(inventory: str, limit, hosts, group_data, data) -> None:
     """GPU admission on every host (pyinfra, nothing changed): each host's checks as JSON; exit 1 if one is
     refused. Reports: reports/admission/<host>.json."""
-    # modelfleet.deploys loads every stage: only the commands that name a deploy pay for it
-    from modelfleet.deploys import deploy
+    # modelfleet.run.deploys loads every stage: only the commands that name a deploy pay for it
+    from modelfleet.run.deploys import deploy
 
     result = resolved_or_exit(inventory, group_data, data)
     chosen = selected(result, limit, hosts)
@@ -186,7 +186,7 @@ def admit(inventory: str, limit, hosts, group_data, data) -> None:
 
 @main.command()
 @click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
-@click.argument("deploy", default="modelfleet.deploys.serve")
+@click.argument("deploy", default="modelfleet.run.deploys.serve")
 @click.option("--shards", type=click.IntRange(min=1, max=256), default=1, show_default=True,
               help="pyinfra processes at once, each converging whole pools and checkpoint groups.")
 @click.option("--shard", "slice_", metavar="K/N",
@@ -256,8 +256,8 @@ def retire_cmd(inventory: str, targets, dry: bool, remove_checkpoints: bool, ssh
     host INVENTORY still serves: a converge retires what its inventory drops. Shows what it will retire and asks
     unless -y. Exit 1 when a host could not be retired (not reached: name not resolving, connection refused)."""
     # retire loads the registry and checkpoint clients (urllib), deploys every stage: only retire needs them
-    from modelfleet import retire
-    from modelfleet.deploys import deploy
+    from modelfleet.run import retire
+    from modelfleet.run.deploys import deploy
 
     result = resolved_or_exit(inventory, group_data, data)
     try:
@@ -308,7 +308,7 @@ def drain_cmd(inventory: str, hosts, allow_outage: bool, as_json: bool, group_da
     and weight caches stopped and disabled. Nothing is removed; `modelfleet undrain` (or a converge) brings them
     back. Exit 1 if a step failed (a front door that refuses stops the drain before any engine stops)."""
     # drain loads every stage and fabric's SSH client: only drain and undrain need them
-    from modelfleet import drain
+    from modelfleet.fleet import drain
 
     result = resolved_or_exit(inventory, group_data, data)
     chosen = drain.with_pools(result, selected(result, hosts))
@@ -330,7 +330,7 @@ def undrain_cmd(inventory: str, hosts, as_json: bool, group_data, data) -> None:
     """Bring drained HOSTs back: their weight caches and engines enabled and started, their replicas back into
     their front doors once they answer /health from the router host. Exit 1 if a step failed."""
     # drain loads every stage and fabric's SSH client: only drain and undrain need them
-    from modelfleet import drain
+    from modelfleet.fleet import drain
 
     result = resolved_or_exit(inventory, group_data, data)
     report = drain.undrain(result, drain.with_pools(result, selected(result, hosts)))
@@ -368,7 +368,7 @@ def mirror(inventory: str, dest: str, limit, from_host: str | None, group_data, 
     the hub (hf_endpoint, the token hf_token_env names), or --from-host. A re-run copies nothing already
     verified. Progress on stderr, a JSON summary on stdout; exit 1 on failure."""
     # mirror loads the checkpoint client (urllib) and fabric's SSH client: only mirror needs them
-    from modelfleet.mirror import MirrorError, build
+    from modelfleet.fleet.mirror import MirrorError, build
 
     result = resolved_or_exit(inventory, group_data, data)
     try:

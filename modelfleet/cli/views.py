@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import click
 
-from modelfleet import engine_flags, image_runtime, masking, render, replica_door, weight_cache
+from modelfleet.base import image_runtime, masking
+from modelfleet.base.errors import ModelfleetError
 from modelfleet.cli.common import (
     emit,
     inventory_options,
@@ -19,12 +20,12 @@ from modelfleet.cli.common import (
     selected,
     shipped_catalog,
 )
-from modelfleet.errors import ModelfleetError
-from modelfleet.inventory import COMMIT_RE, endpoints
-from modelfleet.inventory.schema import HostData
-from modelfleet.planner import layer_lines, plan_capacity, split_lines
-from modelfleet.router import preview as door_preview
-from modelfleet.router import summary as door_summary
+from modelfleet.plan import engine_flags, render, replica_door, weight_cache
+from modelfleet.plan.inventory import COMMIT_RE, endpoints
+from modelfleet.plan.inventory.schema import HostData
+from modelfleet.plan.planner import layer_lines, plan_capacity, split_lines
+from modelfleet.plan.router import preview as door_preview
+from modelfleet.plan.router import summary as door_summary
 
 
 @main.command()
@@ -177,8 +178,8 @@ def render_cmd(inventory: str, host: str, group_data, data, as_json: bool, pin: 
     by tag and the revision as written (the run pins them, and the engine cache directory is named after the
     pins); with --pin, as pinned."""
     # units and pins load the registry and checkpoint clients (urllib): only render needs them
-    from modelfleet import units
-    from modelfleet.pins import pinned_service
+    from modelfleet.host import units
+    from modelfleet.plan.pins import pinned_service
 
     result = resolved_or_exit(inventory, group_data, data)
     if host not in result.hosts:
@@ -205,7 +206,7 @@ def render_cmd(inventory: str, host: str, group_data, data, as_json: bool, pin: 
                    "without its key" if svc.router else f"{svc.engine_name} holds no key")
             notes.append(f"pool {svc.pool}: {why}: it listens on 127.0.0.1:{svc.port}, a keyed proxy "
                          f"({replica_door.unit_name(svc)}) on {replica_door.listen(svc)}")
-    for rp in plan.routers:  # the front doors this host runs (modelfleet.router)
+    for rp in plan.routers:  # the front doors this host runs (modelfleet.plan.router)
         door_files, door_notes = door_preview(rp)
         files, notes = files + door_files, notes + door_notes
     files, notes = masking.masked(files), masking.masked(notes)
@@ -263,7 +264,7 @@ def _with_expected_fabric(result, svc, notes: list[str]):
     if svc.nnodes == 1:
         return svc
     # the fabric's derivation (the facts' parsers, about 10 ms to import) is needed for a pool across hosts only
-    from modelfleet import fabric
+    from modelfleet.host import fabric
 
     expected = getattr(fabric, "expected", None)
     if expected is None:
@@ -350,7 +351,7 @@ def urls(inventory: str, limit, hosts, only_os, arches, as_json: bool, group_dat
     repositories, packages and keys, the images' registries, the hub or the checkpoint mirror, pip's index;
     and the origins (scheme://host:port) a firewall must let through."""
     # urls asks the stages themselves (50 more modules, urllib.request among them): only this command needs them
-    from modelfleet.urls import known_systems, origins, outside_urls
+    from modelfleet.fleet.urls import known_systems, origins, outside_urls
 
     unknown = [name for name in only_os if name not in known_systems()]
     if unknown:

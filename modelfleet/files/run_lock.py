@@ -1,4 +1,4 @@
-"""One modelfleet run per host: the lock's holder on the host (modelfleet.runlock sends it as `python3 -c`).
+"""One modelfleet run per host: the lock's holder on the host (modelfleet.run.runlock sends it as `python3 -c`).
 
     run_lock.py DIR RECORD [STALE]
 

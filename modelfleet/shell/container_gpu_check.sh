@@ -1,5 +1,5 @@
 #!/bin/sh
-# The GPUs a container sees must be the host's (modelfleet.stages.container_runtime): host_gpus lists the
+# The GPUs a container sees must be the host's (modelfleet.run.stages.container_runtime): host_gpus lists the
 # host's GPUs, container_gpus lists them from a container handed the GPUs as the engines get theirs.
 h=$(host_gpus) && c=$(container_gpus) || exit 1
 if [ "$h" != "$c" ]; then

@@ -1,5 +1,5 @@
 #!/bin/sh
-# What a stage has already put on a host, for modelfleet.facts.state.DeployedState. Arguments are KIND=VALUE
+# What a stage has already put on a host, for modelfleet.host.facts.state.DeployedState. Arguments are KIND=VALUE
 # (path, unit, image, tree, package, text, owned, user, reboot); each answer starts with a "$MARK KIND VALUE" line.
 # Set by the caller: MARK, MANIFEST, FETCH_LOCK, PARTIAL, CURRENT, OWNED_MARK, unit_show (systemctl show for unit
 # "$1"), package_state (the OS family's installed version of package "$1"), and reboot_needed where the family

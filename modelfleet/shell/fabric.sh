@@ -1,6 +1,6 @@
 #!/bin/sh
-# The host's network and RDMA view in "$MARK <section>" sections, read by modelfleet.facts.fabric.parse_fabric
-# (modelfleet.host_commands.fabric_command says what each holds). Set by the caller: MARK, MODULES (the RDMA
+# The host's network and RDMA view in "$MARK <section>" sections, read by modelfleet.host.facts.fabric.parse_fabric
+# (modelfleet.base.host_commands.fabric_command says what each holds). Set by the caller: MARK, MODULES (the RDMA
 # and NVIDIA modules to list, as an extended regular expression's alternatives), ZERO_GID (a GID slot not in use).
 if ip -j addr >/dev/null 2>&1; then
   echo "$MARK ip-addr"; ip -j addr

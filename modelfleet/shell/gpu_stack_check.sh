@@ -1,8 +1,8 @@
 #!/bin/sh
-# After the driver work (modelfleet.stages.gpu_driver): the GPUs answer at the wanted driver, and Fabric Manager
+# After the driver work (modelfleet.run.stages.gpu_driver): the GPUs answer at the wanted driver, and Fabric Manager
 # matches the driver. Arguments: COUNT (the inventory's GPUs), WANTED (a driver version or a branch pattern,
 # 580.*), FABRIC (non-empty: Fabric Manager must match). gpu_count, driver_version and fabric_manager_version
-# come from modelfleet.host_commands.
+# come from modelfleet.base.host_commands.
 count=$1 wanted=$2 fabric=$3
 n=$(gpu_count) || { nvidia-smi; exit 1; }
 [ "$n" -eq "$count" ] || { echo "nvidia-smi lists $n GPUs, inventory says $count"; exit 1; }

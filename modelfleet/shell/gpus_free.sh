@@ -2,7 +2,7 @@
 # Before an engine unit (re)starts: its old engine stopped, the GPUs it holds must be free (an engine that died
 # can leave a process holding GPU memory: vLLM #57650). Stops UNIT when STOP is 1, then asks the driver which
 # processes hold memory on the unit's GPUs (nvidia-smi's per-process query) for up to WAIT seconds; any still
-# there is named in one line and nothing starts (modelfleet.host_commands.gpus_free_script).
+# there is named in one line and nothing starts (modelfleet.base.host_commands.gpus_free_script).
 # Arguments: UNIT STOP WAIT, then the GPU indices.
 unit=$1 stop=$2 wait=$3
 shift 3

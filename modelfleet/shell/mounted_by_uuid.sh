@@ -1,8 +1,8 @@
 #!/bin/sh
 # The filesystem on DEVICE mounted at MOUNT by its UUID through fstab, noatime and nosuid,nodev (engine containers
-# write below it: modelfleet.stages.storage); a line already in fstab for that UUID is kept, with nosuid and nodev
+# write below it: modelfleet.run.stages.storage); a line already in fstab for that UUID is kept, with nosuid and nodev
 # added where it lacks them, and a mount already there is remounted so. Arguments: DEVICE MOUNT FILESYSTEM.
-# FLAGS (nosuid,nodev) comes from modelfleet.operations.mounts.
+# FLAGS (nosuid,nodev) comes from modelfleet.host.operations.mounts.
 device=$1 mount=$2 filesystem=$3
 uuid=$(blkid -s UUID -o value "$device") && [ -n "$uuid" ] && mkdir -p "$mount" &&
   { grep -q "^UUID=$uuid " /etc/fstab || echo "UUID=$uuid $mount $filesystem noatime,$FLAGS,nofail 0 2" >> /etc/fstab; } &&

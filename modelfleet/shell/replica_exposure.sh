@@ -1,5 +1,5 @@
 #!/bin/sh
-# The verify gate's key-less probe of a front door's replicas, from the router host (modelfleet.router): every
+# The verify gate's key-less probe of a front door's replicas, from the router host (modelfleet.plan.router): every
 # URL given (a replica's address and a route that runs the model) is asked without the key, with BODY, and must
 # answer 401 or 403; anything else (an answer, or none) is printed naming the replica's host and the route.
 # Arguments: NAME (the front door) BODY, then HOST URL pairs.

@@ -1,7 +1,7 @@
 #!/bin/sh
 # The front door is ready only when every replica it routes to is (a router answers /health before its workers:
 # SGLang #33740): from the router host, each URL given (a replica's health path, as the router reaches it) must
-# answer 200 within TIMEOUT seconds in all; those that do not are named in one line (modelfleet.router).
+# answer 200 within TIMEOUT seconds in all; those that do not are named in one line (modelfleet.plan.router).
 # Arguments: NAME (the front door) TIMEOUT, then HOST URL pairs.
 set -f  # the pairs are split on spaces below, never globbed
 name=$1 timeout=$2

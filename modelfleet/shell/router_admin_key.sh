@@ -1,5 +1,5 @@
 #!/bin/sh
-# The worker API's key of a front door (modelfleet.router): made once on the router host, never sent anywhere.
+# The worker API's key of a front door (modelfleet.plan.router): made once on the router host, never sent anywhere.
 # Arguments: KEY_FILE (the key, for the launcher) HEADER_FILE (the header curl sends to the worker API).
 # Both are 0600 from creation (umask) and renamed into place; an existing pair is kept (the router runs with it).
 key_file=$1 header_file=$2

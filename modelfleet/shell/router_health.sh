@@ -1,5 +1,5 @@
 #!/bin/sh
-# The front door NAME answers URL (its /health on the router host) within TIMEOUT seconds (modelfleet.router).
+# The front door NAME answers URL (its /health on the router host) within TIMEOUT seconds (modelfleet.plan.router).
 # Arguments: NAME URL TIMEOUT.
 name=$1 url=$2 timeout=$3
 for _ in $(seq "$timeout"); do

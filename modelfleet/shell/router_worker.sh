@@ -1,5 +1,5 @@
 #!/bin/sh
-# A replica put into or taken out of a front door through the router's worker API (modelfleet.router).
+# A replica put into or taken out of a front door through the router's worker API (modelfleet.plan.router).
 # Arguments: ACTION (add or remove) NAME (the front door) URL (the replica) WAIT (seconds). worker_call makes the
 # call, list_workers prints the router's list.
 action=$1 name=$2 url=$3 wait=$4

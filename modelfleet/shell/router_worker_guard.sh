@@ -1,5 +1,5 @@
 #!/bin/sh
-# The verify gate's look at a front door's router port (modelfleet.router.worker_guard_script), on the router
+# The verify gate's look at a front door's router port (modelfleet.plan.router.worker_guard_script), on the router
 # host: the router's own user gets the worker list; a process of user nobody must get its connection refused.
 # Arguments: NAME (the front door) URL (the router's worker list on loopback) ROUTER_USER UNIT (the router's).
 name=$1 url=$2 router_user=$3 unit=$4

@@ -1,5 +1,5 @@
 #!/bin/sh
-# An engine is ready when /health answers and /v1/models lists its served name (modelfleet.operations.service);
+# An engine is ready when /health answers and /v1/models lists its served name (modelfleet.host.operations.service);
 # a failed unit or the deadline stop the wait with the unit's journal on stderr. Arguments: UNIT BASE_URL
 # SERVED_NAME TIMEOUT (seconds). health and models ask the endpoint, journal prints the unit's last lines.
 unit=$1 base_url=$2 served_name=$3 timeout=$4

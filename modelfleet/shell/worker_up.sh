@@ -1,6 +1,6 @@
 #!/bin/sh
 # A headless pool worker has no endpoint: its unit must come up and stay up for SETTLE seconds
-# (modelfleet.operations.service). Arguments: UNIT SETTLE. journal prints the unit's last lines.
+# (modelfleet.host.operations.service). Arguments: UNIT SETTLE. journal prints the unit's last lines.
 unit=$1 settle=$2
 for _ in $(seq "$settle"); do
   if systemctl is-failed --quiet "$unit"; then

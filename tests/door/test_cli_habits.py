@@ -52,7 +52,7 @@ def test_dash_h_is_help():
 
 
 def test_limit_takes_groups_globs_and_names():
-    from modelfleet.inventory.door import limit, open_inventory
+    from modelfleet.plan.inventory.door import limit, open_inventory
 
     result = open_inventory(INVENTORY)
     assert limit(result, ["gb300_kimi"]) == ["gb300-tray-a", "gb300-tray-b"]  # a group
@@ -64,9 +64,9 @@ def test_limit_takes_groups_globs_and_names():
 
 
 def test_upgrade_dry_takes_whole_pools(monkeypatch):
-    from modelfleet import fleet
+    from modelfleet.fleet import status as fleet_status
 
-    monkeypatch.setattr(fleet, "status", lambda plans: [])  # what the hosts run now is not the point here
+    monkeypatch.setattr(fleet_status, "status", lambda plans: [])  # what the hosts run now is not the point here
     out = CliRunner().invoke(main, ["upgrade", "--dry", INVENTORY, "--limit", "gb300-tray-b"])
     assert out.exit_code == 0, out.output
     assert [(b["batch"], b["hosts"]) for b in json.loads(out.output)["batches"]] == \
@@ -106,9 +106,9 @@ def test_plan_of_an_inventory_host_uses_its_recipe_and_refuses_what_validate_ref
 def test_upgrade_limit_takes_the_host_not_its_checkpoint_peers(tmp_path, monkeypatch):
     """Replicas that share a checkpoint group are separate pools: upgrading one leaves the others alone (their
     copy of the revision comes from the prefetch of their own batch)."""
-    from modelfleet import fleet
+    from modelfleet.fleet import status as fleet_status
 
-    monkeypatch.setattr(fleet, "status", lambda plans: [])
+    monkeypatch.setattr(fleet_status, "status", lambda plans: [])
     inv = b300_replicas(tmp_path, ["r1", "r2", "r3"], checkpoint_group="kimi")
     out = CliRunner().invoke(main, ["upgrade", "--dry", str(inv), "--limit", "r2"])
     assert out.exit_code == 0, out.output
@@ -142,14 +142,14 @@ def test_render_says_a_gguf_model_file_pattern_is_resolved_by_the_run(tmp_path):
 
 def test_limit_with_a_group_picks_its_hosts_on_every_command_that_acts_on_hosts(monkeypatch):
     """status, logs, verify, bench (through the hosts they reach) and upgrade take pyinfra's --limit GROUP."""
-    from modelfleet import fleet
-    from modelfleet.checks import bench, probe
+    from modelfleet.fleet import status as fleet_status
+    from modelfleet.run.checks import bench, probe
 
     group = ["gb300-tray-a", "gb300-tray-b"]
     seen = {}
-    monkeypatch.setattr(fleet, "status", lambda plans: seen.setdefault("status", [p.name for p in plans]) and [])
-    monkeypatch.setattr(fleet, "status_table", lambda rows: "")
-    monkeypatch.setattr(fleet, "logs", lambda plans, *a, **k: seen.setdefault("logs", [p.name for p in plans]))
+    monkeypatch.setattr(fleet_status, "status", lambda plans: seen.setdefault("status", [p.name for p in plans]) and [])
+    monkeypatch.setattr(fleet_status, "status_table", lambda rows: "")
+    monkeypatch.setattr(fleet_status, "logs", lambda plans, *a, **k: seen.setdefault("logs", [p.name for p in plans]))
     monkeypatch.setattr(probe, "verify", lambda ep, timeout: seen.setdefault("verify", []).append(ep.name) or
                         {"ok": True})
     monkeypatch.setattr(bench, "bench", lambda ep, *a, **k: seen.setdefault("bench", []).append(ep.name) or

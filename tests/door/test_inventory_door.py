@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from modelfleet.base.loader import read_inventory
 from modelfleet.cli import main
-from modelfleet.inventory.door import open_inventory, parse_value
-from modelfleet.loader import read_inventory
+from modelfleet.plan.inventory.door import open_inventory, parse_value
 
 HOST = {"hardware": "h200", "model": "qwen3-8b", "engine": "vllm", "gpu_stack": False}
 
@@ -130,7 +130,8 @@ def test_warnings_and_strict(tmp_path, monkeypatch):
 
 
 def test_site_recipe_whose_args_contradict_its_layout_is_refused(tmp_path, monkeypatch):
-    shipped = (Path(__file__).resolve().parents[2] / "modelfleet/catalog/recipes/qwen3-8b-vllm-1gpu.yaml").read_text()
+    recipes = Path(__file__).resolve().parents[2] / "modelfleet/plan/catalog/recipes"
+    shipped = (recipes / "qwen3-8b-vllm-1gpu.yaml").read_text()
     inv = tmp_path / "inv.py"
     inv.write_text(f"gpus = [('g1', {{**{HOST!r}, 'recipe': 'site-qwen-dp8', 'gpus': 8}})]\n")
     (tmp_path / "recipes").mkdir()

@@ -127,7 +127,7 @@ def test_pyinfra_debug_log_is_masked_and_private(tmp_path):
     (tmp_path / "inv.py").write_text(
         "hosts = [('@fake/h1', {'hardware': 'lab-cpu', 'model': 'tiny-lab', 'engine': 'vllm', "
         "'recipe': 'tiny-lab-vllm', 'api_key_env': 'MF_TEST_API_KEY', 'fake_delay': 0, 'fake_delay_jitter': 0})]\n"
-        "from modelfleet.inventory import refuse_invalid; refuse_invalid(__file__)\n")
+        "from modelfleet.plan.inventory import refuse_invalid; refuse_invalid(__file__)\n")
     (tmp_path / "boom.py").write_text(
         "import os\nfrom pyinfra.operations import server\n\n\ndef boom():\n"
         "    raise RuntimeError('the key is ' + os.environ['MF_TEST_API_KEY'])\n\n\n"

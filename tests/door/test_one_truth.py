@@ -26,7 +26,7 @@ PROBE_PARTS = {
     "ports": [], "fabric_manager": ["nvswitches=0", "Fabric Manager version is : 580.95.05"]}
 GROUP = {"hardware": "b300", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": PIN, "pool": "k31",
          "image": IMAGE, "gpu_stack": False}
-SITE_RECIPE = (ROOT / "modelfleet/catalog/recipes/kimi-k3.1-pro-vllm-b300.yaml").read_text()
+SITE_RECIPE = (ROOT / "modelfleet/plan/catalog/recipes/kimi-k3.1-pro-vllm-b300.yaml").read_text()
 
 
 def py(data: dict) -> str:

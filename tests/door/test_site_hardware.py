@@ -10,9 +10,9 @@ import shutil
 import yaml
 from click.testing import CliRunner
 
-from modelfleet.catalog import CATALOG_DIR
 from modelfleet.cli import main
-from modelfleet.inventory.door import open_inventory
+from modelfleet.plan.catalog import CATALOG_DIR
+from modelfleet.plan.inventory.door import open_inventory
 from tests.conftest import ROOT
 
 WORKSTATION = ROOT / "inventories" / "workstation" / "ws.py"

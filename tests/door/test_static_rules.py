@@ -15,8 +15,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from modelfleet.catalog import CATALOG_DIR
 from modelfleet.cli import main
+from modelfleet.plan.catalog import CATALOG_DIR
 from tests.helpers.listener import CountingListener
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,9 +29,9 @@ RECIPE = yaml.safe_load((CATALOG_DIR / "recipes" / "qwen3-8b-vllm-1gpu.yaml").re
 
 @pytest.fixture(autouse=True)
 def no_host_is_reached(monkeypatch):
-    from modelfleet import fleet
+    from modelfleet.fleet import status as fleet_status
 
-    monkeypatch.setattr(fleet, "status", lambda plans: [])
+    monkeypatch.setattr(fleet_status, "status", lambda plans: [])
 
 
 def site(tmp_path: Path, data: dict, files: dict[str, str] | None = None) -> Path:

@@ -31,7 +31,7 @@ def run(tmp_path: Path, password: str, **env) -> tuple[str, str]:
     (tmp_path / "inv.py").write_text(
         f"hosts = [('@local', {{'hardware': 'lab-cpu', 'model': 'tiny-lab', 'engine': 'vllm', "
         f"'recipe': 'tiny-lab-vllm', '_sudo': True, '_sudo_password': {password!r}}})]\n"
-        "from modelfleet.inventory import refuse_invalid; refuse_invalid(__file__)\n")
+        "from modelfleet.plan.inventory import refuse_invalid; refuse_invalid(__file__)\n")
     (tmp_path / "deploy.py").write_text(
         "from pyinfra.operations import server\n\n"
         f"server.shell(name='own stdin', commands=['cat > {tmp_path}/stdin'], _stdin='own input')\n")

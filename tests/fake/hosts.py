@@ -4,10 +4,10 @@ what a converged host replies."""
 
 import hashlib
 
-from modelfleet import render
-from modelfleet.facts.probe import HostProbe
-from modelfleet.pipeline import run_stages
-from modelfleet.stages import images, preflight, service
+from modelfleet.host.facts.probe import HostProbe
+from modelfleet.plan import render
+from modelfleet.run.pipeline import run_stages
+from modelfleet.run.stages import images, preflight, service
 
 PIN = "e" * 40
 

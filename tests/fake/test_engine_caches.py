@@ -4,8 +4,8 @@ nothing when converged, and old keys pruned beyond model_keep_revisions (through
 
 import pytest
 
-from modelfleet import render  # noqa: E402
-from modelfleet.inventory import resolve  # noqa: E402
+from modelfleet.plan import render  # noqa: E402
+from modelfleet.plan.inventory import resolve  # noqa: E402
 from tests.fake.hosts import b300_host, changed_ops, converged_replies, serve  # noqa: E402
 
 

@@ -1,9 +1,9 @@
 """Fabric doubles for the tests of the stages that use a pool's fabric (netcheck, imex): a member's fabric as
-modelfleet.fabric derives it, and two GB300 trays whose run context gives theirs."""
+modelfleet.host.fabric derives it, and two GB300 trays whose run context gives theirs."""
 
-from modelfleet.context import HostRun
-from modelfleet.fabric import PoolFabric
-from modelfleet.inventory.plan import HostFabric
+from modelfleet.host.fabric import PoolFabric
+from modelfleet.plan.inventory.plan import HostFabric
+from modelfleet.run.context import HostRun
 
 HCAS = tuple(f"mlx5_{i}" for i in range(8))
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from modelfleet.facts.gpu import NvidiaTopology
+from modelfleet.host.facts.gpu import NvidiaTopology
 
 
 def parse_ibstat(lines: Iterable[str]) -> dict[str, dict]:

@@ -38,7 +38,7 @@ def recorded_lines(path: Path) -> list[str]:
 def main() -> None:
     for fact_path, cases in CASES.items():
         module, cls_name = fact_path.rsplit(".", 1)
-        cls = getattr(importlib.import_module(f"modelfleet.facts.{module}"), cls_name)
+        cls = getattr(importlib.import_module(f"modelfleet.host.facts.{module}"), cls_name)
         folder = ROOT / "tests" / "facts" / fact_path
         folder.mkdir(parents=True, exist_ok=True)
         for case, source in cases.items():

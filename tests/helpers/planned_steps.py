@@ -22,7 +22,7 @@ NOT_THE_FAMILYS = ("A container sees", "GPUs answer", "Reboot for", "GPU stack r
 def _command(command) -> object:
     """A command as the host gets it: FunctionCommands by name and arguments, uploads with their content; the
     key check's program (modelfleet/files, not the family's) by name."""
-    from modelfleet import trust
+    from modelfleet.plan import trust
 
     function = getattr(command, "function", None)
     if function:

@@ -3,9 +3,9 @@ render recipes (tests/unit/test_recipes.py, tests/unit/test_engine_parsers.py)."
 
 from __future__ import annotations
 
-from modelfleet import router
-from modelfleet.catalog import load_catalog
-from modelfleet.inventory import resolve
+from modelfleet.plan import router
+from modelfleet.plan.catalog import load_catalog
+from modelfleet.plan.inventory import resolve
 
 CATALOG = load_catalog()
 PIN = "c" * 40

@@ -10,9 +10,10 @@ import pytest
 
 from lab import NET, ssh
 from lab import scenario as lab_scenario
-from modelfleet import REPO_ROOT, router
-from modelfleet.commands import run_modelfleet
-from modelfleet.inventory import open_inventory
+from modelfleet import REPO_ROOT
+from modelfleet.base.commands import run_modelfleet
+from modelfleet.plan import router
+from modelfleet.plan.inventory import open_inventory
 from tests.lab.test_front_door_lab_e2e import KEY, _curl, converge
 
 pytestmark = pytest.mark.lab

@@ -11,7 +11,7 @@ import pytest
 
 from lab import scenario, ssh
 from modelfleet import REPO_ROOT
-from modelfleet.commands import run_pyinfra
+from modelfleet.base.commands import run_pyinfra
 
 pytestmark = pytest.mark.lab
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import lab
-from modelfleet.commands import run_pyinfra
-from modelfleet.facts.fabric import parse_fabric
-from modelfleet.host_commands import fabric_command
+from modelfleet.base.commands import run_pyinfra
+from modelfleet.base.host_commands import fabric_command
+from modelfleet.host.facts.fabric import parse_fabric
 
 pytestmark = pytest.mark.lab
 

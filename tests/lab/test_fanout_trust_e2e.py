@@ -13,8 +13,8 @@ import pytest
 
 from lab import scenario, ssh
 from modelfleet import REPO_ROOT
-from modelfleet.commands import run_pyinfra
-from modelfleet.transfer import FANOUT_PORT
+from modelfleet.base.commands import run_pyinfra
+from modelfleet.host.transfer import FANOUT_PORT
 
 pytestmark = pytest.mark.lab
 ROOT = "/srv/models-trust"

@@ -9,7 +9,7 @@ import pytest
 
 import lab
 from lab import REPO_ROOT
-from modelfleet.commands import run_pyinfra
+from modelfleet.base.commands import run_pyinfra
 
 pytestmark = pytest.mark.lab
 DRIVER = "nvidia-driver-580-open"

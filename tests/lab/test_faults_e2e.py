@@ -13,7 +13,7 @@ import pytest
 
 import lab
 from lab import STATE, ssh
-from modelfleet.commands import modelfleet_argv, pyinfra_argv, run_pyinfra
+from modelfleet.base.commands import modelfleet_argv, pyinfra_argv, run_pyinfra
 
 pytestmark = pytest.mark.lab
 ROOT = "/srv/models-faults"

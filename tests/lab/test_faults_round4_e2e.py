@@ -12,7 +12,7 @@ import time
 import pytest
 
 from lab import hub, scenario, ssh
-from modelfleet.commands import pyinfra_argv, run_pyinfra
+from modelfleet.base.commands import pyinfra_argv, run_pyinfra
 from tests.lab.test_faults_e2e import changed
 from tests.lab.test_faults_e2e import output as text
 

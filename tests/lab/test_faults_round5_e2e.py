@@ -11,7 +11,7 @@ import pytest
 
 import lab
 from lab import hub, scenario, ssh
-from modelfleet.commands import pyinfra_argv
+from modelfleet.base.commands import pyinfra_argv
 from tests.lab.test_faults_e2e import output as text
 from tests.lab.test_faults_round4_e2e import fetches_left, model_run, timed_lines
 

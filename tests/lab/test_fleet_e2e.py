@@ -11,7 +11,7 @@ import yaml
 from openai import OpenAI
 
 from lab import ssh
-from modelfleet.commands import modelfleet_argv, run_pyinfra
+from modelfleet.base.commands import modelfleet_argv, run_pyinfra
 
 pytestmark = pytest.mark.lab
 

@@ -12,10 +12,10 @@ import pytest
 from click.testing import CliRunner
 
 from lab import NET, ssh
-from modelfleet import router
+from modelfleet.base.commands import run_pyinfra
 from modelfleet.cli import main
-from modelfleet.commands import run_pyinfra
-from modelfleet.inventory import open_inventory
+from modelfleet.plan import router
+from modelfleet.plan.inventory import open_inventory
 
 pytestmark = pytest.mark.lab
 

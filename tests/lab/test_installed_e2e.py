@@ -12,7 +12,7 @@ def test_the_wheel_dry_runs_serve_against_lab_hosts(installed, lab_hosts):
     bin_dir, work = installed
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     run = subprocess.run([str(bin_dir / "python"), "-m", "pyinfra", "--dry", "inventories/lab.py",
-                          "modelfleet.deploys.serve"], cwd=work, env=env, capture_output=True, text=True,
+                          "modelfleet.run.deploys.serve"], cwd=work, env=env, capture_output=True, text=True,
                          timeout=600)
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-4000:]

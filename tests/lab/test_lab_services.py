@@ -14,7 +14,7 @@ from huggingface_hub.errors import GatedRepoError
 
 import lab
 from lab import STATE, daemons, hub, ssh
-from modelfleet.commands import modelfleet_argv, run_pyinfra
+from modelfleet.base.commands import modelfleet_argv, run_pyinfra
 
 pytestmark = pytest.mark.lab
 REPO = "modelfleet/tiny-lab"

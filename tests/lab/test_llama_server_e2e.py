@@ -14,9 +14,9 @@ import pytest
 
 import lab
 from modelfleet import REPO_ROOT
-from modelfleet.checks import Endpoint
-from modelfleet.checks.probe import WEATHER_TOOL, verify
-from modelfleet.commands import modelfleet_argv, run_pyinfra
+from modelfleet.base.commands import modelfleet_argv, run_pyinfra
+from modelfleet.run.checks import Endpoint
+from modelfleet.run.checks.probe import WEATHER_TOOL, verify
 
 pytestmark = pytest.mark.lab
 
@@ -76,7 +76,7 @@ def test_the_whole_gate_passes_against_it_with_the_tool_call_made_by_its_grammar
 def test_asked_as_a_user_would_the_random_model_is_told_apart_from_a_broken_server(real):
     """tool_choice auto: a random model rarely calls; the probe says so instead of blaming the parser."""
     _, base = real
-    from modelfleet.checks.probe import tool_probe
+    from modelfleet.run.checks.probe import tool_probe
 
     results = [tool_probe(Endpoint(name="real-llama", base_url=base, model="tiny-lab", engine="llama.cpp"))
                for _ in range(3)]

@@ -13,7 +13,8 @@ import pytest
 
 import lab
 from lab.engine_parsers import llama_server
-from modelfleet import REPO_ROOT, render
+from modelfleet import REPO_ROOT
+from modelfleet.plan import render
 from tests.helpers.recipe_pools import CATALOG, RECIPE_BOARDS, pool
 
 pytestmark = pytest.mark.lab
@@ -41,9 +42,9 @@ def test_an_unknown_flag_is_refused_by_the_real_llama_server(image):
 
 
 def test_the_doubles_llamacpp_flags_are_the_real_servers(image, tmp_path):
-    flags = REPO_ROOT / "modelfleet" / "catalog" / "engine_flags.json"
+    flags = REPO_ROOT / "modelfleet" / "plan" / "catalog" / "engine_flags.json"
     regenerated = tmp_path / "flags.json"
     shutil.copy(flags, regenerated)
     llama_server.write_flags(image, str(regenerated))
     assert json.loads(regenerated.read_text()) == json.loads(flags.read_text()), \
-        "modelfleet/catalog/engine_flags.json is stale: make engine-flags"
+        "modelfleet/plan/catalog/engine_flags.json is stale: make engine-flags"

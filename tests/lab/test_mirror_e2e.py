@@ -15,7 +15,7 @@ import pytest
 
 import lab
 from lab import STATE, daemons, hub, ssh
-from modelfleet.commands import run_modelfleet, run_pyinfra
+from modelfleet.base.commands import run_modelfleet, run_pyinfra
 
 pytestmark = pytest.mark.lab
 ROOT = "/srv/models-mirror-e2e"

@@ -10,8 +10,8 @@ import pytest
 
 import lab
 from lab import STATE, hub, ssh
-from modelfleet.commands import run_pyinfra
-from modelfleet.stages import model as model_stage
+from modelfleet.base.commands import run_pyinfra
+from modelfleet.run.stages import model as model_stage
 
 pytestmark = pytest.mark.lab
 ROOT = "/srv/models-e2e"

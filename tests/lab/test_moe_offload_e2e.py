@@ -22,7 +22,7 @@ from lab import scenario, ssh
 from lab.hub import MOE_EXPERTS, MOE_FILE
 from lab.tiny_gguf import LAYERS
 from modelfleet import REPO_ROOT
-from modelfleet.commands import run_pyinfra
+from modelfleet.base.commands import run_pyinfra
 
 pytestmark = pytest.mark.lab
 

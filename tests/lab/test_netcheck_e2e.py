@@ -8,7 +8,7 @@ import time
 import pytest
 
 from lab import scenario, ssh
-from modelfleet.commands import run_pyinfra
+from modelfleet.base.commands import run_pyinfra
 
 pytestmark = pytest.mark.lab
 
@@ -36,7 +36,7 @@ def test_two_host_pool_passes_with_busbw_per_size_per_host(lab_hosts, tmp_path):
 
 
 def test_members_reach_the_head_over_their_interface_in_seconds_before_the_collectives(lab_hosts, tmp_path):
-    from modelfleet.stages.netcheck import REACH_TIMEOUT_S
+    from modelfleet.run.stages.netcheck import REACH_TIMEOUT_S
 
     run, report = gate(tmp_path)
     assert run.returncode == 0, run.stdout[-3000:]

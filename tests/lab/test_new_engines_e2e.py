@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 import lab
-from modelfleet import render, units
-from modelfleet.checks import endpoint
-from modelfleet.checks.ready import readiness
-from modelfleet.inventory import resolve
+from modelfleet.host import units
+from modelfleet.plan import render
+from modelfleet.plan.inventory import resolve
+from modelfleet.run.checks import endpoint
+from modelfleet.run.checks.ready import readiness
 from tests.helpers.recipe_pools import PIN
 from tests.lab.conftest import dockerd_answers
 
@@ -36,7 +37,7 @@ def image(tmp_path_factory):
     root = Path(__file__).resolve().parents[2]
     context = tmp_path_factory.mktemp("double")
     (context / "engine_double.py").write_text((root / "lab" / "engine_double" / "engine_double.py").read_text())
-    (context / "flags.json").write_text((root / "modelfleet" / "catalog" / "engine_flags.json").read_text())
+    (context / "flags.json").write_text((root / "modelfleet" / "plan" / "catalog" / "engine_flags.json").read_text())
     (context / "Dockerfile").write_text(
         f"FROM {lab.DOUBLE_IMAGE}\nCOPY engine_double.py flags.json /opt/engine-double/\n"
         "RUN chmod 755 /opt/engine-double/engine_double.py"

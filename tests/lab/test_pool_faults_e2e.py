@@ -9,7 +9,7 @@ import time
 import pytest
 
 import lab
-from modelfleet import host_commands
+from modelfleet.base import host_commands
 
 pytestmark = pytest.mark.lab
 

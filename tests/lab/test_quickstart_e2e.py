@@ -12,8 +12,8 @@ from openai import OpenAI
 
 import lab
 from modelfleet import REPO_ROOT
-from modelfleet.checkpoint import snapshot
-from modelfleet.commands import run_modelfleet, run_pyinfra
+from modelfleet.base.commands import run_modelfleet, run_pyinfra
+from modelfleet.plan.checkpoint import snapshot
 
 pytestmark = pytest.mark.lab
 

@@ -20,10 +20,10 @@ from openai import AuthenticationError, OpenAI
 import lab
 from lab import hub, scenario, ssh
 from modelfleet import REPO_ROOT
-from modelfleet.catalog import load_catalog
-from modelfleet.checks import Endpoint
-from modelfleet.checks.probe import verify
-from modelfleet.commands import modelfleet_argv, run_pyinfra
+from modelfleet.base.commands import modelfleet_argv, run_pyinfra
+from modelfleet.plan.catalog import load_catalog
+from modelfleet.run.checks import Endpoint
+from modelfleet.run.checks.probe import verify
 
 pytestmark = pytest.mark.lab
 

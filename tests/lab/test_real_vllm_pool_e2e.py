@@ -19,7 +19,7 @@ import pytest
 
 from lab import scenario, ssh
 from modelfleet import REPO_ROOT
-from modelfleet.commands import modelfleet_argv, run_pyinfra
+from modelfleet.base.commands import modelfleet_argv, run_pyinfra
 
 pytestmark = pytest.mark.lab
 

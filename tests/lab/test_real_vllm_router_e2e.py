@@ -11,9 +11,10 @@ import urllib.request
 import pytest
 
 from lab import scenario
-from modelfleet import REPO_ROOT, router
-from modelfleet.commands import run_pyinfra
-from modelfleet.inventory.plan import RouterPlan, Worker
+from modelfleet import REPO_ROOT
+from modelfleet.base.commands import run_pyinfra
+from modelfleet.plan import router
+from modelfleet.plan.inventory.plan import RouterPlan, Worker
 from tests.router import front_door as door
 
 pytestmark = pytest.mark.lab

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from lab import replay
-from modelfleet.commands import run_pyinfra
+from modelfleet.base.commands import run_pyinfra
 
 pytestmark = pytest.mark.lab
 

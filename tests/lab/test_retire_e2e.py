@@ -17,7 +17,7 @@ import pytest
 
 import lab
 from modelfleet import REPO_ROOT
-from modelfleet.commands import run_modelfleet, run_pyinfra
+from modelfleet.base.commands import run_modelfleet, run_pyinfra
 
 pytestmark = pytest.mark.lab
 

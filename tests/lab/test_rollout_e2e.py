@@ -8,7 +8,7 @@ import pytest
 
 import lab
 from lab import ssh
-from modelfleet.commands import run_modelfleet, run_pyinfra
+from modelfleet.base.commands import run_modelfleet, run_pyinfra
 
 pytestmark = pytest.mark.lab
 def run(*argv, **fields):

@@ -15,9 +15,9 @@ import pytest
 
 import lab
 from lab import apt as lab_apt
-from modelfleet.commands import run_pyinfra
-from modelfleet.operations.mounts import FLAGS, MOUNTINFO, mount_options, private_bind
-from modelfleet.os.debian import repo_package
+from modelfleet.base.commands import run_pyinfra
+from modelfleet.host.operations.mounts import FLAGS, MOUNTINFO, mount_options, private_bind
+from modelfleet.host.os.debian import repo_package
 
 pytestmark = pytest.mark.lab
 AS_NOBODY = "setpriv --reuid=65534 --regid=65534 --clear-groups"

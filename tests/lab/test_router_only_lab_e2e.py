@@ -11,9 +11,9 @@ from click.testing import CliRunner
 
 from lab import NET, ssh
 from lab import scenario as lab_scenario
-from modelfleet import router
 from modelfleet.cli import main
-from modelfleet.inventory import open_inventory
+from modelfleet.plan import router
+from modelfleet.plan.inventory import open_inventory
 from tests.lab.test_front_door_lab_e2e import KEY, _curl, converge
 
 pytestmark = pytest.mark.lab

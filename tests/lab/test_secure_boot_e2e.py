@@ -11,7 +11,7 @@ import pytest
 import lab
 from lab import secure_boot
 from lab.rebuild import pyinfra, rehearse
-from modelfleet.commands import modelfleet_argv
+from modelfleet.base.commands import modelfleet_argv
 
 pytestmark = pytest.mark.lab
 SIGNED = ["linux-modules-nvidia-580-server-open-6.8.0-87-generic", "linux-modules-nvidia-580-server-open-generic",

@@ -8,7 +8,7 @@ import pytest
 from openai import AuthenticationError, OpenAI
 
 from lab import scenario, ssh
-from modelfleet.commands import run_pyinfra
+from modelfleet.base.commands import run_pyinfra
 
 pytestmark = pytest.mark.lab
 

@@ -11,9 +11,9 @@ import pytest
 
 from lab import NET, ssh
 from lab import scenario as lab_scenario
-from modelfleet import router
-from modelfleet.commands import run_pyinfra
-from modelfleet.inventory import open_inventory
+from modelfleet.base.commands import run_pyinfra
+from modelfleet.plan import router
+from modelfleet.plan.inventory import open_inventory
 
 pytestmark = pytest.mark.lab
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lab import scenario, ssh
-from modelfleet.commands import run_pyinfra
+from modelfleet.base.commands import run_pyinfra
 
 pytestmark = pytest.mark.lab
 ROOT = "/srv/models-nvme"

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 import lab
-from modelfleet.commands import run_pyinfra
+from modelfleet.base.commands import run_pyinfra
 
 pytestmark = pytest.mark.lab
 USER = "mfsudo"

@@ -11,7 +11,7 @@ import pytest
 
 import lab
 from lab import hub, scenario, ssh
-from modelfleet.commands import run_pyinfra
+from modelfleet.base.commands import run_pyinfra
 
 pytestmark = pytest.mark.lab
 ROOT = "/srv/models-swarm"

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from modelfleet import REPO_ROOT
-from modelfleet.commands import run_modelfleet, run_pyinfra
+from modelfleet.base.commands import run_modelfleet, run_pyinfra
 
 pytestmark = pytest.mark.lab
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 import lab
-from modelfleet.commands import modelfleet_argv, run_modelfleet, run_pyinfra
+from modelfleet.base.commands import modelfleet_argv, run_modelfleet, run_pyinfra
 
 pytestmark = pytest.mark.lab
 BASE = {"engine": "vllm"}  # the scenario: vLLM on every host

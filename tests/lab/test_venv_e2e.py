@@ -18,9 +18,10 @@ import pytest
 
 import lab
 from lab import scenario, vllm_venv
-from modelfleet import REPO_ROOT, venvs
-from modelfleet.commands import run_modelfleet, run_pyinfra
-from modelfleet.inventory.plan import RouterPlan, Worker
+from modelfleet import REPO_ROOT
+from modelfleet.base.commands import run_modelfleet, run_pyinfra
+from modelfleet.plan import venvs
+from modelfleet.plan.inventory.plan import RouterPlan, Worker
 from tests.lab.test_retire_e2e import derived, no_changes, unit_state
 from tests.router import front_door as door
 

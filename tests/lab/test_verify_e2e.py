@@ -8,9 +8,9 @@ import time
 import pytest
 
 import lab
-from modelfleet.checks import Endpoint
-from modelfleet.checks.probe import verify
-from modelfleet.commands import modelfleet_argv, run_pyinfra
+from modelfleet.base.commands import modelfleet_argv, run_pyinfra
+from modelfleet.run.checks import Endpoint
+from modelfleet.run.checks.probe import verify
 
 pytestmark = pytest.mark.lab
 
@@ -68,7 +68,7 @@ def test_never_ready_engine_fails_verify_within_its_timeout(lab_hosts):
 
 
 def test_reasoning_budget_is_reported_as_budget_not_failure(lab_hosts):
-    from modelfleet.checks.probe import smoke
+    from modelfleet.run.checks.probe import smoke
 
     spec = lab_hosts[0]
     ports = {"vllm": 8000, "sglang": 30000, "llama.cpp": 8080}

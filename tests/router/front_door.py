@@ -1,6 +1,6 @@
 """What the router e2e tests share: the real router binary (its PyPI wheel, in a venv built once in the cache
 outside the checkout) and Debian's nginx started from the product's own launcher, launcher config, key files and
-proxy config (modelfleet.router), engine doubles as plain processes on loopback, and client threads that count
+proxy config (modelfleet.plan.router), engine doubles as plain processes on loopback, and client threads that count
 every failed chat request sent through the front door."""
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from lab.engine_parsers import cache_root
-from modelfleet import router
-from modelfleet.inventory.plan import RouterPlan
-from modelfleet.stages.router import PROXY_PACKAGE
+from modelfleet.plan import router
+from modelfleet.plan.inventory.plan import RouterPlan
+from modelfleet.run.stages.router import PROXY_PACKAGE
 
 ROOT = Path(__file__).resolve().parents[2]
 DOUBLE = ROOT / "lab" / "engine_double" / "engine_double.py"

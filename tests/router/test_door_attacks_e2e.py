@@ -1,5 +1,5 @@
 """The front door as an attacker meets it: Debian's nginx started from the product's own config and key file
-(modelfleet.router) in front of a vLLM engine double (which, like vLLM, runs /invocations without its key).
+(modelfleet.plan.router) in front of a vLLM engine double (which, like vLLM, runs /invocations without its key).
 Each test asserts on what the attacker got back."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet import router
-from modelfleet.inventory.plan import RouterPlan, Worker
+from modelfleet.plan import router
+from modelfleet.plan.inventory.plan import RouterPlan, Worker
 from tests.router.front_door import Replica, free_base_port, http, nginx_binary, sh, stop_all, wait_for
 
 pytestmark = pytest.mark.slow
@@ -183,7 +183,7 @@ def test_the_gate_asks_each_replica_from_the_router_host_and_fails_on_an_open_mo
     """What the router stage runs on the router host (router.replica_exposure_script), against real doubles:
     vLLM's /invocations answers without the key (the attack succeeds: the gate fails naming host and route);
     SGLang's replica refuses every route (the gate passes)."""
-    from modelfleet.host_commands import program
+    from modelfleet.base.host_commands import program
 
     vllm, sglang = Replica("vllm", tmp_path, 0), Replica("sglang", tmp_path, 1)
     try:
@@ -253,9 +253,9 @@ def test_a_tls_front_door_serves_only_https_with_the_sites_certificate(tmp_path)
     the verify gate (pinned to the certificate) passes through it."""
     import ssl
 
-    from modelfleet.checks import exposure
-    from modelfleet.checks.gate import run_gate
-    from modelfleet.stages.router import front_door_endpoint
+    from modelfleet.run.checks import exposure
+    from modelfleet.run.checks.gate import run_gate
+    from modelfleet.run.stages.router import front_door_endpoint
 
     cert, key = tmp_path / "site.crt", tmp_path / "site.key"
     sh(f"openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=door.lab -addext "
@@ -316,14 +316,14 @@ def _https(url: str, context, body: dict | None = None, key: str | None = None) 
 
 def test_a_vllm_replica_on_another_host_is_reached_only_through_its_keyed_proxy(tmp_path):
     """The real vllm-router behind its front door, its replica (a vLLM double, /invocations open without the key)
-    on "another host": the engine on loopback and the replica's keyed proxy (nginx, modelfleet.replica_door) on
+    on "another host": the engine on loopback and the replica's keyed proxy (nginx, modelfleet.plan.replica_door) on
     that host's fabric address (127.0.0.2 here). An attacker on the fabric asks the replica's model routes without
     the key, or with a near one: refused; a client through the front door gets the model."""
     from dataclasses import replace as with_
 
-    from modelfleet import replica_door
-    from modelfleet.host_commands import program
-    from modelfleet.inventory import resolve
+    from modelfleet.base.host_commands import program
+    from modelfleet.plan import replica_door
+    from modelfleet.plan.inventory import resolve
     from tests.router.front_door import KEY as MODEL_KEY
     from tests.router.front_door import SERVED, listed, start_front_door
 
@@ -377,13 +377,13 @@ def test_a_vllm_replica_on_another_host_is_reached_only_through_its_keyed_proxy(
 
 
 def test_a_replicas_keyed_proxy_opens_only_the_exact_health_path(tmp_path):
-    """The keyed proxy before a replica (modelfleet.replica_door), in front of a backend that, as vLLM's metrics
+    """The keyed proxy before a replica (modelfleet.plan.replica_door), in front of a backend that, as vLLM's metrics
     app does, answers every path under /metrics: what nginx normalises to the health path gets 401 without the
     key, never the metrics; the health path itself stays open, and the key opens the rest."""
     from dataclasses import replace as with_
 
-    from modelfleet import replica_door
-    from modelfleet.inventory import resolve
+    from modelfleet.plan import replica_door
+    from modelfleet.plan.inventory import resolve
 
     port = free_base_port(1)
     engine = _MountedMetrics(port)

@@ -6,7 +6,7 @@ inference route of the front door must be refused. vLLM's router sits behind ngi
 unpacked into the cache), as the stage runs it; SGLang's checks the key itself.
 
 Started with the product's own launcher, launcher config, worker-API scripts and nginx config
-(modelfleet.router); only the paths are this test's.
+(modelfleet.plan.router); only the paths are this test's.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet import router
-from modelfleet.checks import exposure
-from modelfleet.checks.gate import run_gate
-from modelfleet.inventory.plan import RouterPlan, Worker
-from modelfleet.stages.router import front_door_endpoint
+from modelfleet.plan import router
+from modelfleet.plan.inventory.plan import RouterPlan, Worker
+from modelfleet.run.checks import exposure
+from modelfleet.run.checks.gate import run_gate
+from modelfleet.run.stages.router import front_door_endpoint
 from tests.router.front_door import (
     KEY,
     SERVED,

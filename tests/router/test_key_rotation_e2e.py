@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet import router
-from modelfleet.inventory import resolve
-from modelfleet.inventory.plan import RouterPlan, Worker
+from modelfleet.plan import router
+from modelfleet.plan.inventory import resolve
+from modelfleet.plan.inventory.plan import RouterPlan, Worker
 from tests.helpers.front_doors import fleet
 from tests.router import front_door as door
 from tests.router.front_door import KEY, SERVED, http

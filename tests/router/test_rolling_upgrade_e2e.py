@@ -1,12 +1,12 @@
 """A rolling image upgrade through the front door, one replica at a time, with the product's own batch steps
-(modelfleet.rollout.switch_batch): the replica taken out of the router through the worker-API commands the router
-stage runs (fleet.front_doors, run on the router host: `@local` here), its switch (stopped, started on the new
+(modelfleet.fleet.rollout.switch_batch): the replica taken out of the router through the worker-API commands the router
+stage runs (fleet_status.front_doors, run on the router host: `@local` here), its switch (stopped, started on the new
 version, ready, and the verify gate as the serve stage runs it), then put back into the router. Client threads
 keep sending chat requests through the front door meanwhile; every failed one is counted (the goal: none), and
 afterwards every replica answers with the new version. Then one replica dies: the router's health check takes it
 out, and `modelfleet status` says so.
 
-The replicas are the inventory's (modelfleet.inventory.resolve): one on the router host itself (loopback), two on
+The replicas are the inventory's (modelfleet.plan.inventory.resolve): one on the router host itself (loopback), two on
 hosts b and c at their fabric addresses (127.0.0.2 and 127.0.0.3, loopback too on Linux). Where the lab's real
 llama-server image is in the machine's dockerd (lab.LLAMA_SERVER_IMAGE), it serves c's URL: the router sees a URL
 that answers /health and the OpenAI routes; its new version is a new model revision (another GGUF, which its
@@ -27,11 +27,12 @@ import pytest
 
 import lab
 from lab.tiny_gguf import write as write_gguf
-from modelfleet import fleet, router
-from modelfleet.checks import endpoint
-from modelfleet.checks.gate import run_gate
-from modelfleet.inventory import resolve
-from modelfleet.rollout import batches, switch_batch
+from modelfleet.fleet import status as fleet_status
+from modelfleet.fleet.rollout import batches, switch_batch
+from modelfleet.plan import router
+from modelfleet.plan.inventory import resolve
+from modelfleet.run.checks import endpoint
+from modelfleet.run.checks.gate import run_gate
 from tests.router.front_door import (
     KEY,
     SERVED,
@@ -199,9 +200,9 @@ def test_a_rolling_upgrade_behind_the_front_door_fails_no_client_request(engine,
         replicas["@local"].stop()
         wait_for(lambda: listed(rp)[dead]["healthy"] is False, 3 * router.HEALTH_INTERVAL_S * 2 + 10,
                  "the router's health check marks the dead replica unhealthy")
-        row = fleet.status([here])[0]
+        row = fleet_status.status([here])[0]
         assert row["reachable"] and [s["router"] for s in row["services"]] == ["unhealthy"], row
-        table = fleet.status_table([row])
+        table = fleet_status.status_table([row])
         assert "unhealthy" in table and "(plain HTTP; 2/3 replicas healthy)" in table, table
     finally:
         stop_all(procs)

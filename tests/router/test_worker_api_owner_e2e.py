@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet import render, router
-from modelfleet.inventory.plan import RouterPlan, Worker
+from modelfleet.plan import render, router
+from modelfleet.plan.inventory.plan import RouterPlan, Worker
 from tests.router.front_door import (
     KEY,
     SERVED,

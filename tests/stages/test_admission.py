@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import PyinfraError
 
-from modelfleet.health import parse_smi_xml
-from modelfleet.inventory import resolve
-from modelfleet.pipeline import run_stages
-from modelfleet.stages import admission, preflight
-from modelfleet.stages.admission import judge
+from modelfleet.host.health import parse_smi_xml
+from modelfleet.plan.inventory import resolve
+from modelfleet.run.pipeline import run_stages
+from modelfleet.run.stages import admission, preflight
+from modelfleet.run.stages.admission import judge
 from tests.fake.hosts import admission_host
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

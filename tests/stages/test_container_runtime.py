@@ -2,8 +2,8 @@
 their GPUs as CDI devices), the CDI spec follows the driver, and Docker restarts only when it runs and its
 configuration changed."""
 
-from modelfleet.inventory import resolve
-from modelfleet.stages.container_runtime import CDI_SPEC, DAEMON_JSON, decide, nvidia_runtime_configured
+from modelfleet.plan.inventory import resolve
+from modelfleet.run.stages.container_runtime import CDI_SPEC, DAEMON_JSON, decide, nvidia_runtime_configured
 
 CONFIGURED = '{"runtimes": {"nvidia": {"path": "nvidia-container-runtime", "args": []}}, "features": {"cdi": true}}'
 UBUNTU = {"os": {"id": "ubuntu", "codename": "noble", "arch": "x86_64"}}

@@ -1,8 +1,8 @@
 """The engine_cache stage's decisions: which hosts hold a warm cache, whether a holder's index still lists its
 files as they are, and which directories a host's services share (the whole copy: tests/lab)."""
 
-from modelfleet.inventory import resolve
-from modelfleet.stages import engine_cache
+from modelfleet.plan.inventory import resolve
+from modelfleet.run.stages import engine_cache
 
 PIN = "b" * 40
 
@@ -54,7 +54,7 @@ def test_ranks_of_a_pool_get_every_cache_or_none_and_the_line_says_which():
 def test_a_warm_rank_is_set_aside_whole_its_key_file_kept_and_links_moved_not_followed(tmp_path):
     import subprocess
 
-    from modelfleet.caches import KEY_FILE
+    from modelfleet.plan.caches import KEY_FILE
 
     key = tmp_path / "root" / "abc123"
     (key / "flashinfer").mkdir(parents=True)
@@ -80,7 +80,7 @@ def test_a_warm_rank_is_set_aside_whole_its_key_file_kept_and_links_moved_not_fo
 
 
 def test_a_pool_whose_ranks_disagree_sets_the_warm_rank_aside_before_it_starts(fake, caplog, tmp_path, monkeypatch):
-    from modelfleet.pipeline import run_stages
+    from modelfleet.run.pipeline import run_stages
     from tests.stages.test_service import _pool_hosts
 
     monkeypatch.setenv("MODELFLEET_REPORTS", str(tmp_path))

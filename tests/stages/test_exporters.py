@@ -6,9 +6,9 @@ import hashlib
 import pytest
 from pyinfra.api.exceptions import PyinfraError
 
-from modelfleet.inventory import resolve
-from modelfleet.pipeline import run_stages
-from modelfleet.stages import exporters, preflight
+from modelfleet.plan.inventory import resolve
+from modelfleet.run.pipeline import run_stages
+from modelfleet.run.stages import exporters, preflight
 from tests.fake.hosts import b300_host, b300_probe
 
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from modelfleet.os import debian  # noqa: E402
-from modelfleet.pipeline import run_stages  # noqa: E402
-from modelfleet.stages import gpu_driver, gpu_stack, preflight  # noqa: E402
+from modelfleet.host.os import debian  # noqa: E402
+from modelfleet.run.pipeline import run_stages  # noqa: E402
+from modelfleet.run.stages import gpu_driver, gpu_stack, preflight  # noqa: E402
 
 
 def stack_only():
@@ -194,8 +194,8 @@ def test_newer_loaded_driver_is_refused_unless_downgrade_is_allowed(fake, report
 
 
 def test_preflight_alone_refuses_fabric_manager_skew_that_the_stack_would_fix(fake, reports):
-    from modelfleet.facts.probe import HostProbe
-    from modelfleet.inventory import resolve
+    from modelfleet.host.facts.probe import HostProbe
+    from modelfleet.plan.inventory import resolve
     plan = resolve([("n1", {**HOSTS["nvidia"], "pool": "p", "revision": "e" * 40})]).hosts["n1"]
     probe = HostProbe().process(loaded_probe(fake, "580.95.05"))
     alone = preflight.evaluate(plan, probe)
@@ -232,7 +232,7 @@ def test_a_new_driver_version_installs_that_release_with_fabric_manager_and_rebo
         "'nvidia-driver-580-open=580.95.05-*'" in steps
     assert "--allow-downgrades --allow-change-held-packages 'nvidia-fabricmanager-580=580.95.05-*'" in steps
     assert steps.count("systemctl reboot") == 1
-    from modelfleet.inventory import resolve
+    from modelfleet.plan.inventory import resolve
     plan = resolve([("n1", {k: v for k, v in host.items() if k != "fake_responses"})]).hosts["n1"]
     assert "gpu_stack_check 8 580.95.05 fabric" in gpu_driver.stack_check_script(plan, fabric=True)  # after the reboot
     host["driver_version"] = "580.159.04"  # the loaded release: nothing to do
@@ -242,7 +242,7 @@ def test_a_new_driver_version_installs_that_release_with_fabric_manager_and_rebo
 
 def test_admission_after_a_driver_change_reads_the_gpus_after_the_stack_not_before(fake):
     """A bare host: preflight's read saw no driver, so admission judges at execution, after the reboot."""
-    from modelfleet.stages import admission
+    from modelfleet.run.stages import admission
 
     host = bare(fake, "nvidia", "ubuntu2404")
     state = fake.run_fake([("n1", host)], lambda: run_stages(preflight, gpu_stack,

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from modelfleet.inventory import resolve
-from modelfleet.pipeline import run_stages
-from modelfleet.stages import gpu_stack, images, preflight
+from modelfleet.plan.inventory import resolve
+from modelfleet.run.pipeline import run_stages
+from modelfleet.run.stages import gpu_stack, images, preflight
 from tests.fake.hosts import DF
 
 HOST = {"hardware": "h200", "gpu_count": 8, "model": "kimi-k2-thinking", "engine": "vllm", "pool": "p",

@@ -3,9 +3,9 @@ it, nothing when an image of that digest is there, and the image read is what th
 
 import pytest
 
-from modelfleet.inventory import resolve
-from modelfleet.pipeline import run_stages
-from modelfleet.stages import images
+from modelfleet.plan.inventory import resolve
+from modelfleet.run.pipeline import run_stages
+from modelfleet.run.stages import images
 from tests.fake.hosts import IMAGE, b300_host
 
 

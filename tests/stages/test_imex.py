@@ -3,8 +3,8 @@ would derive: fresh trays get the node list, the channel and the service; conver
 
 import hashlib
 
-from modelfleet.pipeline import run_stages
-from modelfleet.stages import imex
+from modelfleet.run.pipeline import run_stages
+from modelfleet.run.stages import imex
 from tests.helpers.fabric_doubles import trays
 
 

@@ -1,8 +1,8 @@
 """The model stage's pure decisions: what a host's copy lacks (checkpoint.missing_files, read from the
 manifest a full check wrote) and which old revisions are pruned (who copies from whom: tests/unit/test_transfer.py)."""
 
-from modelfleet.checkpoint import Snapshot, missing_files
-from modelfleet.stages.model import _to_prune
+from modelfleet.plan.checkpoint import Snapshot, missing_files
+from modelfleet.run.stages.model import _to_prune
 
 C, OLD, OLDER = "c" * 40, "d" * 40, "e" * 40
 

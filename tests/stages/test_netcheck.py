@@ -1,6 +1,6 @@
 """The pool gate's verdict (netcheck.judge): every member must report, pass, and clear the threshold."""
 
-from modelfleet.stages.netcheck import judge
+from modelfleet.run.stages.netcheck import judge
 
 
 def report(busbw: float, ok: bool = True) -> dict:
@@ -50,8 +50,8 @@ def test_a_one_gpu_pool_is_judged_on_its_copies_alone_and_missing_figures_fail_i
 
 
 def test_the_check_command_asks_for_copies_and_skips_collectives_on_one_gpu():
-    from modelfleet.inventory import resolve
-    from modelfleet.stages.netcheck import check_command
+    from modelfleet.plan.inventory import resolve
+    from modelfleet.run.stages.netcheck import check_command
 
     one = {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm", "pool": "p"}
     svc = resolve([("a", one)]).hosts["a"].services[0]
@@ -63,8 +63,8 @@ def test_the_check_command_asks_for_copies_and_skips_collectives_on_one_gpu():
 def test_the_check_container_on_the_hosts_network_cannot_change_its_uid():
     """Beside a front door whose worker-API rule knows users by uid, the gate's container (host network, the
     serving image) runs as the engine's does: no CAP_SETUID/CAP_SETGID, no new privileges."""
-    from modelfleet.inventory import resolve
-    from modelfleet.stages.netcheck import check_command
+    from modelfleet.plan.inventory import resolve
+    from modelfleet.run.stages.netcheck import check_command
 
     one = {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm", "pool": "p"}
     command = check_command(resolve([("a", one)]).hosts["a"].services[0], "img@sha256:" + "0" * 64)

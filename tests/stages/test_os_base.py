@@ -1,9 +1,9 @@
 """os_base, the first part of the gpu_stack stage: the tools the repository steps use, and the running kernel's
 headers only when gpu_driver is about to build a kernel module; nothing where the stack is not ours."""
 
-from modelfleet.inventory import resolve
-from modelfleet.pipeline import run_stages
-from modelfleet.stages import gpu_stack, os_base, preflight
+from modelfleet.plan.inventory import resolve
+from modelfleet.run.pipeline import run_stages
+from modelfleet.run.stages import gpu_stack, os_base, preflight
 from tests.fake.hosts import DF
 
 HOST = {"hardware": "h200", "gpu_count": 1, "model": "qwen3-8b", "engine": "vllm"}

@@ -24,8 +24,8 @@ STATE_MARK = "@@modelfleet-state"
 
 
 def _urls(host: dict, system: str, arch: str) -> list:
-    from modelfleet.inventory import resolve
-    from modelfleet.urls import outside_urls
+    from modelfleet.fleet.urls import outside_urls
+    from modelfleet.plan.inventory import resolve
 
     data = {k: v for k, v in host.items() if k != "fake_responses"}
     result = resolve([("n1", data)])
@@ -33,12 +33,12 @@ def _urls(host: dict, system: str, arch: str) -> list:
 
 
 def render() -> dict:
-    from modelfleet import host_record
+    from modelfleet.host import host_record
     from tests.stages.test_gpu_driver import bare, converged_state, loaded_probe, os_lines
     from tests.stages.test_secure_boot_stack import secure_host
 
     fake = harness()
-    from modelfleet.os import debian
+    from modelfleet.host.os import debian
 
     # What a package operation runs when dpkg was interrupted (its FunctionCommand's second command).
     out: dict = {"host_record": host_record.script(), "dpkg repair": debian.DPKG_REPAIR_SH}

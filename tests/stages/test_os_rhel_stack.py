@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from modelfleet.os import rhel
+from modelfleet.host.os import rhel
 from tests.helpers.planned_steps import run
 from tests.stages.test_gpu_driver import DF, H200_8, VERSIONS, bare
 

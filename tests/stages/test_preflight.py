@@ -6,9 +6,9 @@ import json
 import pytest
 from pyinfra.api.exceptions import PyinfraError
 
-from modelfleet.facts.probe import HostProbe
-from modelfleet.inventory import resolve
-from modelfleet.stages import preflight
+from modelfleet.host.facts.probe import HostProbe
+from modelfleet.plan.inventory import resolve
+from modelfleet.run.stages import preflight
 from tests.fake.hosts import B300_GPUS, B300_VERSIONS, FM, b300_host, b300_probe, h200_probe, serve
 
 

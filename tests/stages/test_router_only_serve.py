@@ -5,9 +5,10 @@ the GPU stack, no admission, no checkpoint, no engine image, no engine unit."""
 import pytest
 from pyinfra import host
 
-from modelfleet import pipeline, router
-from modelfleet.inventory import resolve
-from modelfleet.stages import router as router_stage
+from modelfleet.plan import router
+from modelfleet.plan.inventory import resolve
+from modelfleet.run import pipeline
+from modelfleet.run.stages import router as router_stage
 
 KEY = "router-only-serve-key-01"
 

@@ -5,9 +5,9 @@ naming the MOK step; an enrolled key, or Secure Boot off, keeps the CUDA reposit
 
 import pytest
 
-from modelfleet.facts.probe import HostProbe
-from modelfleet.inventory import resolve
-from modelfleet.stages import gpu_driver
+from modelfleet.host.facts.probe import HostProbe
+from modelfleet.plan.inventory import resolve
+from modelfleet.run.stages import gpu_driver
 from tests.stages.test_gpu_driver import (
     DF,
     H200_8,

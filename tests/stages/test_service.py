@@ -6,7 +6,7 @@ import hashlib  # noqa: F401
 import pytest
 from pyinfra.api.exceptions import PyinfraError
 
-from modelfleet.inventory import resolve
+from modelfleet.plan.inventory import resolve
 from tests.fake.hosts import IMAGE, b300_host, b300_probe, changed_ops, converged_replies, serve
 
 
@@ -73,7 +73,7 @@ def _cache_host(image=IMAGE):
 
 def _converged_with_cache(fake, svc):
     """What a host whose engine and cache units run as `svc` renders them reports."""
-    from modelfleet import render, weight_cache
+    from modelfleet.plan import render, weight_cache
 
     replies = converged_replies(fake, svc)
     lines = []

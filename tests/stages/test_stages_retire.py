@@ -8,12 +8,13 @@ from dataclasses import replace
 
 import pytest
 
-from modelfleet import pipeline, render, router
-from modelfleet.facts.state import OWNED_MARK
-from modelfleet.inventory import resolve
-from modelfleet.stages import retire as retire_stage
-from modelfleet.stages import router as router_stage
-from modelfleet.units import UNIT_DIR
+from modelfleet.host.facts.state import OWNED_MARK
+from modelfleet.host.units import UNIT_DIR
+from modelfleet.plan import render, router
+from modelfleet.plan.inventory import resolve
+from modelfleet.run import pipeline
+from modelfleet.run.stages import retire as retire_stage
+from modelfleet.run.stages import router as router_stage
 from tests.stages.test_stages_router import KEY, replica, state_lines, workers_json
 
 

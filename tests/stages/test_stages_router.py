@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet import os as osfam  # noqa: E402
-from modelfleet import pipeline, router  # noqa: E402
-from modelfleet.inventory import resolve  # noqa: E402
-from modelfleet.stages import TOOLS_BIN  # noqa: E402
-from modelfleet.stages import router as router_stage  # noqa: E402
+from modelfleet.host import os as osfam  # noqa: E402
+from modelfleet.plan import router  # noqa: E402
+from modelfleet.plan.inventory import resolve  # noqa: E402
+from modelfleet.run import pipeline
+from modelfleet.run.stages import TOOLS_BIN  # noqa: E402
+from modelfleet.run.stages import router as router_stage  # noqa: E402
 from tests.helpers.pem import certificate
 
 KEY = "stage-test-key-0123456"
@@ -242,7 +243,7 @@ def test_what_render_previews_for_the_router_host_is_what_the_stage_writes(fake,
 
 
 def test_a_vllm_replica_on_another_host_gets_its_keyed_proxy_before_the_router_registers(fake, uploads, env):
-    from modelfleet import replica_door
+    from modelfleet.plan import replica_door
 
     hosts = [("r1", {**replica("127.0.0.1", 18011), "engine": "vllm", "recipe": "tiny-lab-vllm"}),
              ("a", {**replica("10.1.0.2", 18012), "engine": "vllm", "recipe": "tiny-lab-vllm"})]

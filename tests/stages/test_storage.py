@@ -3,8 +3,8 @@
 import json
 from pathlib import Path
 
-from modelfleet.inventory import resolve
-from modelfleet.stages.storage import holds_data, plan_devices
+from modelfleet.plan.inventory import resolve
+from modelfleet.run.stages.storage import holds_data, plan_devices
 
 H200 = Path(__file__).resolve().parents[1] / "fixtures" / "gpu-hosts" / "h200x1-ubuntu2404"
 

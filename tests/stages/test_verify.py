@@ -3,10 +3,10 @@ lines a refused host shows, and what it reads to know whether a pool (re)starts.
 
 import pytest
 
-from modelfleet.inventory import resolve
-from modelfleet.pipeline import run_stages
-from modelfleet.stages import verify
-from modelfleet.units import start_reads
+from modelfleet.host.units import start_reads
+from modelfleet.plan.inventory import resolve
+from modelfleet.run.pipeline import run_stages
+from modelfleet.run.stages import verify
 
 POOL = {"hardware": "h200", "gpu_count": 1, "model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm-dp2",
         "pool": "pair", "revision": "e" * 40, "image": "vllm/vllm-openai:v0.34.0@sha256:" + "f" * 64}
@@ -28,7 +28,7 @@ def test_a_pool_is_verified_at_its_head_only(fake):
 
 def test_a_verified_pool_stamps_its_first_answer_on_the_runs_timeline(fake, monkeypatch):
     """The gate says when the pool first answered (the timeline reads no operation's wording)."""
-    from modelfleet import timeline
+    from modelfleet.run import timeline
 
     monkeypatch.setattr(verify, "run_gate", lambda *a, **k: {"ok": True, "readiness": {"ok": True}})
     monkeypatch.setattr(verify.exposure, "check", lambda target: {"ok": True})
@@ -58,7 +58,7 @@ def test_the_restart_tier_fallback_is_read_from_the_engines_lines_and_named(fake
     # vLLM's weight cache falls back to the disk load without failing: the gate reads the engine's own lines.
     import json
 
-    from modelfleet.operations.report import report_path
+    from modelfleet.host.operations.report import report_path
     from tests.fake.hosts import b300_host
     from tests.unit.test_weight_cache import VLLM_FALLBACK, VLLM_LOADED, VLLM_MAPPED
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from modelfleet import fabric as fab
-from modelfleet import render
-from modelfleet.facts.fabric import parse_fabric
-from modelfleet.inventory import resolve
+from modelfleet.host import fabric as fab
+from modelfleet.host.facts.fabric import parse_fabric
+from modelfleet.plan import render
+from modelfleet.plan.inventory import resolve
 
 FABRIC = Path(__file__).resolve().parents[1] / "fixtures" / "fabric"
 PIN = "d" * 40

@@ -4,7 +4,7 @@ minutes of a real run), and an engine it does not know is refused by name."""
 import pytest
 
 from lab import bench_ready, scenario
-from modelfleet.catalog import load_catalog
+from modelfleet.plan.catalog import load_catalog
 
 
 @pytest.mark.parametrize("engine", sorted(bench_ready.ENGINES))

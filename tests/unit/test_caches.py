@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet import caches, render
-from modelfleet.catalog import load_catalog
-from modelfleet.inventory import resolve
+from modelfleet.plan import caches, render
+from modelfleet.plan.catalog import load_catalog
+from modelfleet.plan.inventory import resolve
 from tests.helpers.made_keys import made_key
 
 PIN = "b" * 40

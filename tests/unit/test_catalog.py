@@ -1,6 +1,6 @@
 import re
 
-from modelfleet.catalog import load_catalog
+from modelfleet.plan.catalog import load_catalog
 
 CAT = load_catalog()
 
@@ -51,7 +51,7 @@ def test_the_catalog_reads_the_same_as_pyyamls_safe_loader(tmp_path):
     import pytest
     import yaml
 
-    from modelfleet import catalog
+    from modelfleet.plan import catalog
 
     files = sorted(Path(catalog.__file__).parent.rglob("*.yaml"))
     assert len(files) > 20

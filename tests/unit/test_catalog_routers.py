@@ -1,14 +1,14 @@
-"""The routers catalog (modelfleet.catalog.routers) held to the real routers' recorded help: every flag modelfleet
+"""The routers catalog (modelfleet.plan.catalog.routers) held to the real routers' recorded help: every flag modelfleet
 gives a router is one the router has, its policies are the router's own, and a recipe's flags name its PD part."""
 
 import re
 
 import pytest
 
-from modelfleet import router
-from modelfleet.catalog import load_catalog
-from modelfleet.catalog.routers import bootstrap_port, pd_role, specs
-from modelfleet.inventory import resolve
+from modelfleet.plan import router
+from modelfleet.plan.catalog import load_catalog
+from modelfleet.plan.catalog.routers import bootstrap_port, pd_role, specs
+from modelfleet.plan.inventory import resolve
 from tests.helpers.front_doors import KEY, fleet, recorded
 
 

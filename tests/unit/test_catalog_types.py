@@ -1,11 +1,11 @@
-"""The catalog's types (modelfleet.catalog.types): strict (an unknown key or a wrong type is refused, never
+"""The catalog's types (modelfleet.plan.catalog.types): strict (an unknown key or a wrong type is refused, never
 dropped), frozen, and each file's own rules checked as it is read."""
 
 import pytest
 from pydantic import ValidationError
 
-from modelfleet.catalog import load_catalog
-from modelfleet.catalog.types import Layout, ReadyBudget
+from modelfleet.plan.catalog import load_catalog
+from modelfleet.plan.catalog.types import Layout, ReadyBudget
 
 
 def test_a_layout_is_strict_frozen_and_its_world_is_tp_pp_dp():

@@ -5,8 +5,8 @@ An image the site chooses is still held to the recipe's engine version."""
 
 import pytest
 
-from modelfleet.catalog import load_catalog
-from modelfleet.inventory import resolve
+from modelfleet.plan.catalog import load_catalog
+from modelfleet.plan.inventory import resolve
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 SHIPPED = sorted(r.id for r in load_catalog().recipes.values() if r.image)

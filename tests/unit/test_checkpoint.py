@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from modelfleet import checkpoint
+from modelfleet.plan import checkpoint
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

@@ -2,8 +2,8 @@
 the head node only for a multi-node pool, the key the host's engine was given, and whether this machine reaches
 a loopback-bound engine directly or through a tunnel."""
 
-from modelfleet.checks import endpoint, inventory_endpoints, reachable_from_control_node
-from modelfleet.inventory import resolve
+from modelfleet.plan.inventory import resolve
+from modelfleet.run.checks import endpoint, inventory_endpoints, reachable_from_control_node
 from tests.helpers.made_keys import made_key
 
 PIN = "e" * 40

@@ -1,6 +1,6 @@
 """The acceptance bench's statistics and regression flags (checks/bench.py) on hand-computed numbers."""
 
-from modelfleet.checks.bench import _stats, regressions
+from modelfleet.run.checks.bench import _stats, regressions
 
 
 def level(c, duration, tasks, attempts, failed, tin, tout, ttft_p99=100.0, throughput=1000.0):

@@ -4,7 +4,7 @@ and a price file that says neither, or says it with a negative number, refused n
 import pytest
 import yaml
 
-from modelfleet.checks.cost import PriceError, cost_per_task, load_prices
+from modelfleet.run.checks.cost import PriceError, cost_per_task, load_prices
 
 
 def level(c, duration, tasks, attempts, failed, tin, tout, ttft_p99=100.0, throughput=1000.0):

@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from modelfleet.checks import Endpoint, exposure
-from modelfleet.exposure import key_coverage
+from modelfleet.plan.exposure import key_coverage
+from modelfleet.run.checks import Endpoint, exposure
 from tests.helpers.engine_on_loopback import engine_on_loopback
 
 KEY = "k-exposure-test"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from modelfleet.checks import Endpoint, gate
+from modelfleet.run.checks import Endpoint, gate
 from tests.helpers.engine_on_loopback import engine_on_loopback
 
 pytestmark = pytest.mark.slow  # the gate in its child interpreter

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from modelfleet.checks import Endpoint, probe
+from modelfleet.run.checks import Endpoint, probe
 from tests.helpers.engine_on_loopback import engine_on_loopback
 
 KEY = "k-probe-test"

@@ -7,7 +7,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from modelfleet.checks import Endpoint, ready
+from modelfleet.run.checks import Endpoint, ready
 
 
 @pytest.fixture()

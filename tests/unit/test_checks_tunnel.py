@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pyinfra.api import Config, Inventory, State
 
-from modelfleet.checks import tunnel
+from modelfleet.run.checks import tunnel
 
 
 def listening(handle) -> tuple[socket.socket, int]:

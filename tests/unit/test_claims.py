@@ -4,7 +4,7 @@ the host (or file) and the field, with the other errors at once."""
 
 import pytest
 
-from modelfleet.inventory import resolve
+from modelfleet.plan.inventory import resolve
 from tests.helpers.recipe_pools import pool
 
 KEY_ENV = "MF_CLAIMS_KEY"
@@ -61,7 +61,7 @@ def test_a_pool_named_like_a_front_doors_unit_is_refused(pool_name, what):
 def test_a_prefill_servers_bootstrap_port_is_a_port_of_its_host():
     """SGLang's prefill server also listens on its bootstrap port (8998 by default): an engine port on it is
     refused like any other collision."""
-    from modelfleet.catalog.routers import bootstrap_port
+    from modelfleet.plan.catalog.routers import bootstrap_port
     from tests.helpers.recipe_pools import CATALOG
 
     taken = bootstrap_port(CATALOG.recipes["kimi-k3-sglang-pd-prefill-b300"], "sglang")
@@ -72,7 +72,7 @@ def test_a_prefill_servers_bootstrap_port_is_a_port_of_its_host():
 
 
 def test_a_host_in_two_groups_whose_data_disagree_is_refused_naming_both(tmp_path):
-    from modelfleet.inventory.door import open_inventory
+    from modelfleet.plan.inventory.door import open_inventory
 
     base = {"hardware": "h200", "gpu_count": 1, "engine": "vllm", "ssh_hostname": "10.0.0.1"}
     inv = tmp_path / "inv.py"

@@ -11,8 +11,9 @@ import subprocess
 import pytest
 from click.testing import CliRunner
 
-from modelfleet import retire, rollout, shards
 from modelfleet.cli import main, operate
+from modelfleet.fleet import rollout, shards
+from modelfleet.run import retire
 from tests.helpers.cli_runner import H200, PIN, inventory
 
 TRAYS = {"hardware": "gb300", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": PIN, "pool": "k31"}
@@ -62,8 +63,8 @@ def test_y_acts_without_asking(fleet, acted, command, ran):
 
 @pytest.mark.parametrize("command,plan,ran", list(zip(COMMANDS, [
     ["modelfleet upgrade: 2 batch(es)", "batch 1: g1", "batch 2: g2", "Upgrade these 2 host(s)? [y/N]"],
-    ["modelfleet converge: modelfleet.deploys.serve on 2 host(s) in 1 pyinfra process(es)", "shard 1: g1, g2",
-     "Run modelfleet.deploys.serve on these 2 host(s)? [y/N]"],
+    ["modelfleet converge: modelfleet.run.deploys.serve on 2 host(s) in 1 pyinfra process(es)", "shard 1: g1, g2",
+     "Run modelfleet.run.deploys.serve on these 2 host(s)? [y/N]"],
     ["10.0.0.9: would retire modelfleet-gone.service (pool gone), port 8000", "Retire these units? [y/N]"]],
     [["upgrade"], ["converge"], ["retire dry=True", "retire dry=False"]], strict=True)))
 def test_at_a_terminal_it_shows_the_plan_and_acts_only_on_yes(fleet, acted, monkeypatch, command, plan, ran):

@@ -7,7 +7,7 @@ import json
 from click.testing import CliRunner
 
 from modelfleet.cli import main
-from modelfleet.urls import known_systems
+from modelfleet.fleet.urls import known_systems
 
 HOST = {"hardware": "h200", "gpu_count": 1, "model": "qwen3-8b", "engine": "vllm"}
 

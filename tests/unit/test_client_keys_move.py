@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from modelfleet import router
-from modelfleet.inventory import resolve
+from modelfleet.plan import router
+from modelfleet.plan.inventory import resolve
 from tests.helpers.front_doors import fleet
 
 SHARED, CLIENT = "shared-model-key-0001", "client-own-key-0002"

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet import commands, deploys
+from modelfleet.base import commands
+from modelfleet.run import deploys
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,10 +32,10 @@ def test_inventory_arguments_keep_group_data_before_data_and_their_order():
 
 
 def test_pyinfra_runs_from_this_interpreter():
-    argv = commands.pyinfra_argv("inv.py", "modelfleet.deploys.serve", limit=["h1", "h2"], data={"k": 1},
+    argv = commands.pyinfra_argv("inv.py", "modelfleet.run.deploys.serve", limit=["h1", "h2"], data={"k": 1},
                                  group_data=["gd"], extra=["--debug"], yes=False)
     assert argv == [sys.executable, "-m", "pyinfra", "--limit", "h1", "--limit", "h2", "--group-data", "gd",
-                    "--data", "k=1", "--debug", "inv.py", "modelfleet.deploys.serve"]
+                    "--data", "k=1", "--debug", "inv.py", "modelfleet.run.deploys.serve"]
     assert commands.pyinfra_argv("inv.py", "d")[:4] == [sys.executable, "-m", "pyinfra", "-y"]
     assert commands.modelfleet_argv("plan", "x") == [sys.executable, "-m", "modelfleet.cli", "plan", "x"]
 

@@ -1,4 +1,4 @@
-"""The run context (modelfleet.context): each stage sees only the deployed state its wants() declares, read once
+"""The run context (modelfleet.run.context): each stage sees only the deployed state its wants() declares, read once
 per host for all stages; a read it did not declare fails naming the stage and the item, for every stage of
 serve.py; the stage running now and what follows it."""
 
@@ -9,11 +9,11 @@ import shlex
 
 import pytest
 
-from modelfleet import context, pipeline
-from modelfleet.context import UndeclaredRead, _Declared
-from modelfleet.host_commands import MANIFEST
-from modelfleet.inventory import resolve
-from modelfleet.stages import gpu_stack, service
+from modelfleet.base.host_commands import MANIFEST
+from modelfleet.plan.inventory import resolve
+from modelfleet.run import context, pipeline
+from modelfleet.run.context import UndeclaredRead, _Declared
+from modelfleet.run.stages import gpu_stack, service
 
 PIN = "e" * 40
 IMAGE = "vllm/vllm-openai:v0.34.0@sha256:" + "f" * 64

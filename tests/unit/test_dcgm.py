@@ -1,10 +1,10 @@
 """DCGM's diagnostic for admission (pure): `dcgmi diag -j` in DCGM 3's layout (NVIDIA's own test string) and DCGM
 4's (shaped after NVIDIA's JSON schema: no verbatim DCGM 4 output was found), and the dcgm_diag check."""
 
-from modelfleet.health import dcgm_check, parse_dcgm_diag
-from modelfleet.host_commands import DCGM_MISSING, dcgm_diag_sh
-from modelfleet.inventory import resolve
-from modelfleet.stages.admission import judge
+from modelfleet.base.host_commands import DCGM_MISSING, dcgm_diag_sh
+from modelfleet.host.health import dcgm_check, parse_dcgm_diag
+from modelfleet.plan.inventory import resolve
+from modelfleet.run.stages.admission import judge
 from tests.helpers.public_samples import public_sample
 
 

@@ -11,7 +11,7 @@ import socket
 import pytest
 from pyinfra.api.exceptions import PyinfraError
 
-from modelfleet import deploys
+from modelfleet.run import deploys
 
 
 @pytest.fixture(autouse=True)

@@ -14,10 +14,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from modelfleet import render
-from modelfleet.catalog import CATALOG_DIR, load_catalog
 from modelfleet.cli import main
-from modelfleet.inventory.door import open_inventory
+from modelfleet.plan import render
+from modelfleet.plan.catalog import CATALOG_DIR, load_catalog
+from modelfleet.plan.inventory.door import open_inventory
 
 SHIPPED = yaml.safe_load((CATALOG_DIR / "recipes" / "qwen3-8b-vllm-1gpu.yaml").read_text())
 SITE = {**SHIPPED, "id": "site-qwen", "hardware": ["h200"]}
@@ -25,9 +25,9 @@ SITE = {**SHIPPED, "id": "site-qwen", "hardware": ["h200"]}
 def no_host_is_reached(monkeypatch):
     """The corpus's hosts are documentation addresses: `upgrade --dry` reads what a host runs now over SSH, and no
     test here may try one."""
-    from modelfleet import fleet
+    from modelfleet.fleet import status as fleet_status
 
-    monkeypatch.setattr(fleet, "status", lambda plans: [])
+    monkeypatch.setattr(fleet_status, "status", lambda plans: [])
 
 
 HOST = {"ssh_hostname": "192.0.2.10", "hardware": "h200", "gpu_count": 1, "model": "qwen3-8b", "engine": "vllm"}

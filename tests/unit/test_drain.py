@@ -10,9 +10,10 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from modelfleet import fleet, router
 from modelfleet.cli import main
 from modelfleet.cli.common import open_checked
+from modelfleet.fleet import status as fleet_status
+from modelfleet.plan import router
 from tests.helpers.cli_runner import PIN, inventory
 
 
@@ -43,7 +44,8 @@ def hosts(tmp_path, monkeypatch):
             script = script_of(plan)
             if router.list_command(rp) in script:
                 rows = [{"id": ids[u], "url": u, "is_healthy": True} for u in sorted(listed)]
-                out[plan.name] = (0, f"{fleet.MARK} router {rp.name}\nworkers={json.dumps({'workers': rows})}\n", "")
+                listing = json.dumps({'workers': rows})
+                out[plan.name] = (0, f"{fleet_status.MARK} router {rp.name}\nworkers={listing}\n", "")
                 continue
             called = False
             for w in rp.workers:
@@ -60,7 +62,7 @@ def hosts(tmp_path, monkeypatch):
             out[plan.name] = faults.get("door", (0, "", "")) if called else (0, "", "")
         return out
 
-    monkeypatch.setattr(fleet, "on_hosts", on_hosts)
+    monkeypatch.setattr(fleet_status, "on_hosts", on_hosts)
     return inv, resolved, steps, faults
 
 
@@ -111,7 +113,7 @@ def test_a_member_of_a_multi_node_pool_takes_its_pool_along(tmp_path, monkeypatc
     inv = inventory(tmp_path, {"t1": {**trays, "ssh_hostname": "10.0.0.1"},
                                "t2": {**trays, "ssh_hostname": "10.0.0.2"}})
     ran = []
-    monkeypatch.setattr(fleet, "on_hosts", lambda plans, script_of: {
+    monkeypatch.setattr(fleet_status, "on_hosts", lambda plans, script_of: {
         p.name: ran.append(p.name) or (0, "", "") for p in plans})
     refused = CliRunner().invoke(main, ["drain", inv, "t2"])
     assert refused.exit_code == 2 and "leaves kimi-k3.1-pro with no endpoint" in refused.output and ran == []

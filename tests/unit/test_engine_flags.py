@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from modelfleet import engine_flags
-from modelfleet.catalog import load_catalog
+from modelfleet.plan import engine_flags
+from modelfleet.plan.catalog import load_catalog
 
 ENGINES = load_catalog().engines
 

@@ -14,7 +14,8 @@ import subprocess
 import pytest
 
 import lab.engine_parsers as engine_parsers
-from modelfleet import REPO_ROOT, render, weight_cache
+from modelfleet import REPO_ROOT
+from modelfleet.plan import render, weight_cache
 from tests.helpers.made_keys import made_key
 from tests.helpers.recipe_pools import CATALOG, RECIPE_BOARDS, pool
 
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.slow  # the real vLLM and SGLang parsers, in their own 
 
 ENGINES = ("vllm", "sglang")
 KEY_ENV = "MODELFLEET_TEST_ENGINE_KEY"
-DOUBLE_FLAGS = REPO_ROOT / "modelfleet" / "catalog" / "engine_flags.json"
+DOUBLE_FLAGS = REPO_ROOT / "modelfleet" / "plan" / "catalog" / "engine_flags.json"
 
 if not engine_parsers.built():
     reason = f"the engine parsers' environment is not built ({engine_parsers.venv_dir()}): make engine-parsers"
@@ -112,7 +113,7 @@ def test_the_double_flag_lists_are_generated_from_the_real_parsers(tmp_path):
     shutil.copy(DOUBLE_FLAGS, regenerated)
     run_check("flags", str(regenerated))
     assert json.loads(regenerated.read_text()) == json.loads(DOUBLE_FLAGS.read_text()), \
-        "modelfleet/catalog/engine_flags.json is stale: make engine-flags"
+        "modelfleet/plan/catalog/engine_flags.json is stale: make engine-flags"
 
 
 # The restart tier (docs/restart-tier.md): with `weight_cache`, the engine's client flags and its weight cache

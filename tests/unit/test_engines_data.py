@@ -12,10 +12,10 @@ from typing import get_args
 import pytest
 import yaml
 
-from modelfleet import timeline
-from modelfleet.catalog import CATALOG_DIR, BootLog, CatalogError, EngineMetrics, load_catalog
-from modelfleet.checks import Endpoint
-from modelfleet.checks.bench import MetricsScraper, _parse_metrics, engine_metrics
+from modelfleet.plan.catalog import CATALOG_DIR, BootLog, CatalogError, EngineMetrics, load_catalog
+from modelfleet.run import timeline
+from modelfleet.run.checks import Endpoint
+from modelfleet.run.checks.bench import MetricsScraper, _parse_metrics, engine_metrics
 from tests.unit.test_exposure import DOUBLE
 
 ENGINES = load_catalog().engines
@@ -118,9 +118,9 @@ def test_expert_offload_flags_are_the_real_llama_servers_and_only_an_engine_with
     --help; a recipe of an engine without `expert_offload` keeps every weight on the GPUs, whatever its args."""
     import json
 
-    from modelfleet.planner import expert_offload
+    from modelfleet.plan.planner import expert_offload
 
-    listed = json.loads((Path(__file__).resolve().parents[2] / "modelfleet/catalog/engine_flags.json").read_text())
+    listed = json.loads((Path(__file__).resolve().parents[2] / "modelfleet/plan/catalog/engine_flags.json").read_text())
     real = set(listed["llama.cpp"]["flags"]) | set(listed["llama.cpp"]["aliases"])
     offload = ENGINES["llama.cpp"].expert_offload
     assert set(offload.all + offload.layers + offload.fit) <= real

@@ -11,7 +11,7 @@ import paramiko
 import pytest
 
 import modelfleet
-from modelfleet.errors import ModelfleetError
+from modelfleet.base.errors import ModelfleetError
 
 # files/ holds programs run on the hosts with the standard library only (modelfleet is not installed there).
 STANDALONE = "modelfleet.files."
@@ -33,9 +33,9 @@ EXCEPTIONS = _package_exceptions()
 
 
 def test_the_package_defines_exceptions():
-    assert {"modelfleet.catalog.CatalogError", "modelfleet.inventory.plan.InventoryError",
-            "modelfleet.loader.InventoryFileError", "modelfleet.checks.cost.PriceError",
-            "modelfleet.checkpoint.ModelSourceError", "modelfleet.ssh.HostKeyError"} <= set(EXCEPTIONS)
+    assert {"modelfleet.plan.catalog.CatalogError", "modelfleet.plan.inventory.plan.InventoryError",
+            "modelfleet.base.loader.InventoryFileError", "modelfleet.run.checks.cost.PriceError",
+            "modelfleet.plan.checkpoint.ModelSourceError", "modelfleet.host.ssh.HostKeyError"} <= set(EXCEPTIONS)
 
 
 @pytest.mark.parametrize("name", sorted(EXCEPTIONS))
@@ -43,16 +43,16 @@ def test_each_derives_from_the_one_base(name):
     assert issubclass(EXCEPTIONS[name], ModelfleetError), f"{name} does not derive from ModelfleetError"
 
 
-@pytest.mark.parametrize("name, base", [("modelfleet.checks.cost.PriceError", ValueError),
-                                        ("modelfleet.checkpoint.ModelSourceError", RuntimeError),
-                                        ("modelfleet.ssh.HostKeyError", paramiko.SSHException)])
+@pytest.mark.parametrize("name, base", [("modelfleet.run.checks.cost.PriceError", ValueError),
+                                        ("modelfleet.plan.checkpoint.ModelSourceError", RuntimeError),
+                                        ("modelfleet.host.ssh.HostKeyError", paramiko.SSHException)])
 def test_each_is_also_the_exception_of_its_kind(name, base):
     assert issubclass(EXCEPTIONS[name], base)
 
 
 def test_messages_and_fields():
-    from modelfleet.catalog import CatalogError
-    from modelfleet.inventory.plan import InventoryError
+    from modelfleet.plan.catalog import CatalogError
+    from modelfleet.plan.inventory.plan import InventoryError
 
     error = CatalogError("engines.yaml:3", "no engine")
     assert str(error) == "engines.yaml:3: no engine" and error.where == "engines.yaml:3"

@@ -13,10 +13,10 @@ from http.server import ThreadingHTTPServer
 
 import pytest
 
-from modelfleet.catalog import load_catalog
-from modelfleet.exposure import key_coverage, off_loopback_problem
-from modelfleet.inventory import resolve
-from modelfleet.stages.verify import _failures
+from modelfleet.plan.catalog import load_catalog
+from modelfleet.plan.exposure import key_coverage, off_loopback_problem
+from modelfleet.plan.inventory import resolve
+from modelfleet.run.stages.verify import _failures
 from tests.conftest import ROOT
 
 PIN = "d" * 40

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet import fabric as fab
-from modelfleet.catalog import load_catalog
-from modelfleet.facts.fabric import parse_fabric
-from modelfleet.inventory.plan import HostPlan
+from modelfleet.host import fabric as fab
+from modelfleet.host.facts.fabric import parse_fabric
+from modelfleet.plan.catalog import load_catalog
+from modelfleet.plan.inventory.plan import HostPlan
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FABRIC = FIXTURES / "fabric"
@@ -198,8 +198,8 @@ def test_expected_without_facts():
 
 def test_preflight_reports_the_pool_fabric_in_its_one_probe(fake, tmp_path, monkeypatch):
     """Two hosts of one pool: each probe carries its fabric part, and the preflight report the pool's fabric."""
-    from modelfleet.pipeline import run_stages
-    from modelfleet.stages import preflight
+    from modelfleet.run.pipeline import run_stages
+    from modelfleet.run.stages import preflight
 
     monkeypatch.setenv("MODELFLEET_REPORTS", str(tmp_path))
     pool = {"model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm-dp2", "pool": "pair", "hardware": "lab-cpu"}

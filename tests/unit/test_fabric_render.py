@@ -4,9 +4,9 @@ a service without a fabric renders exactly as before."""
 
 from dataclasses import replace
 
-from modelfleet import render
-from modelfleet.inventory import resolve
-from modelfleet.inventory.plan import HostFabric
+from modelfleet.plan import render
+from modelfleet.plan.inventory import resolve
+from modelfleet.plan.inventory.plan import HostFabric
 
 PIN = "e" * 40
 IMEX_CHANNEL = "/dev/nvidia-caps-imex-channels/channel0"
@@ -106,7 +106,7 @@ def run_channel_script(tmp_path, devices: str):
     import os
     import subprocess
 
-    from modelfleet.stages import imex
+    from modelfleet.run.stages import imex
 
     (tmp_path / "devices").write_text(devices)
     (tmp_path / "bin").mkdir()
@@ -132,7 +132,7 @@ def test_no_imex_device_in_proc_devices_fails_saying_so(tmp_path):
 
 
 def test_the_imex_node_list_is_the_domains_fabric_addresses_in_pool_order():
-    from modelfleet.stages import imex
+    from modelfleet.run.stages import imex
 
     assert imex.nodes_config(tray_fabric("t2", 1)) == "192.168.40.1\n192.168.40.2\n"
     assert "options nvidia NVreg_CreateImexChannel0=1\n" in imex.modprobe_conf()

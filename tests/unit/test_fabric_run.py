@@ -4,10 +4,10 @@ problem of a pool across hosts."""
 
 from types import SimpleNamespace
 
-from modelfleet import render
-from modelfleet.fabric import PoolFabric
-from modelfleet.fabric_run import as_run, pool_fabric, refusals
-from modelfleet.inventory import resolve
+from modelfleet.host.fabric import PoolFabric
+from modelfleet.host.fabric_run import as_run, pool_fabric, refusals
+from modelfleet.plan import render
+from modelfleet.plan.inventory import resolve
 from tests.helpers.fabric_doubles import fabric
 
 PAIR = {"hardware": "gb300", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": "e" * 40, "pool": "k31"}

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet.facts import fabric as ff
-from modelfleet.facts.probe import HostProbe
-from modelfleet.host_commands import FABRIC_MARK, fabric_command
+from modelfleet.base.host_commands import FABRIC_MARK, fabric_command
+from modelfleet.host.facts import fabric as ff
+from modelfleet.host.facts.probe import HostProbe
 from tests.helpers import fabric_tools as tools
 from tests.helpers.public_samples import public_sample_lines
 

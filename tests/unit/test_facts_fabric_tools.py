@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from modelfleet.rails import gid_families
+from modelfleet.host.rails import gid_families
 from tests.helpers import fabric_tools as tools
 from tests.helpers.public_samples import public_sample_lines
 

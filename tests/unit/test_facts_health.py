@@ -6,8 +6,8 @@ import copy
 import json
 from pathlib import Path
 
-from modelfleet.facts.health import MARK, GpuHealth
-from modelfleet.health import amd_verdict, parse_amd_metric, parse_amdgpu_faults
+from modelfleet.host.facts.health import MARK, GpuHealth
+from modelfleet.host.health import amd_verdict, parse_amd_metric, parse_amdgpu_faults
 from tests.helpers.public_samples import public_sample_lines
 
 METRIC = (Path(__file__).resolve().parents[2] / "lab" / "personas" / "mi355x8-synthetic"
@@ -89,7 +89,7 @@ def test_the_health_read_carries_amd_smi_and_the_amdgpu_lines():
 def test_the_remote_grep_keeps_every_line_the_parsers_read():
     import subprocess
 
-    from modelfleet.health import KERNEL_LOG_PATTERN
+    from modelfleet.host.health import KERNEL_LOG_PATTERN
     lines = (public_sample_lines("mi300x-dmesg-amdgpu-uncorrectable.txt")
              + public_sample_lines("mi50-dmesg-amdgpu-uncorrectable.txt"))
     lines.append("Dec 03 10:12:44 h200 kernel: NVRM: Xid (PCI:0000:00:06): 79, pid='<unknown>', name=<unknown>, "

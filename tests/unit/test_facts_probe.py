@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet.facts.probe import HostProbe
+from modelfleet.host.facts.probe import HostProbe
 
 
 def run_here(**kwargs) -> dict:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet import render
-from modelfleet.catalog import load_catalog
-from modelfleet.inventory import resolve
-from modelfleet.stages import netcheck
+from modelfleet.plan import render
+from modelfleet.plan.catalog import load_catalog
+from modelfleet.plan.inventory import resolve
+from modelfleet.run.stages import netcheck
 from tests.helpers.fabric_doubles import HCAS, fabric, trays
 from tests.helpers.public_samples import public_sample_lines
 
@@ -210,8 +210,8 @@ def test_boards_without_a_sourced_figure_are_judged_on_correctness_transport_and
 def test_a_pool_whose_fabric_has_errors_is_refused_before_the_gate_runs(fake, monkeypatch, tmp_path, caplog):
     from pyinfra.api.exceptions import PyinfraError
 
-    from modelfleet.pipeline import run_stages
-    from modelfleet.stages import netcheck as netcheck_stage
+    from modelfleet.run.pipeline import run_stages
+    from modelfleet.run.stages import netcheck as netcheck_stage
 
     monkeypatch.setenv("MODELFLEET_REPORTS", str(tmp_path))
     errors = [("host t2", "NCCL_IB_HCA", "mlx5_4 has no RoCE v2 GID on the rail"),

@@ -3,8 +3,8 @@ render nodes (AMD), never `--gpus all`."""
 
 from pathlib import Path
 
-from modelfleet import render
-from modelfleet.inventory import resolve
+from modelfleet.plan import render
+from modelfleet.plan.inventory import resolve
 
 
 def two_services(hardware="h200", gpu_count=2, **second):
@@ -54,7 +54,7 @@ def test_amd_containers_get_the_hosts_render_group_by_number():
     the image, whose /etc/group may not have it. A host without the group gets video only."""
     from types import SimpleNamespace
 
-    from modelfleet.fabric_run import as_run
+    from modelfleet.host.fabric_run import as_run
 
     result = resolve([("m1", {"ssh_hostname": "192.0.2.2", "hardware": "mi355x", "model": "kimi-k3",
                               "engine": "vllm", "revision": "d" * 40})])
@@ -69,7 +69,7 @@ def test_amd_containers_get_the_hosts_render_group_by_number():
 
 
 def test_preflight_names_a_driver_changed_under_the_loaded_module():
-    from modelfleet.stages.preflight import evaluate
+    from modelfleet.run.stages.preflight import evaluate
 
     plan = resolve([("h1", {"ssh_hostname": "192.0.2.1", "hardware": "h200", "gpu_count": 1, "model": "qwen3-8b",
                             "engine": "vllm"})]).hosts["h1"]
@@ -89,8 +89,8 @@ def test_a_service_spanning_numa_nodes_is_told_which_indices_keep_it_on_one():
 
     import yaml
 
-    from modelfleet.facts.gpu import NvidiaTopology
-    from modelfleet.gpu_predicates import locality_notes
+    from modelfleet.host.facts.gpu import NvidiaTopology
+    from modelfleet.plan.gpu_predicates import locality_notes
 
     case = yaml.safe_load((Path(__file__).parents[1] / "facts" / "gpu.NvidiaTopology" / "b300x8_9nic.yaml").read_text())
     topology = NvidiaTopology().process(case["output"])

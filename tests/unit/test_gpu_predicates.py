@@ -4,15 +4,15 @@ NUMA note for a service whose GPUs span sockets."""
 
 import pytest
 
-from modelfleet.facts.probe import HostProbe
-from modelfleet.gpu_predicates import (
+from modelfleet.host.facts.probe import HostProbe
+from modelfleet.plan.gpu_predicates import (
     branch_of,
     fabric_manager_needed,
     loaded_driver,
     locality_notes,
     replaces_driver,
 )
-from modelfleet.inventory import resolve
+from modelfleet.plan.inventory import resolve
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet import host_commands
+from modelfleet.base import host_commands
 
 LAB = Path(__file__).resolve().parents[2] / "lab" / "personas"
 UUID = "GPU-5f1e0000-0000-4000-8000-00000000000{}"

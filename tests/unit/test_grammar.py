@@ -6,7 +6,7 @@ import secrets
 
 import pytest
 
-from modelfleet import grammar
+from modelfleet.base import grammar
 
 DIGEST = "@sha256:" + "a" * 64
 

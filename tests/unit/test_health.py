@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet import health
-from modelfleet.health import parse_smi_xml, parse_xids, verdict
+from modelfleet.host import health
+from modelfleet.host.health import parse_smi_xml, parse_xids, verdict
 from tests.helpers.public_samples import public_sample_lines
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -86,7 +86,7 @@ def test_a_missing_gpu_and_a_fatal_xid_are_refused():
 def test_status_shows_each_hosts_admission_and_its_age(tmp_path, monkeypatch):
     import json
 
-    from modelfleet import fleet
+    from modelfleet.fleet import status as fleet_status
 
     monkeypatch.setenv("MODELFLEET_REPORTS", str(tmp_path))
     (tmp_path / "admission").mkdir()
@@ -102,7 +102,7 @@ def test_status_shows_each_hosts_admission_and_its_age(tmp_path, monkeypatch):
     rows = [{"host": host, "reachable": True, "admission": state, "gpus": [],
              "services": [{"pool": "p", "gpu_indices": [0], "state": "active/running", "health": "200",
                            "restarts": 0, "revision": "a" * 40, "image": "i"}]} for host, state in states.items()]
-    cells = [line.split()[1] for line in fleet.status_table(rows).splitlines()[1:]]
+    cells = [line.split()[1] for line in fleet_status.status_table(rows).splitlines()[1:]]
     assert cells == ["2.0h", "expired", "refused", "-"]
 
 
@@ -146,7 +146,7 @@ def test_a_gpu_off_the_bus_without_an_xid_line_counts_as_xid_79():
 def test_the_remote_grep_keeps_what_the_off_bus_parser_needs():
     import subprocess
 
-    from modelfleet.health import KERNEL_LOG_PATTERN
+    from modelfleet.host.health import KERNEL_LOG_PATTERN
     for name in ("nvrm-fallen-off-the-bus-without-xid-570.txt", "nvrm-gpu-at-fallen-off-the-bus-single-line.txt"):
         lines = public_sample_lines(name)
         kept = subprocess.run(["grep", "-E", KERNEL_LOG_PATTERN], input="\n".join(lines), capture_output=True,

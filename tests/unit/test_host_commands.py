@@ -1,4 +1,4 @@
-"""The shell snippets and the Python parsers of modelfleet.host_commands read recorded outputs the same way:
+"""The shell snippets and the Python parsers of modelfleet.base.host_commands read recorded outputs the same way:
 each snippet runs in a real shell against a stand-in tool that prints the recording."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet import host_commands as hc
+from modelfleet.base import host_commands as hc
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 H200_VERSION = FIXTURES / "gpu-hosts" / "h200x1-ubuntu2404" / "nvidia-smi-version.txt"
@@ -64,7 +64,7 @@ def test_unit_commands_quote_names_and_read_back_properties():
 
 def test_deployed_state_asks_systemctl_about_each_unit_by_name(tmp_path):
     """The fact's loop hands each unit name to systemctl (a quoting slip once sent the literal '$u')."""
-    from modelfleet.facts.state import DeployedState
+    from modelfleet.host.facts.state import DeployedState
 
     fact = DeployedState()
     stub = 'case "$*" in *"-- demo.service") echo ActiveState=active; echo UnitFileState=enabled;; esac'
@@ -79,7 +79,7 @@ def test_deployed_state_asks_systemctl_about_each_unit_by_name(tmp_path):
 def test_the_checkpoint_layout_is_the_one_plans_use():
     """A plan's model directory and its pinned twin follow host_commands' layout (<root>/<model>/<revision>, the
     `current` link in revisions_dir)."""
-    from modelfleet.inventory import resolve
+    from modelfleet.plan.inventory import resolve
 
     svc = resolve([("l", {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "llama.cpp",
                           "model_root": "/srv/models/"})]).hosts["l"].services[0]

@@ -1,12 +1,13 @@
-"""The host record in `status --json` (modelfleet.host_record): what status's round trip prints after its own
+"""The host record in `status --json` (modelfleet.host.host_record): what status's round trip prints after its own
 sections (the OS read as preflight reads it, the module's signer, Fabric Manager, IMEX, VBIOS) and what this
 control node knows (pools' images and revisions, the admission report) in one dict; an admission past its
 expiry says so; status's own parse stops where the record starts."""
 
 from pathlib import Path
 
-from modelfleet import fleet, host_record
-from modelfleet.inventory import resolve
+from modelfleet.fleet import status as fleet_status
+from modelfleet.host import host_record
+from modelfleet.plan.inventory import resolve
 
 OS = (Path(__file__).parents[1] / "fixtures" / "gpu-hosts" / "h200x1-ubuntu2404" / "os-release.txt").read_text()
 OUTPUT = (f"@@modelfleet-status host\ndriver=580.159.04\nboot=abc\n@@modelfleet-status gpus\n0, 10, 143771\n"
@@ -49,13 +50,13 @@ def test_an_admission_past_its_expiry_or_never_made_says_so():
 
 
 def test_status_parse_stops_where_the_record_starts():
-    parsed = fleet.parse_status(OUTPUT)
+    parsed = fleet_status.parse_status(OUTPUT)
     assert parsed["host"] == {"driver": "580.159.04", "boot": "abc"} and len(parsed["gpus"]) == 1
-    assert host_record.MARK in fleet.status_script(plan()).rsplit("@@modelfleet-status", 1)[1]
+    assert host_record.MARK in fleet_status.status_script(plan()).rsplit("@@modelfleet-status", 1)[1]
 
 
 def test_admission_s_read_carries_the_module_signer():
-    from modelfleet.facts.health import MARK, GpuHealth
+    from modelfleet.host.facts.health import MARK, GpuHealth
 
     signed = GpuHealth().process([f"{MARK} id", "6.8.0-87-generic", "b00t", f"{MARK} signer",
                                   "Canonical Ltd. Kernel Module Signing"])

@@ -7,8 +7,8 @@ import re
 import subprocess
 import zipfile
 
-from modelfleet.stages import model
-from modelfleet.transfer import VENV
+from modelfleet.host.transfer import VENV
+from modelfleet.run.stages import model
 
 
 def test_the_lock_pins_every_requirement_with_hashes():

@@ -1,4 +1,4 @@
-"""An engine image's CUDA/ROCm (modelfleet.image_runtime): what a tag says where its publisher encodes it, a
+"""An engine image's CUDA/ROCm (modelfleet.base.image_runtime): what a tag says where its publisher encodes it, a
 recipe that contradicts its tag refused at catalog load, a service's own image that contradicts its recipe and
 a driver branch too old for the image refused at resolve (naming host and field), what render says, and the
 shipped catalog: every NVIDIA recipe names its CUDA with a source, llama.cpp's on the CUDA 13 tag the lab
@@ -9,9 +9,9 @@ import yaml
 from pydantic import ValidationError
 
 import lab
-from modelfleet import image_runtime
-from modelfleet.catalog import CATALOG_DIR, Recipe, load_catalog
-from modelfleet.inventory import resolve
+from modelfleet.base import image_runtime
+from modelfleet.plan.catalog import CATALOG_DIR, Recipe, load_catalog
+from modelfleet.plan.inventory import resolve
 
 
 @pytest.mark.parametrize("image,said", [

@@ -241,7 +241,7 @@ def test_broken_files_are_one_error_naming_file_and_line(tmp_path, case, text, g
 
 
 def test_site_recipes_are_validated_and_never_shadow_silently(tmp_path):
-    shipped = (ROOT / "modelfleet" / "catalog" / "recipes" / "qwen3-8b-vllm-1gpu.yaml").read_text()
+    shipped = (ROOT / "modelfleet" / "plan" / "catalog" / "recipes" / "qwen3-8b-vllm-1gpu.yaml").read_text()
     inv = write_inventory(tmp_path, [("h1", host())])
     recipes = inv.parent / "recipes"
     recipes.mkdir()
@@ -302,7 +302,7 @@ def test_real_pyinfra_command_refuses_before_connecting(tmp_path, case, change):
     listener = CountingListener()
     hosts = [(f"h{i}", host(ssh_hostname="127.0.0.1", ssh_port=listener.port, **change)) for i in range(4)]
     hosts = [(name, {**data, "port": 8000 + i}) for i, (name, data) in enumerate(hosts)]
-    inv = write_inventory(tmp_path, hosts, tail="from modelfleet.inventory import refuse_invalid as _r\n"
+    inv = write_inventory(tmp_path, hosts, tail="from modelfleet.plan.inventory import refuse_invalid as _r\n"
                                                 "_r(__file__)\n")
     run = subprocess.run([sys.executable, "-m", "pyinfra", "-y", str(inv), str(ROOT / "deploys" / "serve.py")],
                          cwd=tmp_path, capture_output=True, text=True, timeout=60)

@@ -4,8 +4,8 @@ taken where it can. The cases are made from the declarations, so a setting decla
 
 import pytest
 
-from modelfleet.inventory import HostData, ServiceData, resolve
-from modelfleet.inventory.applies import SCOPES, scope_of
+from modelfleet.plan.inventory import HostData, ServiceData, resolve
+from modelfleet.plan.inventory.applies import SCOPES, scope_of
 
 # A value other than the default for every declared setting (the test fails when a declaration has none).
 SAMPLES = {
@@ -101,7 +101,7 @@ def test_the_default_written_out_is_not_refused():
 def test_a_fleet_wide_value_is_a_warning_on_the_hosts_it_cannot_apply_to(tmp_path):
     """`--data dcgm_exporter=true` (or group_data/all.py) on a mixed fleet is meant for the NVIDIA hosts: the
     AMD host's is a warning (`--strict` refuses it); the same value in the AMD host's own data is an error."""
-    from modelfleet.inventory.door import open_inventory
+    from modelfleet.plan.inventory.door import open_inventory
 
     inv = tmp_path / "inv.py"
     inv.write_text(f"nvidia = [('n1', {NVIDIA!r})]\namd = [('m1', {AMD!r})]\n")
@@ -152,8 +152,8 @@ def test_trust_remote_code_on_gguf_weights_is_refused():
 def pyinfra_run(tmp_path, monkeypatch):
     """`pyinfra INV ... --data dcgm_exporter=true` on an NVIDIA and an AMD host: (door, the invocation, the host
     data pyinfra merges)."""
-    from modelfleet.inventory import door
-    from modelfleet.loader import read_inventory
+    from modelfleet.base.loader import read_inventory
+    from modelfleet.plan.inventory import door
 
     inv = tmp_path / "inv.py"
     inv.write_text(f"nvidia = [('n1', {NVIDIA!r})]\namd = [('m1', {AMD!r})]\n")
@@ -192,7 +192,7 @@ def test_the_guards_resolution_is_the_runs_where_pyinfra_merged_the_same_data(py
 def test_a_fleet_wide_router_index_is_a_warning_on_the_hosts_without_a_front_door(tmp_path):
     """`--data router_pip_index_url=...` is meant for the front doors' hosts: a warning on the others; the same
     value in a host's own data where it runs no front door is refused, naming host and field."""
-    from modelfleet.inventory.door import open_inventory
+    from modelfleet.plan.inventory.door import open_inventory
 
     inv = tmp_path / "inv.py"
     gw = {"router_only": True, "ssh_hostname": "10.0.0.3"}

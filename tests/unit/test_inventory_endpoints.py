@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from modelfleet.cli import main
-from modelfleet.inventory import endpoints, resolve
+from modelfleet.plan.inventory import endpoints, resolve
 
 KEY = "endpoint-rows-key-0123456"
 

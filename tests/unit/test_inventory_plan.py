@@ -5,9 +5,9 @@ from dataclasses import replace
 
 import pytest
 
-from modelfleet.inventory import resolve
-from modelfleet.inventory.plan import InventoryError, RouterPlan, StackPlan
-from modelfleet.inventory.schema import HostData
+from modelfleet.plan.inventory import resolve
+from modelfleet.plan.inventory.plan import InventoryError, RouterPlan, StackPlan
+from modelfleet.plan.inventory.schema import HostData
 from tests.helpers.recipe_pools import PIN, pool
 
 TINY = {"hardware": "h200", "gpu_count": 2, "model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm"}
@@ -111,4 +111,4 @@ def test_no_module_decides_whose_stack_it_is_but_the_plan():
 
     rule = re.compile(r"stack\.manage (and|or) [\w.]*vendor [!=]= \"none\"")
     assert [str(p.relative_to(PACKAGE_DIR)) for p in PACKAGE_DIR.rglob("*.py") if rule.search(p.read_text())] == [
-        "inventory/plan.py"]
+        "plan/inventory/plan.py"]

@@ -1,7 +1,7 @@
-"""The pools the services form (modelfleet.inventory.pools): members held to one layout, ranks in host order, and
+"""The pools the services form (modelfleet.plan.inventory.pools): members held to one layout, ranks in host order, and
 the warnings a pool earns."""
 
-from modelfleet.inventory import resolve
+from modelfleet.plan.inventory import resolve
 
 PIN = "a" * 40
 

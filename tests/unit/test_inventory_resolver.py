@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from modelfleet.inventory import resolve
+from modelfleet.plan.inventory import resolve
 
 PIN = "a" * 40
 

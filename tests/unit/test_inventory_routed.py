@@ -1,11 +1,11 @@
-"""The front doors an inventory asks for (modelfleet.inventory.routed), through the resolver: one per router host
+"""The front doors an inventory asks for (modelfleet.plan.inventory.routed), through the resolver: one per router host
 and served name, its replicas bound where only the router reaches them, problems naming host or front door and
 field, keys never echoed."""
 
 import pytest
 
-from modelfleet import router
-from modelfleet.inventory import resolve
+from modelfleet.plan import router
+from modelfleet.plan.inventory import resolve
 from tests.helpers.front_doors import KEY, fleet, host
 
 

@@ -4,9 +4,10 @@ a GPU board, or no service names it; its router and proxy units are never retire
 
 import pytest
 
-from modelfleet import render, retire, router
-from modelfleet.inventory import resolve, router_only
-from modelfleet.stages import gpu_stack
+from modelfleet.plan import render, router
+from modelfleet.plan.inventory import resolve, router_only
+from modelfleet.run import retire
+from modelfleet.run.stages import gpu_stack
 
 KEY = "router-only-key-0123456"
 

@@ -9,7 +9,7 @@ import secrets
 import pytest
 from pydantic import ValidationError
 
-from modelfleet.inventory.schema import HostData, ServiceData
+from modelfleet.plan.inventory.schema import HostData, ServiceData
 
 
 def errors(model, **data) -> list[tuple[tuple, str]]:

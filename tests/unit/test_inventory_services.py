@@ -1,9 +1,9 @@
-"""One service entry -> its plan (modelfleet.inventory.services): the host's service keys under the entry's own,
+"""One service entry -> its plan (modelfleet.plan.inventory.services): the host's service keys under the entry's own,
 the catalog's model, engine and recipe, and every problem of the entry named by host and field."""
 
-from modelfleet.catalog import load_catalog
-from modelfleet.inventory import HostData, resolve
-from modelfleet.inventory.services import resolve_service, service_entries
+from modelfleet.plan.catalog import load_catalog
+from modelfleet.plan.inventory import HostData, resolve
+from modelfleet.plan.inventory.services import resolve_service, service_entries
 
 PIN = "a" * 40
 

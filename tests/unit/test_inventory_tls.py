@@ -14,8 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from modelfleet.inventory import resolve
-from modelfleet.inventory import tls as tls_rules
+from modelfleet.plan.inventory import resolve
+from modelfleet.plan.inventory import tls as tls_rules
 from tests.helpers.front_doors import KEY, fleet
 from tests.helpers.pem import certificate
 
@@ -171,7 +171,7 @@ def test_the_verify_gate_checks_the_name_clients_use_not_the_address_it_dials(tm
     """A real TLS server on loopback whose certificate names door.lab (not 127.0.0.1): the gate's readiness
     passes when the front door's name is door.lab, and fails on the name when it is another, although the
     certificate is the pinned one both times (before: hostname checking was off, so both passed)."""
-    from modelfleet.checks import Endpoint, ready
+    from modelfleet.run.checks import Endpoint, ready
 
     cert, key = certificate(tmp_path, names=("DNS:door.lab",))
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 import lab.engine_parsers as engine_parsers
-from modelfleet.exposure import key_coverage
+from modelfleet.plan.exposure import key_coverage
 
 # The routes the vLLM 0.34 security page lists as open besides the older ones (its /fault_tolerance/* are
 # /v1/fault_tolerance/* in the code: under the key).

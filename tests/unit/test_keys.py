@@ -1,8 +1,8 @@
-"""modelfleet.keys: the one reader of keys from the control node's environment; set, empty and unset told apart."""
+"""modelfleet.base.keys: the one reader of keys from the control node's environment; set, empty and unset told apart."""
 
 import pytest
 
-from modelfleet import keys
+from modelfleet.base import keys
 from tests.helpers.made_keys import made_key
 
 
@@ -24,7 +24,7 @@ def test_unset_empty_and_no_name_are_told_apart(monkeypatch):
 
 
 def test_no_other_module_reads_a_key_variable_from_the_environment():
-    # The inventory's key variables (api_key_env, router_client_keys_env) are read through modelfleet.keys only.
+    # The inventory's key variables (api_key_env, router_client_keys_env) are read through modelfleet.base.keys only.
     import re
 
     from modelfleet import PACKAGE_DIR

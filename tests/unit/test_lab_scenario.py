@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lab import scenario
-from modelfleet.inventory import open_inventory
+from modelfleet.plan.inventory import open_inventory
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINES = ["vllm", "sglang", "llama.cpp"]

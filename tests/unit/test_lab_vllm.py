@@ -4,7 +4,7 @@ serves it names the version that file pins and the tag the lab's registry serves
 import re
 
 import lab
-from modelfleet.catalog import load_catalog
+from modelfleet.plan.catalog import load_catalog
 
 REQUIREMENTS = lab.LAB_DIR / "vllm" / "requirements.txt"
 

@@ -2,11 +2,17 @@
 around a circle). A circle imports only by the order of lines, and reordering them breaks `import` of some module
 far away; this test names the circle the day one appears.
 
-The graph is the one Python runs: module-level imports (also inside top-level `if`/`try`), minus `if TYPE_CHECKING:`
-blocks and imports inside functions (they run later, once every module is loaded). Importing `a.b.c` runs `a` and
-`a.b` first, so it counts as importing those packages too. A package that loads names on first use (a `_LATE` table
-of name -> submodule beside a PEP 562 `__getattr__`, as modelfleet.inventory) loads that submodule when a module
-imports the name: that counts as importing the submodule.
+The package's modules stand on floors, folders named for what they hold, each importing only from the floors
+below it: base (what every floor uses), plan (what should be, from inventory and catalog; nothing connects), host
+(what a host has and how it changes), run (one deploy run and its stages), fleet (the second day over many runs),
+cli on top. Every import counts for the floors, those inside functions and under TYPE_CHECKING too: a name
+imported from a higher floor belongs to a module below. No module lies loose beside the floors.
+
+The graph for circles is the one Python runs: module-level imports (also inside top-level `if`/`try`), minus `if
+TYPE_CHECKING:` blocks and imports inside functions (they run later, once every module is loaded). Importing `a.b.c`
+runs `a` and `a.b` first, so it counts as importing those packages too. A package that loads names on first use (a
+`_LATE` table of name -> submodule beside a PEP 562 `__getattr__`, as modelfleet.plan.inventory) loads that
+submodule when a module imports the name: that counts as importing the submodule.
 """
 
 import ast
@@ -118,7 +124,7 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_package_has_no_import_cycle():
     edges = import_graph(PACKAGE_DIR)
-    assert len(edges) > 80 and edges["modelfleet.inventory.resolver"]  # the walk saw the package and its imports
+    assert len(edges) > 80 and edges["modelfleet.plan.inventory.resolver"]  # the walk saw the package and its imports
     assert cycles(edges) == [], "import cycles (move what the lower module needs down, or import under TYPE_CHECKING)"
 
 
@@ -175,7 +181,7 @@ def test_imports_that_run_later_make_no_circle(tmp_path):
 
 def test_every_import_inside_a_function_names_what_exists():
     """Imports inside functions run only when the function does: one naming a module or name that moved fails a
-    command on a user's host long after the move (`modelfleet admit` did, once `deploy` left modelfleet.commands).
+    command on a user's host long after the move (`modelfleet admit` did, once `deploy` left modelfleet.base.commands).
     Every `from modelfleet... import NAME`, wherever it stands, must resolve now."""
     import importlib
 
@@ -192,3 +198,57 @@ def test_every_import_inside_a_function_names_what_exists():
                 if not hasattr(module, alias.name) and importlib.util.find_spec(f"{node.module}.{alias.name}") is None:
                     broken.append(f"{path.name}:{node.lineno}: from {node.module} import {alias.name}")
     assert broken == []
+
+
+FLOORS = ("base", "plan", "host", "run", "fleet", "cli")
+DATA = {"files", "shell", "templates"}  # sent to hosts or rendered; no module imports them
+
+
+def _floor_of(dotted: str) -> str | None:
+    parts = dotted.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "modelfleet" and parts[1] in FLOORS else None
+
+
+def imports_up(root: Path) -> list[str]:
+    """Every import, wherever it stands in a module, that names a higher floor than its module's."""
+    found = []
+    for name, path in _modules(root).items():
+        here = _floor_of(name)
+        if here is None:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [node.module] + ([f"{node.module}.{a.name}" for a in node.names]
+                                           if node.module == root.name else [])
+            else:
+                continue  # a relative import stays inside its own package
+            for target in targets:
+                there = _floor_of(target.replace(root.name, "modelfleet", 1))
+                if there and FLOORS.index(there) > FLOORS.index(here):
+                    found.append(f"{path.relative_to(root.parent)}:{node.lineno} ({here}) imports {target} ({there})")
+    return sorted(found)
+
+
+def test_every_import_points_down_the_floors():
+    assert imports_up(PACKAGE_DIR) == [], "move the name to the module below that it belongs to"
+
+
+def test_no_module_lies_beside_the_floors():
+    loose = sorted(p.name for p in PACKAGE_DIR.iterdir()
+                   if p.name not in (*FLOORS, *DATA, "__init__.py", "__pycache__"))
+    assert loose == []
+
+
+def test_an_import_up_the_floors_is_found_wherever_it_stands(tmp_path):
+    pkg = tmp_path / "modelfleet"
+    _write(tmp_path, {
+        "modelfleet/__init__.py": "", "modelfleet/base/__init__.py": "", "modelfleet/plan/__init__.py": "",
+        "modelfleet/base/low.py": "def f():\n    from modelfleet.plan import high\n",
+        "modelfleet/base/typed.py": "from typing import TYPE_CHECKING\n"
+                                    "if TYPE_CHECKING:\n    import modelfleet.plan.high\n",
+        "modelfleet/plan/high.py": "from modelfleet.base import low\nfrom modelfleet import base\n",
+    })
+    assert imports_up(pkg) == ["modelfleet/base/low.py:2 (base) imports modelfleet.plan (plan)",
+                               "modelfleet/base/typed.py:3 (base) imports modelfleet.plan.high (plan)"]

@@ -4,8 +4,8 @@ from, and a file that does not run as one error naming its file and line."""
 
 import pytest
 
-from modelfleet import loader
-from modelfleet.loader import InventoryFileError, read_inventory
+from modelfleet.base import loader
+from modelfleet.base.loader import InventoryFileError, read_inventory
 
 
 def write(path, text: str):
@@ -107,7 +107,7 @@ def test_a_missing_inventory_file_is_named(tmp_path):
 
 
 def test_a_file_knows_it_is_being_read_as_an_inventory(tmp_path):
-    inv = write(tmp_path / "site.py", "from modelfleet.loader import LOADING\n"
+    inv = write(tmp_path / "site.py", "from modelfleet.base.loader import LOADING\n"
                                       "gpus = [('g1', {'loading': LOADING.get()})]\n")
     assert dict(read_inventory(str(inv), cwd=str(tmp_path)).entries)["g1"]["loading"] is True
     assert loader.LOADING.get() is False

@@ -7,8 +7,10 @@ import secrets
 
 import pytest
 
-from modelfleet import fleet, masking, ssh
-from modelfleet.masking import MASK
+from modelfleet.base import masking
+from modelfleet.base.masking import MASK
+from modelfleet.fleet import status as fleet_status
+from modelfleet.host import ssh
 from tests.helpers.made_keys import made_key
 
 
@@ -74,7 +76,7 @@ def test_other_env_names_pass(name):
 
 
 def test_learn_data_and_inventory(monkeypatch):
-    from modelfleet.inventory.resolver import resolve
+    from modelfleet.plan.inventory.resolver import resolve
 
     monkeypatch.setenv("MY_KEY_VAR", "key-value-123")
     token = "hf_" + secrets.token_hex(6)
@@ -126,7 +128,7 @@ def test_logs_mask_the_key_an_engine_logs(monkeypatch):
         services = [type("S", (), {"unit_name": "modelfleet-x.service"})()]
 
     sink = io.StringIO()
-    fleet.logs([Plan()], sink=sink)
+    fleet_status.logs([Plan()], sink=sink)
     out = sink.getvalue()
     assert "known-key-1234567" not in out and "unknown-key-7654321" not in out
     assert out.count(MASK) == 2 and "[h1] ready" in out
@@ -135,7 +137,7 @@ def test_logs_mask_the_key_an_engine_logs(monkeypatch):
 def test_converge_shard_logs_are_masked(tmp_path, monkeypatch):
     """A shard's log is a report: what its pyinfra process printed is masked there too (the child masks its
     own streams; this holds also for a child that could not)."""
-    from modelfleet import shards
+    from modelfleet.fleet import shards
 
     masking.learn("shard-known-secret-42")
     monkeypatch.setenv("MODELFLEET_REPORTS", str(tmp_path))
@@ -162,8 +164,8 @@ def test_the_programs_and_templates_modelfleet_writes_to_hosts_pass_the_mask_unc
 def test_front_door_client_keys_masked_where_the_run_prints_them(monkeypatch):
     """The keys a front door's clients use (router_client_keys_env) are known to the mask: the nginx map that
     holds them (the 0600 file a `--diff` or a failing upload would print) reaches a reader masked."""
-    from modelfleet import router
-    from modelfleet.inventory import resolve
+    from modelfleet.plan import router
+    from modelfleet.plan.inventory import resolve
     from tests.helpers.front_doors import KEY, fleet
 
     client = "client-" + secrets.token_hex(8)

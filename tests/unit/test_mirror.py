@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet import FILES_DIR, REPO_ROOT, checkpoint, mirror
-from modelfleet.inventory import resolve
-from modelfleet.pins import checkpoint_of, pinned_revision
-from modelfleet.stages import model as model_stage
+from modelfleet import FILES_DIR, REPO_ROOT
+from modelfleet.fleet import mirror
+from modelfleet.plan import checkpoint
+from modelfleet.plan.inventory import resolve
+from modelfleet.plan.pins import checkpoint_of, pinned_revision
+from modelfleet.run.stages import model as model_stage
 from tests.helpers.made_keys import made_key
 
 pytestmark = pytest.mark.slow  # the mirror command in child interpreters, copying files

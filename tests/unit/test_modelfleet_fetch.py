@@ -297,7 +297,7 @@ def test_an_index_refuses_what_no_cache_may_hold_and_names_it(tmp_path, plant):
 
 def test_the_script_names_the_checkpoint_layout_as_the_package_does():
     # It runs alone on hosts (nothing of the package there), so it keeps its own copy of these names.
-    from modelfleet import host_commands
+    from modelfleet.base import host_commands
     text = (FILES_DIR / "modelfleet_fetch.py").read_text()
     assert f'MANIFEST = "{host_commands.MANIFEST}"' in text
     assert f'"{host_commands.FETCH_LOCK}"' in text and f'PARTIAL = "{host_commands.PARTIAL}"' in text

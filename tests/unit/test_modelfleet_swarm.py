@@ -13,9 +13,9 @@ import urllib.request
 
 import pytest
 
-from modelfleet import transfer
 from modelfleet.files import modelfleet_swarm as swarm
 from modelfleet.files.modelfleet_fetch import Tree, challenge
+from modelfleet.host import transfer
 from tests.unit.test_modelfleet_fetch import FETCH, KEY, TOKEN, free_port
 
 PIECE = 256 << 10

@@ -1,7 +1,7 @@
 """The mount at a path as /proc/self/mountinfo says (operations.mounts): the per-mount options of the mount
 at exactly that path, the last one stacked there, octal escapes read; the fstab line escapes the same way."""
 
-from modelfleet.operations.mounts import fstab_line, mount_options
+from modelfleet.host.operations.mounts import fstab_line, mount_options
 
 INFO = """\
 22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw

@@ -1,9 +1,9 @@
-"""The NCCL INFO log parser (modelfleet.nccl_log) on verbatim public logs and this project's own H200 recording
+"""The NCCL INFO log parser (modelfleet.base.nccl_log) on verbatim public logs and this project's own H200 recording
 (tests/fixtures/nccl, see SOURCE)."""
 
 from pathlib import Path
 
-from modelfleet import nccl_log
+from modelfleet.base import nccl_log
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDER = ROOT / "tests" / "fixtures" / "nccl"

@@ -10,12 +10,13 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from modelfleet import render, replica_door, units
-from modelfleet.catalog import CATALOG_DIR, CatalogError, load_catalog, with_site_recipes
 from modelfleet.cli import main
-from modelfleet.inventory import resolve
-from modelfleet.inventory.endpoints import rows
-from modelfleet.planner import gpu_layers, layer_lines, plan_capacity
+from modelfleet.host import units
+from modelfleet.plan import render, replica_door
+from modelfleet.plan.catalog import CATALOG_DIR, CatalogError, load_catalog, with_site_recipes
+from modelfleet.plan.inventory import resolve
+from modelfleet.plan.inventory.endpoints import rows
+from modelfleet.plan.planner import gpu_layers, layer_lines, plan_capacity
 from tests.helpers.made_keys import made_key
 from tests.helpers.recipe_pools import CATALOG, PIN, pool
 
@@ -191,7 +192,7 @@ def test_a_bad_engine_entry_is_refused_naming_engine_and_field(tmp_path, spec, f
 def test_verify_asks_the_keyed_proxy_where_clients_do_and_its_health_path_stays_open(monkeypatch):
     """The gate and the exposure probe go to the keyed proxy (not the keyless engine on loopback), which leaves
     only the engine's health path open: a key-less request to it is answered, every other one is refused."""
-    from modelfleet.checks import endpoint, reachable_from_control_node
+    from modelfleet.run.checks import endpoint, reachable_from_control_node
 
     monkeypatch.setenv("DOOR_KEY", KEY)
     result = resolve([("h1", host("ollama", bind_address="10.0.0.9", api_key_env="DOOR_KEY"))])
@@ -214,7 +215,7 @@ def test_a_pruned_revision_takes_the_store_it_was_registered_in_with_it(tmp_path
     removes that copy too (the shell expands the pattern), and nothing of the revision kept."""
     import subprocess
 
-    from modelfleet.stages.model import revisions_pruned
+    from modelfleet.run.stages.model import revisions_pruned
 
     old, kept = "a" * 40, "b" * 40
     svc = pool("tiny-lab-ollama", "h200").hosts["n0"].services[0]
@@ -293,7 +294,7 @@ def test_tokenspeeds_control_server_port_is_held_apart_from_a_front_door_on_its_
 
 def test_tokenspeeds_control_server_port_is_a_claimed_port_of_its_host():
     """A prefill server's bootstrap port on TokenSpeed's control server port (port + 1) of the same host."""
-    from modelfleet.catalog.routers import bootstrap_port
+    from modelfleet.plan.catalog.routers import bootstrap_port
 
     taken = bootstrap_port(CATALOG.recipes["kimi-k3-sglang-pd-prefill-b300"], "sglang")
     data = host("tokenspeed", gpu_count=16, services=[

@@ -4,7 +4,7 @@ refuses the GPU naming GPU, link and counter; CRC counts are kept, not refused; 
 
 from pathlib import Path
 
-from modelfleet import nvlink_errors
+from modelfleet.plan import nvlink_errors
 from tests.helpers.public_samples import public_sample_lines
 from tests.unit.test_health import judge
 

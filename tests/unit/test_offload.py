@@ -14,12 +14,11 @@ from click.testing import CliRunner
 
 from lab.engine_double import engine_double
 from lab.engine_parsers.llama_server import option_table
-from modelfleet import render
-from modelfleet.checks.bench import GpuMemorySampler, gpu_memory_sh, parse_gpu_memory
 from modelfleet.cli import main
-from modelfleet.facts.host import parse_mem_total_kib
-from modelfleet.inventory import resolve
-from modelfleet.planner import (
+from modelfleet.host.facts.host import parse_mem_total_kib
+from modelfleet.plan import render
+from modelfleet.plan.inventory import resolve
+from modelfleet.plan.planner import (
     DENSE_GGUF_BYTES_PER_PARAM,
     FIT_TARGET_MIB,
     GIB,
@@ -30,7 +29,8 @@ from modelfleet.planner import (
     routed_expert_params,
     split_lines,
 )
-from modelfleet.stages.preflight import host_ram_problems
+from modelfleet.run.checks.bench import GpuMemorySampler, gpu_memory_sh, parse_gpu_memory
+from modelfleet.run.stages.preflight import host_ram_problems
 from tests.helpers.recipe_pools import CATALOG, PIN, pool
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -127,7 +127,7 @@ def test_one_gpu_plus_ram_inventory_validates_renders_and_refuses_too_little_ram
 
 
 # Each llama.cpp recipe against the flag list of the build it names: b11434's --help (built on the H200), the lab's
-# build 11669 (modelfleet/catalog/engine_flags.json, generated from its --help).
+# build 11669 (modelfleet/plan/catalog/engine_flags.json, generated from its --help).
 LLAMA_LINES = [(r.id, r.engine_version) for r in CATALOG.recipes.values() if r.engine == "llama.cpp"]
 
 
@@ -242,7 +242,7 @@ def test_tiny_gguf_moe_variant_has_llamas_expert_tensors_and_keeps_the_dense_fil
 
 
 def test_bench_json_and_plot_carry_the_peak_per_gpu(tmp_path):
-    from modelfleet.checks.bench import plot
+    from modelfleet.run.checks.bench import plot
 
     # the H200 run's record (docs/measurements/hw-runs/llama-server-h200-2026-12-03.json): a level as the bench wrote it
     record = json.loads((Path(__file__).resolve().parents[2] / "docs" / "measurements" / "hw-runs" /
@@ -256,7 +256,7 @@ def test_bench_json_and_plot_carry_the_peak_per_gpu(tmp_path):
 
 
 def test_gpu_memory_is_read_on_nvidia_hosts_only():
-    from modelfleet.checks.bench import host_gpu_memory
+    from modelfleet.run.checks.bench import host_gpu_memory
 
     lab = resolve([("lab1", {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "llama.cpp"})])
     assert lab.errors == [] and host_gpu_memory(lab.hosts["lab1"]) is None
@@ -266,7 +266,7 @@ def test_gpu_memory_is_read_on_nvidia_hosts_only():
 
 def test_the_probe_reads_memtotal_for_preflight():
     """The RAM check is fed by the one probe: its MemTotal part, on the real H200's /proc/meminfo."""
-    from modelfleet.facts.probe import MARK, HostProbe
+    from modelfleet.host.facts.probe import MARK, HostProbe
 
     meminfo = (FIXTURES / "gpu-hosts" / "h200x1-ubuntu2404" / "meminfo.txt").read_text().splitlines()
     assert "grep '^MemTotal:' /proc/meminfo" in HostProbe().command()

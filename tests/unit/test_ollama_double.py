@@ -19,9 +19,10 @@ import urllib.request
 
 import pytest
 
-from modelfleet import render, units
-from modelfleet.checks import Endpoint
-from modelfleet.checks.ready import readiness
+from modelfleet.host import units
+from modelfleet.plan import render
+from modelfleet.run.checks import Endpoint
+from modelfleet.run.checks.ready import readiness
 from tests.conftest import ROOT
 from tests.helpers.recipe_pools import pool
 

@@ -1,4 +1,4 @@
-"""modelfleet.op_order gives pyinfra's operation order exactly as pyinfra's own function does, from frames."""
+"""modelfleet.base.op_order gives pyinfra's operation order exactly as pyinfra's own function does, from frames."""
 
 from types import SimpleNamespace
 
@@ -6,7 +6,7 @@ import pyinfra
 import pytest
 from pyinfra.api import util
 
-from modelfleet import op_order
+from modelfleet.base import op_order
 
 
 def both(state):
@@ -63,7 +63,7 @@ def test_the_installed_pyinfra_is_a_checked_release(stock):
 def test_importing_the_deploys_patches_nothing():
     import subprocess
     import sys
-    code = ("import importlib, modelfleet.deploys, modelfleet.pipeline; from pyinfra.api import util; "
+    code = ("import importlib, modelfleet.run.deploys, modelfleet.run.pipeline; from pyinfra.api import util; "
             "print(importlib.import_module('pyinfra.api.operation').get_operation_order_from_stack "
             "is util.get_operation_order_from_stack)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -71,7 +71,7 @@ def test_importing_the_deploys_patches_nothing():
 
 
 def test_run_stages_installs_it_first(monkeypatch):
-    from modelfleet import pipeline
+    from modelfleet.run import pipeline
 
     class Installed(Exception):
         pass

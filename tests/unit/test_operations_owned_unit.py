@@ -9,7 +9,7 @@ import logging
 import pytest
 from pyinfra.api.exceptions import PyinfraError
 
-from modelfleet.operations.owned_unit import owned_running, refused_when_kept, unmasked
+from modelfleet.host.operations.owned_unit import owned_running, refused_when_kept, unmasked
 
 UNIT = "modelfleet-k31.service"
 OURS = f"/etc/systemd/system/{UNIT}"

@@ -15,7 +15,7 @@ from pyinfra.api import Config, Inventory, State
 from pyinfra.api.connect import connect_all, disconnect_all
 from pyinfra.api.exceptions import PyinfraError
 
-from modelfleet.operations.reboot import boot_token, reboot_and_wait
+from modelfleet.host.operations.reboot import boot_token, reboot_and_wait
 
 
 def test_nothing_is_sent_when_no_reboot_is_needed(fake):

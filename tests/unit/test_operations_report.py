@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from modelfleet.commands import run_pyinfra
-from modelfleet.operations import report
+from modelfleet.base.commands import run_pyinfra
+from modelfleet.host.operations import report
 
 DEPLOY = """
 from pyinfra import host
-from modelfleet.operations.report import fail_host, note_once, report_path, save_report, write_report
+from modelfleet.host.operations.report import fail_host, note_once, report_path, save_report, write_report
 
 save_report("verify", "pool a/b", {"judged": "while planning"})
 write_report(name="Before", path=str(report_path("bench", "before")), report={"n": 1})

@@ -4,8 +4,8 @@ wheelhouse's files are pushed to the root-only staging directory before the buil
 
 from __future__ import annotations
 
-from modelfleet import venvs
-from modelfleet.operations.venv import engine_user, venv_built, venvs_pruned
+from modelfleet.host.operations.venv import engine_user, venv_built, venvs_pruned
+from modelfleet.plan import venvs
 from tests.fake.harness import planned
 
 VENV = venvs.VenvPlan(path=f"{venvs.VENV_ROOT}/vllm-0.34.0-abcdefabcdef", engine="vllm", version="0.34.0",

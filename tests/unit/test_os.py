@@ -1,5 +1,5 @@
-"""The OS seam (modelfleet.os): the data names each release's family and vendor repositories once, every family it
-names keeps the contract the stages use, and no module outside modelfleet/os speaks a package manager."""
+"""The OS seam (modelfleet.host.os): the data names each release's family and vendor repositories once, every family it
+names keeps the contract the stages use, and no module outside modelfleet/host/os speaks a package manager."""
 
 from __future__ import annotations
 
@@ -9,16 +9,17 @@ import re
 import pytest
 
 from modelfleet import PACKAGE_DIR
-from modelfleet import os as osfam
+from modelfleet.host import os as osfam
 
-# What a family module defines (modelfleet/os/__init__.py's docstring): the stages call nothing else.
+# What a family module defines (modelfleet/host/os/__init__.py's docstring): the stages call nothing else.
 CONTRACT = ("NAME", "packages", "held", "repo_package", "key_fetched", "in_archive", "missing", "repository",
             "source_urls", "cuda_repository", "amd_repository", "upstream", "upstream_sh", "exact_install_sh",
             "PACKAGE_STATE_SH", "REBOOT_SH", "reboot_asks", "reboot_needed", "upgrades_config", "names",
             "SOURCE_KIND", "OWN_SOURCES")
 # The modules that ask a family something, and how they name it there.
-CALLERS = ("stages/gpu_driver.py", "stages/gpu_stack.py", "stages/container_runtime.py", "stages/os_base.py",
-           "stages/router.py", "urls.py", "host_record.py", "facts/state.py", "context.py")
+CALLERS = ("run/stages/gpu_driver.py", "run/stages/gpu_stack.py", "run/stages/container_runtime.py",
+           "run/stages/os_base.py", "run/stages/router.py", "fleet/urls.py", "host/host_record.py",
+           "host/facts/state.py", "run/context.py")
 ASKED = re.compile(r"\b(?:fam|d\.os|self\.os|osfam\.(?:family|by_name)\([^()]*\))\.(\w+)")
 ROLES = ("base", "kernel_headers", "router_base", "router_firewall", "distro_docker", "docker", "docker_holds",
          "nvidia_driver", "nvidia_pinning", "fabric_manager", "cuda_toolkit")
@@ -92,11 +93,11 @@ def _code_strings(tree: ast.Module) -> list[ast.Constant]:
 
 
 def test_no_module_outside_the_seam_speaks_a_package_manager():
-    """Commands and paths of a package manager live in modelfleet/os only (code and host programs, not prose)."""
+    """Commands and paths of a package manager live in modelfleet/host/os only (code and host programs, not prose)."""
     found = []
     for path in sorted(PACKAGE_DIR.rglob("*")):
         rel = path.relative_to(PACKAGE_DIR)
-        if rel.parts[0] == "os" or path.suffix not in (".py", ".sh", ".j2"):
+        if rel.parts[:2] == ("host", "os") or path.suffix not in (".py", ".sh", ".j2"):
             continue
         if path.suffix == ".py":
             tree = ast.parse(path.read_text())

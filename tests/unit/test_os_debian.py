@@ -1,4 +1,4 @@
-"""The Debian family (modelfleet.os.debian): what it tells a host, run where it can be (the real dpkg-query of
+"""The Debian family (modelfleet.host.os.debian): what it tells a host, run where it can be (the real dpkg-query of
 this machine, sh with stand-ins for apt-get), and the source files and paths the stages had before the seam,
 byte for byte. Its operations have pyinfra-testing cases in tests/operations/os.debian.*."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet.facts.state import DeployedState
-from modelfleet.os import debian
+from modelfleet.host.facts.state import DeployedState
+from modelfleet.host.os import debian
 
 needs_dpkg = pytest.mark.skipif(not shutil.which("dpkg-query"), reason="no dpkg-query here")
 

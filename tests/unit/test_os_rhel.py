@@ -1,4 +1,4 @@
-"""The RHEL family (modelfleet.os.rhel): its shell run where it can be (sh here, with stand-ins for rpm, dnf and
+"""The RHEL family (modelfleet.host.os.rhel): its shell run where it can be (sh here, with stand-ins for rpm, dnf and
 needs-restarting that answer as the outputs recorded from public sources in tests/fixtures/os-rhel/ show; SOURCE
 there names each), its repository files against the vendors' own, and a GPU stack planned for a Rocky host.
 No RHEL host and no RPM registry can be reached here: these are the checks that can be made without one."""
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet import os as osfam
-from modelfleet import trust
-from modelfleet.facts.state import DeployedState
-from modelfleet.os import rhel
+from modelfleet.host import os as osfam
+from modelfleet.host.facts.state import DeployedState
+from modelfleet.host.os import rhel
+from modelfleet.plan import trust
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "os-rhel"
 LOCKS = osfam.family_data("rhel")["versionlock"]

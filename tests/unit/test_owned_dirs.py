@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import PyinfraError
 
-from modelfleet.grammar import owned_directory
-from modelfleet.inventory import resolve
-from modelfleet.inventory.schema import HostData
-from modelfleet.operations.files import MARKER, foreign_entries
-from modelfleet.pipeline import run_stages
-from modelfleet.stages import preflight, service, storage
+from modelfleet.base.grammar import owned_directory
+from modelfleet.host.operations.files import MARKER, foreign_entries
+from modelfleet.plan.inventory import resolve
+from modelfleet.plan.inventory.schema import HostData
+from modelfleet.run.pipeline import run_stages
+from modelfleet.run.stages import preflight, service, storage
 from tests.conftest import ROOT
 
 REFUSED = ["/", "/var/lib", "/usr/bin", "/etc/ssh", "/var/lib/docker", "/boot/efi", "/proc/x", "/home", "/etc",
@@ -171,7 +171,7 @@ def test_the_marker_is_never_made_through_a_link_planted_in_the_directory(tmp_pa
     plants `.modelfleet-owned -> /etc/nologin`: `touch` as root made the victim, an empty file anywhere."""
     import subprocess
 
-    from modelfleet.operations.files import directory
+    from modelfleet.host.operations.files import directory
 
     cache = tmp_path / "cache" / "0123456789abcdef"
     cache.mkdir(parents=True)
@@ -200,9 +200,10 @@ def test_every_file_modelfleet_writes_into_the_config_dir_is_a_name_it_knows(mon
     import posixpath
     from types import SimpleNamespace
 
-    from modelfleet import render, replica_door, router, transfer, units, weight_cache
-    from modelfleet.operations.files import OWN_NAMES
-    from modelfleet.stages import engine_cache, model
+    from modelfleet.host import transfer, units
+    from modelfleet.host.operations.files import OWN_NAMES
+    from modelfleet.plan import render, replica_door, router, weight_cache
+    from modelfleet.run.stages import engine_cache, model
     from tests.helpers.front_doors import KEY, fleet
 
     monkeypatch.setenv("MF_ROUTER_KEY", KEY)
@@ -222,7 +223,7 @@ def test_every_file_modelfleet_writes_into_the_config_dir_is_a_name_it_knows(mon
 
 def test_a_directory_taken_over_as_it_was_is_marked(fake):
     """A config directory someone made empty with modelfleet's owner and mode gets the marker on the first run."""
-    from modelfleet.operations.files import directory
+    from modelfleet.host.operations.files import directory
 
     def deploy():
         directory(name="d", path="/srv/app", current=dir_state())

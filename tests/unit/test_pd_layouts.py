@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 import lab.engine_parsers as engine_parsers
-from modelfleet import fabric as fab
-from modelfleet import render, router
-from modelfleet.facts.fabric import parse_fabric
-from modelfleet.inventory import resolve
+from modelfleet.host import fabric as fab
+from modelfleet.host.facts.fabric import parse_fabric
+from modelfleet.plan import render, router
+from modelfleet.plan.inventory import resolve
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 HELP = {"vllm": "vllm-router-0.1.17-help.txt", "sglang": "smg-1.13.0-launch-help.txt"}

@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from modelfleet import checkpoint, pins, registry, runscope
-from modelfleet.checkpoint import ModelSourceError
-from modelfleet.inventory import resolve
-from modelfleet.registry import RegistryError
+from modelfleet.base import registry, runscope
+from modelfleet.base.registry import RegistryError
+from modelfleet.plan import checkpoint, pins
+from modelfleet.plan.checkpoint import ModelSourceError
+from modelfleet.plan.inventory import resolve
 from tests.helpers.recipe_pools import PIN, pool
 
 DIGEST = "sha256:" + "d" * 64

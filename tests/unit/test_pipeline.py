@@ -1,4 +1,4 @@
-"""The pipeline deploys/serve.py runs is the one modelfleet.deploys.serve runs (each deploy file calls its function
+"""The pipeline deploys/serve.py runs is the one modelfleet.run.deploys.serve runs (each deploy file calls its function
 and nothing else, so a stage list has one home); every stage keeps
 the Stage contract; no stage imports another stage (shared decisions live in pins, units and gpu_predicates),
 and a stage's parts (gpu_stack's os_base, gpu_driver, container_runtime) are imported by it alone."""
@@ -6,8 +6,8 @@ and a stage's parts (gpu_stack's os_base, gpu_driver, container_runtime) are imp
 import ast
 from pathlib import Path
 
-from modelfleet import deploys, pipeline
-from modelfleet.stages import Stage, gpu_stack
+from modelfleet.run import deploys, pipeline
+from modelfleet.run.stages import Stage, gpu_stack
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,7 +24,7 @@ def test_each_deploy_file_runs_its_function_of_the_package_and_nothing_else():
     assert "serve" in {p.stem for p in files}
     for path in files:
         name = path.stem
-        assert statements(path) == [f"from modelfleet.deploys import {name}", f"{name}()"], path.name
+        assert statements(path) == [f"from modelfleet.run.deploys import {name}", f"{name}()"], path.name
         assert callable(getattr(deploys, name))
 
 
@@ -50,13 +50,13 @@ def test_no_stage_imports_another_stage():
             continue
         mine = {name for name, owner in parts.items() if owner == path.name}
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("modelfleet.stages."):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("modelfleet.run.stages."):
                 assert node.module.rsplit(".", 1)[-1] in mine, f"{path.name} imports {node.module}"
-            if isinstance(node, ast.ImportFrom) and node.module == "modelfleet.stages":
+            if isinstance(node, ast.ImportFrom) and node.module == "modelfleet.run.stages":
                 names = {alias.name for alias in node.names} & stage_modules
                 assert names <= mine, f"{path.name} imports stage(s) {names - mine}"
     for path in (ROOT / "modelfleet").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module == "modelfleet.stages":
+            if isinstance(node, ast.ImportFrom) and node.module == "modelfleet.run.stages":
                 used = {alias.name for alias in node.names} & set(parts)
                 assert not used or path.name in ("gpu_stack.py", "urls.py"), f"{path} uses gpu_stack's parts {used}"

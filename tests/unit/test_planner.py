@@ -1,5 +1,5 @@
-from modelfleet.catalog import load_catalog
-from modelfleet.planner import plan_capacity
+from modelfleet.plan.catalog import load_catalog
+from modelfleet.plan.planner import plan_capacity
 
 CAT = load_catalog()
 

@@ -4,9 +4,9 @@ host where asked, and what a remote Prometheus cannot reach named instead of lis
 
 import pytest
 
-from modelfleet import router
-from modelfleet.inventory import resolve
-from modelfleet.prometheus import notes, scrape_config
+from modelfleet.plan import router
+from modelfleet.plan.inventory import resolve
+from modelfleet.plan.prometheus import notes, scrape_config
 from tests.helpers.front_doors import KEY, host
 
 PIN = "e" * 40

@@ -1,12 +1,12 @@
-"""A member's RDMA rail (modelfleet.rails) from recorded fabric dumps: the backend route group's active,
+"""A member's RDMA rail (modelfleet.host.rails) from recorded fabric dumps: the backend route group's active,
 full-membership ports in rail order, the frontend and the rest left out with why, and members held to one rail."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from modelfleet.facts.fabric import parse_fabric
-from modelfleet.rails import check_rails, common_family, rail, what_was_left
+from modelfleet.host.facts.fabric import parse_fabric
+from modelfleet.host.rails import check_rails, common_family, rail, what_was_left
 
 FABRIC = Path(__file__).resolve().parents[1] / "fixtures" / "fabric"
 

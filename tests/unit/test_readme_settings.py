@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet import settings_doc
-from modelfleet.inventory.schema import HostData, ServiceData
+from modelfleet.plan import settings_doc
+from modelfleet.plan.inventory.schema import HostData, ServiceData
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -26,7 +26,8 @@ def test_readme_block_equals_the_schema():
     text = README.read_text()
     assert text.count(settings_doc.BEGIN) == 1 and text.count(settings_doc.END) == 1
     assert settings_doc.current_block(text) == settings_doc.table(), (
-        "README.md's settings tables differ from the schema: run `python -m modelfleet.settings_doc --write README.md`")
+        "README.md's settings tables differ from the schema: "
+        "run `python -m modelfleet.plan.settings_doc --write README.md`")
 
 
 @pytest.mark.parametrize("model", [HostData, ServiceData])
@@ -74,7 +75,7 @@ def test_pyinfra_keys_are_named_as_passing_through():
 
 
 def test_service_keys_are_the_service_fields_and_no_key_is_both():
-    from modelfleet.inventory.schema import SERVICE_KEYS
+    from modelfleet.plan.inventory.schema import SERVICE_KEYS
 
     assert sorted(SERVICE_KEYS) == sorted(ServiceData.model_fields)
     assert not set(HostData.model_fields) & set(ServiceData.model_fields)

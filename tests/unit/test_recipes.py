@@ -7,11 +7,12 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from modelfleet import grammar, render, runscope
-from modelfleet.checkpoint import Snapshot
+from modelfleet.base import grammar, runscope
 from modelfleet.cli import main
-from modelfleet.inventory import resolve
-from modelfleet.planner import plan_capacity
+from modelfleet.plan import render
+from modelfleet.plan.checkpoint import Snapshot
+from modelfleet.plan.inventory import resolve
+from modelfleet.plan.planner import plan_capacity
 from tests.helpers.recipe_pools import CATALOG, PIN, RECIPE_BOARDS, pool
 
 
@@ -91,7 +92,7 @@ def test_a_required_recipe_parameter_is_named_with_where_to_get_it():
 
 
 def test_gguf_recipe_fetches_only_its_quantization_and_loads_the_first_shard():
-    from modelfleet.pins import checkpoint_of, pinned_revision
+    from modelfleet.plan.pins import checkpoint_of, pinned_revision
 
     result = pool("kimi-k3-llamacpp-ud-iq1-m", "h200")
     plan = result.hosts["n0"]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet import registry
-from modelfleet.registry import RegistryError
+from modelfleet.base import registry
+from modelfleet.base.registry import RegistryError
 
 USER, PASSWORD = "robot$ci", "s3cr3t-pa55"
 DIGEST = "sha256:" + "ab" * 32
@@ -273,7 +273,7 @@ def test_a_run_reads_insecure_registries_from_the_inventory_pyinfra_loaded():
 
 
 def test_the_schema_takes_insecure_registries_as_host_and_port():
-    from modelfleet.inventory import resolve
+    from modelfleet.plan.inventory import resolve
 
     ok = resolve([("h", {"hardware": "h200", "gpu_count": 1, "model": "tiny-lab", "engine": "vllm",
                         "recipe": "tiny-lab-vllm", "insecure_registries": ["reg.site:5000", "mirror.lan"]})])

@@ -3,8 +3,8 @@ import sys
 
 import pytest
 
-from modelfleet import render
-from modelfleet.inventory import resolve
+from modelfleet.plan import render
+from modelfleet.plan.inventory import resolve
 from tests.helpers.made_keys import made_key
 
 PIN = "b" * 40

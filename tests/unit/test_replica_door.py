@@ -1,11 +1,11 @@
-"""The keyed proxy before a routed replica on its own host (modelfleet.replica_door): which replicas get one, and
+"""The keyed proxy before a routed replica on its own host (modelfleet.plan.replica_door): which replicas get one, and
 the files it is started from (nginx's config, its 0600 key map, its unit). The real nginx in front of a vLLM engine
 double, behind the real router, is attacked in tests/router/test_door_attacks_e2e.py."""
 
 import pytest
 
-from modelfleet import replica_door
-from modelfleet.inventory import resolve
+from modelfleet.plan import replica_door
+from modelfleet.plan.inventory import resolve
 
 KEY = "replica-door-key-0123"
 

@@ -2,8 +2,8 @@
 own `pool`, port and GPUs; left without `pool` they are refused by one error that names the way, not by what
 would follow from their sharing one pool. Two multi-node pools never share a head (one rendezvous port)."""
 
-from modelfleet import render
-from modelfleet.inventory import resolve
+from modelfleet.plan import render
+from modelfleet.plan.inventory import resolve
 
 QWEN = {"model": "qwen3-8b", "engine": "vllm"}
 

@@ -1,4 +1,4 @@
-"""modelfleet.retire: which units of a host are modelfleet's and no longer named, and what each one's file says
+"""modelfleet.run.retire: which units of a host are modelfleet's and no longer named, and what each one's file says
 it runs (read from the units modelfleet really renders); the DeployedState's `owned` read in a real shell lists
 only the files with modelfleet's mark; a host the inventory still holds is refused by the retire command."""
 
@@ -10,10 +10,12 @@ from dataclasses import replace
 
 import pytest
 
-from modelfleet import PACKAGE_DIR, render, retire, router
-from modelfleet.facts.state import OWNED_MARK, DeployedState
-from modelfleet.inventory import resolve
-from modelfleet.stages import exporters
+from modelfleet import PACKAGE_DIR
+from modelfleet.host.facts.state import OWNED_MARK, DeployedState
+from modelfleet.plan import render, router
+from modelfleet.plan.inventory import resolve
+from modelfleet.run import retire
+from modelfleet.run.stages import exporters
 
 
 def service(fabric: str, port: int, engine: str = "sglang", **extra) -> dict:
@@ -99,7 +101,7 @@ def test_only_owned_units_the_plan_does_not_name_are_retired_and_never_a_file_it
 
 
 def test_a_host_still_in_the_inventory_is_refused_by_name_or_address(resolved):
-    from modelfleet import targets
+    from modelfleet.base import targets
 
     resolved.hosts["@fake/a"] = replace(resolved.hosts["@fake/a"], address="10.0.0.7")
     assert len(targets.still_served(resolved, [targets.target(t) for t in ("10.0.0.7", "@ssh/10.0.0.7")])) == 2
@@ -143,10 +145,10 @@ def test_the_retire_command_refuses_a_host_the_inventory_holds_before_connecting
 
 def test_a_host_out_of_the_inventory_loses_every_marked_unit_and_says_so_while_planning(fake, resolved, tmp_path,
                                                                                        monkeypatch):
-    """modelfleet.deploys.retire on a @fake host: what it would retire written where the command reads it (also
+    """modelfleet.run.deploys.retire on a @fake host: what it would retire written where the command reads it (also
     under --dry), and with --remove-checkpoints the model directory of a pinned revision removed."""
-    from modelfleet import deploys
-    from modelfleet.units import UNIT_DIR
+    from modelfleet.host.units import UNIT_DIR
+    from modelfleet.run import deploys
 
     svc = resolved.hosts["@fake/a"].services[0].at_commit("b" * 40)
     lines = [f"@@modelfleet-state owned {UNIT_DIR}", f"unit {svc.unit_name}", "ActiveState=active"]

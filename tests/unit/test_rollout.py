@@ -1,7 +1,7 @@
 """Rollout batches: a multi-node pool is one unit; single-node hosts go `parallel` at a time."""
 
-from modelfleet.inventory import resolve
-from modelfleet.rollout import batches
+from modelfleet.fleet.rollout import batches
+from modelfleet.plan.inventory import resolve
 
 ONE = {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm"}
 DP2 = {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm-dp2", "pool": "dp"}
@@ -21,7 +21,7 @@ def test_a_batch_whose_restart_took_longer_than_its_recipes_budget_is_reported(m
     import json
     import time
 
-    from modelfleet import rollout
+    from modelfleet.fleet import rollout
 
     monkeypatch.setenv("MODELFLEET_REPORTS", str(tmp_path))
     llama = {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "llama.cpp", "recipe": "tiny-lab-llamacpp"}
@@ -31,7 +31,7 @@ def test_a_batch_whose_restart_took_longer_than_its_recipes_budget_is_reported(m
     assert resolved.hosts["a"].services[0].recipe.ready_budget_s.restart == 8
     rows = [{"host": h, "reachable": True, "services": [{"unit": f"u-{h}", "image": "i", "revision": "r",
                                                          "health": "200", "endpoint": h}]} for h in "abcd"]
-    monkeypatch.setattr(rollout.fleet, "status", lambda plans: rows)
+    monkeypatch.setattr(rollout.fleet_status, "status", lambda plans: rows)
     ready = {"a": 11.5, "b": 3.2}  # what each host's restart took in its batch's serve run
 
     def pyinfra(inventory, deploy, hosts, data, env, inventory_args=()):
@@ -62,7 +62,7 @@ def test_a_ready_budget_whose_restart_exceeds_cold_is_refused():
     import pytest
     from pydantic import ValidationError
 
-    from modelfleet.catalog import ReadyBudget
+    from modelfleet.plan.catalog import ReadyBudget
 
     assert ReadyBudget(cold=60, restart=10, why="measured").restart == 10
     with pytest.raises(ValidationError, match="restart .20. may not exceed cold .10."):

@@ -5,8 +5,10 @@ import json
 
 import pytest
 
-from modelfleet import fleet, rollout, router
-from modelfleet.inventory import resolve
+from modelfleet.fleet import rollout
+from modelfleet.fleet import status as fleet_status
+from modelfleet.plan import router
+from modelfleet.plan.inventory import resolve
 
 KEY = "rollout-front-door-key-0123"
 
@@ -32,7 +34,7 @@ def setup(monkeypatch, list_answers=True, remove_ok=True):
             if router.list_command(rp) in script:
                 rows = [{"id": f"id-{n}", "url": u, "is_healthy": True} for n, u in enumerate(sorted(listed))]
                 body = json.dumps({"workers": rows}) if list_answers is True else (list_answers or "")
-                out[plan.name] = (0, f"{fleet.MARK} router {rp.name}\nworkers={body}\n", "")
+                out[plan.name] = (0, f"{fleet_status.MARK} router {rp.name}\nworkers={body}\n", "")
                 continue
             for worker in rp.workers:
                 if router.remove_script(rp, worker.url, f"id-{sorted(listed).index(worker.url)}"
@@ -47,8 +49,8 @@ def setup(monkeypatch, list_answers=True, remove_ok=True):
 
     rows = [{"host": n, "reachable": True, "services": [{"health": "200", "endpoint": "x", "image": "i",
                                                           "revision": "r"}]} for n in ("r1", "a")]
-    monkeypatch.setattr(fleet, "on_hosts", on_hosts)
-    monkeypatch.setattr(fleet, "status", lambda plans: rows)
+    monkeypatch.setattr(fleet_status, "on_hosts", on_hosts)
+    monkeypatch.setattr(fleet_status, "status", lambda plans: rows)
     monkeypatch.setattr(rollout, "_pyinfra",
                         lambda inv, deploy, hosts, *a: steps.append((deploy, *hosts)) or (True, ""))
     return resolved, steps
@@ -58,9 +60,9 @@ def test_each_replica_leaves_the_front_door_before_its_switch_and_returns_after_
     resolved, steps = setup(monkeypatch)
     report = rollout.rollout("inv.py", resolved, log=lambda line: None)
     assert report["upgraded"] == ["r1", "a"] and not report["stopped"], report
-    assert steps == [("modelfleet.deploys.prefetch", "r1"), ("out", "r1"), ("modelfleet.deploys.serve", "r1"),
+    assert steps == [("modelfleet.run.deploys.prefetch", "r1"), ("out", "r1"), ("modelfleet.run.deploys.serve", "r1"),
                      ("in", "r1"),
-                     ("modelfleet.deploys.prefetch", "a"), ("out", "a"), ("modelfleet.deploys.serve", "a"),
+                     ("modelfleet.run.deploys.prefetch", "a"), ("out", "a"), ("modelfleet.run.deploys.serve", "a"),
                      ("in", "a")]
 
 
@@ -70,7 +72,7 @@ def test_a_front_door_that_does_not_answer_stops_the_rollout_before_any_switch(m
     report = rollout.rollout("inv.py", resolved, log=lambda line: None)
     assert report["upgraded"] == [] and "out of the front door failed" in report["stopped"]
     assert "does not answer its worker API" in report["stopped"]
-    assert steps == [("modelfleet.deploys.prefetch", "r1")]
+    assert steps == [("modelfleet.run.deploys.prefetch", "r1")]
 
 
 def test_a_local_router_host_runs_the_calls_on_this_machine(tmp_path):
@@ -79,5 +81,5 @@ def test_a_local_router_host_runs_the_calls_on_this_machine(tmp_path):
                                     "recipe": "tiny-lab-sglang"})])
     plan = resolved.hosts["@local"]
     marker = tmp_path / "ran-here"
-    out = fleet.on_hosts([plan], lambda p: f"touch {marker}; echo {p.name}; echo refused >&2; exit 3")
+    out = fleet_status.on_hosts([plan], lambda p: f"touch {marker}; echo {p.name}; echo refused >&2; exit 3")
     assert out == {"@local": (3, "@local\n", "refused\n")} and marker.exists()

@@ -3,8 +3,8 @@ the command that finishes the rollout."""
 
 import subprocess
 
-from modelfleet import rollout
-from modelfleet.inventory import resolve
+from modelfleet.fleet import rollout
+from modelfleet.plan.inventory import resolve
 
 ONE = {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm"}
 
@@ -15,7 +15,7 @@ def test_an_interrupted_switch_reports_batch_hosts_and_the_finishing_command(mon
     rows = [{"host": name, "reachable": True, "services": [{"unit": f"modelfleet-{name}.service", "image": "img:1",
                                                             "revision": "r1", "health": "200", "endpoint": "x"}]}
             for name in ("a", "b", "c")]
-    monkeypatch.setattr(rollout.fleet, "status", lambda plans: rows)
+    monkeypatch.setattr(rollout.fleet_status, "status", lambda plans: rows)
     calls = []
 
     def pyinfra(inventory, deploy, hosts, data, env, inventory_args=()):
@@ -42,7 +42,7 @@ def test_by_default_a_model_keeps_a_healthy_endpoint_outside_the_switching_batch
     resolved = resolve([(name, {**ONE, "pool": name}) for name in ("a", "b")])
     rows = [{"host": "a", "reachable": True, "services": [{"health": "200", "endpoint": "x"}]},
             {"host": "b", "reachable": True, "services": [{"health": "000", "endpoint": "x"}]}]
-    monkeypatch.setattr(rollout.fleet, "status", lambda plans: rows)
+    monkeypatch.setattr(rollout.fleet_status, "status", lambda plans: rows)
     calls = []
     monkeypatch.setattr(rollout, "_pyinfra", lambda *args: calls.append(args) or (True, ""))
     report = rollout.rollout("inv.py", resolved, log=lambda line: None)
@@ -60,11 +60,11 @@ def test_every_pyinfra_run_of_the_rollout_gets_the_operators_data_and_a_rollback
     resolved = resolve([("a", {**ONE, "pool": "a"})])
     rows = [{"host": "a", "reachable": True, "services": [{"image": "img:1", "revision": "r1", "health": "200",
                                                           "endpoint": "x"}]}]
-    monkeypatch.setattr(rollout.fleet, "status", lambda plans: rows)
+    monkeypatch.setattr(rollout.fleet_status, "status", lambda plans: rows)
     argvs = []
 
     def run_pyinfra(inventory, deploy, **argv):
-        from modelfleet.commands import pyinfra_argv
+        from modelfleet.base.commands import pyinfra_argv
 
         argvs.append(pyinfra_argv(inventory, deploy, **{k: v for k, v in argv.items() if k not in ("env", "timeout")}))
         return subprocess.CompletedProcess([], 0 if len(argvs) < 2 else 1, "", "")  # the switch fails

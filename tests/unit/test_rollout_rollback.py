@@ -5,9 +5,9 @@ run. What the rollback run is given is read back through the inventory door, as 
 
 import subprocess
 
-from modelfleet import rollout
-from modelfleet.inventory import open_inventory
-from modelfleet.inventory.door import parse_data
+from modelfleet.fleet import rollout
+from modelfleet.plan.inventory import open_inventory
+from modelfleet.plan.inventory.door import parse_data
 
 NEW = "vllm/vllm-openai:v0.35.0"
 OLD_ONE, OLD_TWO = "vllm/vllm-openai:v0.34.0", "vllm/vllm-openai:v0.33.0"
@@ -33,7 +33,7 @@ def upgrade_failing_its_gate(monkeypatch, tmp_path, ran: dict[str, list[tuple[st
         {"pool": svc.pool, "unit": svc.unit_name, "image": image, "revision": revision, "health": "200",
          "endpoint": "x"} for svc, (image, revision) in zip(resolved.hosts[host].services, images, strict=True)]}
         for host, images in ran.items()]
-    monkeypatch.setattr(rollout.fleet, "status", lambda plans: [r for r in before if r["host"] in
+    monkeypatch.setattr(rollout.fleet_status, "status", lambda plans: [r for r in before if r["host"] in
                                                                 {p.name for p in plans}])
     monkeypatch.setattr(rollout.Watcher, "_watch", lambda self: None)
     runs = []

@@ -1,4 +1,4 @@
-"""The front door (modelfleet.router): the files the router host gets, and the worker API's commands and parser,
+"""The front door (modelfleet.plan.router): the files the router host gets, and the worker API's commands and parser,
 held to the real routers' recorded answers. The plan from the inventory's `router*` settings:
 test_inventory_routed.py; the routers catalog held to the real routers' help: test_catalog_routers.py."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet import render, router
-from modelfleet.inventory import resolve
-from modelfleet.inventory.plan import RouterPlan, Worker
-from modelfleet.stages.router import registration
+from modelfleet.plan import render, router
+from modelfleet.plan.inventory import resolve
+from modelfleet.plan.inventory.plan import RouterPlan, Worker
+from modelfleet.run.stages.router import registration
 from tests.helpers import front_doors
 from tests.helpers.front_doors import KEY, fleet, recorded
 from tests.helpers.pem import certificate, private_key
@@ -138,8 +138,8 @@ def test_registration_adds_the_new_removes_the_gone_and_leaves_the_rest():
 
 
 def test_the_verify_gate_asks_the_front_door_every_route_and_a_routed_replica_its_open_ones():
-    from modelfleet.checks import endpoint, exposure
-    from modelfleet.stages.router import front_door_endpoint
+    from modelfleet.run.checks import endpoint, exposure
+    from modelfleet.run.stages.router import front_door_endpoint
 
     result = resolve(fleet("sglang"))
     replica = endpoint(result.hosts["a"], result.hosts["a"].services[0])
@@ -236,7 +236,7 @@ def test_render_of_the_router_host_shows_the_front_doors_files_masked_and_says_p
 
 
 def test_every_file_a_front_door_writes_in_the_config_dir_is_one_modelfleet_owns(tmp_path):
-    from modelfleet.operations.files import foreign_entries
+    from modelfleet.host.operations.files import foreign_entries
 
     cert = tmp_path / "c.pem"
     cert.write_text("-----BEGIN CERTIFICATE-----\n")
@@ -374,7 +374,7 @@ def test_the_sites_index_is_one_pip_reads(url, args):
 
 
 def test_the_router_venv_installs_the_catalogs_lock_with_every_hash_required():
-    from modelfleet.inventory import resolve as resolve_inventory
+    from modelfleet.plan.inventory import resolve as resolve_inventory
 
     for engine in ("vllm", "sglang"):
         rp = resolve(fleet(engine)).routers["tiny-lab"]

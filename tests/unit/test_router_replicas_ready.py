@@ -10,9 +10,9 @@ from dataclasses import replace
 
 import pytest
 
-from modelfleet import router
-from modelfleet.inventory import resolve
-from modelfleet.inventory.plan import Worker
+from modelfleet.plan import router
+from modelfleet.plan.inventory import resolve
+from modelfleet.plan.inventory.plan import Worker
 from tests.helpers.front_doors import KEY, fleet
 
 

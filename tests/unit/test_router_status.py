@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet import fleet
-from modelfleet.inventory import resolve
+from modelfleet.fleet import status as fleet_status
+from modelfleet.plan.inventory import resolve
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "router"
 # The replica ids sglang-router 0.3.2 answered with; the inventory below puts its replicas at those URLs.
@@ -44,16 +44,17 @@ def answers(plans, workers: str) -> dict:
 
 
 def test_status_says_which_replicas_the_router_has(plans, monkeypatch):
-    assert "router tiny-lab" in fleet.status_script(plans[0]) and "router" not in fleet.status_script(plans[1])
-    monkeypatch.setattr(fleet, "on_hosts", lambda plans_, script: answers(plans_, WORKERS))
-    rows = fleet.status(plans)
+    assert "router tiny-lab" in fleet_status.status_script(plans[0])
+    assert "router" not in fleet_status.status_script(plans[1])
+    monkeypatch.setattr(fleet_status, "on_hosts", lambda plans_, script: answers(plans_, WORKERS))
+    rows = fleet_status.status(plans)
     assert rows[0]["routers"] == [{"name": "tiny-lab", "unit": "modelfleet-router-tiny-lab.service",
                                    "front_door": "http://127.0.0.1:8800", "tls": False, "state": "active/running",
                                    "workers": {"http://127.0.0.1:18011": True, "http://127.0.0.1:18012": True}}]
     # p3 on host a is in the inventory but not in the router's list.
     assert [(s["pool"], s["router"]) for row in rows for s in row["services"]] == [
         ("p1", "in"), ("p2", "in"), ("p3", "out")]
-    table = fleet.status_table(rows)
+    table = fleet_status.status_table(rows)
     assert "door tiny-lab" in table and "http://127.0.0.1:8800 (plain HTTP; 2/2 replicas healthy)" in table
 
 
@@ -63,10 +64,10 @@ def test_a_replica_the_health_check_took_out_is_unhealthy(plans, monkeypatch):
                              '"url":"http://127.0.0.1:18012","model_id":"unknown","priority":50,"cost":1.0,'
                              '"worker_type":"regular","is_healthy":false')
     assert failed != WORKERS
-    monkeypatch.setattr(fleet, "on_hosts", lambda plans_, script: answers(plans_, failed))
-    rows = fleet.status(plans)
+    monkeypatch.setattr(fleet_status, "on_hosts", lambda plans_, script: answers(plans_, failed))
+    rows = fleet_status.status(plans)
     assert [s["router"] for s in rows[0]["services"]] == ["in", "unhealthy"]
-    table = fleet.status_table(rows)
+    table = fleet_status.status_table(rows)
     assert "(plain HTTP; 1/2 replicas healthy)" in table
     # Each replica of the front door under it, as its router lists it.
     replicas = [line.split()[-2:] for line in table.splitlines() if line.lstrip().startswith("replica ")]
@@ -75,8 +76,8 @@ def test_a_replica_the_health_check_took_out_is_unhealthy(plans, monkeypatch):
 
 
 def test_a_router_that_does_not_answer_leaves_the_replicas_unknown(plans, monkeypatch):
-    monkeypatch.setattr(fleet, "on_hosts", lambda plans_, script: answers(plans_, ""))
-    rows = fleet.status(plans)
+    monkeypatch.setattr(fleet_status, "on_hosts", lambda plans_, script: answers(plans_, ""))
+    rows = fleet_status.status(plans)
     assert rows[0]["routers"][0]["workers"] is None
     assert {s["router"] for row in rows for s in row["services"]} == {None}
-    assert "(plain HTTP; no answer)" in fleet.status_table(rows)
+    assert "(plain HTTP; no answer)" in fleet_status.status_table(rows)

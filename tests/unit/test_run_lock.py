@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from modelfleet import runlock
 from modelfleet.files import run_lock
+from modelfleet.run import runlock
 from tests.unit.test_runlock import Run, end, lock_host, orphan_holding
 
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from modelfleet import runlock
+from modelfleet.run import runlock
 
 
 class LocalConnector:  # what runlock recognises: pyinfra's @local connector, by class name

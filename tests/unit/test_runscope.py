@@ -1,4 +1,4 @@
-"""What a run remembers (modelfleet.runscope): one store per pyinfra State, gone with it; a scope for work
+"""What a run remembers (modelfleet.base.runscope): one store per pyinfra State, gone with it; a scope for work
 outside a run; nothing kept where neither is open. And the package keeps no cache of its own outside it."""
 
 import ast
@@ -9,22 +9,24 @@ from pyinfra.api import Config, Inventory, State
 from pyinfra.api.state import BaseStateCallback
 from pyinfra.context import ctx_state
 
-from modelfleet import PACKAGE_DIR, runscope
+from modelfleet import PACKAGE_DIR
+from modelfleet.base import runscope
 
 # Module-level look-ups allowed outside a run: they read files of the installed package (or the installed
 # packages' entry points), which do not change while a process runs. Anything that asks a host, a registry or
 # the hub, or holds something for a run, lives in runscope.
 PACKAGE_CONSTANTS = {
-    ("catalog/__init__.py", "load_catalog"), ("stages/netcheck.py", "fabric_catalog"), ("catalog/routers.py", "specs"),
-    ("exposure.py", "key_coverage"), ("inventory/resolver.py", "_pyinfra_keys"), ("op_order.py", "_GLOBAL_ARGUMENTS"),
-    ("engine_flags.py", "table"), ("os/__init__.py", "table"), ("trust.py", "signing_keys"),
-    ("xids.py", "catalog"), ("nvlink_errors.py", "catalog"),
+    ("plan/catalog/__init__.py", "load_catalog"), ("run/stages/netcheck.py", "fabric_catalog"),
+    ("plan/catalog/routers.py", "specs"), ("plan/exposure.py", "key_coverage"),
+    ("plan/inventory/resolver.py", "_pyinfra_keys"), ("base/op_order.py", "_GLOBAL_ARGUMENTS"),
+    ("plan/engine_flags.py", "table"), ("host/os/__init__.py", "table"), ("plan/trust.py", "signing_keys"),
+    ("plan/xids.py", "catalog"), ("plan/nvlink_errors.py", "catalog"),
 }
 # Module-level holders allowed: the run store itself, and the record of which pyinfra command line the
 # inventory guard validated (made before pyinfra builds its State, for that one process's command); the secrets
 # the mask knows, which outlive a run (a traceback printed after it) and exist before one (the CLI's streams).
-HOLDERS = {("runscope.py", "_stores"), ("inventory/door.py", "_guarded"), ("masking.py", "_known"),
-           ("masking.py", "_lock")}
+HOLDERS = {("base/runscope.py", "_stores"), ("plan/inventory/door.py", "_guarded"),
+           ("base/masking.py", "_known"), ("base/masking.py", "_lock")}
 MUTABLE = {"dict", "set", "list", "WeakKeyDictionary", "WeakValueDictionary", "WeakSet", "defaultdict",
            "OrderedDict", "Semaphore", "Lock", "RLock"}
 
@@ -92,7 +94,7 @@ def module_level_caches(root=PACKAGE_DIR) -> list[tuple[str, str]]:
 
 def test_the_package_keeps_no_cache_outside_the_run_store():
     found = set(module_level_caches())
-    assert found - PACKAGE_CONSTANTS - HOLDERS == set(), "a module-level cache: keep it in modelfleet.runscope"
+    assert found - PACKAGE_CONSTANTS - HOLDERS == set(), "a module-level cache: keep it in modelfleet.base.runscope"
     assert PACKAGE_CONSTANTS | HOLDERS <= found  # the lists name only what is there
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api import FileUploadCommand, StringCommand
 
-from modelfleet.operations.files import content_file
+from modelfleet.host.operations.files import content_file
 from tests.helpers.made_keys import made_key
 
 KEY = made_key()

@@ -1,11 +1,11 @@
-"""Where the NVIDIA module comes from (modelfleet.secure_boot): `auto` picks Canonical's signed modules only on
+"""Where the NVIDIA module comes from (modelfleet.host.secure_boot): `auto` picks Canonical's signed modules only on
 Ubuntu with Secure Boot on and DKMS's key not enrolled; the package names follow the branch, the open or
 proprietary modules, the running kernel and its flavour; a DKMS module is a problem only where it would be
 rejected."""
 
 import pytest
 
-from modelfleet import secure_boot
+from modelfleet.host import secure_boot
 
 UBUNTU_SB = {"id": "ubuntu", "secure_boot": "enabled", "dkms_key_enrolled": False, "kernel": "6.8.0-1015-aws",
              "kernel_flavour": "aws", "pretty_name": "Ubuntu 24.04.3 LTS"}

@@ -1,8 +1,8 @@
 """Shards for `modelfleet converge --shards N`: a pool or a checkpoint group is never split, shards are even
 in hosts as the units allow, and none is empty."""
 
-from modelfleet.inventory import resolve
-from modelfleet.shards import split, units
+from modelfleet.fleet.shards import split, units
+from modelfleet.plan.inventory import resolve
 
 ONE = {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm"}
 DP2 = {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm-dp2"}
@@ -37,7 +37,7 @@ def test_more_shards_than_units_leaves_none_empty():
 
 def test_slices_k_of_n_are_the_shards_and_cover_the_fleet_once():
     """N control nodes running `converge --shard K/N` for K = 1..N converge every host once, pools whole."""
-    from modelfleet.shards import slice_of
+    from modelfleet.fleet.shards import slice_of
 
     slices = [slice_of(fleet(), f"{k}/3") for k in (1, 2, 3)]
     assert [hosts for _, _, hosts in slices] == split(fleet(), 3)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet import host_commands as hc
-from modelfleet.facts.state import DeployedState
+from modelfleet.base import host_commands as hc
+from modelfleet.host.facts.state import DeployedState
 from tests.conftest import ROOT
 
 PROGRAMS = sorted(hc.SHELL_DIR.glob("*.sh"))
@@ -44,7 +44,7 @@ def test_every_program_is_used_by_the_package_and_every_use_names_a_program():
 def test_the_wheel_ships_the_programs(installed):
     bin_dir, work = installed
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    shipped = subprocess.run([str(bin_dir / "python"), "-c", "from modelfleet.host_commands import SHELL_DIR; "
+    shipped = subprocess.run([str(bin_dir / "python"), "-c", "from modelfleet.base.host_commands import SHELL_DIR; "
                               "print(sorted(p.name for p in SHELL_DIR.glob('*.sh')))"],
                              cwd=work, env=env, capture_output=True, text=True, timeout=60)
     assert shipped.stdout.strip() == str([p.name for p in PROGRAMS]), shipped.stderr
@@ -131,7 +131,7 @@ def nvidia_smi(tools: Path, version: str) -> None:
     (580, 1, "580.95.05", "Fabric Manager 580.95.05 does not match driver 580.159.04 (CUDA error 802)"),
 ])
 def test_gpu_stack_check_judges_the_recorded_h200(tmp_path, monkeypatch, branch, count, fabric, answer):
-    from modelfleet.stages.gpu_driver import stack_check_script
+    from modelfleet.run.stages.gpu_driver import stack_check_script
 
     tools = tmp_path / "bin"
     nvidia_smi(tools, recorded(H200 / "nvidia-smi-version.txt"))
@@ -220,7 +220,7 @@ def engine_host(tools: Path, unit_state: str, answers: str = "") -> None:
     ("failed", "", 5, 1, "", "modelfleet: e.service failed (start limit reached or engine exited)\njournal of"),
 ])
 def test_wait_ready_judges_the_unit_and_the_endpoint(tmp_path, unit_state, answers, timeout, rc, stdout, stderr):
-    from modelfleet.operations.service import readiness_script
+    from modelfleet.host.operations.service import readiness_script
 
     tools = tmp_path / "bin"
     engine_host(tools, unit_state, answers)
@@ -236,7 +236,7 @@ def test_wait_ready_judges_the_unit_and_the_endpoint(tmp_path, unit_state, answe
     ("inactive", 1, "modelfleet: worker w.service is not active\njournal of w.service"),
 ])
 def test_worker_up_wants_the_unit_to_stay_up(tmp_path, unit_state, rc, stderr):
-    from modelfleet.operations.service import worker_script
+    from modelfleet.host.operations.service import worker_script
 
     tools = tmp_path / "bin"
     engine_host(tools, unit_state)
@@ -249,8 +249,8 @@ def front_door(tmp_path: Path, monkeypatch):
     for its worker list and the replicas: the router lists what its live manifest (in a runtime directory under
     tmp_path) says, `up` holds the replicas that answer /health, `lazy` makes the router stop re-reading its
     manifest (it lists what `listed` holds)."""
-    from modelfleet import router
-    from modelfleet.inventory import resolve
+    from modelfleet.plan import router
+    from modelfleet.plan.inventory import resolve
 
     monkeypatch.setenv("MF_KEY", "shell-programs-key-0123")
     monkeypatch.setattr(router, "RUNTIME_ROOT", str(tmp_path / "run"))
@@ -278,7 +278,7 @@ def front_door(tmp_path: Path, monkeypatch):
 
 
 def test_a_replica_is_added_once_it_answers_and_taken_out(tmp_path, monkeypatch):
-    from modelfleet import router
+    from modelfleet.plan import router
 
     rp, tools = front_door(tmp_path, monkeypatch)
     live = Path(router.live_manifest(rp))
@@ -295,7 +295,7 @@ def test_a_replica_is_added_once_it_answers_and_taken_out(tmp_path, monkeypatch)
 
 
 def test_a_replica_that_does_not_answer_is_not_added(tmp_path, monkeypatch):
-    from modelfleet import router
+    from modelfleet.plan import router
 
     rp, tools = front_door(tmp_path, monkeypatch)
     run = sh(router.add_script(rp, "http://127.0.0.3:18013"), tools)
@@ -305,7 +305,7 @@ def test_a_replica_that_does_not_answer_is_not_added(tmp_path, monkeypatch):
 
 
 def test_a_router_that_does_not_act_or_refuses_fails_the_call(tmp_path, monkeypatch):
-    from modelfleet import router
+    from modelfleet.plan import router
 
     rp, tools = front_door(tmp_path, monkeypatch)
     new = "http://127.0.0.3:18013"
@@ -323,7 +323,7 @@ def test_a_router_that_does_not_act_or_refuses_fails_the_call(tmp_path, monkeypa
 
 
 def test_router_health_waits_for_the_router(tmp_path, monkeypatch):
-    from modelfleet import router
+    from modelfleet.plan import router
 
     rp, tools = front_door(tmp_path, monkeypatch)
     down = sh(router.health_script(rp, timeout_s=3), tools)

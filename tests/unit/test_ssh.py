@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import paramiko
 import pytest
 
-from modelfleet import ssh
+from modelfleet.host import ssh
 
 
 def plan(tmp_path, strict=None, port=2222):

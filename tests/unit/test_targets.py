@@ -12,9 +12,10 @@ import pytest
 from click.testing import CliRunner
 from pyinfra.connectors.sshuserclient import client as ssh_client
 
-from modelfleet import retire, targets
+from modelfleet.base import targets
 from modelfleet.cli import main
 from modelfleet.cli.common import open_checked
+from modelfleet.run import retire
 
 HOST = {"hardware": "h200", "gpu_count": 1, "model": "qwen3-8b", "engine": "vllm", "gpu_stack": False,
         "revision": "0" * 40}

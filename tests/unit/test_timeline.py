@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet import timeline
+from modelfleet.run import timeline
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "engine-logs"
 

@@ -15,14 +15,15 @@ import subprocess
 import pytest
 
 import lab.engine_parsers as engine_parsers
-from modelfleet import REPO_ROOT, render
+from modelfleet import REPO_ROOT
+from modelfleet.plan import render
 from tests.helpers.recipe_pools import CATALOG, RECIPE_BOARDS, pool
 from tests.unit.test_exposure import DOUBLE
 
 pytestmark = pytest.mark.slow  # the real parsers, in their own interpreter
 
 REQUIREMENTS, CHECK, PREFIX = engine_parsers.TOKENSPEED
-DOUBLE_FLAGS = REPO_ROOT / "modelfleet" / "catalog" / "engine_flags.json"
+DOUBLE_FLAGS = REPO_ROOT / "modelfleet" / "plan" / "catalog" / "engine_flags.json"
 CHECKED = [(r, hw) for r, hw in RECIPE_BOARDS if CATALOG.recipes[r].engine == "tokenspeed"]
 
 if not engine_parsers.built(REQUIREMENTS, PREFIX):
@@ -93,7 +94,7 @@ def test_the_double_flag_list_is_generated_from_the_real_parsers(tmp_path):
     shutil.copy(DOUBLE_FLAGS, regenerated)
     run_check("flags", str(regenerated))
     assert json.loads(regenerated.read_text())["tokenspeed"] == json.loads(DOUBLE_FLAGS.read_text())["tokenspeed"], \
-        "modelfleet/catalog/engine_flags.json is stale: make engine-flags"
+        "modelfleet/plan/catalog/engine_flags.json is stale: make engine-flags"
 
 
 def test_the_double_takes_what_the_real_parsers_take_and_refuses_what_they_refuse(checked):

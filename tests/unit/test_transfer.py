@@ -1,10 +1,10 @@
-"""Moving verified files between hosts (modelfleet.transfer): who copies from whom, wave by wave, the peer
+"""Moving verified files between hosts (modelfleet.host.transfer): who copies from whom, wave by wave, the peer
 server's transient unit, and the fetch command a host runs."""
 
 import json
 from types import SimpleNamespace
 
-from modelfleet.transfer import FETCH, VENV, _fetch_command, fanout_unit, fanout_waves
+from modelfleet.host.transfer import FETCH, VENV, _fetch_command, fanout_unit, fanout_waves
 
 
 def test_fanout_waves_serve_at_most_width_peers_per_holder_and_grow_as_a_tree():
@@ -43,7 +43,7 @@ def test_each_group_gets_its_own_server_unit_and_the_hub_fetch_runs_in_the_hub_c
 
 
 def test_a_holders_index_becomes_a_job_only_with_sizes_and_sha256s_of_paths_inside():
-    from modelfleet.transfer import checked_index
+    from modelfleet.host.transfer import checked_index
     good = {"triton/k.cubin": {"size": 3, "sha256": "a" * 64, "mtime": 1.0}}
     assert checked_index(good, "h") == {"triton/k.cubin": {"size": 3, "sha256": "a" * 64, "blob_id": None}}
     for bad in ({"../escape": {"size": 1, "sha256": "a" * 64}}, {"/etc/x": {"size": 1, "sha256": "a" * 64}},
@@ -58,14 +58,14 @@ def test_a_holders_index_becomes_a_job_only_with_sizes_and_sha256s_of_paths_insi
 
 
 def test_a_receiver_whose_source_failed_may_turn_to_the_sources_serving_by_its_wave():
-    from modelfleet.transfer import wave_sources
+    from modelfleet.host.transfer import wave_sources
     waves = fanout_waves([f"h{i}" for i in range(7)], {"h0"}, 2)
     assert wave_sources(waves, 1) == ["h0"]
     assert set(wave_sources(waves, 2)) == {"h0", "h1", "h2"}
 
 
 def test_the_control_node_takes_a_seeds_piece_list_only_whole_and_well_formed():
-    from modelfleet.transfer import PIECE_SIZE, checked_pieces
+    from modelfleet.host.transfer import PIECE_SIZE, checked_pieces
     files = {"a.safetensors": {"size": 2 * PIECE_SIZE + 1}, "config.json": {"size": 10}, "empty": {"size": 0}}
     good = {"piece_size": PIECE_SIZE, "files": {"a.safetensors": ["a" * 64] * 3, "config.json": ["b" * 64],
                                                 "empty": [], "extra.bin": ["c" * 64]}}
@@ -100,8 +100,8 @@ class Written:
 def test_each_server_proves_itself_with_its_own_key_and_a_receiver_gets_only_its_sources_keys():
     """A receiver that held every server's key (or one key for all) could answer for any of them, and so could
     whoever read its job: it gets the keys of the hosts it copies from, and nothing of the others."""
-    from modelfleet import runscope
-    from modelfleet.transfer import _copy_from_peer, _serve_job, _swarm_copy, group_pieces, held_files
+    from modelfleet.base import runscope
+    from modelfleet.host.transfer import _copy_from_peer, _serve_job, _swarm_copy, group_pieces, held_files
 
     state = SimpleNamespace(failed_hosts=[], print_output=False, print_input=False)
     hosts = {name: Written(name) for name in ("a", "b", "c", "d")}
@@ -128,7 +128,7 @@ def test_a_host_gone_while_its_job_file_is_written_is_named_not_its_sftp_subsyst
     from paramiko.ssh_exception import SSHException
     from pyinfra.api.exceptions import ConnectError
 
-    from modelfleet.transfer import _put_secret
+    from modelfleet.host.transfer import _put_secret
 
     class Gone:
         name = "gpu-3"

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from pyinfra.api import deploy
 
-from modelfleet import trust
-from modelfleet.inventory.resolver import resolve
-from modelfleet.os.debian import key_fetched, repo_package
+from modelfleet.host.os.debian import key_fetched, repo_package
+from modelfleet.plan import trust
+from modelfleet.plan.inventory.resolver import resolve
 
 HOST = {"hardware": "lab-cpu", "model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm"}
 

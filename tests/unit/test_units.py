@@ -5,8 +5,8 @@ from pathlib import Path
 
 import yaml
 
-from modelfleet.facts.state import DeployedState
-from modelfleet.units import merged, what_it_sets
+from modelfleet.host.facts.state import DeployedState
+from modelfleet.host.units import merged, what_it_sets
 
 CASES = Path(__file__).resolve().parent.parent / "facts" / "state.DeployedState"
 UNIT = "modelfleet-tiny-mflab1-1.service"
@@ -58,9 +58,11 @@ def test_a_runs_pinned_services_are_worked_out_once_per_host(monkeypatch):
     from pyinfra.api import Config, Inventory, State
     from pyinfra.context import ctx_state
 
-    from modelfleet import pins, registry, units
-    from modelfleet.checkpoint import Snapshot
-    from modelfleet.inventory import resolve
+    from modelfleet.base import registry
+    from modelfleet.host import units
+    from modelfleet.plan import pins
+    from modelfleet.plan.checkpoint import Snapshot
+    from modelfleet.plan.inventory import resolve
 
     asked = []
 
@@ -87,10 +89,10 @@ def test_a_runs_pinned_services_are_worked_out_once_per_host(monkeypatch):
 def test_a_converge_renders_each_unit_once(fake, monkeypatch, tmp_path):
     """serve's stages on a converged host: the service stage, the netcheck gate's pool_starts and the unit files'
     comparison all share one rendering of the unit and one of the engine's command line per form of it."""
-    from modelfleet import render
-    from modelfleet.inventory import resolve
-    from modelfleet.pipeline import run_stages
-    from modelfleet.stages import images, netcheck, preflight, service
+    from modelfleet.plan import render
+    from modelfleet.plan.inventory import resolve
+    from modelfleet.run.pipeline import run_stages
+    from modelfleet.run.stages import images, netcheck, preflight, service
     from tests.fake.hosts import b300_host, converged_replies
 
     monkeypatch.setenv("MODELFLEET_REPORTS", str(tmp_path))
@@ -114,8 +116,8 @@ def test_render_shows_the_runs_files_with_only_the_secret_masked(monkeypatch):
     the key nowhere in them."""
     import secrets
 
-    from modelfleet.inventory import resolve
-    from modelfleet.units import unit_files
+    from modelfleet.host.units import unit_files
+    from modelfleet.plan.inventory import resolve
 
     key = "k-" + secrets.token_hex(12)
     monkeypatch.setenv("MF_UNITS_KEY", key)
@@ -136,8 +138,8 @@ def test_a_rank_systemd_restarted_restarts_its_pool_and_a_service_on_one_host_ne
     says how often, and so the pool starts again; a service on one host restarted by systemd is only itself."""
     import hashlib
 
-    from modelfleet import units
-    from modelfleet.inventory import resolve
+    from modelfleet.host import units
+    from modelfleet.plan.inventory import resolve
     from tests.fake.hosts import b300_host
 
     digest = "vllm/vllm-openai:v0.34.0@sha256:" + "a" * 64

@@ -5,10 +5,10 @@ import json
 
 from click.testing import CliRunner
 
-from modelfleet import fleet
 from modelfleet.cli import main
-from modelfleet.inventory import resolve
-from modelfleet.upgrade_dry import preview
+from modelfleet.fleet import status as fleet_status
+from modelfleet.fleet.upgrade_dry import preview
+from modelfleet.plan.inventory import resolve
 
 OLD = "127.0.0.1:5000/vllm/vllm-openai:v0.33.0@sha256:" + "a" * 64
 NEW_TAG = "vllm/vllm-openai:v0.34.0"
@@ -68,7 +68,7 @@ def test_cli_dry_reads_the_hosts_and_prints_json(tmp_path, monkeypatch):
     inv = tmp_path / "inv.py"
     inv.write_text("gpus = [('g1', {'hardware': 'h200', 'gpu_count': 1, 'model': 'qwen3-8b', 'engine': 'vllm'})]\n")
     asked = []
-    monkeypatch.setattr(fleet, "status", lambda plans: asked.append([p.name for p in plans]) or
+    monkeypatch.setattr(fleet_status, "status", lambda plans: asked.append([p.name for p in plans]) or
                         [{"host": "g1", "reachable": True, "driver": "580.95.05", "services": [
                             {"pool": "g1", "image": "vllm/vllm-openai:v0.33.0@sha256:" + "d" * 64,
                              "revision": "e" * 40}]}])

@@ -11,12 +11,14 @@ import sys
 
 import pytest
 
-from modelfleet import checkpoint, pins, registry, urls  # noqa: E402
-from modelfleet import os as osfam  # noqa: E402
-from modelfleet.checkpoint import Snapshot  # noqa: E402
-from modelfleet.inventory import open_inventory, resolve  # noqa: E402
-from modelfleet.pipeline import run_stages  # noqa: E402
-from modelfleet.stages import gpu_stack, preflight  # noqa: E402
+from modelfleet.base import registry  # noqa: E402
+from modelfleet.fleet import urls
+from modelfleet.host import os as osfam  # noqa: E402
+from modelfleet.plan import checkpoint, pins
+from modelfleet.plan.checkpoint import Snapshot  # noqa: E402
+from modelfleet.plan.inventory import open_inventory, resolve  # noqa: E402
+from modelfleet.run.pipeline import run_stages  # noqa: E402
+from modelfleet.run.stages import gpu_stack, preflight  # noqa: E402
 
 URL = re.compile(r"(?:https?|file)://[^\s'\"]+")
 STACK_KINDS = ("package", "apt repository", "dnf repository", "signing key")

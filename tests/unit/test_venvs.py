@@ -1,4 +1,4 @@
-"""runtime: venv (modelfleet.venvs, docs/venv.md): the lock and wheelhouse held to what pip --require-hashes
+"""runtime: venv (modelfleet.plan.venvs, docs/venv.md): the lock and wheelhouse held to what pip --require-hashes
 installs, refused by host and field before any host is touched; the unit runs the venv's engine with the
 container's argv, environment, GPUs and restart rules; the host-side build and prune run for real here."""
 
@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet import render, units, venvs
-from modelfleet.facts.host import Pythons
-from modelfleet.inventory import resolve
-from modelfleet.stages import engine_cache, images, preflight
+from modelfleet.host import units
+from modelfleet.host.facts.host import Pythons
+from modelfleet.plan import render, venvs
+from modelfleet.plan.inventory import resolve
+from modelfleet.run.stages import engine_cache, images, preflight
 from tests.helpers.made_keys import made_key
 
 PIN = "b" * 40
@@ -300,7 +301,7 @@ def test_prune_keeps_the_venvs_in_use_and_the_newest_other_and_follows_no_link(t
 
 
 def test_retire_reads_a_venv_units_files_checkpoint_and_venv_from_its_file():
-    from modelfleet import retire
+    from modelfleet.run import retire
 
     svc = _service()
     found = retire.described(svc.unit_name, {"text": render.render_unit(svc), "ActiveState": "active"})

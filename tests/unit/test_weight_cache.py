@@ -1,4 +1,4 @@
-"""The restart tier (modelfleet.weight_cache): refused where the engine version has no weight cache, naming host
+"""The restart tier (modelfleet.plan.weight_cache): refused where the engine version has no weight cache, naming host
 and field; the cache unit rendered beside the engine's by the one rendering path; what restarts it (its key) and
 what leaves it running (an engine restart, an image-only upgrade, a drain of the front door); retired with its
 service or its setting; sized once in the plan; the timeline's skipped load. The real parsers' check of the flags
@@ -13,9 +13,12 @@ from dataclasses import replace
 
 import pytest
 
-from modelfleet import fleet, planner, render, retire, timeline, units, weight_cache
-from modelfleet.catalog import load_catalog
-from modelfleet.inventory import resolve
+from modelfleet.fleet import status as fleet_status
+from modelfleet.host import units
+from modelfleet.plan import planner, render, weight_cache
+from modelfleet.plan.catalog import load_catalog
+from modelfleet.plan.inventory import resolve
+from modelfleet.run import retire, timeline
 from tests.helpers.recipe_pools import CATALOG, pool
 
 VLLM, SGLANG = ("kimi-k2-thinking-vllm-h200", "h200"), ("kimi-k3-sglang-b300", "b300")
@@ -96,7 +99,7 @@ def test_vllm_the_cache_unit_runs_beside_the_engine_with_its_gpus_and_a_read_onl
 def test_the_sockets_directory_is_0700_and_both_units_keep_it():
     """Each parent too (systemd makes unlisted ones 0755): /run/modelfleet holds the run lock, which is refused
     in a directory others may read."""
-    from modelfleet import runlock
+    from modelfleet.run import runlock
 
     svc = service()
     for text in (render.render_unit(svc), weights_unit(svc)):
@@ -207,13 +210,13 @@ def _stat(content: str, mode: str) -> dict:
 
 def test_a_driver_drain_stops_the_engine_and_its_cache(monkeypatch):
     """A driver upgrade's drain stops the engine and its cache (the driver is replaced under both); a replica
-    taken out of its front door (fleet.front_doors) calls the router only, no unit."""
+    taken out of its front door (fleet_status.front_doors) calls the router only, no unit."""
     svc = service()
     plan = replace(pool(*VLLM, weight_cache=True).hosts["n0"], services=[svc])
     scripts = []
-    monkeypatch.setattr(fleet, "on_hosts", lambda plans, script: {p.name: (0, "", "") for p in plans
+    monkeypatch.setattr(fleet_status, "on_hosts", lambda plans, script: {p.name: (0, "", "") for p in plans
                                                                    if scripts.append(script(p)) is None})
-    assert fleet.drain([plan]) == {"n0": None}
+    assert fleet_status.drain([plan]) == {"n0": None}
     units = f"{svc.unit_name} {weight_cache.unit_name(svc)}"
     assert scripts == [f"systemctl disable --now {units} && {{ systemctl reset-failed {units} 2>/dev/null || true; }}"]
 
@@ -373,7 +376,7 @@ def test_the_daemon_loads_only_a_verified_folder_of_the_pinned_revision(tmp_path
     import subprocess
     from types import SimpleNamespace
 
-    from modelfleet.host_commands import MANIFEST
+    from modelfleet.base.host_commands import MANIFEST
 
     def check(folder):
         svc = SimpleNamespace(model_dir=str(folder), pool="k31", revision="e" * 40)
@@ -392,9 +395,9 @@ def test_the_daemon_loads_only_a_verified_folder_of_the_pinned_revision(tmp_path
 
 
 def test_the_cache_unit_checks_its_folder_before_the_daemon_starts():
-    from modelfleet import render
-    from modelfleet.inventory import resolve
-    from modelfleet.units import pinned_services
+    from modelfleet.host.units import pinned_services
+    from modelfleet.plan import render
+    from modelfleet.plan.inventory import resolve
     from tests.fake.hosts import b300_host
 
     plan = resolve([("b300-01", {**b300_host(), "weight_cache": True})]).hosts["b300-01"]

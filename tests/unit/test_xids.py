@@ -1,11 +1,11 @@
-"""NVIDIA's Xid catalog as data (modelfleet/xids.py, catalog/xids.yaml) and admission by NVIDIA's action:
+"""NVIDIA's Xid catalog as data (modelfleet/plan/xids.py, catalog/xids.yaml) and admission by NVIDIA's action:
 one Xid of each action class, as the kernel logs it (NVIDIA's documented line format, on the recorded H200's
 bus), admitted or refused as written here, the action named; an Xid the catalog lacks is refused."""
 
 import pytest
 
-from modelfleet import xids
-from modelfleet.health import parse_xids
+from modelfleet.host.health import parse_xids
+from modelfleet.plan import xids
 from tests.unit.test_health import judge
 
 # action class -> (an Xid NVIDIA files under it, admitted?)
