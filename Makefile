@@ -15,6 +15,9 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements.lock
 	$(SYSTEM_PYTHON) -m venv $(VENV)
 	$(PYTHON) -m pip install -q -c requirements.lock -e '.[test]'
+	@# An editable install leaves modelfleet uncompiled (and PYTHONDONTWRITEBYTECODE=1 keeps it so): every pyinfra
+	@# run would compile it again. compileall writes the .pyc files whatever that variable says.
+	$(PYTHON) -m compileall -q modelfleet
 	touch $@
 
 # Refresh requirements.lock from pyproject.toml's ranges (uv's resolver, run from .venv), and the hashed locks for
@@ -107,10 +110,22 @@ engine-flags: engine-parsers lab-setup
 test-fast: install
 	$(PYTHON) -m pytest -q -m "not slow" tests --ignore=tests/lab --ignore=tests/router
 
-# Every test; the engine-parser checks may not skip here (MODELFLEET_REQUIRE_ENGINE_PARSERS). 45 to 55 minutes on
-# two cores, the lab's end-to-end tests nearly all of it (the real vLLM's venv, pool and router modules the longest).
+# Every test; the engine-parser checks may not skip here (MODELFLEET_REQUIRE_ENGINE_PARSERS). Two pytest processes
+# side by side, each on its own lab (nets 1 and 2; tests/conftest.py says which tests each runs): the lab's
+# end-to-end tests mostly wait on their hosts. Shard b's output follows shard a's. About 35 minutes on two cores
+# (one process: 50 to 56).
 test: install engine-parsers
-	MODELFLEET_REQUIRE_ENGINE_PARSERS=1 $(PYTHON) -m pytest -q tests
+	@b_dir=$$(mktemp -d /tmp/modelfleet-test-b.XXXXXX); \
+	MODELFLEET_REQUIRE_ENGINE_PARSERS=1 MODELFLEET_TEST_SHARD=b MODELFLEET_TEST_LAB_NET=2 \
+	    $(PYTHON) -m pytest -q -p no:cacheprovider --basetemp="$$b_dir/tmp" tests > "$$b_dir/log" 2>&1 & b=$$!; \
+	trap 'kill $$b 2>/dev/null' INT TERM; \
+	MODELFLEET_REQUIRE_ENGINE_PARSERS=1 MODELFLEET_TEST_SHARD=a MODELFLEET_TEST_LAB_NET=1 \
+	    $(PYTHON) -m pytest -q tests; a_rc=$$?; \
+	wait $$b; b_rc=$$?; \
+	echo "--- shard b (every test outside tests/lab, and the real vLLM's and longest lab modules):"; \
+	cat "$$b_dir/log"; rm -rf "$$b_dir"; \
+	echo "make test: shard a exit $$a_rc, shard b exit $$b_rc"; \
+	[ $$a_rc -eq 0 ] && [ $$b_rc -eq 0 ]
 
 # shellcheck on the programs a host receives (modelfleet/shell), and on the lab's scripts at warning level (their
 # mmdebstrap hooks quote "$1" for the hook's own shell on purpose).

@@ -16,6 +16,7 @@
 import json
 import re
 import resource
+import subprocess
 import sys
 import time
 
@@ -84,6 +85,9 @@ def simulated(ops: int, sizes=SIM_SIZES) -> dict:
     hosts; CPU and wall seconds of each run, the fitted lines, and modelfleet's over stock's."""
     stock_env = {"MODELFLEET_BENCH_OPS": str(ops)}
     runs: dict[str, dict[int, dict]] = {"modelfleet": {}, "stock_pyinfra": {}}
+    # Both sides from compiled modules, as installed packages run (pip compiled pyinfra's; an edited checkout
+    # under PYTHONDONTWRITEBYTECODE=1 would compile modelfleet's in every run).
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "modelfleet", "lab"], check=True)
     with lab.scenario.applied(checkpoint_group=None):  # each host its own pool and group: copies stay apart
         converge()
         converge(deploy=STOCK_DEPLOY, env=stock_env)

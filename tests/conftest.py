@@ -23,6 +23,28 @@ import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# `make test` runs the suite as two pytest processes side by side, each on its own lab net: the lab's end-to-end
+# tests mostly wait on their hosts. MODELFLEET_TEST_SHARD=b runs every test outside tests/lab and the lab modules
+# named here (the real vLLM's, whose checks of the machine's /dev/shm and /tmp must see no other vLLM, and the
+# longest others); =a runs the rest of tests/lab. One predicate decides both: no test falls between them.
+SHARD_B_LAB = {"test_real_vllm_e2e.py", "test_real_vllm_pool_e2e.py", "test_real_vllm_router_e2e.py",
+               "test_venv_e2e.py", "test_retire_e2e.py", "test_swarm_e2e.py", "test_installed_e2e.py"}
+
+
+def shard_of(path: Path) -> str:
+    in_lab = ROOT / "tests" / "lab" in Path(path).resolve().parents
+    return "a" if in_lab and Path(path).name not in SHARD_B_LAB else "b"
+
+
+def pytest_collection_modifyitems(config, items):
+    shard = os.environ.get("MODELFLEET_TEST_SHARD")
+    if not shard:
+        return
+    assert shard in ("a", "b"), f"MODELFLEET_TEST_SHARD={shard!r}: a or b"
+    keep = [item for item in items if shard_of(item.path) == shard]
+    config.hook.pytest_deselected(items=[item for item in items if shard_of(item.path) != shard])
+    items[:] = keep
+
 
 @pytest.fixture(scope="session")
 def installed(tmp_path_factory):

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, replace
 from fnmatch import fnmatch
@@ -43,36 +43,34 @@ class Snapshot:
 
 
 def _hub_metadata(request: dict) -> dict:
-    """Runs in the child: commit and every file's size, LFS sha256 and git blob id, from the hub's API."""
-    # huggingface_hub (slow to import, and not under pyinfra's gevent patches) loads only in the child
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError
-
+    """Commit and every file's size, LFS sha256 and git blob id, from the hub's API: the one request
+    huggingface_hub's `model_info(files_metadata=True)` sends (GET /api/models/REPO/revision/REV?blobs=True;
+    tests/unit/test_mirror.py holds the two answers equal), made with the standard library in this process:
+    huggingface_hub's HTTP stack (httpx, anyio, trio where a user's environment has it) does not import under a
+    pyinfra run's gevent patches, and a child interpreter for it was most of a no-op run's fixed CPU. The token
+    goes only to the endpoint asked (a redirect elsewhere drops it)."""
+    url = (f"{request['endpoint'].rstrip('/')}/api/models/{request['repo']}/revision/"
+           f"{urllib.parse.quote(request['revision'], safe='')}?blobs=True")
+    asked = urllib.request.Request(url, headers={"User-Agent": "modelfleet"})
+    if request["token"]:
+        asked.add_unredirected_header("Authorization", f"Bearer {request['token']}")
     try:
-        info = HfApi(endpoint=request["endpoint"], token=request["token"] or False).model_info(
-            request["repo"], revision=request["revision"], files_metadata=True)
-    except HfHubHTTPError as error:
-        return {"error": f"{type(error).__name__}: {str(error).splitlines()[0]}"}
-    except Exception as error:  # refused, unreachable, timed out: one line for the operator, not a traceback
-        return {"error": f"hub unreachable: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"}
-    files = {s.rfilename: {"size": s.size, "sha256": s.lfs.sha256 if s.lfs else None, "blob_id": s.blob_id}
-             for s in info.siblings}
-    return {"commit": info.sha, "files": files}
+        with urllib.request.urlopen(asked, timeout=HUB_TIMEOUT_S) as response:
+            info = json.load(response)
+    except urllib.error.HTTPError as error:  # the hub names its error (GatedRepo, RevisionNotFound) in headers
+        code, message = error.headers.get("X-Error-Code", ""), error.headers.get("X-Error-Message", "")
+        return {"error": f"HTTP {error.code} {code or error.reason}{': ' + message if message else ''} for {url}"}
+    except (OSError, ValueError) as error:  # refused, unreachable, timed out, not JSON: one line for the operator
+        reason = getattr(error, "reason", error)
+        first = str(reason).splitlines()[0] if str(reason) else ""
+        return {"error": f"hub unreachable: {type(reason).__name__}: {first}"}
+    files = {s["rfilename"]: {"size": s.get("size"), "sha256": (s.get("lfs") or {}).get("sha256"),
+                              "blob_id": s.get("blobId")} for s in info.get("siblings", [])}
+    return {"commit": info["sha"], "files": files}
 
 
 def _from_hub(repo: str, revision: str, endpoint: str, token: str | None) -> Snapshot:
-    """
-    Asked from a child interpreter: huggingface_hub's HTTP stack (httpx, anyio, and trio where a user's
-    environment has it) does not import under the gevent patches of a pyinfra run. The token travels on the
-    child's stdin, never in its argv.
-    """
-    request = {"repo": repo, "revision": revision, "endpoint": endpoint, "token": token}
-    try:
-        run = subprocess.run([sys.executable, "-m", "modelfleet.plan.checkpoint"], input=json.dumps(request),
-                             capture_output=True, text=True, timeout=HUB_TIMEOUT_S)
-        answer = json.loads(run.stdout) if run.returncode == 0 else {"error": run.stderr.strip()[-300:]}
-    except (subprocess.TimeoutExpired, ValueError) as error:
-        answer = {"error": f"{type(error).__name__}: {error}"}
+    answer = _hub_metadata({"repo": repo, "revision": revision, "endpoint": endpoint, "token": token})
     if "error" in answer:
         raise ModelSourceError(f"{repo}@{revision} on {endpoint}: {answer['error']}")
     return Snapshot(repo=repo, revision=revision, commit=answer["commit"], files=answer["files"])
@@ -133,7 +131,3 @@ def missing_files(tree: dict, snap: Snapshot, reverify: bool = False) -> list[st
                 or abs(seen[1] - entry["mtime"]) > 1e-3:
             out.append(path)
     return sorted(out)
-
-
-if __name__ == "__main__":  # the child of _from_hub: one JSON request on stdin, one JSON answer on stdout
-    json.dump(_hub_metadata(json.load(sys.stdin)), sys.stdout)

@@ -191,7 +191,8 @@ def test_upgrade_stops_on_sigint_even_when_started_with_it_ignored(tmp_path):
     inv = b300_replicas(tmp_path, ["r1"])
     script = f"""
 import signal, sys, time
-from modelfleet import cli, rollout
+from modelfleet import cli
+from modelfleet.fleet import rollout
 
 def slow(*args, **kwargs):
     try:  # the signal may come as soon as the line is out

@@ -271,3 +271,45 @@ def test_a_listing_that_names_a_file_outside_its_folder_is_refused_before_anythi
         mirror.build(inventory, ["h1"], dest, log=quiet)
     assert not (tmp_path / "escaped.txt").exists() and not (dest / "escaped.txt").exists()
     assert not [p for p in files_in(dest) if p.endswith(".safetensors")]
+
+
+# huggingface_hub's own answer, in a child interpreter (its HTTP stack does not import under pyinfra's patches).
+MODEL_INFO = """
+import json, sys
+from huggingface_hub import HfApi
+from huggingface_hub.errors import HfHubHTTPError
+asked = json.load(sys.stdin)
+try:
+    info = HfApi(endpoint=asked["endpoint"], token=asked["token"] or False).model_info(
+        asked["repo"], revision=asked["revision"], files_metadata=True)
+except HfHubHTTPError as error:
+    print(json.dumps({"error": type(error).__name__}))
+    raise SystemExit
+print(json.dumps({"commit": info.sha, "files": {s.rfilename: {"size": s.size, "sha256": s.lfs.sha256 if s.lfs else None,
+                                                            "blob_id": s.blob_id} for s in info.siblings}}))
+"""
+
+
+def model_info(endpoint: str, token: str | None, revision: str = "main", repo: str = REPO) -> dict:
+    asked = json.dumps({"endpoint": endpoint, "token": token, "repo": repo, "revision": revision})
+    run = subprocess.run([sys.executable, "-c", MODEL_INFO], input=asked, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+def test_the_runs_hub_request_answers_as_huggingface_hubs_model_info(hub):
+    """The commit and files a run pins from the hub (checkpoint.snapshot, one GET in the run's process) are
+    huggingface_hub's `model_info(files_metadata=True)`'s, and its refusals name the same hub errors."""
+    endpoint, token, _ = hub
+    ours = checkpoint._hub_metadata({"endpoint": endpoint, "token": token, "repo": REPO, "revision": "main"})
+    theirs = model_info(endpoint, token)
+    assert ours == theirs and len(ours["commit"]) == 40 and ours["files"]
+    assert any(meta["sha256"] for meta in ours["files"].values())  # LFS files carry their digest
+    refusals = {"GatedRepo": (None, "main"), "RevisionNotFound": (token, "no-such-branch")}
+    for name, (key, revision) in refusals.items():
+        said = checkpoint._hub_metadata({"endpoint": endpoint, "token": key, "repo": REPO, "revision": revision})
+        assert said["error"].startswith("HTTP 4") and name in said["error"], said
+        assert model_info(endpoint, key, revision) == {"error": f"{name}Error"}  # what huggingface_hub raised
+    unreachable = checkpoint._hub_metadata({"endpoint": "http://127.0.0.1:9", "token": None, "repo": REPO,
+                                            "revision": "main"})
+    assert unreachable["error"].startswith("hub unreachable: ConnectionRefusedError"), unreachable
