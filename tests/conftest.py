@@ -37,13 +37,34 @@ def shard_of(path: Path) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
-    shard = os.environ.get("MODELFLEET_TEST_SHARD")
-    if not shard:
-        return
-    assert shard in ("a", "b"), f"MODELFLEET_TEST_SHARD={shard!r}: a or b"
-    keep = [item for item in items if shard_of(item.path) == shard]
-    config.hook.pytest_deselected(items=[item for item in items if shard_of(item.path) != shard])
+    """MODELFLEET_TEST_SHARD (a, b: `make test`'s shards) and MODELFLEET_TEST_HALF (0/2, 1/2: `make test-fast`'s two
+    processes, every other test) keep their part of the collected tests."""
+    shard, half = os.environ.get("MODELFLEET_TEST_SHARD"), os.environ.get("MODELFLEET_TEST_HALF")
+    assert shard in (None, "a", "b"), f"MODELFLEET_TEST_SHARD={shard!r}: a or b"
+    keep = [item for item in items if shard is None or shard_of(item.path) == shard]
+    if half:
+        index, count = map(int, half.split("/"))
+        keep = keep[index::count]
+    config.hook.pytest_deselected(items=[item for item in items if item not in set(keep)])
     items[:] = keep
+
+
+@pytest.fixture(autouse=True, scope="session")
+def connectors_read_once():
+    """pyinfra reads its connectors' entry points (every installed distribution's metadata) afresh for each
+    Inventory it builds, 5 ms a time; the suite builds thousands, and no test installs a connector. Set after
+    collection, so what the test modules import (and pyinfra_cli's gevent patches) comes in the order it did."""
+    import functools
+
+    from pyinfra.api import connectors, inventory
+
+    saved = connectors.get_all_connectors
+    read = functools.cache(saved)
+    for module in (connectors, inventory):  # inventory holds the function under its own name
+        module.get_all_connectors = lambda: dict(read())
+    yield
+    for module in (connectors, inventory):
+        module.get_all_connectors = saved
 
 
 @pytest.fixture(scope="session")

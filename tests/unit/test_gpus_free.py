@@ -24,7 +24,7 @@ def gpu_host(tmp_path, monkeypatch):
     systemctl = bin_dir / "systemctl"
     systemctl.write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path / 'systemctl.log'}\n")
     systemctl.chmod(systemctl.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setattr(host_commands, "GPU_RELEASE_WAIT_S", 2)
+    monkeypatch.setattr(host_commands, "GPU_RELEASE_WAIT_S", 1)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MODELFLEET_LAB_RUN": str(run),
            "MODELFLEET_LAB_PERSONA": str(LAB / "b300x8-synthetic")}
 
