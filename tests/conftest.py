@@ -98,12 +98,12 @@ def installed(tmp_path_factory):
 
 
 def _fake_harness():
-    """tests/fake/harness.py, loaded once by its path: the test modules reach it through the fixtures below."""
+    """tests/helpers/fake_harness.py, loaded once by its path: test modules reach it through the fixtures below."""
     import importlib.util
 
     name = "modelfleet_fake_harness"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "fake" / "harness.py")
+        spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "helpers" / "fake_harness.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
@@ -112,8 +112,8 @@ def _fake_harness():
 
 @pytest.fixture
 def fake():
-    """Stages run through pyinfra's @fake connector (tests/fake/harness.py): run_fake, executed, planned, finish,
-    probe_reply, recorded and the recorded H200 host's directory."""
+    """Stages run through pyinfra's @fake connector (tests/helpers/fake_harness.py): run_fake, executed, planned,
+    finish, probe_reply, recorded and the recorded H200 host's directory."""
     return _fake_harness()
 
 

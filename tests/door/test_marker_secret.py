@@ -20,6 +20,7 @@ pytestmark = pytest.mark.slow  # the CLI and pyinfra's own CLI in child processe
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
+HELPERS = HERE.parent / "helpers"
 MARK = f"MFSECRET{secrets.token_hex(6)}"  # every secret below starts with it: one search finds any of them
 SECRETS = {"MF_TEST_API_KEY": f"{MARK}apikey0123456789", "MF_TEST_HF_TOKEN": f"hf_{MARK}hubtoken"}
 HOST = "@fake/b300-01"
@@ -73,12 +74,12 @@ def test_marker_in_no_output_report_or_readable_file(fake, tmp_path):
     shown = {f["path"]: f["content"] for f in json.loads(outputs["render --json"].stdout)["files"]}
     assert "VLLM_API_KEY=********" in shown["/etc/modelfleet/k31.env"]
 
-    pyinfra = [sys.executable, str(HERE / "pyinfra_fake_cli.py"), "-y", "-vvv", "--debug", str(inv),
-               str(HERE / "serve_fake.py")]
+    pyinfra = [sys.executable, str(HELPERS / "pyinfra_fake_cli.py"), "-y", "-vvv", "--debug", str(inv),
+               str(HELPERS / "serve_fake.py")]
     served = run(pyinfra, tmp_path, cwd=ROOT)
     assert served.returncode == 0, (served.stdout + served.stderr)[-4000:]
     uploads = json.loads((tmp_path / "uploads.json").read_text())
-    debug = run([sys.executable, str(HERE / "pyinfra_fake_cli.py"), "-y", str(inv), "debug-inventory"], tmp_path,
+    debug = run([sys.executable, str(HELPERS / "pyinfra_fake_cli.py"), "-y", str(inv), "debug-inventory"], tmp_path,
                 cwd=ROOT)
     assert "_sudo_password" in debug.stdout + debug.stderr  # pyinfra dumped the host data, masked
     for name, done in (("pyinfra run", served), ("pyinfra debug-inventory", debug)):
@@ -100,8 +101,8 @@ def test_key_with_a_newline_is_not_printed_by_the_run(fake, tmp_path):
     prints neither line of it."""
     inv = inventory(tmp_path, fake.probe_reply(PROBE_PARTS))
     key = f"{MARK}first-line\n{MARK}second-line"
-    served = run([sys.executable, str(HERE / "pyinfra_fake_cli.py"), "-y", "-vv", str(inv),
-                  str(HERE / "serve_fake.py")], tmp_path, env={"MF_TEST_API_KEY": key}, cwd=ROOT)
+    served = run([sys.executable, str(HELPERS / "pyinfra_fake_cli.py"), "-y", "-vv", str(inv),
+                  str(HELPERS / "serve_fake.py")], tmp_path, env={"MF_TEST_API_KEY": key}, cwd=ROOT)
     out = served.stdout + served.stderr
     assert served.returncode != 0 and "control character" in out, out[-3000:]
     assert not leaks(out), leaks(out)
@@ -135,7 +136,7 @@ def test_pyinfra_debug_log_is_masked_and_private(tmp_path):
     log = tmp_path / "pyinfra-debug.log"
     log.write_text("an earlier run's\n")
     log.chmod(0o644)
-    done = run([sys.executable, str(HERE / "pyinfra_fake_cli.py"), "-y", "inv.py", "boom.py"], tmp_path)
+    done = run([sys.executable, str(HELPERS / "pyinfra_fake_cli.py"), "-y", "inv.py", "boom.py"], tmp_path)
     out = done.stdout + done.stderr
     assert done.returncode != 0 and "written to pyinfra-debug.log" in out, out[-3000:]
     written = log.read_text()

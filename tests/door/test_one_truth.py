@@ -12,6 +12,7 @@ pytestmark = pytest.mark.slow  # pyinfra's own CLI in child processes, one run p
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
+HELPERS = HERE.parent / "helpers"
 PIN = "e" * 40
 IMAGE = "vllm/vllm-openai:v0.34.0@sha256:" + "f" * 64
 B300_GPUS = [f"{i}, NVIDIA B300 SXM6 AC, GPU-0000000{i}-synthetic, 00000000:{i:02X}:00.0, 275040 MiB, 580.95.05, 10.3"
@@ -104,8 +105,8 @@ def test_render_equals_what_the_run_uploads(fake, tmp_path, case, monkeypatch):
     assert shown.returncode == 0, shown.stdout + shown.stderr
     preview = {f["path"]: f["content"] for f in json.loads(shown.stdout)["files"]}
     uploads = tmp_path / "uploads.json"
-    run = subprocess.run([sys.executable, str(HERE / "pyinfra_fake_cli.py"), "-y", *options, str(inv),
-                          str(HERE / "serve_fake.py")], cwd=cwd, capture_output=True, text=True, timeout=300,
+    run = subprocess.run([sys.executable, str(HELPERS / "pyinfra_fake_cli.py"), "-y", *options, str(inv),
+                          str(HELPERS / "serve_fake.py")], cwd=cwd, capture_output=True, text=True, timeout=300,
                          env={**__import__("os").environ, "MODELFLEET_TEST_UPLOADS": str(uploads),
                               "MODELFLEET_REPORTS": str(tmp_path / "reports"), "PYTHONPATH": str(ROOT)})
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]

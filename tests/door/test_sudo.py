@@ -14,6 +14,7 @@ import pytest
 pytestmark = pytest.mark.slow  # pyinfra's CLI in a child process
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
+HELPERS = HERE.parent / "helpers"
 SUDO = """#!/bin/sh
 printf 'argv: %s\\n' "$*" >> "$SUDO_LOG"
 env | grep -q '^PYINFRA_SUDO_PASSWORD=' && echo 'askpass variable' >> "$SUDO_LOG"
@@ -37,7 +38,7 @@ def run(tmp_path: Path, password: str, **env) -> tuple[str, str]:
         f"server.shell(name='own stdin', commands=['cat > {tmp_path}/stdin'], _stdin='own input')\n")
     log = tmp_path / "sudo.log"
     log.unlink(missing_ok=True)
-    done = subprocess.run([sys.executable, str(HERE / "pyinfra_fake_cli.py"), "-y", "-vv", "inv.py", "deploy.py"],
+    done = subprocess.run([sys.executable, str(HELPERS / "pyinfra_fake_cli.py"), "-y", "-vv", "inv.py", "deploy.py"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
                                "PYTHONPATH": str(ROOT), "SUDO_LOG": str(log),

@@ -6,7 +6,7 @@ import pytest
 
 from modelfleet.plan import render  # noqa: E402
 from modelfleet.plan.inventory import resolve  # noqa: E402
-from tests.fake.hosts import b300_host, changed_ops, converged_replies, serve  # noqa: E402
+from tests.helpers.fake_hosts import b300_host, changed_ops, converged_replies, serve  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

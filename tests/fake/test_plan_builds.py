@@ -9,7 +9,7 @@ from modelfleet.plan.inventory import door
 from modelfleet.plan.inventory import plan as planmod
 from modelfleet.run.pipeline import run_stages
 from modelfleet.run.stages import images, preflight, service
-from tests.fake.hosts import b300_host, b300_probe
+from tests.helpers.fake_hosts import b300_host, b300_probe
 
 
 def test_a_run_resolves_once_and_makes_each_plan_four_times(fake, uploads, monkeypatch, tmp_path):

@@ -8,7 +8,7 @@ import pytest
 from pyinfra.api.connect import disconnect_all  # noqa: E402
 
 from modelfleet.plan.inventory import resolve  # noqa: E402
-from tests.fake.hosts import b300_host, b300_probe, converged_replies, serve  # noqa: E402
+from tests.helpers.fake_hosts import b300_host, b300_probe, converged_replies, serve  # noqa: E402
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "engine-logs"
 

@@ -14,7 +14,7 @@ from modelfleet.plan.inventory import resolve
 from modelfleet.run.pipeline import run_stages
 from modelfleet.run.stages import admission, preflight
 from modelfleet.run.stages.admission import judge
-from tests.fake.hosts import admission_host
+from tests.helpers.fake_hosts import admission_host
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 H200_XML = (FIXTURES / "gpu-hosts" / "h200x1-ubuntu2404" / "nvidia-smi-q-x.txt").read_text().split("__rc=")[0]

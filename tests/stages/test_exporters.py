@@ -9,7 +9,7 @@ from pyinfra.api.exceptions import PyinfraError
 from modelfleet.plan.inventory import resolve
 from modelfleet.run.pipeline import run_stages
 from modelfleet.run.stages import exporters, preflight
-from tests.fake.hosts import b300_host, b300_probe
+from tests.helpers.fake_hosts import b300_host, b300_probe
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,7 @@ import pytest
 from modelfleet.plan.inventory import resolve
 from modelfleet.run.pipeline import run_stages
 from modelfleet.run.stages import gpu_stack, images, preflight
-from tests.fake.hosts import DF
+from tests.helpers.fake_hosts import DF
 
 HOST = {"hardware": "h200", "gpu_count": 8, "model": "kimi-k2-thinking", "engine": "vllm", "pool": "p",
         "revision": "e" * 40, "image": "vllm/vllm-openai:v0.34.0@sha256:" + "f" * 64}

@@ -6,7 +6,7 @@ import pytest
 from modelfleet.plan.inventory import resolve
 from modelfleet.run.pipeline import run_stages
 from modelfleet.run.stages import images
-from tests.fake.hosts import IMAGE, b300_host
+from tests.helpers.fake_hosts import IMAGE, b300_host
 
 
 @pytest.fixture(autouse=True)

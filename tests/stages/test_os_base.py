@@ -4,7 +4,7 @@ headers only when gpu_driver is about to build a kernel module; nothing where th
 from modelfleet.plan.inventory import resolve
 from modelfleet.run.pipeline import run_stages
 from modelfleet.run.stages import gpu_stack, os_base, preflight
-from tests.fake.hosts import DF
+from tests.helpers.fake_hosts import DF
 
 HOST = {"hardware": "h200", "gpu_count": 1, "model": "qwen3-8b", "engine": "vllm"}
 KERNEL = {"kernel": "6.8.0-87-generic"}

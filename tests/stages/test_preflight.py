@@ -9,7 +9,7 @@ from pyinfra.api.exceptions import PyinfraError
 from modelfleet.host.facts.probe import HostProbe
 from modelfleet.plan.inventory import resolve
 from modelfleet.run.stages import preflight
-from tests.fake.hosts import B300_GPUS, B300_VERSIONS, FM, b300_host, b300_probe, h200_probe, serve
+from tests.helpers.fake_hosts import B300_GPUS, B300_VERSIONS, FM, b300_host, b300_probe, h200_probe, serve
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,7 @@ import pytest
 from pyinfra.api.exceptions import PyinfraError
 
 from modelfleet.plan.inventory import resolve
-from tests.fake.hosts import IMAGE, b300_host, b300_probe, changed_ops, converged_replies, serve
+from tests.helpers.fake_hosts import IMAGE, b300_host, b300_probe, changed_ops, converged_replies, serve
 
 
 @pytest.fixture(autouse=True)

@@ -59,7 +59,7 @@ def test_the_restart_tier_fallback_is_read_from_the_engines_lines_and_named(fake
     import json
 
     from modelfleet.host.operations.report import report_path
-    from tests.fake.hosts import b300_host
+    from tests.helpers.fake_hosts import b300_host
     from tests.unit.test_weight_cache import VLLM_FALLBACK, VLLM_LOADED, VLLM_MAPPED
 
     monkeypatch.setattr(verify, "endpoint_verified", lambda **kwargs: None)  # no endpoint behind @fake

@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from modelfleet.files.modelfleet_fetch import CHALLENGE, proof
-from tests.unit.test_modelfleet_fetch import FETCH, KEY, NAME, TOKEN, serving
+from tests.helpers.fetch_peer import FETCH, KEY, NAME, TOKEN, serving
 
 ROOTS_KEYS = b"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIRootOwnKey root@host\n"
 

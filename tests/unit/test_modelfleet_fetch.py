@@ -16,16 +16,10 @@ import time
 import pytest
 
 from modelfleet import FILES_DIR
+from tests.helpers.fetch_peer import FETCH, KEY, NAME, TOKEN, free_port, serving
 from tests.helpers.listener import scripted_http
 
-FETCH = str(FILES_DIR / "modelfleet_fetch.py")
 SIZE = 16 << 20
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture()
@@ -38,31 +32,6 @@ def source(tmp_path):
                                "token_file": None, "files": {"model.safetensors": {
                                    "size": SIZE, "sha256": hashlib.sha256(data).hexdigest(), "blob_id": None}}}))
     return tmp_path, job
-
-
-TOKEN = "5e" * 32
-KEY = "7a" * 32  # the serving host's proof key (gpu-01's), as the control node makes one per host
-NAME = "gpu-01"
-
-
-def serving(directory, *rate: str, files=None, port=None, name=NAME, key=KEY, **extra):
-    """The peer server as the unit runs it: its job on stdin. Started when its challenge is answered."""
-    port = port or free_port()
-    files = files if files is not None else [str(p.relative_to(directory)) for p in directory.rglob("*")
-                                             if p.is_file()]
-    job = {"dir": str(directory), "address": "127.0.0.1", "port": port, "token": TOKEN, "files": files,
-           "rate_mb_s": float(rate[0]) if rate else None, "name": name, "proof_key": key, **extra}
-    proc = subprocess.Popen([sys.executable, FETCH, "serve"], stdin=subprocess.PIPE)
-    proc.stdin.write(json.dumps(job).encode())
-    proc.stdin.close()
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc, f"http://127.0.0.1:{port}/"
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise AssertionError("the peer server did not start")
 
 
 def with_token(job, token=TOKEN, proofs=None):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from modelfleet.host.operations.venv import engine_user, venv_built, venvs_pruned
 from modelfleet.plan import venvs
-from tests.fake.harness import planned
+from tests.helpers.fake_harness import planned
 
 VENV = venvs.VenvPlan(path=f"{venvs.VENV_ROOT}/vllm-0.34.0-abcdefabcdef", engine="vllm", version="0.34.0",
                       lock_file="site/kimi.lock", lock_digest="abcdef" * 10, python="python3.12",

@@ -93,7 +93,7 @@ def test_a_converge_renders_each_unit_once(fake, monkeypatch, tmp_path):
     from modelfleet.plan.inventory import resolve
     from modelfleet.run.pipeline import run_stages
     from modelfleet.run.stages import images, netcheck, preflight, service
-    from tests.fake.hosts import b300_host, converged_replies
+    from tests.helpers.fake_hosts import b300_host, converged_replies
 
     monkeypatch.setenv("MODELFLEET_REPORTS", str(tmp_path))
     calls = {"unit": 0, "argv": 0}
@@ -140,7 +140,7 @@ def test_a_rank_systemd_restarted_restarts_its_pool_and_a_service_on_one_host_ne
 
     from modelfleet.host import units
     from modelfleet.plan.inventory import resolve
-    from tests.fake.hosts import b300_host
+    from tests.helpers.fake_hosts import b300_host
 
     digest = "vllm/vllm-openai:v0.34.0@sha256:" + "a" * 64
     pair = {"model": "tiny-lab", "engine": "vllm", "recipe": "tiny-lab-vllm-dp2", "pool": "pair",

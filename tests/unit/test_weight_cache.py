@@ -398,7 +398,7 @@ def test_the_cache_unit_checks_its_folder_before_the_daemon_starts():
     from modelfleet.host.units import pinned_services
     from modelfleet.plan import render
     from modelfleet.plan.inventory import resolve
-    from tests.fake.hosts import b300_host
+    from tests.helpers.fake_hosts import b300_host
 
     plan = resolve([("b300-01", {**b300_host(), "weight_cache": True})]).hosts["b300-01"]
     svc = pinned_services(plan)[0]
