@@ -19,5 +19,5 @@ while :; do
     journal >&2
     exit 1
   fi
-  sleep 2
+  sleep 1
 done

@@ -44,7 +44,7 @@ def _look(ep: Endpoint) -> tuple[dict | None, str]:
 
 
 def readiness(ep: Endpoint, timeout_s: float = 60) -> dict:
-    """Looks once a second until ready or `timeout_s`; the last reason when it never was."""
+    """Looks twice a second until ready or `timeout_s`; the last reason when it never was."""
     start = time.monotonic()
     while True:
         answer, why = _look(ep)
@@ -53,7 +53,7 @@ def readiness(ep: Endpoint, timeout_s: float = 60) -> dict:
         if time.monotonic() - start >= timeout_s:
             return {"ok": False, "error": f"not ready after {timeout_s:.0f} s: {why}",
                     "seconds": round(time.monotonic() - start, 2)}
-        time.sleep(1)
+        time.sleep(0.5)
 
 
 def report(ep: Endpoint, timeout_s: float = 60) -> dict:
