@@ -107,7 +107,7 @@ engine-flags: engine-parsers lab-setup
 
 # The tests that need no lab and wait out no timeout, in two processes side by side (MODELFLEET_TEST_HALF: every
 # other test; pytest-xdist's workers hang once pyinfra_cli patches threading), bytecode kept (a
-# PYTHONDONTWRITEBYTECODE=1 environment compiles and rewrites every module again on every run): about 35 s on two
+# PYTHONDONTWRITEBYTECODE=1 environment compiles and rewrites every module again on every run): about 32 s on two
 # cores. `make test` runs them all.
 FAST = PYTHONDONTWRITEBYTECODE= $(PYTHON) -m pytest -q -m "not slow" tests --ignore=tests/lab --ignore=tests/router
 test-fast: install
