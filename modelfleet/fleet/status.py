@@ -32,8 +32,6 @@ from modelfleet.plan.inventory.plan import HostPlan, ServicePlan
 from modelfleet.run.checks.tunnel import forward
 
 MARK = "@@modelfleet-status"
-
-
 UNIT_PROPERTIES = ("ActiveState", "SubState", "NRestarts", "ExecMainStartTimestamp")
 
 
