@@ -16,6 +16,7 @@ spec nvidia-ctk writes for them; the inventory then hands their services the GPU
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -37,13 +38,31 @@ from lab import apt, cdi, daemons, fabric, hub, scenario, secure_boot
 LAB_DIR = Path(__file__).resolve().parent
 REPO_ROOT = LAB_DIR.parent
 STATE = scenario.STATE
-# Tagged with the build script's hash: a changed package list builds a new base (and engine double) image.
-BASE_IMAGE = "modelfleet-lab/base:bookworm-" + hashlib.sha256((LAB_DIR / "build-base.sh").read_bytes()).hexdigest()[:10]
-LLAMA_SERVER_IMAGE = ("modelfleet-lab/llama-server:forky-"
-                      + hashlib.sha256((LAB_DIR / "build-llama-server.sh").read_bytes()).hexdigest()[:10])
-# The real vLLM (a CPU build, lab/build-vllm.sh), tagged with the hash of its build script and lab/vllm's files.
-VLLM_IMAGE = "modelfleet-lab/vllm-cpu:0.32.0-" + hashlib.sha256(b"".join(
-    path.read_bytes() for path in [LAB_DIR / "build-vllm.sh", *sorted((LAB_DIR / "vllm").iterdir())])).hexdigest()[:10]
+
+
+def _tagged(repository: str, *files: Path) -> str:
+    """An image's tag from the hash of what builds it: a changed script or file builds a new image."""
+    return f"{repository}-{hashlib.sha256(b''.join(path.read_bytes() for path in files)).hexdigest()[:10]}"
+
+
+# The lab's own images, tagged when first asked (importing the lab reads no file). The base (and the engine
+# double on it) from its build script; the real llama-server (Debian's build); the real vLLM's CPU build, from
+# lab/build-vllm.sh and lab/vllm's files.
+@functools.cache
+def base_image() -> str:
+    return _tagged("modelfleet-lab/base:bookworm", LAB_DIR / "build-base.sh")
+
+
+@functools.cache
+def llama_server_image() -> str:
+    return _tagged("modelfleet-lab/llama-server:forky", LAB_DIR / "build-llama-server.sh")
+
+
+@functools.cache
+def vllm_image() -> str:
+    return _tagged("modelfleet-lab/vllm-cpu:0.32.0", LAB_DIR / "build-vllm.sh", *sorted((LAB_DIR / "vllm").iterdir()))
+
+
 NET = daemons.NET
 REGISTRY = f"127.0.0.1:{5000 + NET}"
 PREFIX = f"mflab{NET or ''}-"
@@ -54,18 +73,31 @@ CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 TORCH = "torch==2.13.0"  # the engine double's PyTorch (a CPU build), downloaded as a wheel for its image
 # persona -> (hardware, GPUs, recorded outputs, bare). A bare host has the GPUs but no driver, Docker or
 # toolkit: the GPU stack stages install them from the lab's apt repositories. The others come pre-built.
-PERSONAS = {"h200x1": ("h200", 1, "h200x1", False), "b300x8-synthetic": ("b300", 8, "b300x8-synthetic", False),
-            "h200x1-bare": ("h200", 1, "h200x1", True), "b300x8-bare": ("b300", 8, "b300x8-synthetic", True),
-            "mi355x8-synthetic": ("mi355x", 8, "mi355x8-synthetic", False),
-            "mi355x8-bare": ("mi355x", 8, "mi355x8-synthetic", True)}
-# Fault personas (lab/personas/faults.yaml): a base persona's recordings with one fault each, for admission.
-FAULTS = yaml.safe_load((LAB_DIR / "personas" / "faults.yaml").read_text())
-PERSONAS.update({name: (*PERSONAS[fault["base"]][:2], name, False) for name, fault in FAULTS.items()})
-# Fabric personas (lab/fabric.py): hosts whose /sys/class/infiniband, netdevs, routes and IMEX state are a
-# synthetic B300 (RoCE, two route groups; its worker also with one fault each), GB300 tray or InfiniBand H100.
-PERSONAS.update({name: (p.hardware, p.gpus, name, False) for name, p in fabric.PERSONAS.items()})
-# Secure Boot personas (lab/secure_boot.py): a bare H200 presenting as Ubuntu with Secure Boot on.
-PERSONAS.update({name: ("h200", 1, "h200x1", True) for name in secure_boot.KERNELS})
+BUILT_PERSONAS = {"h200x1": ("h200", 1, "h200x1", False), "b300x8-synthetic": ("b300", 8, "b300x8-synthetic", False),
+                  "h200x1-bare": ("h200", 1, "h200x1", True), "b300x8-bare": ("b300", 8, "b300x8-synthetic", True),
+                  "mi355x8-synthetic": ("mi355x", 8, "mi355x8-synthetic", False),
+                  "mi355x8-bare": ("mi355x", 8, "mi355x8-synthetic", True)}
+
+
+@functools.cache
+def faults() -> dict:
+    """Fault personas (lab/personas/faults.yaml): a base persona's recordings with one fault each, for admission."""
+    return yaml.safe_load((LAB_DIR / "personas" / "faults.yaml").read_text())
+
+
+@functools.cache
+def personas() -> dict[str, tuple]:
+    """Every persona: the built ones, the fault personas, the fabric personas (lab/fabric.py: hosts whose
+    /sys/class/infiniband, netdevs, routes and IMEX state are a synthetic B300 (RoCE, two route groups; its worker
+    also with one fault each), GB300 tray or InfiniBand H100) and the Secure Boot ones (lab/secure_boot.py: a bare
+    H200 presenting as Ubuntu with Secure Boot on)."""
+    found = dict(BUILT_PERSONAS)
+    found.update({name: (*BUILT_PERSONAS[fault["base"]][:2], name, False) for name, fault in faults().items()})
+    found.update({name: (p.hardware, p.gpus, name, False) for name, p in fabric.PERSONAS.items()})
+    found.update({name: ("h200", 1, "h200x1", True) for name in secure_boot.KERNELS})
+    return found
+
+
 # The real images the lab's recipes name: the registry serves the engine double under the vLLM and SGLang tags,
 # and the real llama-server (Debian's build, lab/build-llama-server.sh) under the llama.cpp one.
 ENGINE_IMAGES = ("vllm/vllm-openai:v0.34.0", "lmsysorg/sglang:v0.5.18", "ghcr.io/ggml-org/llama.cpp:server-cuda13")
@@ -124,7 +156,8 @@ def ensure_images() -> None:
     (commands that print JSON on stdout, bench-* and demo, call this too) with its time, or `present`."""
     logs = STATE / "build-logs"
     logs.mkdir(parents=True, exist_ok=True)
-    builds = {BASE_IMAGE: "build-base.sh", LLAMA_SERVER_IMAGE: "build-llama-server.sh", VLLM_IMAGE: "build-vllm.sh"}
+    builds = {base_image(): "build-base.sh", llama_server_image(): "build-llama-server.sh",
+              vllm_image(): "build-vllm.sh"}
     missing = [image for image in builds if not _image_present(image)]
     started, running = time.monotonic(), {}
     for image in missing:
@@ -151,14 +184,14 @@ def ensure_images() -> None:
     shutil.copytree(LAB_DIR / "engine_double", context)
     shutil.copy(LAB_DIR.parent / "modelfleet" / "plan" / "catalog" / "engine_flags.json", context / "flags.json")
     shutil.copytree(wheels, context / "wheels", copy_function=os.link)
-    sh("docker", "build", "-q", "--build-arg", f"BASE={BASE_IMAGE}", "-t", local, str(context), capture=True)
-    sh("docker", "build", "-q", "--build-arg", f"BASE={BASE_IMAGE}", "--label", "modelfleet.lab.version=0.35.0",
+    sh("docker", "build", "-q", "--build-arg", f"BASE={base_image()}", "-t", local, str(context), capture=True)
+    sh("docker", "build", "-q", "--build-arg", f"BASE={base_image()}", "--label", "modelfleet.lab.version=0.35.0",
        "-t", f"{local}-0.35", str(context), capture=True)
-    sh("docker", "build", "-q", "--build-arg", f"BASE={BASE_IMAGE}", "--build-arg", "DOUBLE_FAULT=1",
+    sh("docker", "build", "-q", "--build-arg", f"BASE={base_image()}", "--build-arg", "DOUBLE_FAULT=1",
        "-t", f"{local}-broken", str(context), capture=True)
     sources = {image: local for image in ENGINE_IMAGES[:2]}
-    sources[ENGINE_IMAGES[2]] = LLAMA_SERVER_IMAGE
-    sources.update({UPGRADE_IMAGE: f"{local}-0.35", BROKEN_IMAGE: f"{local}-broken", REAL_VLLM_TAG: VLLM_IMAGE})
+    sources[ENGINE_IMAGES[2]] = llama_server_image()
+    sources.update({UPGRADE_IMAGE: f"{local}-0.35", BROKEN_IMAGE: f"{local}-broken", REAL_VLLM_TAG: vllm_image()})
     started = time.monotonic()
     for image, source in sources.items():
         sh("docker", "tag", source, f"{REGISTRY}/{image}")
@@ -270,9 +303,9 @@ def persona_dir(recordings: str) -> Path:
     if recordings in fabric.PERSONAS:
         base = fabric.PERSONAS[recordings].recordings
         return fabric.build(recordings, STATE / "personas" / recordings, base and LAB_DIR / "personas" / base)
-    if recordings not in FAULTS:
+    if recordings not in faults():
         return LAB_DIR / "personas" / recordings
-    fault, out = FAULTS[recordings], STATE / "personas" / recordings
+    fault, out = faults()[recordings], STATE / "personas" / recordings
     # Files are rewritten in place, never the folder replaced: a running host has it mounted.
     out.mkdir(parents=True, exist_ok=True)
     for recording in (LAB_DIR / "personas" / fault["base"]).iterdir():
@@ -324,7 +357,7 @@ def _host_files(index: int, persona: str) -> dict:
     models.mkdir(exist_ok=True)
     config = home / "etc-modelfleet"
     config.mkdir(mode=0o700, exist_ok=True)
-    hardware, gpus, recordings, bare = PERSONAS[persona]
+    hardware, gpus, recordings, bare = personas()[persona]
     # Admission reads `nvidia-smi -q -x` or `amd-smi metric`: judged where the persona has one, skipped elsewhere.
     admission = any((persona_dir(recordings) / name).exists()
                     for name in ("nvidia-smi-q-x.txt", "amd-smi-metric.json"))
@@ -423,7 +456,7 @@ def start_host(spec: dict) -> None:
         argv += ["-v", mount]
     for device in devices:
         argv += ["--device", device]
-    sh(*argv, BASE_IMAGE, "/sbin/init", capture=True)
+    sh(*argv, base_image(), "/sbin/init", capture=True)
 
 
 def wait_ssh(spec: dict, timeout_s: float = 60) -> None:
@@ -476,7 +509,7 @@ def up(hosts: int = 3, personas: list[str] | None = None, disks: int = 0,
     ensure_registry()
     ensure_images()
     apt_repo = apt.ensure(STATE, LAB_DIR)
-    hub_double = hub.ensure(STATE, LAB_DIR, VLLM_IMAGE)
+    hub_double = hub.ensure(STATE, LAB_DIR, vllm_image())
     personas = personas or ["h200x1"]
     wanted_cdi = _cdi_hosts(cdi_hosts)
     specs = []

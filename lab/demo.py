@@ -29,7 +29,8 @@ REAL_VLLM_RECIPE = "tiny-llama-vllm-cpu"
 
 def main() -> int:
     began = time.monotonic()
-    first = not all(lab._image_present(image) for image in (lab.BASE_IMAGE, lab.LLAMA_SERVER_IMAGE, lab.VLLM_IMAGE))
+    first = not all(lab._image_present(image)
+                    for image in (lab.base_image(), lab.llama_server_image(), lab.vllm_image()))
     _say("3 lab hosts (systemd + sshd containers on loopback), serve.py over SSH, one question "
          "per endpoint. " + ("First run on this machine: the lab's images are built once (a Debian root for the "
                              "hosts, the real llama-server, the real vLLM's CPU build: 3.4 GB), about 10 minutes on "

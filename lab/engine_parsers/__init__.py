@@ -86,8 +86,8 @@ def main() -> None:
         import lab
         from lab.engine_parsers import llama_server
 
-        subprocess.run([str(lab.LAB_DIR / "build-llama-server.sh"), lab.LLAMA_SERVER_IMAGE], check=True,
+        subprocess.run([str(lab.LAB_DIR / "build-llama-server.sh"), lab.llama_server_image()], check=True,
                        stdout=sys.stderr)
-        llama_server.write_flags(lab.LLAMA_SERVER_IMAGE, sys.argv[2])
+        llama_server.write_flags(lab.llama_server_image(), sys.argv[2])
     else:
         sys.exit(__doc__)

@@ -121,7 +121,7 @@ def test_a_host_container_left_by_another_lab_is_replaced_not_trusted(lab_hosts)
     assert lab._claim(lab_hosts[0]) is True  # this lab's own host stays
     stray = {"name": f"{lab.PREFIX}99", "home": str(STATE / "hosts" / f"{lab.PREFIX}99")}
     subprocess.run(["docker", "run", "-d", "--name", stray["name"], "--label", f"{lab.HOME_LABEL}=/tmp/gone/.lab",
-                    lab.BASE_IMAGE, "sleep", "300"], check=True, capture_output=True)
+                    lab.base_image(), "sleep", "300"], check=True, capture_output=True)
     try:
         assert lab._claim(stray) is False
         gone = subprocess.run(["docker", "container", "inspect", stray["name"]], capture_output=True)

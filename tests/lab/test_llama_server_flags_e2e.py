@@ -24,7 +24,7 @@ LLAMA = [(r, hw) for r, hw in RECIPE_BOARDS if CATALOG.recipes[r].engine == "lla
 
 @pytest.fixture(scope="module")
 def image(lab_hosts):  # the lab's images are built by then
-    return lab.LLAMA_SERVER_IMAGE
+    return lab.llama_server_image()
 
 
 @pytest.mark.parametrize("recipe_id,hardware", LLAMA, ids=[f"{r}@{h}" for r, h in LLAMA])

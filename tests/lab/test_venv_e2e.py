@@ -45,7 +45,7 @@ def _serve(timeout: float = 1800, **fields):
 
 def _os_prerequisites(spec: dict) -> None:
     """libnuma1 from the vLLM image's Debian root (the same release as the lab host's) and a /dev/shm of 2 GB."""
-    cid = subprocess.run(["docker", "create", lab.VLLM_IMAGE, "true"], capture_output=True, text=True,
+    cid = subprocess.run(["docker", "create", lab.vllm_image(), "true"], capture_output=True, text=True,
                          check=True).stdout.strip()
     try:
         subprocess.run(["docker", "cp", "-L", f"{cid}:{LIBNUMA}", f"/tmp/{spec['name']}-libnuma.so.1"], check=True)

@@ -8,7 +8,7 @@ out, and `modelfleet status` says so.
 
 The replicas are the inventory's (modelfleet.plan.inventory.resolve): one on the router host itself (loopback), two on
 hosts b and c at their fabric addresses (127.0.0.2 and 127.0.0.3, loopback too on Linux). Where the lab's real
-llama-server image is in the machine's dockerd (lab.LLAMA_SERVER_IMAGE), it serves c's URL: the router sees a URL
+llama-server image is in the machine's dockerd (lab.llama_server_image()), it serves c's URL: the router sees a URL
 that answers /health and the OpenAI routes; its new version is a new model revision (another GGUF, which its
 /props names). What the rollout runs with pyinfra (the prefetch, the serve deploy that restarts the unit) is the
 switch this test plays with processes.
@@ -55,14 +55,14 @@ def llama_server_missing() -> str | None:
     """Why the real llama-server cannot serve a replica here (None: it can)."""
     try:
         daemon = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=30)
-        image = subprocess.run(["docker", "image", "inspect", lab.LLAMA_SERVER_IMAGE], capture_output=True,
+        image = subprocess.run(["docker", "image", "inspect", lab.llama_server_image()], capture_output=True,
                                text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as error:
         return f"no docker here ({error})"
     if daemon.returncode:
         return f"the machine's dockerd does not answer ({daemon.stderr.strip()[-200:]}); `make lab-setup` starts it"
     if image.returncode:
-        return f"the lab's llama-server image {lab.LLAMA_SERVER_IMAGE} is not in the machine's dockerd " \
+        return f"the lab's llama-server image {lab.llama_server_image()} is not in the machine's dockerd " \
                "(lab/build-llama-server.sh builds it)"
     return None
 
@@ -77,7 +77,7 @@ class LlamaServer:
         subprocess.run(["docker", "rm", "-f", self.name], capture_output=True)
         run = subprocess.run(["docker", "run", "-d", "--rm", "--network", "host", "--name", self.name, "-v",
                               f"{workdir / 'models'}:/models:ro", "--entrypoint", "/app/llama-server",
-                              lab.LLAMA_SERVER_IMAGE, "--model", self.model, "--alias", SERVED, "--host", address,
+                              lab.llama_server_image(), "--model", self.model, "--alias", SERVED, "--host", address,
                               "--port", str(port), "--ctx-size", "4096", "--jinja", "--metrics", "--api-key", KEY],
                              capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, f"docker run {self.name}: {run.stderr.strip()[-500:]}"

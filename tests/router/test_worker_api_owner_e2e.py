@@ -177,13 +177,13 @@ def test_an_engine_container_on_the_host_network_cannot_pose_as_the_routers_user
     default capabilities beside it (as engines ran before) takes the uid and registers its worker."""
     import lab
 
-    if subprocess.run(["docker", "image", "inspect", lab.BASE_IMAGE], capture_output=True).returncode:
-        pytest.skip(f"the lab's base image {lab.BASE_IMAGE} is not built (make lab-setup)")
+    if subprocess.run(["docker", "image", "inspect", lab.base_image()], capture_output=True).returncode:
+        pytest.skip(f"the lab's base image {lab.base_image()} is not built (make lab-setup)")
     sh(router.users_script())
     engine_like, default_caps = f"mf-engine-like-{os.getpid()}", f"mf-default-caps-{os.getpid()}"
     sh(f"docker run -d --rm --network none --name {engine_like} {' '.join(render.CONTAINER_UIDS_FIXED)} "
-       f"{lab.BASE_IMAGE} sleep infinity >/dev/null")
-    sh(f"docker run -d --rm --network container:{engine_like} --name {default_caps} {lab.BASE_IMAGE} "
+       f"{lab.base_image()} sleep infinity >/dev/null")
+    sh(f"docker run -d --rm --network container:{engine_like} --name {default_caps} {lab.base_image()} "
        "sleep infinity >/dev/null")
     pid = sh(f"docker inspect -f '{{{{.State.Pid}}}}' {engine_like}").strip()
     workdir = Path(tempfile.mkdtemp(prefix="mf-router-"))
