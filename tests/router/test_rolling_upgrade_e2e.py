@@ -67,6 +67,9 @@ def llama_server_missing() -> str | None:
     return None
 
 
+SEED = 7
+
+
 class LlamaServer:
     """The lab's real llama-server (Debian's build, in its lab image) on the host network, at a replica's URL."""
 
@@ -78,7 +81,11 @@ class LlamaServer:
         run = subprocess.run(["docker", "run", "-d", "--rm", "--network", "host", "--name", self.name, "-v",
                               f"{workdir / 'models'}:/models:ro", "--entrypoint", "/app/llama-server",
                               lab.llama_server_image(), "--model", self.model, "--alias", SERVED, "--host", address,
-                              "--port", str(port), "--ctx-size", "4096", "--jinja", "--metrics", "--api-key", KEY],
+                              "--port", str(port), "--ctx-size", "4096", "--jinja", "--metrics", "--api-key", KEY,
+                              # One sampling seed: the random weights' answers are the same every run. A free
+                              # seed once drew a tool call whose arguments llama-server's own JSON parser refused
+                              # (a lone \uD8xx escape), failing the gate on noise rather than on the rollout.
+                              "--seed", str(SEED)],
                              capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, f"docker run {self.name}: {run.stderr.strip()[-500:]}"
         wait_for(lambda: http("GET", f"{self.url}/health", timeout=2)[0] == 200, 60, f"llama-server {self.url}")
