@@ -119,7 +119,7 @@ test-fast: install
 
 # Every test; the engine-parser checks may not skip here (MODELFLEET_REQUIRE_ENGINE_PARSERS). Two pytest processes
 # side by side, each on its own lab (nets 1 and 2; tests/conftest.py says which tests each runs): the lab's
-# end-to-end tests mostly wait on their hosts. Shard b's output follows shard a's. About 35 minutes on two cores
+# end-to-end tests mostly wait on their hosts. Shard b's output follows shard a's. 26 to 30 minutes on two cores
 # (one process: 50 to 56).
 test: install engine-parsers
 	@b_dir=$$(mktemp -d /tmp/modelfleet-test-b.XXXXXX); \
