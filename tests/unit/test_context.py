@@ -14,14 +14,8 @@ from modelfleet.plan.inventory import resolve
 from modelfleet.run import context, pipeline
 from modelfleet.run.context import UndeclaredRead, _Declared
 from modelfleet.run.stages import gpu_stack, service
+from tests.helpers.fake_hosts import B300_GPUS, B300_VERSIONS, DF, IMAGE, PIN
 
-PIN = "e" * 40
-IMAGE = "vllm/vllm-openai:v0.34.0@sha256:" + "f" * 64
-B300_GPUS = [f"{i}, NVIDIA B300 SXM6 AC, GPU-0000000{i}-synthetic, 00000000:{i:02X}:00.0, 275040 MiB, 580.95.05, 10.3"
-             for i in range(8)]
-B300_VERSIONS = ["NVIDIA-SMI version  : 580.95.05", "DRIVER version      : 580.95.05", "CUDA Version        : 13.0"]
-DF = ["Filesystem 1-blocks Used Available Capacity Mounted on",
-      "/dev/md0 30000000000000 1000000000 29000000000000 1% /srv"]
 HOST = {"hardware": "b300", "model": "kimi-k3.1-pro", "engine": "vllm", "revision": PIN, "pool": "k31",
         "served_name": "kimi-local", "image": IMAGE, "admission": False, "dcgm_exporter": True,
         "dcgm_exporter_image": "nvcr.io/nvidia/k8s/dcgm-exporter:4.4.2-4.7.1-ubuntu22.04@sha256:" + "d" * 64}
