@@ -40,9 +40,9 @@ def _lab_module():
 def lab_up(hosts: int, personas: tuple[str, ...], disks: int) -> None:
     """Start HOSTS lab hosts (idempotent: running ones are kept)."""
     labmod = _lab_module()
-    unknown = sorted(set(personas) - set(labmod.PERSONAS))
+    unknown = sorted(set(personas) - set(labmod.personas()))
     if unknown:
-        raise click.UsageError(f"unknown persona {', '.join(unknown)} (personas: {', '.join(labmod.PERSONAS)})")
+        raise click.UsageError(f"unknown persona {', '.join(unknown)} (personas: {', '.join(labmod.personas())})")
     specs = labmod.up(hosts, list(personas) or None, disks)
     click.echo(json.dumps([{k: s[k] for k in ("name", "address", "persona", "engine", "disks")} for s in specs],
                           indent=2))
@@ -53,8 +53,8 @@ def lab_personas() -> None:
     """Every persona a lab host can take (hardware, GPUs, bare or pre-built, the fault it carries), as JSON."""
     labmod = _lab_module()
     click.echo(json.dumps({name: {"hardware": hw, "gpus": gpus, "bare": bare,
-                                  "fault_of": labmod.FAULTS.get(name, {}).get("base")}
-                           for name, (hw, gpus, _, bare) in labmod.PERSONAS.items()}, indent=2))
+                                  "fault_of": labmod.faults().get(name, {}).get("base")}
+                           for name, (hw, gpus, _, bare) in labmod.personas().items()}, indent=2))
 
 
 @lab.command("down")
