@@ -42,23 +42,45 @@ class Snapshot:
         return replace(self, files=files)
 
 
+class _SameOrigin(urllib.request.HTTPRedirectHandler):
+    """A redirect keeps the hub token only while it stays on the endpoint's scheme, host and port (a renamed
+    repository answers with one, as huggingface_hub follows it); anywhere else it is dropped."""
+
+    def __init__(self, origin: tuple[str, str], token: str | None):
+        self.origin, self.token = origin, token
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        target = urllib.parse.urlsplit(newurl)
+        if new is not None and self.token and (target.scheme, target.netloc) == self.origin:
+            new.add_unredirected_header("Authorization", f"Bearer {self.token}")
+        return new
+
+
 def _hub_metadata(request: dict) -> dict:
     """Commit and every file's size, LFS sha256 and git blob id, from the hub's API: the one request
     huggingface_hub's `model_info(files_metadata=True)` sends (GET /api/models/REPO/revision/REV?blobs=True;
     tests/unit/test_mirror.py holds the two answers equal), made with the standard library in this process:
     huggingface_hub's HTTP stack (httpx, anyio, trio where a user's environment has it) does not import under a
     pyinfra run's gevent patches, and a child interpreter for it was most of a no-op run's fixed CPU. The token
-    goes only to the endpoint asked (a redirect elsewhere drops it)."""
+    goes only to the endpoint's own origin (a redirect elsewhere drops it), and never into an error."""
+    token = request["token"]
+    if token and token != token.strip():
+        return {"error": "the hub token has spaces or a line break around it (check the variable hf_token_env "
+                         "names)"}
     url = (f"{request['endpoint'].rstrip('/')}/api/models/{request['repo']}/revision/"
            f"{urllib.parse.quote(request['revision'], safe='')}?blobs=True")
     asked = urllib.request.Request(url, headers={"User-Agent": "modelfleet"})
-    if request["token"]:
-        asked.add_unredirected_header("Authorization", f"Bearer {request['token']}")
+    if token:
+        asked.add_unredirected_header("Authorization", f"Bearer {token}")
+    origin = urllib.parse.urlsplit(url)
+    opener = urllib.request.build_opener(_SameOrigin((origin.scheme, origin.netloc), token))
     try:
-        with urllib.request.urlopen(asked, timeout=HUB_TIMEOUT_S) as response:
+        with opener.open(asked, timeout=HUB_TIMEOUT_S) as response:
             info = json.load(response)
     except urllib.error.HTTPError as error:  # the hub names its error (GatedRepo, RevisionNotFound) in headers
         code, message = error.headers.get("X-Error-Code", ""), error.headers.get("X-Error-Message", "")
+        error.close()
         return {"error": f"HTTP {error.code} {code or error.reason}{': ' + message if message else ''} for {url}"}
     except (OSError, ValueError) as error:  # refused, unreachable, timed out, not JSON: one line for the operator
         reason = getattr(error, "reason", error)
