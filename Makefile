@@ -113,6 +113,7 @@ FAST = PYTHONDONTWRITEBYTECODE= $(PYTHON) -m pytest -q -m "not slow" tests --ign
 test-fast: install
 	@out=$$(mktemp /tmp/modelfleet-test-fast.XXXXXX); \
 	MODELFLEET_TEST_HALF=1/2 $(FAST) -p no:cacheprovider > "$$out" 2>&1 & other=$$!; \
+	trap 'kill -INT $$other 2>/dev/null; rm -f "$$out"' INT TERM; \
 	MODELFLEET_TEST_HALF=0/2 $(FAST); mine=$$?; \
 	wait $$other; theirs=$$?; echo "--- the other half:"; cat "$$out"; rm -f "$$out"; \
 	[ $$mine -eq 0 ] && [ $$theirs -eq 0 ]
@@ -125,7 +126,7 @@ test: install engine-parsers
 	@b_dir=$$(mktemp -d /tmp/modelfleet-test-b.XXXXXX); \
 	MODELFLEET_REQUIRE_ENGINE_PARSERS=1 MODELFLEET_TEST_SHARD=b MODELFLEET_TEST_LAB_NET=2 \
 	    $(PYTHON) -m pytest -q -p no:cacheprovider --basetemp="$$b_dir/tmp" tests > "$$b_dir/log" 2>&1 & b=$$!; \
-	trap 'kill $$b 2>/dev/null' INT TERM; \
+	trap 'kill -INT $$b 2>/dev/null' INT TERM; \
 	MODELFLEET_REQUIRE_ENGINE_PARSERS=1 MODELFLEET_TEST_SHARD=a MODELFLEET_TEST_LAB_NET=1 \
 	    $(PYTHON) -m pytest -q tests; a_rc=$$?; \
 	wait $$b; b_rc=$$?; \

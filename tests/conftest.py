@@ -15,6 +15,7 @@ os.environ["MODELFLEET_LAB_NET"] = _net
 
 import ipaddress  # noqa: E402
 import shutil  # noqa: E402
+import signal  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -31,6 +32,12 @@ SHARD_B_LAB = {"test_real_vllm_e2e.py", "test_real_vllm_pool_e2e.py", "test_real
                "test_venv_e2e.py", "test_retire_e2e.py", "test_swarm_e2e.py", "test_installed_e2e.py"}
 
 
+if os.environ.get("MODELFLEET_TEST_SHARD") or os.environ.get("MODELFLEET_TEST_HALF"):
+    # make starts one of the two in the background, where the shell leaves SIGINT ignored: Ctrl-C (sent to both)
+    # then stops each as it stops one pytest, its lab torn down, instead of leaving one running alone.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def shard_of(path: Path) -> str:
     in_lab = ROOT / "tests" / "lab" in Path(path).resolve().parents
     return "a" if in_lab and Path(path).name not in SHARD_B_LAB else "b"
@@ -45,7 +52,8 @@ def pytest_collection_modifyitems(config, items):
     if half:
         index, count = map(int, half.split("/"))
         keep = keep[index::count]
-    config.hook.pytest_deselected(items=[item for item in items if item not in set(keep)])
+    kept = set(keep)
+    config.hook.pytest_deselected(items=[item for item in items if item not in kept])
     items[:] = keep
 
 

@@ -219,11 +219,14 @@ def imports_up(root: Path) -> list[str]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                targets = [node.module] + ([f"{node.module}.{a.name}" for a in node.names]
-                                           if node.module == root.name else [])
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # `from ..plan import x` climbs from this module's package
+                    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                    base = ".".join(package[: len(package) - (node.level - 1)] + ([node.module] if node.module else []))
+                targets = [base] + ([f"{base}.{a.name}" for a in node.names] if base == root.name else [])
             else:
-                continue  # a relative import stays inside its own package
+                continue
             for target in targets:
                 there = _floor_of(target.replace(root.name, "modelfleet", 1))
                 if there and FLOORS.index(there) > FLOORS.index(here):
@@ -249,6 +252,9 @@ def test_an_import_up_the_floors_is_found_wherever_it_stands(tmp_path):
         "modelfleet/base/typed.py": "from typing import TYPE_CHECKING\n"
                                     "if TYPE_CHECKING:\n    import modelfleet.plan.high\n",
         "modelfleet/plan/high.py": "from modelfleet.base import low\nfrom modelfleet import base\n",
+        "modelfleet/base/relative.py": "from ..plan import high\nfrom .. import plan\nfrom . import low\n",
     })
     assert imports_up(pkg) == ["modelfleet/base/low.py:2 (base) imports modelfleet.plan (plan)",
+                               "modelfleet/base/relative.py:1 (base) imports modelfleet.plan (plan)",
+                               "modelfleet/base/relative.py:2 (base) imports modelfleet.plan (plan)",
                                "modelfleet/base/typed.py:3 (base) imports modelfleet.plan.high (plan)"]
