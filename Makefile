@@ -123,6 +123,8 @@ test-fast: install
 # end-to-end tests mostly wait on their hosts. Shard b's output follows shard a's. 26 to 30 minutes on two cores
 # (one process: 50 to 56).
 test: install engine-parsers
+	@# The lab's images first, once: two shards starting on a machine without them would each build them.
+	@if docker info >/dev/null 2>&1; then $(PYTHON) -c 'import lab; lab.build_images()'; fi
 	@b_dir=$$(mktemp -d /tmp/modelfleet-test-b.XXXXXX); \
 	MODELFLEET_REQUIRE_ENGINE_PARSERS=1 MODELFLEET_TEST_SHARD=b MODELFLEET_TEST_LAB_NET=2 \
 	    $(PYTHON) -m pytest -q -p no:cacheprovider --basetemp="$$b_dir/tmp" tests > "$$b_dir/log" 2>&1 & b=$$!; \

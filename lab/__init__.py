@@ -151,9 +151,17 @@ def ensure_registry() -> None:
 
 
 def ensure_images() -> None:
-    """The lab's images, each built once per machine: the three root filesystems at once (each spends its time
-    waiting on Debian's mirror and PyPI more than on a core), then the engine double; a line per image on stderr
-    (commands that print JSON on stdout, bench-* and demo, call this too) with its time, or `present`."""
+    """The lab's images, each built once per machine: the three root filesystems (build_images), then the engine
+    double; a line per image on stderr (commands that print JSON on stdout, bench-* and demo, call this too) with
+    its time, or `present`."""
+    build_images()
+    _double_images()
+
+
+def build_images() -> None:
+    """The three root filesystems, at once (each spends its time waiting on Debian's mirror and PyPI more than on a
+    core), those missing only. `make test` calls it before its two shards start, which would otherwise build
+    each missing one twice at once (python -c 'import lab; lab.build_images()')."""
     logs = STATE / "build-logs"
     logs.mkdir(parents=True, exist_ok=True)
     builds = {base_image(): "build-base.sh", llama_server_image(): "build-llama-server.sh",
@@ -174,6 +182,11 @@ def ensure_images() -> None:
             raise RuntimeError(f"lab: building {image} failed ({builds[image]}, exit {process.returncode}); "
                                f"the end of {log}:\n{tail}")
         print(f"lab: {image} built ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+
+
+def _double_images() -> None:
+    """The engine double's images on the base (a fault and an upgrade variant), and every image the lab's recipes
+    name, in the lab's registry."""
     local = DOUBLE_IMAGE
     # Build context: the double, and the PyTorch CPU wheels (for the netcheck gate) fetched once into .lab/.
     wheels = STATE / "wheels"
