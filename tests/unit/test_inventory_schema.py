@@ -33,7 +33,7 @@ def test_a_port_is_one_tcp_has(port, ok):
 
 
 def test_a_grammar_reason_is_the_error_and_the_value_is_not_echoed():
-    secret_looking = "https://user:hf_abcdefSECRET@hub.example/ path"
+    secret_looking = f"https://user:hf_{secrets.token_hex(8)}@hub.example/ path"  # made here, never committed
     [(where, message)] = errors(HostData, hf_endpoint=secret_looking)
     assert where == ("hf_endpoint",) and message == "may not contain spaces or control characters"
     pasted = "sk-live-" + secrets.token_hex(8)
