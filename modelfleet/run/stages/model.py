@@ -199,8 +199,9 @@ def _to_prune(tree: dict, commit: str, keep: int) -> list[str]:
     return others[max(0, keep - kept):]
 
 
-# Over 60 lines, for now: every host lists every checkpoint operation in one order (pyinfra orders operations by
-# their lines), and its fan-out waves are being rebuilt piece by piece; it is split once that lands.
+# Over 60 lines: every host must list every checkpoint operation in one order (pyinfra orders operations by their
+# lines), so the stage's operations stand in this one function; the swarm's and the fan-out's steps are the
+# functions below it (_swarm, _tree).
 @deploy("modelfleet model")
 def run(ctx: HostRun):
     plan = ctx.plan
