@@ -8,14 +8,9 @@ import sys
 import time
 
 from modelfleet import FILES_DIR
+from tests.helpers.listener import free_port
 
 FETCH = str(FILES_DIR / "modelfleet_fetch.py")
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 TOKEN = "5e" * 32
 KEY = "7a" * 32  # the serving host's proof key (gpu-01's), as the control node makes one per host
 NAME = "gpu-01"

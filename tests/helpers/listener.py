@@ -50,3 +50,10 @@ def scripted_http(reply: bytes, seen: list | None = None, close: bool = True, re
 
     threading.Thread(target=loop, daemon=True).start()
     return f"http://127.0.0.1:{listener.getsockname()[1]}/"
+
+
+def free_port() -> int:
+    """A loopback port free now (bound and released: another process could take it before the caller does)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import socket
 import subprocess
 import urllib.request
 from pathlib import Path
@@ -21,6 +20,7 @@ from modelfleet.plan import render
 from modelfleet.plan.inventory import resolve
 from modelfleet.run.checks import endpoint
 from modelfleet.run.checks.ready import readiness
+from tests.helpers.listener import free_port
 from tests.helpers.recipe_pools import PIN
 from tests.lab.conftest import dockerd_answers
 
@@ -46,12 +46,6 @@ def image(tmp_path_factory):
     subprocess.run(["docker", "build", "-q", "-t", IMAGE, str(context)], check=True, capture_output=True)
     yield IMAGE
     subprocess.run(["docker", "rmi", "-f", IMAGE], capture_output=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def service(tmp_path, **data):

@@ -6,7 +6,6 @@ nothing unverified or half-written is left in DEST; a host's verified copy is a 
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from modelfleet.plan import checkpoint
 from modelfleet.plan.inventory import resolve
 from modelfleet.plan.pins import checkpoint_of, pinned_revision
 from modelfleet.run.stages import model as model_stage
+from tests.helpers.listener import free_port
 from tests.helpers.made_keys import made_key
 
 pytestmark = pytest.mark.slow  # the mirror command in child interpreters, copying files
@@ -28,12 +28,6 @@ pytestmark = pytest.mark.slow  # the mirror command in child interpreters, copyi
 FETCH = str(FILES_DIR / "modelfleet_fetch.py")
 REPO = "modelfleet/tiny-lab"
 TOKEN_ENV = "MODELFLEET_MIRROR_TEST_TOKEN"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

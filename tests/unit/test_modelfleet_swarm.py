@@ -16,7 +16,8 @@ import pytest
 from modelfleet.files import modelfleet_swarm as swarm
 from modelfleet.files.modelfleet_fetch import Tree, challenge
 from modelfleet.host import transfer
-from tests.helpers.fetch_peer import FETCH, KEY, TOKEN, free_port
+from tests.helpers.fetch_peer import FETCH, KEY, TOKEN
+from tests.helpers.listener import free_port
 
 PIECE = 256 << 10
 

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from modelfleet import FILES_DIR
+from tests.helpers.listener import free_port
 
 pytestmark = pytest.mark.slow  # PyTorch's collectives over loopback, with their timeouts
 
@@ -28,12 +29,6 @@ def refusing(monkeypatch):
         raise Refused(message)
 
     monkeypatch.setattr(check, "fail", fail)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def args(rank: int, port: int, timeout: int = 5, ifname: str | None = "lo", addr: str = "127.0.0.1", nnodes=2):

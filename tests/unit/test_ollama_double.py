@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -24,16 +23,11 @@ from modelfleet.plan import render
 from modelfleet.run.checks import Endpoint
 from modelfleet.run.checks.ready import readiness
 from tests.conftest import ROOT
+from tests.helpers.listener import free_port
 from tests.helpers.recipe_pools import pool
 
 FIXTURES = json.loads((ROOT / "tests" / "fixtures" / "ollama" / "api.json").read_text())
 ANSWERS = {a["request"]: a for a in FIXTURES["answers"]}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture()
@@ -43,7 +37,7 @@ def ollama(tmp_path, request):
     exe = tmp_path / "bin" / "ollama"
     exe.parent.mkdir()
     exe.symlink_to(ROOT / "lab" / "engine_double" / "engine_double.py")
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "OLLAMA_HOST": f"127.0.0.1:{port}", "OLLAMA_MODELS": str(tmp_path / "store"),
            "MODELFLEET_DOUBLE_LOAD_DELAY_S": str(getattr(request, "param", 0))}
     proc = subprocess.Popen([sys.executable, str(exe), "serve"], env=env, stdout=subprocess.DEVNULL,
